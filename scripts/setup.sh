@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what kpc needs on a fresh Debian/Ubuntu machine: a Rust toolchain (if none), the CPU drivers
+# kpc's tests run on (Mesa lavapipe for Vulkan, PoCL for OpenCL), their loaders, and glslangValidator.
+# Idempotent; sourced by main.sh and test.sh.
+set -euo pipefail
+pkgs=(mesa-vulkan-drivers libvulkan1 vulkan-tools pocl-opencl-icd ocl-icd-libopencl1 clinfo glslang-tools
+      build-essential cmake python3 pkg-config curl ca-certificates)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -f "$HOME/.cargo/env" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+  # shellcheck disable=SC1091
+  . "$HOME/.cargo/env"
+fi

@@ -1,0 +1,55 @@
+//! The `kpc` command: runs the attention workload and inspects the caches.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use kpc::Config;
+
+mod status;
+
+/// kpc: GPU kernels built once, reused from memory and disk.
+#[derive(Parser, Debug)]
+#[command(name = "kpc", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the resolved configuration and the disk cache's status (the default).
+    Status,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kpc: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(&config);
+    let r = match cli.command.unwrap_or(Command::Status) {
+        Command::Status => status::run(&config),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kpc: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// KPC_CACHE_TRACE selects which layers emit events; this routes them to stderr.
+fn init_tracing(config: &Config) {
+    if config.trace.bits() != 0 {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_max_level(tracing::Level::DEBUG)
+            .with_target(true)
+            .try_init();
+    }
+}

@@ -1,0 +1,64 @@
+//! `kpc status`: the resolved configuration, where it came from, and whether the disk cache is usable.
+
+use std::process::ExitCode;
+
+use kpc::config::{CacheDirSource, Config};
+
+fn size(b: u64) -> String {
+    match b {
+        0 => "0".into(),
+        b if b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => format!("{b}"),
+    }
+}
+
+pub fn run(c: &Config) -> kpc::Result<ExitCode> {
+    let onoff = |b: bool| if b { "on" } else { "off" };
+    println!("kpc {}", env!("CARGO_PKG_VERSION"));
+    println!("configuration (from the environment; see ENVIRONMENT.md):");
+    println!("  KPC_CACHE_PERSISTENT                = {}", onoff(c.persistent));
+    let src = match c.cache_dir_source {
+        CacheDirSource::Explicit => "KPC_CACHE_DIR",
+        CacheDirSource::XdgCacheHome => "$XDG_CACHE_HOME/kpc",
+        CacheDirSource::Home => "$HOME/.cache/kpc",
+        CacheDirSource::Unresolved => "unresolved: no KPC_CACHE_DIR, XDG_CACHE_HOME or HOME",
+    };
+    match &c.cache_dir {
+        Some(d) => println!("  KPC_CACHE_DIR                       = {} ({src})", d.display()),
+        None => println!("  KPC_CACHE_DIR                       = - ({src})"),
+    }
+    let max = if c.max_size == 0 { "unlimited".to_string() } else { size(c.max_size) };
+    println!("  KPC_CACHE_MAX_SIZE                  = {max}");
+    println!("  KPC_CACHE_MIN_DEVICE_IMAGE_SIZE     = {}", size(c.min_device_image_size));
+    println!("  KPC_CACHE_MAX_DEVICE_IMAGE_SIZE     = {}", size(c.max_device_image_size));
+    println!("  KPC_CACHE_IN_MEM                    = {}", onoff(c.in_mem));
+    let thr = if c.in_mem_eviction_threshold == 0 {
+        "0 (no eviction)".to_string()
+    } else {
+        size(c.in_mem_eviction_threshold)
+    };
+    println!("  KPC_IN_MEM_CACHE_EVICTION_THRESHOLD = {thr}");
+    println!("  KPC_CACHE_LOCK_TIMEOUT              = {:?}", c.lock_timeout);
+    println!("  KPC_CACHE_TRACE                     = {}", c.trace.bits());
+    println!("  KPC_DEVICE                          = {}", c.device);
+    println!();
+    match c.disk_cache_root() {
+        None if !c.persistent => println!("disk cache: off (KPC_CACHE_PERSISTENT=0)"),
+        None => println!("disk cache: off (no cache directory could be resolved)"),
+        Some(root) => {
+            let state = if root.is_dir() {
+                match std::fs::metadata(root) {
+                    Ok(m) if m.permissions().readonly() => "exists, read-only",
+                    Ok(_) => "exists",
+                    Err(_) => "unreadable",
+                }
+            } else {
+                "not created yet (created on the first put)"
+            };
+            println!("disk cache: on at {} ({state})", root.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

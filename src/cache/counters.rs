@@ -1,0 +1,104 @@
+//! Counters for the in-memory cache. The hit counter is striped over cache-line-padded slots so that
+//! threads hitting the same entry do not all write one cache line; everything else is counted on slow
+//! paths, where one atomic is cheaper than the build it counts.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+const STRIPES: usize = 16;
+
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded(AtomicU64);
+
+/// A counter that many threads increment without contending on one cache line.
+pub struct StripedCounter {
+    slots: [Padded; STRIPES],
+}
+
+impl Default for StripedCounter {
+    fn default() -> Self {
+        StripedCounter {
+            slots: Default::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for StripedCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.get())
+    }
+}
+
+fn thread_slot() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    }
+    SLOT.with(|s| *s)
+}
+
+impl StripedCounter {
+    /// Adds one on this thread's stripe.
+    #[inline]
+    pub fn incr(&self) {
+        self.slots[thread_slot()].0.fetch_add(1, Ordering::Relaxed);
+    }
+    /// The sum over all stripes.
+    pub fn get(&self) -> u64 {
+        self.slots.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// Live counters of one `KernelProgramCache`.
+#[derive(Debug, Default)]
+pub struct MemCounters {
+    pub(crate) hits: StripedCounter,
+    pub(crate) misses: AtomicU64,
+    pub(crate) builds: AtomicU64,
+    pub(crate) failed_builds: AtomicU64,
+    pub(crate) evictions: AtomicU64,
+    pub(crate) waits: AtomicU64,
+    pub(crate) build_nanos: AtomicU64,
+}
+
+/// A plain snapshot of a cache's counters (programs and kernels together).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Requests answered from a finished entry without building or waiting.
+    pub hits: u64,
+    /// Requests that found no finished entry (they built or waited).
+    pub misses: u64,
+    /// Build closures run (successful or not).
+    pub builds: u64,
+    /// Builds that returned an error or panicked.
+    pub failed_builds: u64,
+    /// Programs evicted by the LRU (their kernels go with them and are not counted separately).
+    pub evictions: u64,
+    /// Requests that blocked while another thread built the same key.
+    pub waits: u64,
+    /// Wall time spent inside build closures.
+    pub build_time: Duration,
+    /// Programs cached now.
+    pub programs: u64,
+    /// Kernels cached now.
+    pub kernels: u64,
+    /// Bytes of program binaries cached now (what the eviction threshold counts).
+    pub program_bytes: u64,
+}
+
+impl MemCounters {
+    pub(crate) fn snapshot(&self) -> CacheStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CacheStats {
+            hits: self.hits.get(),
+            misses: l(&self.misses),
+            builds: l(&self.builds),
+            failed_builds: l(&self.failed_builds),
+            evictions: l(&self.evictions),
+            waits: l(&self.waits),
+            build_time: Duration::from_nanos(l(&self.build_nanos)),
+            ..CacheStats::default()
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! `KernelProgramCache`: one per context, a program map and a kernel map of `BuildResult` entries.
+//!
+//! Differences from the SYCL runtime's class, each fixing a weakness DESIGN.md lists:
+//! - the maps are sharded (`DashMap`), so a hit takes one shard read lock and no global mutex;
+//! - LRU recency is an atomic tick per entry, refreshed on the lock-free hit path too;
+//! - keys hash every field through `Hash`, not an XOR of partial hashes;
+//! - counters, with a striped hit counter so they cost nothing measurable on the hit path.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use dashmap::DashMap;
+use parking_lot::Mutex;
+
+use super::build_result::{BuildFailure, BuildResult, Served, get_or_build};
+use super::counters::{CacheStats, MemCounters};
+use super::keys::{KernelKey, ProgramKey};
+use crate::config::{Config, TraceFlags};
+
+/// What a cached program weighs against `KPC_IN_MEM_CACHE_EVICTION_THRESHOLD`: the bytes of its binary.
+pub trait CacheCost {
+    /// Bytes this object's binary occupies.
+    fn cache_bytes(&self) -> u64;
+}
+
+/// The in-memory cache's settings, taken from a [`Config`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemCacheSettings {
+    /// `KPC_CACHE_IN_MEM`: false bypasses both maps, so every request builds.
+    pub enabled: bool,
+    /// `KPC_IN_MEM_CACHE_EVICTION_THRESHOLD`: bytes of program binaries kept before LRU eviction; 0 = off.
+    pub eviction_threshold: u64,
+    /// `KPC_CACHE_TRACE` bit 2: trace inserts, hits and evictions.
+    pub trace: bool,
+}
+
+impl Default for MemCacheSettings {
+    fn default() -> Self {
+        MemCacheSettings {
+            enabled: true,
+            eviction_threshold: 0,
+            trace: false,
+        }
+    }
+}
+
+impl From<&Config> for MemCacheSettings {
+    fn from(c: &Config) -> Self {
+        MemCacheSettings {
+            enabled: c.in_mem,
+            eviction_threshold: c.in_mem_eviction_threshold,
+            trace: c.trace.contains(TraceFlags::MEMORY),
+        }
+    }
+}
+
+struct Maps<P, K, E> {
+    programs: DashMap<ProgramKey, Arc<BuildResult<P, E>>>,
+    kernels: DashMap<KernelKey, Arc<BuildResult<K, E>>>,
+}
+
+/// The per-context cache of built programs `P` and kernels `K`, with build errors `E`.
+///
+/// Guarantees: each key is built at most once at a time and, once built, every caller gets the same
+/// `Arc`; deterministic failures are returned again without rebuilding; with a threshold set, the bytes
+/// of cached programs are brought back under it after every insert, least recently used first, and a
+/// program's kernels leave with it.
+pub struct KernelProgramCache<P, K, E> {
+    maps: Maps<P, K, E>,
+    settings: MemCacheSettings,
+    clock: AtomicU64,
+    program_bytes: AtomicU64,
+    evict_lock: Mutex<()>,
+    counters: MemCounters,
+}
+
+impl<P, K, E> std::fmt::Debug for KernelProgramCache<P, K, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelProgramCache")
+            .field("settings", &self.settings)
+            .field("programs", &self.maps.programs.len())
+            .field("kernels", &self.maps.kernels.len())
+            .finish()
+    }
+}
+
+enum Kind {
+    Program,
+    Kernel,
+}
+
+impl Kind {
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::Program => "program",
+            Kind::Kernel => "kernel",
+        }
+    }
+}
+
+impl<P, K, E> KernelProgramCache<P, K, E>
+where
+    P: CacheCost,
+    E: BuildFailure,
+{
+    /// An empty cache.
+    pub fn new(settings: MemCacheSettings) -> Self {
+        KernelProgramCache {
+            maps: Maps {
+                programs: DashMap::new(),
+                kernels: DashMap::new(),
+            },
+            settings,
+            clock: AtomicU64::new(0),
+            program_bytes: AtomicU64::new(0),
+            evict_lock: Mutex::new(()),
+            counters: MemCounters::default(),
+        }
+    }
+
+    /// The settings this cache runs with.
+    pub fn settings(&self) -> MemCacheSettings {
+        self.settings
+    }
+
+    /// Returns the program for `key`, running `build` only if no finished entry exists and no other thread
+    /// is building it. Concurrent callers for the same key share one build and one `Arc`.
+    pub fn get_or_build_program(
+        &self,
+        key: &ProgramKey,
+        build: impl FnOnce() -> Result<P, E>,
+    ) -> Result<Arc<P>, E> {
+        if !self.settings.enabled {
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            return self.timed_build(build).map(Arc::new);
+        }
+        let lru = self.settings.eviction_threshold > 0;
+        let r = get_or_build(
+            || &self.maps,
+            |m| &m.programs,
+            key,
+            || self.timed_build(build),
+            |e| {
+                if lru {
+                    self.touch(e);
+                }
+            },
+            |e, v| {
+                let bytes = v.cache_bytes();
+                e.set_cost(bytes);
+                // Counted before Done is published, so an evictor that sees Done also sees these bytes.
+                self.program_bytes.fetch_add(bytes, Ordering::AcqRel);
+                e.set_last_use(self.clock.fetch_add(1, Ordering::Relaxed) + 1);
+            },
+        );
+        self.account(r.served, Kind::Program, key);
+        if lru && r.served == Served::Built && r.result.is_ok() {
+            self.evict_to_threshold();
+        }
+        r.result
+    }
+
+    /// Returns the kernel for `key`, with the same single-flight guarantees as programs. A kernel hit
+    /// refreshes its program's recency, so a program whose kernels are in use is not evicted.
+    pub fn get_or_build_kernel(
+        &self,
+        key: &KernelKey,
+        build: impl FnOnce() -> Result<K, E>,
+    ) -> Result<Arc<K>, E> {
+        if !self.settings.enabled {
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            return self.timed_build(build).map(Arc::new);
+        }
+        let r = get_or_build(
+            || &self.maps,
+            |m| &m.kernels,
+            key,
+            || self.timed_build(build),
+            |_| {},
+            |_, _| {},
+        );
+        self.account(r.served, Kind::Kernel, key);
+        if self.settings.eviction_threshold > 0 && r.served == Served::Hit {
+            if let Some(p) = self.maps.programs.get(&key.program) {
+                self.touch(p.value());
+            }
+        }
+        r.result
+    }
+
+    /// A snapshot of the counters and current sizes.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            programs: self.maps.programs.len() as u64,
+            kernels: self.maps.kernels.len() as u64,
+            program_bytes: self.program_bytes.load(Ordering::Relaxed),
+            ..self.counters.snapshot()
+        }
+    }
+
+    /// Whether a program entry for `key` is present (in any state).
+    pub fn contains_program(&self, key: &ProgramKey) -> bool {
+        self.maps.programs.contains_key(key)
+    }
+
+    /// Whether a kernel entry for `key` is present (in any state).
+    pub fn contains_kernel(&self, key: &KernelKey) -> bool {
+        self.maps.kernels.contains_key(key)
+    }
+
+    fn timed_build<T>(&self, build: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        // Counts a panicking build as failed too: the guard's drop runs while the panic unwinds.
+        struct Count<'a> {
+            c: &'a MemCounters,
+            start: Instant,
+            ok: bool,
+        }
+        impl Drop for Count<'_> {
+            fn drop(&mut self) {
+                self.c.builds.fetch_add(1, Ordering::Relaxed);
+                let ns = self.start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+                self.c.build_nanos.fetch_add(ns, Ordering::Relaxed);
+                if !self.ok {
+                    self.c.failed_builds.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let mut g = Count {
+            c: &self.counters,
+            start: Instant::now(),
+            ok: false,
+        };
+        let r = build();
+        g.ok = r.is_ok();
+        r
+    }
+
+    #[inline]
+    fn touch<T>(&self, e: &BuildResult<T, E>) {
+        // Read-only when the entry is already the most recent, so threads hitting one hot entry share its
+        // cache line instead of bouncing it; only a change of recency order costs an RMW.
+        if e.last_use() != self.clock.load(Ordering::Relaxed) {
+            e.set_last_use(self.clock.fetch_add(1, Ordering::Relaxed) + 1);
+        }
+    }
+
+    #[inline]
+    fn account(&self, served: Served, kind: Kind, key: &dyn std::fmt::Debug) {
+        match served {
+            Served::Hit => self.counters.hits.incr(),
+            Served::Built => {
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            }
+            Served::Waited => {
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                self.counters.waits.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if self.settings.trace {
+            let what = match served {
+                Served::Hit => "hit",
+                Served::Built => "insert",
+                Served::Waited => "waited",
+            };
+            tracing::debug!(target: "kpc::cache::memory", kind = kind.name(), key = ?key, "{what}");
+        }
+    }
+
+    fn evict_to_threshold(&self) {
+        let threshold = self.settings.eviction_threshold;
+        if self.program_bytes.load(Ordering::Acquire) <= threshold {
+            return;
+        }
+        // One evictor at a time; a second one waits and then usually finds nothing left to do. Eviction is
+        // off the hit path, so blocking here costs only builders.
+        let _g = self.evict_lock.lock();
+        let mut candidates: Vec<(u64, ProgramKey, Arc<BuildResult<P, E>>)> = self
+            .maps
+            .programs
+            .iter()
+            .filter(|e| e.value().state() == super::BuildState::Done)
+            .map(|e| (e.value().last_use(), e.key().clone(), e.value().clone()))
+            .collect();
+        candidates.sort_by_key(|c| c.0);
+        for (_, key, entry) in candidates {
+            if self.program_bytes.load(Ordering::Acquire) <= threshold {
+                break;
+            }
+            let removed = self
+                .maps
+                .programs
+                .remove_if(&key, |_, v| Arc::ptr_eq(v, &entry))
+                .is_some();
+            if removed {
+                self.program_bytes
+                    .fetch_sub(entry.cost(), Ordering::AcqRel);
+                self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                self.maps.kernels.retain(|k, _| k.program != key);
+                if self.settings.trace {
+                    tracing::debug!(target: "kpc::cache::memory", key = ?key, bytes = entry.cost(), "evict");
+                }
+            }
+        }
+    }
+}

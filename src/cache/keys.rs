@@ -1,0 +1,195 @@
+//! Cache keys. The program key is the SYCL runtime's four parts (device image, specialization
+//! constants, device, build options); the kernel key is (program key, entry point). The cache treats
+//! every part as opaque bytes: digests come from the runtime, which knows what a device is.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// A 32-byte BLAKE3 digest, printed as hex.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// The BLAKE3 digest of `bytes`: stable across builds, platforms and processes.
+    pub fn of(bytes: &[u8]) -> Digest {
+        Digest(*blake3::hash(bytes).as_bytes())
+    }
+    /// The full digest as 64 hex characters.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+    /// The first `n` bytes as hex (2n characters): short names for directories and logs.
+    pub fn short_hex(&self, n: usize) -> String {
+        self.0[..n.min(32)]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.short_hex(6))
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.short_hex(6))
+    }
+}
+
+/// A specialization constant value. Floats are kept as bits so keys compare and hash exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SpecValue {
+    /// A boolean constant.
+    Bool(bool),
+    /// A 32-bit signed integer.
+    I32(i32),
+    /// A 32-bit unsigned integer.
+    U32(u32),
+    /// A 32-bit float, stored as its bits.
+    F32Bits(u32),
+    /// A 64-bit signed integer.
+    I64(i64),
+    /// A 64-bit unsigned integer.
+    U64(u64),
+    /// A 64-bit float, stored as its bits.
+    F64Bits(u64),
+}
+
+impl SpecValue {
+    /// A 32-bit float constant.
+    pub fn f32(v: f32) -> SpecValue {
+        SpecValue::F32Bits(v.to_bits())
+    }
+    /// The value's bytes as a Vulkan specialization data entry (little endian; bool is a 32-bit 0/1).
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match *self {
+            SpecValue::Bool(b) => (b as u32).to_le_bytes().to_vec(),
+            SpecValue::I32(v) => v.to_le_bytes().to_vec(),
+            SpecValue::U32(v) | SpecValue::F32Bits(v) => v.to_le_bytes().to_vec(),
+            SpecValue::I64(v) => v.to_le_bytes().to_vec(),
+            SpecValue::U64(v) | SpecValue::F64Bits(v) => v.to_le_bytes().to_vec(),
+        }
+    }
+    /// The value as C source text, for an OpenCL `-D NAME=value` definition.
+    pub fn to_c_literal(&self) -> String {
+        match *self {
+            SpecValue::Bool(b) => (b as u32).to_string(),
+            SpecValue::I32(v) => v.to_string(),
+            SpecValue::U32(v) => format!("{v}u"),
+            SpecValue::F32Bits(v) => format!("{:?}f", f32::from_bits(v)),
+            SpecValue::I64(v) => format!("{v}l"),
+            SpecValue::U64(v) => format!("{v}ul"),
+            SpecValue::F64Bits(v) => format!("{:?}", f64::from_bits(v)),
+        }
+    }
+    fn tag(&self) -> u8 {
+        match self {
+            SpecValue::Bool(_) => 0,
+            SpecValue::I32(_) => 1,
+            SpecValue::U32(_) => 2,
+            SpecValue::F32Bits(_) => 3,
+            SpecValue::I64(_) => 4,
+            SpecValue::U64(_) => 5,
+            SpecValue::F64Bits(_) => 6,
+        }
+    }
+}
+
+/// Specialization constant values by id, kept sorted so equal sets compare, hash and serialize equal.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct SpecConstants(Vec<(u32, SpecValue)>);
+
+impl SpecConstants {
+    /// No constants.
+    pub fn new() -> Self {
+        SpecConstants(Vec::new())
+    }
+    /// Sets constant `id` (replacing an earlier value for the same id).
+    pub fn with(mut self, id: u32, value: SpecValue) -> Self {
+        match self.0.binary_search_by_key(&id, |(i, _)| *i) {
+            Ok(pos) => self.0[pos].1 = value,
+            Err(pos) => self.0.insert(pos, (id, value)),
+        }
+        self
+    }
+    /// The constants, sorted by id.
+    pub fn iter(&self) -> impl Iterator<Item = &(u32, SpecValue)> {
+        self.0.iter()
+    }
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// A canonical, stable byte encoding (for disk keys): per constant, id, type tag and value.
+    pub fn canonical_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.0.len() * 13);
+        for (id, v) in &self.0 {
+            out.extend_from_slice(&id.to_le_bytes());
+            out.push(v.tag());
+            let mut b = v.to_le_bytes();
+            b.resize(8, 0);
+            out.extend_from_slice(&b);
+        }
+        out
+    }
+}
+
+/// Build options, whitespace-normalized: `"-a  -b"` and `" -a -b"` are the same program.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct BuildOptions(Arc<str>);
+
+impl BuildOptions {
+    /// Normalizes `s` by collapsing runs of whitespace.
+    pub fn new(s: &str) -> Self {
+        BuildOptions(s.split_whitespace().collect::<Vec<_>>().join(" ").into())
+    }
+    /// The normalized text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// Whether the individual option `opt` is present.
+    pub fn has(&self, opt: &str) -> bool {
+        self.0.split(' ').any(|o| o == opt)
+    }
+}
+
+impl From<&str> for BuildOptions {
+    fn from(s: &str) -> Self {
+        BuildOptions::new(s)
+    }
+}
+
+/// The key of a built program: device image, spec constants, device and build options.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProgramKey {
+    /// Digest of the device image bytes.
+    pub image: Digest,
+    /// Specialization constant values.
+    pub spec: SpecConstants,
+    /// Digest of the device fingerprint.
+    pub device: Digest,
+    /// Normalized build options.
+    pub options: BuildOptions,
+}
+
+/// The key of a kernel: its program and entry point name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KernelKey {
+    /// The program the kernel comes from.
+    pub program: ProgramKey,
+    /// The entry point.
+    pub entry: Arc<str>,
+}
+
+impl KernelKey {
+    /// The kernel `entry` of `program`.
+    pub fn new(program: ProgramKey, entry: &str) -> Self {
+        KernelKey {
+            program,
+            entry: entry.into(),
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! The cache layer. It knows nothing of Vulkan or OpenCL: it stores built objects under opaque keys
+//! in memory (`KernelProgramCache`) and, later, opaque binaries on disk.
+
+pub mod build_result;
+pub mod counters;
+pub mod kernel_program_cache;
+pub mod keys;
+pub mod sync;
+
+pub use build_result::{
+    BuildError, BuildFailure, BuildMap, BuildResult, BuildState, FailureKind,
+    MAX_TRANSIENT_RETRIES, Resolved, Served, get_or_build,
+};
+pub use counters::CacheStats;
+pub use kernel_program_cache::{CacheCost, KernelProgramCache, MemCacheSettings};
+pub use keys::{BuildOptions, Digest, KernelKey, ProgramKey, SpecConstants, SpecValue};

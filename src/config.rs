@@ -1,0 +1,668 @@
+//! Runtime configuration: every `KPC_*` environment variable, parsed strictly.
+//!
+//! kpc is configured the way the SYCL runtime is, through environment variables, but an embedding
+//! runtime can build a [`Config`] in code ([`Config::builder`]) and never touch the process
+//! environment. Parsing is strict on purpose: a malformed value is a [`ConfigError`] naming the
+//! variable, the value and what is accepted, because a cache setting silently ignored is a cache that
+//! silently does something else.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Names of every environment variable kpc reads. ENVIRONMENT.md documents each of them.
+pub mod vars {
+    /// 0/1: use the on-disk cache.
+    pub const CACHE_PERSISTENT: &str = "KPC_CACHE_PERSISTENT";
+    /// Root directory of the on-disk cache.
+    pub const CACHE_DIR: &str = "KPC_CACHE_DIR";
+    /// Disk cache size limit.
+    pub const CACHE_MAX_SIZE: &str = "KPC_CACHE_MAX_SIZE";
+    /// Smallest device image that is persisted.
+    pub const CACHE_MIN_DEVICE_IMAGE_SIZE: &str = "KPC_CACHE_MIN_DEVICE_IMAGE_SIZE";
+    /// Largest device image that is persisted.
+    pub const CACHE_MAX_DEVICE_IMAGE_SIZE: &str = "KPC_CACHE_MAX_DEVICE_IMAGE_SIZE";
+    /// 0/1: use the in-memory cache.
+    pub const CACHE_IN_MEM: &str = "KPC_CACHE_IN_MEM";
+    /// Bytes of program binaries kept in memory before LRU eviction (0 = off).
+    pub const IN_MEM_CACHE_EVICTION_THRESHOLD: &str = "KPC_IN_MEM_CACHE_EVICTION_THRESHOLD";
+    /// How long to wait for another process building the same key.
+    pub const CACHE_LOCK_TIMEOUT: &str = "KPC_CACHE_LOCK_TIMEOUT";
+    /// Trace bitmask: 1 disk, 2 memory, 4 builds.
+    pub const CACHE_TRACE: &str = "KPC_CACHE_TRACE";
+    /// Device selector.
+    pub const DEVICE: &str = "KPC_DEVICE";
+    /// Fallback cache root base (XDG base directory spec).
+    pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
+    /// Last-resort cache root base.
+    pub const HOME: &str = "HOME";
+}
+
+const BOOL_ACCEPTED: &str = "0 or 1 (also true/false, yes/no, on/off)";
+const SIZE_ACCEPTED: &str =
+    "a byte count with an optional suffix K, M, G, T (powers of 1024; KiB/MiB/GiB/TiB and KB/MB/GB/TB mean the same), e.g. 4096, 512K, 1G";
+const DURATION_ACCEPTED: &str =
+    "a duration: a number with unit ms, s, m or h (e.g. 500ms, 30s, 2m); a bare number means seconds";
+const TRACE_ACCEPTED: &str =
+    "a bitmask 0..=7 (1 = disk cache, 2 = memory cache, 4 = builds), decimal or 0x-hex";
+const DEVICE_ACCEPTED: &str = "auto, or BACKEND:INDEX or BACKEND:TYPE where BACKEND is vulkan|opencl|any and TYPE is gpu|discrete|integrated|cpu (e.g. vulkan:0, vulkan:gpu, opencl:1, any:cpu)";
+
+/// A configuration value that could not be accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A variable (or builder field) held a value that does not parse.
+    #[error("{var}={value:?} is not valid: expected {accepted}")]
+    Invalid {
+        /// The variable (or builder field) name.
+        var: &'static str,
+        /// The value as given.
+        value: String,
+        /// What would have been accepted.
+        accepted: &'static str,
+    },
+    /// Two values are each valid but contradict each other.
+    #[error("{0}")]
+    Inconsistent(String),
+}
+
+fn invalid(var: &'static str, value: &str, accepted: &'static str) -> ConfigError {
+    ConfigError::Invalid {
+        var,
+        value: value.to_owned(),
+        accepted,
+    }
+}
+
+/// Which backend a [`DeviceSelector`] restricts to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// Vulkan compute through ash.
+    Vulkan,
+    /// OpenCL through opencl3.
+    OpenCl,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Vulkan => "vulkan",
+            BackendKind::OpenCl => "opencl",
+        })
+    }
+}
+
+/// A class of device, as a selector names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceClass {
+    /// Any GPU: discrete first, then integrated, then virtual.
+    Gpu,
+    /// A discrete GPU only.
+    Discrete,
+    /// An integrated GPU only.
+    Integrated,
+    /// A CPU device (lavapipe, PoCL).
+    Cpu,
+}
+
+/// How `KPC_DEVICE` picks a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DeviceSelector {
+    /// Prefer a discrete GPU, then any GPU, then a CPU device, on any backend.
+    #[default]
+    Auto,
+    /// The N-th device of a backend (in that backend's enumeration order), or of all backends.
+    Index(Option<BackendKind>, usize),
+    /// The first device of a class, on a backend or on any.
+    Class(Option<BackendKind>, DeviceClass),
+}
+
+impl DeviceSelector {
+    /// Parses the `KPC_DEVICE` syntax: `auto`, `vulkan:0`, `vulkan:gpu`, `opencl:cpu`, `any:1`, ...
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let t = s.trim().to_ascii_lowercase();
+        if t.is_empty() || t == "auto" {
+            return Ok(DeviceSelector::Auto);
+        }
+        let err = || invalid(vars::DEVICE, s, DEVICE_ACCEPTED);
+        let (b, rest) = t.split_once(':').ok_or_else(err)?;
+        let backend = match b {
+            "vulkan" | "vk" => Some(BackendKind::Vulkan),
+            "opencl" | "cl" => Some(BackendKind::OpenCl),
+            "any" | "*" => None,
+            _ => return Err(err()),
+        };
+        if let Ok(i) = rest.parse::<usize>() {
+            return Ok(DeviceSelector::Index(backend, i));
+        }
+        let class = match rest {
+            "gpu" => DeviceClass::Gpu,
+            "discrete" | "dgpu" => DeviceClass::Discrete,
+            "integrated" | "igpu" => DeviceClass::Integrated,
+            "cpu" => DeviceClass::Cpu,
+            _ => return Err(err()),
+        };
+        Ok(DeviceSelector::Class(backend, class))
+    }
+}
+
+impl fmt::Display for DeviceSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = |b: &Option<BackendKind>| b.map_or("any".to_string(), |b| b.to_string());
+        match self {
+            DeviceSelector::Auto => f.write_str("auto"),
+            DeviceSelector::Index(be, i) => write!(f, "{}:{i}", b(be)),
+            DeviceSelector::Class(be, c) => {
+                let c = match c {
+                    DeviceClass::Gpu => "gpu",
+                    DeviceClass::Discrete => "discrete",
+                    DeviceClass::Integrated => "integrated",
+                    DeviceClass::Cpu => "cpu",
+                };
+                write!(f, "{}:{c}", b(be))
+            }
+        }
+    }
+}
+
+/// The `KPC_CACHE_TRACE` bitmask: which cache layers emit `tracing` events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TraceFlags(u8);
+
+impl TraceFlags {
+    /// Disk cache events (bit 1).
+    pub const DISK: TraceFlags = TraceFlags(1);
+    /// In-memory cache events: inserts, hits, evictions (bit 2).
+    pub const MEMORY: TraceFlags = TraceFlags(2);
+    /// Build events (bit 4).
+    pub const BUILDS: TraceFlags = TraceFlags(4);
+    /// Every layer.
+    pub const ALL: TraceFlags = TraceFlags(7);
+
+    /// Builds the mask from its bits; bits above 7 are rejected.
+    pub fn from_bits(bits: u8) -> Result<Self, ConfigError> {
+        if bits > 7 {
+            return Err(invalid(vars::CACHE_TRACE, &bits.to_string(), TRACE_ACCEPTED));
+        }
+        Ok(TraceFlags(bits))
+    }
+    /// The raw bitmask.
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+    /// Whether every bit of `other` is set.
+    pub fn contains(self, other: TraceFlags) -> bool {
+        self.0 & other.0 == other.0 && other.0 != 0
+    }
+}
+
+/// Where the disk cache root came from, so `kpc` can tell the user why it is where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheDirSource {
+    /// `KPC_CACHE_DIR` (or the builder).
+    Explicit,
+    /// `$XDG_CACHE_HOME/kpc`.
+    XdgCacheHome,
+    /// `$HOME/.cache/kpc`.
+    Home,
+    /// Nothing resolvable: the disk cache is off.
+    Unresolved,
+}
+
+/// The resolved configuration of one kpc runtime. Every field has the default DESIGN.md gives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Use the on-disk cache (`KPC_CACHE_PERSISTENT`, default on).
+    pub persistent: bool,
+    /// Disk cache root (`KPC_CACHE_DIR`); `None` when nothing could be resolved (disk cache off).
+    pub cache_dir: Option<PathBuf>,
+    /// Where `cache_dir` came from.
+    pub cache_dir_source: CacheDirSource,
+    /// Disk limit in bytes (`KPC_CACHE_MAX_SIZE`, default 1 GiB); 0 = unlimited.
+    pub max_size: u64,
+    /// Device images smaller than this are not persisted (`KPC_CACHE_MIN_DEVICE_IMAGE_SIZE`, default 0).
+    pub min_device_image_size: u64,
+    /// Device images larger than this are not persisted (`KPC_CACHE_MAX_DEVICE_IMAGE_SIZE`, default 1 GiB).
+    pub max_device_image_size: u64,
+    /// Use the in-memory cache (`KPC_CACHE_IN_MEM`, default on).
+    pub in_mem: bool,
+    /// Bytes of program binaries kept in memory before LRU eviction; 0 = never evict
+    /// (`KPC_IN_MEM_CACHE_EVICTION_THRESHOLD`).
+    pub in_mem_eviction_threshold: u64,
+    /// How long a process waits for another one building the same key (`KPC_CACHE_LOCK_TIMEOUT`, 30 s).
+    pub lock_timeout: Duration,
+    /// Which layers trace (`KPC_CACHE_TRACE`, default none).
+    pub trace: TraceFlags,
+    /// Device selector (`KPC_DEVICE`, default auto).
+    pub device: DeviceSelector,
+}
+
+/// 1 GiB, the default disk limit and largest persisted image.
+pub const GIB: u64 = 1 << 30;
+
+impl Default for Config {
+    /// The defaults, with no cache directory resolved (the disk cache is off until one is given).
+    fn default() -> Self {
+        Config {
+            persistent: true,
+            cache_dir: None,
+            cache_dir_source: CacheDirSource::Unresolved,
+            max_size: GIB,
+            min_device_image_size: 0,
+            max_device_image_size: GIB,
+            in_mem: true,
+            in_mem_eviction_threshold: 0,
+            lock_timeout: Duration::from_secs(30),
+            trace: TraceFlags::default(),
+            device: DeviceSelector::Auto,
+        }
+    }
+}
+
+impl Config {
+    /// Reads every `KPC_*` variable from the process environment.
+    ///
+    /// Unset variables take their defaults. A malformed one is an error; nothing is silently ignored.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(|name| std::env::var_os(name))
+    }
+
+    /// Like [`Config::from_env`], but reads variables through `lookup`, so tests and embedders can supply
+    /// their own environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Config, ConfigError> {
+        let get = |name: &'static str| -> Result<Option<String>, ConfigError> {
+            match lookup(name) {
+                None => Ok(None),
+                Some(v) => v.into_string().map(Some).map_err(|raw| {
+                    invalid(name, &raw.to_string_lossy(), "a value in valid UTF-8")
+                }),
+            }
+        };
+        let mut b = Config::builder();
+        if let Some(v) = get(vars::CACHE_PERSISTENT)? {
+            b = b.persistent(parse_bool(vars::CACHE_PERSISTENT, &v)?);
+        }
+        if let Some(v) = get(vars::CACHE_IN_MEM)? {
+            b = b.in_mem(parse_bool(vars::CACHE_IN_MEM, &v)?);
+        }
+        if let Some(v) = get(vars::CACHE_MAX_SIZE)? {
+            b = b.max_size(parse_size(vars::CACHE_MAX_SIZE, &v)?);
+        }
+        if let Some(v) = get(vars::CACHE_MIN_DEVICE_IMAGE_SIZE)? {
+            b = b.min_device_image_size(parse_size(vars::CACHE_MIN_DEVICE_IMAGE_SIZE, &v)?);
+        }
+        if let Some(v) = get(vars::CACHE_MAX_DEVICE_IMAGE_SIZE)? {
+            b = b.max_device_image_size(parse_size(vars::CACHE_MAX_DEVICE_IMAGE_SIZE, &v)?);
+        }
+        if let Some(v) = get(vars::IN_MEM_CACHE_EVICTION_THRESHOLD)? {
+            b = b.in_mem_eviction_threshold(parse_size(vars::IN_MEM_CACHE_EVICTION_THRESHOLD, &v)?);
+        }
+        if let Some(v) = get(vars::CACHE_LOCK_TIMEOUT)? {
+            b = b.lock_timeout(parse_duration(vars::CACHE_LOCK_TIMEOUT, &v)?);
+        }
+        if let Some(v) = get(vars::CACHE_TRACE)? {
+            b = b.trace(parse_trace(&v)?);
+        }
+        if let Some(v) = get(vars::DEVICE)? {
+            b = b.device(DeviceSelector::parse(&v)?);
+        }
+        // A path is bytes on Unix, so the cache root is the one variable not required to be UTF-8.
+        match lookup(vars::CACHE_DIR) {
+            Some(dir) if dir.to_string_lossy().trim().is_empty() => {
+                return Err(invalid(
+                    vars::CACHE_DIR,
+                    &dir.to_string_lossy(),
+                    "a non-empty directory path (unset it to use $XDG_CACHE_HOME/kpc or $HOME/.cache/kpc)",
+                ));
+            }
+            Some(dir) => b = b.cache_dir(dir),
+            None => {
+                // XDG says a relative XDG_CACHE_HOME is invalid and must be ignored; HOME must be absolute too,
+                // or the cache would move with the working directory.
+                let abs = |v: Option<OsString>| {
+                    v.map(PathBuf::from)
+                        .filter(|p| p.is_absolute() && !p.as_os_str().is_empty())
+                };
+                if let Some(x) = abs(lookup(vars::XDG_CACHE_HOME)) {
+                    b.config.cache_dir = Some(x.join("kpc"));
+                    b.config.cache_dir_source = CacheDirSource::XdgCacheHome;
+                } else if let Some(h) = abs(lookup(vars::HOME)) {
+                    b.config.cache_dir = Some(h.join(".cache").join("kpc"));
+                    b.config.cache_dir_source = CacheDirSource::Home;
+                }
+            }
+        }
+        b.build()
+    }
+
+    /// A builder starting from the defaults, for embedders that configure kpc in code.
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder {
+            config: Config::default(),
+        }
+    }
+
+    /// The directory the disk cache uses, or `None` when it is off (disabled or unresolvable).
+    pub fn disk_cache_root(&self) -> Option<&std::path::Path> {
+        if self.persistent {
+            self.cache_dir.as_deref()
+        } else {
+            None
+        }
+    }
+
+    /// Whether a device image of `len` bytes may be persisted.
+    pub fn persists_image_of_size(&self, len: u64) -> bool {
+        len >= self.min_device_image_size && len <= self.max_device_image_size
+    }
+}
+
+/// Builds a [`Config`] in code. [`ConfigBuilder::build`] checks the same invariants as `from_env`.
+#[derive(Debug, Clone)]
+pub struct ConfigBuilder {
+    config: Config,
+}
+
+impl ConfigBuilder {
+    /// Turns the on-disk cache on or off.
+    pub fn persistent(mut self, on: bool) -> Self {
+        self.config.persistent = on;
+        self
+    }
+    /// Sets the disk cache root.
+    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.config.cache_dir = Some(dir.into());
+        self.config.cache_dir_source = CacheDirSource::Explicit;
+        self
+    }
+    /// Sets the disk limit in bytes (0 = unlimited).
+    pub fn max_size(mut self, bytes: u64) -> Self {
+        self.config.max_size = bytes;
+        self
+    }
+    /// Sets the smallest persisted image.
+    pub fn min_device_image_size(mut self, bytes: u64) -> Self {
+        self.config.min_device_image_size = bytes;
+        self
+    }
+    /// Sets the largest persisted image.
+    pub fn max_device_image_size(mut self, bytes: u64) -> Self {
+        self.config.max_device_image_size = bytes;
+        self
+    }
+    /// Turns the in-memory cache on or off.
+    pub fn in_mem(mut self, on: bool) -> Self {
+        self.config.in_mem = on;
+        self
+    }
+    /// Sets the in-memory LRU threshold in bytes of program binaries (0 = off).
+    pub fn in_mem_eviction_threshold(mut self, bytes: u64) -> Self {
+        self.config.in_mem_eviction_threshold = bytes;
+        self
+    }
+    /// Sets the cross-process build wait.
+    pub fn lock_timeout(mut self, t: Duration) -> Self {
+        self.config.lock_timeout = t;
+        self
+    }
+    /// Sets the trace mask.
+    pub fn trace(mut self, t: TraceFlags) -> Self {
+        self.config.trace = t;
+        self
+    }
+    /// Sets the device selector.
+    pub fn device(mut self, d: DeviceSelector) -> Self {
+        self.config.device = d;
+        self
+    }
+    /// Checks cross-field invariants and returns the configuration.
+    pub fn build(self) -> Result<Config, ConfigError> {
+        let c = self.config;
+        if c.min_device_image_size > c.max_device_image_size {
+            return Err(ConfigError::Inconsistent(format!(
+                "{}={} is larger than {}={}: no device image could ever be persisted; \
+                 the minimum must not exceed the maximum",
+                vars::CACHE_MIN_DEVICE_IMAGE_SIZE,
+                c.min_device_image_size,
+                vars::CACHE_MAX_DEVICE_IMAGE_SIZE,
+                c.max_device_image_size
+            )));
+        }
+        Ok(c)
+    }
+}
+
+/// Parses a 0/1 switch (true/false, yes/no, on/off also accepted, any case).
+pub fn parse_bool(var: &'static str, v: &str) -> Result<bool, ConfigError> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(invalid(var, v, BOOL_ACCEPTED)),
+    }
+}
+
+/// Parses a byte size: plain bytes or a K/M/G/T suffix (binary multiples, optional `iB`/`B`).
+pub fn parse_size(var: &'static str, v: &str) -> Result<u64, ConfigError> {
+    let err = || invalid(var, v, SIZE_ACCEPTED);
+    let t = v.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    if num.is_empty() {
+        return Err(err());
+    }
+    let n: u64 = num.parse().map_err(|_| err())?;
+    let shift = match suffix.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => return Err(err()),
+    };
+    n.checked_mul(1u64 << shift).ok_or_else(err)
+}
+
+/// Parses a duration: `500ms`, `30s`, `2m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(var: &'static str, v: &str) -> Result<Duration, ConfigError> {
+    let err = || invalid(var, v, DURATION_ACCEPTED);
+    let t = v.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| err())?;
+    if !n.is_finite() || n < 0.0 {
+        return Err(err());
+    }
+    let secs = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "s" | "sec" | "secs" => n,
+        "ms" => n / 1000.0,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(err()),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| err())
+}
+
+fn parse_trace(v: &str) -> Result<TraceFlags, ConfigError> {
+    let t = v.trim();
+    let bits = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u8::from_str_radix(hex, 16),
+        None => t.parse::<u8>(),
+    }
+    .map_err(|_| invalid(vars::CACHE_TRACE, v, TRACE_ACCEPTED))?;
+    if bits > 7 {
+        return Err(invalid(vars::CACHE_TRACE, v, TRACE_ACCEPTED));
+    }
+    Ok(TraceFlags(bits))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| OsString::from(v))
+        }
+    }
+
+    #[test]
+    fn defaults_match_design() {
+        let c = Config::from_lookup(env(&[("HOME", "/home/u")])).unwrap();
+        assert!(c.persistent && c.in_mem);
+        assert_eq!(c.max_size, GIB);
+        assert_eq!(c.min_device_image_size, 0);
+        assert_eq!(c.max_device_image_size, GIB);
+        assert_eq!(c.in_mem_eviction_threshold, 0);
+        assert_eq!(c.lock_timeout, Duration::from_secs(30));
+        assert_eq!(c.trace.bits(), 0);
+        assert_eq!(c.device, DeviceSelector::Auto);
+        assert_eq!(c.cache_dir, Some(PathBuf::from("/home/u/.cache/kpc")));
+        assert_eq!(c.cache_dir_source, CacheDirSource::Home);
+    }
+
+    #[test]
+    fn cache_dir_resolution_order() {
+        let c = Config::from_lookup(env(&[
+            ("KPC_CACHE_DIR", "/x/kpc"),
+            ("XDG_CACHE_HOME", "/xdg"),
+            ("HOME", "/h"),
+        ]))
+        .unwrap();
+        assert_eq!(c.cache_dir, Some(PathBuf::from("/x/kpc")));
+        let c = Config::from_lookup(env(&[("XDG_CACHE_HOME", "/xdg"), ("HOME", "/h")])).unwrap();
+        assert_eq!(c.cache_dir, Some(PathBuf::from("/xdg/kpc")));
+        // A relative XDG_CACHE_HOME is ignored, per the XDG spec.
+        let c = Config::from_lookup(env(&[("XDG_CACHE_HOME", "rel"), ("HOME", "/h")])).unwrap();
+        assert_eq!(c.cache_dir, Some(PathBuf::from("/h/.cache/kpc")));
+        let c = Config::from_lookup(env(&[])).unwrap();
+        assert_eq!(c.cache_dir, None);
+        assert_eq!(c.disk_cache_root(), None);
+        let c = Config::from_lookup(env(&[("HOME", "/h"), ("KPC_CACHE_PERSISTENT", "0")])).unwrap();
+        assert_eq!(c.disk_cache_root(), None);
+        let e = Config::from_lookup(env(&[("KPC_CACHE_DIR", " ")])).unwrap_err();
+        assert!(e.to_string().contains("KPC_CACHE_DIR"), "{e}");
+    }
+
+    #[test]
+    fn sizes() {
+        let p = |s| parse_size("V", s);
+        assert_eq!(p("0").unwrap(), 0);
+        assert_eq!(p("4096").unwrap(), 4096);
+        assert_eq!(p("512K").unwrap(), 512 << 10);
+        assert_eq!(p("512k").unwrap(), 512 << 10);
+        assert_eq!(p("3M").unwrap(), 3 << 20);
+        assert_eq!(p("1G").unwrap(), GIB);
+        assert_eq!(p("1GiB").unwrap(), GIB);
+        assert_eq!(p("2 MiB").unwrap(), 2 << 20);
+        assert_eq!(p("1T").unwrap(), 1 << 40);
+        for bad in ["", "G", "-1", "1.5G", "1X", "99999999999999999999", "16777216T"] {
+            let e = p(bad).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains("V=") && msg.contains("expected"), "{bad}: {msg}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        let p = |s| parse_duration("V", s);
+        assert_eq!(p("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(p("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(p("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(p("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(p("0").unwrap(), Duration::ZERO);
+        for bad in ["", "s", "-1s", "3 weeks", "1e999", "nan"] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_malformed_variable_is_named_in_its_error() {
+        for (var, bad) in [
+            ("KPC_CACHE_PERSISTENT", "maybe"),
+            ("KPC_CACHE_IN_MEM", "2"),
+            ("KPC_CACHE_MAX_SIZE", "lots"),
+            ("KPC_CACHE_MIN_DEVICE_IMAGE_SIZE", "1Q"),
+            ("KPC_CACHE_MAX_DEVICE_IMAGE_SIZE", "-5"),
+            ("KPC_IN_MEM_CACHE_EVICTION_THRESHOLD", "1.5M"),
+            ("KPC_CACHE_LOCK_TIMEOUT", "forever"),
+            ("KPC_CACHE_TRACE", "8"),
+            ("KPC_CACHE_TRACE", "disk"),
+            ("KPC_DEVICE", "cuda:0"),
+            ("KPC_DEVICE", "vulkan:fast"),
+        ] {
+            let e = Config::from_lookup(env(&[(var, bad)])).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                msg.contains(var) && msg.contains(bad) && msg.contains("expected"),
+                "{var}={bad}: {msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn min_above_max_is_rejected() {
+        let e = Config::from_lookup(env(&[
+            ("KPC_CACHE_MIN_DEVICE_IMAGE_SIZE", "2M"),
+            ("KPC_CACHE_MAX_DEVICE_IMAGE_SIZE", "1M"),
+        ]))
+        .unwrap_err();
+        assert!(matches!(e, ConfigError::Inconsistent(_)));
+        assert!(e.to_string().contains("KPC_CACHE_MIN_DEVICE_IMAGE_SIZE"));
+    }
+
+    #[test]
+    fn values_are_applied() {
+        let c = Config::from_lookup(env(&[
+            ("KPC_CACHE_PERSISTENT", "off"),
+            ("KPC_CACHE_IN_MEM", "0"),
+            ("KPC_CACHE_MAX_SIZE", "0"),
+            ("KPC_IN_MEM_CACHE_EVICTION_THRESHOLD", "64K"),
+            ("KPC_CACHE_LOCK_TIMEOUT", "250ms"),
+            ("KPC_CACHE_TRACE", "0x5"),
+            ("KPC_DEVICE", "opencl:1"),
+        ]))
+        .unwrap();
+        assert!(!c.persistent && !c.in_mem);
+        assert_eq!(c.max_size, 0);
+        assert_eq!(c.in_mem_eviction_threshold, 64 << 10);
+        assert_eq!(c.lock_timeout, Duration::from_millis(250));
+        assert!(c.trace.contains(TraceFlags::DISK) && c.trace.contains(TraceFlags::BUILDS));
+        assert!(!c.trace.contains(TraceFlags::MEMORY));
+        assert_eq!(
+            c.device,
+            DeviceSelector::Index(Some(BackendKind::OpenCl), 1)
+        );
+    }
+
+    #[test]
+    fn device_selectors_round_trip() {
+        for s in ["auto", "vulkan:0", "vulkan:gpu", "opencl:1", "any:cpu", "vulkan:discrete"] {
+            assert_eq!(DeviceSelector::parse(s).unwrap().to_string(), s);
+        }
+    }
+
+    #[test]
+    fn non_utf8_value_is_an_error() {
+        use std::os::unix::ffi::OsStringExt;
+        let e = Config::from_lookup(|k| {
+            (k == "KPC_CACHE_MAX_SIZE").then(|| OsString::from_vec(vec![0x31, 0xff]))
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("KPC_CACHE_MAX_SIZE"));
+        // A cache root is a path, and paths may be any bytes.
+        let c = Config::from_lookup(|k| {
+            (k == "KPC_CACHE_DIR").then(|| OsString::from_vec(vec![b'/', 0x66, 0xff]))
+        })
+        .unwrap();
+        assert!(c.cache_dir.is_some());
+    }
+}

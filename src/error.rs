@@ -1,0 +1,134 @@
+//! kpc's error type. Every bad input gets its own variant that says what was wrong and what is
+//! accepted. Errors are `Clone` because the in-memory cache hands the same failed build to every caller.
+
+use crate::cache::BuildFailure;
+use crate::config::{BackendKind, ConfigError};
+
+/// Every error kpc returns.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A configuration value was malformed.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+
+    /// The backend cannot be used at all on this machine (no loader, no ICD, no device).
+    #[error("{backend} unavailable: {reason}")]
+    Unavailable {
+        /// Which backend.
+        backend: BackendKind,
+        /// Why, in words (the loader error, "no devices", ...).
+        reason: String,
+    },
+
+    /// No device matched `KPC_DEVICE` (or the requested selector).
+    #[error("no device matches {selector:?}; available: {available}")]
+    NoSuchDevice {
+        /// The selector as given.
+        selector: String,
+        /// The devices that exist, one per line or "none".
+        available: String,
+    },
+
+    /// A SPIR-V image failed validation; nothing was cached for it.
+    #[error("invalid SPIR-V in image {image:?}: {message}")]
+    InvalidSpirv {
+        /// The image's name.
+        image: String,
+        /// The validator's message.
+        message: String,
+    },
+
+    /// The driver rejected a program: a compile or link error. Deterministic, so cached.
+    #[error("building {image:?} failed on {backend} (code {code}): {message}{}", log_suffix(.log))]
+    Build {
+        /// Which backend.
+        backend: BackendKind,
+        /// The image's name.
+        image: String,
+        /// The backend's error code (VkResult or cl_int).
+        code: i32,
+        /// What failed.
+        message: String,
+        /// The driver's build log, if any.
+        log: String,
+    },
+
+    /// An entry point that the image does not contain.
+    #[error("unknown kernel {entry:?} in image {image:?}; it has: {available}")]
+    UnknownKernel {
+        /// The image's name.
+        image: String,
+        /// The entry point asked for.
+        entry: String,
+        /// The entry points that exist, comma separated.
+        available: String,
+    },
+
+    /// A buffer or argument does not fit what the kernel or API expects.
+    #[error("wrong size for {what}: got {got}, expected {expected}")]
+    Size {
+        /// Which buffer or argument.
+        what: String,
+        /// What was passed.
+        got: String,
+        /// What is accepted.
+        expected: String,
+    },
+
+    /// A shape or argument the operation does not support.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// The device or driver ran out of something; may succeed later, so never cached.
+    #[error("{backend} out of resources (code {code}): {message}")]
+    OutOfResources {
+        /// Which backend.
+        backend: BackendKind,
+        /// The backend's error code.
+        code: i32,
+        /// What ran out.
+        message: String,
+    },
+
+    /// Any other backend call that failed.
+    #[error("{backend} call {call} failed (code {code})")]
+    Backend {
+        /// Which backend.
+        backend: BackendKind,
+        /// The API call.
+        call: &'static str,
+        /// Its error code.
+        code: i32,
+    },
+
+    /// An I/O error outside the disk cache (whose own errors never surface).
+    #[error("I/O error: {0}")]
+    Io(String),
+
+    /// A build panicked on another thread; this caller gave up waiting for a retry.
+    #[error("{0}")]
+    Panicked(String),
+}
+
+fn log_suffix(log: &str) -> String {
+    if log.trim().is_empty() {
+        String::new()
+    } else {
+        format!("\n--- build log ---\n{}", log.trim_end())
+    }
+}
+
+impl BuildFailure for Error {
+    fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::OutOfResources { .. } | Error::Io(_) | Error::Panicked(_)
+        )
+    }
+    fn from_panic(message: String) -> Self {
+        Error::Panicked(message)
+    }
+}
+
+/// `Result` with kpc's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

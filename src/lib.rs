@@ -1,0 +1,16 @@
+//! kpc builds GPU kernels once and reuses them: per context in memory, across processes on disk.
+//!
+//! Layers, top to bottom (see DESIGN.md): `runtime` (keys, orchestration), `cache` (in-memory
+//! `KernelProgramCache`, on-disk persistent cache), `backend` (Vulkan, OpenCL), `attention` (the
+//! built-in workload). The cache layer knows nothing of any backend.
+
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod runtime;
+
+pub use config::{Config, ConfigError};
+pub use error::{Error, Result};
