@@ -55,9 +55,14 @@ impl From<&Config> for MemCacheSettings {
     }
 }
 
+// foldhash instead of SipHash: a hit hashes a ~100-byte composite key, and SipHash alone cost more than
+// the rest of the hit path. Keys come from the embedding application, not from an attacker, so
+// flooding resistance buys nothing here; the per-process seed still varies the layout.
+type Hasher = foldhash::fast::RandomState;
+
 struct Maps<P, K, E> {
-    programs: DashMap<ProgramKey, Arc<BuildResult<P, E>>>,
-    kernels: DashMap<KernelKey, Arc<BuildResult<K, E>>>,
+    programs: DashMap<ProgramKey, Arc<BuildResult<P, E>>, Hasher>,
+    kernels: DashMap<KernelKey, Arc<BuildResult<K, E>>, Hasher>,
 }
 
 /// The per-context cache of built programs `P` and kernels `K`, with build errors `E`.
@@ -108,8 +113,8 @@ where
     pub fn new(settings: MemCacheSettings) -> Self {
         KernelProgramCache {
             maps: Maps {
-                programs: DashMap::new(),
-                kernels: DashMap::new(),
+                programs: DashMap::with_hasher(Hasher::default()),
+                kernels: DashMap::with_hasher(Hasher::default()),
             },
             settings,
             clock: AtomicU64::new(0),
@@ -275,7 +280,8 @@ where
         // One evictor at a time; a second one waits and then usually finds nothing left to do. Eviction is
         // off the hit path, so blocking here costs only builders.
         let _g = self.evict_lock.lock();
-        let mut candidates: Vec<(u64, ProgramKey, Arc<BuildResult<P, E>>)> = self
+        type Candidate<P, E> = (u64, ProgramKey, Arc<BuildResult<P, E>>);
+        let mut candidates: Vec<Candidate<P, E>> = self
             .maps
             .programs
             .iter()
@@ -293,8 +299,7 @@ where
                 .remove_if(&key, |_, v| Arc::ptr_eq(v, &entry))
                 .is_some();
             if removed {
-                self.program_bytes
-                    .fetch_sub(entry.cost(), Ordering::AcqRel);
+                self.program_bytes.fetch_sub(entry.cost(), Ordering::AcqRel);
                 self.counters.evictions.fetch_add(1, Ordering::Relaxed);
                 self.maps.kernels.retain(|k, _| k.program != key);
                 if self.settings.trace {

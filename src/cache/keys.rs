@@ -6,8 +6,18 @@ use std::fmt;
 use std::sync::Arc;
 
 /// A 32-byte BLAKE3 digest, printed as hex.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Digest(pub [u8; 32]);
+
+impl std::hash::Hash for Digest {
+    /// A digest is already uniformly distributed, so eight of its bytes are as good a hash as all 32 and
+    /// cost a quarter as much on the cache's hit path; equality still compares all 32.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&self.0[..8]);
+        state.write_u64(u64::from_le_bytes(head));
+    }
+}
 
 impl Digest {
     /// The BLAKE3 digest of `bytes`: stable across builds, platforms and processes.
