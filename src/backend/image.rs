@@ -2,8 +2,12 @@
 //! their bytes.
 
 use std::sync::Arc;
+#[cfg(not(loom))]
+use std::sync::OnceLock;
 
 use crate::cache::Digest;
+#[cfg(not(loom))]
+use crate::error::Result;
 
 /// What a device image contains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,6 +25,11 @@ pub struct DeviceImage {
     format: ImageFormat,
     bytes: Arc<[u8]>,
     digest: Digest,
+    /// The validated, reflected module of a SPIR-V image, once known; shared by clones. Only success
+    /// is remembered: an invalid image is re-validated (and rejected) on every use, so nothing about
+    /// it outlives the request.
+    #[cfg(not(loom))]
+    spirv: Arc<OnceLock<Arc<super::spirv::SpirvModule>>>,
 }
 
 impl DeviceImage {
@@ -32,7 +41,40 @@ impl DeviceImage {
             format,
             digest: Digest::of(&bytes),
             bytes,
+            #[cfg(not(loom))]
+            spirv: Arc::default(),
         }
+    }
+
+    /// A SPIR-V image, validated with spirv-tools and reflected now.
+    ///
+    /// Errors: [`crate::Error::InvalidSpirv`] with the validator's message.
+    #[cfg(not(loom))]
+    pub fn spirv(name: &str, bytes: impl Into<Arc<[u8]>>) -> Result<Self> {
+        let image = DeviceImage::new(name, ImageFormat::SpirV, bytes);
+        image.spirv_module()?;
+        Ok(image)
+    }
+
+    /// The validated module and its reflected interface: computed on first use and shared by every
+    /// clone of this image afterwards.
+    ///
+    /// Errors: [`crate::Error::InvalidSpirv`] when the bytes are not valid SPIR-V for Vulkan, or when
+    /// the image is not a SPIR-V image at all.
+    #[cfg(not(loom))]
+    pub fn spirv_module(&self) -> Result<Arc<super::spirv::SpirvModule>> {
+        if let Some(m) = self.spirv.get() {
+            return Ok(m.clone());
+        }
+        if self.format != ImageFormat::SpirV {
+            return Err(crate::Error::InvalidSpirv {
+                image: self.name.to_string(),
+                message: format!("the image holds {:?}, not SPIR-V", self.format),
+            });
+        }
+        let m = Arc::new(super::spirv::SpirvModule::parse(&self.name, &self.bytes)?);
+        // Two threads may both parse; either result is the same, and the first one stored wins.
+        Ok(self.spirv.get_or_init(|| m).clone())
     }
     /// The image's name.
     pub fn name(&self) -> &str {

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use kpc::Config;
 
+mod bench_build;
+mod devices;
 mod status;
 
 /// kpc: GPU kernels built once, reused from memory and disk.
@@ -19,6 +21,10 @@ struct Cli {
 enum Command {
     /// Print the resolved configuration and the disk cache's status (the default).
     Status,
+    /// List backends, devices, their types, driver versions and fingerprints.
+    Devices,
+    /// Time each shipped kernel's cold build and its load from the persisted pipeline-cache blob.
+    BenchBuild(bench_build::Args),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +39,8 @@ fn main() -> ExitCode {
     init_tracing(&config);
     let r = match cli.command.unwrap_or(Command::Status) {
         Command::Status => status::run(&config),
+        Command::Devices => devices::run(&config),
+        Command::BenchBuild(args) => bench_build::run(&config, &args),
     };
     match r {
         Ok(code) => code,
