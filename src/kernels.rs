@@ -1,6 +1,7 @@
 //! The kernels kpc ships, embedded at build time so that building the crate needs no shader compiler.
 //!
-//! GLSL sources and their SPIR-V (compiled by scripts/build-kernels.sh, committed) live in kernels/.
+//! GLSL sources and their SPIR-V (compiled by scripts/build-kernels.sh, committed) and OpenCL C sources
+//! live in kernels/.
 //! Each image's entry point is named after its file. What a kernel takes (buffers, push constants,
 //! workgroup size, specialization constants) is reflected from the SPIR-V at run time, never listed
 //! here.
@@ -48,4 +49,48 @@ pub fn spirv_image(name: &str) -> Result<DeviceImage> {
         ))
     })?;
     DeviceImage::spirv(k.name, k.spirv)
+}
+
+/// A shipped OpenCL C kernel image.
+#[derive(Debug, Clone, Copy)]
+pub struct ShippedOpenCl {
+    /// Image name, which is also its entry point's name.
+    pub name: &'static str,
+    /// Path of its source, relative to the repository root.
+    pub path: &'static str,
+    /// The source text.
+    pub source: &'static str,
+}
+
+/// Every shipped OpenCL C kernel: the same names, parameters and spec-constant ids as the SPIR-V
+/// ones, so that both backends compute the same function.
+pub const OPENCL: &[ShippedOpenCl] = &[
+    ShippedOpenCl {
+        name: "saxpy",
+        path: "kernels/saxpy.cl",
+        source: include_str!("../kernels/saxpy.cl"),
+    },
+    ShippedOpenCl {
+        name: "copy",
+        path: "kernels/copy.cl",
+        source: include_str!("../kernels/copy.cl"),
+    },
+];
+
+/// The shipped OpenCL C image `name`.
+///
+/// Errors: [`Error::InvalidArgument`] for a name kpc does not ship.
+#[cfg(not(loom))]
+pub fn opencl_image(name: &str) -> Result<DeviceImage> {
+    let k = OPENCL.iter().find(|k| k.name == name).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "no shipped OpenCL kernel {name:?}; there are: {}",
+            OPENCL.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+        ))
+    })?;
+    Ok(DeviceImage::new(
+        k.name,
+        crate::backend::ImageFormat::OpenClC,
+        k.source.as_bytes(),
+    ))
 }

@@ -8,6 +8,8 @@
 //! workload are the same on every backend.
 
 pub mod image;
+#[cfg(not(loom))]
+pub mod opencl;
 pub mod pod;
 #[cfg(not(loom))]
 pub mod spirv;

@@ -14,6 +14,7 @@ pub mod fake_backend;
 use std::io::Write;
 
 use kpc::backend::DeviceInfo;
+use kpc::backend::opencl::{OpenClBackend, OpenClOptions};
 use kpc::backend::vulkan::{VulkanBackend, VulkanOptions};
 use kpc::{Config, Context};
 
@@ -25,7 +26,11 @@ pub fn drivers_required() -> bool {
 fn log(what: &str, backend: &str, test: &str) {
     if let Some(path) = std::env::var_os("KPC_TEST_DRIVER_LOG") {
         // One short O_APPEND write per line: lines from parallel tests do not interleave.
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
             let _ = f.write_all(format!("{what} {backend} {test}\n").as_bytes());
         }
     }
@@ -58,7 +63,10 @@ pub fn vulkan_device(test: &str) -> Option<DeviceInfo> {
 
 /// A configuration for tests: no disk cache (tests never touch the user's), memory cache on.
 pub fn test_config() -> Config {
-    Config::builder().persistent(false).build().expect("valid test config")
+    Config::builder()
+        .persistent(false)
+        .build()
+        .expect("valid test config")
 }
 
 /// A context on the first usable Vulkan device, or a reported skip.
@@ -70,7 +78,38 @@ pub fn vulkan_context(test: &str) -> Option<Context> {
 /// The first usable Vulkan device opened directly, with `options`, or a reported skip.
 pub fn vulkan_backend(test: &str, options: &VulkanOptions) -> Option<VulkanBackend> {
     let d = vulkan_device(test)?;
-    Some(VulkanBackend::open_with(d.index, &test_config(), options).expect("open the Vulkan device"))
+    Some(
+        VulkanBackend::open_with(d.index, &test_config(), options).expect("open the Vulkan device"),
+    )
+}
+
+/// The first usable OpenCL device (PoCL in CI), or a reported skip. Counts the test as run when it
+/// returns one.
+pub fn opencl_device(test: &str) -> Option<DeviceInfo> {
+    match kpc::backend::opencl::devices() {
+        Ok(devs) => match devs.into_iter().find(|d| d.unusable.is_none()) {
+            Some(d) => {
+                log("ran", "opencl", test);
+                Some(d)
+            }
+            None => skip("opencl", test, "no usable OpenCL device"),
+        },
+        Err(e) => skip("opencl", test, &e.to_string()),
+    }
+}
+
+/// A context on the first usable OpenCL device, or a reported skip.
+pub fn opencl_context(test: &str) -> Option<Context> {
+    let d = opencl_device(test)?;
+    Some(Context::with_device(&d, &test_config()).expect("open the OpenCL device"))
+}
+
+/// The first usable OpenCL device opened directly, with `options`, or a reported skip.
+pub fn opencl_backend(test: &str, options: &OpenClOptions) -> Option<OpenClBackend> {
+    let d = opencl_device(test)?;
+    Some(
+        OpenClBackend::open_with(d.index, &test_config(), options).expect("open the OpenCL device"),
+    )
 }
 
 /// `n` random floats in [-1, 1).

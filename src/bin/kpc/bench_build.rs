@@ -38,6 +38,8 @@ pub struct Args {
 enum Phase {
     Cold,
     Load,
+    /// OpenCL only: build, launch, then query the binary.
+    ColdLaunch,
 }
 
 const DRIVER_CACHE_VARS: &[&str] = &[
@@ -51,13 +53,19 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     if let Some(phase) = args.phase {
         return phase_main(config, args, phase);
     }
+    let device = select_device(&config.device)?;
+    if device.backend == BackendKind::OpenCl {
+        return crate::bench_build_cl::run(config, &device, args.kernel.as_deref(), &args.options);
+    }
     let names: Vec<&str> = match &args.kernel {
         Some(k) => vec![k.as_str()],
         None => kpc::kernels::SPIRV.iter().map(|k| k.name).collect(),
     };
-    let device = select_device(&config.device)?;
     println!("kpc bench-build: cold build vs load of the persisted binary, each in a new process");
-    println!("device:  {}:{} {} [{}]", device.backend, device.index, device.name, device.device_type);
+    println!(
+        "device:  {}:{} {} [{}]",
+        device.backend, device.index, device.name, device.device_type
+    );
     println!("driver:  {} (API {})", device.driver, device.api_version);
     let set: Vec<String> = DRIVER_CACHE_VARS
         .iter()
@@ -75,7 +83,14 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     println!();
     println!(
         "{:<10} {:>7} {:>11} {:>12} {:>10} {:>11} {:>12} {:>9}",
-        "kernel", "entries", "validate ms", "cold ms", "blob B", "load ms", "driver hit", "cold/load"
+        "kernel",
+        "entries",
+        "validate ms",
+        "cold ms",
+        "blob B",
+        "load ms",
+        "driver hit",
+        "cold/load"
     );
     let exe = std::env::current_exe().map_err(|e| Error::Io(format!("current_exe: {e}")))?;
     let dir = std::env::temp_dir().join(format!("kpc-bench-build-{}", std::process::id()));
@@ -85,31 +100,47 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         let blob = dir.join(format!("{name}.bin"));
         let child = |phase: &str| {
             Command::new(&exe)
-                .args(["bench-build", "--kernel", name, "--phase", phase, "--options"])
+                .args([
+                    "bench-build",
+                    "--kernel",
+                    name,
+                    "--phase",
+                    phase,
+                    "--options",
+                ])
                 .arg(&args.options)
                 .arg("--blob")
                 .arg(&blob)
                 .output()
         };
-        let parse = |out: std::io::Result<std::process::Output>| -> Result<Vec<(String, String)>, String> {
-            let out = out.map_err(|e| e.to_string())?;
-            let text = String::from_utf8_lossy(&out.stdout);
-            let line = text
-                .lines()
-                .find_map(|l| l.strip_prefix("KPCBENCH "))
-                .ok_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string())?;
-            Ok(line
-                .split_whitespace()
-                .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-                .collect())
-        };
+        let parse =
+            |out: std::io::Result<std::process::Output>| -> Result<Vec<(String, String)>, String> {
+                let out = out.map_err(|e| e.to_string())?;
+                let text = String::from_utf8_lossy(&out.stdout);
+                let line = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("KPCBENCH "))
+                    .ok_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string())?;
+                Ok(line
+                    .split_whitespace()
+                    .filter_map(|kv| {
+                        kv.split_once('=')
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                    })
+                    .collect())
+            };
         let row = parse(child("cold")).and_then(|c| parse(child("load")).map(|l| (c, l)));
         let get = |r: &Vec<(String, String)>, k: &str| {
-            r.iter().find(|(kk, _)| kk == k).map_or("-".to_string(), |(_, v)| v.clone())
+            r.iter()
+                .find(|(kk, _)| kk == k)
+                .map_or("-".to_string(), |(_, v)| v.clone())
         };
         match row {
             Ok((c, l)) => {
-                let ratio = match (get(&c, "cold_ms").parse::<f64>(), get(&l, "load_ms").parse::<f64>()) {
+                let ratio = match (
+                    get(&c, "cold_ms").parse::<f64>(),
+                    get(&l, "load_ms").parse::<f64>(),
+                ) {
                     (Ok(a), Ok(b)) if b > 0.0 => format!("{:.1}x", a / b),
                     _ => "-".into(),
                 };
@@ -133,20 +164,38 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!();
-    println!("validate = spirv-tools validation + reflection, paid by every new process before any lookup;");
-    println!("cold = build_program (vkCreateComputePipelines for every entry point, empty pipeline cache);");
-    println!("load = program_from_binary (header check + vkCreatePipelineCache + vkCreateComputePipelines);");
-    println!("driver hit = VK_EXT_pipeline_creation_feedback APPLICATION_PIPELINE_CACHE_HIT on load.");
+    println!(
+        "validate = spirv-tools validation + reflection, paid by every new process before any lookup;"
+    );
+    println!(
+        "cold = build_program (vkCreateComputePipelines for every entry point, empty pipeline cache);"
+    );
+    println!(
+        "load = program_from_binary (header check + vkCreatePipelineCache + vkCreateComputePipelines);"
+    );
+    println!(
+        "driver hit = VK_EXT_pipeline_creation_feedback APPLICATION_PIPELINE_CACHE_HIT on load."
+    );
     if device.device_type == kpc::backend::DeviceType::Cpu {
-        println!("note: lavapipe compiles at first dispatch, not in vkCreateComputePipelines, and its");
+        println!(
+            "note: lavapipe compiles at first dispatch, not in vkCreateComputePipelines, and its"
+        );
         println!("pipeline cache is a stub: neither column includes that compile here.");
     }
     println!(
         "rerun: KPC_DEVICE={} kpc bench-build{}",
         config.device,
-        if args.options.is_empty() { String::new() } else { format!(" --options={:?}", args.options) }
+        if args.options.is_empty() {
+            String::new()
+        } else {
+            format!(" --options={:?}", args.options)
+        }
     );
-    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn ms(d: std::time::Duration) -> String {
@@ -163,11 +212,18 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
         .as_ref()
         .ok_or_else(|| Error::InvalidArgument("--phase needs --blob".into()))?;
     let device = select_device(&config.device)?;
-    if device.backend != BackendKind::Vulkan {
-        return Err(Error::InvalidArgument(format!(
-            "bench-build measures Vulkan kernels; KPC_DEVICE selected {}:{}",
-            device.backend, device.index
-        )));
+    if device.backend == BackendKind::OpenCl {
+        let phase = match phase {
+            Phase::Cold => "cold",
+            Phase::ColdLaunch => "cold-launch",
+            Phase::Load => "load",
+        };
+        return crate::bench_build_cl::phase(config, &device, name, &args.options, phase, blob);
+    }
+    if phase == Phase::ColdLaunch {
+        return Err(Error::InvalidArgument(
+            "--phase cold-launch is for OpenCL devices".into(),
+        ));
     }
     let backend = VulkanBackend::open(device.index, config)?;
     let k = kpc::kernels::SPIRV
@@ -196,7 +252,7 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
                 bytes.len()
             );
         }
-        Phase::Load => {
+        Phase::Load | Phase::ColdLaunch => {
             let bytes = std::fs::read(blob).map_err(io)?;
             let t = Instant::now();
             let program = backend.program_from_binary(&image, &spec, &options, &bytes)?;

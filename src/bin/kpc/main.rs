@@ -6,6 +6,8 @@ use clap::{Parser, Subcommand};
 use kpc::Config;
 
 mod bench_build;
+mod bench_build_cl;
+mod bench_launch;
 mod devices;
 mod status;
 
@@ -23,8 +25,11 @@ enum Command {
     Status,
     /// List backends, devices, their types, driver versions and fingerprints.
     Devices,
-    /// Time each shipped kernel's cold build and its load from the persisted pipeline-cache blob.
+    /// Time each shipped kernel's cold build and its load from the persisted binary (Vulkan: pipeline-cache
+    /// blob; OpenCL: CL_PROGRAM_BINARIES), each in a fresh process.
     BenchBuild(bench_build::Args),
+    /// Time launches of one cached OpenCL kernel from many threads under each kernel-sharing strategy.
+    BenchLaunch(bench_launch::Args),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +46,7 @@ fn main() -> ExitCode {
         Command::Status => status::run(&config),
         Command::Devices => devices::run(&config),
         Command::BenchBuild(args) => bench_build::run(&config, &args),
+        Command::BenchLaunch(args) => bench_launch::run(&config, &args),
     };
     match r {
         Ok(code) => code,

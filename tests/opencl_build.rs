@@ -1,0 +1,201 @@
+//! Builds that fail on a real OpenCL driver: the typed error carries the driver's build log, a
+//! cached failure comes back without rebuilding, and images or kernels kpc cannot use are typed
+//! errors too.
+
+mod common;
+
+use kpc::Error;
+use kpc::backend::{DeviceImage, ImageFormat};
+use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::kernels::opencl_image;
+use kpc::runtime::Source;
+
+use common::opencl_context;
+
+fn cl(name: &str, src: &str) -> DeviceImage {
+    DeviceImage::new(name, ImageFormat::OpenClC, src.as_bytes().to_vec())
+}
+
+const BROKEN: &str =
+    "kernel void broken(global float *out)\n{\n    out[0] = undeclared_name * 2.0f;\n}\n";
+
+fn none() -> (SpecConstants, BuildOptions) {
+    (SpecConstants::new(), BuildOptions::default())
+}
+
+#[test]
+fn a_compile_error_carries_the_build_log() {
+    let Some(ctx) = opencl_context("a_compile_error_carries_the_build_log") else {
+        return;
+    };
+    let (spec, opts) = none();
+    let e = ctx
+        .kernel(&cl("broken", BROKEN), "broken", &spec, &opts)
+        .unwrap_err();
+    match &e {
+        Error::Build {
+            image, log, code, ..
+        } => {
+            assert_eq!(image, "broken");
+            assert_eq!(*code, -11, "CL_BUILD_PROGRAM_FAILURE");
+            assert!(
+                log.contains("undeclared_name"),
+                "the log names the error: {log}"
+            );
+        }
+        other => panic!("expected a build error, got {other:?}"),
+    }
+    // The message a person sees includes the log.
+    assert!(e.to_string().contains("undeclared_name"), "{e}");
+}
+
+#[test]
+fn a_cached_failed_build_returns_the_same_error_without_rebuilding() {
+    let Some(ctx) =
+        opencl_context("a_cached_failed_build_returns_the_same_error_without_rebuilding")
+    else {
+        return;
+    };
+    let (spec, opts) = none();
+    let image = cl("broken", BROKEN);
+    let first = ctx.kernel(&image, "broken", &spec, &opts).unwrap_err();
+    let builds = ctx.memory_stats().builds;
+    let failed = ctx.memory_stats().failed_builds;
+    let started = std::time::Instant::now();
+    let second = ctx.kernel(&image, "broken", &spec, &opts).unwrap_err();
+    let third = ctx
+        .kernel(&cl("broken", BROKEN), "broken", &spec, &opts)
+        .unwrap_err();
+    assert_eq!(first, second, "the same error, log and all");
+    assert_eq!(first, third);
+    assert_eq!(ctx.memory_stats().builds, builds, "nothing was rebuilt");
+    assert_eq!(
+        ctx.memory_stats().failed_builds,
+        failed,
+        "{:?}",
+        ctx.memory_stats()
+    );
+    // Only a timing hint for a person reading a failure: the two cached answers took no compile.
+    eprintln!("two cached failures took {:?}", started.elapsed());
+    // The failure is per key: a fixed source under the same name builds.
+    let fixed = cl("broken", &BROKEN.replace("undeclared_name", "1.0f"));
+    let k = ctx.kernel(&fixed, "broken", &spec, &opts).unwrap();
+    assert_eq!(k.source(), Source::Built);
+}
+
+#[test]
+fn bad_build_options_are_a_cached_build_error() {
+    let Some(ctx) = opencl_context("bad_build_options_are_a_cached_build_error") else {
+        return;
+    };
+    let e = ctx
+        .kernel(
+            &opencl_image("saxpy").unwrap(),
+            "saxpy",
+            &SpecConstants::new(),
+            &BuildOptions::new("-cl-no-such-option-kpc"),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::Build { .. }), "{e}");
+}
+
+#[test]
+fn kernels_and_images_kpc_cannot_use_are_typed_errors() {
+    let Some(ctx) = opencl_context("kernels_and_images_kpc_cannot_use_are_typed_errors") else {
+        return;
+    };
+    let (spec, opts) = none();
+    let saxpy = opencl_image("saxpy").unwrap();
+
+    let e = ctx.kernel(&saxpy, "main", &spec, &opts).unwrap_err();
+    assert!(
+        matches!(&e, Error::UnknownKernel { available, .. } if available == "saxpy"),
+        "{e}"
+    );
+
+    // A SPIR-V image handed to the OpenCL backend.
+    let spirv = DeviceImage::new("spv", ImageFormat::SpirV, vec![0x07, 0x23, 0x02, 0x03]);
+    let e = ctx.kernel(&spirv, "main", &spec, &opts).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("OpenCL C")),
+        "{e}"
+    );
+
+    // A local-memory pointer parameter: kpc has no way to pass one.
+    let local = cl(
+        "local",
+        "kernel void k(global float *o, local float *scratch) { o[0] = 1.0f; }",
+    );
+    let e = ctx.kernel(&local, "k", &spec, &opts).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("scratch")),
+        "{e}"
+    );
+
+    // A required workgroup size beyond the device's limit.
+    let max = ctx.device().limits.max_workgroup_invocations;
+    let too_big = SpecConstants::new().with(0, SpecValue::U32(max * 2));
+    let e = ctx.kernel(&saxpy, "saxpy", &too_big, &opts).unwrap_err();
+    assert!(
+        matches!(e, Error::Build { .. } | Error::InvalidArgument(_)),
+        "{e}"
+    );
+
+    // A malformed spec-constant declaration.
+    let bad_decl = cl(
+        "decl",
+        "// kpc-spec-constant zero N\nkernel void k(global int *o) { o[0] = 1; }",
+    );
+    let e = ctx.kernel(&bad_decl, "k", &spec, &opts).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("kpc-spec-constant")),
+        "{e}"
+    );
+}
+
+#[test]
+fn both_backends_ship_the_same_kernels() {
+    // Each shipped OpenCL image mirrors its SPIR-V twin: the same entry point, buffers (count and
+    // read-only-ness, in order), push-constant bytes, default workgroup size and spec-constant ids.
+    let Some(ctx) = opencl_context("both_backends_ship_the_same_kernels") else {
+        return;
+    };
+    let names: Vec<&str> = kpc::kernels::OPENCL.iter().map(|k| k.name).collect();
+    let spirv: Vec<&str> = kpc::kernels::SPIRV.iter().map(|k| k.name).collect();
+    assert_eq!(names, spirv);
+    for name in names {
+        let image = opencl_image(name).unwrap();
+        let k = ctx
+            .kernel(
+                &image,
+                name,
+                &SpecConstants::new(),
+                &BuildOptions::default(),
+            )
+            .unwrap();
+        let spv = kpc::kernels::spirv_image(name).unwrap();
+        let module = spv.spirv_module().unwrap();
+        let entry = module.entry(name, name).unwrap();
+        let cl = k.info();
+        assert_eq!(cl.push_constant_bytes, entry.push_constant_bytes, "{name}");
+        assert_eq!(
+            cl.buffers.iter().map(|b| b.read_only).collect::<Vec<_>>(),
+            entry
+                .bindings
+                .iter()
+                .map(|b| b.read_only)
+                .collect::<Vec<_>>(),
+            "{name}"
+        );
+        assert_eq!(cl.local_size, entry.local_size.map(|d| d.default), "{name}");
+        let mut cl_ids: Vec<u32> = kpc::backend::opencl::spec_constants(&image)
+            .unwrap()
+            .iter()
+            .map(|d| d.id)
+            .collect();
+        let mut spv_ids: Vec<u32> = module.spec_constants.iter().map(|c| c.id).collect();
+        cl_ids.sort();
+        spv_ids.sort();
+        assert_eq!(cl_ids, spv_ids, "{name}");
+    }
+}
