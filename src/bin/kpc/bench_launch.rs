@@ -2,9 +2,13 @@
 //! kernel-sharing strategy (pool of kernel objects, clCloneKernel per launch, one locked kernel).
 //!
 //! Every thread has its own buffers and launches the same cached saxpy kernel. Two modes:
-//! - `enqueue`: launches back to back, one wait at the end: the host cost of getting a kernel
-//!   object, clSetKernelArg and clEnqueueNDRangeKernel, which is where the strategies differ;
-//! - `wait`: each launch waited for before the next, as a caller that needs each result does.
+//! - `enqueue`: launches back to back, timed until every thread has enqueued its last one (the
+//!   waits come after the clock stops): the host cost of getting a kernel object, clSetKernelArg
+//!   and clEnqueueNDRangeKernel, which is where the strategies differ;
+//! - `wait`: each launch waited for before the next, as a caller that needs each result does;
+//!   timed to the last result.
+//!
+//! Each cell is the median of `--repeat` runs.
 
 use std::process::ExitCode;
 use std::sync::Barrier;
@@ -28,6 +32,9 @@ pub struct Args {
     /// Elements per launch.
     #[arg(long, default_value_t = 1024)]
     n: usize,
+    /// Runs per cell; the median is printed.
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
 }
 
 struct PerThread {
@@ -67,38 +74,56 @@ fn measure(
         q.launch(&k, groups, &[&b.x, &b.y, &b.out], push.as_bytes())?
             .wait()?;
     }
-    let barrier = Barrier::new(threads + 1);
+    let start_line = Barrier::new(threads + 1);
+    let enqueued = Barrier::new(threads + 1);
     let elapsed = std::thread::scope(|s| -> kpc::Result<Duration> {
         let handles: Vec<_> = bufs
             .iter()
             .map(|b| {
-                let (q, k, barrier, push) = (q.clone(), &k, &barrier, &push);
+                let (q, k, push) = (q.clone(), &k, &push);
+                let (start_line, enqueued) = (&start_line, &enqueued);
                 s.spawn(move || -> kpc::Result<()> {
-                    barrier.wait();
-                    let mut last = None;
+                    start_line.wait();
+                    let mut pending = Vec::new();
+                    let mut r = Ok(());
                     for _ in 0..launches {
-                        let ev = q.launch(k, groups, &[&b.x, &b.y, &b.out], push.as_bytes())?;
-                        if wait_each {
-                            ev.wait()?;
-                        } else {
-                            last = Some(ev);
+                        match q.launch(k, groups, &[&b.x, &b.y, &b.out], push.as_bytes()) {
+                            Ok(ev) if wait_each => {
+                                if let Err(e) = ev.wait() {
+                                    r = Err(e);
+                                    break;
+                                }
+                            }
+                            Ok(ev) => pending.push(ev),
+                            Err(e) => {
+                                r = Err(e);
+                                break;
+                            }
                         }
                     }
-                    if let Some(ev) = last {
+                    // Always reach the barrier, even after an error, so the others are not stranded.
+                    enqueued.wait();
+                    for ev in pending {
                         ev.wait()?;
                     }
-                    Ok(())
+                    r
                 })
             })
             .collect();
-        barrier.wait();
+        start_line.wait();
         let start = Instant::now();
+        enqueued.wait();
+        let enqueue_time = start.elapsed();
         for h in handles {
             h.join()
                 .map_err(|_| Error::Panicked("a bench-launch thread panicked".into()))??;
         }
         ctx.finish()?;
-        Ok(start.elapsed())
+        Ok(if wait_each {
+            start.elapsed()
+        } else {
+            enqueue_time
+        })
     })?;
     // Every result is 2 * 1 + 2 = 4: the launches computed, not just ran.
     for b in &bufs {
@@ -129,8 +154,8 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     );
     println!("driver:  {} (API {})", device.driver, device.api_version);
     println!(
-        "{} launches per thread; microseconds per launch (wall time / all launches)",
-        args.launches
+        "{} launches per thread; microseconds per launch (wall time / all launches), median of {}",
+        args.launches, args.repeat
     );
     println!();
     print!("{:<16}", "strategy");
@@ -158,13 +183,19 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         print!("{label:<16}");
         for &t in &args.threads {
             for wait_each in [false, true] {
-                let d = measure(
-                    &ctx,
-                    t.max(1),
-                    args.launches.max(1),
-                    args.n.max(1),
-                    wait_each,
-                )?;
+                let mut runs = (0..args.repeat.max(1))
+                    .map(|_| {
+                        measure(
+                            &ctx,
+                            t.max(1),
+                            args.launches.max(1),
+                            args.n.max(1),
+                            wait_each,
+                        )
+                    })
+                    .collect::<kpc::Result<Vec<Duration>>>()?;
+                runs.sort();
+                let d = runs[runs.len() / 2];
                 let per = d.as_secs_f64() * 1e6 / (t.max(1) * args.launches.max(1)) as f64;
                 print!(" {per:>14.1}");
             }
@@ -173,7 +204,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     }
     println!();
     println!(
-        "rerun: KPC_DEVICE={} kpc bench-launch --threads {} --launches {} --n {}",
+        "rerun: KPC_DEVICE={} kpc bench-launch --threads {} --launches {} --n {} --repeat {}",
         config.device,
         args.threads
             .iter()
@@ -181,7 +212,8 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             .collect::<Vec<_>>()
             .join(","),
         args.launches,
-        args.n
+        args.n,
+        args.repeat
     );
     Ok(ExitCode::SUCCESS)
 }
