@@ -12,15 +12,32 @@ use kpc::kernels::{SPIRV, spirv_image};
 
 #[test]
 fn saxpy_is_reflected_from_its_spirv() {
-    let m = spirv_image("saxpy").unwrap().spirv_module().unwrap();
+    let image = spirv_image("saxpy").unwrap();
+    let m = image.spirv_module().unwrap();
     assert_eq!(m.version, (1, 3));
     assert_eq!(m.entry_points.len(), 1);
     let e = &m.entry_points[0];
     assert_eq!(e.name, "saxpy");
-    assert_eq!(e.local_size[0], LocalDim { default: 64, spec_id: Some(0) });
-    assert_eq!(e.local_size[1], LocalDim { default: 1, spec_id: None });
+    assert_eq!(
+        e.local_size[0],
+        LocalDim {
+            default: 64,
+            spec_id: Some(0)
+        }
+    );
+    assert_eq!(
+        e.local_size[1],
+        LocalDim {
+            default: 1,
+            spec_id: None
+        }
+    );
     assert_eq!(e.push_constant_bytes, 8);
-    let b: Vec<(u32, bool, &DescriptorKind)> = e.bindings.iter().map(|b| (b.binding, b.read_only, &b.kind)).collect();
+    let b: Vec<(u32, bool, &DescriptorKind)> = e
+        .bindings
+        .iter()
+        .map(|b| (b.binding, b.read_only, &b.kind))
+        .collect();
     assert_eq!(
         b,
         [
@@ -30,12 +47,30 @@ fn saxpy_is_reflected_from_its_spirv() {
         ]
     );
     assert!(e.bindings.iter().all(|b| b.set == 0 && b.min_bytes == 0));
-    let spec: Vec<(u32, SpecType, u64)> = m.spec_constants.iter().map(|c| (c.id, c.ty, c.default_bits)).collect();
+    let spec: Vec<(u32, SpecType, u64)> = m
+        .spec_constants
+        .iter()
+        .map(|c| (c.id, c.ty, c.default_bits))
+        .collect();
     assert_eq!(
         spec,
         [
-            (0, SpecType::Int { width: 32, signed: false }, 64),
-            (1, SpecType::Int { width: 32, signed: true }, 0)
+            (
+                0,
+                SpecType::Int {
+                    width: 32,
+                    signed: false
+                },
+                64
+            ),
+            (
+                1,
+                SpecType::Int {
+                    width: 32,
+                    signed: true
+                },
+                0
+            )
         ]
     );
     assert_eq!(m.spec_constants[1].name, "BIAS");
@@ -43,9 +78,16 @@ fn saxpy_is_reflected_from_its_spirv() {
 
 #[test]
 fn copy_is_reflected_from_its_spirv() {
-    let m = spirv_image("copy").unwrap().spirv_module().unwrap();
+    let image = spirv_image("copy").unwrap();
+    let m = image.spirv_module().unwrap();
     let e = m.entry("copy", "copy").unwrap();
-    assert_eq!(e.local_size[0], LocalDim { default: 256, spec_id: Some(0) });
+    assert_eq!(
+        e.local_size[0],
+        LocalDim {
+            default: 256,
+            spec_id: Some(0)
+        }
+    );
     assert_eq!(e.push_constant_bytes, 4);
     assert_eq!(e.bindings.len(), 2);
     assert!(e.bindings[0].read_only && !e.bindings[1].read_only);
@@ -59,7 +101,10 @@ fn garbage_is_invalid_spirv() {
         ("empty", Vec::new()),
         ("odd length", vec![3u8; 21]),
         ("wrong magic", vec![0u8; 64]),
-        ("truncated", spirv_image("saxpy").unwrap().bytes()[..100].to_vec()),
+        (
+            "truncated",
+            spirv_image("saxpy").unwrap().bytes()[..100].to_vec(),
+        ),
     ] {
         let e = DeviceImage::spirv(what, bytes).unwrap_err();
         assert!(matches!(e, Error::InvalidSpirv { .. }), "{what}: {e}");
@@ -88,16 +133,31 @@ fn committed_spirv_is_fresh() {
     sources.sort();
     let mut shipped: Vec<String> = SPIRV.iter().map(|k| k.name.to_string()).collect();
     shipped.sort();
-    assert_eq!(sources, shipped, "kernels/*.comp and kpc::kernels::SPIRV must list the same kernels");
+    assert_eq!(
+        sources, shipped,
+        "kernels/*.comp and kpc::kernels::SPIRV must list the same kernels"
+    );
     for k in SPIRV {
         let on_disk = std::fs::read(dir.join(format!("{}.spv", k.name))).unwrap();
-        assert_eq!(on_disk, k.spirv, "{}.spv on disk differs from the embedded one", k.name);
+        assert_eq!(
+            on_disk, k.spirv,
+            "{}.spv on disk differs from the embedded one",
+            k.name
+        );
     }
 
     let version = match Command::new("glslangValidator").arg("--version").output() {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").to_string(),
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string(),
         _ => {
-            let _: Option<()> = common::skip("glslang", "committed_spirv_is_fresh", "glslangValidator is not installed");
+            let _: Option<()> = common::skip(
+                "glslang",
+                "committed_spirv_is_fresh",
+                "glslangValidator is not installed",
+            );
             return;
         }
     };
@@ -108,7 +168,16 @@ fn committed_spirv_is_fresh() {
         let spv = out.join(format!("{}.spv", k.name));
         let status = Command::new("glslangValidator")
             .current_dir(&dir)
-            .args(["--quiet", "--target-env", "vulkan1.1", "-e", k.name, "--source-entrypoint", "main", "-o"])
+            .args([
+                "--quiet",
+                "--target-env",
+                "vulkan1.1",
+                "-e",
+                k.name,
+                "--source-entrypoint",
+                "main",
+                "-o",
+            ])
             .arg(&spv)
             .arg(format!("{}.comp", k.name))
             .status()

@@ -23,20 +23,34 @@ fn invalid_spirv_is_a_typed_error_and_nothing_is_cached() {
     };
     let bytes = invalid_saxpy();
     let e = DeviceImage::spirv("broken", bytes.clone()).unwrap_err();
-    let Error::InvalidSpirv { image, message } = &e else { panic!("{e}") };
+    let Error::InvalidSpirv { image, message } = &e else {
+        panic!("{e}")
+    };
     assert_eq!(image, "broken");
-    assert!(message.to_lowercase().contains("bound"), "the validator's message: {message}");
+    assert!(
+        message.to_lowercase().contains("bound"),
+        "the validator's message: {message}"
+    );
 
     // The same bytes passed unvalidated reach the context, which validates before any lookup.
     let raw = DeviceImage::new("broken", ImageFormat::SpirV, bytes);
     for _ in 0..2 {
         let e2 = ctx
-            .kernel(&raw, "saxpy", &SpecConstants::new(), &BuildOptions::default())
+            .kernel(
+                &raw,
+                "saxpy",
+                &SpecConstants::new(),
+                &BuildOptions::default(),
+            )
             .unwrap_err();
         assert_eq!(e2, e);
     }
     let s = ctx.memory_stats();
-    assert_eq!((s.programs, s.kernels, s.builds, s.misses), (0, 0, 0, 0), "{s:?}");
+    assert_eq!(
+        (s.programs, s.kernels, s.builds, s.misses),
+        (0, 0, 0, 0),
+        "{s:?}"
+    );
     assert_eq!(ctx.backend_stats().programs_built, 0);
 }
 
@@ -50,12 +64,18 @@ fn a_failed_build_returns_the_same_error_from_the_cache() {
     let spec = SpecConstants::new().with(0, SpecValue::U32(1 << 20));
     let opts = BuildOptions::default();
     let e1 = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap_err();
-    assert!(matches!(&e1, Error::Build { message, .. } if message.contains("workgroup size")), "{e1}");
+    assert!(
+        matches!(&e1, Error::Build { message, .. } if message.contains("workgroup size")),
+        "{e1}"
+    );
     let after_first = ctx.memory_stats();
     let e2 = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap_err();
     assert_eq!(e1, e2);
     let after_second = ctx.memory_stats();
-    assert_eq!(after_second.builds, after_first.builds, "the failure was not rebuilt");
+    assert_eq!(
+        after_second.builds, after_first.builds,
+        "the failure was not rebuilt"
+    );
     assert_eq!(after_second.failed_builds, after_first.failed_builds);
     assert!(after_second.failed_builds >= 1);
 
@@ -74,15 +94,24 @@ fn a_failed_build_returns_the_same_error_from_the_cache() {
 
 #[test]
 fn optimized_build_is_its_own_program_with_the_same_results() {
-    let Some(ctx) = vulkan_context("optimized_build_is_its_own_program_with_the_same_results") else {
+    let Some(ctx) = vulkan_context("optimized_build_is_its_own_program_with_the_same_results")
+    else {
         return;
     };
     let image = spirv_image("saxpy").unwrap();
     let spec = SpecConstants::new().with(1, SpecValue::I32(3));
-    let plain = ctx.kernel(&image, "saxpy", &spec, &BuildOptions::default()).unwrap();
-    let opt = ctx.kernel(&image, "saxpy", &spec, &BuildOptions::new("-O")).unwrap();
+    let plain = ctx
+        .kernel(&image, "saxpy", &spec, &BuildOptions::default())
+        .unwrap();
+    let opt = ctx
+        .kernel(&image, "saxpy", &spec, &BuildOptions::new("-O"))
+        .unwrap();
     assert_eq!(ctx.memory_stats().programs, 2);
-    assert_eq!(plain.info(), opt.info(), "the optimizer keeps bindings, push constants and spec constants");
+    assert_eq!(
+        plain.info(),
+        opt.info(),
+        "the optimizer keeps bindings, push constants and spec constants"
+    );
     let n = 300;
     let (x, y) = (random_f32(n), random_f32(n));
     let bx = ctx.buffer_from(&x).unwrap();
@@ -92,7 +121,12 @@ fn optimized_build_is_its_own_program_with_the_same_results() {
     for k in [&plain, &opt] {
         let out = ctx.buffer::<f32>(n).unwrap();
         ctx.queue()
-            .launch(k, k.groups_for([n as u64, 1, 1]).unwrap(), &[&bx, &by, &out], push.as_bytes())
+            .launch(
+                k,
+                k.groups_for([n as u64, 1, 1]).unwrap(),
+                &[&bx, &by, &out],
+                push.as_bytes(),
+            )
             .unwrap();
         outs.push(out.read().unwrap());
     }

@@ -12,13 +12,31 @@ fn kpc() -> Command {
 
 #[test]
 fn kpc_devices_lists_the_vulkan_device_with_its_fingerprint() {
-    let Some(d) = common::vulkan_device("kpc_devices_lists_the_vulkan_device_with_its_fingerprint") else { return };
+    let Some(d) = common::vulkan_device("kpc_devices_lists_the_vulkan_device_with_its_fingerprint")
+    else {
+        return;
+    };
     let out = kpc().arg("devices").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains(&format!("vulkan:{}  {}", d.index, d.name)), "{text}");
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("vulkan:{}  {}", d.index, d.name)),
+        "{text}"
+    );
     assert!(text.contains(&d.fingerprint.digest.to_hex()), "{text}");
-    for field in ["vendor_id", "device_id", "driver_version", "driver_id", "driver_name", "pipeline_cache_uuid", "api_version"] {
+    for field in [
+        "vendor_id",
+        "device_id",
+        "driver_version",
+        "driver_id",
+        "driver_name",
+        "pipeline_cache_uuid",
+        "api_version",
+    ] {
         assert!(text.contains(field), "{field} missing:\n{text}");
     }
     assert!(text.contains("KPC_DEVICE selects this"), "{text}");
@@ -45,17 +63,28 @@ fn no_vulkan_driver_is_a_clear_error_not_a_panic() {
         .env("VK_DRIVER_FILES", "/nonexistent/kpc-no-driver.json")
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("KPC_DEVICE=vulkan:0: Vulkan unavailable"));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("KPC_DEVICE=vulkan:0: Vulkan unavailable")
+    );
 }
 
 #[test]
 fn kpc_bench_build_prints_a_row_per_kernel() {
-    let Some(_) = common::vulkan_device("kpc_bench_build_prints_a_row_per_kernel") else { return };
+    let Some(_) = common::vulkan_device("kpc_bench_build_prints_a_row_per_kernel") else {
+        return;
+    };
     let out = kpc().args(["bench-build"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for k in kpc::kernels::SPIRV {
-        let row = text.lines().find(|l| l.starts_with(k.name)).unwrap_or_else(|| panic!("no row for {}:\n{text}", k.name));
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(k.name))
+            .unwrap_or_else(|| panic!("no row for {}:\n{text}", k.name));
         assert!(!row.contains("failed"), "{row}");
     }
 }

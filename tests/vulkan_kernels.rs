@@ -12,8 +12,13 @@ use kpc::{Buffer, Context, Error, PushConstants};
 use common::{random_f32, test_config, vulkan_backend, vulkan_context};
 
 fn saxpy(ctx: &Context, spec: &SpecConstants) -> kpc::Kernel {
-    ctx.kernel(&spirv_image("saxpy").unwrap(), "saxpy", spec, &BuildOptions::default())
-        .expect("saxpy builds")
+    ctx.kernel(
+        &spirv_image("saxpy").unwrap(),
+        "saxpy",
+        spec,
+        &BuildOptions::default(),
+    )
+    .expect("saxpy builds")
 }
 
 /// Runs saxpy over `n` elements with an output of `n + 16` poisoned elements, returns the output.
@@ -41,12 +46,17 @@ fn check_saxpy(out: &[f32], a: f32, x: &[f32], y: &[f32], bias: f32) {
             out[i]
         );
     }
-    assert!(out[x.len()..].iter().all(|v| v.is_nan()), "the kernel wrote past n");
+    assert!(
+        out[x.len()..].iter().all(|v| v.is_nan()),
+        "the kernel wrote past n"
+    );
 }
 
 #[test]
 fn saxpy_output_matches_the_host() {
-    let Some(ctx) = vulkan_context("saxpy_output_matches_the_host") else { return };
+    let Some(ctx) = vulkan_context("saxpy_output_matches_the_host") else {
+        return;
+    };
     let n = 64 * 37 + 13;
     let (x, y) = (random_f32(n), random_f32(n));
     let k = saxpy(&ctx, &SpecConstants::new());
@@ -59,7 +69,9 @@ fn saxpy_output_matches_the_host() {
 fn staging_buffers_carry_the_same_results() {
     let Some(b) = vulkan_backend(
         "staging_buffers_carry_the_same_results",
-        &VulkanOptions { buffers: BufferStrategy::Staging },
+        &VulkanOptions {
+            buffers: BufferStrategy::Staging,
+        },
     ) else {
         return;
     };
@@ -81,19 +93,33 @@ fn staging_buffers_carry_the_same_results() {
 
 #[test]
 fn copy_kernel_copies_with_a_grid_stride_loop() {
-    let Some(ctx) = vulkan_context("copy_kernel_copies_with_a_grid_stride_loop") else { return };
+    let Some(ctx) = vulkan_context("copy_kernel_copies_with_a_grid_stride_loop") else {
+        return;
+    };
     let k = ctx
-        .kernel(&spirv_image("copy").unwrap(), "copy", &SpecConstants::new(), &BuildOptions::default())
+        .kernel(
+            &spirv_image("copy").unwrap(),
+            "copy",
+            &SpecConstants::new(),
+            &BuildOptions::default(),
+        )
         .unwrap();
     assert_eq!(k.info().push_constant_bytes, 4);
     let n = 100_003usize; // uvec4 elements
-    let src: Vec<u32> = (0..4 * n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    let src: Vec<u32> = (0..4 * n as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
     let bsrc = ctx.buffer_from(&src).unwrap();
     let bdst: Buffer<u32> = ctx.buffer_from(&vec![0xdead_beef; 4 * n]).unwrap();
     // Far fewer groups than elements: the loop must cover the rest.
     let ev = ctx
         .queue()
-        .launch(&k, [3, 1, 1], &[&bsrc, &bdst], PushConstants::new().u32(n as u32).as_bytes())
+        .launch(
+            &k,
+            [3, 1, 1],
+            &[&bsrc, &bdst],
+            PushConstants::new().u32(n as u32).as_bytes(),
+        )
         .unwrap();
     let t = ev.device_time().unwrap();
     if ctx.device().limits.timestamps {
@@ -104,7 +130,9 @@ fn copy_kernel_copies_with_a_grid_stride_loop() {
 
 #[test]
 fn second_request_is_a_memory_hit() {
-    let Some(ctx) = vulkan_context("second_request_is_a_memory_hit") else { return };
+    let Some(ctx) = vulkan_context("second_request_is_a_memory_hit") else {
+        return;
+    };
     let image = spirv_image("saxpy").unwrap();
     let (spec, opts) = (SpecConstants::new(), BuildOptions::default());
     let first = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap();
@@ -122,7 +150,8 @@ fn second_request_is_a_memory_hit() {
 
 #[test]
 fn spec_constants_80_and_70_are_two_pipelines_with_different_results() {
-    let Some(ctx) = vulkan_context("spec_constants_80_and_70_are_two_pipelines_with_different_results")
+    let Some(ctx) =
+        vulkan_context("spec_constants_80_and_70_are_two_pipelines_with_different_results")
     else {
         return;
     };
@@ -131,7 +160,11 @@ fn spec_constants_80_and_70_are_two_pipelines_with_different_results() {
     let k80 = saxpy(&ctx, &SpecConstants::new().with(1, SpecValue::I32(80)));
     let k70 = saxpy(&ctx, &SpecConstants::new().with(1, SpecValue::I32(70)));
     assert_eq!(k80.source(), Source::Built);
-    assert_eq!(k70.source(), Source::Built, "a different constant is a different program");
+    assert_eq!(
+        k70.source(),
+        Source::Built,
+        "a different constant is a different program"
+    );
     let o80 = run_saxpy(&ctx, &k80, 2.0, &x, &y);
     let o70 = run_saxpy(&ctx, &k70, 2.0, &x, &y);
     check_saxpy(&o80, 2.0, &x, &y, 80.0);
@@ -148,16 +181,25 @@ fn spec_constants_80_and_70_are_two_pipelines_with_different_results() {
 
 #[test]
 fn bad_launches_are_typed_errors() {
-    let Some(ctx) = vulkan_context("bad_launches_are_typed_errors") else { return };
+    let Some(ctx) = vulkan_context("bad_launches_are_typed_errors") else {
+        return;
+    };
     let k = saxpy(&ctx, &SpecConstants::new());
     let a = ctx.buffer::<f32>(16).unwrap();
     let b = ctx.buffer::<f32>(16).unwrap();
     let push = PushConstants::new().u32(16).f32(1.0);
     let q = ctx.queue();
 
-    let e = q.launch(&k, [1, 1, 1], &[&a, &b], push.as_bytes()).unwrap_err();
-    assert!(matches!(&e, Error::Launch { message, .. } if message.contains("3 buffer")), "{e}");
-    let e = q.launch(&k, [1, 1, 1], &[&a, &b, &a], &push.as_bytes()[..4]).unwrap_err();
+    let e = q
+        .launch(&k, [1, 1, 1], &[&a, &b], push.as_bytes())
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Launch { message, .. } if message.contains("3 buffer")),
+        "{e}"
+    );
+    let e = q
+        .launch(&k, [1, 1, 1], &[&a, &b, &a], &push.as_bytes()[..4])
+        .unwrap_err();
     assert!(matches!(e, Error::Size { .. }), "{e}");
 
     let e = a.write(&[1.0; 15]).unwrap_err();
@@ -169,27 +211,49 @@ fn bad_launches_are_typed_errors() {
 
     let max = ctx.device().limits.max_workgroup_count[0];
     if max < u32::MAX {
-        let e = q.launch(&k, [max + 1, 1, 1], &[&a, &b, &a], push.as_bytes()).unwrap_err();
+        let e = q
+            .launch(&k, [max + 1, 1, 1], &[&a, &b, &a], push.as_bytes())
+            .unwrap_err();
         assert!(matches!(e, Error::Launch { .. }), "{e}");
     }
 
     // Handles from another context are refused, not misused.
     let other = Context::with_device(ctx.device(), &test_config()).unwrap();
     let foreign = other.buffer::<f32>(16).unwrap();
-    let e = q.launch(&k, [1, 1, 1], &[&a, &b, &foreign], push.as_bytes()).unwrap_err();
+    let e = q
+        .launch(&k, [1, 1, 1], &[&a, &b, &foreign], push.as_bytes())
+        .unwrap_err();
     assert!(matches!(e, Error::Launch { .. }), "{e}");
-    let e = other.queue().launch(&k, [1, 1, 1], &[&foreign, &foreign, &foreign], push.as_bytes()).unwrap_err();
+    let e = other
+        .queue()
+        .launch(
+            &k,
+            [1, 1, 1],
+            &[&foreign, &foreign, &foreign],
+            push.as_bytes(),
+        )
+        .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
 
     let e = ctx
-        .kernel(&spirv_image("saxpy").unwrap(), "main", &SpecConstants::new(), &BuildOptions::default())
+        .kernel(
+            &spirv_image("saxpy").unwrap(),
+            "main",
+            &SpecConstants::new(),
+            &BuildOptions::default(),
+        )
         .unwrap_err();
-    assert!(matches!(&e, Error::UnknownKernel { available, .. } if available == "saxpy"), "{e}");
+    assert!(
+        matches!(&e, Error::UnknownKernel { available, .. } if available == "saxpy"),
+        "{e}"
+    );
 }
 
 #[test]
 fn a_batch_runs_in_order_and_is_timed_per_launch() {
-    let Some(ctx) = vulkan_context("a_batch_runs_in_order_and_is_timed_per_launch") else { return };
+    let Some(ctx) = vulkan_context("a_batch_runs_in_order_and_is_timed_per_launch") else {
+        return;
+    };
     let k = saxpy(&ctx, &SpecConstants::new());
     let n = 4096;
     let (x, y) = (random_f32(n), random_f32(n));
@@ -203,8 +267,18 @@ fn a_batch_runs_in_order_and_is_timed_per_launch() {
     let ev = ctx
         .queue()
         .submit(&[
-            kpc::runtime::LaunchDesc { kernel: &k, groups: g, buffers: &[&bx, &by, &t1], push_constants: push.as_bytes() },
-            kpc::runtime::LaunchDesc { kernel: &k, groups: g, buffers: &[&t1, &by, &t2], push_constants: push.as_bytes() },
+            kpc::runtime::LaunchDesc {
+                kernel: &k,
+                groups: g,
+                buffers: &[&bx, &by, &t1],
+                push_constants: push.as_bytes(),
+            },
+            kpc::runtime::LaunchDesc {
+                kernel: &k,
+                groups: g,
+                buffers: &[&t1, &by, &t2],
+                push_constants: push.as_bytes(),
+            },
         ])
         .unwrap();
     if let Some(times) = ev.launch_times().unwrap() {
@@ -213,13 +287,19 @@ fn a_batch_runs_in_order_and_is_timed_per_launch() {
     let out = t2.read().unwrap();
     for i in 0..n {
         let want = 3.0 * (3.0 * x[i] + y[i]) + y[i];
-        assert!((out[i] - want).abs() <= 1e-4 * (1.0 + want.abs()), "t2[{i}] = {}, want {want}", out[i]);
+        assert!(
+            (out[i] - want).abs() <= 1e-4 * (1.0 + want.abs()),
+            "t2[{i}] = {}, want {want}",
+            out[i]
+        );
     }
 }
 
 #[test]
 fn kernels_launch_from_many_threads() {
-    let Some(ctx) = vulkan_context("kernels_launch_from_many_threads") else { return };
+    let Some(ctx) = vulkan_context("kernels_launch_from_many_threads") else {
+        return;
+    };
     let k = saxpy(&ctx, &SpecConstants::new());
     std::thread::scope(|s| {
         for t in 0..8 {
@@ -236,7 +316,9 @@ fn kernels_launch_from_many_threads() {
 
 #[test]
 fn opening_a_missing_device_is_a_typed_error() {
-    let Some(_) = common::vulkan_device("opening_a_missing_device_is_a_typed_error") else { return };
+    let Some(_) = common::vulkan_device("opening_a_missing_device_is_a_typed_error") else {
+        return;
+    };
     let e = VulkanBackend::open(10_000, &test_config()).unwrap_err();
     assert!(matches!(e, Error::NoSuchDevice { .. }), "{e}");
 }

@@ -52,8 +52,14 @@ impl fmt::Display for SpecType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SpecType::Bool => f.write_str("bool"),
-            SpecType::Int { width, signed: true } => write!(f, "i{width}"),
-            SpecType::Int { width, signed: false } => write!(f, "u{width}"),
+            SpecType::Int {
+                width,
+                signed: true,
+            } => write!(f, "i{width}"),
+            SpecType::Int {
+                width,
+                signed: false,
+            } => write!(f, "u{width}"),
             SpecType::Float { width } => write!(f, "f{width}"),
         }
     }
@@ -158,8 +164,20 @@ impl SpirvModule {
     /// Errors: [`Error::InvalidSpirv`] with the validator's (or the parser's) message.
     pub fn parse(image: &str, bytes: &[u8]) -> Result<SpirvModule> {
         let words = words_from_bytes(image, bytes)?;
-        let version = version_of(&words);
         validate(image, &words)?;
+        SpirvModule::reflect_words(image, words)
+    }
+
+    /// Reflects `bytes` without validating them: only for bytes whose validity is already known (an
+    /// image whose digest a persisted binary vouches for, see `VulkanBackend::program_from_binary`).
+    ///
+    /// Errors: [`Error::InvalidSpirv`] when the bytes do not even parse.
+    pub fn reflect(image: &str, bytes: &[u8]) -> Result<SpirvModule> {
+        SpirvModule::reflect_words(image, words_from_bytes(image, bytes)?)
+    }
+
+    fn reflect_words(image: &str, words: Vec<u32>) -> Result<SpirvModule> {
+        let version = version_of(&words);
         let module = rspirv::dr::load_words(&words).map_err(|e| invalid(image, e.to_string()))?;
         let r = Reflector::new(&module);
         let spec_constants = r.spec_constants();
@@ -218,8 +236,14 @@ impl SpirvModule {
             let fits = matches!(
                 (decl.ty, value),
                 (SpecType::Bool, SpecValue::Bool(_))
-                    | (SpecType::Int { width: 32, .. }, SpecValue::I32(_) | SpecValue::U32(_))
-                    | (SpecType::Int { width: 64, .. }, SpecValue::I64(_) | SpecValue::U64(_))
+                    | (
+                        SpecType::Int { width: 32, .. },
+                        SpecValue::I32(_) | SpecValue::U32(_)
+                    )
+                    | (
+                        SpecType::Int { width: 64, .. },
+                        SpecValue::I64(_) | SpecValue::U64(_)
+                    )
                     | (SpecType::Float { width: 32 }, SpecValue::F32Bits(_))
                     | (SpecType::Float { width: 64 }, SpecValue::F64Bits(_))
             );
@@ -278,13 +302,19 @@ pub fn words_from_bytes(image: &str, bytes: &[u8]) -> Result<Vec<u32>> {
     } else {
         Err(invalid(
             image,
-            format!("bad magic number {:#010x} (SPIR-V's is {SPIRV_MAGIC:#010x})", le[0]),
+            format!(
+                "bad magic number {:#010x} (SPIR-V's is {SPIRV_MAGIC:#010x})",
+                le[0]
+            ),
         ))
     }
 }
 
 fn version_of(words: &[u32]) -> (u8, u8) {
-    (((words[1] >> 16) & 0xff) as u8, ((words[1] >> 8) & 0xff) as u8)
+    (
+        ((words[1] >> 16) & 0xff) as u8,
+        ((words[1] >> 8) & 0xff) as u8,
+    )
 }
 
 /// The Vulkan environment a module of this SPIR-V version is validated for: the oldest Vulkan that
@@ -424,7 +454,12 @@ impl<'m> Reflector<'m> {
         })
     }
 
-    fn member_decoration(&self, id: u32, member: u32, decoration: Decoration) -> Option<&'m [Operand]> {
+    fn member_decoration(
+        &self,
+        id: u32,
+        member: u32,
+        decoration: Decoration,
+    ) -> Option<&'m [Operand]> {
         self.module.annotations.iter().find_map(|i| {
             (i.class.opcode == Op::MemberDecorate
                 && id_ref(i.operands.first()) == Some(id)
@@ -527,7 +562,11 @@ impl<'m> Reflector<'m> {
         ]))
     }
 
-    fn local_size(&self, entry_fn: u32, builtin: Option<[LocalDim; 3]>) -> Result<[LocalDim; 3], String> {
+    fn local_size(
+        &self,
+        entry_fn: u32,
+        builtin: Option<[LocalDim; 3]>,
+    ) -> Result<[LocalDim; 3], String> {
         if let Some(b) = builtin {
             return Ok(b);
         }
@@ -537,7 +576,10 @@ impl<'m> Reflector<'m> {
             }
             match i.operands.get(1) {
                 Some(Operand::ExecutionMode(ExecutionMode::LocalSize)) => {
-                    let v: Vec<u32> = i.operands[2..].iter().filter_map(|o| lit32(Some(o))).collect();
+                    let v: Vec<u32> = i.operands[2..]
+                        .iter()
+                        .filter_map(|o| lit32(Some(o)))
+                        .collect();
                     if v.len() == 3 {
                         return Ok([0, 1, 2].map(|k| LocalDim {
                             default: v[k],
@@ -546,7 +588,10 @@ impl<'m> Reflector<'m> {
                     }
                 }
                 Some(Operand::ExecutionMode(ExecutionMode::LocalSizeId)) => {
-                    let v: Vec<u32> = i.operands[2..].iter().filter_map(|o| id_ref(Some(o))).collect();
+                    let v: Vec<u32> = i.operands[2..]
+                        .iter()
+                        .filter_map(|o| id_ref(Some(o)))
+                        .collect();
                     if v.len() == 3 {
                         return Ok([
                             self.constant_dim(v[0])?,
@@ -558,7 +603,9 @@ impl<'m> Reflector<'m> {
                 _ => {}
             }
         }
-        Err(format!("compute entry point %{entry_fn} declares no workgroup size"))
+        Err(format!(
+            "compute entry point %{entry_fn} declares no workgroup size"
+        ))
     }
 
     /// The integer value of a constant (or a specialization constant's default): array lengths.
@@ -581,7 +628,9 @@ impl<'m> Reflector<'m> {
             .ok_or_else(|| format!("undefined type %{ty}"))?;
         let bad = || format!("malformed type %{ty}");
         match t.class.opcode {
-            Op::TypeInt | Op::TypeFloat => Ok(u64::from(lit32(t.operands.first()).ok_or_else(bad)? / 8)),
+            Op::TypeInt | Op::TypeFloat => {
+                Ok(u64::from(lit32(t.operands.first()).ok_or_else(bad)? / 8))
+            }
             Op::TypeVector => {
                 let comp = id_ref(t.operands.first()).ok_or_else(bad)?;
                 let n = lit32(t.operands.get(1)).ok_or_else(bad)?;
@@ -639,8 +688,10 @@ impl<'m> Reflector<'m> {
             return false;
         };
         t.class.opcode == Op::TypeStruct
-            && (0..t.operands.len() as u32)
-                .all(|m| self.member_decoration(ty, m, Decoration::NonWritable).is_some())
+            && (0..t.operands.len() as u32).all(|m| {
+                self.member_decoration(ty, m, Decoration::NonWritable)
+                    .is_some()
+            })
     }
 
     /// Every global variable of the module with its storage class and pointee type.
@@ -659,10 +710,17 @@ impl<'m> Reflector<'m> {
         })
     }
 
-    fn binding(&self, var: u32, class: StorageClass, pointee: u32) -> Result<Option<BindingInfo>, String> {
+    fn binding(
+        &self,
+        var: u32,
+        class: StorageClass,
+        pointee: u32,
+    ) -> Result<Option<BindingInfo>, String> {
         let (Some(set), Some(binding)) = (
-            self.decoration(var, Decoration::DescriptorSet).and_then(|o| lit32(o.first())),
-            self.decoration(var, Decoration::Binding).and_then(|o| lit32(o.first())),
+            self.decoration(var, Decoration::DescriptorSet)
+                .and_then(|o| lit32(o.first())),
+            self.decoration(var, Decoration::Binding)
+                .and_then(|o| lit32(o.first())),
         ) else {
             return Ok(None);
         };
@@ -707,21 +765,27 @@ impl<'m> Reflector<'m> {
             if e.operands.first() != Some(&Operand::ExecutionModel(ExecutionModel::GLCompute)) {
                 continue;
             }
-            let (Some(func), Some(Operand::LiteralString(name))) = (id_ref(e.operands.get(1)), e.operands.get(2))
+            let (Some(func), Some(Operand::LiteralString(name))) =
+                (id_ref(e.operands.get(1)), e.operands.get(2))
             else {
                 return Err("malformed OpEntryPoint".into());
             };
             // From SPIR-V 1.4 an entry point lists every global it uses, so bindings are exact per
             // entry point; before that only inputs and outputs are listed, and every binding of the
             // module is taken to belong to every entry point (glslang emits one per module).
-            let interface: Option<Vec<u32>> = (version >= (1, 4))
-                .then(|| e.operands[3..].iter().filter_map(|o| id_ref(Some(o))).collect());
+            let interface: Option<Vec<u32>> = (version >= (1, 4)).then(|| {
+                e.operands[3..]
+                    .iter()
+                    .filter_map(|o| id_ref(Some(o)))
+                    .collect()
+            });
             let uses = |var: u32| interface.as_ref().is_none_or(|ids| ids.contains(&var));
             let mut bindings = Vec::new();
             let mut push_constant_bytes = 0u64;
             for &(var, class, pointee) in globals.iter().filter(|(v, _, _)| uses(*v)) {
                 if class == StorageClass::PushConstant {
-                    push_constant_bytes = push_constant_bytes.max(self.type_bytes(pointee, None, 0)?);
+                    push_constant_bytes =
+                        push_constant_bytes.max(self.type_bytes(pointee, None, 0)?);
                 } else if let Some(b) = self.binding(var, class, pointee)? {
                     bindings.push(b);
                 }

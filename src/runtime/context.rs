@@ -64,12 +64,15 @@ struct Inner<B: ComputeBackend> {
 }
 
 fn foreign(what: &str) -> Error {
-    Error::InvalidArgument(format!("{what} belongs to another context (or another backend)"))
+    Error::InvalidArgument(format!(
+        "{what} belongs to another context (or another backend)"
+    ))
 }
 
 impl<B: ComputeBackend> Inner<B> {
     fn buffer<'a>(&self, b: &'a AnyBuffer) -> Result<&'a B::Buffer> {
-        b.downcast_ref::<B::Buffer>().ok_or_else(|| foreign("a buffer"))
+        b.downcast_ref::<B::Buffer>()
+            .ok_or_else(|| foreign("a buffer"))
     }
 }
 
@@ -111,10 +114,14 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
         Ok(Arc::new(self.programs.backend().create_buffer(bytes)?))
     }
     fn write(&self, buffer: &AnyBuffer, offset: u64, data: &[u8]) -> Result<()> {
-        self.programs.backend().write_buffer(self.buffer(buffer)?, offset, data)
+        self.programs
+            .backend()
+            .write_buffer(self.buffer(buffer)?, offset, data)
     }
     fn read(&self, buffer: &AnyBuffer, offset: u64, out: &mut [u8]) -> Result<()> {
-        self.programs.backend().read_buffer(self.buffer(buffer)?, offset, out)
+        self.programs
+            .backend()
+            .read_buffer(self.buffer(buffer)?, offset, out)
     }
     fn submit(&self, launches: &[ErasedLaunch<'_>]) -> Result<Box<dyn EventImpl>> {
         let mut typed = Vec::with_capacity(launches.len());
@@ -127,7 +134,11 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
             let buffers = l
                 .buffers
                 .iter()
-                .map(|b| b.clone().downcast::<B::Buffer>().map_err(|_| foreign("a buffer")))
+                .map(|b| {
+                    b.clone()
+                        .downcast::<B::Buffer>()
+                        .map_err(|_| foreign("a buffer"))
+                })
                 .collect::<Result<Vec<_>>>()?;
             typed.push(Launch {
                 kernel,
@@ -170,7 +181,10 @@ impl fmt::Debug for Context {
         let d = self.inner.device();
         f.debug_struct("Context")
             .field("id", &self.inner.id())
-            .field("device", &format_args!("{}:{} {}", d.backend, d.index, d.name))
+            .field(
+                "device",
+                &format_args!("{}:{} {}", d.backend, d.index, d.name),
+            )
             .finish()
     }
 }
@@ -228,7 +242,10 @@ impl Context {
 
     /// The context's program manager, when its backend is `B`: direct access for tools and tests.
     pub fn program_manager<B: ComputeBackend>(&self) -> Option<&ProgramManager<B>> {
-        self.inner.as_any().downcast_ref::<Inner<B>>().map(|i| &i.programs)
+        self.inner
+            .as_any()
+            .downcast_ref::<Inner<B>>()
+            .map(|i| &i.programs)
     }
 
     /// The kernel `entry` of `image`, specialized with `spec` and built with `options`: from this

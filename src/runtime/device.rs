@@ -61,8 +61,14 @@ pub fn describe_platforms(platforms: &[Platform]) -> String {
         match &p.devices {
             Ok(devs) => {
                 for d in devs {
-                    let note = d.unusable.as_ref().map_or(String::new(), |u| format!(" (unusable: {u})"));
-                    lines.push(format!("{}:{} {} [{}]{note}", d.backend, d.index, d.name, d.device_type));
+                    let note = d
+                        .unusable
+                        .as_ref()
+                        .map_or(String::new(), |u| format!(" (unusable: {u})"));
+                    lines.push(format!(
+                        "{}:{} {} [{}]{note}",
+                        d.backend, d.index, d.name, d.device_type
+                    ));
                 }
             }
             Err(e) => lines.push(format!("{}: {e}", p.backend)),
@@ -93,7 +99,9 @@ pub fn select_from(selector: &DeviceSelector, platforms: &[Platform]) -> Result<
     // A backend named explicitly but unavailable: say why, rather than "no such device".
     if let Some(b) = restrict {
         match platforms.iter().find(|p| p.backend == b) {
-            Some(Platform { devices: Err(e), .. }) => return Err(e.clone()),
+            Some(Platform {
+                devices: Err(e), ..
+            }) => return Err(e.clone()),
             None => {
                 return Err(Error::Unavailable {
                     backend: b,
@@ -178,7 +186,11 @@ mod tests {
         w[1].devices = Ok(vec![dev(BackendKind::OpenCl, 0, DeviceType::Cpu)]);
         assert_eq!(pick("auto", &w).unwrap(), "vulkan1");
         w[0].devices = Ok(vec![dev(BackendKind::Vulkan, 0, DeviceType::Cpu)]);
-        assert_eq!(pick("auto", &w).unwrap(), "vulkan0", "CPU ties go to the earlier backend");
+        assert_eq!(
+            pick("auto", &w).unwrap(),
+            "vulkan0",
+            "CPU ties go to the earlier backend"
+        );
     }
 
     #[test]
@@ -190,7 +202,10 @@ mod tests {
         assert_eq!(pick("vulkan:gpu", &w).unwrap(), "vulkan1");
         assert_eq!(pick("any:gpu", &w).unwrap(), "opencl1");
         assert_eq!(pick("vulkan:cpu", &w).unwrap(), "vulkan0");
-        assert!(matches!(pick("vulkan:discrete", &w), Err(Error::NoSuchDevice { .. })));
+        assert!(matches!(
+            pick("vulkan:discrete", &w),
+            Err(Error::NoSuchDevice { .. })
+        ));
         let e = pick("vulkan:7", &w).unwrap_err();
         assert!(e.to_string().contains("vulkan:1 vulkan1"), "{e}");
     }
@@ -200,7 +215,12 @@ mod tests {
         let mut w = world();
         w[0].devices.as_mut().unwrap()[1].unusable = Some("too old".into());
         assert_eq!(pick("vulkan:gpu", &w).ok(), None);
-        assert!(pick("vulkan:1", &w).unwrap_err().to_string().contains("too old"));
+        assert!(
+            pick("vulkan:1", &w)
+                .unwrap_err()
+                .to_string()
+                .contains("too old")
+        );
         w[0].devices = Err(Error::Unavailable {
             backend: BackendKind::Vulkan,
             reason: "no loader".into(),

@@ -25,7 +25,9 @@ pub struct Queue {
 
 impl fmt::Debug for Queue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Queue").field("context", &self.ctx.id()).finish()
+        f.debug_struct("Queue")
+            .field("context", &self.ctx.id())
+            .finish()
     }
 }
 
@@ -75,7 +77,10 @@ impl Queue {
         let inner = self.ctx.submit(&erased)?;
         Ok(Event {
             inner,
-            names: launches.iter().map(|l| l.kernel.name().to_string()).collect(),
+            names: launches
+                .iter()
+                .map(|l| l.kernel.name().to_string())
+                .collect(),
         })
     }
 
@@ -120,7 +125,10 @@ impl Queue {
             }
             if raw.bytes < param.min_bytes {
                 return Err(Error::Size {
-                    what: format!("buffer for binding {} ({}) of kernel {:?}", param.binding, param.name, info.name),
+                    what: format!(
+                        "buffer for binding {} ({}) of kernel {:?}",
+                        param.binding, param.name, info.name
+                    ),
                     got: format!("{} bytes", raw.bytes),
                     expected: format!("at least {} bytes", param.min_bytes),
                 });
@@ -151,7 +159,9 @@ pub struct Event {
 
 impl fmt::Debug for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Event").field("launches", &self.names).finish()
+        f.debug_struct("Event")
+            .field("launches", &self.names)
+            .finish()
     }
 }
 

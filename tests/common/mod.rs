@@ -22,7 +22,11 @@ pub fn drivers_required() -> bool {
 fn log(what: &str, backend: &str, test: &str) {
     if let Some(path) = std::env::var_os("KPC_TEST_DRIVER_LOG") {
         // One short O_APPEND write per line: lines from parallel tests do not interleave.
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
             let _ = f.write_all(format!("{what} {backend} {test}\n").as_bytes());
         }
     }
@@ -55,7 +59,10 @@ pub fn vulkan_device(test: &str) -> Option<DeviceInfo> {
 
 /// A configuration for tests: no disk cache (tests never touch the user's), memory cache on.
 pub fn test_config() -> Config {
-    Config::builder().persistent(false).build().expect("valid test config")
+    Config::builder()
+        .persistent(false)
+        .build()
+        .expect("valid test config")
 }
 
 /// A context on the first usable Vulkan device, or a reported skip.
@@ -67,7 +74,9 @@ pub fn vulkan_context(test: &str) -> Option<Context> {
 /// The first usable Vulkan device opened directly, with `options`, or a reported skip.
 pub fn vulkan_backend(test: &str, options: &VulkanOptions) -> Option<VulkanBackend> {
     let d = vulkan_device(test)?;
-    Some(VulkanBackend::open_with(d.index, &test_config(), options).expect("open the Vulkan device"))
+    Some(
+        VulkanBackend::open_with(d.index, &test_config(), options).expect("open the Vulkan device"),
+    )
 }
 
 /// `n` random floats in [-1, 1).

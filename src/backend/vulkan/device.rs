@@ -65,7 +65,8 @@ impl Device {
         let mut s16 = vk::PhysicalDevice16BitStorageFeatures::default();
         let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
         let mut s8 = vk::PhysicalDevice8BitStorageFeatures::default();
-        let v12 = pd.api_version >= vk::API_VERSION_1_2 && instance.api_version >= vk::API_VERSION_1_2;
+        let v12 =
+            pd.api_version >= vk::API_VERSION_1_2 && instance.api_version >= vk::API_VERSION_1_2;
         let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut s16);
         if v12 {
             f2 = f2.push_next(&mut f16).push_next(&mut s8);
@@ -228,7 +229,8 @@ impl VulkanBuffer {
         };
         // SAFETY: `info` is a valid create info; the handle is owned by `buf`, whose Drop destroys it
         // (also on the error paths below).
-        buf.raw = unsafe { dev.raw.create_buffer(&info, None) }.map_err(|e| vk_err("vkCreateBuffer", e))?;
+        buf.raw = unsafe { dev.raw.create_buffer(&info, None) }
+            .map_err(|e| vk_err("vkCreateBuffer", e))?;
         // SAFETY: `buf.raw` is a live buffer of this device.
         let req = unsafe { dev.raw.get_buffer_memory_requirements(buf.raw) };
         let (required, preferred) = match place {
@@ -289,7 +291,11 @@ impl VulkanBuffer {
         debug_assert!(offset + out.len() as u64 <= self.size.max(4));
         // SAFETY: as in `copy_in`, reading instead of writing.
         unsafe {
-            std::ptr::copy_nonoverlapping(p.add(offset as usize).cast_const(), out.as_mut_ptr(), out.len())
+            std::ptr::copy_nonoverlapping(
+                p.add(offset as usize).cast_const(),
+                out.as_mut_ptr(),
+                out.len(),
+            )
         };
     }
 }

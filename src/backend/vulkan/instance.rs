@@ -51,7 +51,11 @@ fn create_instance() -> Result<Arc<VkInstance>> {
     let loader_version = match unsafe { entry.try_enumerate_instance_version() } {
         Ok(Some(v)) => v,
         Ok(None) => vk::API_VERSION_1_0,
-        Err(e) => return Err(unavailable(format!("vkEnumerateInstanceVersion failed: {e}"))),
+        Err(e) => {
+            return Err(unavailable(format!(
+                "vkEnumerateInstanceVersion failed: {e}"
+            )));
+        }
     };
     if loader_version < vk::API_VERSION_1_1 {
         return Err(unavailable(format!(
@@ -95,14 +99,24 @@ pub(crate) fn version_string(v: u32) -> String {
 /// Vulkan's version packing).
 fn driver_version_string(vendor_id: u32, v: u32) -> String {
     if vendor_id == 0x10de {
-        format!("{}.{}.{}.{}", v >> 22, (v >> 14) & 0xff, (v >> 6) & 0xff, v & 0x3f)
+        format!(
+            "{}.{}.{}.{}",
+            v >> 22,
+            (v >> 14) & 0xff,
+            (v >> 6) & 0xff,
+            v & 0x3f
+        )
     } else {
         version_string(v)
     }
 }
 
 fn c_chars(s: &[std::ffi::c_char]) -> String {
-    let bytes: Vec<u8> = s.iter().take_while(|c| **c != 0).map(|c| *c as u8).collect();
+    let bytes: Vec<u8> = s
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -151,7 +165,11 @@ pub(crate) fn physical_devices(instance: &VkInstance) -> Result<Vec<PhysicalDevi
         .collect()
 }
 
-fn describe(instance: &VkInstance, index: usize, raw: vk::PhysicalDevice) -> Result<PhysicalDevice> {
+fn describe(
+    instance: &VkInstance,
+    index: usize,
+    raw: vk::PhysicalDevice,
+) -> Result<PhysicalDevice> {
     let inst = &instance.raw;
     // SAFETY: `raw` was enumerated from this live instance.
     let props = unsafe { inst.get_physical_device_properties(raw) };
@@ -162,7 +180,8 @@ fn describe(instance: &VkInstance, index: usize, raw: vk::PhysicalDevice) -> Res
 
     let mut driver_props = vk::PhysicalDeviceDriverProperties::default();
     let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
-    let driver_known = at_least(vk::API_VERSION_1_2) || has_extension(&exts, vk::KHR_DRIVER_PROPERTIES_NAME);
+    let driver_known =
+        at_least(vk::API_VERSION_1_2) || has_extension(&exts, vk::KHR_DRIVER_PROPERTIES_NAME);
     let mut storage16 = vk::PhysicalDevice16BitStorageFeatures::default();
     let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
     if at_least(vk::API_VERSION_1_1) {
@@ -188,7 +207,8 @@ fn describe(instance: &VkInstance, index: usize, raw: vk::PhysicalDevice) -> Res
         .position(|f| compute(f) && f.timestamp_valid_bits > 0)
         .or_else(|| families.iter().position(compute))
         .map(|i| i as u32);
-    let timestamp_valid_bits = queue_family.map_or(0, |q| families[q as usize].timestamp_valid_bits);
+    let timestamp_valid_bits =
+        queue_family.map_or(0, |q| families[q as usize].timestamp_valid_bits);
 
     let vendor_id = props.vendor_id;
     let device_id = props.device_id;
@@ -219,11 +239,17 @@ fn describe(instance: &VkInstance, index: usize, raw: vk::PhysicalDevice) -> Res
             ("vendor_id".into(), format!("{vendor_id:#06x}")),
             ("device_id".into(), format!("{device_id:#06x}")),
             ("device_name".into(), name.clone()),
-            ("driver_version".into(), format!("{:#010x}", props.driver_version)),
+            (
+                "driver_version".into(),
+                format!("{:#010x}", props.driver_version),
+            ),
             ("driver_id".into(), driver_id),
             ("driver_name".into(), driver_name.clone()),
             ("driver_info".into(), driver_info.clone()),
-            ("pipeline_cache_uuid".into(), hex(&props.pipeline_cache_uuid)),
+            (
+                "pipeline_cache_uuid".into(),
+                hex(&props.pipeline_cache_uuid),
+            ),
             ("api_version".into(), version_string(api_version)),
             ("kpc_vulkan_blob".into(), BLOB_FORMAT_VERSION.to_string()),
         ],
@@ -291,5 +317,8 @@ fn describe(instance: &VkInstance, index: usize, raw: vk::PhysicalDevice) -> Res
 /// device.
 pub fn devices() -> Result<Vec<DeviceInfo>> {
     let inst = instance()?;
-    Ok(physical_devices(&inst)?.into_iter().map(|p| p.info).collect())
+    Ok(physical_devices(&inst)?
+        .into_iter()
+        .map(|p| p.info)
+        .collect())
 }

@@ -71,7 +71,9 @@ pub fn check_pipeline_cache_header(data: &[u8], device: &CacheIdentity) -> Resul
     }
     let version = u32_at(data, 4);
     if version != vk::PipelineCacheHeaderVersion::ONE.as_raw() as u32 {
-        return Err(format!("pipeline cache headerVersion {version}, expected 1"));
+        return Err(format!(
+            "pipeline cache headerVersion {version}, expected 1"
+        ));
     }
     let (vendor, dev) = (u32_at(data, 8), u32_at(data, 12));
     if vendor != device.vendor_id {
@@ -107,7 +109,11 @@ pub fn encode(optimized_spirv: Option<&[u32]>, pipeline_cache: &[u8]) -> Vec<u8>
     let mut out = Vec::with_capacity(CONTAINER_HEADER + spirv_bytes + pipeline_cache.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&BLOB_FORMAT_VERSION.to_le_bytes());
-    let flags = if optimized_spirv.is_some() { FLAG_OPTIMIZED_SPIRV } else { 0 };
+    let flags = if optimized_spirv.is_some() {
+        FLAG_OPTIMIZED_SPIRV
+    } else {
+        0
+    };
     out.extend_from_slice(&flags.to_le_bytes());
     out.extend_from_slice(&(spirv_bytes as u64).to_le_bytes());
     out.extend_from_slice(&(pipeline_cache.len() as u64).to_le_bytes());
@@ -184,8 +190,18 @@ mod tests {
         assert_eq!(check_pipeline_cache_header(&[], &id), Ok(()));
         let mut h = header(&id, 0);
         h.truncate(31);
-        assert!(check_pipeline_cache_header(&h, &id).unwrap_err().contains("shorter"));
-        for (at, what) in [(0, "headerSize"), (4, "headerVersion"), (8, "vendorID"), (12, "deviceID"), (20, "UUID")] {
+        assert!(
+            check_pipeline_cache_header(&h, &id)
+                .unwrap_err()
+                .contains("shorter")
+        );
+        for (at, what) in [
+            (0, "headerSize"),
+            (4, "headerVersion"),
+            (8, "vendorID"),
+            (12, "deviceID"),
+            (20, "UUID"),
+        ] {
             let mut h = header(&id, 4);
             h[at] ^= 0x40;
             let e = check_pipeline_cache_header(&h, &id).unwrap_err();

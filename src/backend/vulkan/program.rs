@@ -36,7 +36,9 @@ pub struct Pipeline {
 
 impl std::fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pipeline").field("info", &self.info).finish()
+        f.debug_struct("Pipeline")
+            .field("info", &self.info)
+            .finish()
     }
 }
 
@@ -47,7 +49,9 @@ impl Drop for Pipeline {
         unsafe {
             self.dev.raw.destroy_pipeline(self.raw, None);
             self.dev.raw.destroy_pipeline_layout(self.layout, None);
-            self.dev.raw.destroy_descriptor_set_layout(self.set_layout, None);
+            self.dev
+                .raw
+                .destroy_descriptor_set_layout(self.set_layout, None);
         }
     }
 }
@@ -68,7 +72,14 @@ impl std::fmt::Debug for VulkanProgram {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VulkanProgram")
             .field("image", &self.image)
-            .field("kernels", &self.pipelines.iter().map(|p| &p.info.name).collect::<Vec<_>>())
+            .field(
+                "kernels",
+                &self
+                    .pipelines
+                    .iter()
+                    .map(|p| &p.info.name)
+                    .collect::<Vec<_>>(),
+            )
             .field("cache_data_bytes", &self.cache_data_bytes)
             .finish()
     }
@@ -129,7 +140,12 @@ fn build_error(image: &str, code: i32, message: String) -> Error {
 /// Checks everything about `module` with `spec` that the device must accept, so that nothing
 /// undefined reaches vkCreateComputePipelines: SPIR-V version, workgroup size, descriptors and push
 /// constants against the device's limits.
-fn check_against_device(dev: &Device, image: &str, module: &SpirvModule, spec: &SpecConstants) -> Result<()> {
+fn check_against_device(
+    dev: &Device,
+    image: &str,
+    module: &SpirvModule,
+    spec: &SpecConstants,
+) -> Result<()> {
     let (maj, min) = required_vulkan(module.version);
     let needs = vk::make_api_version(0, maj, min, 0);
     let spirv14_ok = module.version == (1, 4) && dev.spirv_1_4_ext;
@@ -255,7 +271,11 @@ pub(crate) fn build(
     // SAFETY: `words` passed spirv-tools validation for a Vulkan environment this device supports.
     let shader = unsafe { d.create_shader_module(&module_info, None) }.map_err(|e| {
         if e == vk::Result::ERROR_INVALID_SHADER_NV {
-            build_error(image, e.as_raw(), "the driver rejected the shader module".into())
+            build_error(
+                image,
+                e.as_raw(),
+                "the driver rejected the shader module".into(),
+            )
         } else {
             vk_err("vkCreateShaderModule", e)
         }
@@ -263,7 +283,8 @@ pub(crate) fn build(
     let mut feedback = Vec::new();
     let result = (|| {
         for entry in &module.entry_points {
-            let (p, fb) = create_pipeline(dev, image, program.cache, shader, entry, spec, &spec_info)?;
+            let (p, fb) =
+                create_pipeline(dev, image, program.cache, shader, entry, spec, &spec_info)?;
             program.pipelines.push(Arc::new(p));
             feedback.push(fb);
         }
@@ -350,8 +371,13 @@ fn create_pipeline(
     p.layout = unsafe { d.create_pipeline_layout(&layout_info, None) }
         .map_err(|e| vk_err("vkCreatePipelineLayout", e))?;
 
-    let name = std::ffi::CString::new(entry.name.as_str())
-        .map_err(|_| build_error(image, -1, format!("entry point name {:?} contains NUL", entry.name)))?;
+    let name = std::ffi::CString::new(entry.name.as_str()).map_err(|_| {
+        build_error(
+            image,
+            -1,
+            format!("entry point name {:?} contains NUL", entry.name),
+        )
+    })?;
     let stage = vk::PipelineShaderStageCreateInfo::default()
         .stage(vk::ShaderStageFlags::COMPUTE)
         .module(shader)
@@ -382,12 +408,19 @@ fn create_pipeline(
                 _ => build_error(
                     image,
                     e.as_raw(),
-                    format!("vkCreateComputePipelines failed for entry point {:?}: {e}", entry.name),
+                    format!(
+                        "vkCreateComputePipelines failed for entry point {:?}: {e}",
+                        entry.name
+                    ),
                 ),
             });
         }
     };
-    let hit = (dev.feedback && whole.flags.contains(vk::PipelineCreationFeedbackFlags::VALID)).then(|| {
+    let hit = (dev.feedback
+        && whole
+            .flags
+            .contains(vk::PipelineCreationFeedbackFlags::VALID))
+    .then(|| {
         whole
             .flags
             .contains(vk::PipelineCreationFeedbackFlags::APPLICATION_PIPELINE_CACHE_HIT)

@@ -79,7 +79,8 @@ impl Record {
 
     fn is_done(&self) -> Result<bool> {
         // SAFETY: as in `wait`.
-        unsafe { self.dev.raw.get_fence_status(self.fence) }.map_err(|e| vk_err("vkGetFenceStatus", e))
+        unsafe { self.dev.raw.get_fence_status(self.fence) }
+            .map_err(|e| vk_err("vkGetFenceStatus", e))
     }
 
     /// Waits, then each timed launch's device time; `None` when the device cannot time.
@@ -101,7 +102,11 @@ impl Record {
         }
         .map_err(|e| vk_err("vkGetQueryPoolResults", e))?;
         let bits = self.dev.timestamp_valid_bits;
-        let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+        let mask = if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
         let period = f64::from(self.dev.limits.timestamp_period);
         Ok(Some(
             ticks
@@ -126,7 +131,9 @@ impl Drop for Record {
         unsafe {
             self.dev.raw.destroy_fence(self.fence, None);
             self.dev.raw.destroy_query_pool(self.query_pool, None);
-            self.dev.raw.destroy_descriptor_pool(self.descriptor_pool, None);
+            self.dev
+                .raw
+                .destroy_descriptor_pool(self.descriptor_pool, None);
         }
     }
 }
@@ -277,7 +284,11 @@ impl Drop for Submitter {
 ///
 /// # Safety
 /// `cmd` must be in the recording state, outside a render pass.
-pub(crate) unsafe fn full_barrier(d: &ash::Device, cmd: vk::CommandBuffer, src: vk::PipelineStageFlags) {
+pub(crate) unsafe fn full_barrier(
+    d: &ash::Device,
+    cmd: vk::CommandBuffer,
+    src: vk::PipelineStageFlags,
+) {
     let b = vk::MemoryBarrier::default()
         .src_access_mask(vk::AccessFlags::MEMORY_WRITE | vk::AccessFlags::HOST_WRITE)
         .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);

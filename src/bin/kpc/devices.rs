@@ -14,10 +14,15 @@ pub fn run(config: &Config) -> kpc::Result<ExitCode> {
                 println!("{}: {} device(s)", p.backend, devs.len());
                 for d in devs {
                     let mark = match &selected {
-                        Ok(s) if s.backend == d.backend && s.index == d.index => "  <- KPC_DEVICE selects this",
+                        Ok(s) if s.backend == d.backend && s.index == d.index => {
+                            "  <- KPC_DEVICE selects this"
+                        }
                         _ => "",
                     };
-                    println!("  {}:{}  {}  [{}]{mark}", d.backend, d.index, d.name, d.device_type);
+                    println!(
+                        "  {}:{}  {}  [{}]{mark}",
+                        d.backend, d.index, d.name, d.device_type
+                    );
                     println!("    driver       {}", d.driver);
                     println!("    api          {}", d.api_version);
                     if let Some(why) = &d.unusable {
