@@ -153,7 +153,7 @@ fn committed_spirv_is_fresh() {
             .unwrap_or("")
             .to_string(),
         _ => {
-            let _: Option<()> = common::skip(
+            let _: Option<()> = common::drivers::skip(
                 "glslang",
                 "committed_spirv_is_fresh",
                 "glslangValidator is not installed",

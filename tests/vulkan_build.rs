@@ -7,7 +7,7 @@ use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::kernels::spirv_image;
 use kpc::{Error, PushConstants};
 
-use common::{random_f32, vulkan_context};
+use common::drivers::{random_f32, vulkan_context};
 
 /// saxpy with its id bound lowered below the ids it uses: well-formed words, invalid module.
 fn invalid_saxpy() -> Vec<u8> {
