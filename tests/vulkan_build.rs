@@ -79,6 +79,20 @@ fn a_failed_build_returns_the_same_error_from_the_cache() {
     assert_eq!(after_second.failed_builds, after_first.failed_builds);
     assert!(after_second.failed_builds >= 1);
 
+    // An option the backend does not know is refused, and cached like any failed build.
+    let e = ctx
+        .kernel(
+            &image,
+            "saxpy",
+            &SpecConstants::new(),
+            &BuildOptions::new("-O -cl-mad-enable"),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("-cl-mad-enable")),
+        "{e}"
+    );
+
     // A bad specialization constant (wrong type, unknown id) fails the same way.
     for spec in [
         SpecConstants::new().with(1, SpecValue::f32(80.0)),

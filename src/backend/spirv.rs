@@ -145,6 +145,15 @@ impl EntryPointInfo {
     }
 }
 
+/// Specialization data as Vulkan takes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Specialization {
+    /// Per constant: (constant id, byte offset into `data`, byte size).
+    pub entries: Vec<(u32, u32, usize)>,
+    /// The constants' values, little endian, back to back.
+    pub data: Vec<u8>,
+}
+
 /// A validated SPIR-V module and what reflection found in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpirvModule {
@@ -214,16 +223,11 @@ impl SpirvModule {
             .join(", ")
     }
 
-    /// The Vulkan specialization data for `spec`: (constant id, byte offset, byte size) entries and
-    /// the data they point into.
+    /// The Vulkan specialization data for `spec`.
     ///
     /// Errors: [`Error::InvalidArgument`] for an id the module does not declare or a value whose type
     /// does not fit the declared one (integers may be passed signed or unsigned).
-    pub fn specialization(
-        &self,
-        image: &str,
-        spec: &SpecConstants,
-    ) -> Result<(Vec<(u32, u32, usize)>, Vec<u8>)> {
+    pub fn specialization(&self, image: &str, spec: &SpecConstants) -> Result<Specialization> {
         let mut entries = Vec::new();
         let mut data = Vec::new();
         for (id, value) in spec.iter() {
@@ -257,7 +261,7 @@ impl SpirvModule {
             entries.push((*id, data.len() as u32, bytes.len()));
             data.extend_from_slice(&bytes);
         }
-        Ok((entries, data))
+        Ok(Specialization { entries, data })
     }
 
     fn describe_spec_constants(&self) -> String {

@@ -61,6 +61,25 @@ pub struct VulkanOptions {
     pub buffers: BufferStrategy,
 }
 
+/// The build options the Vulkan backend understands. Anything else is refused rather than silently
+/// ignored, since an option a user believes in but kpc drops would still split the cache key.
+const ACCEPTED_OPTIONS: &[&str] = &["-O"];
+
+fn check_options(image: &DeviceImage, options: &BuildOptions) -> Result<()> {
+    match options
+        .as_str()
+        .split(' ')
+        .find(|o| !o.is_empty() && !ACCEPTED_OPTIONS.contains(o))
+    {
+        None => Ok(()),
+        Some(o) => Err(Error::InvalidArgument(format!(
+            "build option {o:?} for image {:?} is not a Vulkan build option; accepted: {}",
+            image.name(),
+            ACCEPTED_OPTIONS.join(" ")
+        ))),
+    }
+}
+
 /// Bytes moved per staging copy: bounds the host memory an upload or download of a large buffer
 /// takes.
 const STAGING_CHUNK: u64 = 64 << 20;
@@ -199,16 +218,22 @@ impl VulkanBackend {
         mut chunk: impl FnMut(&VulkanBuffer, u64, u64),
     ) -> Result<()> {
         let chunk_len = len.min(STAGING_CHUNK);
-        let staging = VulkanBuffer::new(&self.dev, chunk_len, BufferPlace::HostVisible)?;
+        let staging = Arc::new(VulkanBuffer::new(
+            &self.dev,
+            chunk_len,
+            BufferPlace::HostVisible,
+        )?);
         let mut done = 0;
         while done < len {
             let n = (len - done).min(chunk_len);
             if upload {
                 chunk(&staging, done, n);
             }
-            // Both buffers outlive the record: this call waits for it before returning, and a
-            // record dropped early (an error) waits for its fence in Drop.
-            let rec = Record::new(&self.dev, 0)?;
+            // The record keeps the staging buffer alive until the copy has finished, even if this
+            // call returns early; `buffer` is borrowed for the whole call, which waits for the copy.
+            let mut rec = Record::new(&self.dev, 0)?;
+            rec.keep_alive
+                .push(staging.clone() as Arc<dyn Any + Send + Sync>);
             let (src, dst, src_off, dst_off) = if upload {
                 (staging.raw, buffer.raw, 0, offset + done)
             } else {
@@ -253,6 +278,7 @@ impl Backend for VulkanBackend {
         spec: &SpecConstants,
         options: &BuildOptions,
     ) -> Result<VulkanProgram> {
+        check_options(image, options)?;
         let module = image.spirv_module()?;
         let optimized = options
             .has("-O")
@@ -262,7 +288,7 @@ impl Backend for VulkanBackend {
         let built = program::build(
             &self.dev,
             image.name(),
-            &module,
+            module,
             words,
             optimized.is_some(),
             spec,
@@ -300,6 +326,7 @@ impl Backend for VulkanBackend {
                 reason,
             }
         };
+        check_options(image, options)?;
         let blob = pipeline_cache::decode(binary).map_err(reject)?;
         pipeline_cache::check_pipeline_cache_header(blob.pipeline_cache, &self.dev.identity)
             .map_err(reject)?;
@@ -333,7 +360,7 @@ impl Backend for VulkanBackend {
         let built = program::build(
             &self.dev,
             image.name(),
-            &module,
+            module,
             words,
             optimized.is_some(),
             spec,
