@@ -161,6 +161,7 @@ fn committed_spirv_is_fresh() {
             return;
         }
     };
+    common::drivers::ran("glslang", "committed_spirv_is_fresh");
     let recorded = std::fs::read_to_string(dir.join("GLSLANG_VERSION")).unwrap_or_default();
     let out = std::env::temp_dir().join(format!("kpc-spv-fresh-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();

@@ -30,6 +30,11 @@ fn log(what: &str, backend: &str, test: &str) {
     }
 }
 
+/// Records that `test` ran with `backend` (a driver, or a tool such as glslang) present.
+pub fn ran(backend: &str, test: &str) {
+    log("ran", backend, test);
+}
+
 /// Reports that `test` cannot run for `reason`: a failure under `KPC_TEST_REQUIRE_DRIVERS=1`, a
 /// visible skip otherwise.
 pub fn skip<T>(backend: &str, test: &str, reason: &str) -> Option<T> {
@@ -46,7 +51,7 @@ pub fn vulkan_device(test: &str) -> Option<DeviceInfo> {
     match kpc::backend::vulkan::devices() {
         Ok(devs) => match devs.into_iter().find(|d| d.unusable.is_none()) {
             Some(d) => {
-                log("ran", "vulkan", test);
+                ran("vulkan", test);
                 Some(d)
             }
             None => skip("vulkan", test, "no usable Vulkan device"),
