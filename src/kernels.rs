@@ -1,10 +1,10 @@
 //! The kernels kpc ships, embedded at build time so that building the crate needs no shader compiler.
 //!
-//! GLSL sources and their SPIR-V (compiled by scripts/build-kernels.sh, committed) and OpenCL C sources
-//! live in kernels/.
-//! Each image's entry point is named after its file. What a kernel takes (buffers, push constants,
-//! workgroup size, specialization constants) is reflected from the SPIR-V at run time, never listed
-//! here.
+//! GLSL sources and their SPIR-V (compiled by scripts/build-kernels.sh, committed), and OpenCL C
+//! sources, live in kernels/. Each image's entry point is named after its file. What a kernel takes
+//! (buffers, push constants, workgroup size) is reflected at run time, from the SPIR-V or from the
+//! built OpenCL program, never listed here; an OpenCL C image declares its spec-constant names in
+//! its source (`// kpc-spec-constant <id> <NAME>`).
 
 #[cfg(not(loom))]
 use crate::backend::DeviceImage;

@@ -13,7 +13,7 @@ use kpc::config::BackendKind;
 use kpc::kernels::opencl_image;
 use kpc::{Error, PushConstants};
 
-use common::{opencl_backend, random_f32};
+use common::drivers::{opencl_backend, random_f32};
 
 fn run_saxpy<B: ComputeBackend>(b: &B, k: &B::Kernel, a: f32, bias: f32) {
     let n = 1000;

@@ -10,7 +10,7 @@ use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::kernels::opencl_image;
 use kpc::runtime::Source;
 
-use common::opencl_context;
+use common::drivers::opencl_context;
 
 fn cl(name: &str, src: &str) -> DeviceImage {
     DeviceImage::new(name, ImageFormat::OpenClC, src.as_bytes().to_vec())

@@ -12,9 +12,9 @@ fn kpc() -> Command {
 
 #[test]
 fn kpc_devices_lists_the_opencl_device_and_opencl_cpu_selects_it() {
-    let Some(d) =
-        common::opencl_device("kpc_devices_lists_the_opencl_device_and_opencl_cpu_selects_it")
-    else {
+    let Some(d) = common::drivers::opencl_device(
+        "kpc_devices_lists_the_opencl_device_and_opencl_cpu_selects_it",
+    ) else {
         return;
     };
     let selector = if d.device_type == kpc::backend::DeviceType::Cpu {
@@ -80,7 +80,7 @@ fn no_opencl_icd_is_a_clear_error_not_a_panic() {
 
 #[test]
 fn kpc_bench_build_measures_opencl_kernels() {
-    let Some(d) = common::opencl_device("kpc_bench_build_measures_opencl_kernels") else {
+    let Some(d) = common::drivers::opencl_device("kpc_bench_build_measures_opencl_kernels") else {
         return;
     };
     let out = kpc()

@@ -10,7 +10,7 @@ use kpc::kernels::opencl_image;
 use kpc::runtime::{LaunchDesc, Source};
 use kpc::{Buffer, Context, Error, PushConstants};
 
-use common::{opencl_backend, opencl_context, random_f32, test_config};
+use common::drivers::{opencl_backend, opencl_context, random_f32, test_config};
 
 fn saxpy(ctx: &Context, spec: &SpecConstants) -> kpc::Kernel {
     ctx.kernel(
@@ -377,7 +377,8 @@ fn thirty_two_threads_launch_one_cached_kernel_lock() {
 
 #[test]
 fn opening_a_missing_device_is_a_typed_error() {
-    let Some(_) = common::opencl_device("opening_a_missing_device_is_a_typed_error") else {
+    let Some(_) = common::drivers::opencl_device("opening_a_missing_device_is_a_typed_error")
+    else {
         return;
     };
     let e = OpenClBackend::open(10_000, &test_config()).unwrap_err();

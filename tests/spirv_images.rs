@@ -12,7 +12,8 @@ use kpc::kernels::{SPIRV, spirv_image};
 
 #[test]
 fn saxpy_is_reflected_from_its_spirv() {
-    let m = spirv_image("saxpy").unwrap().spirv_module().unwrap();
+    let image = spirv_image("saxpy").unwrap();
+    let m = image.spirv_module().unwrap();
     assert_eq!(m.version, (1, 3));
     assert_eq!(m.entry_points.len(), 1);
     let e = &m.entry_points[0];
@@ -77,7 +78,8 @@ fn saxpy_is_reflected_from_its_spirv() {
 
 #[test]
 fn copy_is_reflected_from_its_spirv() {
-    let m = spirv_image("copy").unwrap().spirv_module().unwrap();
+    let image = spirv_image("copy").unwrap();
+    let m = image.spirv_module().unwrap();
     let e = m.entry("copy", "copy").unwrap();
     assert_eq!(
         e.local_size[0],
@@ -151,7 +153,7 @@ fn committed_spirv_is_fresh() {
             .unwrap_or("")
             .to_string(),
         _ => {
-            let _: Option<()> = common::skip(
+            let _: Option<()> = common::drivers::skip(
                 "glslang",
                 "committed_spirv_is_fresh",
                 "glslangValidator is not installed",
@@ -159,6 +161,7 @@ fn committed_spirv_is_fresh() {
             return;
         }
     };
+    common::drivers::ran("glslang", "committed_spirv_is_fresh");
     let recorded = std::fs::read_to_string(dir.join("GLSLANG_VERSION")).unwrap_or_default();
     let out = std::env::temp_dir().join(format!("kpc-spv-fresh-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();

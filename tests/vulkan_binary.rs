@@ -13,7 +13,7 @@ use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::kernels::spirv_image;
 use kpc::{Error, PushConstants};
 
-use common::{random_f32, vulkan_backend};
+use common::drivers::{random_f32, vulkan_backend};
 
 /// Offset of the pipeline cache data in kpc's container (no optimized SPIR-V).
 const CACHE_AT: usize = 32;

@@ -7,7 +7,7 @@ use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::kernels::spirv_image;
 use kpc::{Error, PushConstants};
 
-use common::{random_f32, vulkan_context};
+use common::drivers::{random_f32, vulkan_context};
 
 /// saxpy with its id bound lowered below the ids it uses: well-formed words, invalid module.
 fn invalid_saxpy() -> Vec<u8> {
@@ -78,6 +78,20 @@ fn a_failed_build_returns_the_same_error_from_the_cache() {
     );
     assert_eq!(after_second.failed_builds, after_first.failed_builds);
     assert!(after_second.failed_builds >= 1);
+
+    // An option the backend does not know is refused, and cached like any failed build.
+    let e = ctx
+        .kernel(
+            &image,
+            "saxpy",
+            &SpecConstants::new(),
+            &BuildOptions::new("-O -cl-mad-enable"),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("-cl-mad-enable")),
+        "{e}"
+    );
 
     // A bad specialization constant (wrong type, unknown id) fails the same way.
     for spec in [

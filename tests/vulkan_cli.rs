@@ -12,7 +12,8 @@ fn kpc() -> Command {
 
 #[test]
 fn kpc_devices_lists_the_vulkan_device_with_its_fingerprint() {
-    let Some(d) = common::vulkan_device("kpc_devices_lists_the_vulkan_device_with_its_fingerprint")
+    let Some(d) =
+        common::drivers::vulkan_device("kpc_devices_lists_the_vulkan_device_with_its_fingerprint")
     else {
         return;
     };
@@ -74,7 +75,7 @@ fn no_vulkan_driver_is_a_clear_error_not_a_panic() {
 
 #[test]
 fn kpc_bench_build_prints_a_row_per_kernel() {
-    let Some(_) = common::vulkan_device("kpc_bench_build_prints_a_row_per_kernel") else {
+    let Some(_) = common::drivers::vulkan_device("kpc_bench_build_prints_a_row_per_kernel") else {
         return;
     };
     let out = kpc().args(["bench-build"]).output().unwrap();

@@ -9,7 +9,7 @@ use kpc::kernels::spirv_image;
 use kpc::runtime::Source;
 use kpc::{Buffer, Context, Error, PushConstants};
 
-use common::{random_f32, test_config, vulkan_backend, vulkan_context};
+use common::drivers::{random_f32, test_config, vulkan_backend, vulkan_context};
 
 fn saxpy(ctx: &Context, spec: &SpecConstants) -> kpc::Kernel {
     ctx.kernel(
@@ -316,7 +316,8 @@ fn kernels_launch_from_many_threads() {
 
 #[test]
 fn opening_a_missing_device_is_a_typed_error() {
-    let Some(_) = common::vulkan_device("opening_a_missing_device_is_a_typed_error") else {
+    let Some(_) = common::drivers::vulkan_device("opening_a_missing_device_is_a_typed_error")
+    else {
         return;
     };
     let e = VulkanBackend::open(10_000, &test_config()).unwrap_err();

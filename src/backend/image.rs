@@ -18,6 +18,15 @@ pub enum ImageFormat {
     OpenClC,
 }
 
+/// The reflected module and whether spirv-tools accepted it. Only success is remembered: an invalid
+/// image is validated (and rejected) again on every use, so nothing about it outlives the request.
+#[cfg(not(loom))]
+#[derive(Debug, Default)]
+struct SpirvMemo {
+    module: OnceLock<super::spirv::SpirvModule>,
+    validated: OnceLock<()>,
+}
+
 /// An immutable device image. Cloning is cheap; the digest is computed once.
 #[derive(Debug, Clone)]
 pub struct DeviceImage {
@@ -25,11 +34,9 @@ pub struct DeviceImage {
     format: ImageFormat,
     bytes: Arc<[u8]>,
     digest: Digest,
-    /// The validated, reflected module of a SPIR-V image, once known; shared by clones. Only success
-    /// is remembered: an invalid image is re-validated (and rejected) on every use, so nothing about
-    /// it outlives the request.
+    /// What is known about a SPIR-V image, shared by clones.
     #[cfg(not(loom))]
-    spirv: Arc<OnceLock<Arc<super::spirv::SpirvModule>>>,
+    spirv: Arc<SpirvMemo>,
 }
 
 impl DeviceImage {
@@ -56,26 +63,50 @@ impl DeviceImage {
         Ok(image)
     }
 
-    /// The validated module and its reflected interface: computed on first use and shared by every
-    /// clone of this image afterwards.
+    /// The validated module and its reflected interface: validated with spirv-tools and reflected on
+    /// first use, shared by every clone of this image afterwards (a hit is two atomic loads).
     ///
-    /// Errors: [`crate::Error::InvalidSpirv`] when the bytes are not valid SPIR-V for Vulkan, or when
-    /// the image is not a SPIR-V image at all.
+    /// Errors: [`crate::Error::InvalidSpirv`] with the validator's message when the bytes are not
+    /// valid SPIR-V for Vulkan, or when the image is not a SPIR-V image at all.
     #[cfg(not(loom))]
-    pub fn spirv_module(&self) -> Result<Arc<super::spirv::SpirvModule>> {
-        if let Some(m) = self.spirv.get() {
-            return Ok(m.clone());
+    pub fn spirv_module(&self) -> Result<&super::spirv::SpirvModule> {
+        if self.spirv.validated.get().is_none() {
+            self.check_spirv_format()?;
+            let words = super::spirv::words_from_bytes(&self.name, &self.bytes)?;
+            super::spirv::validate(&self.name, &words)?;
+            let _ = self.spirv.validated.set(());
         }
-        if self.format != ImageFormat::SpirV {
-            return Err(crate::Error::InvalidSpirv {
+        self.spirv_reflection()
+    }
+
+    /// The reflected module without requiring validation: for a caller that knows these bytes are
+    /// valid by other means (a persisted binary keyed by this image's digest exists only because an
+    /// identical image passed validation before).
+    ///
+    /// Errors: [`crate::Error::InvalidSpirv`] when the bytes do not parse as SPIR-V.
+    #[cfg(not(loom))]
+    pub fn spirv_reflection(&self) -> Result<&super::spirv::SpirvModule> {
+        if let Some(m) = self.spirv.module.get() {
+            return Ok(m);
+        }
+        self.check_spirv_format()?;
+        let m = super::spirv::SpirvModule::reflect(&self.name, &self.bytes)?;
+        // Two threads may both reflect; either result is the same, and the first one stored wins.
+        Ok(self.spirv.module.get_or_init(|| m))
+    }
+
+    #[cfg(not(loom))]
+    fn check_spirv_format(&self) -> Result<()> {
+        if self.format == ImageFormat::SpirV {
+            Ok(())
+        } else {
+            Err(crate::Error::InvalidSpirv {
                 image: self.name.to_string(),
                 message: format!("the image holds {:?}, not SPIR-V", self.format),
-            });
+            })
         }
-        let m = Arc::new(super::spirv::SpirvModule::parse(&self.name, &self.bytes)?);
-        // Two threads may both parse; either result is the same, and the first one stored wins.
-        Ok(self.spirv.get_or_init(|| m).clone())
     }
+
     /// The image's name.
     pub fn name(&self) -> &str {
         &self.name

@@ -145,6 +145,15 @@ impl EntryPointInfo {
     }
 }
 
+/// Specialization data as Vulkan takes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Specialization {
+    /// Per constant: (constant id, byte offset into `data`, byte size).
+    pub entries: Vec<(u32, u32, usize)>,
+    /// The constants' values, little endian, back to back.
+    pub data: Vec<u8>,
+}
+
 /// A validated SPIR-V module and what reflection found in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpirvModule {
@@ -164,8 +173,20 @@ impl SpirvModule {
     /// Errors: [`Error::InvalidSpirv`] with the validator's (or the parser's) message.
     pub fn parse(image: &str, bytes: &[u8]) -> Result<SpirvModule> {
         let words = words_from_bytes(image, bytes)?;
-        let version = version_of(&words);
         validate(image, &words)?;
+        SpirvModule::reflect_words(image, words)
+    }
+
+    /// Reflects `bytes` without validating them: only for bytes whose validity is already known (an
+    /// image whose digest a persisted binary vouches for, see `VulkanBackend::program_from_binary`).
+    ///
+    /// Errors: [`Error::InvalidSpirv`] when the bytes do not even parse.
+    pub fn reflect(image: &str, bytes: &[u8]) -> Result<SpirvModule> {
+        SpirvModule::reflect_words(image, words_from_bytes(image, bytes)?)
+    }
+
+    fn reflect_words(image: &str, words: Vec<u32>) -> Result<SpirvModule> {
+        let version = version_of(&words);
         let module = rspirv::dr::load_words(&words).map_err(|e| invalid(image, e.to_string()))?;
         let r = Reflector::new(&module);
         let spec_constants = r.spec_constants();
@@ -202,16 +223,11 @@ impl SpirvModule {
             .join(", ")
     }
 
-    /// The Vulkan specialization data for `spec`: (constant id, byte offset, byte size) entries and
-    /// the data they point into.
+    /// The Vulkan specialization data for `spec`.
     ///
     /// Errors: [`Error::InvalidArgument`] for an id the module does not declare or a value whose type
     /// does not fit the declared one (integers may be passed signed or unsigned).
-    pub fn specialization(
-        &self,
-        image: &str,
-        spec: &SpecConstants,
-    ) -> Result<(Vec<(u32, u32, usize)>, Vec<u8>)> {
+    pub fn specialization(&self, image: &str, spec: &SpecConstants) -> Result<Specialization> {
         let mut entries = Vec::new();
         let mut data = Vec::new();
         for (id, value) in spec.iter() {
@@ -245,7 +261,7 @@ impl SpirvModule {
             entries.push((*id, data.len() as u32, bytes.len()));
             data.extend_from_slice(&bytes);
         }
-        Ok((entries, data))
+        Ok(Specialization { entries, data })
     }
 
     fn describe_spec_constants(&self) -> String {

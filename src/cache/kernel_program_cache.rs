@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use super::build_result::{BuildFailure, BuildResult, Served, get_or_build};
 use super::counters::{CacheStats, MemCounters};
-use super::keys::{KernelKey, ProgramKey};
+use super::keys::{KernelKey, KernelKeyParts, ProgramKey};
 use crate::config::{Config, TraceFlags};
 
 /// What a cached program weighs against `KPC_IN_MEM_CACHE_EVICTION_THRESHOLD`: the bytes of its binary.
@@ -192,6 +192,23 @@ where
             }
         }
         r.result
+    }
+
+    /// The lock-free hit path for a borrowed key: the finished kernel (or cached failure) for `key`, or
+    /// `None` when the caller must take the building path ([`Self::get_or_build_kernel`]). Allocates
+    /// nothing. With LRU eviction on, it declines (returns `None`) so the owned path can refresh the
+    /// program's recency.
+    #[inline]
+    pub fn kernel_hit(&self, key: &dyn KernelKeyParts) -> Option<Result<Arc<K>, E>> {
+        if !self.settings.enabled || self.settings.eviction_threshold > 0 {
+            return None;
+        }
+        let r = self.maps.kernels.get(key)?.value().try_final()?;
+        self.counters.hits.incr();
+        if self.settings.trace {
+            tracing::debug!(target: "kpc::cache::memory", kind = "kernel", entry = key.entry(), "hit");
+        }
+        Some(r)
     }
 
     /// A snapshot of the counters and current sizes.

@@ -13,4 +13,7 @@ pub use build_result::{
 };
 pub use counters::CacheStats;
 pub use kernel_program_cache::{CacheCost, KernelProgramCache, MemCacheSettings};
-pub use keys::{BuildOptions, Digest, KernelKey, ProgramKey, SpecConstants, SpecValue};
+pub use keys::{
+    BuildOptions, Digest, KernelKey, KernelKeyParts, KernelKeyRef, ProgramKey, SpecConstants,
+    SpecValue,
+};

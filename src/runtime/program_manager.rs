@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::{
-    BuildOptions, CacheStats, KernelKey, KernelProgramCache, MemCacheSettings, ProgramKey,
-    SpecConstants,
+    BuildOptions, CacheStats, KernelKey, KernelKeyRef, KernelProgramCache, MemCacheSettings,
+    ProgramKey, SpecConstants,
 };
 use crate::config::{Config, TraceFlags};
 use crate::error::Result;
@@ -133,6 +133,20 @@ impl<B: Backend> ProgramManager<B> {
         options: &BuildOptions,
     ) -> Result<Acquired<B::Kernel>> {
         let start = Instant::now();
+        let view = KernelKeyRef {
+            image: image.digest(),
+            spec,
+            device: self.backend.fingerprint().digest,
+            options,
+            entry,
+        };
+        if let Some(r) = self.cache.kernel_hit(&view) {
+            return r.map(|value| Acquired {
+                value,
+                source: Source::Memory,
+                elapsed: start.elapsed(),
+            });
+        }
         let source = Cell::new(Source::Memory);
         let key = KernelKey::new(self.program_key(image, spec, options), entry);
         let value = self.cache.get_or_build_kernel(&key, || {

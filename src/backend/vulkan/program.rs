@@ -239,8 +239,9 @@ pub(crate) fn build(
     initial_cache: &[u8],
 ) -> Result<Built> {
     check_against_device(dev, image, module, spec)?;
-    let (map, data) = module.specialization(image, spec)?;
-    let map_entries: Vec<vk::SpecializationMapEntry> = map
+    let specialization = module.specialization(image, spec)?;
+    let map_entries: Vec<vk::SpecializationMapEntry> = specialization
+        .entries
         .iter()
         .map(|&(id, offset, size)| vk::SpecializationMapEntry {
             constant_id: id,
@@ -250,7 +251,7 @@ pub(crate) fn build(
         .collect();
     let spec_info = vk::SpecializationInfo::default()
         .map_entries(&map_entries)
-        .data(&data);
+        .data(&specialization.data);
     let d = &dev.raw;
 
     let mut program = VulkanProgram {
