@@ -179,8 +179,7 @@ fn rejected_for(
 ) {
     let e = b
         .program_from_binary(image, spec, opts, blob)
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(
         matches!(&e, Error::BinaryRejected { reason, .. } if reason.contains("another image")),
         "{e}"

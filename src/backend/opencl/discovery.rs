@@ -1,8 +1,6 @@
 //! OpenCL platforms and devices as discovery reports them: names, types, limits and fingerprints.
 
-use opencl3::device::{
-    CL_DEVICE_TYPE_ACCELERATOR, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU, Device,
-};
+use opencl3::device::{CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU, Device};
 use opencl3::error_codes::{CL_DEVICE_NOT_FOUND, ClError};
 use opencl3::platform::{Platform, get_platforms};
 use opencl3::types::cl_device_id;
@@ -138,9 +136,8 @@ fn describe(p: &Platform, id: cl_device_id, index: usize) -> Result<Found> {
         }
     } else if dev_type & CL_DEVICE_TYPE_CPU != 0 {
         DeviceType::Cpu
-    } else if dev_type & CL_DEVICE_TYPE_ACCELERATOR != 0 {
-        DeviceType::Other
     } else {
+        // Accelerators and custom devices.
         DeviceType::Other
     };
     let sizes = d.max_work_item_sizes().unwrap_or_default();

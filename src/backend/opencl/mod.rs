@@ -301,11 +301,11 @@ impl OpenClBackend {
         let k = l.kernel;
         let local = k.info.local_size.map(|s| s as usize);
         let mut global = [0usize; 3];
-        for d in 0..3 {
-            let g = u64::from(l.groups[d]) * u64::from(k.info.local_size[d]);
-            global[d] = usize::try_from(g)
+        for (d, g) in global.iter_mut().enumerate() {
+            let items = u64::from(l.groups[d]) * u64::from(k.info.local_size[d]);
+            *g = usize::try_from(items)
                 .ok()
-                .filter(|_| g <= self.max_global)
+                .filter(|_| items <= self.max_global)
                 .ok_or_else(|| Error::Launch {
                     kernel: k.info.name.clone(),
                     message: format!(
