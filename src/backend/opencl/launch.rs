@@ -54,6 +54,8 @@ pub enum KernelSharing {
 pub struct OpenClBuffer {
     pub(crate) mem: ClBuffer<u8>,
     pub(crate) bytes: u64,
+    // Released after `mem`: the context outlives every buffer made in it.
+    pub(crate) _device: Arc<super::Shared>,
 }
 
 impl std::fmt::Debug for OpenClBuffer {
@@ -264,6 +266,7 @@ fn launch_err(k: &OpenClKernel, call: &str, code: i32, index: usize) -> Error {
 pub struct OpenClEvent {
     pub(crate) events: Vec<Event>,
     pub(crate) _buffers: Vec<Arc<OpenClBuffer>>,
+    pub(crate) _device: Arc<super::Shared>,
     pub(crate) profiled: bool,
 }
 

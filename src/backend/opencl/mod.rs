@@ -127,12 +127,28 @@ struct Counters {
     launches: AtomicU64,
 }
 
+/// The OpenCL objects of one opened device. The backend and everything made on it (programs, and
+/// through them kernels; buffers; events) hold it, so the queue and context are released after the
+/// last of those, whatever order the runtime drops things in: PoCL asserts on kernels released
+/// after their context.
+pub(crate) struct Shared {
+    // Field order is drop order: the queue (finished in Drop) goes before the context.
+    pub(crate) queue: CommandQueue,
+    pub(crate) context: Context,
+    pub(crate) device: Device,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Nothing made on this device is left, but work may still be queued; let it finish before
+        // the queue and context go. An error here has nowhere to go.
+        let _ = self.queue.finish();
+    }
+}
+
 /// One opened OpenCL device: kpc's [`Backend`] and [`ComputeBackend`] on OpenCL.
 pub struct OpenClBackend {
-    // Field order is drop order: the queue (finished in Drop) goes before the context.
-    queue: CommandQueue,
-    context: Context,
-    device: Device,
+    shared: Arc<Shared>,
     info: DeviceInfo,
     max_alloc: u64,
     max_parameter_bytes: u64,
@@ -149,14 +165,6 @@ impl std::fmt::Debug for OpenClBackend {
             .field("device", &self.info.name)
             .field("index", &self.info.index)
             .finish()
-    }
-}
-
-impl Drop for OpenClBackend {
-    fn drop(&mut self) {
-        // Buffers and kernels may still be in use by queued work; let it finish before the queue
-        // and context are released. An error here has nowhere to go.
-        let _ = self.queue.finish();
     }
 }
 
@@ -206,9 +214,11 @@ impl OpenClBackend {
         let queue = unsafe { CommandQueue::create(&context, f.device.id(), props) }
             .map_err(|e| cl_err("clCreateCommandQueue", e))?;
         Ok(OpenClBackend {
-            queue,
-            context,
-            device: f.device,
+            shared: Arc::new(Shared {
+                queue,
+                context,
+                device: f.device,
+            }),
             info: f.info,
             max_alloc: f.max_alloc,
             max_parameter_bytes: f.max_parameter_bytes,
@@ -321,7 +331,7 @@ impl OpenClBackend {
             // SAFETY: the queue is alive; no wait list.
             let ev = unsafe {
                 opencl3::command_queue::enqueue_marker_with_wait_list(
-                    self.queue.get(),
+                    self.shared.queue.get(),
                     0,
                     std::ptr::null(),
                 )
@@ -339,7 +349,7 @@ impl OpenClBackend {
             // entries; the local size divides the global size by construction.
             let ev = unsafe {
                 opencl3::command_queue::enqueue_nd_range_kernel(
-                    self.queue.get(),
+                    self.shared.queue.get(),
                     kernel,
                     3,
                     std::ptr::null(),
@@ -384,8 +394,7 @@ impl Backend for OpenClBackend {
     ) -> Result<OpenClProgram> {
         let start = Instant::now();
         let r = program::build(
-            &self.context,
-            self.device.id(),
+            &self.shared,
             self.info.fingerprint.digest,
             image,
             spec,
@@ -415,8 +424,7 @@ impl Backend for OpenClBackend {
     ) -> Result<OpenClProgram> {
         let start = Instant::now();
         let r = program::load(
-            &self.context,
-            self.device.id(),
+            &self.shared,
             self.info.fingerprint.digest,
             image,
             spec,
@@ -457,7 +465,7 @@ impl Backend for OpenClBackend {
                 .map_err(|e| cl_err("clCreateKernel", e))?,
         );
         let max_wg = first
-            .get_work_group_size(self.device.id())
+            .get_work_group_size(self.shared.device.id())
             .map_err(|e| cl_err("clGetKernelWorkGroupInfo", e))?;
         if info.local_size == [0, 0, 0] {
             info.local_size = [DEFAULT_LOCAL_SIZE.min(max_wg as u32).max(1), 1, 1];
@@ -517,10 +525,19 @@ impl ComputeBackend for OpenClBackend {
         })?;
         // SAFETY: no host pointer is passed, so the driver allocates and owns the memory.
         let mem = unsafe {
-            ClBuffer::<u8>::create(&self.context, CL_MEM_READ_WRITE, size, std::ptr::null_mut())
+            ClBuffer::<u8>::create(
+                &self.shared.context,
+                CL_MEM_READ_WRITE,
+                size,
+                std::ptr::null_mut(),
+            )
         }
         .map_err(|e| cl_err("clCreateBuffer", e))?;
-        Ok(OpenClBuffer { mem, bytes })
+        Ok(OpenClBuffer {
+            mem,
+            bytes,
+            _device: self.shared.clone(),
+        })
     }
 
     fn write_buffer(&self, buffer: &OpenClBuffer, offset: u64, data: &[u8]) -> Result<()> {
@@ -531,7 +548,7 @@ impl ComputeBackend for OpenClBackend {
         // offset + len lies inside the buffer; the in-order queue orders it after earlier launches.
         let ev = unsafe {
             opencl3::command_queue::enqueue_write_buffer(
-                self.queue.get(),
+                self.shared.queue.get(),
                 buffer.raw(),
                 opencl3::types::CL_BLOCKING,
                 offset as usize,
@@ -554,7 +571,7 @@ impl ComputeBackend for OpenClBackend {
         // it; the caller checked the range; the in-order queue orders it after earlier launches.
         let ev = unsafe {
             opencl3::command_queue::enqueue_read_buffer(
-                self.queue.get(),
+                self.shared.queue.get(),
                 buffer.raw(),
                 opencl3::types::CL_BLOCKING,
                 offset as usize,
@@ -577,13 +594,17 @@ impl ComputeBackend for OpenClBackend {
             buffers.extend(l.buffers.iter().cloned());
         }
         // Drivers may hold enqueued work until a flush; start it now.
-        self.queue.flush().map_err(|e| cl_err("clFlush", e))?;
+        self.shared
+            .queue
+            .flush()
+            .map_err(|e| cl_err("clFlush", e))?;
         self.counters
             .launches
             .fetch_add(launches.len() as u64, Ordering::Relaxed);
         Ok(OpenClEvent {
             events,
             _buffers: buffers,
+            _device: self.shared.clone(),
             profiled: self.profiled,
         })
     }
@@ -597,7 +618,10 @@ impl ComputeBackend for OpenClBackend {
     }
 
     fn finish(&self) -> Result<()> {
-        self.queue.finish().map_err(|e| cl_err("clFinish", e))
+        self.shared
+            .queue
+            .finish()
+            .map_err(|e| cl_err("clFinish", e))
     }
 
     fn stats(&self) -> BackendStats {

@@ -3,7 +3,6 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use opencl3::context::Context;
 use opencl3::error_codes::{
     CL_BUILD_PROGRAM_FAILURE, CL_COMPILER_NOT_AVAILABLE, CL_INVALID_BUILD_OPTIONS,
     CL_KERNEL_ARG_INFO_NOT_AVAILABLE, ClError,
@@ -225,6 +224,8 @@ pub struct OpenClProgram {
     /// Serializes the first query so that two callers do not both pay for it.
     binary_lock: Mutex<()>,
     binary_time: OnceLock<Duration>,
+    // Released after `program`: the context outlives every program built in it.
+    _device: Arc<super::Shared>,
 }
 
 impl std::fmt::Debug for OpenClProgram {
@@ -359,13 +360,13 @@ fn build_error(
 
 /// Builds `image` from source.
 pub(crate) fn build(
-    context: &Context,
-    device: cl_device_id,
+    shared: &Arc<super::Shared>,
     device_digest: Digest,
     image: &DeviceImage,
     spec: &SpecConstants,
     options: &BuildOptions,
 ) -> Result<OpenClProgram> {
+    let (context, device) = (&shared.context, shared.device.id());
     let source = super::source::OpenClSource::parse(image)?;
     let full_options = source.build_options(image, spec, options)?;
     let start = Instant::now();
@@ -394,21 +395,21 @@ pub(crate) fn build(
         binary: OnceLock::new(),
         binary_lock: Mutex::new(()),
         binary_time: OnceLock::new(),
+        _device: shared.clone(),
     })
 }
 
 /// Recreates a program from a container [`OpenClProgram::binary`] made. Every failure is a reason
 /// string: the caller turns it into `Error::BinaryRejected` (a miss).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn load(
-    context: &Context,
-    device: cl_device_id,
+    shared: &Arc<super::Shared>,
     device_digest: Digest,
     image: &DeviceImage,
     spec: &SpecConstants,
     options: &BuildOptions,
     bytes: &[u8],
 ) -> std::result::Result<OpenClProgram, String> {
+    let (context, device) = (&shared.context, shared.device.id());
     let c = OpenClBinary::decode(bytes)?;
     if c.device != device_digest {
         return Err(format!(
@@ -460,6 +461,7 @@ pub(crate) fn load(
         binary: OnceLock::from(bytes),
         binary_lock: Mutex::new(()),
         binary_time: OnceLock::from(Duration::ZERO),
+        _device: shared.clone(),
     })
 }
 
