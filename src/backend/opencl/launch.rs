@@ -25,15 +25,23 @@ use super::program::OpenClProgram;
 
 /// How launches of one cached kernel from many threads get a kernel object of their own.
 ///
-/// Measured on PoCL 3.1 (CPU, 2 cores shared), 32 threads each launching the same cached saxpy
-/// kernel (n = 1024) 200 times and waiting for each launch (`kpc bench-launch`):
+/// Measured on PoCL 3.1 (CPU, a shared 2-core VM), 1 and 32 threads each launching the same cached
+/// saxpy kernel (n = 1024) 500 times with their own buffers, microseconds per launch, median of 7,
+/// two runs (`kpc bench-launch --threads 1,32 --launches 500 --repeat 7`; BENCHMARKS.md):
 ///
-/// | strategy | per launch, 1 thread | per launch, 32 threads |
-/// |---|---|---|
-/// | `Pool`  | see BENCHMARKS.md | see BENCHMARKS.md |
+/// | strategy | enqueue, 1 thread | enqueue, 32 threads | launch + wait, 32 threads |
+/// |---|---|---|---|
+/// | `Pool`           | 3.2 / 2.9  | 2.1 / 2.5 | 16.3 / 11.9 |
+/// | `ClonePerLaunch` | 1.6 / 10.7 | 4.0 / 6.0 | 12.8 / 13.6 |
+/// | `Lock`           | 3.9 / 6.4  | 3.4 / 3.4 | 16.9 / 16.7 |
 ///
-/// `Pool` is the default: no lock is held across clSetKernelArg + clEnqueueNDRangeKernel, and no
-/// kernel object is created per launch once the pool holds one per concurrent thread.
+/// On the GPU host (PoCL 5.0 on 16 quiet cores; NVIDIA H200), enqueue with 32 threads: pool 1.7 /
+/// 3.4, clone per launch 16.3 / 3.8, lock 3.5 / 5.2.
+///
+/// One thread is within noise; under contention the pool enqueues fastest in every run, and when
+/// each launch is waited for PoCL's execution dominates and all three tie. `Pool` is the default: no
+/// lock is held across clSetKernelArg + clEnqueueNDRangeKernel, and no kernel object is made per
+/// launch once the pool holds one per concurrently launching thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KernelSharing {
     /// A free list of kernel objects per cached kernel: a launch takes one (creating one with
