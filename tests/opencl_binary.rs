@@ -206,3 +206,40 @@ fn concurrent_binary_requests_query_the_driver_once() {
     });
     assert!(blobs.windows(2).all(|w| w[0] == w[1]));
 }
+
+#[test]
+fn the_backend_checks_launch_arguments_itself() {
+    // The runtime's queue checks these before a launch reaches the backend; a caller driving the
+    // backend directly gets the same typed error, not a panic or a driver fault.
+    let Some(b) = opencl_backend(
+        "the_backend_checks_launch_arguments_itself",
+        &OpenClOptions::default(),
+    ) else {
+        return;
+    };
+    let image = opencl_image("saxpy").unwrap();
+    let p = Arc::new(
+        b.build_program(&image, &SpecConstants::new(), &BuildOptions::default())
+            .unwrap(),
+    );
+    let k = b.create_kernel(&p, "saxpy").unwrap();
+    let buf = Arc::new(b.create_buffer(256).unwrap());
+    let push = PushConstants::new().u32(64).f32(1.0);
+    for (buffers, push) in [
+        (vec![buf.clone(), buf.clone()], push.as_bytes()),
+        (
+            vec![buf.clone(), buf.clone(), buf.clone()],
+            &push.as_bytes()[..4],
+        ),
+    ] {
+        let e = b
+            .submit(&[Launch {
+                kernel: &k,
+                groups: [1, 1, 1],
+                buffers,
+                push_constants: push,
+            }])
+            .unwrap_err();
+        assert!(matches!(e, Error::Launch { .. }), "{e}");
+    }
+}

@@ -309,6 +309,22 @@ impl OpenClBackend {
 
     fn enqueue(&self, l: &Launch<'_, Self>) -> Result<Event> {
         let k = l.kernel;
+        // The runtime's queue checks these too; the backend is public, so it checks what set_args
+        // relies on rather than trusting every caller.
+        if l.buffers.len() != k.info.buffers.len()
+            || l.push_constants.len() != k.info.push_constant_bytes as usize
+        {
+            return Err(Error::Launch {
+                kernel: k.info.name.clone(),
+                message: format!(
+                    "it takes {} buffer(s) and {} push-constant bytes; {} and {} given",
+                    k.info.buffers.len(),
+                    k.info.push_constant_bytes,
+                    l.buffers.len(),
+                    l.push_constants.len()
+                ),
+            });
+        }
         let local = k.info.local_size.map(|s| s as usize);
         let mut global = [0usize; 3];
         for (d, g) in global.iter_mut().enumerate() {
@@ -342,8 +358,9 @@ impl OpenClBackend {
         let mems: Vec<cl_mem> = l.buffers.iter().map(|b| b.raw()).collect();
         k.with_object(|kernel| {
             // SAFETY: `with_object` hands this thread exclusive use of `kernel`; the buffers are
-            // alive (the launch holds them); the runtime checked the push-constant length against
-            // `push_constant_bytes`, which covers every scalar slot.
+            // alive (the launch holds them) and as many as the kernel's buffer slots; the push
+            // constants are `push_constant_bytes` long, which covers every scalar slot (both
+            // checked above).
             unsafe { launch::set_args(k, kernel, &mems, l.push_constants) }?;
             // SAFETY: the queue, kernel and every argument are valid; the size arrays hold 3
             // entries; the local size divides the global size by construction.
