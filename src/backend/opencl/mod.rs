@@ -23,6 +23,13 @@
 //! - PoCL's own kernel cache (POCL_KERNEL_CACHE, POCL_CACHE_DIR) hides cold builds; turn it off
 //!   when measuring them.
 //! - NVIDIA's binary is PTX text: loading it still runs the PTX JIT (CUDA_CACHE_DISABLE=1 to see it).
+//!
+//! The binary is made when the runtime first asks for it ([`Backend::program_binary`], which the disk
+//! wiring calls right after a build) and remembered in the program. Measured (BENCHMARKS.md), the
+//! first CL_PROGRAM_BINARIES query costs 65-150 ms per program on PoCL 3.1 here: free for a launched
+//! kernel with POCL_WORK_GROUP_SPECIALIZATION=0 (the launch then needs no compile of its own), about
+//! 10-15% of the cold build with PoCL's defaults. kpc sets no driver variable itself (changing the
+//! environment of a running, threaded process is unsound); deployments set it.
 
 mod container;
 mod discovery;
@@ -129,8 +136,10 @@ struct Counters {
 
 /// The OpenCL objects of one opened device. The backend and everything made on it (programs, and
 /// through them kernels; buffers; events) hold it, so the queue and context are released after the
-/// last of those, whatever order the runtime drops things in: PoCL asserts on kernels released
-/// after their context.
+/// last of those, whatever order the runtime drops things in. (A `Context` drops its backend before
+/// its cached programs; with the context released first, PoCL 5.0 failed an assertion in
+/// pocl_release_dlhandle_cache in 1 of 3 parallel runs of tests/opencl_kernels.rs, and in none of 5
+/// with this ordering.)
 pub(crate) struct Shared {
     // Field order is drop order: the queue (finished in Drop) goes before the context.
     pub(crate) queue: CommandQueue,
