@@ -18,6 +18,11 @@ for backend in vulkan opencl glslang; do
   ran=$(grep -c "^ran $backend " "$KPC_TEST_DRIVER_LOG" || true)
   skipped=$(grep -c "^skipped $backend " "$KPC_TEST_DRIVER_LOG" || true)
   echo "driver tests: $backend ran $ran, skipped $skipped"
+  # A backend whose tests never ran at all (deleted, renamed, filtered out) is as bad as a skip.
+  if [ "$ran" -eq 0 ]; then
+    echo "no $backend driver test ran" >&2
+    exit 1
+  fi
 done
 if grep -q "^skipped " "$KPC_TEST_DRIVER_LOG"; then
   echo "driver tests were skipped:" >&2
