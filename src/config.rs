@@ -40,10 +40,8 @@ pub mod vars {
 }
 
 const BOOL_ACCEPTED: &str = "0 or 1 (also true/false, yes/no, on/off)";
-const SIZE_ACCEPTED: &str =
-    "a byte count with an optional suffix K, M, G, T (powers of 1024; KiB/MiB/GiB/TiB and KB/MB/GB/TB mean the same), e.g. 4096, 512K, 1G";
-const DURATION_ACCEPTED: &str =
-    "a duration: a number with unit ms, s, m or h (e.g. 500ms, 30s, 2m); a bare number means seconds";
+const SIZE_ACCEPTED: &str = "a byte count with an optional suffix K, M, G, T (powers of 1024; KiB/MiB/GiB/TiB and KB/MB/GB/TB mean the same), e.g. 4096, 512K, 1G";
+const DURATION_ACCEPTED: &str = "a duration: a number with unit ms, s, m or h (e.g. 500ms, 30s, 2m); a bare number means seconds";
 const TRACE_ACCEPTED: &str =
     "a bitmask 0..=7 (1 = disk cache, 2 = memory cache, 4 = builds), decimal or 0x-hex";
 const DEVICE_ACCEPTED: &str = "auto, or BACKEND:INDEX or BACKEND:TYPE where BACKEND is vulkan|opencl|any and TYPE is gpu|discrete|integrated|cpu (e.g. vulkan:0, vulkan:gpu, opencl:1, any:cpu)";
@@ -182,7 +180,11 @@ impl TraceFlags {
     /// Builds the mask from its bits; bits above 7 are rejected.
     pub fn from_bits(bits: u8) -> Result<Self, ConfigError> {
         if bits > 7 {
-            return Err(invalid(vars::CACHE_TRACE, &bits.to_string(), TRACE_ACCEPTED));
+            return Err(invalid(
+                vars::CACHE_TRACE,
+                &bits.to_string(),
+                TRACE_ACCEPTED,
+            ));
         }
         Ok(TraceFlags(bits))
     }
@@ -273,9 +275,10 @@ impl Config {
         let get = |name: &'static str| -> Result<Option<String>, ConfigError> {
             match lookup(name) {
                 None => Ok(None),
-                Some(v) => v.into_string().map(Some).map_err(|raw| {
-                    invalid(name, &raw.to_string_lossy(), "a value in valid UTF-8")
-                }),
+                Some(v) => v
+                    .into_string()
+                    .map(Some)
+                    .map_err(|raw| invalid(name, &raw.to_string_lossy(), "a value in valid UTF-8")),
             }
         };
         let mut b = Config::builder();
@@ -564,10 +567,21 @@ mod tests {
         assert_eq!(p("1GiB").unwrap(), GIB);
         assert_eq!(p("2 MiB").unwrap(), 2 << 20);
         assert_eq!(p("1T").unwrap(), 1 << 40);
-        for bad in ["", "G", "-1", "1.5G", "1X", "99999999999999999999", "16777216T"] {
+        for bad in [
+            "",
+            "G",
+            "-1",
+            "1.5G",
+            "1X",
+            "99999999999999999999",
+            "16777216T",
+        ] {
             let e = p(bad).unwrap_err();
             let msg = e.to_string();
-            assert!(msg.contains("V=") && msg.contains("expected"), "{bad}: {msg}");
+            assert!(
+                msg.contains("V=") && msg.contains("expected"),
+                "{bad}: {msg}"
+            );
         }
     }
 
@@ -645,7 +659,14 @@ mod tests {
 
     #[test]
     fn device_selectors_round_trip() {
-        for s in ["auto", "vulkan:0", "vulkan:gpu", "opencl:1", "any:cpu", "vulkan:discrete"] {
+        for s in [
+            "auto",
+            "vulkan:0",
+            "vulkan:gpu",
+            "opencl:1",
+            "any:cpu",
+            "vulkan:discrete",
+        ] {
             assert_eq!(DeviceSelector::parse(s).unwrap().to_string(), s);
         }
     }

@@ -50,7 +50,10 @@ impl DeviceFingerprint {
 
     /// The fields as `name=value` lines: what a disk entry's `.src` stores and compares exactly.
     pub fn describe(&self) -> String {
-        let mut s = format!("backend={}\nkpc_format={KPC_FORMAT_VERSION}\n", self.backend);
+        let mut s = format!(
+            "backend={}\nkpc_format={KPC_FORMAT_VERSION}\n",
+            self.backend
+        );
         for (k, v) in &self.fields {
             s.push_str(k);
             s.push('=');

@@ -293,8 +293,7 @@ where
                 .remove_if(&key, |_, v| Arc::ptr_eq(v, &entry))
                 .is_some();
             if removed {
-                self.program_bytes
-                    .fetch_sub(entry.cost(), Ordering::AcqRel);
+                self.program_bytes.fetch_sub(entry.cost(), Ordering::AcqRel);
                 self.counters.evictions.fetch_add(1, Ordering::Relaxed);
                 self.maps.kernels.retain(|k, _| k.program != key);
                 if self.settings.trace {

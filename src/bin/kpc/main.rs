@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use kpc::Config;
 
+mod cache;
 mod status;
 
 /// kpc: GPU kernels built once, reused from memory and disk.
@@ -19,6 +20,11 @@ struct Cli {
 enum Command {
     /// Print the resolved configuration and the disk cache's status (the default).
     Status,
+    /// Inspect and maintain the on-disk cache.
+    Cache {
+        #[command(subcommand)]
+        command: cache::CacheCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -33,6 +39,7 @@ fn main() -> ExitCode {
     init_tracing(&config);
     let r = match cli.command.unwrap_or(Command::Status) {
         Command::Status => status::run(&config),
+        Command::Cache { command } => cache::run(&config, command),
     };
     match r {
         Ok(code) => code,

@@ -18,7 +18,10 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
     let onoff = |b: bool| if b { "on" } else { "off" };
     println!("kpc {}", env!("CARGO_PKG_VERSION"));
     println!("configuration (from the environment; see ENVIRONMENT.md):");
-    println!("  KPC_CACHE_PERSISTENT                = {}", onoff(c.persistent));
+    println!(
+        "  KPC_CACHE_PERSISTENT                = {}",
+        onoff(c.persistent)
+    );
     let src = match c.cache_dir_source {
         CacheDirSource::Explicit => "KPC_CACHE_DIR",
         CacheDirSource::XdgCacheHome => "$XDG_CACHE_HOME/kpc",
@@ -26,21 +29,40 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
         CacheDirSource::Unresolved => "unresolved: no KPC_CACHE_DIR, XDG_CACHE_HOME or HOME",
     };
     match &c.cache_dir {
-        Some(d) => println!("  KPC_CACHE_DIR                       = {} ({src})", d.display()),
+        Some(d) => println!(
+            "  KPC_CACHE_DIR                       = {} ({src})",
+            d.display()
+        ),
         None => println!("  KPC_CACHE_DIR                       = - ({src})"),
     }
-    let max = if c.max_size == 0 { "unlimited".to_string() } else { size(c.max_size) };
+    let max = if c.max_size == 0 {
+        "unlimited".to_string()
+    } else {
+        size(c.max_size)
+    };
     println!("  KPC_CACHE_MAX_SIZE                  = {max}");
-    println!("  KPC_CACHE_MIN_DEVICE_IMAGE_SIZE     = {}", size(c.min_device_image_size));
-    println!("  KPC_CACHE_MAX_DEVICE_IMAGE_SIZE     = {}", size(c.max_device_image_size));
-    println!("  KPC_CACHE_IN_MEM                    = {}", onoff(c.in_mem));
+    println!(
+        "  KPC_CACHE_MIN_DEVICE_IMAGE_SIZE     = {}",
+        size(c.min_device_image_size)
+    );
+    println!(
+        "  KPC_CACHE_MAX_DEVICE_IMAGE_SIZE     = {}",
+        size(c.max_device_image_size)
+    );
+    println!(
+        "  KPC_CACHE_IN_MEM                    = {}",
+        onoff(c.in_mem)
+    );
     let thr = if c.in_mem_eviction_threshold == 0 {
         "0 (no eviction)".to_string()
     } else {
         size(c.in_mem_eviction_threshold)
     };
     println!("  KPC_IN_MEM_CACHE_EVICTION_THRESHOLD = {thr}");
-    println!("  KPC_CACHE_LOCK_TIMEOUT              = {:?}", c.lock_timeout);
+    println!(
+        "  KPC_CACHE_LOCK_TIMEOUT              = {:?}",
+        c.lock_timeout
+    );
     println!("  KPC_CACHE_TRACE                     = {}", c.trace.bits());
     println!("  KPC_DEVICE                          = {}", c.device);
     println!();
