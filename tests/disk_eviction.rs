@@ -151,7 +151,7 @@ fn eviction_removes_a_killed_writers_leftovers_but_not_a_write_in_progress() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     names.sort();
-    assert_eq!(names, ["0.bin", "0.src", "4.bin.tmp", "4.lock"]);
+    assert_eq!(names, ["0.bin", "0.lock", "0.src", "4.bin.tmp", "4.lock"]);
     assert_eq!(c.get(&key(1)).unwrap().bytes(), b"kept");
     assert_eq!(c.tracked_size(), Some(entry_bytes(t.path()) + 10));
 }

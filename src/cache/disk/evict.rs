@@ -7,7 +7,7 @@
 //! someone else, is skipped rather than waited for. Only one process evicts at a time: the pass holds
 //! `<root>/v1/evict.lock`, and a put that finds it taken skips eviction (the holder is doing the work).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -174,23 +174,37 @@ fn scan_leaf(path: &Path, dirs: [String; 4]) -> LeafScan {
 
 /// Every leaf under `v1`, in path order.
 pub(crate) fn scan(v1: &Path) -> io::Result<Vec<LeafScan>> {
+    scan_tree(v1).map(|(leaves, _)| leaves)
+}
+
+/// Every leaf under `v1`, plus how many subdirectories each non-leaf directory had: eviction uses the
+/// counts to remove a parent only once its last child went, instead of trying every parent.
+fn scan_tree(v1: &Path) -> io::Result<(Vec<LeafScan>, HashMap<PathBuf, usize>)> {
     match fs::metadata(v1) {
         Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), HashMap::new())),
         Err(e) => return Err(e),
     }
+    // The root level is the one directory whose unreadability is an error rather than an empty subtree.
     fs::read_dir(v1)?;
     let mut out = Vec::new();
+    let mut children = HashMap::new();
     for (a, pa) in subdirs(v1) {
-        for (b, pb) in subdirs(&pa) {
-            for (c, pc) in subdirs(&pb) {
-                for (d, pd) in subdirs(&pc) {
+        let level_b = subdirs(&pa);
+        children.insert(pa.clone(), level_b.len());
+        for (b, pb) in level_b {
+            let level_c = subdirs(&pb);
+            children.insert(pb.clone(), level_c.len());
+            for (c, pc) in level_c {
+                let level_d = subdirs(&pc);
+                children.insert(pc.clone(), level_d.len());
+                for (d, pd) in level_d {
                     out.push(scan_leaf(&pd, [a.clone(), b.clone(), c.clone(), d]));
                 }
             }
         }
     }
-    Ok(out)
+    Ok((out, children))
 }
 
 /// The total in the size file, if it exists and parses.
@@ -202,19 +216,28 @@ pub(crate) fn read_size_file(v1: &Path) -> Option<u64> {
         .ok()
 }
 
-/// Removes `leaf` and then its parents up to (not including) `v1`, stopping at the first that is not
-/// empty. Returns how many were removed.
-fn remove_empty_chain(leaf: &Path, v1: &Path) -> u64 {
-    let mut removed = 0;
-    let mut dir = Some(leaf);
-    while let Some(d) = dir {
-        if d == v1 || !d.starts_with(v1) || fs::remove_dir(d).is_err() {
-            break;
-        }
-        removed += 1;
-        dir = d.parent();
+/// Removes the files of published slot `n` (the caller holds its lock), `.src` first so readers stop
+/// finding it before the binary goes. The scan already knows which files exist and their sizes, so this
+/// is two unlinks, not a probe per possible file. `None` when the entry was removed meanwhile.
+fn remove_published(leaf: &Path, n: u32, f: &SlotFiles) -> io::Result<Option<u64>> {
+    match fs::remove_file(slot_file(leaf, n, "src")) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
     }
-    removed
+    let mut gone = vec!["bin"];
+    if f.tmp {
+        gone.extend(["src.tmp", "bin.tmp"]);
+    }
+    for ext in gone {
+        match fs::remove_file(slot_file(leaf, n, ext)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            // The entry is already invisible (no .src); what is left is an orphan a later pass removes.
+            Err(_) => {}
+        }
+    }
+    Ok(Some(f.bytes()))
 }
 
 impl Inner {
@@ -290,9 +313,10 @@ impl Inner {
         };
         report.ran = true;
         let tracked_before = read_size_file(&self.v1);
-        let leaves = scan(&self.v1)?;
+        let (leaves, mut children) = scan_tree(&self.v1)?;
         let mut total: u64 = leaves.iter().map(LeafScan::bytes).sum();
-        let mut touched = vec![false; leaves.len()];
+        // Slots (of any state) still present per leaf: a leaf at zero is removed with its emptied parents.
+        let mut alive: Vec<usize> = leaves.iter().map(|l| l.slots.len()).collect();
 
         // Incomplete slots: temporaries and half-published files of killed writers, and leftover lock
         // files. A slot whose lock is held is being written: skipped.
@@ -303,7 +327,6 @@ impl Inner {
                 }
                 match lock::try_lock(&slot_file(&leaf.path, n, "lock"), true) {
                     Ok(Some(_slot)) => {
-                        touched[li] = true;
                         let published = slot_file(&leaf.path, n, "src").exists()
                             && slot_file(&leaf.path, n, "bin").exists();
                         if f.complete() || published {
@@ -311,6 +334,7 @@ impl Inner {
                         }
                         if let Ok(freed) = remove_slot_files(&leaf.path, n) {
                             total = total.saturating_sub(freed);
+                            alive[li] -= 1;
                             if freed > 0 {
                                 report.stale_removed += 1;
                             }
@@ -345,42 +369,57 @@ impl Inner {
                 break;
             }
             let leaf = &leaves[li].path;
+            // The writer's lock file usually still exists, so this opens rather than creates; dropping the
+            // lock unlinks it, as the slot goes.
             match lock::try_lock(&slot_file(leaf, n, "lock"), true) {
-                Ok(Some(_slot)) => {
-                    touched[li] = true;
-                    if !slot_file(leaf, n, "src").exists() {
-                        continue;
+                Ok(Some(_slot)) => match remove_published(leaf, n, &leaves[li].slots[&n]) {
+                    Ok(Some(freed)) => {
+                        total = total.saturating_sub(freed);
+                        report.removed += 1;
+                        report.removed_bytes += freed;
+                        remaining -= 1;
+                        alive[li] -= 1;
+                        self.trace(|| {
+                            tracing::debug!(target: "kpc::cache::disk", path = %leaf.display(), slot = n,
+                                bytes = freed, "evict")
+                        });
                     }
-                    match remove_slot_files(leaf, n) {
-                        Ok(freed) => {
-                            total = total.saturating_sub(freed);
-                            report.removed += 1;
-                            report.removed_bytes += freed;
-                            remaining -= 1;
-                            self.trace(|| {
-                                tracing::debug!(target: "kpc::cache::disk", path = %leaf.display(), slot = n,
-                                    bytes = freed, "evict")
-                            });
-                        }
-                        Err(e) => self.warn_io(&e, leaf, "cannot evict an entry"),
+                    // Removed by someone else (a reader that found it corrupt) since the walk.
+                    Ok(None) => {
+                        remaining -= 1;
+                        alive[li] -= 1;
                     }
-                }
+                    Err(e) => self.warn_io(&e, leaf, "cannot evict an entry"),
+                },
                 Ok(None) => report.busy += 1,
                 Err(e) => self.warn_io(&e, leaf, "cannot evict an entry"),
             }
         }
 
-        // Directories left empty (and leaves found empty: a killed process's, or emptied by readers).
+        // Directories left empty, leaves found empty included (a killed process's, or emptied by
+        // readers). A directory that gained an entry meanwhile is not empty, and rmdir says so.
         for (li, leaf) in leaves.iter().enumerate() {
-            let bare = leaf.slots.values().all(|f| !f.complete());
-            if !(touched[li] || bare) {
+            if alive[li] > 0 {
                 continue;
             }
             if leaf.key_lock {
                 // A build lock left by a killed process; if it is held, the builder keeps the leaf alive.
                 drop(lock::try_lock(&leaf.path.join("key.lock"), true));
             }
-            report.dirs_removed += remove_empty_chain(&leaf.path, &self.v1);
+            let mut dir = leaf.path.clone();
+            while fs::remove_dir(&dir).is_ok() {
+                report.dirs_removed += 1;
+                let Some(parent) = dir.parent() else { break };
+                match children.get_mut(parent) {
+                    Some(c) if *c > 1 => {
+                        *c -= 1;
+                        break;
+                    }
+                    Some(_) => dir = parent.to_owned(),
+                    // v1 itself (or something outside the tree): never removed.
+                    None => break,
+                }
+            }
         }
 
         bump(&self.counters.evictions, report.removed);

@@ -6,12 +6,12 @@
 //! threads of one process that open the file separately also exclude each other, which the
 //! in-process tests rely on.
 //!
-//! Ephemeral locks (a key's build lock, a slot's lock) are files that exist only while held: the holder
-//! unlinks the file before closing it, so finished work leaves no lock files behind and emptied
-//! directories can be removed. A contender may have opened the old file just before the unlink and
-//! then lock an inode no longer reachable by its path, which guards nothing; so after every
-//! acquisition the path is checked to still name the locked inode, and on a mismatch the contender
-//! opens the path again.
+//! A lock file is removed only by a holder, while it holds it: the build lock (`key.lock`) when the
+//! build ends, a slot's lock (`<n>.lock`) together with the entry it guards. A contender may have opened
+//! the old file just before the unlink and then lock an inode no longer reachable by its path, which
+//! guards nothing; so after every acquisition the path is checked to still name the locked inode, and on
+//! a mismatch the contender opens the path again. Because finished work takes its lock files with it,
+//! emptied directories can be removed.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -19,8 +19,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// An exclusive advisory lock held on a file. Dropping it releases the lock (after unlinking the file,
-/// for an ephemeral lock).
+/// An exclusive advisory lock held on a file. Dropping it releases the lock, after unlinking the file
+/// when it was taken as `ephemeral` (the caller is removing what the file guards, or the lock is the
+/// build lock, which only exists while someone builds).
 #[derive(Debug)]
 pub(crate) struct HeldLock {
     file: Option<File>,

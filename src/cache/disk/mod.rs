@@ -5,6 +5,8 @@
 //! ```text
 //! <root>/v1/<device>/<image>/<spec>/<options>/<n>.src   key record (full key values, JSON)
 //!                                            /<n>.bin   the binary
+//!                                            /<n>.lock  the slot's lock (empty; goes with the entry)
+//!                                            /key.lock  the key's build lock (only while building)
 //! <root>/v1/size                                        tracked total size (see "Size" below)
 //! <root>/v1/evict.lock                                  held by the one process evicting
 //! <root>/quarantine/                                    entries `kpc cache verify --fix` set aside
@@ -21,13 +23,15 @@
 //!   published or locked by another writer is skipped, so a writer never waits on another and never
 //!   writes a slot someone else is writing. Under the slot lock the writer writes `<n>.bin.tmp` and
 //!   `<n>.src.tmp`, fsyncs them, renames the `.bin` and then the `.src` into place (a visible `.src`
-//!   therefore always has its `.bin`), and fsyncs the directory.
+//!   therefore always has its `.bin`), and fsyncs the directory. The slot's lock file stays behind, so
+//!   whoever removes the entry later opens it rather than creating one (a file creation is the costliest
+//!   metadata operation on some file systems, and eviction does one removal per entry).
 //! - **Single flight across processes.** [`PersistentCache::get_or_lock`] returns either a hit or a
 //!   [`BuildGuard`] holding the key's build lock (`key.lock` in the leaf). Another process that misses
 //!   the same key waits for that lock (up to `KPC_CACHE_LOCK_TIMEOUT`) and reads again, so a key is
 //!   built once however many processes start together. After the timeout it builds itself.
 //! - **Removal** (eviction, corruption, `prune`, `clear`) happens only under the slot lock, `.src`
-//!   first, so readers stop finding the entry before its binary goes.
+//!   first, so readers stop finding the entry before its binary goes; the lock file goes last.
 //! - Locks are `flock`s (see `lock.rs`): a killed process never leaves a lock behind.
 //!
 //! # Failures
@@ -870,7 +874,9 @@ impl Inner {
             if slot_file(leaf, n, "src").exists() {
                 continue;
             }
-            let Some(_slot) = lock::try_lock(&slot_file(leaf, n, "lock"), true)? else {
+            // The lock file stays with the published entry (removers unlink it with the entry), so an
+            // evictor opens it instead of creating one: half the metadata writes of a removal.
+            let Some(_slot) = lock::try_lock(&slot_file(leaf, n, "lock"), false)? else {
                 // Another writer is filling this slot (or an evictor emptying it): take the next one.
                 continue;
             };
