@@ -1,1 +1,205 @@
+//! Loom model checks of the real `get_or_build` and `BuildResult` (src/cache/build_result.rs), compiled
+//! against loom's primitives through src/cache/sync.rs.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" cargo test --release --test loom`
+//! (scripts/test.sh uses a separate target dir so the normal build stays warm.)
+//!
+//! Without `--cfg loom` this file compiles to nothing.
+#![cfg(loom)]
 
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use kpc::cache::sync::Mutex;
+use kpc::cache::{BuildError, BuildMap, BuildResult, BuildState, Served, get_or_build};
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::thread;
+
+type Entry = BuildResult<u64, BuildError>;
+
+/// The acquire/get-cache pair of the models: one loom-modelled mutex around a map, the classic design,
+/// so the model also checks the insert-or-acquire step under contention.
+#[derive(Default)]
+struct Maps {
+    programs: Mutex<HashMap<u32, Arc<Entry>>>,
+}
+
+struct LockedMap<'a>(&'a Mutex<HashMap<u32, Arc<Entry>>>);
+
+impl BuildMap<u32, u64, BuildError> for LockedMap<'_> {
+    fn with_entry<R>(&self, key: &u32, f: impl FnOnce(&Entry) -> R) -> Option<R> {
+        let g = self.0.lock();
+        g.get(key).map(|e| f(e))
+    }
+    fn entry_or_insert(&self, key: &u32) -> Arc<Entry> {
+        self.0
+            .lock()
+            .entry(*key)
+            .or_insert_with(|| Arc::new(BuildResult::new()))
+            .clone()
+    }
+}
+
+fn request(
+    maps: &Maps,
+    builds: &AtomicUsize,
+    outcome: impl Fn(usize) -> Result<u64, BuildError>,
+) -> (Result<Arc<u64>, BuildError>, Served) {
+    let r = get_or_build(
+        || LockedMap(&maps.programs),
+        |m| m,
+        &7u32,
+        || outcome(builds.fetch_add(1, Ordering::SeqCst)),
+        |_| {},
+        |_, _| {},
+    );
+    (r.result, r.served)
+}
+
+fn model(threads: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    if threads > 2 {
+        b.preemption_bound = Some(3);
+    }
+    b.check(f);
+}
+
+fn run_threads<R: Send + 'static>(n: usize, f: impl Fn() -> R + Send + Sync + 'static) -> Vec<R> {
+    let f = Arc::new(f);
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let f = f.clone();
+            thread::spawn(move || f())
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn exactly_one_build_and_every_waiter_sees_the_value() {
+    for threads in [2, 3] {
+        model(threads, move || {
+            let maps = Arc::new(Maps::default());
+            let builds = Arc::new(AtomicUsize::new(0));
+            let (m, b) = (maps.clone(), builds.clone());
+            let results = run_threads(threads, move || request(&m, &b, |_| Ok(42)));
+            assert_eq!(builds.load(Ordering::SeqCst), 1, "one build per key");
+            let first = results[0].0.as_ref().unwrap().clone();
+            for (r, _) in &results {
+                let v = r.as_ref().expect("every caller gets the value");
+                assert_eq!(**v, 42);
+                assert!(Arc::ptr_eq(v, &first), "every caller gets the same Arc");
+            }
+            assert_eq!(
+                results.iter().filter(|(_, s)| *s == Served::Built).count(),
+                1
+            );
+        });
+    }
+}
+
+#[test]
+fn a_deterministic_failure_reaches_every_waiter() {
+    for threads in [2, 3] {
+        model(threads, move || {
+            let maps = Arc::new(Maps::default());
+            let builds = Arc::new(AtomicUsize::new(0));
+            let (m, b) = (maps.clone(), builds.clone());
+            let results = run_threads(threads, move || {
+                request(&m, &b, |_| {
+                    Err(BuildError::deterministic(-11, "syntax error"))
+                })
+            });
+            assert_eq!(builds.load(Ordering::SeqCst), 1, "a failure is built once");
+            for (r, _) in &results {
+                let e = r.as_ref().expect_err("every caller sees the failure");
+                assert_eq!((e.code, e.message.as_str()), (-11, "syntax error"));
+            }
+            let entry = maps.programs.lock().get(&7).unwrap().clone();
+            assert_eq!(entry.state(), BuildState::Failed);
+        });
+    }
+}
+
+#[test]
+fn a_transient_failure_produces_exactly_one_retrying_builder() {
+    for threads in [2, 3] {
+        model(threads, move || {
+            let maps = Arc::new(Maps::default());
+            let builds = Arc::new(AtomicUsize::new(0));
+            let (m, b) = (maps.clone(), builds.clone());
+            let results = run_threads(threads, move || {
+                request(&m, &b, |n| {
+                    if n == 0 {
+                        Err(BuildError::transient(-2, "out of memory"))
+                    } else {
+                        Ok(5)
+                    }
+                })
+            });
+            // The failed builder returns its own error; exactly one other caller rebuilds; everyone else
+            // gets that caller's value.
+            assert_eq!(builds.load(Ordering::SeqCst), 2);
+            assert_eq!(results.iter().filter(|(r, _)| r.is_err()).count(), 1);
+            assert_eq!(
+                results.iter().filter(|(_, s)| *s == Served::Built).count(),
+                2
+            );
+            for (r, _) in results.iter().filter(|(r, _)| r.is_ok()) {
+                assert_eq!(**r.as_ref().unwrap(), 5);
+            }
+            let entry = maps.programs.lock().get(&7).unwrap().clone();
+            assert_eq!(entry.state(), BuildState::Done);
+            assert_eq!(entry.transient_failures(), 1);
+        });
+    }
+}
+
+#[test]
+fn a_panic_in_build_leaves_no_waiter_hanging() {
+    std::panic::set_hook(Box::new(|_| {}));
+    for threads in [2, 3] {
+        model(threads, move || {
+            let maps = Arc::new(Maps::default());
+            let builds = Arc::new(AtomicUsize::new(0));
+            let (m, b) = (maps.clone(), builds.clone());
+            let results = run_threads(threads, move || {
+                catch_unwind(AssertUnwindSafe(|| {
+                    request(&m, &b, |n| {
+                        if n == 0 {
+                            panic!("driver crashed");
+                        }
+                        Ok(9)
+                    })
+                }))
+            });
+            // The model finishing at all proves no thread hung; the panic reached exactly its own caller,
+            // and one waiter (or a later caller) rebuilt.
+            assert_eq!(results.iter().filter(|r| r.is_err()).count(), 1);
+            assert_eq!(builds.load(Ordering::SeqCst), 2);
+            for r in results.iter().filter_map(|r| r.as_ref().ok()) {
+                assert_eq!(**r.0.as_ref().unwrap(), 9);
+            }
+            let entry = maps.programs.lock().get(&7).unwrap().clone();
+            assert_eq!(entry.state(), BuildState::Done);
+        });
+    }
+}
+
+#[test]
+fn hits_after_done_take_the_lock_free_path() {
+    model(2, || {
+        let maps = Arc::new(Maps::default());
+        let builds = Arc::new(AtomicUsize::new(0));
+        let first = request(&maps, &builds, |_| Ok(1));
+        assert_eq!(first.1, Served::Built);
+        let (m, b) = (maps.clone(), builds.clone());
+        let results = run_threads(2, move || request(&m, &b, |_| Ok(2)));
+        for (r, s) in results {
+            assert_eq!(s, Served::Hit);
+            assert_eq!(*r.unwrap(), 1);
+        }
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+    });
+}

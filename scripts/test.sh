@@ -5,8 +5,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
 export RUST_BACKTRACE=1
+# A driver test that finds no driver fails instead of skipping (CI installs lavapipe, PoCL, glslang),
+# and every driver test logs whether it ran, so the count below shows they did.
+export KPC_TEST_REQUIRE_DRIVERS=1
+export KPC_TEST_DRIVER_LOG="$PWD/target/driver-tests.log"
+mkdir -p target
+: > "$KPC_TEST_DRIVER_LOG"
 echo "== cargo test (unit, integration, driver tests)"
 cargo test --release --all-targets 2>&1 | tee target/test-output.txt
+echo "== driver tests"
+for backend in vulkan opencl glslang; do
+  ran=$(grep -c "^ran $backend " "$KPC_TEST_DRIVER_LOG" || true)
+  skipped=$(grep -c "^skipped $backend " "$KPC_TEST_DRIVER_LOG" || true)
+  echo "driver tests: $backend ran $ran, skipped $skipped"
+done
+if grep -q "^skipped " "$KPC_TEST_DRIVER_LOG"; then
+  echo "driver tests were skipped:" >&2
+  grep "^skipped " "$KPC_TEST_DRIVER_LOG" >&2
+  exit 1
+fi
 echo "== loom models (separate target dir so the main build stays warm)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom
 echo "== all tests passed"

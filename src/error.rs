@@ -12,7 +12,7 @@ pub enum Error {
     Config(#[from] ConfigError),
 
     /// The backend cannot be used at all on this machine (no loader, no ICD, no device).
-    #[error("{backend} unavailable: {reason}")]
+    #[error("{} unavailable: {reason}", api(backend))]
     Unavailable {
         /// Which backend.
         backend: BackendKind,
@@ -51,6 +51,27 @@ pub enum Error {
         message: String,
         /// The driver's build log, if any.
         log: String,
+    },
+
+    /// A persisted binary that cannot be used on this device: its header names another device or
+    /// driver, or it is malformed. The runtime treats this as a miss and builds from the image.
+    #[error("{backend} binary for {image:?} rejected: {reason}")]
+    BinaryRejected {
+        /// Which backend.
+        backend: BackendKind,
+        /// The image's name.
+        image: String,
+        /// What did not match.
+        reason: String,
+    },
+
+    /// A kernel launch whose arguments do not match the kernel's parameters.
+    #[error("bad launch of kernel {kernel:?}: {message}")]
+    Launch {
+        /// The kernel's entry point name.
+        kernel: String,
+        /// What was wrong, with what the kernel expects.
+        message: String,
     },
 
     /// An entry point that the image does not contain.
@@ -108,6 +129,14 @@ pub enum Error {
     /// A build panicked on another thread; this caller gave up waiting for a retry.
     #[error("{0}")]
     Panicked(String),
+}
+
+/// The API's own spelling, for messages a person reads ("Vulkan unavailable: ...").
+fn api(b: &BackendKind) -> &'static str {
+    match b {
+        BackendKind::Vulkan => "Vulkan",
+        BackendKind::OpenCl => "OpenCL",
+    }
 }
 
 fn log_suffix(log: &str) -> String {

@@ -10,7 +10,10 @@ pub mod backend;
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod kernels;
 pub mod runtime;
 
 pub use config::{Config, ConfigError};
 pub use error::{Error, Result};
+#[cfg(not(loom))]
+pub use runtime::{Buffer, Context, Event, Kernel, PushConstants, Queue};

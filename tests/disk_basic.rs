@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::*;
+use common::disk::*;
 use kpc::cache::Digest;
 use kpc::cache::disk::{
     DiskCacheSettings, DiskKey, Lookup, PersistentCache, PutOutcome, WarnCause,

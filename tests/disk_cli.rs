@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
-use common::*;
+use common::disk::*;
 use filetime::FileTime;
 use kpc::cache::Digest;
 use kpc::cache::disk::DiskKey;

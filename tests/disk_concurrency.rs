@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use common::*;
+use common::disk::*;
 use kpc::cache::disk::{DiskCacheSettings, Lookup, PersistentCache, PutOutcome};
 use rand::Rng;
 
@@ -297,7 +297,7 @@ fn eight_processes_x_20_threads_build_each_key_once() {
     let go = t.join("go");
     let children: Vec<_> = (0..8)
         .map(|_| {
-            common::child("child", "hammer")
+            common::disk::child("child", "hammer")
                 .env("KPC_TEST_ROOT", &root)
                 .env("KPC_TEST_BUILDS", &builds)
                 .env("KPC_TEST_GO", &go)

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use common::disk::*;
 use kpc::cache::disk::{Lookup, PutOutcome, WarnCause};
 
 fn set_mode(p: &Path, mode: u32) {
@@ -442,7 +442,7 @@ fn child() {
 #[test]
 fn full_disk_via_rlimit_fsize_fails_puts_quietly() {
     let t = TempDir::new("fsize");
-    let out = common::child("child", "fsize")
+    let out = common::disk::child("child", "fsize")
         .env("KPC_TEST_ROOT", t.path())
         .output()
         .unwrap();

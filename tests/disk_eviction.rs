@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use common::*;
+use common::disk::*;
 use filetime::FileTime;
 use kpc::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache, PutOutcome};
 

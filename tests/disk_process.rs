@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use common::disk::*;
 use kpc::cache::disk::{DiskCacheSettings, Lookup, PersistentCache, PutOutcome};
 
 const BIG: usize = 16 << 20;
@@ -75,7 +75,7 @@ fn sigkill_mid_write_leaves_no_visible_partial_entry_and_blocks_nobody() {
     let t = TempDir::new("kill");
     let root = t.join("c");
     let ready = t.join("ready");
-    let mut ch = common::child("child", "writer")
+    let mut ch = common::disk::child("child", "writer")
         .env("KPC_TEST_ROOT", &root)
         .env("KPC_TEST_READY", &ready)
         .stdout(Stdio::null())
@@ -140,7 +140,7 @@ fn builder_killed_while_holding_the_build_lock_leaves_no_stale_lock() {
     let t = TempDir::new("holder");
     let root = t.join("c");
     let ready = t.join("ready");
-    let mut ch = common::child("child", "holder")
+    let mut ch = common::disk::child("child", "holder")
         .env("KPC_TEST_ROOT", &root)
         .env("KPC_TEST_READY", &ready)
         .stdout(Stdio::null())
@@ -195,7 +195,7 @@ fn locks_held_by_another_process() {
     let locks = [la.join("0.lock"), lb.join("0.lock"), lb.join("key.lock")]
         .map(|p| p.to_string_lossy().into_owned())
         .join(":");
-    let mut ch = common::child("child", "locker")
+    let mut ch = common::disk::child("child", "locker")
         .env("KPC_TEST_ROOT", &root)
         .env("KPC_TEST_READY", &ready)
         .env("KPC_TEST_LOCKS", &locks)

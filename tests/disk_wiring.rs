@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::*;
-use kpc::Config;
+use common::disk::{TempDir, capture, disk_warnings};
+use common::fake_backend::{FakeBackend, image};
+use kpc::backend::{DeviceImage, ImageFormat};
 use kpc::cache::disk::{PersistentCache, WarnCause};
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::runtime::{ProgramManager, Source};
+use kpc::{Config, Error};
 
 fn config(root: &std::path::Path) -> Config {
     Config::builder().cache_dir(root).build().unwrap()
@@ -22,17 +24,26 @@ fn spec() -> SpecConstants {
     SpecConstants::new().with(0, SpecValue::U32(64))
 }
 
+/// An image of exactly `len` bytes (no entry points: for program-level tests).
+fn sized(name: &str, len: usize) -> DeviceImage {
+    DeviceImage::new(name, ImageFormat::OpenClC, vec![b'x'; len])
+}
+
+fn loads(be: &FakeBackend) -> usize {
+    be.binary_loads.load(Ordering::SeqCst)
+}
+
 #[test]
 fn a_new_context_loads_what_an_earlier_one_built() {
     let t = TempDir::new("wiring");
     let be = Arc::new(FakeBackend::new());
-    let img = image("attn.spv", 3000);
+    let img = image("attn.cl", &["main", "aux"]);
     let opts = BuildOptions::new("-O2");
 
     let pm1 = ProgramManager::new(be.clone(), &config(t.path()));
     let p = pm1.program(&img, &spec(), &opts).unwrap();
     assert_eq!(p.source, Source::Built);
-    assert!(!p.value.from_binary);
+    assert!(!p.value.from_disk);
     assert_eq!(
         pm1.program(&img, &spec(), &opts).unwrap().source,
         Source::Memory
@@ -44,9 +55,10 @@ fn a_new_context_loads_what_an_earlier_one_built() {
     let pm2 = ProgramManager::new(be.clone(), &config(t.path()));
     let p2 = pm2.program(&img, &spec(), &opts).unwrap();
     assert_eq!(p2.source, Source::Disk);
-    assert!(p2.value.from_binary);
-    assert_eq!(p2.value.bytes, p.value.bytes);
-    assert_eq!((be.builds(), be.loads()), (1, 1));
+    assert!(p2.value.from_disk);
+    assert_eq!(p2.value.binary, p.value.binary);
+    assert_eq!(p2.value.spec0, Some(64));
+    assert_eq!((be.builds(), loads(&be)), (1, 1));
     assert_eq!(
         pm2.program(&img, &spec(), &opts).unwrap().source,
         Source::Memory
@@ -55,7 +67,9 @@ fn a_new_context_loads_what_an_earlier_one_built() {
     let pm3 = ProgramManager::new(be.clone(), &config(t.path()));
     let k = pm3.kernel(&img, "main", &spec(), &opts).unwrap();
     assert_eq!(k.source, Source::Disk);
-    assert_eq!(*k.value, format!("main@{}", p.value.bytes.len()));
+    assert_eq!(k.value.entry, "main");
+    assert!(k.value.program.from_disk);
+    assert_eq!(k.value.run(3), 192);
     assert_eq!(
         pm3.kernel(&img, "main", &spec(), &opts).unwrap().source,
         Source::Memory
@@ -76,7 +90,7 @@ fn a_new_context_loads_what_an_earlier_one_built() {
         Source::Built
     );
     assert_eq!(
-        pm4.program(&image("b.spv", 3001), &spec(), &opts)
+        pm4.program(&image("other.cl", &["main"]), &spec(), &opts)
             .unwrap()
             .source,
         Source::Built
@@ -87,14 +101,8 @@ fn a_new_context_loads_what_an_earlier_one_built() {
 #[test]
 fn build_time_saved_is_counted_on_disk_hits() {
     let t = TempDir::new("wiring");
-    let be = Arc::new(FakeBackend::with(
-        |img, _, _| {
-            std::thread::sleep(Duration::from_millis(30));
-            Ok(img.bytes().to_vec())
-        },
-        |_| Ok(()),
-    ));
-    let img = image("slow.spv", 100);
+    let be = Arc::new(FakeBackend::new().build_delay(Duration::from_millis(30)));
+    let img = image("slow.cl", &["main"]);
     ProgramManager::new(be.clone(), &config(t.path()))
         .program(&img, &spec(), &BuildOptions::default())
         .unwrap();
@@ -110,7 +118,7 @@ fn build_time_saved_is_counted_on_disk_hits() {
 fn a_refused_binary_is_removed_rebuilt_and_replaced() {
     let t = TempDir::new("wiring");
     let be = Arc::new(FakeBackend::new());
-    let img = image("a.spv", 500);
+    let img = image("a.cl", &["main"]);
     let o = BuildOptions::default();
     ProgramManager::new(be.clone(), &config(t.path()))
         .program(&img, &spec(), &o)
@@ -144,8 +152,16 @@ fn a_refused_binary_is_removed_rebuilt_and_replaced() {
 fn a_failed_build_persists_nothing_and_releases_the_build_lock() {
     let t = TempDir::new("wiring");
     let be = Arc::new(FakeBackend::new());
-    be.fail_builds.store(true, Ordering::SeqCst);
-    let img = image("bad.cl", 200);
+    be.fail_with(|_, img| {
+        Some(Error::Build {
+            backend: kpc::config::BackendKind::Vulkan,
+            image: img.name().into(),
+            code: -11,
+            message: "fake compile error".into(),
+            log: String::new(),
+        })
+    });
+    let img = image("bad.cl", &["main"]);
     let o = BuildOptions::default();
     let pm = ProgramManager::new(be.clone(), &config(t.path()));
     let e = pm.program(&img, &spec(), &o).unwrap_err();
@@ -158,7 +174,7 @@ fn a_failed_build_persists_nothing_and_releases_the_build_lock() {
         "the lock went with the failed build"
     );
     // Another process gets the lock at once and builds.
-    be.fail_builds.store(false, Ordering::SeqCst);
+    be.fail_with(|_, _| None);
     let pm2 = ProgramManager::new(be.clone(), &config(t.path()));
     assert_eq!(
         pm2.program(&img, &spec(), &o).unwrap().source,
@@ -176,7 +192,7 @@ fn nothing_to_persist_and_serialization_errors() {
     be.no_binary.store(true, Ordering::SeqCst);
     let pm = ProgramManager::new(be.clone(), &config(t.path()));
     assert_eq!(
-        pm.program(&image("a", 10), &spec(), &o).unwrap().source,
+        pm.program(&sized("a", 10), &spec(), &o).unwrap().source,
         Source::Built
     );
     assert_eq!(pm.disk_stats().unwrap().puts, 0);
@@ -184,7 +200,7 @@ fn nothing_to_persist_and_serialization_errors() {
     be.no_binary.store(false, Ordering::SeqCst);
     be.binary_error.store(true, Ordering::SeqCst);
     let pm = ProgramManager::new(be.clone(), &config(t.path()));
-    let (p, ev) = capture(|| pm.program(&image("b", 10), &spec(), &o).unwrap());
+    let (p, ev) = capture(|| pm.program(&sized("b", 10), &spec(), &o).unwrap());
     assert_eq!(p.source, Source::Built);
     assert_eq!(disk_warnings(&ev), ["serialize"]);
     assert_eq!(pm.disk_cache().unwrap().warnings(), [WarnCause::Serialize]);
@@ -198,7 +214,7 @@ fn disabled_disk_cache_is_clean() {
     let root = t.join("never");
     let root_s = root.to_string_lossy().into_owned();
     let be = Arc::new(FakeBackend::new());
-    let img = image("a", 100);
+    let img = sized("a", 100);
     let o = BuildOptions::default();
     let lookup = |pairs: Vec<(&'static str, String)>| {
         move |k: &str| {
@@ -240,7 +256,7 @@ fn image_size_limits_keep_programs_in_memory_only() {
     for _ in 0..2 {
         let pm = ProgramManager::new(be.clone(), &c);
         assert_eq!(
-            pm.program(&image("tiny", 100), &spec(), &o).unwrap().source,
+            pm.program(&sized("tiny", 100), &spec(), &o).unwrap().source,
             Source::Built
         );
         assert_eq!(
@@ -250,10 +266,10 @@ fn image_size_limits_keep_programs_in_memory_only() {
         );
     }
     let pm = ProgramManager::new(be.clone(), &c);
-    pm.program(&image("big", 2048), &spec(), &o).unwrap();
+    pm.program(&sized("big", 2048), &spec(), &o).unwrap();
     let pm = ProgramManager::new(be.clone(), &c);
     assert_eq!(
-        pm.program(&image("big", 2048), &spec(), &o).unwrap().source,
+        pm.program(&sized("big", 2048), &spec(), &o).unwrap().source,
         Source::Disk
     );
 }
@@ -268,7 +284,7 @@ fn an_unusable_cache_directory_never_fails_a_build() {
         (0..10)
             .map(|i| {
                 pm.program(
-                    &image(&format!("i{i}"), 100 + i),
+                    &sized(&format!("i{i}"), 100 + i),
                     &spec(),
                     &BuildOptions::default(),
                 )
@@ -289,13 +305,7 @@ fn an_unusable_cache_directory_never_fails_a_build() {
 #[test]
 fn contexts_in_parallel_build_once_through_the_disk_lock() {
     let t = TempDir::new("wiring");
-    let be = Arc::new(FakeBackend::with(
-        |img, _, _| {
-            std::thread::sleep(Duration::from_millis(50));
-            Ok(img.bytes().to_vec())
-        },
-        |_| Ok(()),
-    ));
+    let be = Arc::new(FakeBackend::new().build_delay(Duration::from_millis(50)));
     let shared = PersistentCache::from_config(&config(t.path()));
     let barrier = Arc::new(std::sync::Barrier::new(8));
     let handles: Vec<_> = (0..8)
@@ -309,9 +319,13 @@ fn contexts_in_parallel_build_once_through_the_disk_lock() {
             std::thread::spawn(move || {
                 let pm = ProgramManager::with_disk_cache(be, &config(&root), disk);
                 barrier.wait();
-                pm.program(&image("shared", 777), &spec(), &BuildOptions::default())
-                    .unwrap()
-                    .source
+                pm.program(
+                    &image("shared.cl", &["main"]),
+                    &spec(),
+                    &BuildOptions::default(),
+                )
+                .unwrap()
+                .source
             })
         })
         .collect();

@@ -1,11 +1,23 @@
 //! The backend layer: devices, fingerprints, building programs, serializing them to binaries and
-//! back, kernels. Backends know nothing of caching; the runtime layer decides when to build and what to
-//! persist.
+//! back, kernels, buffers and launches. Backends know nothing of caching; the runtime layer decides
+//! when to build and what to persist.
+//!
+//! Two traits split the work. [`Backend`] is the program part the cache layer drives (build, binary
+//! out, binary in, kernel). [`ComputeBackend`] adds what running kernels needs (device description,
+//! buffers, launches, events); the runtime's `Context` erases it so that user code and the attention
+//! workload are the same on every backend.
 
 pub mod image;
+pub mod pod;
+#[cfg(not(loom))]
+pub mod spirv;
+#[cfg(not(loom))]
+pub mod vulkan;
 
 pub use image::{DeviceImage, ImageFormat};
+pub use pod::Pod;
 
+use std::any::Any;
 use std::sync::Arc;
 
 use crate::cache::{BuildOptions, CacheCost, Digest, SpecConstants};
@@ -104,4 +116,203 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Creates the kernel for entry point `entry` of `program`.
     fn create_kernel(&self, program: &Arc<Self::Program>, entry: &str) -> Result<Self::Kernel>;
+}
+
+/// What kind of device a backend exposes, as its API reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceType {
+    /// A discrete GPU.
+    DiscreteGpu,
+    /// A GPU sharing memory with the host.
+    IntegratedGpu,
+    /// A virtualized GPU.
+    VirtualGpu,
+    /// A CPU implementation (lavapipe, PoCL).
+    Cpu,
+    /// Anything else the API reports.
+    Other,
+}
+
+impl DeviceType {
+    /// Whether this is any kind of GPU.
+    pub fn is_gpu(self) -> bool {
+        matches!(
+            self,
+            DeviceType::DiscreteGpu | DeviceType::IntegratedGpu | DeviceType::VirtualGpu
+        )
+    }
+}
+
+impl std::fmt::Display for DeviceType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeviceType::DiscreteGpu => "discrete-gpu",
+            DeviceType::IntegratedGpu => "integrated-gpu",
+            DeviceType::VirtualGpu => "virtual-gpu",
+            DeviceType::Cpu => "cpu",
+            DeviceType::Other => "other",
+        })
+    }
+}
+
+/// Device limits that kernels are tuned against (workgroup and tile sizes are chosen per device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceLimits {
+    /// Most invocations (work-items) in one workgroup.
+    pub max_workgroup_invocations: u32,
+    /// Most invocations per dimension of one workgroup.
+    pub max_workgroup_size: [u32; 3],
+    /// Most workgroups per dimension of one launch.
+    pub max_workgroup_count: [u32; 3],
+    /// Bytes of workgroup-shared (local) memory.
+    pub max_shared_memory_bytes: u32,
+    /// Bytes of push constants (OpenCL: of scalar kernel arguments) one launch may pass.
+    pub max_push_constant_bytes: u32,
+    /// Subgroup (warp, wave, SIMD) width, where the API reports one.
+    pub subgroup_size: Option<u32>,
+    /// Whether storage buffers may hold 16-bit values (fp16 K/V).
+    pub storage_16bit: bool,
+    /// Whether kernels may compute in fp16.
+    pub float16_arithmetic: bool,
+    /// Whether launches can be timed on the device (timestamp queries, profiling events).
+    pub timestamps: bool,
+}
+
+/// One device as discovery reports it, before anything is opened on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Its backend.
+    pub backend: BackendKind,
+    /// Its position in the backend's enumeration order: what `KPC_DEVICE=vulkan:N` names.
+    pub index: usize,
+    /// The device name the driver reports.
+    pub name: String,
+    /// What kind of device it is.
+    pub device_type: DeviceType,
+    /// The driver's name and version, in words.
+    pub driver: String,
+    /// The API version the device supports (Vulkan `1.3.230`, OpenCL `OpenCL 3.0 ...`).
+    pub api_version: String,
+    /// What binaries built on it are keyed on.
+    pub fingerprint: DeviceFingerprint,
+    /// Limits kernels are tuned against.
+    pub limits: DeviceLimits,
+    /// `None` when kpc can run on it; otherwise why not (too old an API version, no compute queue).
+    pub unusable: Option<String>,
+}
+
+/// One buffer parameter of a kernel, in launch-argument order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferParam {
+    /// Vulkan: the binding number in descriptor set 0. OpenCL: the kernel argument index.
+    pub binding: u32,
+    /// The parameter's name where the image records one (may be empty).
+    pub name: String,
+    /// Whether the kernel only reads it.
+    pub read_only: bool,
+    /// The fewest bytes a bound buffer must have (the fixed part of the block; a runtime-sized array
+    /// counts as empty).
+    pub min_bytes: u64,
+}
+
+/// What launching a kernel needs to know about it: its parameters and workgroup shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelInfo {
+    /// The entry point name.
+    pub name: String,
+    /// Buffer parameters, in the order a launch passes them.
+    pub buffers: Vec<BufferParam>,
+    /// Bytes of push constants a launch must pass, exactly. OpenCL maps these bytes onto the
+    /// kernel's scalar arguments in order, each at its natural alignment (the std430 rule).
+    pub push_constant_bytes: u32,
+    /// The workgroup size after specialization: a launch is a grid of workgroups of this size.
+    pub local_size: [u32; 3],
+    /// Whether the driver reported that this kernel's pipeline came from the pipeline-cache data kpc
+    /// handed it (VK_EXT_pipeline_creation_feedback's APPLICATION_PIPELINE_CACHE_HIT). `None` where
+    /// the driver does not say.
+    pub driver_cache_hit: Option<bool>,
+}
+
+/// Counters a compute backend keeps about itself (the cache layer keeps its own).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendStats {
+    /// Programs built from a device image.
+    pub programs_built: u64,
+    /// Programs recreated from a persisted binary.
+    pub programs_loaded: u64,
+    /// Persisted binaries rejected before reaching the driver (header mismatch, corruption) or by it.
+    pub binaries_rejected: u64,
+    /// Kernels (pipelines) the driver reported as served from the supplied pipeline-cache data.
+    pub driver_cache_hits: u64,
+    /// Kernels the driver reported as compiled despite any supplied data.
+    pub driver_cache_misses: u64,
+    /// Kernels for which the driver gave no feedback.
+    pub driver_cache_unknown: u64,
+    /// Launches submitted.
+    pub launches: u64,
+}
+
+/// A kernel as the runtime holds it: whatever the backend's kernel type is, it can describe itself
+/// and be recognized again when launched.
+pub trait KernelObject: Any + Send + Sync {
+    /// What launching it needs.
+    fn info(&self) -> &KernelInfo;
+    /// Itself, for the backend to recover its own type at launch.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// One kernel launch: a grid of `groups` workgroups of the kernel's local size, with buffer arguments
+/// in [`KernelInfo::buffers`] order and push-constant bytes.
+pub struct Launch<'a, B: ComputeBackend + ?Sized> {
+    /// The kernel. A backend keeps alive whatever of it the device uses until the launch finishes.
+    pub kernel: &'a B::Kernel,
+    /// Workgroups per dimension.
+    pub groups: [u32; 3],
+    /// Buffer arguments; the backend keeps them alive until the launch has finished.
+    pub buffers: Vec<Arc<B::Buffer>>,
+    /// Push-constant bytes, exactly [`KernelInfo::push_constant_bytes`] long.
+    pub push_constants: &'a [u8],
+}
+
+/// A device that runs kernels: the part of a backend beyond building programs.
+///
+/// Ordering: every method behaves as on an in-order queue. A launch starts after everything submitted
+/// before it has finished; `write_buffer` and `read_buffer` are synchronous and ordered after every
+/// earlier launch. Methods may be called from many threads at once.
+pub trait ComputeBackend: Backend<Kernel: KernelObject> {
+    /// A device buffer of bytes.
+    type Buffer: Send + Sync + 'static;
+    /// A submitted batch of launches that can be waited on and timed.
+    type Event: Send + Sync + 'static;
+
+    /// The device, as discovery reported it.
+    fn device_info(&self) -> &DeviceInfo;
+
+    /// A buffer of `bytes` bytes (contents undefined).
+    fn create_buffer(&self, bytes: u64) -> crate::Result<Self::Buffer>;
+
+    /// Copies `data` into `buffer` at byte `offset`, after every earlier launch has finished. The
+    /// caller has checked the range.
+    fn write_buffer(&self, buffer: &Self::Buffer, offset: u64, data: &[u8]) -> crate::Result<()>;
+
+    /// Copies from `buffer` at byte `offset` into `out`, after every earlier launch has finished. The
+    /// caller has checked the range.
+    fn read_buffer(&self, buffer: &Self::Buffer, offset: u64, out: &mut [u8]) -> crate::Result<()>;
+
+    /// Submits launches, in order, as one batch. The caller has checked argument counts and push
+    /// sizes against [`KernelInfo`]; the backend checks what only it knows (device limits).
+    fn submit(&self, launches: &[Launch<'_, Self>]) -> crate::Result<Self::Event>;
+
+    /// Blocks until the batch has finished.
+    fn wait(&self, event: &Self::Event) -> crate::Result<()>;
+
+    /// Waits, then returns each launch's device execution time, or `None` where the device cannot
+    /// time launches.
+    fn launch_times(&self, event: &Self::Event) -> crate::Result<Option<Vec<std::time::Duration>>>;
+
+    /// Blocks until everything submitted so far has finished.
+    fn finish(&self) -> crate::Result<()>;
+
+    /// This backend's counters.
+    fn stats(&self) -> BackendStats;
 }

@@ -7,6 +7,7 @@
 //! condvar. A deterministic failure is final and cached; a transient one (or a panic) puts the entry back
 //! to `Initial` so exactly one waiter retries, and each wave of retries is bounded.
 
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
 
@@ -259,11 +260,17 @@ impl<T, E: BuildFailure> BuildResult<T, E> {
         build: impl FnOnce() -> Result<T, E>,
         on_built: impl FnOnce(&Self, &Arc<T>),
     ) -> Result<Arc<T>, E> {
-        // If `build` panics, this guard's drop puts the entry back to Initial and wakes the waiters while the
-        // panic keeps unwinding to this caller.
-        let guard = UnwindReset { entry: self };
-        let result = build();
-        std::mem::forget(guard);
+        // A panic must not strand waiters: catch it, put the entry back to Initial and wake them, then let the
+        // panic continue to this caller. Resetting outside the unwind also keeps every mutex unpoisoned.
+        let result = match catch_unwind(AssertUnwindSafe(build)) {
+            Ok(r) => r,
+            Err(payload) => {
+                self.reset_after_failure(E::from_panic(
+                    "the build of this entry panicked on another thread".to_string(),
+                ));
+                resume_unwind(payload);
+            }
+        };
         match result {
             Ok(v) => {
                 let v = Arc::new(v);
@@ -295,18 +302,6 @@ impl<T, E: BuildFailure> BuildResult<T, E> {
         // Taking the lock orders this store against a waiter's check-then-wait, so no wakeup is lost.
         drop(self.wait_lock.lock());
         self.wait_cv.notify_all();
-    }
-}
-
-struct UnwindReset<'a, T, E: BuildFailure> {
-    entry: &'a BuildResult<T, E>,
-}
-
-impl<T, E: BuildFailure> Drop for UnwindReset<'_, T, E> {
-    fn drop(&mut self) {
-        self.entry.reset_after_failure(E::from_panic(
-            "the build of this entry panicked on another thread".to_string(),
-        ));
     }
 }
 

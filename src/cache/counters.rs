@@ -12,16 +12,9 @@ const STRIPES: usize = 16;
 struct Padded(AtomicU64);
 
 /// A counter that many threads increment without contending on one cache line.
+#[derive(Default)]
 pub struct StripedCounter {
     slots: [Padded; STRIPES],
-}
-
-impl Default for StripedCounter {
-    fn default() -> Self {
-        StripedCounter {
-            slots: Default::default(),
-        }
-    }
 }
 
 impl std::fmt::Debug for StripedCounter {

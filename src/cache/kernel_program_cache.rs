@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use super::build_result::{BuildFailure, BuildResult, Served, get_or_build};
 use super::counters::{CacheStats, MemCounters};
-use super::keys::{KernelKey, ProgramKey};
+use super::keys::{KernelKey, KernelKeyParts, ProgramKey};
 use crate::config::{Config, TraceFlags};
 
 /// What a cached program weighs against `KPC_IN_MEM_CACHE_EVICTION_THRESHOLD`: the bytes of its binary.
@@ -55,9 +55,14 @@ impl From<&Config> for MemCacheSettings {
     }
 }
 
+// foldhash instead of SipHash: a hit hashes a ~100-byte composite key, and SipHash alone cost more than
+// the rest of the hit path. Keys come from the embedding application, not from an attacker, so
+// flooding resistance buys nothing here; the per-process seed still varies the layout.
+type Hasher = foldhash::fast::RandomState;
+
 struct Maps<P, K, E> {
-    programs: DashMap<ProgramKey, Arc<BuildResult<P, E>>>,
-    kernels: DashMap<KernelKey, Arc<BuildResult<K, E>>>,
+    programs: DashMap<ProgramKey, Arc<BuildResult<P, E>>, Hasher>,
+    kernels: DashMap<KernelKey, Arc<BuildResult<K, E>>, Hasher>,
 }
 
 /// The per-context cache of built programs `P` and kernels `K`, with build errors `E`.
@@ -108,8 +113,8 @@ where
     pub fn new(settings: MemCacheSettings) -> Self {
         KernelProgramCache {
             maps: Maps {
-                programs: DashMap::new(),
-                kernels: DashMap::new(),
+                programs: DashMap::with_hasher(Hasher::default()),
+                kernels: DashMap::with_hasher(Hasher::default()),
             },
             settings,
             clock: AtomicU64::new(0),
@@ -187,6 +192,23 @@ where
             }
         }
         r.result
+    }
+
+    /// The lock-free hit path for a borrowed key: the finished kernel (or cached failure) for `key`, or
+    /// `None` when the caller must take the building path ([`Self::get_or_build_kernel`]). Allocates
+    /// nothing. With LRU eviction on, it declines (returns `None`) so the owned path can refresh the
+    /// program's recency.
+    #[inline]
+    pub fn kernel_hit(&self, key: &dyn KernelKeyParts) -> Option<Result<Arc<K>, E>> {
+        if !self.settings.enabled || self.settings.eviction_threshold > 0 {
+            return None;
+        }
+        let r = self.maps.kernels.get(key)?.value().try_final()?;
+        self.counters.hits.incr();
+        if self.settings.trace {
+            tracing::debug!(target: "kpc::cache::memory", kind = "kernel", entry = key.entry(), "hit");
+        }
+        Some(r)
     }
 
     /// A snapshot of the counters and current sizes.
@@ -275,7 +297,8 @@ where
         // One evictor at a time; a second one waits and then usually finds nothing left to do. Eviction is
         // off the hit path, so blocking here costs only builders.
         let _g = self.evict_lock.lock();
-        let mut candidates: Vec<(u64, ProgramKey, Arc<BuildResult<P, E>>)> = self
+        type Candidate<P, E> = (u64, ProgramKey, Arc<BuildResult<P, E>>);
+        let mut candidates: Vec<Candidate<P, E>> = self
             .maps
             .programs
             .iter()

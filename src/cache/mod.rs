@@ -17,4 +17,7 @@ pub use disk::{
     BuildGuard, DiskCacheSettings, DiskHit, DiskKey, DiskStats, Lookup, PersistentCache, PutOutcome,
 };
 pub use kernel_program_cache::{CacheCost, KernelProgramCache, MemCacheSettings};
-pub use keys::{BuildOptions, Digest, KernelKey, ProgramKey, SpecConstants, SpecValue};
+pub use keys::{
+    BuildOptions, Digest, KernelKey, KernelKeyParts, KernelKeyRef, ProgramKey, SpecConstants,
+    SpecValue,
+};

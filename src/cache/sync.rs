@@ -117,14 +117,18 @@ mod imp {
         }
         /// Stores `v` unless a value is already there.
         pub fn set(&self, v: T) {
-            let mut g = self.0.lock().unwrap();
+            let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
             if g.is_none() {
                 *g = Some(v);
             }
         }
         /// Applies `f` to the value, if set.
         pub fn with<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
-            self.0.lock().unwrap().as_ref().map(f)
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map(f)
         }
     }
 }

@@ -1,6 +1,41 @@
-//! The runtime layer: cache keys from device images, and the orchestration of memory cache, disk
-//! cache and backend on a miss.
+//! The runtime layer: cache keys from device images, the orchestration of memory cache, disk cache
+//! and backend on a miss, and the SYCL-like surface on top (platforms and devices, `Context`,
+//! `Queue`, `Buffer<T>`, kernels and events).
+//!
+//! ```no_run
+//! use kpc::cache::{BuildOptions, SpecConstants};
+//! use kpc::{Config, Context, PushConstants};
+//!
+//! let ctx = Context::new(&Config::from_env()?)?; // the device KPC_DEVICE selects
+//! let image = kpc::kernels::spirv_image("saxpy")?; // validated, reflected
+//! let k = ctx.kernel(&image, "saxpy", &SpecConstants::new(), &BuildOptions::default())?;
+//! let n = 1000;
+//! let x = ctx.buffer_from(&vec![1.0f32; n])?;
+//! let y = ctx.buffer_from(&vec![2.0f32; n])?;
+//! let out = ctx.buffer::<f32>(n)?;
+//! let push = PushConstants::new().u32(n as u32).f32(3.0); // the kernel's push-constant block
+//! let event = ctx.queue().launch(&k, k.groups_for([n as u64, 1, 1])?, &[&x, &y, &out], push.as_bytes())?;
+//! println!("{} from {}, ran in {:?}", k.name(), k.source(), event.device_time()?);
+//! assert_eq!(out.read()?[0], 5.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
+#[cfg(not(loom))]
+pub mod buffer;
+#[cfg(not(loom))]
+pub mod context;
+#[cfg(not(loom))]
+pub mod device;
 pub mod program_manager;
+#[cfg(not(loom))]
+pub mod queue;
 
+#[cfg(not(loom))]
+pub use buffer::{Buffer, BufferArg, RawBuffer};
+#[cfg(not(loom))]
+pub use context::{Context, Kernel};
+#[cfg(not(loom))]
+pub use device::{Platform, platforms, select_device};
 pub use program_manager::{Acquired, ProgramManager, Source};
+#[cfg(not(loom))]
+pub use queue::{Event, LaunchDesc, PushConstants, Queue};

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::{
-    BuildOptions, CacheStats, DiskKey, DiskStats, KernelKey, KernelProgramCache, Lookup,
-    MemCacheSettings, PersistentCache, ProgramKey, SpecConstants,
+    BuildOptions, CacheStats, DiskKey, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
+    Lookup, MemCacheSettings, PersistentCache, ProgramKey, SpecConstants,
 };
 use crate::config::{Config, TraceFlags};
 use crate::error::Result;
@@ -184,6 +184,20 @@ impl<B: Backend> ProgramManager<B> {
         options: &BuildOptions,
     ) -> Result<Acquired<B::Kernel>> {
         let start = Instant::now();
+        let view = KernelKeyRef {
+            image: image.digest(),
+            spec,
+            device: self.backend.fingerprint().digest,
+            options,
+            entry,
+        };
+        if let Some(r) = self.cache.kernel_hit(&view) {
+            return r.map(|value| Acquired {
+                value,
+                source: Source::Memory,
+                elapsed: start.elapsed(),
+            });
+        }
         let source = Cell::new(Source::Memory);
         let key = KernelKey::new(self.program_key(image, spec, options), entry);
         let value = self.cache.get_or_build_kernel(&key, || {

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use kpc::Config;
 
+mod bench_build;
 mod cache;
+mod devices;
 mod status;
 
 /// kpc: GPU kernels built once, reused from memory and disk.
@@ -25,6 +27,10 @@ enum Command {
         #[command(subcommand)]
         command: cache::CacheCommand,
     },
+    /// List backends, devices, their types, driver versions and fingerprints.
+    Devices,
+    /// Time each shipped kernel's cold build and its load from the persisted pipeline-cache blob.
+    BenchBuild(bench_build::Args),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +46,8 @@ fn main() -> ExitCode {
     let r = match cli.command.unwrap_or(Command::Status) {
         Command::Status => status::run(&config),
         Command::Cache { command } => cache::run(&config, command),
+        Command::Devices => devices::run(&config),
+        Command::BenchBuild(args) => bench_build::run(&config, &args),
     };
     match r {
         Ok(code) => code,

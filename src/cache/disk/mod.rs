@@ -204,7 +204,8 @@ pub enum PutOutcome {
 /// process take over.
 pub struct BuildGuard {
     cache: PersistentCache,
-    key: DiskKey,
+    // Boxed: a key is a few hundred bytes and a miss is the rare case, so `Lookup` stays small.
+    key: Box<DiskKey>,
     lock: Option<HeldLock>,
     persist: bool,
 }
@@ -503,7 +504,7 @@ impl PersistentCache {
         let miss = |lock: Option<HeldLock>, persist: bool| {
             Lookup::Miss(BuildGuard {
                 cache: self.clone(),
-                key: key.clone(),
+                key: Box::new(key.clone()),
                 lock,
                 persist,
             })

@@ -1,0 +1,315 @@
+//! The logical device every Vulkan object of one backend hangs off, its memory, and buffers.
+
+use std::sync::Arc;
+
+use ash::vk;
+
+use crate::config::BackendKind;
+use crate::error::{Error, Result};
+
+use super::instance::{PhysicalDevice, VkInstance};
+use super::pipeline_cache::CacheIdentity;
+
+/// Maps a failed Vulkan call to kpc's error: running out of memory may pass, so it is transient;
+/// everything else is a plain backend error.
+pub(crate) fn vk_err(call: &'static str, r: vk::Result) -> Error {
+    match r {
+        vk::Result::ERROR_OUT_OF_HOST_MEMORY
+        | vk::Result::ERROR_OUT_OF_DEVICE_MEMORY
+        | vk::Result::ERROR_OUT_OF_POOL_MEMORY
+        | vk::Result::ERROR_FRAGMENTED_POOL
+        | vk::Result::ERROR_TOO_MANY_OBJECTS => Error::OutOfResources {
+            backend: BackendKind::Vulkan,
+            code: r.as_raw(),
+            message: format!("{call}: {r}"),
+        },
+        _ => Error::Backend {
+            backend: BackendKind::Vulkan,
+            call,
+            code: r.as_raw(),
+        },
+    }
+}
+
+/// One VkDevice with its compute queue. Shared (`Arc`) by every object made on it, so it is destroyed
+/// only after all of them.
+pub(crate) struct Device {
+    pub(crate) _instance: Arc<VkInstance>,
+    pub(crate) raw: ash::Device,
+    pub(crate) queue_family: u32,
+    pub(crate) queue: vk::Queue,
+    pub(crate) memory: vk::PhysicalDeviceMemoryProperties,
+    pub(crate) limits: vk::PhysicalDeviceLimits,
+    pub(crate) api_version: u32,
+    pub(crate) timestamp_valid_bits: u32,
+    pub(crate) feedback: bool,
+    pub(crate) spirv_1_4_ext: bool,
+    pub(crate) identity: CacheIdentity,
+}
+
+impl Device {
+    /// Opens `pd` with one compute queue and the optional features kernels may use (16-bit storage,
+    /// fp16 and int8 arithmetic, 64-bit integers and floats) wherever the device has them.
+    pub(crate) fn open(instance: Arc<VkInstance>, pd: &PhysicalDevice) -> Result<Device> {
+        let inst = &instance.raw;
+        let queue_family = pd
+            .queue_family
+            .ok_or_else(|| super::instance::unavailable("the device has no compute queue"))?;
+        let priorities = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(queue_family)
+            .queue_priorities(&priorities)];
+
+        // Query, then enable, exactly the optional features the device has. robustBufferAccess stays
+        // off: it costs bandwidth on some GPUs, and launches are checked on the host instead.
+        let mut s16 = vk::PhysicalDevice16BitStorageFeatures::default();
+        let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
+        let mut s8 = vk::PhysicalDevice8BitStorageFeatures::default();
+        let v12 =
+            pd.api_version >= vk::API_VERSION_1_2 && instance.api_version >= vk::API_VERSION_1_2;
+        let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut s16);
+        if v12 {
+            f2 = f2.push_next(&mut f16).push_next(&mut s8);
+        }
+        // SAFETY: the chain lives across the call; the device is 1.1+ (checked by discovery).
+        unsafe { inst.get_physical_device_features2(pd.raw, &mut f2) };
+        let have = f2.features;
+        let core = vk::PhysicalDeviceFeatures::default()
+            .shader_int64(have.shader_int64 == vk::TRUE)
+            .shader_float64(have.shader_float64 == vk::TRUE)
+            .shader_int16(have.shader_int16 == vk::TRUE);
+        let mut e16 = vk::PhysicalDevice16BitStorageFeatures::default()
+            .storage_buffer16_bit_access(s16.storage_buffer16_bit_access == vk::TRUE)
+            .uniform_and_storage_buffer16_bit_access(
+                s16.uniform_and_storage_buffer16_bit_access == vk::TRUE,
+            )
+            .storage_push_constant16(s16.storage_push_constant16 == vk::TRUE);
+        let mut ef16 = vk::PhysicalDeviceShaderFloat16Int8Features::default()
+            .shader_float16(f16.shader_float16 == vk::TRUE)
+            .shader_int8(f16.shader_int8 == vk::TRUE);
+        let mut e8 = vk::PhysicalDevice8BitStorageFeatures::default()
+            .storage_buffer8_bit_access(s8.storage_buffer8_bit_access == vk::TRUE)
+            .uniform_and_storage_buffer8_bit_access(
+                s8.uniform_and_storage_buffer8_bit_access == vk::TRUE,
+            );
+        let mut extensions = Vec::new();
+        if pd.feedback_ext {
+            extensions.push(vk::EXT_PIPELINE_CREATION_FEEDBACK_NAME.as_ptr());
+        }
+        if pd.spirv_1_4_ext && pd.api_version < vk::API_VERSION_1_2 {
+            extensions.push(vk::KHR_SPIRV_1_4_NAME.as_ptr());
+            extensions.push(vk::KHR_SHADER_FLOAT_CONTROLS_NAME.as_ptr());
+        }
+        let mut info = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queues)
+            .enabled_features(&core)
+            .enabled_extension_names(&extensions)
+            .push_next(&mut e16);
+        if v12 {
+            info = info.push_next(&mut ef16).push_next(&mut e8);
+        }
+        // SAFETY: `info` and its chain live across the call; every feature enabled was reported
+        // supported above; the extensions were enumerated on this device.
+        let raw = unsafe { inst.create_device(pd.raw, &info, None) }
+            .map_err(|e| super::instance::unavailable(format!("vkCreateDevice failed: {e}")))?;
+        // SAFETY: queue 0 of `queue_family` was requested in `info`.
+        let queue = unsafe { raw.get_device_queue(queue_family, 0) };
+        // SAFETY: `pd.raw` belongs to this live instance.
+        let memory = unsafe { inst.get_physical_device_memory_properties(pd.raw) };
+        Ok(Device {
+            _instance: instance.clone(),
+            raw,
+            queue_family,
+            queue,
+            memory,
+            limits: pd.limits,
+            api_version: pd.api_version,
+            timestamp_valid_bits: pd.timestamp_valid_bits,
+            feedback: pd.feedback,
+            spirv_1_4_ext: pd.spirv_1_4_ext,
+            identity: CacheIdentity {
+                vendor_id: pd.vendor_id,
+                device_id: pd.device_id,
+                uuid: pd.pipeline_cache_uuid,
+            },
+        })
+    }
+
+    /// A memory type allowed by `type_bits` with all of `required`, preferring one that also has
+    /// `preferred`.
+    fn memory_type(
+        &self,
+        type_bits: u32,
+        required: vk::MemoryPropertyFlags,
+        preferred: vk::MemoryPropertyFlags,
+    ) -> Option<u32> {
+        let types = &self.memory.memory_types[..self.memory.memory_type_count as usize];
+        let ok = |i: usize, flags: vk::MemoryPropertyFlags| {
+            type_bits & (1 << i) != 0 && types[i].property_flags.contains(flags)
+        };
+        (0..types.len())
+            .find(|&i| ok(i, required | preferred))
+            .or_else(|| (0..types.len()).find(|&i| ok(i, required)))
+            .map(|i| i as u32)
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: every object made on this device holds an Arc to it, so none is left; waiting idle
+        // first makes sure no submitted work still runs.
+        unsafe {
+            let _ = self.raw.device_wait_idle();
+            self.raw.destroy_device(None);
+        }
+    }
+}
+
+/// Where a buffer lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BufferPlace {
+    /// Device-local; the host reaches it through a staging copy.
+    DeviceLocal,
+    /// Host-visible and coherent, mapped for the buffer's whole life (CPU devices; staging buffers).
+    HostVisible,
+}
+
+/// A host pointer to mapped memory.
+#[derive(Clone, Copy)]
+pub(crate) struct Mapped(pub(crate) *mut u8);
+
+// SAFETY: the pointer is into coherent device memory mapped for the owning buffer's whole life;
+// kpc only copies through it while holding the ordering guarantees the backend documents (all earlier
+// device work finished), so moving it across threads cannot race with the device.
+unsafe impl Send for Mapped {}
+// SAFETY: as above; concurrent host copies to disjoint or overlapping ranges are the caller's data
+// race to avoid, exactly as with any shared buffer in a GPU API.
+unsafe impl Sync for Mapped {}
+
+/// A VkBuffer with its own memory allocation.
+pub struct VulkanBuffer {
+    pub(crate) dev: Arc<Device>,
+    pub(crate) raw: vk::Buffer,
+    memory: vk::DeviceMemory,
+    /// Bytes the user asked for (the allocation may be larger).
+    pub(crate) size: u64,
+    pub(crate) place: BufferPlace,
+    pub(crate) mapped: Option<Mapped>,
+}
+
+impl std::fmt::Debug for VulkanBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanBuffer")
+            .field("size", &self.size)
+            .field("place", &self.place)
+            .finish()
+    }
+}
+
+impl VulkanBuffer {
+    /// A buffer of `size` bytes usable as a storage buffer and a copy source and destination.
+    pub(crate) fn new(dev: &Arc<Device>, size: u64, place: BufferPlace) -> Result<VulkanBuffer> {
+        // Vulkan forbids zero-sized buffers; a 4-byte allocation stands in for an empty one.
+        let alloc_size = size.max(4).next_multiple_of(4);
+        let usage = vk::BufferUsageFlags::STORAGE_BUFFER
+            | vk::BufferUsageFlags::UNIFORM_BUFFER
+            | vk::BufferUsageFlags::TRANSFER_SRC
+            | vk::BufferUsageFlags::TRANSFER_DST;
+        let info = vk::BufferCreateInfo::default()
+            .size(alloc_size)
+            .usage(usage)
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let mut buf = VulkanBuffer {
+            dev: dev.clone(),
+            raw: vk::Buffer::null(),
+            memory: vk::DeviceMemory::null(),
+            size,
+            place,
+            mapped: None,
+        };
+        // SAFETY: `info` is a valid create info; the handle is owned by `buf`, whose Drop destroys it
+        // (also on the error paths below).
+        buf.raw = unsafe { dev.raw.create_buffer(&info, None) }
+            .map_err(|e| vk_err("vkCreateBuffer", e))?;
+        // SAFETY: `buf.raw` is a live buffer of this device.
+        let req = unsafe { dev.raw.get_buffer_memory_requirements(buf.raw) };
+        let (required, preferred) = match place {
+            BufferPlace::DeviceLocal => (
+                vk::MemoryPropertyFlags::DEVICE_LOCAL,
+                vk::MemoryPropertyFlags::empty(),
+            ),
+            BufferPlace::HostVisible => (
+                vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT,
+                vk::MemoryPropertyFlags::HOST_CACHED,
+            ),
+        };
+        let type_index = dev
+            .memory_type(req.memory_type_bits, required, preferred)
+            .ok_or_else(|| Error::OutOfResources {
+                backend: BackendKind::Vulkan,
+                code: vk::Result::ERROR_OUT_OF_DEVICE_MEMORY.as_raw(),
+                message: format!("no memory type with {required:?} for a buffer"),
+            })?;
+        let alloc = vk::MemoryAllocateInfo::default()
+            .allocation_size(req.size)
+            .memory_type_index(type_index);
+        // SAFETY: `alloc` names a memory type this buffer allows; `buf` owns the allocation.
+        buf.memory = unsafe { dev.raw.allocate_memory(&alloc, None) }
+            .map_err(|e| vk_err("vkAllocateMemory", e))?;
+        // SAFETY: the memory is fresh, large enough (req.size) and of an allowed type.
+        unsafe { dev.raw.bind_buffer_memory(buf.raw, buf.memory, 0) }
+            .map_err(|e| vk_err("vkBindBufferMemory", e))?;
+        if place == BufferPlace::HostVisible {
+            // SAFETY: the memory is host-visible and not mapped yet; it stays mapped until Drop.
+            let p = unsafe {
+                dev.raw
+                    .map_memory(buf.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+            }
+            .map_err(|e| vk_err("vkMapMemory", e))?;
+            buf.mapped = Some(Mapped(p.cast::<u8>()));
+        }
+        Ok(buf)
+    }
+
+    /// Copies `data` into the mapped memory at `offset`. The caller guarantees the buffer is mapped,
+    /// the range is inside it, and no device work touches it meanwhile.
+    pub(crate) fn copy_in(&self, offset: u64, data: &[u8]) {
+        let Some(Mapped(p)) = self.mapped else {
+            return;
+        };
+        debug_assert!(offset + data.len() as u64 <= self.size.max(4));
+        // SAFETY: `p` maps the whole allocation, which is at least `size` bytes; the caller checked
+        // offset + len <= size; `data` cannot overlap device memory.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.add(offset as usize), data.len()) };
+    }
+
+    /// Copies from the mapped memory at `offset` into `out`, under the same guarantees as `copy_in`.
+    pub(crate) fn copy_out(&self, offset: u64, out: &mut [u8]) {
+        let Some(Mapped(p)) = self.mapped else {
+            return;
+        };
+        debug_assert!(offset + out.len() as u64 <= self.size.max(4));
+        // SAFETY: as in `copy_in`, reading instead of writing.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                p.add(offset as usize).cast_const(),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+    }
+}
+
+impl Drop for VulkanBuffer {
+    fn drop(&mut self) {
+        // SAFETY: submissions keep every buffer they use alive (Arc) until their fence has signaled,
+        // so the device no longer uses this one; null handles are ignored by Vulkan.
+        unsafe {
+            if self.mapped.is_some() {
+                self.dev.raw.unmap_memory(self.memory);
+            }
+            self.dev.raw.destroy_buffer(self.raw, None);
+            self.dev.raw.free_memory(self.memory, None);
+        }
+    }
+}

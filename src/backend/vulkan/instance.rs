@@ -1,0 +1,324 @@
+//! The process-wide Vulkan instance and physical-device discovery.
+//!
+//! The loader is opened at run time (`ash::Entry::load`), so kpc builds and starts on machines with no
+//! Vulkan at all; there every Vulkan call answers `Error::Unavailable`.
+
+use std::ffi::CStr;
+use std::sync::{Arc, OnceLock};
+
+use ash::vk;
+
+use crate::backend::{DeviceFingerprint, DeviceInfo, DeviceLimits, DeviceType};
+use crate::config::BackendKind;
+use crate::error::{Error, Result};
+
+use super::pipeline_cache::BLOB_FORMAT_VERSION;
+
+/// The newest Vulkan API version kpc asks for; it uses nothing beyond 1.3.
+const MAX_API: u32 = vk::API_VERSION_1_3;
+
+/// The loader and one instance, shared by every device of the process. Never destroyed: devices
+/// created from it may live until exit, and a process has no use for a second one.
+pub(crate) struct VkInstance {
+    /// Keeps the loader library mapped for as long as the instance is used.
+    _entry: ash::Entry,
+    pub(crate) raw: ash::Instance,
+    /// The instance's API version (what the loader supports, capped at 1.3).
+    pub(crate) api_version: u32,
+}
+
+pub(crate) fn unavailable(reason: impl Into<String>) -> Error {
+    Error::Unavailable {
+        backend: BackendKind::Vulkan,
+        reason: reason.into(),
+    }
+}
+
+static INSTANCE: OnceLock<Result<Arc<VkInstance>>> = OnceLock::new();
+
+/// The process's Vulkan instance, created on first use. A missing loader or driver is remembered:
+/// installing one needs a restart anyway.
+pub(crate) fn instance() -> Result<Arc<VkInstance>> {
+    INSTANCE.get_or_init(create_instance).clone()
+}
+
+fn create_instance() -> Result<Arc<VkInstance>> {
+    // SAFETY: loading the Vulkan loader runs its initialization code; we trust the system's
+    // libvulkan as every Vulkan application must.
+    let entry = unsafe { ash::Entry::load() }
+        .map_err(|e| unavailable(format!("no Vulkan loader (libvulkan.so.1): {e}")))?;
+    // SAFETY: `entry` is a loaded loader; the call has no preconditions.
+    let loader_version = match unsafe { entry.try_enumerate_instance_version() } {
+        Ok(Some(v)) => v,
+        Ok(None) => vk::API_VERSION_1_0,
+        Err(e) => {
+            return Err(unavailable(format!(
+                "vkEnumerateInstanceVersion failed: {e}"
+            )));
+        }
+    };
+    if loader_version < vk::API_VERSION_1_1 {
+        return Err(unavailable(format!(
+            "the Vulkan loader supports only API {}; kpc needs 1.1",
+            version_string(loader_version)
+        )));
+    }
+    let api_version = loader_version.min(MAX_API);
+    let app = vk::ApplicationInfo::default()
+        .application_name(c"kpc")
+        .engine_name(c"kpc")
+        .engine_version(1)
+        .api_version(api_version);
+    let info = vk::InstanceCreateInfo::default().application_info(&app);
+    // SAFETY: `info` and what it points to live across the call.
+    let raw = unsafe { entry.create_instance(&info, None) }.map_err(|e| {
+        if e == vk::Result::ERROR_INCOMPATIBLE_DRIVER {
+            unavailable("no Vulkan driver (ICD) is installed (VK_ERROR_INCOMPATIBLE_DRIVER)")
+        } else {
+            unavailable(format!("vkCreateInstance failed: {e}"))
+        }
+    })?;
+    Ok(Arc::new(VkInstance {
+        _entry: entry,
+        raw,
+        api_version,
+    }))
+}
+
+/// `major.minor.patch` of a Vulkan version number.
+pub(crate) fn version_string(v: u32) -> String {
+    format!(
+        "{}.{}.{}",
+        vk::api_version_major(v),
+        vk::api_version_minor(v),
+        vk::api_version_patch(v)
+    )
+}
+
+/// A driver version in the vendor's own encoding (NVIDIA packs 10.8.8.6 bits; most others use
+/// Vulkan's version packing).
+fn driver_version_string(vendor_id: u32, v: u32) -> String {
+    if vendor_id == 0x10de {
+        format!(
+            "{}.{}.{}.{}",
+            v >> 22,
+            (v >> 14) & 0xff,
+            (v >> 6) & 0xff,
+            v & 0x3f
+        )
+    } else {
+        version_string(v)
+    }
+}
+
+fn c_chars(s: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = s
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the backend needs to know about one physical device beyond its [`DeviceInfo`].
+pub(crate) struct PhysicalDevice {
+    pub(crate) raw: vk::PhysicalDevice,
+    pub(crate) info: DeviceInfo,
+    pub(crate) api_version: u32,
+    pub(crate) vendor_id: u32,
+    pub(crate) device_id: u32,
+    pub(crate) pipeline_cache_uuid: [u8; vk::UUID_SIZE],
+    pub(crate) limits: vk::PhysicalDeviceLimits,
+    /// The queue family kpc submits to: the first with compute, preferring one that can time.
+    pub(crate) queue_family: Option<u32>,
+    pub(crate) timestamp_valid_bits: u32,
+    /// Whether VK_EXT_pipeline_creation_feedback is available (core from 1.3).
+    pub(crate) feedback: bool,
+    /// Whether the extension must be enabled by name (device API below 1.3).
+    pub(crate) feedback_ext: bool,
+    /// Whether VK_KHR_spirv_1_4 is available (SPIR-V 1.4 on a 1.1 device).
+    pub(crate) spirv_1_4_ext: bool,
+}
+
+fn has_extension(exts: &[vk::ExtensionProperties], name: &CStr) -> bool {
+    exts.iter()
+        .any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name))
+}
+
+/// Every physical device, in the driver's enumeration order (what `vulkan:N` indexes).
+///
+/// Errors: [`Error::Unavailable`] when there is no loader, no driver, or no device at all.
+pub(crate) fn physical_devices(instance: &VkInstance) -> Result<Vec<PhysicalDevice>> {
+    // SAFETY: the instance is alive (never destroyed).
+    let raws = unsafe { instance.raw.enumerate_physical_devices() }
+        .map_err(|e| unavailable(format!("vkEnumeratePhysicalDevices failed: {e}")))?;
+    if raws.is_empty() {
+        return Err(unavailable("the Vulkan loader found no devices"));
+    }
+    raws.into_iter()
+        .enumerate()
+        .map(|(i, raw)| describe(instance, i, raw))
+        .collect()
+}
+
+fn describe(
+    instance: &VkInstance,
+    index: usize,
+    raw: vk::PhysicalDevice,
+) -> Result<PhysicalDevice> {
+    let inst = &instance.raw;
+    // SAFETY: `raw` was enumerated from this live instance.
+    let props = unsafe { inst.get_physical_device_properties(raw) };
+    // SAFETY: as above.
+    let exts = unsafe { inst.enumerate_device_extension_properties(raw) }.unwrap_or_default();
+    let api_version = props.api_version;
+    let at_least = |v: u32| api_version >= v && instance.api_version >= v;
+
+    let mut driver_props = vk::PhysicalDeviceDriverProperties::default();
+    let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
+    let driver_known =
+        at_least(vk::API_VERSION_1_2) || has_extension(&exts, vk::KHR_DRIVER_PROPERTIES_NAME);
+    let mut storage16 = vk::PhysicalDevice16BitStorageFeatures::default();
+    let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
+    if at_least(vk::API_VERSION_1_1) {
+        let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut subgroup);
+        if driver_known {
+            p2 = p2.push_next(&mut driver_props);
+        }
+        // SAFETY: the chain holds structs that live across the call; the instance and device are
+        // 1.1 or later, so vkGetPhysicalDeviceProperties2 exists.
+        unsafe { inst.get_physical_device_properties2(raw, &mut p2) };
+        let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut storage16);
+        if at_least(vk::API_VERSION_1_2) {
+            f2 = f2.push_next(&mut f16);
+        }
+        // SAFETY: as above, for vkGetPhysicalDeviceFeatures2.
+        unsafe { inst.get_physical_device_features2(raw, &mut f2) };
+    }
+    // SAFETY: `raw` belongs to this live instance.
+    let families = unsafe { inst.get_physical_device_queue_family_properties(raw) };
+    let compute = |f: &vk::QueueFamilyProperties| f.queue_flags.contains(vk::QueueFlags::COMPUTE);
+    let queue_family = families
+        .iter()
+        .position(|f| compute(f) && f.timestamp_valid_bits > 0)
+        .or_else(|| families.iter().position(compute))
+        .map(|i| i as u32);
+    let timestamp_valid_bits =
+        queue_family.map_or(0, |q| families[q as usize].timestamp_valid_bits);
+
+    let vendor_id = props.vendor_id;
+    let device_id = props.device_id;
+    let name = props
+        .device_name_as_c_str()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (driver_id, driver_name, driver_info) = if driver_known {
+        (
+            format!("{:?}", driver_props.driver_id),
+            c_chars(&driver_props.driver_name),
+            c_chars(&driver_props.driver_info),
+        )
+    } else {
+        ("unknown".into(), "unknown".into(), "unknown".into())
+    };
+    let driver_version = driver_version_string(vendor_id, props.driver_version);
+    let device_type = match props.device_type {
+        vk::PhysicalDeviceType::DISCRETE_GPU => DeviceType::DiscreteGpu,
+        vk::PhysicalDeviceType::INTEGRATED_GPU => DeviceType::IntegratedGpu,
+        vk::PhysicalDeviceType::VIRTUAL_GPU => DeviceType::VirtualGpu,
+        vk::PhysicalDeviceType::CPU => DeviceType::Cpu,
+        _ => DeviceType::Other,
+    };
+    let fingerprint = DeviceFingerprint::new(
+        BackendKind::Vulkan,
+        vec![
+            ("vendor_id".into(), format!("{vendor_id:#06x}")),
+            ("device_id".into(), format!("{device_id:#06x}")),
+            ("device_name".into(), name.clone()),
+            (
+                "driver_version".into(),
+                format!("{:#010x}", props.driver_version),
+            ),
+            ("driver_id".into(), driver_id),
+            ("driver_name".into(), driver_name.clone()),
+            ("driver_info".into(), driver_info.clone()),
+            (
+                "pipeline_cache_uuid".into(),
+                hex(&props.pipeline_cache_uuid),
+            ),
+            ("api_version".into(), version_string(api_version)),
+            ("kpc_vulkan_blob".into(), BLOB_FORMAT_VERSION.to_string()),
+        ],
+    );
+    let feedback = api_version >= vk::API_VERSION_1_3
+        || has_extension(&exts, vk::EXT_PIPELINE_CREATION_FEEDBACK_NAME);
+    let unusable = if api_version < vk::API_VERSION_1_1 {
+        Some(format!(
+            "device supports Vulkan {} only; kpc needs 1.1",
+            version_string(api_version)
+        ))
+    } else if instance.api_version < vk::API_VERSION_1_1 {
+        Some("the instance is Vulkan 1.0".into())
+    } else if queue_family.is_none() {
+        Some("no queue family supports compute".into())
+    } else {
+        None
+    };
+    let l = &props.limits;
+    let driver = match (driver_name.as_str(), driver_info.as_str()) {
+        ("unknown", _) => format!("driver {driver_version}"),
+        (n, "") => format!("{n} {driver_version}"),
+        (n, i) => format!("{n} {i} (driver {driver_version})"),
+    };
+    let info = DeviceInfo {
+        backend: BackendKind::Vulkan,
+        index,
+        name,
+        device_type,
+        driver,
+        api_version: version_string(api_version),
+        fingerprint,
+        limits: DeviceLimits {
+            max_workgroup_invocations: l.max_compute_work_group_invocations,
+            max_workgroup_size: l.max_compute_work_group_size,
+            max_workgroup_count: l.max_compute_work_group_count,
+            max_shared_memory_bytes: l.max_compute_shared_memory_size,
+            max_push_constant_bytes: l.max_push_constants_size,
+            subgroup_size: (subgroup.subgroup_size > 0).then_some(subgroup.subgroup_size),
+            storage_16bit: storage16.storage_buffer16_bit_access == vk::TRUE,
+            float16_arithmetic: f16.shader_float16 == vk::TRUE,
+            timestamps: timestamp_valid_bits > 0 && l.timestamp_period > 0.0,
+        },
+        unusable,
+    };
+    Ok(PhysicalDevice {
+        raw,
+        info,
+        api_version,
+        vendor_id,
+        device_id,
+        pipeline_cache_uuid: props.pipeline_cache_uuid,
+        limits: props.limits,
+        queue_family,
+        timestamp_valid_bits,
+        feedback,
+        feedback_ext: feedback && api_version < vk::API_VERSION_1_3,
+        spirv_1_4_ext: has_extension(&exts, vk::KHR_SPIRV_1_4_NAME),
+    })
+}
+
+/// The Vulkan devices of this machine, as discovery reports them.
+///
+/// Errors: [`Error::Unavailable`] ("Vulkan unavailable: …") when there is no loader, no driver or no
+/// device.
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    let inst = instance()?;
+    Ok(physical_devices(&inst)?
+        .into_iter()
+        .map(|p| p.info)
+        .collect())
+}

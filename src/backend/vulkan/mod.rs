@@ -1,0 +1,625 @@
+//! The Vulkan backend, on ash with the loader opened at run time.
+//!
+//! - A program is a shader module + specialization constants + build options; building it creates
+//!   the compute pipeline of every entry point through the program's own VkPipelineCache (see
+//!   `program.rs` for why eagerly). A kernel is one entry point's pipeline.
+//! - A program persists as its vkGetPipelineCacheData blob in a small kpc container
+//!   (`pipeline_cache.rs`); before a blob reaches vkCreatePipelineCache its
+//!   VkPipelineCacheHeaderVersionOne is checked against this device, and a mismatch is a miss.
+//! - Where the driver supports VK_EXT_pipeline_creation_feedback, each pipeline records whether the
+//!   driver reported APPLICATION_PIPELINE_CACHE_HIT: in `KernelInfo::driver_cache_hit`, in
+//!   `BackendStats`, and in `kpc::build` trace events.
+//! - Buffers are device-local with staging copies on a GPU, host-visible and mapped on a CPU device.
+//!
+//! Every SPIR-V image is validated by spirv-tools (`DeviceImage::spirv_module`) before a build hands it
+//! to the driver. Loading a persisted binary does not validate again: the binary exists only because
+//! an image with the same digest was validated and built before (see `program_from_binary`).
+
+mod device;
+mod instance;
+pub mod pipeline_cache;
+mod program;
+mod submit;
+
+use std::any::Any;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ash::vk;
+
+use crate::backend::{
+    Backend, BackendStats, ComputeBackend, DeviceFingerprint, DeviceImage, DeviceInfo, Launch,
+};
+use crate::cache::{BuildOptions, SpecConstants};
+use crate::config::{BackendKind, Config, TraceFlags};
+use crate::error::{Error, Result};
+
+pub use device::VulkanBuffer;
+use device::{BufferPlace, Device, vk_err};
+pub use instance::devices;
+pub use pipeline_cache::CacheIdentity;
+pub use program::{VulkanKernel, VulkanProgram};
+pub use submit::Record as VulkanEvent;
+use submit::{Record, Submitter, full_barrier};
+
+/// Where buffers live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BufferStrategy {
+    /// Host-visible mapped memory on a CPU device; device-local memory with staging copies otherwise.
+    #[default]
+    Auto,
+    /// Device-local memory with staging copies on every device. Lets tests run the GPU path on a CPU
+    /// driver.
+    Staging,
+}
+
+/// How to open a Vulkan device.
+#[derive(Debug, Clone, Default)]
+pub struct VulkanOptions {
+    /// Where buffers live.
+    pub buffers: BufferStrategy,
+}
+
+/// The build options the Vulkan backend understands. Anything else is refused rather than silently
+/// ignored, since an option a user believes in but kpc drops would still split the cache key.
+const ACCEPTED_OPTIONS: &[&str] = &["-O"];
+
+fn check_options(image: &DeviceImage, options: &BuildOptions) -> Result<()> {
+    match options
+        .as_str()
+        .split(' ')
+        .find(|o| !o.is_empty() && !ACCEPTED_OPTIONS.contains(o))
+    {
+        None => Ok(()),
+        Some(o) => Err(Error::InvalidArgument(format!(
+            "build option {o:?} for image {:?} is not a Vulkan build option; accepted: {}",
+            image.name(),
+            ACCEPTED_OPTIONS.join(" ")
+        ))),
+    }
+}
+
+/// Bytes moved per staging copy: bounds the host memory an upload or download of a large buffer
+/// takes.
+const STAGING_CHUNK: u64 = 64 << 20;
+
+#[derive(Default)]
+struct Counters {
+    programs_built: AtomicU64,
+    programs_loaded: AtomicU64,
+    binaries_rejected: AtomicU64,
+    driver_cache_hits: AtomicU64,
+    driver_cache_misses: AtomicU64,
+    driver_cache_unknown: AtomicU64,
+    launches: AtomicU64,
+}
+
+/// One opened Vulkan device: the [`Backend`] and [`ComputeBackend`] of kpc's Vulkan path.
+pub struct VulkanBackend {
+    // Field order is drop order: the submitter waits for in-flight work before the device goes.
+    submitter: Submitter,
+    dev: Arc<Device>,
+    info: DeviceInfo,
+    place: BufferPlace,
+    trace: bool,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for VulkanBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanBackend")
+            .field("device", &self.info.name)
+            .field("index", &self.info.index)
+            .finish()
+    }
+}
+
+impl VulkanBackend {
+    /// Opens device `index` of [`devices`] with a compute queue.
+    ///
+    /// Errors: [`Error::Unavailable`] when there is no loader, driver or such device, or the device
+    /// cannot run kpc (its reason is in the message); [`Error::NoSuchDevice`] for an index past the
+    /// last device.
+    pub fn open(index: usize, config: &Config) -> Result<VulkanBackend> {
+        VulkanBackend::open_with(index, config, &VulkanOptions::default())
+    }
+
+    /// [`VulkanBackend::open`] with explicit options.
+    pub fn open_with(
+        index: usize,
+        config: &Config,
+        options: &VulkanOptions,
+    ) -> Result<VulkanBackend> {
+        let inst = instance::instance()?;
+        let mut pds = instance::physical_devices(&inst)?;
+        if index >= pds.len() {
+            return Err(Error::NoSuchDevice {
+                selector: format!("vulkan:{index}"),
+                available: pds
+                    .iter()
+                    .map(|p| format!("vulkan:{} {}", p.info.index, p.info.name))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            });
+        }
+        let pd = pds.swap_remove(index);
+        if let Some(why) = &pd.info.unusable {
+            return Err(instance::unavailable(format!(
+                "device {index} ({}): {why}",
+                pd.info.name
+            )));
+        }
+        let dev = Arc::new(Device::open(inst, &pd)?);
+        let place = match (options.buffers, pd.info.device_type) {
+            (BufferStrategy::Auto, crate::backend::DeviceType::Cpu) => BufferPlace::HostVisible,
+            _ => BufferPlace::DeviceLocal,
+        };
+        Ok(VulkanBackend {
+            submitter: Submitter::new(&dev)?,
+            dev,
+            info: pd.info,
+            place,
+            trace: config.trace.contains(TraceFlags::BUILDS),
+            counters: Counters::default(),
+        })
+    }
+
+    /// What a pipeline-cache blob made on this device carries in its header.
+    pub fn cache_identity(&self) -> CacheIdentity {
+        self.dev.identity
+    }
+
+    /// Whether the driver reports pipeline-creation feedback (cache hits) at all.
+    pub fn has_creation_feedback(&self) -> bool {
+        self.dev.feedback
+    }
+
+    /// Whether buffers are host-visible (mapped) rather than device-local with staging.
+    pub fn host_visible_buffers(&self) -> bool {
+        self.place == BufferPlace::HostVisible
+    }
+
+    fn record_feedback(
+        &self,
+        image: &str,
+        program: &VulkanProgram,
+        feedback: &[Option<bool>],
+        how: &str,
+    ) {
+        for (p, fb) in program.pipelines.iter().zip(feedback) {
+            let c = match fb {
+                Some(true) => &self.counters.driver_cache_hits,
+                Some(false) => &self.counters.driver_cache_misses,
+                None => &self.counters.driver_cache_unknown,
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+            if self.trace {
+                tracing::info!(
+                    target: "kpc::build",
+                    backend = "vulkan",
+                    image,
+                    entry = p.info.name.as_str(),
+                    how,
+                    ms = p.create_time.as_secs_f64() * 1e3,
+                    driver_cache_hit = ?fb,
+                    "vkCreateComputePipelines"
+                );
+            }
+        }
+    }
+
+    fn staging_copy(
+        &self,
+        buffer: &VulkanBuffer,
+        offset: u64,
+        len: u64,
+        upload: bool,
+        mut chunk: impl FnMut(&VulkanBuffer, u64, u64),
+    ) -> Result<()> {
+        let chunk_len = len.min(STAGING_CHUNK);
+        let staging = Arc::new(VulkanBuffer::new(
+            &self.dev,
+            chunk_len,
+            BufferPlace::HostVisible,
+        )?);
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(chunk_len);
+            if upload {
+                chunk(&staging, done, n);
+            }
+            // The record keeps the staging buffer alive until the copy has finished, even if this
+            // call returns early; `buffer` is borrowed for the whole call, which waits for the copy.
+            let mut rec = Record::new(&self.dev, 0)?;
+            rec.keep_alive
+                .push(staging.clone() as Arc<dyn Any + Send + Sync>);
+            let (src, dst, src_off, dst_off) = if upload {
+                (staging.raw, buffer.raw, 0, offset + done)
+            } else {
+                (buffer.raw, staging.raw, offset + done, 0)
+            };
+            let rec = self.submitter.submit(rec, |d, cmd| {
+                let region = vk::BufferCopy {
+                    src_offset: src_off,
+                    dst_offset: dst_off,
+                    size: n,
+                };
+                // SAFETY: recording state; both buffers are alive (see above) and the region
+                // lies inside each (the caller checked offset + len against the buffer's size).
+                unsafe { d.cmd_copy_buffer(cmd, src, dst, &[region]) };
+                Ok(())
+            })?;
+            rec.wait()?;
+            if !upload {
+                chunk(&staging, done, n);
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+impl Backend for VulkanBackend {
+    type Program = VulkanProgram;
+    type Kernel = VulkanKernel;
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Vulkan
+    }
+
+    fn fingerprint(&self) -> &DeviceFingerprint {
+        &self.info.fingerprint
+    }
+
+    fn build_program(
+        &self,
+        image: &DeviceImage,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+    ) -> Result<VulkanProgram> {
+        check_options(image, options)?;
+        let module = image.spirv_module()?;
+        let optimized = options
+            .has("-O")
+            .then(|| crate::backend::spirv::optimize(image.name(), &module.words))
+            .transpose()?;
+        let words = optimized.as_deref().unwrap_or(&module.words);
+        let built = program::build(
+            &self.dev,
+            image.name(),
+            module,
+            words,
+            optimized.is_some(),
+            spec,
+            &[],
+        )?;
+        self.counters.programs_built.fetch_add(1, Ordering::Relaxed);
+        self.record_feedback(image.name(), &built.program, &built.feedback, "built");
+        Ok(built.program)
+    }
+
+    fn program_binary(&self, program: &VulkanProgram) -> Result<Option<Vec<u8>>> {
+        // SAFETY: the cache is alive (owned by `program`) and no pipeline is created through it now.
+        let data = unsafe { self.dev.raw.get_pipeline_cache_data(program.cache) }
+            .map_err(|e| vk_err("vkGetPipelineCacheData", e))?;
+        Ok(Some(pipeline_cache::encode(
+            program.optimized.as_deref(),
+            &data,
+        )))
+    }
+
+    fn program_from_binary(
+        &self,
+        image: &DeviceImage,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+        binary: &[u8],
+    ) -> Result<VulkanProgram> {
+        let reject = |reason: String| {
+            self.counters
+                .binaries_rejected
+                .fetch_add(1, Ordering::Relaxed);
+            Error::BinaryRejected {
+                backend: BackendKind::Vulkan,
+                image: image.name().to_string(),
+                reason,
+            }
+        };
+        check_options(image, options)?;
+        let blob = pipeline_cache::decode(binary).map_err(reject)?;
+        pipeline_cache::check_pipeline_cache_header(blob.pipeline_cache, &self.dev.identity)
+            .map_err(reject)?;
+        // No spirv-tools pass here: a binary is persisted only after a build, which validated an image
+        // with this digest (the persisted key compares it exactly), so validating again would only add
+        // its cost (0.2-0.5 ms) to the disk-hit path it exists to make fast. Reflection (what the
+        // pipelines' layouts need) is cheap.
+        let module = image.spirv_reflection()?;
+        let optimized = match (options.has("-O"), blob.optimized_spirv) {
+            (true, Some(bytes)) => {
+                // The optimizer's output, validated when it was produced (see `spirv::optimize`) and
+                // as trustworthy as the pipeline cache data beside it: both were written by kpc after a
+                // successful build and checksummed by the disk layer. Only its shape is checked.
+                let words = crate::backend::spirv::words_from_bytes(image.name(), bytes)
+                    .map_err(|e| reject(e.to_string()))?;
+                Some(words)
+            }
+            (false, None) => None,
+            (true, None) => {
+                return Err(reject(
+                    "built with -O but the binary holds no optimized SPIR-V".into(),
+                ));
+            }
+            (false, Some(_)) => {
+                return Err(reject(
+                    "the binary holds optimized SPIR-V but -O was not given".into(),
+                ));
+            }
+        };
+        let words = optimized.as_deref().unwrap_or(&module.words);
+        let built = program::build(
+            &self.dev,
+            image.name(),
+            module,
+            words,
+            optimized.is_some(),
+            spec,
+            blob.pipeline_cache,
+        )?;
+        self.counters
+            .programs_loaded
+            .fetch_add(1, Ordering::Relaxed);
+        self.record_feedback(
+            image.name(),
+            &built.program,
+            &built.feedback,
+            "from pipeline cache data",
+        );
+        Ok(built.program)
+    }
+
+    fn create_kernel(&self, program: &Arc<VulkanProgram>, entry: &str) -> Result<VulkanKernel> {
+        program
+            .pipelines
+            .iter()
+            .find(|p| p.info.name == entry)
+            .map(|p| VulkanKernel {
+                pipeline: p.clone(),
+            })
+            .ok_or_else(|| Error::UnknownKernel {
+                image: program.image.clone(),
+                entry: entry.to_string(),
+                available: program
+                    .pipelines
+                    .iter()
+                    .map(|p| p.info.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+}
+
+impl ComputeBackend for VulkanBackend {
+    type Buffer = VulkanBuffer;
+    type Event = Arc<Record>;
+
+    fn device_info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn create_buffer(&self, bytes: u64) -> Result<VulkanBuffer> {
+        VulkanBuffer::new(&self.dev, bytes, self.place)
+    }
+
+    fn write_buffer(&self, buffer: &VulkanBuffer, offset: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        if buffer.mapped.is_some() {
+            // In-order rule: earlier launches may still read or write this buffer.
+            self.submitter.finish()?;
+            buffer.copy_in(offset, data);
+            return Ok(());
+        }
+        self.staging_copy(buffer, offset, data.len() as u64, true, |staging, at, n| {
+            staging.copy_in(0, &data[at as usize..(at + n) as usize]);
+        })
+    }
+
+    fn read_buffer(&self, buffer: &VulkanBuffer, offset: u64, out: &mut [u8]) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        if buffer.mapped.is_some() {
+            self.submitter.finish()?;
+            buffer.copy_out(offset, out);
+            return Ok(());
+        }
+        self.staging_copy(buffer, offset, out.len() as u64, false, |staging, at, n| {
+            staging.copy_out(0, &mut out[at as usize..(at + n) as usize]);
+        })
+    }
+
+    fn submit(&self, launches: &[Launch<'_, Self>]) -> Result<Arc<Record>> {
+        let limits = &self.dev.limits;
+        for l in launches {
+            if (0..3).any(|k| l.groups[k] > limits.max_compute_work_group_count[k]) {
+                return Err(Error::Launch {
+                    kernel: l.kernel.pipeline.info.name.clone(),
+                    message: format!(
+                        "{:?} workgroups exceed the device's maximum of {:?} per dimension",
+                        l.groups, limits.max_compute_work_group_count
+                    ),
+                });
+            }
+        }
+        let mut rec = Record::new(&self.dev, launches.len() as u32)?;
+        // One descriptor pool per batch, sized exactly, freed with the record.
+        let mut storage = 0;
+        let mut uniform = 0;
+        for l in launches {
+            for t in &l.kernel.pipeline.descriptor_types {
+                if *t == vk::DescriptorType::UNIFORM_BUFFER {
+                    uniform += 1;
+                } else {
+                    storage += 1;
+                }
+            }
+        }
+        let mut sizes = Vec::new();
+        if storage > 0 {
+            sizes.push(vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::STORAGE_BUFFER,
+                descriptor_count: storage,
+            });
+        }
+        if uniform > 0 {
+            sizes.push(vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::UNIFORM_BUFFER,
+                descriptor_count: uniform,
+            });
+        }
+        let d = &self.dev.raw;
+        let mut sets = vec![vk::DescriptorSet::null(); launches.len()];
+        if !sizes.is_empty() {
+            let info = vk::DescriptorPoolCreateInfo::default()
+                .max_sets(launches.len() as u32)
+                .pool_sizes(&sizes);
+            // SAFETY: plain object creation; owned (and destroyed) by the record.
+            rec.descriptor_pool = unsafe { d.create_descriptor_pool(&info, None) }
+                .map_err(|e| vk_err("vkCreateDescriptorPool", e))?;
+            for (i, l) in launches.iter().enumerate() {
+                if l.buffers.is_empty() {
+                    continue;
+                }
+                let layouts = [l.kernel.pipeline.set_layout];
+                let alloc = vk::DescriptorSetAllocateInfo::default()
+                    .descriptor_pool(rec.descriptor_pool)
+                    .set_layouts(&layouts);
+                // SAFETY: the pool was sized for every set of this batch.
+                sets[i] = unsafe { d.allocate_descriptor_sets(&alloc) }
+                    .map_err(|e| vk_err("vkAllocateDescriptorSets", e))?[0];
+                let infos: Vec<[vk::DescriptorBufferInfo; 1]> = l
+                    .buffers
+                    .iter()
+                    .map(|b| {
+                        [vk::DescriptorBufferInfo {
+                            buffer: b.raw,
+                            offset: 0,
+                            range: vk::WHOLE_SIZE,
+                        }]
+                    })
+                    .collect();
+                let writes: Vec<vk::WriteDescriptorSet> = l
+                    .kernel
+                    .pipeline
+                    .info
+                    .buffers
+                    .iter()
+                    .zip(&l.kernel.pipeline.descriptor_types)
+                    .zip(&infos)
+                    .map(|((param, ty), info)| {
+                        vk::WriteDescriptorSet::default()
+                            .dst_set(sets[i])
+                            .dst_binding(param.binding)
+                            .descriptor_type(*ty)
+                            .buffer_info(info)
+                    })
+                    .collect();
+                // SAFETY: the set is fresh and not in use; every buffer is alive and kept by the record.
+                unsafe { d.update_descriptor_sets(&writes, &[]) };
+            }
+        }
+        for l in launches {
+            rec.keep_alive
+                .push(l.kernel.pipeline.clone() as Arc<dyn Any + Send + Sync>);
+            for b in &l.buffers {
+                rec.keep_alive.push(b.clone() as Arc<dyn Any + Send + Sync>);
+            }
+        }
+        let timed = rec.timed > 0;
+        let query_pool = rec.query_pool;
+        let rec = self.submitter.submit(rec, |d, cmd| {
+            for (i, l) in launches.iter().enumerate() {
+                let p = &l.kernel.pipeline;
+                // SAFETY: recording state; the pipeline, layout and set are alive (kept by the
+                // record); push-constant bytes match the layout's range (checked by the runtime);
+                // the group counts are within the device's limits (checked above); each timestamp
+                // query index is below 2 * launches.
+                unsafe {
+                    if i > 0 {
+                        full_barrier(d, cmd, vk::PipelineStageFlags::COMPUTE_SHADER);
+                    }
+                    d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, p.raw);
+                    if sets[i] != vk::DescriptorSet::null() {
+                        d.cmd_bind_descriptor_sets(
+                            cmd,
+                            vk::PipelineBindPoint::COMPUTE,
+                            p.layout,
+                            0,
+                            &[sets[i]],
+                            &[],
+                        );
+                    }
+                    if !l.push_constants.is_empty() {
+                        d.cmd_push_constants(
+                            cmd,
+                            p.layout,
+                            vk::ShaderStageFlags::COMPUTE,
+                            0,
+                            l.push_constants,
+                        );
+                    }
+                    if timed {
+                        d.cmd_write_timestamp(
+                            cmd,
+                            vk::PipelineStageFlags::TOP_OF_PIPE,
+                            query_pool,
+                            2 * i as u32,
+                        );
+                    }
+                    d.cmd_dispatch(cmd, l.groups[0], l.groups[1], l.groups[2]);
+                    if timed {
+                        d.cmd_write_timestamp(
+                            cmd,
+                            vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                            query_pool,
+                            2 * i as u32 + 1,
+                        );
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        self.counters
+            .launches
+            .fetch_add(launches.len() as u64, Ordering::Relaxed);
+        Ok(rec)
+    }
+
+    fn wait(&self, event: &Arc<Record>) -> Result<()> {
+        event.wait()
+    }
+
+    fn launch_times(&self, event: &Arc<Record>) -> Result<Option<Vec<Duration>>> {
+        event.launch_times()
+    }
+
+    fn finish(&self) -> Result<()> {
+        self.submitter.finish()
+    }
+
+    fn stats(&self) -> BackendStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let c = &self.counters;
+        BackendStats {
+            programs_built: l(&c.programs_built),
+            programs_loaded: l(&c.programs_loaded),
+            binaries_rejected: l(&c.binaries_rejected),
+            driver_cache_hits: l(&c.driver_cache_hits),
+            driver_cache_misses: l(&c.driver_cache_misses),
+            driver_cache_unknown: l(&c.driver_cache_unknown),
+            launches: l(&c.launches),
+        }
+    }
+}

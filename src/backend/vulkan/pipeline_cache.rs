@@ -1,0 +1,228 @@
+//! What a Vulkan program persists as, and the checks a persisted blob passes before any of it reaches
+//! the driver.
+//!
+//! The persisted binary is a small kpc container around the driver's vkGetPipelineCacheData blob:
+//!
+//! ```text
+//! magic "kpcvkbin" | u32 format version | u32 flags | u64 SPIR-V bytes | u64 cache bytes |
+//! SPIR-V words (only for programs built with -O: the optimized module, so a load does not re-run the
+//! optimizer) | pipeline cache data (starts with VkPipelineCacheHeaderVersionOne)
+//! ```
+//!
+//! All integers are little endian. The disk layer checksums the whole binary; these checks are about
+//! meaning: is this blob for this device and driver, and is it shaped as kpc writes it?
+
+use ash::vk;
+
+/// Version of the container above. It is part of the Vulkan device fingerprint, so bumping it turns
+/// every old blob into a miss before it is even read.
+pub const BLOB_FORMAT_VERSION: u32 = 1;
+
+const MAGIC: &[u8; 8] = b"kpcvkbin";
+const CONTAINER_HEADER: usize = 8 + 4 + 4 + 8 + 8;
+const FLAG_OPTIMIZED_SPIRV: u32 = 1;
+
+/// The bytes of a VkPipelineCacheHeaderVersionOne: headerSize, headerVersion, vendorID, deviceID,
+/// pipelineCacheUUID.
+pub const PIPELINE_CACHE_HEADER_BYTES: usize = 16 + vk::UUID_SIZE;
+
+/// What identifies the device a pipeline-cache blob was made on, per the Vulkan specification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheIdentity {
+    /// VkPhysicalDeviceProperties::vendorID.
+    pub vendor_id: u32,
+    /// VkPhysicalDeviceProperties::deviceID.
+    pub device_id: u32,
+    /// VkPhysicalDeviceProperties::pipelineCacheUUID.
+    pub uuid: [u8; vk::UUID_SIZE],
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Checks a vkGetPipelineCacheData blob's VkPipelineCacheHeaderVersionOne against `device`: the
+/// length, the header version, vendorID, deviceID and pipelineCacheUUID must all match. An empty blob
+/// (a driver that keeps nothing) passes: there is nothing to hand the driver.
+///
+/// Errors: what did not match, in words.
+pub fn check_pipeline_cache_header(data: &[u8], device: &CacheIdentity) -> Result<(), String> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    if data.len() < PIPELINE_CACHE_HEADER_BYTES {
+        return Err(format!(
+            "pipeline cache data is {} bytes, shorter than its {PIPELINE_CACHE_HEADER_BYTES}-byte header",
+            data.len()
+        ));
+    }
+    let header_size = u32_at(data, 0) as usize;
+    if header_size < PIPELINE_CACHE_HEADER_BYTES || header_size > data.len() {
+        return Err(format!(
+            "pipeline cache headerSize {header_size} is outside {PIPELINE_CACHE_HEADER_BYTES}..={}",
+            data.len()
+        ));
+    }
+    let version = u32_at(data, 4);
+    if version != vk::PipelineCacheHeaderVersion::ONE.as_raw() as u32 {
+        return Err(format!(
+            "pipeline cache headerVersion {version}, expected 1"
+        ));
+    }
+    let (vendor, dev) = (u32_at(data, 8), u32_at(data, 12));
+    if vendor != device.vendor_id {
+        return Err(format!(
+            "pipeline cache vendorID {vendor:#x}, this device's is {:#x}",
+            device.vendor_id
+        ));
+    }
+    if dev != device.device_id {
+        return Err(format!(
+            "pipeline cache deviceID {dev:#x}, this device's is {:#x}",
+            device.device_id
+        ));
+    }
+    if data[16..16 + vk::UUID_SIZE] != device.uuid {
+        return Err("pipeline cache UUID differs from this device's pipelineCacheUUID".into());
+    }
+    Ok(())
+}
+
+/// A persisted Vulkan program, parsed.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ProgramBlob<'a> {
+    /// The optimized SPIR-V the program was built from, for programs built with -O.
+    pub optimized_spirv: Option<&'a [u8]>,
+    /// The driver's pipeline cache data.
+    pub pipeline_cache: &'a [u8],
+}
+
+/// The container bytes for `blob`.
+pub fn encode(optimized_spirv: Option<&[u32]>, pipeline_cache: &[u8]) -> Vec<u8> {
+    let spirv_bytes = optimized_spirv.map_or(0, |w| w.len() * 4);
+    let mut out = Vec::with_capacity(CONTAINER_HEADER + spirv_bytes + pipeline_cache.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&BLOB_FORMAT_VERSION.to_le_bytes());
+    let flags = if optimized_spirv.is_some() {
+        FLAG_OPTIMIZED_SPIRV
+    } else {
+        0
+    };
+    out.extend_from_slice(&flags.to_le_bytes());
+    out.extend_from_slice(&(spirv_bytes as u64).to_le_bytes());
+    out.extend_from_slice(&(pipeline_cache.len() as u64).to_le_bytes());
+    for w in optimized_spirv.unwrap_or_default() {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    out.extend_from_slice(pipeline_cache);
+    out
+}
+
+/// Parses a container written by [`encode`].
+///
+/// Errors: what is wrong with it, in words (wrong magic or version, lengths that do not add up).
+pub fn decode(bytes: &[u8]) -> Result<ProgramBlob<'_>, String> {
+    if bytes.len() < CONTAINER_HEADER || &bytes[..8] != MAGIC {
+        return Err("not a kpc Vulkan program binary".into());
+    }
+    let version = u32_at(bytes, 8);
+    if version != BLOB_FORMAT_VERSION {
+        return Err(format!(
+            "kpc Vulkan binary format {version}, this build reads {BLOB_FORMAT_VERSION}"
+        ));
+    }
+    let flags = u32_at(bytes, 12);
+    if flags & !FLAG_OPTIMIZED_SPIRV != 0 {
+        return Err(format!("unknown flags {flags:#x}"));
+    }
+    let spirv_len = u64_at(bytes, 16);
+    let cache_len = u64_at(bytes, 24);
+    let body = (bytes.len() - CONTAINER_HEADER) as u64;
+    if spirv_len.checked_add(cache_len) != Some(body) || spirv_len % 4 != 0 {
+        return Err(format!(
+            "lengths {spirv_len} + {cache_len} do not match the {body} bytes that follow the header"
+        ));
+    }
+    let has_spirv = flags & FLAG_OPTIMIZED_SPIRV != 0;
+    if has_spirv != (spirv_len > 0) {
+        return Err("SPIR-V flag and length disagree".into());
+    }
+    let split = CONTAINER_HEADER + spirv_len as usize;
+    Ok(ProgramBlob {
+        optimized_spirv: has_spirv.then(|| &bytes[CONTAINER_HEADER..split]),
+        pipeline_cache: &bytes[split..],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> CacheIdentity {
+        CacheIdentity {
+            vendor_id: 0x10de,
+            device_id: 0x2335,
+            uuid: [7; 16],
+        }
+    }
+
+    fn header(id: &CacheIdentity, extra: usize) -> Vec<u8> {
+        let mut h = Vec::new();
+        h.extend_from_slice(&32u32.to_le_bytes());
+        h.extend_from_slice(&1u32.to_le_bytes());
+        h.extend_from_slice(&id.vendor_id.to_le_bytes());
+        h.extend_from_slice(&id.device_id.to_le_bytes());
+        h.extend_from_slice(&id.uuid);
+        h.resize(32 + extra, 0xab);
+        h
+    }
+
+    #[test]
+    fn header_checks_every_field() {
+        let id = identity();
+        assert_eq!(check_pipeline_cache_header(&header(&id, 100), &id), Ok(()));
+        assert_eq!(check_pipeline_cache_header(&[], &id), Ok(()));
+        let mut h = header(&id, 0);
+        h.truncate(31);
+        assert!(
+            check_pipeline_cache_header(&h, &id)
+                .unwrap_err()
+                .contains("shorter")
+        );
+        for (at, what) in [
+            (0, "headerSize"),
+            (4, "headerVersion"),
+            (8, "vendorID"),
+            (12, "deviceID"),
+            (20, "UUID"),
+        ] {
+            let mut h = header(&id, 4);
+            h[at] ^= 0x40;
+            let e = check_pipeline_cache_header(&h, &id).unwrap_err();
+            assert!(e.contains(what), "{what}: {e}");
+        }
+    }
+
+    #[test]
+    fn container_round_trips_and_rejects_damage() {
+        let words = [0x0723_0203u32, 0x0001_0300, 1, 2, 3];
+        let cache = header(&identity(), 10);
+        let b = encode(Some(&words), &cache);
+        let p = decode(&b).unwrap();
+        assert_eq!(p.optimized_spirv.unwrap().len(), 20);
+        assert_eq!(p.pipeline_cache, &cache[..]);
+        let plain = encode(None, &cache);
+        assert_eq!(decode(&plain).unwrap().optimized_spirv, None);
+        assert!(decode(&b[..b.len() - 1]).is_err());
+        assert!(decode(b"kpcvkbi").is_err());
+        let mut v = b.clone();
+        v[8] = 9;
+        assert!(decode(&v).unwrap_err().contains("format"));
+    }
+}

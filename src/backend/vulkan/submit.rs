@@ -1,0 +1,307 @@
+//! Submissions: command buffers, fences, per-batch descriptor and timestamp pools, and the in-order
+//! queue discipline.
+//!
+//! Every command buffer starts with a full memory barrier, so a submission begins only after
+//! everything submitted before it has finished writing: the queue behaves in order, as SYCL's
+//! in-order queue and OpenCL's default queue do. Every command buffer ends with a barrier that makes
+//! device writes visible to the host, so a signaled fence means the results can be read.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ash::vk;
+use parking_lot::Mutex;
+
+use crate::error::Result;
+
+use super::device::{Device, vk_err};
+
+/// One submitted batch: what must live until it has finished, and its timestamps.
+pub struct Record {
+    dev: Arc<Device>,
+    fence: vk::Fence,
+    pub(crate) descriptor_pool: vk::DescriptorPool,
+    pub(crate) query_pool: vk::QueryPool,
+    /// Launches timed by the query pool (two timestamps each).
+    pub(crate) timed: u32,
+    submitted: bool,
+    /// Buffers and pipelines the batch uses, kept alive until its fence has signaled.
+    pub(crate) keep_alive: Vec<Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Record {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Record")
+            .field("timed", &self.timed)
+            .field("submitted", &self.submitted)
+            .finish()
+    }
+}
+
+impl Record {
+    /// A record with a fresh fence and, when asked, a timestamp pool for `timed` launches.
+    pub(crate) fn new(dev: &Arc<Device>, timed: u32) -> Result<Record> {
+        let mut r = Record {
+            dev: dev.clone(),
+            fence: vk::Fence::null(),
+            descriptor_pool: vk::DescriptorPool::null(),
+            query_pool: vk::QueryPool::null(),
+            timed: 0,
+            submitted: false,
+            keep_alive: Vec::new(),
+        };
+        // SAFETY: plain object creation on a live device; `r` owns the handle and destroys it in Drop.
+        r.fence = unsafe { dev.raw.create_fence(&vk::FenceCreateInfo::default(), None) }
+            .map_err(|e| vk_err("vkCreateFence", e))?;
+        if timed > 0 && dev.timestamp_valid_bits > 0 {
+            let info = vk::QueryPoolCreateInfo::default()
+                .query_type(vk::QueryType::TIMESTAMP)
+                .query_count(2 * timed);
+            // SAFETY: as above.
+            r.query_pool = unsafe { dev.raw.create_query_pool(&info, None) }
+                .map_err(|e| vk_err("vkCreateQueryPool", e))?;
+            r.timed = timed;
+        }
+        Ok(r)
+    }
+
+    /// Blocks until the batch has finished.
+    pub(crate) fn wait(&self) -> Result<()> {
+        if !self.submitted {
+            return Ok(());
+        }
+        // SAFETY: the fence is alive (owned by self) and was submitted; waiting needs no external
+        // synchronization.
+        unsafe { self.dev.raw.wait_for_fences(&[self.fence], true, u64::MAX) }
+            .map_err(|e| vk_err("vkWaitForFences", e))
+    }
+
+    fn is_done(&self) -> Result<bool> {
+        // SAFETY: as in `wait`.
+        unsafe { self.dev.raw.get_fence_status(self.fence) }
+            .map_err(|e| vk_err("vkGetFenceStatus", e))
+    }
+
+    /// Waits, then each timed launch's device time; `None` when the device cannot time.
+    pub(crate) fn launch_times(&self) -> Result<Option<Vec<Duration>>> {
+        self.wait()?;
+        if self.timed == 0 {
+            return Ok(None);
+        }
+        let mut ticks = vec![0u64; 2 * self.timed as usize];
+        // SAFETY: the pool holds 2*timed timestamp queries, all written by the finished batch; the
+        // output slice has room for each as a u64.
+        unsafe {
+            self.dev.raw.get_query_pool_results(
+                self.query_pool,
+                0,
+                &mut ticks,
+                vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+            )
+        }
+        .map_err(|e| vk_err("vkGetQueryPoolResults", e))?;
+        let bits = self.dev.timestamp_valid_bits;
+        let mask = if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        let period = f64::from(self.dev.limits.timestamp_period);
+        Ok(Some(
+            ticks
+                .chunks_exact(2)
+                .map(|t| {
+                    let d = (t[1] & mask).wrapping_sub(t[0] & mask) & mask;
+                    Duration::from_nanos((d as f64 * period) as u64)
+                })
+                .collect(),
+        ))
+    }
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        // A submitted batch must finish before its pools and kept objects go; one that never reached
+        // the queue has nothing running.
+        if self.submitted {
+            let _ = self.wait();
+        }
+        // SAFETY: nothing runs that uses these objects (waited above); null handles are ignored.
+        unsafe {
+            self.dev.raw.destroy_fence(self.fence, None);
+            self.dev.raw.destroy_query_pool(self.query_pool, None);
+            self.dev
+                .raw
+                .destroy_descriptor_pool(self.descriptor_pool, None);
+        }
+    }
+}
+
+struct State {
+    pool: vk::CommandPool,
+    free: Vec<vk::CommandBuffer>,
+    in_flight: Vec<(Arc<Record>, vk::CommandBuffer)>,
+}
+
+/// The device's queue and command pool. One lock guards both: recording and submitting are short,
+/// and Vulkan requires external synchronization of each.
+pub(crate) struct Submitter {
+    dev: Arc<Device>,
+    state: Mutex<State>,
+}
+
+impl Submitter {
+    pub(crate) fn new(dev: &Arc<Device>) -> Result<Submitter> {
+        let info = vk::CommandPoolCreateInfo::default()
+            .queue_family_index(dev.queue_family)
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+        // SAFETY: plain object creation; destroyed in Drop after all work finished.
+        let pool = unsafe { dev.raw.create_command_pool(&info, None) }
+            .map_err(|e| vk_err("vkCreateCommandPool", e))?;
+        Ok(Submitter {
+            dev: dev.clone(),
+            state: Mutex::new(State {
+                pool,
+                free: Vec::new(),
+                in_flight: Vec::new(),
+            }),
+        })
+    }
+
+    /// Records commands with `record` into a command buffer framed by the in-order barriers, and
+    /// submits it with `rec`'s fence. Returns the record, which the caller may wait on.
+    pub(crate) fn submit(
+        &self,
+        mut rec: Record,
+        record: impl FnOnce(&ash::Device, vk::CommandBuffer) -> Result<()>,
+    ) -> Result<Arc<Record>> {
+        let d = &self.dev.raw;
+        let mut st = self.state.lock();
+        Self::reclaim(&mut st)?;
+        let cmd = match st.free.pop() {
+            Some(c) => c,
+            None => {
+                let info = vk::CommandBufferAllocateInfo::default()
+                    .command_pool(st.pool)
+                    .level(vk::CommandBufferLevel::PRIMARY)
+                    .command_buffer_count(1);
+                // SAFETY: the pool is alive and externally synchronized by the state lock.
+                unsafe { d.allocate_command_buffers(&info) }
+                    .map_err(|e| vk_err("vkAllocateCommandBuffers", e))?[0]
+            }
+        };
+        let recorded = (|| {
+            let begin = vk::CommandBufferBeginInfo::default()
+                .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+            // SAFETY: `cmd` is not in flight (fresh or reclaimed after its fence signaled); beginning
+            // implicitly resets it (the pool allows resetting single buffers).
+            unsafe { d.begin_command_buffer(cmd, &begin) }
+                .map_err(|e| vk_err("vkBeginCommandBuffer", e))?;
+            if rec.timed > 0 {
+                // SAFETY: the pool holds exactly 2*timed queries; resetting outside a render pass.
+                unsafe { d.cmd_reset_query_pool(cmd, rec.query_pool, 0, 2 * rec.timed) };
+            }
+            // SAFETY: recording into a command buffer in the recording state.
+            unsafe { full_barrier(d, cmd, vk::PipelineStageFlags::ALL_COMMANDS) };
+            record(d, cmd)?;
+            // SAFETY: as above; makes every device write available and visible to host reads.
+            unsafe {
+                d.cmd_pipeline_barrier(
+                    cmd,
+                    vk::PipelineStageFlags::ALL_COMMANDS,
+                    vk::PipelineStageFlags::HOST,
+                    vk::DependencyFlags::empty(),
+                    &[vk::MemoryBarrier::default()
+                        .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                        .dst_access_mask(vk::AccessFlags::HOST_READ)],
+                    &[],
+                    &[],
+                )
+            };
+            // SAFETY: `cmd` is in the recording state.
+            unsafe { d.end_command_buffer(cmd) }.map_err(|e| vk_err("vkEndCommandBuffer", e))?;
+            let cmds = [cmd];
+            let submit = vk::SubmitInfo::default().command_buffers(&cmds);
+            // SAFETY: the queue is externally synchronized by the state lock; the fence is unsignaled
+            // and not in use; every object the commands use is kept alive by `rec.keep_alive`.
+            unsafe { d.queue_submit(self.dev.queue, &[submit], rec.fence) }
+                .map_err(|e| vk_err("vkQueueSubmit", e))
+        })();
+        if let Err(e) = recorded {
+            // The buffer never reached the queue: it can be reused at once (begin resets it).
+            st.free.push(cmd);
+            return Err(e);
+        }
+        rec.submitted = true;
+        let rec = Arc::new(rec);
+        st.in_flight.push((rec.clone(), cmd));
+        Ok(rec)
+    }
+
+    /// Returns the command buffers of finished submissions to the free list and drops the pool's
+    /// reference to their records (an event may still hold one for its timestamps).
+    fn reclaim(st: &mut State) -> Result<()> {
+        let mut i = 0;
+        while i < st.in_flight.len() {
+            if st.in_flight[i].0.is_done()? {
+                let (_, cmd) = st.in_flight.swap_remove(i);
+                st.free.push(cmd);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks until everything submitted so far has finished.
+    pub(crate) fn finish(&self) -> Result<()> {
+        let pending: Vec<Arc<Record>> = {
+            let st = self.state.lock();
+            st.in_flight.iter().map(|(r, _)| r.clone()).collect()
+        };
+        for r in &pending {
+            r.wait()?;
+        }
+        drop(pending);
+        Self::reclaim(&mut self.state.lock())
+    }
+}
+
+impl Drop for Submitter {
+    fn drop(&mut self) {
+        let _ = self.finish();
+        let st = self.state.get_mut();
+        st.in_flight.clear();
+        // SAFETY: every submission has finished (finish above waited on each fence, and a failed wait
+        // means a lost device, where destroying is still allowed); freeing the pool frees its buffers.
+        unsafe { self.dev.raw.destroy_command_pool(st.pool, None) };
+    }
+}
+
+/// Records a barrier that orders every earlier memory access before every later one: the in-order
+/// queue rule between submissions and between launches of one batch.
+///
+/// # Safety
+/// `cmd` must be in the recording state, outside a render pass.
+pub(crate) unsafe fn full_barrier(
+    d: &ash::Device,
+    cmd: vk::CommandBuffer,
+    src: vk::PipelineStageFlags,
+) {
+    let b = vk::MemoryBarrier::default()
+        .src_access_mask(vk::AccessFlags::MEMORY_WRITE | vk::AccessFlags::HOST_WRITE)
+        .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        d.cmd_pipeline_barrier(
+            cmd,
+            src | vk::PipelineStageFlags::HOST,
+            vk::PipelineStageFlags::ALL_COMMANDS,
+            vk::DependencyFlags::empty(),
+            &[b],
+            &[],
+            &[],
+        )
+    };
+}

@@ -1,0 +1,279 @@
+//! `kpc bench-build`: for each shipped kernel, a cold build in a new process and a load of its
+//! persisted binary in another new process, side by side.
+//!
+//! Each measurement runs in a child process of its own (this binary, re-invoked with a hidden
+//! `--phase`), so neither benefits from the other's driver state; the only thing that crosses is the
+//! binary, through a temporary file, as it would through the disk cache. Driver-level shader caches
+//! are the caller's to turn off (the header says which variables are set).
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use clap::{Args as ClapArgs, ValueEnum};
+use kpc::backend::vulkan::VulkanBackend;
+use kpc::backend::{Backend, DeviceImage};
+use kpc::cache::{BuildOptions, SpecConstants};
+use kpc::config::BackendKind;
+use kpc::runtime::device::select_device;
+use kpc::{Config, Error};
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Only this shipped kernel (default: every one).
+    #[arg(long)]
+    kernel: Option<String>,
+    /// Build options, e.g. "-O" (runs the spirv-tools optimizer).
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    options: String,
+    /// Internal: run one measurement phase in this process.
+    #[arg(long, value_enum, hide = true)]
+    phase: Option<Phase>,
+    /// Internal: where the cold phase writes the binary and the load phase reads it.
+    #[arg(long, hide = true)]
+    blob: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Phase {
+    Cold,
+    Load,
+}
+
+const DRIVER_CACHE_VARS: &[&str] = &[
+    "__GL_SHADER_DISK_CACHE",
+    "MESA_SHADER_CACHE_DISABLE",
+    "MESA_SHADER_CACHE_DIR",
+    "RADV_DEBUG",
+];
+
+pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
+    if let Some(phase) = args.phase {
+        return phase_main(config, args, phase);
+    }
+    let names: Vec<&str> = match &args.kernel {
+        Some(k) => vec![k.as_str()],
+        None => kpc::kernels::SPIRV.iter().map(|k| k.name).collect(),
+    };
+    let device = select_device(&config.device)?;
+    println!("kpc bench-build: cold build vs load of the persisted binary, each in a new process");
+    println!(
+        "device:  {}:{} {} [{}]",
+        device.backend, device.index, device.name, device.device_type
+    );
+    println!("driver:  {} (API {})", device.driver, device.api_version);
+    let set: Vec<String> = DRIVER_CACHE_VARS
+        .iter()
+        .filter_map(|v| std::env::var(v).ok().map(|x| format!("{v}={x}")))
+        .collect();
+    println!(
+        "driver shader caches: {}",
+        if set.is_empty() {
+            "no cache variable set (a warm driver cache may hide cold builds)".to_string()
+        } else {
+            set.join(" ")
+        }
+    );
+    println!("options: {:?}", args.options);
+    println!();
+    println!(
+        "{:<10} {:>7} {:>11} {:>9} {:>8} {:>10} {:>8} {:>10} {:>9}",
+        "kernel",
+        "entries",
+        "validate ms",
+        "build ms",
+        "blob B",
+        "reflect ms",
+        "load ms",
+        "driver hit",
+        "cold/hit"
+    );
+    let exe = std::env::current_exe().map_err(|e| Error::Io(format!("current_exe: {e}")))?;
+    let dir = std::env::temp_dir().join(format!("kpc-bench-build-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
+    let mut failed = false;
+    for name in names {
+        let blob = dir.join(format!("{name}.bin"));
+        let child = |phase: &str| {
+            Command::new(&exe)
+                .args([
+                    "bench-build",
+                    "--kernel",
+                    name,
+                    "--phase",
+                    phase,
+                    "--options",
+                ])
+                .arg(&args.options)
+                .arg("--blob")
+                .arg(&blob)
+                .output()
+        };
+        let parse =
+            |out: std::io::Result<std::process::Output>| -> Result<Vec<(String, String)>, String> {
+                let out = out.map_err(|e| e.to_string())?;
+                let text = String::from_utf8_lossy(&out.stdout);
+                let line = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("KPCBENCH "))
+                    .ok_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string())?;
+                Ok(line
+                    .split_whitespace()
+                    .filter_map(|kv| {
+                        kv.split_once('=')
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                    })
+                    .collect())
+            };
+        let row = parse(child("cold")).and_then(|c| parse(child("load")).map(|l| (c, l)));
+        let get = |r: &Vec<(String, String)>, k: &str| {
+            r.iter()
+                .find(|(kk, _)| kk == k)
+                .map_or("-".to_string(), |(_, v)| v.clone())
+        };
+        match row {
+            Ok((c, l)) => {
+                let num = |r: &Vec<(String, String)>, k: &str| get(r, k).parse::<f64>().ok();
+                let cold = num(&c, "validate_ms")
+                    .zip(num(&c, "cold_ms"))
+                    .map(|(a, b)| a + b);
+                let hit = num(&l, "reflect_ms")
+                    .zip(num(&l, "load_ms"))
+                    .map(|(a, b)| a + b);
+                let ratio = match (cold, hit) {
+                    (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+                    _ => "-".into(),
+                };
+                println!(
+                    "{:<10} {:>7} {:>11} {:>9} {:>8} {:>10} {:>8} {:>10} {:>9}",
+                    name,
+                    get(&c, "entries"),
+                    get(&c, "validate_ms"),
+                    get(&c, "cold_ms"),
+                    get(&c, "blob_bytes"),
+                    get(&l, "reflect_ms"),
+                    get(&l, "load_ms"),
+                    get(&l, "hit"),
+                    ratio
+                );
+            }
+            Err(e) => {
+                failed = true;
+                println!("{name:<10} failed: {e}");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    println!();
+    println!(
+        "validate = spirv-tools validation + reflection of the image (a cold build needs it);"
+    );
+    println!(
+        "build = build_program: vkCreateComputePipelines for every entry point, empty pipeline cache;"
+    );
+    println!("reflect = reflection only (a load trusts the image its binary was built from);");
+    println!(
+        "load = program_from_binary: header check, vkCreatePipelineCache, vkCreateComputePipelines;"
+    );
+    println!(
+        "driver hit = VK_EXT_pipeline_creation_feedback APPLICATION_PIPELINE_CACHE_HIT on load;"
+    );
+    println!(
+        "cold/hit = (validate + build) / (reflect + load). Device open and file I/O are excluded."
+    );
+    if device.device_type == kpc::backend::DeviceType::Cpu {
+        println!(
+            "note: lavapipe compiles at first dispatch, not in vkCreateComputePipelines, and its"
+        );
+        println!("pipeline cache is a stub: neither column includes that compile here.");
+    }
+    println!(
+        "rerun: KPC_DEVICE={} kpc bench-build{}",
+        config.device,
+        if args.options.is_empty() {
+            String::new()
+        } else {
+            format!(" --options={:?}", args.options)
+        }
+    );
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn ms(d: std::time::Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCode> {
+    let name = args
+        .kernel
+        .as_deref()
+        .ok_or_else(|| Error::InvalidArgument("--phase needs --kernel".into()))?;
+    let blob = args
+        .blob
+        .as_ref()
+        .ok_or_else(|| Error::InvalidArgument("--phase needs --blob".into()))?;
+    let device = select_device(&config.device)?;
+    if device.backend != BackendKind::Vulkan {
+        return Err(Error::InvalidArgument(format!(
+            "bench-build measures Vulkan kernels; KPC_DEVICE selected {}:{}",
+            device.backend, device.index
+        )));
+    }
+    let backend = VulkanBackend::open(device.index, config)?;
+    let k = kpc::kernels::SPIRV
+        .iter()
+        .find(|k| k.name == name)
+        .ok_or_else(|| Error::InvalidArgument(format!("no shipped SPIR-V kernel {name:?}")))?;
+    let image = DeviceImage::new(k.name, kpc::backend::ImageFormat::SpirV, k.spirv);
+    // The cold path validates and reflects; the load path only reflects (see program_from_binary).
+    let t = Instant::now();
+    let module = match phase {
+        Phase::Cold => image.spirv_module()?,
+        Phase::Load => image.spirv_reflection()?,
+    };
+    let prepare = t.elapsed();
+    let spec = SpecConstants::new();
+    let options = BuildOptions::new(&args.options);
+    let io = |e: std::io::Error| Error::Io(format!("{}: {e}", blob.display()));
+    match phase {
+        Phase::Cold => {
+            let t = Instant::now();
+            let program = backend.build_program(&image, &spec, &options)?;
+            let cold = t.elapsed();
+            let bytes = backend.program_binary(&program)?.unwrap_or_default();
+            std::fs::write(blob, &bytes).map_err(io)?;
+            println!(
+                "KPCBENCH entries={} validate_ms={} cold_ms={} blob_bytes={}",
+                module.entry_points.len(),
+                ms(prepare),
+                ms(cold),
+                bytes.len()
+            );
+        }
+        Phase::Load => {
+            let bytes = std::fs::read(blob).map_err(io)?;
+            let t = Instant::now();
+            let program = backend.program_from_binary(&image, &spec, &options, &bytes)?;
+            let load = t.elapsed();
+            let hits: Vec<String> = program
+                .kernels()
+                .map(|k| match k.driver_cache_hit {
+                    Some(true) => "yes".to_string(),
+                    Some(false) => "no".to_string(),
+                    None => "unknown".to_string(),
+                })
+                .collect();
+            println!(
+                "KPCBENCH reflect_ms={} load_ms={} hit={}",
+                ms(prepare),
+                ms(load),
+                hits.join(",")
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,58 @@
+//! `kpc devices`: every backend, its devices, their types, driver versions and fingerprints.
+
+use std::process::ExitCode;
+
+use kpc::Config;
+use kpc::runtime::device::{platforms, select_device};
+
+pub fn run(config: &Config) -> kpc::Result<ExitCode> {
+    let selected = select_device(&config.device);
+    for p in platforms() {
+        match &p.devices {
+            Err(e) => println!("{}: {e}", p.backend),
+            Ok(devs) => {
+                println!("{}: {} device(s)", p.backend, devs.len());
+                for d in devs {
+                    let mark = match &selected {
+                        Ok(s) if s.backend == d.backend && s.index == d.index => {
+                            "  <- KPC_DEVICE selects this"
+                        }
+                        _ => "",
+                    };
+                    println!(
+                        "  {}:{}  {}  [{}]{mark}",
+                        d.backend, d.index, d.name, d.device_type
+                    );
+                    println!("    driver       {}", d.driver);
+                    println!("    api          {}", d.api_version);
+                    if let Some(why) = &d.unusable {
+                        println!("    unusable     {why}");
+                    }
+                    let l = &d.limits;
+                    println!(
+                        "    limits       workgroup {} invocations {:?}, shared {} KiB, push {} B, subgroup {}, fp16 storage {}, fp16 math {}, timestamps {}",
+                        l.max_workgroup_invocations,
+                        l.max_workgroup_size,
+                        l.max_shared_memory_bytes / 1024,
+                        l.max_push_constant_bytes,
+                        l.subgroup_size.map_or("-".to_string(), |s| s.to_string()),
+                        l.storage_16bit,
+                        l.float16_arithmetic,
+                        l.timestamps
+                    );
+                    println!("    fingerprint  {}", d.fingerprint.digest.to_hex());
+                    for (k, v) in &d.fingerprint.fields {
+                        println!("      {k:<20} {v}");
+                    }
+                }
+            }
+        }
+    }
+    match selected {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            println!("KPC_DEVICE={}: {e}", config.device);
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

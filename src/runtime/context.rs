@@ -1,0 +1,399 @@
+//! `Context`: one device, one in-memory kernel and program cache, buffers and a queue: the surface
+//! user code and the attention workload are written against, identical on every backend.
+//!
+//! A `Context` erases its backend behind an object-safe trait implemented once, generically, for
+//! every [`ComputeBackend`]; a backend plugs in by implementing that trait and opening in
+//! [`Context::with_device`]. Handles (kernels, buffers) remember the context that made them, so a
+//! handle passed to another context is a typed error, not undefined behaviour.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::backend::{
+    BackendStats, ComputeBackend, DeviceImage, DeviceInfo, KernelInfo, KernelObject, Launch, Pod,
+};
+use crate::cache::{BuildOptions, CacheStats, SpecConstants};
+use crate::config::{BackendKind, Config};
+use crate::error::{Error, Result};
+
+use super::buffer::{Buffer, RawBuffer};
+use super::program_manager::{ProgramManager, Source};
+use super::queue::{EventImpl, Queue};
+
+static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
+
+/// A type-erased buffer handle: the backend's buffer type inside.
+pub(crate) type AnyBuffer = Arc<dyn Any + Send + Sync>;
+
+/// One launch with erased handles, checked by the queue against the kernel's description.
+pub(crate) struct ErasedLaunch<'a> {
+    pub(crate) kernel: &'a dyn KernelObject,
+    pub(crate) groups: [u32; 3],
+    pub(crate) buffers: Vec<AnyBuffer>,
+    pub(crate) push_constants: &'a [u8],
+}
+
+/// What a `Context` needs from its backend, object safe.
+pub(crate) trait ContextImpl: Send + Sync + 'static {
+    fn id(&self) -> u64;
+    fn device(&self) -> &DeviceInfo;
+    fn config(&self) -> &Config;
+    fn kernel(
+        &self,
+        image: &DeviceImage,
+        entry: &str,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+    ) -> Result<(Arc<dyn KernelObject>, Source, Duration)>;
+    fn create_buffer(&self, bytes: u64) -> Result<AnyBuffer>;
+    fn write(&self, buffer: &AnyBuffer, offset: u64, data: &[u8]) -> Result<()>;
+    fn read(&self, buffer: &AnyBuffer, offset: u64, out: &mut [u8]) -> Result<()>;
+    fn submit(&self, launches: &[ErasedLaunch<'_>]) -> Result<Box<dyn EventImpl>>;
+    fn finish(&self) -> Result<()>;
+    fn memory_stats(&self) -> CacheStats;
+    fn backend_stats(&self) -> BackendStats;
+    fn as_any(&self) -> &dyn Any;
+}
+
+struct Inner<B: ComputeBackend> {
+    id: u64,
+    programs: ProgramManager<B>,
+}
+
+fn foreign(what: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "{what} belongs to another context (or another backend)"
+    ))
+}
+
+impl<B: ComputeBackend> Inner<B> {
+    fn buffer<'a>(&self, b: &'a AnyBuffer) -> Result<&'a B::Buffer> {
+        b.downcast_ref::<B::Buffer>()
+            .ok_or_else(|| foreign("a buffer"))
+    }
+}
+
+struct BackendEvent<B: ComputeBackend> {
+    backend: Arc<B>,
+    event: B::Event,
+}
+
+impl<B: ComputeBackend> EventImpl for BackendEvent<B> {
+    fn wait(&self) -> Result<()> {
+        self.backend.wait(&self.event)
+    }
+    fn launch_times(&self) -> Result<Option<Vec<Duration>>> {
+        self.backend.launch_times(&self.event)
+    }
+}
+
+impl<B: ComputeBackend> ContextImpl for Inner<B> {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn device(&self) -> &DeviceInfo {
+        self.programs.backend().device_info()
+    }
+    fn config(&self) -> &Config {
+        self.programs.config()
+    }
+    fn kernel(
+        &self,
+        image: &DeviceImage,
+        entry: &str,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+    ) -> Result<(Arc<dyn KernelObject>, Source, Duration)> {
+        let a = self.programs.kernel(image, entry, spec, options)?;
+        Ok((a.value as Arc<dyn KernelObject>, a.source, a.elapsed))
+    }
+    fn create_buffer(&self, bytes: u64) -> Result<AnyBuffer> {
+        Ok(Arc::new(self.programs.backend().create_buffer(bytes)?))
+    }
+    fn write(&self, buffer: &AnyBuffer, offset: u64, data: &[u8]) -> Result<()> {
+        self.programs
+            .backend()
+            .write_buffer(self.buffer(buffer)?, offset, data)
+    }
+    fn read(&self, buffer: &AnyBuffer, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.programs
+            .backend()
+            .read_buffer(self.buffer(buffer)?, offset, out)
+    }
+    fn submit(&self, launches: &[ErasedLaunch<'_>]) -> Result<Box<dyn EventImpl>> {
+        let mut typed = Vec::with_capacity(launches.len());
+        for l in launches {
+            let kernel = l
+                .kernel
+                .as_any()
+                .downcast_ref::<B::Kernel>()
+                .ok_or_else(|| foreign("a kernel"))?;
+            let buffers = l
+                .buffers
+                .iter()
+                .map(|b| {
+                    b.clone()
+                        .downcast::<B::Buffer>()
+                        .map_err(|_| foreign("a buffer"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            typed.push(Launch {
+                kernel,
+                groups: l.groups,
+                buffers,
+                push_constants: l.push_constants,
+            });
+        }
+        let backend = self.programs.backend().clone();
+        let event = backend.submit(&typed)?;
+        Ok(Box::new(BackendEvent { backend, event }))
+    }
+    fn finish(&self) -> Result<()> {
+        self.programs.backend().finish()
+    }
+    fn memory_stats(&self) -> CacheStats {
+        self.programs.memory_stats()
+    }
+    fn backend_stats(&self) -> BackendStats {
+        self.programs.backend().stats()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A device with its own in-memory kernel and program cache (one `KernelProgramCache`, through one
+/// `ProgramManager`). Cloning is cheap and shares everything.
+///
+/// Guarantees: within a context a kernel is built at most once while cached, and later requests get
+/// the same kernel; a failed build returns the same error again; every SPIR-V image is validated
+/// before the cache is consulted, so an invalid image leaves no trace in it.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<dyn ContextImpl>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.inner.device();
+        f.debug_struct("Context")
+            .field("id", &self.inner.id())
+            .field(
+                "device",
+                &format_args!("{}:{} {}", d.backend, d.index, d.name),
+            )
+            .finish()
+    }
+}
+
+impl Context {
+    /// A context on the device `config.device` (`KPC_DEVICE`) selects.
+    ///
+    /// Errors: as [`super::select_device`] and [`Context::with_device`].
+    pub fn new(config: &Config) -> Result<Context> {
+        let device = super::device::select_device(&config.device)?;
+        Context::with_device(&device, config)
+    }
+
+    /// A context on `device` (one that discovery reported).
+    ///
+    /// Errors: [`Error::Unavailable`] when the device cannot be opened.
+    pub fn with_device(device: &DeviceInfo, config: &Config) -> Result<Context> {
+        match device.backend {
+            BackendKind::Vulkan => Ok(Context::from_backend(
+                crate::backend::vulkan::VulkanBackend::open(device.index, config)?,
+                config,
+            )),
+            BackendKind::OpenCl => Err(Error::Unavailable {
+                backend: BackendKind::OpenCl,
+                reason: "this build of kpc does not include it".into(),
+            }),
+        }
+    }
+
+    /// A context on a backend device opened by the caller (for example with backend-specific
+    /// options).
+    pub fn from_backend<B: ComputeBackend>(backend: B, config: &Config) -> Context {
+        Context {
+            inner: Arc::new(Inner {
+                id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
+                programs: ProgramManager::new(Arc::new(backend), config),
+            }),
+        }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &DeviceInfo {
+        self.inner.device()
+    }
+
+    /// The device's backend.
+    pub fn backend(&self) -> BackendKind {
+        self.inner.device().backend
+    }
+
+    /// The configuration the context was made with.
+    pub fn config(&self) -> &Config {
+        self.inner.config()
+    }
+
+    /// The context's program manager, when its backend is `B`: direct access for tools and tests.
+    pub fn program_manager<B: ComputeBackend>(&self) -> Option<&ProgramManager<B>> {
+        self.inner
+            .as_any()
+            .downcast_ref::<Inner<B>>()
+            .map(|i| &i.programs)
+    }
+
+    /// The kernel `entry` of `image`, specialized with `spec` and built with `options`: from this
+    /// context's memory cache, the disk cache, or a fresh build. The returned [`Kernel`] says which.
+    ///
+    /// Errors: [`Error::InvalidSpirv`] for an invalid SPIR-V image (nothing is cached for it);
+    /// [`Error::UnknownKernel`] for an entry point the image lacks; [`Error::Build`] and
+    /// [`Error::InvalidArgument`] (bad spec constants) for a build that fails, returned again from the
+    /// cache on later requests.
+    pub fn kernel(
+        &self,
+        image: &DeviceImage,
+        entry: &str,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+    ) -> Result<Kernel> {
+        if self.backend() == BackendKind::Vulkan {
+            // Validation is a property of the image, memoized in it: checked here, before any key
+            // is looked up, an invalid module can never become a cached failure.
+            let module = image.spirv_module()?;
+            // An unknown entry point is the caller's mistake, not the program's: answer it without
+            // building or caching anything.
+            module.entry(image.name(), entry)?;
+        }
+        let (obj, source, elapsed) = self.inner.kernel(image, entry, spec, options)?;
+        Ok(Kernel {
+            obj,
+            context: self.inner.id(),
+            source,
+            elapsed,
+        })
+    }
+
+    /// The context's queue. Every queue handle of a context is the same in-order queue.
+    pub fn queue(&self) -> Queue {
+        Queue {
+            ctx: self.inner.clone(),
+        }
+    }
+
+    /// A device buffer of `len` elements (contents undefined until written).
+    ///
+    /// Errors: [`Error::Size`] when `len` elements do not fit in 64 bits of bytes;
+    /// [`Error::OutOfResources`] when the device has no room.
+    pub fn buffer<T: Pod>(&self, len: usize) -> Result<Buffer<T>> {
+        let bytes = (len as u64)
+            .checked_mul(std::mem::size_of::<T>() as u64)
+            .ok_or_else(|| Error::Size {
+                what: "buffer".into(),
+                got: format!("{len} elements"),
+                expected: "a byte size below 2^64".into(),
+            })?;
+        let handle = self.inner.create_buffer(bytes)?;
+        Ok(Buffer::new(
+            RawBuffer {
+                handle,
+                bytes,
+                context: self.inner.id(),
+            },
+            len,
+            self.inner.clone(),
+        ))
+    }
+
+    /// A device buffer holding a copy of `data`.
+    pub fn buffer_from<T: Pod>(&self, data: &[T]) -> Result<Buffer<T>> {
+        let b = self.buffer::<T>(data.len())?;
+        b.write(data)?;
+        Ok(b)
+    }
+
+    /// Blocks until everything submitted to this context's queue has finished.
+    pub fn finish(&self) -> Result<()> {
+        self.inner.finish()
+    }
+
+    /// The in-memory cache's counters.
+    pub fn memory_stats(&self) -> CacheStats {
+        self.inner.memory_stats()
+    }
+
+    /// The backend's counters (programs built and loaded, driver pipeline-cache hits, launches).
+    pub fn backend_stats(&self) -> BackendStats {
+        self.inner.backend_stats()
+    }
+}
+
+/// A kernel ready to launch on the context that acquired it, with where it came from.
+#[derive(Clone)]
+pub struct Kernel {
+    pub(crate) obj: Arc<dyn KernelObject>,
+    pub(crate) context: u64,
+    source: Source,
+    elapsed: Duration,
+}
+
+impl fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kernel")
+            .field("info", self.obj.info())
+            .field("source", &self.source)
+            .field("elapsed", &self.elapsed)
+            .finish()
+    }
+}
+
+impl Kernel {
+    /// Its parameters and workgroup shape.
+    pub fn info(&self) -> &KernelInfo {
+        self.obj.info()
+    }
+
+    /// Its entry point name.
+    pub fn name(&self) -> &str {
+        &self.obj.info().name
+    }
+
+    /// Which layer served this request for it: memory, disk, or a fresh build.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// How long acquiring it took.
+    pub fn acquire_time(&self) -> Duration {
+        self.elapsed
+    }
+
+    /// Whether the driver reported its pipeline as served from kpc's pipeline-cache data (`None`
+    /// where the driver does not say).
+    pub fn driver_cache_hit(&self) -> Option<bool> {
+        self.obj.info().driver_cache_hit
+    }
+
+    /// The workgroup counts that cover `global` work-items per dimension with this kernel's local
+    /// size (rounded up; the kernel bounds-checks the tail).
+    ///
+    /// Errors: [`Error::InvalidArgument`] when a count does not fit in 32 bits.
+    pub fn groups_for(&self, global: [u64; 3]) -> Result<[u32; 3]> {
+        let local = self.info().local_size;
+        let mut g = [0u32; 3];
+        for k in 0..3 {
+            g[k] = u32::try_from(global[k].div_ceil(u64::from(local[k].max(1)))).map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "{} work-items in dimension {k} need more than 2^32 workgroups of {}",
+                    global[k], local[k]
+                ))
+            })?;
+        }
+        Ok(g)
+    }
+}

@@ -1,0 +1,247 @@
+//! `Queue`: in-order submission of kernel launches, with events that wait and time them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+use super::buffer::BufferArg;
+use super::context::{ContextImpl, ErasedLaunch, Kernel};
+
+/// A submitted batch as the backend tracks it.
+pub(crate) trait EventImpl: Send + Sync {
+    fn wait(&self) -> Result<()>;
+    fn launch_times(&self) -> Result<Option<Vec<Duration>>>;
+}
+
+/// A context's in-order queue: each launch starts after everything submitted before it has finished,
+/// and buffer reads and writes are ordered after every earlier launch. Cloning is cheap; every clone
+/// is the same queue.
+#[derive(Clone)]
+pub struct Queue {
+    pub(crate) ctx: Arc<dyn ContextImpl>,
+}
+
+impl fmt::Debug for Queue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Queue")
+            .field("context", &self.ctx.id())
+            .finish()
+    }
+}
+
+/// One launch in a batch: `kernel` over a grid of `groups` workgroups (each of the kernel's local
+/// size), with buffer arguments in the kernel's parameter order and its push-constant bytes.
+pub struct LaunchDesc<'a> {
+    /// The kernel.
+    pub kernel: &'a Kernel,
+    /// Workgroups per dimension.
+    pub groups: [u32; 3],
+    /// Buffer arguments, in [`crate::backend::KernelInfo::buffers`] order.
+    pub buffers: &'a [&'a dyn BufferArg],
+    /// Push-constant bytes, exactly the kernel's push-constant size (see [`PushConstants`]).
+    pub push_constants: &'a [u8],
+}
+
+impl Queue {
+    /// Launches `kernel` over `groups` workgroups with `buffers` and `push_constants`.
+    ///
+    /// Errors: [`Error::Launch`] when the buffer count or the group counts do not fit the kernel or
+    /// device; [`Error::Size`] for a buffer smaller than its parameter's fixed part or push constants
+    /// of the wrong length; [`Error::InvalidArgument`] for a kernel or buffer of another context.
+    pub fn launch(
+        &self,
+        kernel: &Kernel,
+        groups: [u32; 3],
+        buffers: &[&dyn BufferArg],
+        push_constants: &[u8],
+    ) -> Result<Event> {
+        self.submit(&[LaunchDesc {
+            kernel,
+            groups,
+            buffers,
+            push_constants,
+        }])
+    }
+
+    /// Submits `launches` as one batch, in order, each after the previous has finished. One batch
+    /// costs one submission, which matters when a step is many small launches.
+    ///
+    /// Errors: as [`Queue::launch`], for any launch of the batch; nothing is submitted then.
+    pub fn submit(&self, launches: &[LaunchDesc<'_>]) -> Result<Event> {
+        let mut erased = Vec::with_capacity(launches.len());
+        for l in launches {
+            erased.push(self.check(l)?);
+        }
+        let inner = self.ctx.submit(&erased)?;
+        Ok(Event {
+            inner,
+            names: launches
+                .iter()
+                .map(|l| l.kernel.name().to_string())
+                .collect(),
+        })
+    }
+
+    /// Blocks until everything submitted so far has finished.
+    pub fn finish(&self) -> Result<()> {
+        self.ctx.finish()
+    }
+
+    fn check<'a>(&self, l: &LaunchDesc<'a>) -> Result<ErasedLaunch<'a>> {
+        let info = l.kernel.info();
+        let bad = |message: String| Error::Launch {
+            kernel: info.name.clone(),
+            message,
+        };
+        if l.kernel.context != self.ctx.id() {
+            return Err(Error::InvalidArgument(format!(
+                "kernel {:?} belongs to another context",
+                info.name
+            )));
+        }
+        if l.buffers.len() != info.buffers.len() {
+            let names: Vec<String> = info
+                .buffers
+                .iter()
+                .map(|p| format!("{} {}", p.binding, p.name))
+                .collect();
+            return Err(bad(format!(
+                "it takes {} buffer(s) ({}), {} given",
+                info.buffers.len(),
+                names.join(", "),
+                l.buffers.len()
+            )));
+        }
+        let mut buffers = Vec::with_capacity(l.buffers.len());
+        for (param, b) in info.buffers.iter().zip(l.buffers) {
+            let raw = b.raw();
+            if raw.context != self.ctx.id() {
+                return Err(bad(format!(
+                    "the buffer for binding {} ({}) belongs to another context",
+                    param.binding, param.name
+                )));
+            }
+            if raw.bytes < param.min_bytes {
+                return Err(Error::Size {
+                    what: format!(
+                        "buffer for binding {} ({}) of kernel {:?}",
+                        param.binding, param.name, info.name
+                    ),
+                    got: format!("{} bytes", raw.bytes),
+                    expected: format!("at least {} bytes", param.min_bytes),
+                });
+            }
+            buffers.push(raw.handle.clone());
+        }
+        if l.push_constants.len() != info.push_constant_bytes as usize {
+            return Err(Error::Size {
+                what: format!("push constants of kernel {:?}", info.name),
+                got: format!("{} bytes", l.push_constants.len()),
+                expected: format!("{} bytes", info.push_constant_bytes),
+            });
+        }
+        Ok(ErasedLaunch {
+            kernel: &*l.kernel.obj,
+            groups: l.groups,
+            buffers,
+            push_constants: l.push_constants,
+        })
+    }
+}
+
+/// A submitted batch of launches.
+pub struct Event {
+    inner: Box<dyn EventImpl>,
+    names: Vec<String>,
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Event")
+            .field("launches", &self.names)
+            .finish()
+    }
+}
+
+impl Event {
+    /// Blocks until every launch of the batch has finished.
+    pub fn wait(&self) -> Result<()> {
+        self.inner.wait()
+    }
+
+    /// Waits, then each launch's device execution time, in submission order; `None` where the device
+    /// cannot time launches.
+    pub fn launch_times(&self) -> Result<Option<Vec<Duration>>> {
+        self.inner.launch_times()
+    }
+
+    /// Waits, then the batch's total device execution time; `None` where the device cannot time.
+    pub fn device_time(&self) -> Result<Option<Duration>> {
+        Ok(self.launch_times()?.map(|t| t.iter().sum()))
+    }
+
+    /// The kernels of the batch, in order.
+    pub fn kernels(&self) -> &[String] {
+        &self.names
+    }
+}
+
+/// Push-constant bytes built field by field, each aligned to its own size as std430 (and the C ABI
+/// for OpenCL scalar arguments) lays scalars out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PushConstants(Vec<u8>);
+
+impl PushConstants {
+    /// No fields.
+    pub fn new() -> Self {
+        PushConstants(Vec::new())
+    }
+    fn field(mut self, bytes: &[u8]) -> Self {
+        let align = bytes.len();
+        self.0.resize(self.0.len().next_multiple_of(align), 0);
+        self.0.extend_from_slice(bytes);
+        self
+    }
+    /// Appends a `uint`.
+    pub fn u32(self, v: u32) -> Self {
+        self.field(&v.to_ne_bytes())
+    }
+    /// Appends an `int`.
+    pub fn i32(self, v: i32) -> Self {
+        self.field(&v.to_ne_bytes())
+    }
+    /// Appends a `float`.
+    pub fn f32(self, v: f32) -> Self {
+        self.field(&v.to_ne_bytes())
+    }
+    /// Appends a 64-bit unsigned integer.
+    pub fn u64(self, v: u64) -> Self {
+        self.field(&v.to_ne_bytes())
+    }
+    /// Appends a 64-bit signed integer.
+    pub fn i64(self, v: i64) -> Self {
+        self.field(&v.to_ne_bytes())
+    }
+    /// Appends a `double`.
+    pub fn f64(self, v: f64) -> Self {
+        self.field(&v.to_ne_bytes())
+    }
+    /// The bytes so far.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PushConstants;
+
+    #[test]
+    fn push_constants_align_each_field() {
+        let p = PushConstants::new().u32(1).f64(2.0).f32(3.0);
+        assert_eq!(p.as_bytes().len(), 20);
+        assert_eq!(&p.as_bytes()[8..16], &2.0f64.to_ne_bytes());
+    }
+}

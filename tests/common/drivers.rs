@@ -1,0 +1,90 @@
+//! Helpers for tests that need a real driver.
+//!
+//! A driver test may skip only where no driver is installed, and the skip must be visible:
+//! - it prints `SKIPPED <test>: <reason>` on stderr;
+//! - with `KPC_TEST_REQUIRE_DRIVERS=1` (set by scripts/test.sh, hence CI) a missing driver fails the
+//!   test instead;
+//! - with `KPC_TEST_DRIVER_LOG=<file>` every driver test appends `ran <backend> <test>` or
+//!   `skipped <backend> <test>` to the file, which scripts/test.sh counts and prints.
+use std::io::Write;
+
+use kpc::backend::DeviceInfo;
+use kpc::backend::vulkan::{VulkanBackend, VulkanOptions};
+use kpc::{Config, Context};
+
+/// Whether a missing driver fails the test run (CI) rather than skipping.
+pub fn drivers_required() -> bool {
+    std::env::var("KPC_TEST_REQUIRE_DRIVERS").is_ok_and(|v| v.trim() == "1")
+}
+
+fn log(what: &str, backend: &str, test: &str) {
+    if let Some(path) = std::env::var_os("KPC_TEST_DRIVER_LOG") {
+        // One short O_APPEND write per line: lines from parallel tests do not interleave.
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = f.write_all(format!("{what} {backend} {test}\n").as_bytes());
+        }
+    }
+}
+
+/// Records that `test` ran with `backend` (a driver, or a tool such as glslang) present.
+pub fn ran(backend: &str, test: &str) {
+    log("ran", backend, test);
+}
+
+/// Reports that `test` cannot run for `reason`: a failure under `KPC_TEST_REQUIRE_DRIVERS=1`, a
+/// visible skip otherwise.
+pub fn skip<T>(backend: &str, test: &str, reason: &str) -> Option<T> {
+    if drivers_required() {
+        panic!("{test} needs a {backend} driver, and KPC_TEST_REQUIRE_DRIVERS=1: {reason}");
+    }
+    eprintln!("SKIPPED {test}: {reason}");
+    log("skipped", backend, test);
+    None
+}
+
+/// The first usable Vulkan device, or a reported skip. Counts the test as run when it returns one.
+pub fn vulkan_device(test: &str) -> Option<DeviceInfo> {
+    match kpc::backend::vulkan::devices() {
+        Ok(devs) => match devs.into_iter().find(|d| d.unusable.is_none()) {
+            Some(d) => {
+                ran("vulkan", test);
+                Some(d)
+            }
+            None => skip("vulkan", test, "no usable Vulkan device"),
+        },
+        Err(e) => skip("vulkan", test, &e.to_string()),
+    }
+}
+
+/// A configuration for tests: no disk cache (tests never touch the user's), memory cache on.
+pub fn test_config() -> Config {
+    Config::builder()
+        .persistent(false)
+        .build()
+        .expect("valid test config")
+}
+
+/// A context on the first usable Vulkan device, or a reported skip.
+pub fn vulkan_context(test: &str) -> Option<Context> {
+    let d = vulkan_device(test)?;
+    Some(Context::with_device(&d, &test_config()).expect("open the Vulkan device"))
+}
+
+/// The first usable Vulkan device opened directly, with `options`, or a reported skip.
+pub fn vulkan_backend(test: &str, options: &VulkanOptions) -> Option<VulkanBackend> {
+    let d = vulkan_device(test)?;
+    Some(
+        VulkanBackend::open_with(d.index, &test_config(), options).expect("open the Vulkan device"),
+    )
+}
+
+/// `n` random floats in [-1, 1).
+pub fn random_f32(n: usize) -> Vec<f32> {
+    use rand::Rng;
+    let mut r = rand::rng();
+    (0..n).map(|_| r.random_range(-1.0f32..1.0)).collect()
+}

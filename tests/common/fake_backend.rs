@@ -1,0 +1,238 @@
+//! A counting fake `Backend`: builds are closures that count and fail on demand. It lets the cache and
+//! runtime layers be tested without a driver; the real backends are tested on real drivers elsewhere.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use kpc::backend::{Backend, DeviceFingerprint, DeviceImage, ImageFormat};
+use kpc::cache::{BuildOptions, CacheCost, SpecConstants, SpecValue};
+use kpc::config::BackendKind;
+use kpc::{Error, Result};
+use parking_lot::Mutex;
+
+/// Decides the fate of the N-th build (0-based): `None` builds, `Some(e)` fails with `e`.
+pub type FailFn = dyn Fn(usize, &DeviceImage) -> Option<Error> + Send + Sync;
+
+/// A "compiled" fake program: what it was built from, so tests can check each program got its own inputs.
+#[derive(Debug)]
+pub struct FakeProgram {
+    pub image: String,
+    /// Spec constant 0's value if it is a U32 (the fake "computes" with it).
+    pub spec0: Option<u32>,
+    pub options: String,
+    pub binary: Vec<u8>,
+    /// Which build (0-based) produced it.
+    pub serial: usize,
+    pub from_disk: bool,
+    pub entries: Vec<String>,
+}
+
+impl CacheCost for FakeProgram {
+    fn cache_bytes(&self) -> u64 {
+        self.binary.len() as u64
+    }
+}
+
+#[derive(Debug)]
+pub struct FakeKernel {
+    pub program: Arc<FakeProgram>,
+    pub entry: String,
+}
+
+impl FakeKernel {
+    /// The fake kernel's "computation": x * spec0 (or x when unspecialized).
+    pub fn run(&self, x: u32) -> u32 {
+        x * self.program.spec0.unwrap_or(1)
+    }
+}
+
+pub struct FakeBackend {
+    fingerprint: DeviceFingerprint,
+    pub builds: AtomicUsize,
+    pub binary_loads: AtomicUsize,
+    pub kernels_created: AtomicUsize,
+    /// Bytes of every fake binary (padding makes programs weigh what a test wants).
+    pub binary_size: usize,
+    pub build_delay: Duration,
+    fail: Mutex<Option<Arc<FailFn>>>,
+    /// While set, `program_from_binary` refuses every binary (a driver that changed under the cache).
+    pub reject_binaries: AtomicBool,
+    /// While set, `program_binary` returns `None` (nothing worth persisting).
+    pub no_binary: AtomicBool,
+    /// While set, `program_binary` fails.
+    pub binary_error: AtomicBool,
+}
+
+pub const MAGIC: &[u8] = b"FAKEBIN1";
+
+impl FakeBackend {
+    pub fn new() -> Self {
+        Self::with_device("fake-device-0")
+    }
+    pub fn with_device(name: &str) -> Self {
+        FakeBackend {
+            fingerprint: DeviceFingerprint::new(
+                BackendKind::Vulkan,
+                vec![
+                    ("deviceName".into(), name.into()),
+                    ("driverVersion".into(), "1".into()),
+                ],
+            ),
+            builds: AtomicUsize::new(0),
+            binary_loads: AtomicUsize::new(0),
+            kernels_created: AtomicUsize::new(0),
+            binary_size: 64,
+            build_delay: Duration::ZERO,
+            fail: Mutex::new(None),
+            reject_binaries: AtomicBool::new(false),
+            no_binary: AtomicBool::new(false),
+            binary_error: AtomicBool::new(false),
+        }
+    }
+    pub fn binary_size(mut self, n: usize) -> Self {
+        self.binary_size = n.max(MAGIC.len() + 8);
+        self
+    }
+    pub fn build_delay(mut self, d: Duration) -> Self {
+        self.build_delay = d;
+        self
+    }
+    pub fn fail_with(
+        &self,
+        f: impl Fn(usize, &DeviceImage) -> Option<Error> + Send + Sync + 'static,
+    ) {
+        *self.fail.lock() = Some(Arc::new(f));
+    }
+    pub fn builds(&self) -> usize {
+        self.builds.load(Ordering::SeqCst)
+    }
+
+    fn binary_for(&self, image: &DeviceImage, spec0: Option<u32>) -> Vec<u8> {
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&spec0.unwrap_or(u32::MAX).to_le_bytes());
+        b.extend_from_slice(&image.digest().0[..4]);
+        b.resize(self.binary_size, 0xAB);
+        b
+    }
+}
+
+/// An OpenCL-C-flavoured fake image whose entry points are listed as `kernel NAME` lines.
+pub fn image(name: &str, entries: &[&str]) -> DeviceImage {
+    let text: String = entries.iter().map(|e| format!("kernel {e}\n")).collect();
+    DeviceImage::new(
+        name,
+        ImageFormat::OpenClC,
+        format!("// {name}\n{text}").into_bytes(),
+    )
+}
+
+fn entries_of(image: &DeviceImage) -> Vec<String> {
+    String::from_utf8_lossy(image.bytes())
+        .lines()
+        .filter_map(|l| l.strip_prefix("kernel "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn spec0(spec: &SpecConstants) -> Option<u32> {
+    spec.iter()
+        .find(|(id, _)| *id == 0)
+        .and_then(|(_, v)| match v {
+            SpecValue::U32(x) => Some(*x),
+            _ => None,
+        })
+}
+
+impl Backend for FakeBackend {
+    type Program = FakeProgram;
+    type Kernel = FakeKernel;
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Vulkan
+    }
+    fn fingerprint(&self) -> &DeviceFingerprint {
+        &self.fingerprint
+    }
+    fn build_program(
+        &self,
+        image: &DeviceImage,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+    ) -> Result<FakeProgram> {
+        let n = self.builds.fetch_add(1, Ordering::SeqCst);
+        if !self.build_delay.is_zero() {
+            std::thread::sleep(self.build_delay);
+        }
+        let fail = self.fail.lock().clone();
+        if let Some(e) = fail.and_then(|f| f(n, image)) {
+            return Err(e);
+        }
+        Ok(FakeProgram {
+            image: image.name().to_string(),
+            spec0: spec0(spec),
+            options: options.as_str().to_string(),
+            binary: self.binary_for(image, spec0(spec)),
+            serial: n,
+            from_disk: false,
+            entries: entries_of(image),
+        })
+    }
+    fn program_binary(&self, program: &FakeProgram) -> Result<Option<Vec<u8>>> {
+        if self.binary_error.load(Ordering::SeqCst) {
+            return Err(Error::Backend {
+                backend: BackendKind::Vulkan,
+                call: "vkGetPipelineCacheData",
+                code: -1,
+            });
+        }
+        if self.no_binary.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        Ok(Some(program.binary.clone()))
+    }
+    fn program_from_binary(
+        &self,
+        image: &DeviceImage,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+        binary: &[u8],
+    ) -> Result<FakeProgram> {
+        self.binary_loads.fetch_add(1, Ordering::SeqCst);
+        if self.reject_binaries.load(Ordering::SeqCst) {
+            return Err(Error::Backend {
+                backend: BackendKind::Vulkan,
+                call: "vkCreatePipelineCache",
+                code: -3,
+            });
+        }
+        if binary != self.binary_for(image, spec0(spec)).as_slice() {
+            return Err(Error::InvalidArgument(
+                "fake binary does not match its key".into(),
+            ));
+        }
+        Ok(FakeProgram {
+            image: image.name().to_string(),
+            spec0: spec0(spec),
+            options: options.as_str().to_string(),
+            binary: binary.to_vec(),
+            serial: usize::MAX,
+            from_disk: true,
+            entries: entries_of(image),
+        })
+    }
+    fn create_kernel(&self, program: &Arc<FakeProgram>, entry: &str) -> Result<FakeKernel> {
+        self.kernels_created.fetch_add(1, Ordering::SeqCst);
+        if !program.entries.iter().any(|e| e == entry) {
+            return Err(Error::UnknownKernel {
+                image: program.image.clone(),
+                entry: entry.to_string(),
+                available: program.entries.join(", "),
+            });
+        }
+        Ok(FakeKernel {
+            program: program.clone(),
+            entry: entry.to_string(),
+        })
+    }
+}

@@ -1,0 +1,198 @@
+//! The shipped SPIR-V: fresh against its GLSL, valid, and reflected correctly. Needs no driver.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use kpc::Error;
+use kpc::backend::DeviceImage;
+use kpc::backend::spirv::{DescriptorKind, LocalDim, SpecType};
+use kpc::kernels::{SPIRV, spirv_image};
+
+#[test]
+fn saxpy_is_reflected_from_its_spirv() {
+    let image = spirv_image("saxpy").unwrap();
+    let m = image.spirv_module().unwrap();
+    assert_eq!(m.version, (1, 3));
+    assert_eq!(m.entry_points.len(), 1);
+    let e = &m.entry_points[0];
+    assert_eq!(e.name, "saxpy");
+    assert_eq!(
+        e.local_size[0],
+        LocalDim {
+            default: 64,
+            spec_id: Some(0)
+        }
+    );
+    assert_eq!(
+        e.local_size[1],
+        LocalDim {
+            default: 1,
+            spec_id: None
+        }
+    );
+    assert_eq!(e.push_constant_bytes, 8);
+    let b: Vec<(u32, bool, &DescriptorKind)> = e
+        .bindings
+        .iter()
+        .map(|b| (b.binding, b.read_only, &b.kind))
+        .collect();
+    assert_eq!(
+        b,
+        [
+            (0, true, &DescriptorKind::StorageBuffer),
+            (1, true, &DescriptorKind::StorageBuffer),
+            (2, false, &DescriptorKind::StorageBuffer)
+        ]
+    );
+    assert!(e.bindings.iter().all(|b| b.set == 0 && b.min_bytes == 0));
+    let spec: Vec<(u32, SpecType, u64)> = m
+        .spec_constants
+        .iter()
+        .map(|c| (c.id, c.ty, c.default_bits))
+        .collect();
+    assert_eq!(
+        spec,
+        [
+            (
+                0,
+                SpecType::Int {
+                    width: 32,
+                    signed: false
+                },
+                64
+            ),
+            (
+                1,
+                SpecType::Int {
+                    width: 32,
+                    signed: true
+                },
+                0
+            )
+        ]
+    );
+    assert_eq!(m.spec_constants[1].name, "BIAS");
+}
+
+#[test]
+fn copy_is_reflected_from_its_spirv() {
+    let image = spirv_image("copy").unwrap();
+    let m = image.spirv_module().unwrap();
+    let e = m.entry("copy", "copy").unwrap();
+    assert_eq!(
+        e.local_size[0],
+        LocalDim {
+            default: 256,
+            spec_id: Some(0)
+        }
+    );
+    assert_eq!(e.push_constant_bytes, 4);
+    assert_eq!(e.bindings.len(), 2);
+    assert!(e.bindings[0].read_only && !e.bindings[1].read_only);
+    let err = m.entry("copy", "main").unwrap_err();
+    assert!(matches!(err, Error::UnknownKernel { .. }), "{err}");
+}
+
+#[test]
+fn garbage_is_invalid_spirv() {
+    for (what, bytes) in [
+        ("empty", Vec::new()),
+        ("odd length", vec![3u8; 21]),
+        ("wrong magic", vec![0u8; 64]),
+        (
+            "truncated",
+            spirv_image("saxpy").unwrap().bytes()[..100].to_vec(),
+        ),
+    ] {
+        let e = DeviceImage::spirv(what, bytes).unwrap_err();
+        assert!(matches!(e, Error::InvalidSpirv { .. }), "{what}: {e}");
+    }
+    // Big-endian SPIR-V is SPIR-V too.
+    let be: Vec<u8> = spirv_image("copy")
+        .unwrap()
+        .bytes()
+        .chunks_exact(4)
+        .flat_map(|w| [w[3], w[2], w[1], w[0]])
+        .collect();
+    assert!(DeviceImage::spirv("copy-be", be).is_ok());
+}
+
+/// Every kernels/*.comp has a committed .spv that glslangValidator still produces from it, and every
+/// one is embedded.
+#[test]
+fn committed_spirv_is_fresh() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = root.join("kernels");
+    let mut sources: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|n| n.strip_suffix(".comp").map(str::to_string))
+        .collect();
+    sources.sort();
+    let mut shipped: Vec<String> = SPIRV.iter().map(|k| k.name.to_string()).collect();
+    shipped.sort();
+    assert_eq!(
+        sources, shipped,
+        "kernels/*.comp and kpc::kernels::SPIRV must list the same kernels"
+    );
+    for k in SPIRV {
+        let on_disk = std::fs::read(dir.join(format!("{}.spv", k.name))).unwrap();
+        assert_eq!(
+            on_disk, k.spirv,
+            "{}.spv on disk differs from the embedded one",
+            k.name
+        );
+    }
+
+    let version = match Command::new("glslangValidator").arg("--version").output() {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string(),
+        _ => {
+            let _: Option<()> = common::drivers::skip(
+                "glslang",
+                "committed_spirv_is_fresh",
+                "glslangValidator is not installed",
+            );
+            return;
+        }
+    };
+    common::drivers::ran("glslang", "committed_spirv_is_fresh");
+    let recorded = std::fs::read_to_string(dir.join("GLSLANG_VERSION")).unwrap_or_default();
+    let out = std::env::temp_dir().join(format!("kpc-spv-fresh-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    for k in SPIRV {
+        let spv = out.join(format!("{}.spv", k.name));
+        let status = Command::new("glslangValidator")
+            .current_dir(&dir)
+            .args([
+                "--quiet",
+                "--target-env",
+                "vulkan1.1",
+                "-e",
+                k.name,
+                "--source-entrypoint",
+                "main",
+                "-o",
+            ])
+            .arg(&spv)
+            .arg(format!("{}.comp", k.name))
+            .status()
+            .unwrap();
+        assert!(status.success(), "glslangValidator failed on {}", k.source);
+        let fresh = std::fs::read(&spv).unwrap();
+        assert!(
+            fresh == k.spirv,
+            "kernels/{}.spv is stale against {}: run scripts/build-kernels.sh and commit the result \
+             (committed with {:?}, this machine has {version:?})",
+            k.name,
+            k.source,
+            recorded.trim()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
