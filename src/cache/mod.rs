@@ -1,8 +1,9 @@
 //! The cache layer. It knows nothing of Vulkan or OpenCL: it stores built objects under opaque keys
-//! in memory (`KernelProgramCache`) and, later, opaque binaries on disk.
+//! in memory (`KernelProgramCache`) and opaque binaries on disk (`PersistentCache`).
 
 pub mod build_result;
 pub mod counters;
+pub mod disk;
 pub mod kernel_program_cache;
 pub mod keys;
 pub mod sync;
@@ -12,6 +13,9 @@ pub use build_result::{
     MAX_TRANSIENT_RETRIES, Resolved, Served, get_or_build,
 };
 pub use counters::CacheStats;
+pub use disk::{
+    BuildGuard, DiskCacheSettings, DiskHit, DiskKey, DiskStats, Lookup, PersistentCache, PutOutcome,
+};
 pub use kernel_program_cache::{CacheCost, KernelProgramCache, MemCacheSettings};
 pub use keys::{
     BuildOptions, Digest, KernelKey, KernelKeyParts, KernelKeyRef, ProgramKey, SpecConstants,

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::{
-    BuildOptions, CacheStats, KernelKey, KernelKeyRef, KernelProgramCache, MemCacheSettings,
-    ProgramKey, SpecConstants,
+    BuildOptions, CacheStats, DiskKey, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
+    Lookup, MemCacheSettings, PersistentCache, ProgramKey, SpecConstants,
 };
 use crate::config::{Config, TraceFlags};
 use crate::error::Result;
@@ -50,12 +50,21 @@ pub struct Acquired<T> {
 /// One context's programs and kernels on one backend device.
 ///
 /// Guarantees: a program or kernel is built at most once per context while cached; every caller gets
-/// the same `Arc`; a failed build returns the same error again without rebuilding.
+/// the same `Arc`; a failed build returns the same error again without rebuilding. With the disk cache
+/// on, a program missing from memory is loaded from a verified persisted binary when one exists, and a
+/// freshly built one is persisted; no disk problem ever fails a request.
 pub struct ProgramManager<B: Backend> {
     backend: Arc<B>,
     config: Config,
     cache: KernelProgramCache<B::Program, B::Kernel, crate::Error>,
+    disk: Option<PersistentCache>,
+    /// The fingerprint's `describe()`, computed once: part of every disk key.
+    device_description: String,
 }
+
+/// How many persisted binaries in a row the backend may refuse for one request before it is built
+/// without consulting the disk again (each refusal removes the entry, so this only bounds a storm).
+const MAX_REJECTED_BINARIES: usize = 3;
 
 impl<B: Backend> fmt::Debug for ProgramManager<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -67,13 +76,55 @@ impl<B: Backend> fmt::Debug for ProgramManager<B> {
 }
 
 impl<B: Backend> ProgramManager<B> {
-    /// A manager with an empty in-memory cache configured by `config`.
+    /// A manager with an empty in-memory cache configured by `config`, and its own disk cache at
+    /// `config`'s directory (none when `KPC_CACHE_PERSISTENT=0` or no directory resolves).
     pub fn new(backend: Arc<B>, config: &Config) -> Self {
+        Self::with_disk_cache(backend, config, PersistentCache::from_config(config))
+    }
+
+    /// A manager that uses `disk` (shared with other managers, or `None` for none) instead of opening
+    /// its own.
+    pub fn with_disk_cache(
+        backend: Arc<B>,
+        config: &Config,
+        disk: Option<PersistentCache>,
+    ) -> Self {
+        let device_description = backend.fingerprint().describe();
         ProgramManager {
             backend,
             config: config.clone(),
             cache: KernelProgramCache::new(MemCacheSettings::from(config)),
+            disk,
+            device_description,
         }
+    }
+
+    /// The disk cache, if on.
+    pub fn disk_cache(&self) -> Option<&PersistentCache> {
+        self.disk.as_ref()
+    }
+
+    /// The disk cache's counters, or `None` when it is off.
+    pub fn disk_stats(&self) -> Option<DiskStats> {
+        self.disk.as_ref().map(PersistentCache::stats)
+    }
+
+    /// The disk key of `image` built with `spec` and `options` on this device.
+    pub fn disk_key(
+        &self,
+        image: &DeviceImage,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+    ) -> DiskKey {
+        DiskKey::new(
+            &self.device_description,
+            self.backend.fingerprint().digest,
+            image.digest(),
+            image.bytes().len() as u64,
+            &spec.canonical_bytes(),
+            options.as_str(),
+        )
+        .with_label(image.name())
     }
 
     /// The backend device.
@@ -166,24 +217,78 @@ impl<B: Backend> ProgramManager<B> {
         self.cache.stats()
     }
 
+    /// A memory miss: a persisted binary if there is a usable one, else a build (persisted afterwards).
     fn build_program(
         &self,
         image: &DeviceImage,
         spec: &SpecConstants,
         options: &BuildOptions,
     ) -> Result<(B::Program, Source)> {
+        let Some(disk) = &self.disk else {
+            return Ok((self.build_fresh(image, spec, options)?.0, Source::Built));
+        };
+        let key = self.disk_key(image, spec, options);
+        let mut guard = None;
+        for _ in 0..MAX_REJECTED_BINARIES {
+            match disk.get_or_lock(&key) {
+                Lookup::Hit(hit) => {
+                    match self
+                        .backend
+                        .program_from_binary(image, spec, options, hit.bytes())
+                    {
+                        Ok(p) => {
+                            self.trace_build(image, "loaded from disk", true, None);
+                            return Ok((p, Source::Disk));
+                        }
+                        // Verified bytes the driver will not take (a driver change the fingerprint
+                        // missed): remove them and look again, which now misses and takes the lock.
+                        Err(e) => disk.reject(hit, &e),
+                    }
+                }
+                Lookup::Miss(g) => {
+                    guard = Some(g);
+                    break;
+                }
+            }
+        }
+        // A failed build drops the guard here, releasing the build lock for a waiting process.
+        let (program, took) = self.build_fresh(image, spec, options)?;
+        match self.backend.program_binary(&program) {
+            Ok(Some(bytes)) => {
+                match guard {
+                    Some(g) => g.put(&bytes, took),
+                    None => disk.put(&key, &bytes, took),
+                };
+            }
+            Ok(None) => {}
+            Err(e) => disk.note_serialize_failure(&e),
+        }
+        Ok((program, Source::Built))
+    }
+
+    fn build_fresh(
+        &self,
+        image: &DeviceImage,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+    ) -> Result<(B::Program, Duration)> {
         let start = Instant::now();
         let r = self.backend.build_program(image, spec, options);
+        let took = start.elapsed();
+        self.trace_build(image, "build program", r.is_ok(), Some(took));
+        Ok((r?, took))
+    }
+
+    fn trace_build(&self, image: &DeviceImage, what: &str, ok: bool, took: Option<Duration>) {
         if self.config.trace.contains(TraceFlags::BUILDS) {
             tracing::info!(
                 target: "kpc::build",
                 backend = %self.backend.kind(),
                 image = image.name(),
-                ok = r.is_ok(),
-                ms = start.elapsed().as_secs_f64() * 1e3,
-                "build program"
+                ok,
+                ms = took.map(|t| t.as_secs_f64() * 1e3),
+                "{what}"
             );
         }
-        Ok((r?, Source::Built))
     }
 }

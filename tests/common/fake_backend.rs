@@ -2,7 +2,7 @@
 //! runtime layers be tested without a driver; the real backends are tested on real drivers elsewhere.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kpc::backend::{Backend, DeviceFingerprint, DeviceImage, ImageFormat};
@@ -56,6 +56,12 @@ pub struct FakeBackend {
     pub binary_size: usize,
     pub build_delay: Duration,
     fail: Mutex<Option<Arc<FailFn>>>,
+    /// While set, `program_from_binary` refuses every binary (a driver that changed under the cache).
+    pub reject_binaries: AtomicBool,
+    /// While set, `program_binary` returns `None` (nothing worth persisting).
+    pub no_binary: AtomicBool,
+    /// While set, `program_binary` fails.
+    pub binary_error: AtomicBool,
 }
 
 pub const MAGIC: &[u8] = b"FAKEBIN1";
@@ -79,6 +85,9 @@ impl FakeBackend {
             binary_size: 64,
             build_delay: Duration::ZERO,
             fail: Mutex::new(None),
+            reject_binaries: AtomicBool::new(false),
+            no_binary: AtomicBool::new(false),
+            binary_error: AtomicBool::new(false),
         }
     }
     pub fn binary_size(mut self, n: usize) -> Self {
@@ -170,6 +179,16 @@ impl Backend for FakeBackend {
         })
     }
     fn program_binary(&self, program: &FakeProgram) -> Result<Option<Vec<u8>>> {
+        if self.binary_error.load(Ordering::SeqCst) {
+            return Err(Error::Backend {
+                backend: BackendKind::Vulkan,
+                call: "vkGetPipelineCacheData",
+                code: -1,
+            });
+        }
+        if self.no_binary.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
         Ok(Some(program.binary.clone()))
     }
     fn program_from_binary(
@@ -180,6 +199,13 @@ impl Backend for FakeBackend {
         binary: &[u8],
     ) -> Result<FakeProgram> {
         self.binary_loads.fetch_add(1, Ordering::SeqCst);
+        if self.reject_binaries.load(Ordering::SeqCst) {
+            return Err(Error::Backend {
+                backend: BackendKind::Vulkan,
+                call: "vkCreatePipelineCache",
+                code: -3,
+            });
+        }
         if binary != self.binary_for(image, spec0(spec)).as_slice() {
             return Err(Error::InvalidArgument(
                 "fake binary does not match its key".into(),

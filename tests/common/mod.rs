@@ -1,6 +1,7 @@
-//! Test support shared by the integration tests: a counting fake backend, and the gate and helpers
-//! for tests that need a real driver.
+//! Test support shared by the integration tests: a counting fake backend, the gate and helpers for
+//! tests that need a real driver, and real-file helpers for the disk cache tests.
 #![allow(dead_code)]
 
+pub mod disk;
 pub mod drivers;
 pub mod fake_backend;

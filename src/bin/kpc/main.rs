@@ -8,6 +8,7 @@ use kpc::Config;
 mod bench_build;
 mod bench_build_cl;
 mod bench_launch;
+mod cache;
 mod devices;
 mod status;
 
@@ -23,6 +24,11 @@ struct Cli {
 enum Command {
     /// Print the resolved configuration and the disk cache's status (the default).
     Status,
+    /// Inspect and maintain the on-disk cache.
+    Cache {
+        #[command(subcommand)]
+        command: cache::CacheCommand,
+    },
     /// List backends, devices, their types, driver versions and fingerprints.
     Devices,
     /// Time each shipped kernel's cold build and its load from the persisted binary (Vulkan: pipeline-cache
@@ -44,6 +50,7 @@ fn main() -> ExitCode {
     init_tracing(&config);
     let r = match cli.command.unwrap_or(Command::Status) {
         Command::Status => status::run(&config),
+        Command::Cache { command } => cache::run(&config, command),
         Command::Devices => devices::run(&config),
         Command::BenchBuild(args) => bench_build::run(&config, &args),
         Command::BenchLaunch(args) => bench_launch::run(&config, &args),

@@ -1,0 +1,56 @@
+//! Times one disk-cache eviction pass over N entries, once, on the file system of `std::env::temp_dir()`
+//! (set TMPDIR to choose). For file systems where the criterion bench (`cargo bench --bench disk`), which
+//! repeats the pass at least ten times, would take too long.
+//!
+//! Run: `cargo run --release --example disk_evict -- [ENTRIES] [PAYLOAD_BYTES]` (defaults 10000 and 4096).
+
+use std::time::{Duration, Instant};
+
+use kpc::cache::Digest;
+use kpc::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache, PutOutcome};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let n: u64 = args
+        .next()
+        .map_or(10_000, |a| a.parse().expect("ENTRIES: a number"));
+    let len: usize = args
+        .next()
+        .map_or(4096, |a| a.parse().expect("PAYLOAD_BYTES: a number"));
+    let root = std::env::temp_dir().join(format!("kpc-evict-example-{}", std::process::id()));
+    let settings = DiskCacheSettings {
+        max_size: 0,
+        sync: false,
+        background_eviction: false,
+        ..DiskCacheSettings::new(&root)
+    };
+    let cache = PersistentCache::new(settings);
+    let device = "backend=vulkan\nkpc_format=1\ndeviceName=example\n";
+    let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
+    let start = Instant::now();
+    for i in 0..n {
+        let key = DiskKey::new(
+            device,
+            Digest::of(device.as_bytes()),
+            Digest::of(&i.to_le_bytes()),
+            len as u64,
+            b"",
+            "-O2",
+        );
+        let out = cache.put(&key, &data, Duration::ZERO);
+        assert!(matches!(out, PutOutcome::Published(_)), "{out:?}");
+    }
+    let fill = start.elapsed();
+    let start = Instant::now();
+    let r = cache.evict(Some(0), None).expect("eviction pass");
+    let pass = start.elapsed();
+    let _ = std::fs::remove_dir_all(&root);
+    println!("root        {}", root.display());
+    println!("populate    {n} entries of {len} B in {fill:.2?} (unsynced)");
+    println!(
+        "evict pass  {pass:.3?} ({:.1} us per entry): removed {} entries, {} directories",
+        pass.as_secs_f64() * 1e6 / n.max(1) as f64,
+        r.removed,
+        r.dirs_removed
+    );
+}

@@ -1,0 +1,437 @@
+//! `kpc cache path|stats|ls|verify|prune|clear`: inspect and maintain the on-disk cache.
+//!
+//! The commands work on the configured cache directory even when `KPC_CACHE_PERSISTENT=0` (a disabled
+//! cache can still be inspected or cleared). Output is for people by default; `--json` prints one JSON
+//! document on stdout for scripts.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{ArgGroup, Subcommand};
+use kpc::Config;
+use kpc::cache::disk::{DiskCacheSettings, EntryInfo, PersistentCache};
+use serde_json::{Value, json};
+
+#[derive(Subcommand, Debug)]
+pub enum CacheCommand {
+    /// Print the cache directory.
+    Path,
+    /// Entries and bytes per device.
+    Stats {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One row per entry: device, image, options, size, last access.
+    Ls {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every entry's checksums; exit with status 1 if any entry is bad.
+    Verify {
+        /// Move bad entries to <root>/quarantine and remove leftovers of killed writers.
+        #[arg(long)]
+        fix: bool,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove entries: least recently accessed first down to --max-size, and/or those not accessed
+    /// for --older-than.
+    #[command(group(ArgGroup::new("what").required(true).multiple(true).args(["max_size", "older_than"])))]
+    Prune {
+        /// Size to shrink to, e.g. 512M (suffixes K, M, G, T).
+        #[arg(long, value_parser = parse_size)]
+        max_size: Option<u64>,
+        /// Remove entries last accessed longer ago than this, e.g. 30m, 12h, 7d.
+        #[arg(long, value_parser = parse_age)]
+        older_than: Option<Duration>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove every entry and the quarantine directory.
+    Clear {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    kpc::config::parse_size("--max-size", s).map_err(|e| e.to_string())
+}
+
+fn parse_age(s: &str) -> Result<Duration, String> {
+    if let Some(days) = s.trim().strip_suffix('d') {
+        return days
+            .trim()
+            .parse::<u64>()
+            .map(|d| Duration::from_secs(d * 86_400))
+            .map_err(|_| format!("--older-than={s:?} is not valid: expected e.g. 30m, 12h or 7d"));
+    }
+    kpc::config::parse_duration("--older-than", s).map_err(|e| e.to_string())
+}
+
+/// Bytes for people: 1536 -> "1.5 KiB".
+fn human(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// "2025-11-21 09:37:05 UTC" without a date crate (days-to-civil, H. Hinnant's algorithm).
+fn utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn ago(t: SystemTime) -> String {
+    let s = SystemTime::now()
+        .duration_since(t)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    match s {
+        0..60 => format!("{s}s ago"),
+        60..3600 => format!("{}m ago", s / 60),
+        3600..86_400 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86_400),
+    }
+}
+
+fn print_json(v: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).expect("a JSON value always serializes")
+    );
+}
+
+fn device_of(e: &EntryInfo) -> (String, String) {
+    match &e.record {
+        Some(r) => (
+            r.backend().to_string(),
+            r.device_name().unwrap_or("-").to_string(),
+        ),
+        None => ("?".into(), "(unreadable .src)".into()),
+    }
+}
+
+pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
+    let Some(settings) = DiskCacheSettings::from_config_dir(config) else {
+        eprintln!(
+            "kpc: no cache directory: none of KPC_CACHE_DIR, XDG_CACHE_HOME (absolute) or HOME (absolute) is set"
+        );
+        return Ok(ExitCode::from(2));
+    };
+    if !config.persistent {
+        eprintln!(
+            "kpc: note: the disk cache is disabled (KPC_CACHE_PERSISTENT=0); showing its directory anyway"
+        );
+    }
+    let max_size = settings.max_size;
+    let cache = PersistentCache::new(settings);
+    let io = |e: std::io::Error| kpc::Error::Io(format!("{}: {e}", cache.root().display()));
+    match cmd {
+        CacheCommand::Path => {
+            println!("{}", cache.root().display());
+            Ok(ExitCode::SUCCESS)
+        }
+        CacheCommand::Stats { json } => {
+            let entries = cache.entries().map_err(io)?;
+            let mut per: BTreeMap<String, (String, String, u64, u64)> = BTreeMap::new();
+            for e in &entries {
+                let (backend, name) = device_of(e);
+                let d = per
+                    .entry(e.dirs[0].clone())
+                    .or_insert((backend, name, 0, 0));
+                d.2 += 1;
+                d.3 += e.bytes;
+            }
+            let total: u64 = entries.iter().map(|e| e.bytes).sum();
+            let (qn, qb) = cache.quarantined();
+            if json {
+                let devices: Vec<Value> = per
+                    .iter()
+                    .map(|(dir, (backend, name, n, b))| {
+                        json!({"device": dir, "backend": backend, "name": name, "entries": n, "bytes": b})
+                    })
+                    .collect();
+                print_json(&json!({
+                    "root": cache.root(),
+                    "enabled": config.persistent,
+                    "max_size": max_size,
+                    "tracked_size": cache.tracked_size(),
+                    "entries": entries.len(),
+                    "bytes": total,
+                    "devices": devices,
+                    "quarantine": {"files": qn, "bytes": qb},
+                }));
+            } else {
+                println!(
+                    "cache {} ({})",
+                    cache.root().display(),
+                    if config.persistent {
+                        "on"
+                    } else {
+                        "off: KPC_CACHE_PERSISTENT=0"
+                    }
+                );
+                let limit = if max_size == 0 {
+                    "unlimited".to_string()
+                } else {
+                    human(max_size)
+                };
+                println!("limit {limit}");
+                println!(
+                    "{:<16}  {:<7}  {:<32}  {:>7}  {:>10}",
+                    "DEVICE", "BACKEND", "NAME", "ENTRIES", "SIZE"
+                );
+                for (dir, (backend, name, n, b)) in &per {
+                    println!(
+                        "{dir:<16}  {backend:<7}  {name:<32}  {n:>7}  {:>10}",
+                        human(*b)
+                    );
+                }
+                println!(
+                    "{:<16}  {:<7}  {:<32}  {:>7}  {:>10}",
+                    "total",
+                    "",
+                    "",
+                    entries.len(),
+                    human(total)
+                );
+                if qn > 0 {
+                    println!(
+                        "quarantine: {qn} files, {} in {}",
+                        human(qb),
+                        cache.quarantine_dir().display()
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CacheCommand::Ls { json } => {
+            let entries = cache.entries().map_err(io)?;
+            if json {
+                let rows: Vec<Value> = entries
+                    .iter()
+                    .map(|e| {
+                        let (backend, name) = device_of(e);
+                        let r = e.record.as_ref();
+                        json!({
+                            "device": e.dirs[0],
+                            "backend": backend,
+                            "device_name": name,
+                            "image": r.map(|r| r.label.clone()),
+                            "image_digest": r.map(|r| r.image_digest.clone()),
+                            "image_len": r.map(|r| r.image_len),
+                            "spec": r.map(|r| r.spec.clone()),
+                            "options": r.map(|r| r.options.clone()),
+                            "build_ms": r.map(|r| r.build_time.as_secs_f64() * 1e3),
+                            "bytes": e.bytes,
+                            "last_access_unix": unix(e.last_access),
+                            "slot": e.slot,
+                            "path": e.leaf,
+                        })
+                    })
+                    .collect();
+                print_json(&Value::Array(rows));
+            } else {
+                println!(
+                    "{:<26}  {:<36}  {:<20}  {:>10}  LAST ACCESS",
+                    "DEVICE", "IMAGE", "OPTIONS", "SIZE"
+                );
+                for e in &entries {
+                    let (backend, _) = device_of(e);
+                    let (image, options) = match &e.record {
+                        Some(r) => {
+                            let label = if r.label.is_empty() { "-" } else { &r.label };
+                            let short = r.image_digest.get(..8).unwrap_or("");
+                            let opts = if r.options.is_empty() {
+                                "-".to_string()
+                            } else {
+                                r.options.clone()
+                            };
+                            (format!("{label} ({short})"), opts)
+                        }
+                        None => ("?".into(), "?".into()),
+                    };
+                    println!(
+                        "{:<26}  {image:<36}  {options:<20}  {:>10}  {} ({})",
+                        format!("{} ({backend})", e.dirs[0]),
+                        human(e.bytes),
+                        utc(unix(e.last_access)),
+                        ago(e.last_access)
+                    );
+                }
+                println!("{} entries", entries.len());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CacheCommand::Verify { fix, json } => {
+            let r = cache.verify(fix).map_err(io)?;
+            if json {
+                let bad: Vec<Value> = r
+                    .bad
+                    .iter()
+                    .map(|b| json!({"path": b.path, "slot": b.slot, "problem": b.problem, "quarantined": b.quarantined}))
+                    .collect();
+                print_json(&json!({
+                    "checked": r.checked,
+                    "valid": r.valid,
+                    "bad": bad,
+                    "stale": r.stale,
+                    "stale_removed": r.stale_removed,
+                }));
+            } else {
+                println!(
+                    "checked {} entries: {} valid, {} bad",
+                    r.checked,
+                    r.valid,
+                    r.bad.len()
+                );
+                for b in &r.bad {
+                    let q = if b.quarantined { " [quarantined]" } else { "" };
+                    println!("BAD    {}: {}{q}", b.path.display(), b.problem);
+                }
+                for s in &r.stale {
+                    println!(
+                        "STALE  {}: incomplete slot (a write in progress or a killed writer's leftovers){}",
+                        s.display(),
+                        if fix { "" } else { "; --fix removes it" }
+                    );
+                }
+                if fix && r.bad.iter().any(|b| b.quarantined) {
+                    println!(
+                        "quarantined entries are in {}",
+                        cache.quarantine_dir().display()
+                    );
+                }
+            }
+            Ok(if r.bad.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        CacheCommand::Prune {
+            max_size,
+            older_than,
+            json,
+        } => {
+            let cutoff = older_than.map(|d| SystemTime::now() - d);
+            let r = cache.evict(max_size, cutoff).map_err(io)?;
+            if !r.ran {
+                eprintln!(
+                    "kpc: another process is evicting and kept at it past KPC_CACHE_LOCK_TIMEOUT"
+                );
+                return Ok(ExitCode::FAILURE);
+            }
+            if json {
+                print_json(&json!({
+                    "removed": r.removed,
+                    "removed_bytes": r.removed_bytes,
+                    "stale_removed": r.stale_removed,
+                    "busy": r.busy,
+                    "remaining_entries": r.remaining_entries,
+                    "remaining_bytes": r.remaining_bytes,
+                }));
+            } else {
+                println!(
+                    "removed {} entries ({}); {} entries ({}) left",
+                    r.removed,
+                    human(r.removed_bytes),
+                    r.remaining_entries,
+                    human(r.remaining_bytes)
+                );
+                if r.busy > 0 {
+                    println!(
+                        "skipped {} entries being written by another process",
+                        r.busy
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CacheCommand::Clear { json } => {
+            let r = cache.clear().map_err(io)?;
+            if json {
+                print_json(&json!({
+                    "removed": r.removed,
+                    "removed_bytes": r.removed_bytes,
+                    "stale_removed": r.stale_removed,
+                    "busy": r.busy,
+                    "quarantine_removed": r.quarantine_removed,
+                }));
+            } else {
+                println!(
+                    "removed {} entries ({}) from {}",
+                    r.removed,
+                    human(r.removed_bytes),
+                    cache.root().display()
+                );
+                if r.busy > 0 {
+                    println!(
+                        "skipped {} entries being written by another process",
+                        r.busy
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_700_000_000), "2023-11-14 22:13:20 UTC");
+    }
+
+    #[test]
+    fn ages_and_sizes_parse() {
+        assert_eq!(parse_age("7d").unwrap(), Duration::from_secs(7 * 86_400));
+        assert_eq!(parse_age("30m").unwrap(), Duration::from_secs(1800));
+        assert!(parse_age("soon").is_err());
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(12), "12 B");
+    }
+}

@@ -1,0 +1,440 @@
+//! Walking the tree, the size file, and eviction by last access.
+//!
+//! Eviction is one pass: walk every leaf once (four levels of `read_dir` plus one `stat` per file),
+//! remove incomplete slots nobody is writing, then remove complete entries in order of their `.bin`'s
+//! access time until the total is at or under the target, then remove directories left empty. Every
+//! removal takes the slot's lock first (try-only), so an entry being written, or being removed by
+//! someone else, is skipped rather than waited for. Only one process evicts at a time: the pass holds
+//! `<root>/v1/evict.lock`, and a put that finds it taken skips eviction (the holder is doing the work).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use filetime::FileTime;
+
+use super::key::DIR_HEX_BYTES;
+use super::lock::{self, Waited};
+use super::stats::bump;
+use super::{Inner, remove_slot_files, slot_file};
+
+pub(crate) const SIZE_FILE: &str = "size";
+pub(crate) const EVICT_LOCK: &str = "evict.lock";
+/// The size file is held for microseconds; waiting longer than this means something is badly wrong,
+/// and the update is dropped (the next eviction pass corrects the total).
+const SIZE_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What an eviction pass should remove.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    /// Remove least recently accessed entries until the total is at or under this.
+    pub target: Option<u64>,
+    /// Remove every entry last accessed before this.
+    pub older_than: Option<SystemTime>,
+    /// Wait (up to the lock timeout) for another evictor instead of skipping.
+    pub wait: bool,
+}
+
+/// What one eviction pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EvictReport {
+    /// Whether the pass ran (false: another process was evicting and this one did not wait for it).
+    pub ran: bool,
+    /// Complete entries removed.
+    pub removed: u64,
+    /// Bytes they occupied.
+    pub removed_bytes: u64,
+    /// Incomplete slots removed (temporaries or half-published files of killed writers).
+    pub stale_removed: u64,
+    /// Slots skipped because another process was writing or removing them.
+    pub busy: u64,
+    /// Empty directories removed.
+    pub dirs_removed: u64,
+    /// Complete entries left.
+    pub remaining_entries: u64,
+    /// Bytes left (all files of every leaf), as measured by the walk.
+    pub remaining_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FileMeta {
+    pub len: u64,
+    pub atime: FileTime,
+}
+
+/// The files of one slot found by a walk.
+#[derive(Debug, Default)]
+pub(crate) struct SlotFiles {
+    pub src: Option<FileMeta>,
+    pub bin: Option<FileMeta>,
+    pub tmp_bytes: u64,
+    pub tmp: bool,
+    pub lock: bool,
+}
+
+impl SlotFiles {
+    pub fn complete(&self) -> bool {
+        self.src.is_some() && self.bin.is_some()
+    }
+    pub fn bytes(&self) -> u64 {
+        self.src.map_or(0, |m| m.len) + self.bin.map_or(0, |m| m.len) + self.tmp_bytes
+    }
+}
+
+/// One leaf directory found by a walk.
+#[derive(Debug)]
+pub(crate) struct LeafScan {
+    pub path: PathBuf,
+    pub dirs: [String; 4],
+    pub slots: BTreeMap<u32, SlotFiles>,
+    pub key_lock: bool,
+}
+
+impl LeafScan {
+    pub fn bytes(&self) -> u64 {
+        self.slots.values().map(SlotFiles::bytes).sum()
+    }
+}
+
+fn is_dir_name(name: &str) -> bool {
+    name.len() == 2 * DIR_HEX_BYTES && name.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The hash-named subdirectories of `dir`. A directory that vanished (removed by an evictor) or cannot
+/// be read is treated as empty: a walk is a best-effort census, not a transaction.
+fn subdirs(dir: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<(String, PathBuf)> = rd
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            is_dir_name(&name).then(|| (name, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn scan_leaf(path: &Path, dirs: [String; 4]) -> LeafScan {
+    let mut leaf = LeafScan {
+        path: path.to_owned(),
+        dirs,
+        slots: BTreeMap::new(),
+        key_lock: false,
+    };
+    let Ok(rd) = fs::read_dir(path) else {
+        return leaf;
+    };
+    for e in rd.filter_map(Result::ok) {
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
+        };
+        if name == "key.lock" {
+            leaf.key_lock = true;
+            continue;
+        }
+        let Some((num, ext)) = name.split_once('.') else {
+            continue;
+        };
+        let Ok(n) = num.parse::<u32>() else {
+            continue;
+        };
+        let meta = || {
+            e.metadata().ok().map(|m| FileMeta {
+                len: m.len(),
+                atime: FileTime::from_last_access_time(&m),
+            })
+        };
+        match ext {
+            "src" => {
+                let m = meta();
+                leaf.slots.entry(n).or_default().src = m;
+            }
+            "bin" => {
+                let m = meta();
+                leaf.slots.entry(n).or_default().bin = m;
+            }
+            "src.tmp" | "bin.tmp" => {
+                let len = meta().map_or(0, |m| m.len);
+                let s = leaf.slots.entry(n).or_default();
+                s.tmp = true;
+                s.tmp_bytes += len;
+            }
+            "lock" => leaf.slots.entry(n).or_default().lock = true,
+            _ => {}
+        }
+    }
+    leaf
+}
+
+/// Every leaf under `v1`, in path order.
+pub(crate) fn scan(v1: &Path) -> io::Result<Vec<LeafScan>> {
+    scan_tree(v1).map(|(leaves, _)| leaves)
+}
+
+/// Every leaf under `v1`, plus how many subdirectories each non-leaf directory had: eviction uses the
+/// counts to remove a parent only once its last child went, instead of trying every parent.
+fn scan_tree(v1: &Path) -> io::Result<(Vec<LeafScan>, HashMap<PathBuf, usize>)> {
+    match fs::metadata(v1) {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), HashMap::new())),
+        Err(e) => return Err(e),
+    }
+    // The root level is the one directory whose unreadability is an error rather than an empty subtree.
+    fs::read_dir(v1)?;
+    let mut out = Vec::new();
+    let mut children = HashMap::new();
+    for (a, pa) in subdirs(v1) {
+        let level_b = subdirs(&pa);
+        children.insert(pa.clone(), level_b.len());
+        for (b, pb) in level_b {
+            let level_c = subdirs(&pb);
+            children.insert(pb.clone(), level_c.len());
+            for (c, pc) in level_c {
+                let level_d = subdirs(&pc);
+                children.insert(pc.clone(), level_d.len());
+                for (d, pd) in level_d {
+                    out.push(scan_leaf(&pd, [a.clone(), b.clone(), c.clone(), d]));
+                }
+            }
+        }
+    }
+    Ok((out, children))
+}
+
+/// The total in the size file, if it exists and parses.
+pub(crate) fn read_size_file(v1: &Path) -> Option<u64> {
+    fs::read_to_string(v1.join(SIZE_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Removes the files of published slot `n` (the caller holds its lock), `.src` first so readers stop
+/// finding it before the binary goes. The scan already knows which files exist and their sizes, so this
+/// is two unlinks, not a probe per possible file. `None` when the entry was removed meanwhile.
+fn remove_published(leaf: &Path, n: u32, f: &SlotFiles) -> io::Result<Option<u64>> {
+    match fs::remove_file(slot_file(leaf, n, "src")) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut gone = vec!["bin"];
+    if f.tmp {
+        gone.extend(["src.tmp", "bin.tmp"]);
+    }
+    for ext in gone {
+        match fs::remove_file(slot_file(leaf, n, ext)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            // The entry is already invisible (no .src); what is left is an orphan a later pass removes.
+            Err(_) => {}
+        }
+    }
+    Ok(Some(f.bytes()))
+}
+
+impl Inner {
+    /// Applies `f` to the tracked total under the size file's lock and stores the result. `f` gets
+    /// `None` when the file is missing or unreadable. Returns the new total, or `None` when the file
+    /// cannot be updated (unwritable cache): the next eviction pass measures the truth anyway.
+    fn update_size(&self, f: impl FnOnce(Option<u64>) -> u64) -> Option<u64> {
+        if !self.v1.is_dir() {
+            return None;
+        }
+        let path = self.v1.join(SIZE_FILE);
+        let lock = match lock::lock_with_timeout(&path, false, SIZE_LOCK_TIMEOUT, || Ok(())) {
+            Ok(Waited::Acquired { lock, .. }) => lock,
+            Ok(Waited::TimedOut) => return None,
+            Err(e) => {
+                self.warn_io(&e, &path, "cannot update the size file");
+                return None;
+            }
+        };
+        let mut file = lock.file();
+        let mut s = String::new();
+        let cur = file
+            .seek(SeekFrom::Start(0))
+            .and_then(|_| file.read_to_string(&mut s))
+            .ok()
+            .and_then(|_| s.trim().parse::<u64>().ok());
+        let new = f(cur);
+        let w = file
+            .set_len(0)
+            .and_then(|_| file.seek(SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(format!("{new}\n").as_bytes()));
+        match w {
+            Ok(()) => Some(new),
+            Err(e) => {
+                self.warn_io(&e, &path, "cannot update the size file");
+                None
+            }
+        }
+    }
+
+    /// Adds `delta` bytes to the tracked total and returns the new total. A missing size file (new
+    /// cache, or deleted by hand) is rebuilt by measuring the tree, which already includes the change.
+    pub(crate) fn add_size(&self, delta: i64) -> Option<u64> {
+        self.update_size(|cur| match cur {
+            Some(c) => c.saturating_add_signed(delta),
+            None => self.measure(),
+        })
+    }
+
+    fn measure(&self) -> u64 {
+        scan(&self.v1)
+            .map(|leaves| leaves.iter().map(LeafScan::bytes).sum())
+            .unwrap_or(0)
+    }
+
+    pub(crate) fn evict(&self, plan: Plan) -> io::Result<EvictReport> {
+        let mut report = EvictReport::default();
+        if !self.v1.is_dir() {
+            report.ran = true;
+            return Ok(report);
+        }
+        let lock_path = self.v1.join(EVICT_LOCK);
+        let _evictor = if plan.wait {
+            match lock::lock_with_timeout(&lock_path, false, self.s.lock_timeout, || Ok(()))? {
+                Waited::Acquired { lock, .. } => lock,
+                Waited::TimedOut => return Ok(report),
+            }
+        } else {
+            match lock::try_lock(&lock_path, false)? {
+                Some(l) => l,
+                None => return Ok(report),
+            }
+        };
+        report.ran = true;
+        let tracked_before = read_size_file(&self.v1);
+        let (leaves, mut children) = scan_tree(&self.v1)?;
+        let mut total: u64 = leaves.iter().map(LeafScan::bytes).sum();
+        // Slots (of any state) still present per leaf: a leaf at zero is removed with its emptied parents.
+        let mut alive: Vec<usize> = leaves.iter().map(|l| l.slots.len()).collect();
+
+        // Incomplete slots: temporaries and half-published files of killed writers, and leftover lock
+        // files. A slot whose lock is held is being written: skipped.
+        for (li, leaf) in leaves.iter().enumerate() {
+            for (&n, f) in &leaf.slots {
+                if f.complete() && !f.tmp {
+                    continue;
+                }
+                match lock::try_lock(&slot_file(&leaf.path, n, "lock"), true) {
+                    Ok(Some(_slot)) => {
+                        let published = slot_file(&leaf.path, n, "src").exists()
+                            && slot_file(&leaf.path, n, "bin").exists();
+                        if f.complete() || published {
+                            continue;
+                        }
+                        if let Ok(freed) = remove_slot_files(&leaf.path, n) {
+                            total = total.saturating_sub(freed);
+                            alive[li] -= 1;
+                            if freed > 0 {
+                                report.stale_removed += 1;
+                            }
+                        }
+                    }
+                    Ok(None) => report.busy += 1,
+                    Err(_) => {}
+                }
+            }
+        }
+
+        // Complete entries, least recently accessed first.
+        let mut cands: Vec<(FileTime, usize, u32)> = leaves
+            .iter()
+            .enumerate()
+            .flat_map(|(li, l)| {
+                l.slots
+                    .iter()
+                    .filter(|(_, f)| f.complete())
+                    .map(move |(&n, f)| (f.bin.expect("complete").atime, li, n))
+            })
+            .collect();
+        cands.sort_unstable();
+        let cutoff = plan.older_than.map(FileTime::from_system_time);
+        let mut remaining = cands.len() as u64;
+        for (atime, li, n) in cands {
+            let over = plan.target.is_some_and(|t| total > t);
+            let old = cutoff.is_some_and(|c| atime < c);
+            // Sorted by access time, so once an entry is neither needed for the target nor old, no later
+            // one is either.
+            if !over && !old {
+                break;
+            }
+            let leaf = &leaves[li].path;
+            // The writer's lock file usually still exists, so this opens rather than creates; dropping the
+            // lock unlinks it, as the slot goes.
+            match lock::try_lock(&slot_file(leaf, n, "lock"), true) {
+                Ok(Some(_slot)) => match remove_published(leaf, n, &leaves[li].slots[&n]) {
+                    Ok(Some(freed)) => {
+                        total = total.saturating_sub(freed);
+                        report.removed += 1;
+                        report.removed_bytes += freed;
+                        remaining -= 1;
+                        alive[li] -= 1;
+                        self.trace(|| {
+                            tracing::debug!(target: "kpc::cache::disk", path = %leaf.display(), slot = n,
+                                bytes = freed, "evict")
+                        });
+                    }
+                    // Removed by someone else (a reader that found it corrupt) since the walk.
+                    Ok(None) => {
+                        remaining -= 1;
+                        alive[li] -= 1;
+                    }
+                    Err(e) => self.warn_io(&e, leaf, "cannot evict an entry"),
+                },
+                Ok(None) => report.busy += 1,
+                Err(e) => self.warn_io(&e, leaf, "cannot evict an entry"),
+            }
+        }
+
+        // Directories left empty, leaves found empty included (a killed process's, or emptied by
+        // readers). A directory that gained an entry meanwhile is not empty, and rmdir says so.
+        for (li, leaf) in leaves.iter().enumerate() {
+            if alive[li] > 0 {
+                continue;
+            }
+            if leaf.key_lock {
+                // A build lock left by a killed process; if it is held, the builder keeps the leaf alive.
+                drop(lock::try_lock(&leaf.path.join("key.lock"), true));
+            }
+            let mut dir = leaf.path.clone();
+            while fs::remove_dir(&dir).is_ok() {
+                report.dirs_removed += 1;
+                let Some(parent) = dir.parent() else { break };
+                match children.get_mut(parent) {
+                    Some(c) if *c > 1 => {
+                        *c -= 1;
+                        break;
+                    }
+                    Some(_) => dir = parent.to_owned(),
+                    // v1 itself (or something outside the tree): never removed.
+                    None => break,
+                }
+            }
+        }
+
+        bump(&self.counters.evictions, report.removed);
+        bump(&self.counters.evicted_bytes, report.removed_bytes);
+        report.remaining_entries = remaining;
+        report.remaining_bytes = total;
+        // The walk measured the truth; keep what other processes added or removed while it ran.
+        self.update_size(|now| match (now, tracked_before) {
+            (Some(now), Some(before)) => total.saturating_add_signed(now as i64 - before as i64),
+            _ => total,
+        });
+        self.trace(|| {
+            tracing::debug!(target: "kpc::cache::disk", removed = report.removed, bytes = report.removed_bytes,
+                stale = report.stale_removed, busy = report.busy, remaining = total, "eviction pass")
+        });
+        Ok(report)
+    }
+}

@@ -1,0 +1,208 @@
+//! Counters of one `PersistentCache` and its warn-once bookkeeping.
+//!
+//! Everything here is counted on the disk path, which costs tens of microseconds at least, so plain
+//! relaxed atomics are cheap enough; nothing needs the striping the in-memory hit counter uses.
+
+use std::fmt;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A snapshot of one disk cache instance's counters (this process only; other processes sharing the
+/// directory keep their own).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// Lookups that returned a verified binary.
+    pub hits: u64,
+    /// Lookups that found no usable entry (the caller builds).
+    pub misses: u64,
+    /// Entries this instance published.
+    pub puts: u64,
+    /// Bytes this instance wrote into published entries (both files, headers included).
+    pub bytes_written: u64,
+    /// Payload bytes returned by hits.
+    pub bytes_read: u64,
+    /// Entries removed by eviction passes this instance ran (`prune` included).
+    pub evictions: u64,
+    /// Bytes those evictions freed.
+    pub evicted_bytes: u64,
+    /// Corrupt or incomplete entries found (bad magic, version, length or checksum, a `.src` without
+    /// its `.bin`); each was removed unless another process was writing that slot at the time.
+    pub corruptions: u64,
+    /// Verified binaries that the backend refused to load; each was removed and rebuilt.
+    pub rejected: u64,
+    /// Lookups that found another process (or thread) building the same key and waited for it.
+    pub lock_waits: u64,
+    /// Total time spent in those waits.
+    pub lock_wait_time: Duration,
+    /// Waits that reached `KPC_CACHE_LOCK_TIMEOUT`; the caller then built the key itself.
+    pub lock_timeouts: u64,
+    /// Sum of the original build times of every binary served by a hit: what the hits saved.
+    pub build_time_saved: Duration,
+    /// Lookups and puts that did not touch the disk because the device image is outside
+    /// `KPC_CACHE_MIN_DEVICE_IMAGE_SIZE..=KPC_CACHE_MAX_DEVICE_IMAGE_SIZE`, or the entry alone is larger
+    /// than `KPC_CACHE_MAX_SIZE`.
+    pub skipped: u64,
+    /// Puts that failed (permission, full disk, read-only root, ...); the build itself succeeded.
+    pub failed_puts: u64,
+    /// I/O errors on the read path that were treated as a miss (permission denied, ...).
+    pub read_errors: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct DiskCounters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub puts: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub evictions: AtomicU64,
+    pub evicted_bytes: AtomicU64,
+    pub corruptions: AtomicU64,
+    pub rejected: AtomicU64,
+    pub lock_waits: AtomicU64,
+    pub lock_wait_nanos: AtomicU64,
+    pub lock_timeouts: AtomicU64,
+    pub build_nanos_saved: AtomicU64,
+    pub skipped: AtomicU64,
+    pub failed_puts: AtomicU64,
+    pub read_errors: AtomicU64,
+}
+
+pub(crate) fn bump(a: &AtomicU64, by: u64) {
+    a.fetch_add(by, Ordering::Relaxed);
+}
+
+pub(crate) fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}
+
+impl DiskCounters {
+    pub fn snapshot(&self) -> DiskStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        DiskStats {
+            hits: l(&self.hits),
+            misses: l(&self.misses),
+            puts: l(&self.puts),
+            bytes_written: l(&self.bytes_written),
+            bytes_read: l(&self.bytes_read),
+            evictions: l(&self.evictions),
+            evicted_bytes: l(&self.evicted_bytes),
+            corruptions: l(&self.corruptions),
+            rejected: l(&self.rejected),
+            lock_waits: l(&self.lock_waits),
+            lock_wait_time: Duration::from_nanos(l(&self.lock_wait_nanos)),
+            lock_timeouts: l(&self.lock_timeouts),
+            build_time_saved: Duration::from_nanos(l(&self.build_nanos_saved)),
+            skipped: l(&self.skipped),
+            failed_puts: l(&self.failed_puts),
+            read_errors: l(&self.read_errors),
+        }
+    }
+}
+
+/// Why the disk layer fell back to "build it". Each cause is warned about once per cache instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WarnCause {
+    /// The cache root or one of its directories is missing and cannot be created (ENOENT, ENOTDIR).
+    Unavailable,
+    /// Permission denied (EACCES, EPERM).
+    PermissionDenied,
+    /// The disk is full, a quota or the file size limit was reached (ENOSPC, EDQUOT, EFBIG).
+    NoSpace,
+    /// The file system is read-only (EROFS).
+    ReadOnly,
+    /// An entry failed verification (magic, version, length, checksum, key binding) or was incomplete.
+    Corrupt,
+    /// Another process held a key's build lock past `KPC_CACHE_LOCK_TIMEOUT`.
+    LockTimeout,
+    /// The backend refused a verified binary (driver update the fingerprint missed, ...).
+    Rejected,
+    /// The backend could not serialize a built program, so nothing was persisted.
+    Serialize,
+    /// One entry is larger than `KPC_CACHE_MAX_SIZE`, so it can never be kept.
+    TooLarge,
+    /// Any other I/O error.
+    Io,
+}
+
+impl WarnCause {
+    const ALL: [WarnCause; 10] = [
+        WarnCause::Unavailable,
+        WarnCause::PermissionDenied,
+        WarnCause::NoSpace,
+        WarnCause::ReadOnly,
+        WarnCause::Corrupt,
+        WarnCause::LockTimeout,
+        WarnCause::Rejected,
+        WarnCause::Serialize,
+        WarnCause::TooLarge,
+        WarnCause::Io,
+    ];
+
+    /// A stable kebab-case name, used as the `cause` field of the warning event.
+    pub fn name(self) -> &'static str {
+        match self {
+            WarnCause::Unavailable => "unavailable",
+            WarnCause::PermissionDenied => "permission-denied",
+            WarnCause::NoSpace => "no-space",
+            WarnCause::ReadOnly => "read-only",
+            WarnCause::Corrupt => "corrupt",
+            WarnCause::LockTimeout => "lock-timeout",
+            WarnCause::Rejected => "rejected",
+            WarnCause::Serialize => "serialize",
+            WarnCause::TooLarge => "too-large",
+            WarnCause::Io => "io",
+        }
+    }
+
+    fn bit(self) -> u32 {
+        1 << (self as u32)
+    }
+
+    /// The cause an I/O error falls under.
+    pub fn of(e: &io::Error) -> WarnCause {
+        match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => WarnCause::PermissionDenied,
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => WarnCause::NoSpace,
+            Some(libc::EROFS) => WarnCause::ReadOnly,
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) => WarnCause::Unavailable,
+            _ => WarnCause::Io,
+        }
+    }
+}
+
+impl fmt::Display for WarnCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which causes have been warned about. A bit per cause, set with one `fetch_or`, so a thousand
+/// requests failing the same way log one line.
+#[derive(Debug, Default)]
+pub(crate) struct Warned(AtomicU32);
+
+impl Warned {
+    /// Emits the warning for `cause` unless this instance already did.
+    pub fn warn(&self, cause: WarnCause, path: &Path, detail: &dyn fmt::Display) {
+        let prev = self.0.fetch_or(cause.bit(), Ordering::Relaxed);
+        if prev & cause.bit() == 0 {
+            tracing::warn!(
+                target: "kpc::cache::disk",
+                cause = cause.name(),
+                path = %path.display(),
+                "disk cache: {detail}; building instead (further {cause} problems are not reported)"
+            );
+        }
+    }
+
+    pub fn causes(&self) -> Vec<WarnCause> {
+        let bits = self.0.load(Ordering::Relaxed);
+        WarnCause::ALL
+            .into_iter()
+            .filter(|c| bits & c.bit() != 0)
+            .collect()
+    }
+}

@@ -1,0 +1,271 @@
+//! Eviction by last access on real files: recency set by hits survives, the oldest goes, the total
+//! lands under the low watermark, leftovers and empty directories go, the size file stays right, and
+//! only one evictor runs at a time.
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use common::disk::*;
+use filetime::FileTime;
+use kpc::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache, PutOutcome};
+
+fn age(c: &PersistentCache, k: &DiskKey, secs: u64) {
+    let t = FileTime::from_system_time(SystemTime::now() - Duration::from_secs(secs));
+    filetime::set_file_atime(c.entry_dir(k).join("0.bin"), t).unwrap();
+}
+
+fn atime(c: &PersistentCache, k: &DiskKey) -> FileTime {
+    FileTime::from_last_access_time(&std::fs::metadata(c.entry_dir(k).join("0.bin")).unwrap())
+}
+
+fn ctime(c: &PersistentCache, k: &DiskKey) -> (i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(c.entry_dir(k).join("0.bin")).unwrap();
+    (m.ctime(), m.ctime_nsec())
+}
+
+/// Bytes one entry of key `i` with a `len`-byte payload takes on disk.
+fn entry_size(i: u64, len: usize) -> u64 {
+    let t = TempDir::new("size");
+    let c = cache(t.path());
+    c.put(&key(i), &payload(i, len), Duration::ZERO);
+    entry_bytes(t.path())
+}
+
+#[test]
+fn a_recently_read_entry_survives_while_the_oldest_goes() {
+    let t = TempDir::new("evict");
+    let one = entry_size(0, 1000);
+    // Room for four entries and a half: the fifth put goes over and evicts down to 75%, i.e. to three.
+    let c = PersistentCache::new(DiskCacheSettings {
+        max_size: one * 9 / 2,
+        ..settings(t.path())
+    });
+    for i in 0..4 {
+        assert_eq!(
+            c.put(&key(i), &payload(i, 1000), Duration::ZERO),
+            PutOutcome::Published(0)
+        );
+    }
+    // Entry 0 is the oldest by far, then 1, 2, 3; then entry 0 is read.
+    for (i, secs) in [(0, 4 * 3600), (1, 3 * 3600), (2, 2 * 3600), (3, 3600)] {
+        age(&c, &key(i), secs);
+    }
+    let before = atime(&c, &key(0));
+    assert!(c.get(&key(0)).is_some());
+    assert!(
+        atime(&c, &key(0)) > before,
+        "a hit sets the access time explicitly"
+    );
+    // The throttle: a second hit within the minute writes nothing. (Checked on the change time: our
+    // explicit touch changes it, the kernel's own relatime update on read does not.)
+    let touched = ctime(&c, &key(0));
+    c.get(&key(0));
+    assert_eq!(ctime(&c, &key(0)), touched);
+
+    assert_eq!(
+        c.put(&key(4), &payload(4, 1000), Duration::ZERO),
+        PutOutcome::Published(0)
+    );
+    let present: Vec<bool> = (0..5).map(|i| c.get(&key(i)).is_some()).collect();
+    assert_eq!(
+        present,
+        [true, false, false, true, true],
+        "1 and 2 were the least recently accessed"
+    );
+    let s = c.stats();
+    assert_eq!((s.evictions, s.evicted_bytes), (2, 2 * one));
+    assert_eq!(c.tracked_size(), Some(3 * one));
+    assert!(3 * one <= c.settings().max_size * 3 / 4);
+}
+
+#[test]
+fn background_eviction_brings_the_total_under_the_low_watermark() {
+    let t = TempDir::new("evict");
+    let max = 20_000;
+    let c = PersistentCache::new(DiskCacheSettings {
+        max_size: max,
+        background_eviction: true,
+        ..DiskCacheSettings::new(t.path())
+    });
+    for i in 0..60 {
+        c.put(&key(i), &payload(i, 900), Duration::ZERO);
+        c.wait_for_eviction();
+        assert!(entry_bytes(t.path()) <= max, "after put {i}");
+    }
+    assert!(c.stats().evictions > 0);
+    assert_eq!(c.tracked_size(), Some(entry_bytes(t.path())));
+    // The most recent put is always kept (it is the most recently accessed).
+    assert!(c.get(&key(59)).is_some());
+}
+
+#[test]
+fn emptied_directories_are_removed() {
+    let t = TempDir::new("evict");
+    let c = cache(t.path());
+    for i in 0..10 {
+        c.put(&key(i), b"x", Duration::ZERO);
+    }
+    let r = c.evict(Some(0), None).unwrap();
+    assert_eq!(
+        (r.removed, r.remaining_entries, r.remaining_bytes),
+        (10, 0, 0)
+    );
+    // 10 entries: 10 leaves, 10 spec dirs, 10 image dirs, and the one device dir.
+    assert_eq!(r.dirs_removed, 31);
+    let left: Vec<_> = std::fs::read_dir(t.join("v1"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        left.iter().all(|n| n == "size" || n == "evict.lock"),
+        "{left:?}"
+    );
+    assert_eq!(c.tracked_size(), Some(0));
+}
+
+#[test]
+fn eviction_removes_a_killed_writers_leftovers_but_not_a_write_in_progress() {
+    let t = TempDir::new("evict");
+    let c = cache(t.path());
+    c.put(&key(1), b"kept", Duration::ZERO);
+    let leaf = c.entry_dir(&key(1));
+    // Leftovers of killed writers: temporaries of slot 1, an orphan .bin in slot 2, a lock file in 3.
+    std::fs::write(leaf.join("1.bin.tmp"), vec![0u8; 500]).unwrap();
+    std::fs::write(leaf.join("1.src.tmp"), vec![0u8; 50]).unwrap();
+    std::fs::copy(leaf.join("0.bin"), leaf.join("2.bin")).unwrap();
+    std::fs::write(leaf.join("3.lock"), b"").unwrap();
+    // A write in progress in slot 4: its lock is held.
+    let f = std::fs::File::create(leaf.join("4.lock")).unwrap();
+    let mut lock4 = fd_lock::RwLock::new(f);
+    let _held = lock4.try_write().unwrap();
+    std::fs::write(leaf.join("4.bin.tmp"), vec![0u8; 10]).unwrap();
+
+    let v = c.verify(false).unwrap();
+    assert_eq!((v.valid, v.bad.len(), v.stale.len()), (1, 0, 3), "{v:?}");
+    let r = c.evict(None, None).unwrap();
+    assert_eq!((r.removed, r.stale_removed, r.busy), (0, 2, 1), "{r:?}");
+    let mut names: Vec<String> = std::fs::read_dir(&leaf)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["0.bin", "0.lock", "0.src", "4.bin.tmp", "4.lock"]);
+    assert_eq!(c.get(&key(1)).unwrap().bytes(), b"kept");
+    assert_eq!(c.tracked_size(), Some(entry_bytes(t.path()) + 10));
+}
+
+#[test]
+fn prune_older_than_and_to_a_size() {
+    let t = TempDir::new("evict");
+    let c = cache(t.path());
+    for i in 0..6 {
+        c.put(&key(i), &payload(i, 100), Duration::ZERO);
+    }
+    age(&c, &key(0), 10 * 86_400);
+    age(&c, &key(1), 8 * 86_400);
+    age(&c, &key(2), 3600);
+    let r = c
+        .evict(
+            None,
+            Some(SystemTime::now() - Duration::from_secs(7 * 86_400)),
+        )
+        .unwrap();
+    assert_eq!(r.removed, 2);
+    assert!(c.get(&key(0)).is_none() && c.get(&key(1)).is_none());
+    let one = entry_bytes(t.path()) / 4;
+    // Of the rest, key 2 was accessed longest ago; 3, 4 and 5 in the order they were written.
+    let r = c.evict(Some(2 * one), None).unwrap();
+    assert_eq!(r.removed, 2);
+    assert!(
+        c.get(&key(2)).is_none(),
+        "the oldest of the rest goes first"
+    );
+    assert_eq!(r.remaining_entries, 2);
+}
+
+#[test]
+fn size_file_is_rebuilt_and_reconciled() {
+    let t = TempDir::new("evict");
+    let c = PersistentCache::new(DiskCacheSettings {
+        max_size: 1 << 20,
+        ..settings(t.path())
+    });
+    for i in 0..5 {
+        c.put(&key(i), &payload(i, 1000), Duration::ZERO);
+    }
+    let truth = entry_bytes(t.path());
+    assert_eq!(c.tracked_size(), Some(truth));
+    // Deleted: the next put measures the tree.
+    std::fs::remove_file(t.join("v1/size")).unwrap();
+    c.put(&key(5), &payload(5, 1000), Duration::ZERO);
+    let truth = entry_bytes(t.path());
+    assert_eq!(c.tracked_size(), Some(truth));
+    // Wildly wrong (say, files removed by hand): the next put triggers a pass that finds the cache far
+    // under its limit, removes nothing, and writes the truth back.
+    std::fs::write(t.join("v1/size"), b"999999999\n").unwrap();
+    c.put(&key(6), &payload(6, 1000), Duration::ZERO);
+    assert_eq!(c.stats().evictions, 0);
+    assert_eq!(c.tracked_size(), Some(entry_bytes(t.path())));
+    // Entries removed by hand: tracked total drifts high until a pass measures again.
+    std::fs::remove_dir_all(c.entry_dir(&key(0))).unwrap();
+    let r = c.evict(None, None).unwrap();
+    assert_eq!(r.removed, 0);
+    assert_eq!(c.tracked_size(), Some(entry_bytes(t.path())));
+}
+
+#[test]
+fn only_one_evictor_at_a_time() {
+    let t = TempDir::new("evict");
+    let one = entry_size(0, 1000);
+    let c = PersistentCache::new(DiskCacheSettings {
+        max_size: 3 * one,
+        lock_timeout: Duration::from_millis(100),
+        ..settings(t.path())
+    });
+    for i in 0..3 {
+        c.put(&key(i), &payload(i, 1000), Duration::ZERO);
+    }
+    // Another process is evicting: puts over the limit skip eviction instead of waiting.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(t.join("v1/evict.lock"))
+        .unwrap();
+    let mut other = fd_lock::RwLock::new(f);
+    let held = other.try_write().unwrap();
+    for i in 3..6 {
+        assert_eq!(
+            c.put(&key(i), &payload(i, 1000), Duration::ZERO),
+            PutOutcome::Published(0)
+        );
+    }
+    assert_eq!(c.stats().evictions, 0);
+    assert_eq!(entry_bytes(t.path()), 6 * one);
+    let r = c.evict(Some(0), None).unwrap();
+    assert!(
+        !r.ran,
+        "an explicit pass waits (here 100 ms) and then reports it did not run"
+    );
+    drop(held);
+    c.put(&key(6), &payload(6, 1000), Duration::ZERO);
+    assert!(c.stats().evictions >= 4);
+    assert!(entry_bytes(t.path()) <= 3 * one * 3 / 4);
+}
+
+#[test]
+fn unlimited_cache_never_evicts() {
+    let t = TempDir::new("evict");
+    let c = PersistentCache::new(DiskCacheSettings {
+        max_size: 0,
+        ..settings(t.path())
+    });
+    for i in 0..30 {
+        c.put(&key(i), &payload(i, 2000), Duration::ZERO);
+    }
+    assert_eq!(c.stats().evictions, 0);
+    assert_eq!(c.entries().unwrap().len(), 30);
+}
