@@ -39,6 +39,12 @@ impl BuildMap<u32, u64, BuildError> for LockedMap<'_> {
             .or_insert_with(|| Arc::new(BuildResult::new()))
             .clone()
     }
+    fn remove_entry(&self, key: &u32, entry: &Arc<Entry>) {
+        let mut g = self.0.lock();
+        if g.get(key).is_some_and(|e| Arc::ptr_eq(e, entry)) {
+            g.remove(key);
+        }
+    }
 }
 
 fn request(

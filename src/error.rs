@@ -157,6 +157,11 @@ impl BuildFailure for Error {
     fn from_panic(message: String) -> Self {
         Error::Panicked(message)
     }
+    fn is_cacheable(&self) -> bool {
+        // Invalid SPIR-V is the caller's input to fix; caching it would pin a failure on an image
+        // digest the issue says must leave no trace.
+        !matches!(self, Error::InvalidSpirv { .. })
+    }
 }
 
 /// `Result` with kpc's [`Error`].

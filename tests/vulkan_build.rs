@@ -32,7 +32,8 @@ fn invalid_spirv_is_a_typed_error_and_nothing_is_cached() {
         "the validator's message: {message}"
     );
 
-    // The same bytes passed unvalidated reach the context, which validates before any lookup.
+    // The same bytes passed unvalidated reach the context, whose build path validates them; the failure
+    // is not cached, so each request validates again and nothing is left in the cache.
     let raw = DeviceImage::new("broken", ImageFormat::SpirV, bytes);
     for _ in 0..2 {
         let e2 = ctx
@@ -46,10 +47,10 @@ fn invalid_spirv_is_a_typed_error_and_nothing_is_cached() {
         assert_eq!(e2, e);
     }
     let s = ctx.memory_stats();
-    assert_eq!(
-        (s.programs, s.kernels, s.builds, s.misses),
-        (0, 0, 0, 0),
-        "{s:?}"
+    assert_eq!((s.programs, s.kernels, s.hits), (0, 0, 0), "{s:?}");
+    assert!(
+        s.failed_builds >= 2,
+        "both requests went to the build path: {s:?}"
     );
     assert_eq!(ctx.backend_stats().programs_built, 0);
 }

@@ -49,6 +49,12 @@ pub trait BuildFailure: Clone + Send + Sync + 'static {
     fn is_transient(&self) -> bool;
     /// The error handed to a waiter that gives up after builds that panicked.
     fn from_panic(message: String) -> Self;
+    /// False for deterministic failures that must still leave nothing cached (invalid input the caller
+    /// should fix, such as malformed SPIR-V): the entry goes back to `Initial` without counting as a
+    /// transient failure, and every caller that builds it sees the error afresh.
+    fn is_cacheable(&self) -> bool {
+        true
+    }
 }
 
 /// Whether a failure is final (cached) or worth a retry (not cached).
@@ -283,6 +289,10 @@ impl<T, E: BuildFailure> BuildResult<T, E> {
                 self.reset_after_failure(e.clone());
                 Err(e)
             }
+            Err(e) if !e.is_cacheable() => {
+                self.publish(BuildState::Initial);
+                Err(e)
+            }
             Err(e) => {
                 self.outcome.set(Err(e.clone()));
                 self.publish(BuildState::Failed);
@@ -312,6 +322,8 @@ pub trait BuildMap<K, T, E> {
     fn with_entry<R>(&self, key: &K, f: impl FnOnce(&BuildResult<T, E>) -> R) -> Option<R>;
     /// Returns the entry of `key`, inserting a fresh `Initial` one if there is none.
     fn entry_or_insert(&self, key: &K) -> Arc<BuildResult<T, E>>;
+    /// Removes the entry of `key` if it is still `entry` (not a newer one inserted since).
+    fn remove_entry(&self, key: &K, entry: &Arc<BuildResult<T, E>>);
 }
 
 impl<K, T, E, S> BuildMap<K, T, E> for dashmap::DashMap<K, Arc<BuildResult<T, E>>, S>
@@ -328,6 +340,9 @@ where
             .or_insert_with(|| Arc::new(BuildResult::new()))
             .value()
             .clone()
+    }
+    fn remove_entry(&self, key: &K, entry: &Arc<BuildResult<T, E>>) {
+        self.remove_if(key, |_, v| Arc::ptr_eq(v, entry));
     }
 }
 
@@ -375,5 +390,12 @@ where
     }
     let entry = map.entry_or_insert(key);
     let (result, served) = entry.get_or_build(build, on_built);
+    if let Err(e) = &result {
+        // An uncacheable failure leaves no entry behind, not even an Initial one, so the cache holds
+        // nothing for that key (a waiter that is about to retry re-inserts one).
+        if served == Served::Built && !e.is_cacheable() && entry.state() == BuildState::Initial {
+            map.remove_entry(key, &entry);
+        }
+    }
     Resolved { result, served }
 }

@@ -263,9 +263,10 @@ impl Context {
         options: &BuildOptions,
     ) -> Result<Kernel> {
         if self.backend() == BackendKind::Vulkan {
-            // Validation is a property of the image, memoized in it: checked here, before any key
-            // is looked up, an invalid module can never become a cached failure.
-            let module = image.spirv_module()?;
+            // Reflection only: validation belongs to the build path (the backend validates before a
+            // cold build, and an invalid image's failure is never cached), so a kernel served from memory
+            // or from a persisted binary does not pay spirv-tools for an image an earlier build validated.
+            let module = image.spirv_reflection()?;
             // An unknown entry point is the caller's mistake, not the program's: answer it without
             // building or caching anything.
             module.entry(image.name(), entry)?;
