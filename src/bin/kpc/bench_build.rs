@@ -40,6 +40,8 @@ enum Phase {
     Load,
     /// OpenCL only: build, launch, then query the binary (see bench_build_cl.rs).
     ColdLaunch,
+    /// Vulkan: one `Context::kernel` through every cache layer, with the disk cache at KPC_CACHE_DIR.
+    Context,
 }
 
 const DRIVER_CACHE_VARS: &[&str] = &[
@@ -82,7 +84,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     println!("options: {:?}", args.options);
     println!();
     println!(
-        "{:<10} {:>7} {:>11} {:>9} {:>8} {:>10} {:>8} {:>9} {:>10} {:>9}",
+        "{:<10} {:>7} {:>11} {:>9} {:>8} {:>10} {:>8} {:>9} {:>10} {:>9} | {:>12} {:>12} {:>10} {:>9}",
         "kernel",
         "entries",
         "validate ms",
@@ -92,7 +94,11 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         "load ms",
         "load2 ms",
         "driver hit",
-        "cold/hit"
+        "cold/hit",
+        "ctx built ms",
+        "ctx disk ms",
+        "driver hit",
+        "built/disk"
     );
     let exe = std::env::current_exe().map_err(|e| Error::Io(format!("current_exe: {e}")))?;
     let dir = std::env::temp_dir().join(format!("kpc-bench-build-{}", std::process::id()));
@@ -100,8 +106,11 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     let mut failed = false;
     for name in names {
         let blob = dir.join(format!("{name}.bin"));
+        let cache_dir = dir.join(format!("{name}-cache"));
         let child = |phase: &str| {
             Command::new(&exe)
+                .env("KPC_CACHE_DIR", &cache_dir)
+                .env("KPC_CACHE_PERSISTENT", "1")
                 .args([
                     "bench-build",
                     "--kernel",
@@ -132,6 +141,10 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
                     .collect())
             };
         let row = parse(child("cold")).and_then(|c| parse(child("load")).map(|l| (c, l)));
+        // End to end through the runtime: the first new process finds an empty disk cache and builds, the
+        // second finds what the first persisted.
+        let ctx_built = parse(child("context"));
+        let ctx_disk = parse(child("context"));
         let get = |r: &Vec<(String, String)>, k: &str| {
             r.iter()
                 .find(|(kk, _)| kk == k)
@@ -150,8 +163,19 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
                     (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
                     _ => "-".into(),
                 };
+                let cell = |r: &Result<Vec<(String, String)>, String>, want: &str| match r {
+                    Ok(v) if get(v, "source") == want => get(v, "ms"),
+                    Ok(v) => format!("{}?", get(v, "source")),
+                    Err(_) => "failed".into(),
+                };
+                let (cb, cd) = (cell(&ctx_built, "built"), cell(&ctx_disk, "disk"));
+                let ctx_ratio = match (cb.parse::<f64>(), cd.parse::<f64>()) {
+                    (Ok(a), Ok(b)) if b > 0.0 => format!("{:.1}x", a / b),
+                    _ => "-".into(),
+                };
+                let ctx_hit = ctx_disk.as_ref().map_or("-".into(), |v| get(v, "hit"));
                 println!(
-                    "{:<10} {:>7} {:>11} {:>9} {:>8} {:>10} {:>8} {:>9} {:>10} {:>9}",
+                    "{:<10} {:>7} {:>11} {:>9} {:>8} {:>10} {:>8} {:>9} {:>10} {:>9} | {:>12} {:>12} {:>10} {:>9}",
                     name,
                     get(&c, "entries"),
                     get(&c, "validate_ms"),
@@ -161,7 +185,11 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
                     get(&l, "load_ms"),
                     get(&l, "load2_ms"),
                     get(&l, "hit"),
-                    ratio
+                    ratio,
+                    cb,
+                    cd,
+                    ctx_hit,
+                    ctx_ratio
                 );
             }
             Err(e) => {
@@ -191,6 +219,13 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     println!(
         "cold/hit = (validate + build) / (reflect + load). Device open and file I/O are excluded."
     );
+    println!(
+        "ctx built / ctx disk = Context::kernel in a new process with an empty disk cache, then in another"
+    );
+    println!(
+        "new process with the cache the first one filled: keys, disk lookup (read + checksum) or build +"
+    );
+    println!("put, pipeline creation. Device open is excluded.");
     if device.device_type == kpc::backend::DeviceType::Cpu {
         println!(
             "note: lavapipe compiles at first dispatch, not in vkCreateComputePipelines, and its"
@@ -232,6 +267,11 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
             Phase::Cold => "cold",
             Phase::ColdLaunch => "cold-launch",
             Phase::Load => "load",
+            Phase::Context => {
+                return Err(Error::InvalidArgument(
+                    "--phase context is for Vulkan devices".into(),
+                ));
+            }
         };
         return crate::bench_build_cl::phase(config, &device, name, &args.options, phase, blob);
     }
@@ -246,6 +286,9 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
             device.backend, device.index
         )));
     }
+    if phase == Phase::Context {
+        return context_phase(config, &device, name, &args.options);
+    }
     let backend = VulkanBackend::open(device.index, config)?;
     let k = kpc::kernels::SPIRV
         .iter()
@@ -255,7 +298,7 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
     // The cold path validates and reflects; the load path only reflects (see program_from_binary).
     let t = Instant::now();
     let module = match phase {
-        Phase::Cold | Phase::ColdLaunch => image.spirv_module()?,
+        Phase::Cold | Phase::ColdLaunch | Phase::Context => image.spirv_module()?,
         Phase::Load => image.spirv_reflection()?,
     };
     let prepare = t.elapsed();
@@ -263,7 +306,7 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
     let options = BuildOptions::new(&args.options);
     let io = |e: std::io::Error| Error::Io(format!("{}: {e}", blob.display()));
     match phase {
-        Phase::Cold | Phase::ColdLaunch => {
+        Phase::Cold | Phase::ColdLaunch | Phase::Context => {
             let t = Instant::now();
             let program = backend.build_program(&image, &spec, &options)?;
             let cold = t.elapsed();
@@ -304,5 +347,39 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
             );
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One `Context::kernel` in this (new) process, timed as a user sees it.
+fn context_phase(
+    config: &Config,
+    device: &kpc::backend::DeviceInfo,
+    name: &str,
+    options: &str,
+) -> kpc::Result<ExitCode> {
+    let k = kpc::kernels::SPIRV
+        .iter()
+        .find(|k| k.name == name)
+        .ok_or_else(|| Error::InvalidArgument(format!("no shipped SPIR-V kernel {name:?}")))?;
+    let ctx = kpc::runtime::Context::with_device(device, config)?;
+    let image = DeviceImage::new(k.name, kpc::backend::ImageFormat::SpirV, k.spirv);
+    let t = Instant::now();
+    let kernel = ctx.kernel(
+        &image,
+        k.name,
+        &SpecConstants::new(),
+        &BuildOptions::new(options),
+    )?;
+    let took = t.elapsed();
+    let hit = match kernel.driver_cache_hit() {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "unknown",
+    };
+    println!(
+        "KPCBENCH source={} ms={} hit={hit}",
+        kernel.source(),
+        ms(took)
+    );
     Ok(ExitCode::SUCCESS)
 }
