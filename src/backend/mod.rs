@@ -12,6 +12,8 @@ pub mod image;
 pub mod opencl;
 pub mod pod;
 #[cfg(not(loom))]
+pub mod process;
+#[cfg(not(loom))]
 pub mod spirv;
 #[cfg(not(loom))]
 pub mod vulkan;

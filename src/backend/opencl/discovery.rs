@@ -65,6 +65,8 @@ pub(crate) fn enumerate() -> Result<Vec<Found>> {
 }
 
 fn enumerate_now() -> Result<Vec<Found>> {
+    // Before the loader runs: it rewrites OCL_ICD_FILENAMES in place (see backend::process).
+    crate::backend::process::snapshot_loader_environment();
     let platforms = match get_platforms() {
         Ok(p) => p,
         Err(ClError(LOADER_MISSING)) => {

@@ -108,7 +108,8 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         let blob = dir.join(format!("{name}.bin"));
         let cache_dir = dir.join(format!("{name}-cache"));
         let child = |phase: &str| {
-            Command::new(&exe)
+            let mut c = Command::new(&exe);
+            kpc::backend::process::with_original_loader_environment(&mut c)
                 .env("KPC_CACHE_DIR", &cache_dir)
                 .env("KPC_CACHE_PERSISTENT", "1")
                 .args([
@@ -261,7 +262,19 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
         .blob
         .as_ref()
         .ok_or_else(|| Error::InvalidArgument("--phase needs --blob".into()))?;
-    let device = select_device(&config.device)?;
+    let device = select_device(&config.device).inspect_err(|_| {
+        // A child that cannot find the device its parent measured on: show what it inherited that
+        // decides which drivers load, since the parent's drivers may have changed its environment.
+        let vars: Vec<String> = std::env::vars()
+            .filter(|(k, _)| {
+                ["OCL", "OPENCL", "POCL", "CUDA", "LD_", "VK_", "__GL", "NVIDIA"]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+            })
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        eprintln!("child environment: {}", vars.join(" "));
+    })?;
     if device.backend == BackendKind::OpenCl {
         let phase = match phase {
             Phase::Cold => "cold",

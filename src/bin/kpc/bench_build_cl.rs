@@ -106,7 +106,7 @@ pub fn run(
         let blob = dir.join(format!("{name}.bin"));
         let mut child = |phase: &str| -> Result<Vec<(String, String)>, String> {
             let mut c = Command::new(&exe);
-            c.args([
+            kpc::backend::process::with_original_loader_environment(&mut c).args([
                 "bench-build",
                 "--kernel",
                 name,
