@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""PyTorch's scaled_dot_product_attention on the shapes kpc's attention benchmark uses, for a side by side
+comparison on the GPU host (which has PyTorch but no Rust toolchain).
+
+Times every SDPA backend that accepts the shape (flash, efficient, cudnn, math) with CUDA events after
+warm-up, median of many runs, rotating among several input sets so repeated runs do not measure a warm
+L2. Prints one table for decode (one query against an L-long fp16 KV cache) and one for causal prefill.
+
+    python3 benches/attention_torch.py [--batch 1] [--heads 32] [--kv-heads 32] [--head-dim 128]
+"""
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = [
+    ("flash", SDPBackend.FLASH_ATTENTION),
+    ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+    ("cudnn", SDPBackend.CUDNN_ATTENTION),
+    ("math", SDPBackend.MATH),
+]
+
+
+def time_ms(fn, sets, warmup=5, reps=50):
+    for i in range(warmup):
+        fn(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        args = sets[i % len(sets)]
+        a.record()
+        fn(*args)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def sdpa(backend, causal, gqa):
+    def run(q, k, v):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    return run
+
+
+def best(fns, sets):
+    out = {}
+    for name, backend in BACKENDS:
+        try:
+            out[name] = time_ms(fns(backend), sets)
+        except RuntimeError as e:  # the backend does not support this shape
+            out[name] = None
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=None)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--decode", default="1024,4096,16384,32768")
+    p.add_argument("--prefill", default="512,1024,2048,4096,8192")
+    a = p.parse_args()
+    B, H, D = a.batch, a.heads, a.head_dim
+    Hkv = a.kv_heads or H
+    gqa = Hkv != H
+    dev = "cuda"
+    torch.manual_seed(0)
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(f"shape: B={B} H={H} Hkv={Hkv} D={D}, fp16 q/k/v")
+
+    # Copy bandwidth of the device, for the same ratio kpc reports.
+    n = 1 << 28
+    src = torch.empty(n, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda s, d: d.copy_(s), [(src, dst)])
+    copy_gbs = 2 * n / ms / 1e6
+    print(f"device copy bandwidth (256 MiB d2d, read+write): {copy_gbs:.0f} GB/s")
+
+    names = [n for n, _ in BACKENDS]
+    print("\ndecode: one query per head against an L-long KV cache")
+    print(f"{'L':>6} | " + " | ".join(f"{n:>10} us" for n in names) + " | best GB/s | of copy")
+    for L in [int(x) for x in a.decode.split(",")]:
+        sets = []
+        for _ in range(4):
+            q = torch.randn(B, H, 1, D, dtype=torch.float16, device=dev)
+            k = torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev)
+            v = torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev)
+            sets.append((q, k, v))
+        r = best(lambda bk: sdpa(bk, False, gqa), sets)
+        ok = [t for t in r.values() if t is not None]
+        bytes_ = 2 * B * Hkv * L * D * 2
+        gbs = bytes_ / min(ok) / 1e6 if ok else 0
+        cells = " | ".join(f"{r[n] * 1e3:>13.1f}" if r[n] else f"{'-':>13}" for n in names)
+        print(f"{L:>6} | {cells} | {gbs:>8.0f} | {gbs / copy_gbs:>6.0%}")
+        del sets
+
+    print("\ncausal prefill: TFLOP/s counted as 2*B*H*L^2*D (the causal half)")
+    print(f"{'L':>6} | " + " | ".join(f"{n:>10} ms" for n in names) + " | best TFLOP/s")
+    for L in [int(x) for x in a.prefill.split(",")]:
+        sets = []
+        for _ in range(2):
+            q = torch.randn(B, H, L, D, dtype=torch.float16, device=dev)
+            k = torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev)
+            v = torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev)
+            sets.append((q, k, v))
+        r = best(lambda bk: sdpa(bk, True, gqa), sets)
+        ok = [t for t in r.values() if t is not None]
+        flops = 2 * B * H * L * L * D
+        tf = flops / min(ok) / 1e9 if ok else 0
+        cells = " | ".join(f"{r[n]:>13.3f}" if r[n] else f"{'-':>13}" for n in names)
+        print(f"{L:>6} | {cells} | {tf:>12.1f}")
+        del sets
+
+
+if __name__ == "__main__":
+    main()
