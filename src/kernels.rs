@@ -34,6 +34,16 @@ pub const SPIRV: &[ShippedSpirv] = &[
         source: "kernels/copy.comp",
         spirv: include_bytes!("../kernels/copy.spv"),
     },
+    ShippedSpirv {
+        name: "attn_decode",
+        source: "kernels/attn_decode.comp",
+        spirv: include_bytes!("../kernels/attn_decode.spv"),
+    },
+    ShippedSpirv {
+        name: "attn_reduce",
+        source: "kernels/attn_reduce.comp",
+        spirv: include_bytes!("../kernels/attn_reduce.spv"),
+    },
 ];
 
 /// The shipped SPIR-V image `name`, validated.
@@ -74,6 +84,16 @@ pub const OPENCL: &[ShippedOpenCl] = &[
         name: "copy",
         path: "kernels/copy.cl",
         source: include_str!("../kernels/copy.cl"),
+    },
+    ShippedOpenCl {
+        name: "attn_decode",
+        path: "kernels/attn_decode.cl",
+        source: include_str!("../kernels/attn_decode.cl"),
+    },
+    ShippedOpenCl {
+        name: "attn_reduce",
+        path: "kernels/attn_reduce.cl",
+        source: include_str!("../kernels/attn_reduce.cl"),
     },
 ];
 
