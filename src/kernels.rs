@@ -44,6 +44,11 @@ pub const SPIRV: &[ShippedSpirv] = &[
         source: "kernels/attn_reduce.comp",
         spirv: include_bytes!("../kernels/attn_reduce.spv"),
     },
+    ShippedSpirv {
+        name: "attn_prefill",
+        source: "kernels/attn_prefill.comp",
+        spirv: include_bytes!("../kernels/attn_prefill.spv"),
+    },
 ];
 
 /// The shipped SPIR-V image `name`, validated.
@@ -94,6 +99,11 @@ pub const OPENCL: &[ShippedOpenCl] = &[
         name: "attn_reduce",
         path: "kernels/attn_reduce.cl",
         source: include_str!("../kernels/attn_reduce.cl"),
+    },
+    ShippedOpenCl {
+        name: "attn_prefill",
+        path: "kernels/attn_prefill.cl",
+        source: include_str!("../kernels/attn_prefill.cl"),
     },
 ];
 

@@ -86,6 +86,8 @@ fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
     let small = AttentionOptions {
         local_size: 32,
         chunk: 16,
+        block_q: 4,
+        block_k: 8,
     };
     let cases = [
         (shape(1, 4, 4, 64), AttentionOptions::default(), 1),
@@ -177,6 +179,15 @@ fn bad_shapes(ctx: &Context) {
         .unwrap_err();
     assert!(matches!(e, Error::Size { .. }), "{e}");
     assert_eq!(cache.len(), 2);
+    let e = attn
+        .prefill(&mut cache, &q, &row, &row, 1, &out)
+        .unwrap_err();
+    assert!(matches!(e, Error::Size { .. }), "{e}");
+    let e = attn
+        .prefill(&mut cache, &q, &row, &row, 0, &out)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert_eq!(cache.len(), 2);
     let e = cache
         .fill(
             &vec![0.0; 3 * s.kv_step_elems()],
@@ -204,6 +215,126 @@ fn bad_shapes(ctx: &Context) {
     ));
 }
 
+/// Causal prefill of `len` positions against the reference.
+fn prefill_case(
+    ctx: &Context,
+    s: AttentionShape,
+    dtype: KvDtype,
+    options: AttentionOptions,
+    len: usize,
+) -> f64 {
+    let k = random_f32(s.kv_step_elems() * len);
+    let v = random_f32(s.kv_step_elems() * len);
+    let q = random_f32(s.q_elems() * len);
+    let attn = Attention::new(ctx, &s, dtype, len + 5, options).unwrap();
+    let mut cache = KvCache::new(ctx, &s, len + 5, dtype).unwrap();
+    let qb = ctx.buffer_from(&q).unwrap();
+    let out = ctx.buffer_from(&vec![f32::NAN; q.len()]).unwrap();
+    attn.prefill(&mut cache, &qb, &k, &v, len, &out)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(cache.len(), len);
+    let (k, v) = match dtype {
+        KvDtype::F32 => (k, v),
+        KvDtype::F16 => (round_to_f16(&k), round_to_f16(&v)),
+    };
+    let want = attention(&s, &q, &k, &v, len, len, true).unwrap();
+    relative_error(&out.read().unwrap(), &want)
+}
+
+fn prefill_shapes(ctx: &Context, dtype: KvDtype) {
+    let small = AttentionOptions {
+        local_size: 16,
+        block_q: 3,
+        block_k: 5,
+        ..AttentionOptions::default()
+    };
+    let default = AttentionOptions::default();
+    for (s, options, len) in [
+        (shape(1, 2, 2, 64), default, 1),
+        (shape(1, 2, 2, 64), default, 7),
+        (shape(1, 2, 2, 64), small, 7),
+        (shape(1, 2, 2, 128), default, 33),
+        (shape(2, 4, 2, 64), small, 33),
+        (shape(2, 4, 2, 64), default, 33),
+        (shape(1, 4, 1, 64), default, 100),
+    ] {
+        let err = prefill_case(ctx, s, dtype, options, len);
+        assert!(
+            err <= 1e-5,
+            "{dtype:?} {s:?} {options:?} L={len}: prefill error {err:e}"
+        );
+    }
+}
+
+/// A prompt prefilled, then 100 decode steps, give the rows of one causal attention over the whole
+/// sequence.
+fn prefill_then_decode(ctx: &Context, dtype: KvDtype, tolerance: f64) {
+    let s = shape(2, 4, 2, 64);
+    let (prompt, steps) = (13, 100);
+    let total = prompt + steps;
+    let d = s.head_dim;
+    let rows_q = s.batch * s.q_heads;
+    let rows_kv = s.batch * s.kv_heads;
+    let q = random_f32(rows_q * total * d);
+    let k = random_f32(rows_kv * total * d);
+    let v = random_f32(rows_kv * total * d);
+    let options = AttentionOptions {
+        chunk: 32,
+        ..AttentionOptions::default()
+    };
+    let attn = Attention::new(ctx, &s, dtype, total, options).unwrap();
+    let mut cache = KvCache::new(ctx, &s, total, dtype).unwrap();
+    let mut got = vec![f32::NAN; q.len()];
+
+    let qb = ctx
+        .buffer_from(&prefix(&q, rows_q, total, d, prompt))
+        .unwrap();
+    let out = ctx
+        .buffer_from(&vec![f32::NAN; rows_q * prompt * d])
+        .unwrap();
+    attn.prefill(
+        &mut cache,
+        &qb,
+        &prefix(&k, rows_kv, total, d, prompt),
+        &prefix(&v, rows_kv, total, d, prompt),
+        prompt,
+        &out,
+    )
+    .unwrap();
+    let o = out.read().unwrap();
+    for h in 0..rows_q {
+        got[h * total * d..][..prompt * d].copy_from_slice(&o[h * prompt * d..][..prompt * d]);
+    }
+
+    let qb = ctx.buffer::<f32>(s.q_elems()).unwrap();
+    let out = ctx.buffer::<f32>(s.q_elems()).unwrap();
+    for t in prompt..total {
+        qb.write(&position(&q, rows_q, total, d, t)).unwrap();
+        out.write(&vec![f32::NAN; s.q_elems()]).unwrap();
+        attn.decode_step(
+            &mut cache,
+            &qb,
+            &position(&k, rows_kv, total, d, t),
+            &position(&v, rows_kv, total, d, t),
+            &out,
+        )
+        .unwrap();
+        let o = out.read().unwrap();
+        for h in 0..rows_q {
+            got[(h * total + t) * d..][..d].copy_from_slice(&o[h * d..][..d]);
+        }
+    }
+    assert_eq!(cache.len(), total);
+    let want = attention(&s, &q, &k, &v, total, total, true).unwrap();
+    let err = relative_error(&got, &want);
+    assert!(
+        err <= tolerance,
+        "{dtype:?}: prefill + {steps} decode steps differ from one causal attention by {err:e}"
+    );
+}
+
 macro_rules! backend_tests {
     ($backend:ident, $context:ident) => {
         mod $backend {
@@ -223,6 +354,24 @@ macro_rules! backend_tests {
                     return;
                 };
                 decode_shapes(&ctx, KvDtype::F16, 2e-3);
+            }
+
+            #[test]
+            fn prefill_matches_the_reference() {
+                let Some(ctx) = $context(concat!(stringify!($backend), "_prefill")) else {
+                    return;
+                };
+                prefill_shapes(&ctx, KvDtype::F32);
+                prefill_shapes(&ctx, KvDtype::F16);
+            }
+
+            #[test]
+            fn prefill_then_100_decode_steps_is_one_causal_attention() {
+                let Some(ctx) = $context(concat!(stringify!($backend), "_prefill_decode")) else {
+                    return;
+                };
+                prefill_then_decode(&ctx, KvDtype::F32, 1e-5);
+                prefill_then_decode(&ctx, KvDtype::F16, 2e-3);
             }
 
             #[test]

@@ -5,7 +5,9 @@
 //!   contiguous run. Appending a token writes one position per (batch, KV head) in place: O(1), the
 //!   past is never copied.
 //! - [`Attention`] holds the kernels for one shape (acquired through the context's caches, one
-//!   distinct cached program per variant) and runs them: [`Attention::decode_step`] appends and then
+//!   distinct cached program per variant) and runs them: [`Attention::prefill`] appends a prompt's
+//!   K and V and runs causal attention over it (tiled, online softmax, fully masked tiles skipped);
+//!   [`Attention::decode_step`] appends and then
 //!   attends over every position; [`Attention::attend`] attends over a cache without appending (a
 //!   static cross-attention set filled once with [`KvCache::fill`]).
 //! - Decode is flash-decoding: the sequence is split into chunks of [`AttentionOptions::chunk`]
@@ -301,6 +303,10 @@ pub struct AttentionOptions {
     pub local_size: u32,
     /// Positions per decode split (flash-decoding chunk).
     pub chunk: u32,
+    /// Query rows per prefill workgroup.
+    pub block_q: u32,
+    /// Key positions per prefill tile.
+    pub block_k: u32,
 }
 
 impl Default for AttentionOptions {
@@ -308,6 +314,8 @@ impl Default for AttentionOptions {
         AttentionOptions {
             local_size: 64,
             chunk: 256,
+            block_q: 8,
+            block_k: 32,
         }
     }
 }
@@ -334,6 +342,7 @@ pub struct Attention {
     options: AttentionOptions,
     decode: Kernel,
     reduce: Kernel,
+    prefill: Kernel,
     part_o: Buffer<f32>,
     part_ml: Buffer<f32>,
 }
@@ -376,12 +385,20 @@ impl Attention {
                 "attention needs a capacity of at least one position".into(),
             ));
         }
-        if !options.local_size.is_power_of_two() || options.chunk == 0 {
+        if !options.local_size.is_power_of_two()
+            || options.chunk == 0
+            || options.block_q == 0
+            || options.block_k == 0
+        {
             return Err(Error::InvalidArgument(format!(
-                "local size must be a power of two and chunk positive: {options:?}"
+                "local size must be a power of two and chunk and blocks positive: {options:?}"
             )));
         }
-        let shared = 4 * (shape.head_dim + options.chunk as usize + options.local_size as usize);
+        let (bq, bk) = (options.block_q as usize, options.block_k as usize);
+        let decode_shared =
+            4 * (shape.head_dim + options.chunk as usize + options.local_size as usize);
+        let prefill_shared = 4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq);
+        let shared = decode_shared.max(prefill_shared);
         let max_shared = ctx.device().limits.max_shared_memory_bytes as usize;
         if shared > max_shared {
             return Err(Error::InvalidArgument(format!(
@@ -399,6 +416,12 @@ impl Attention {
             .with(2, f16)
             .with(3, d);
         let reduce_spec = SpecConstants::new().with(0, local).with(3, d);
+        let prefill_spec = SpecConstants::new()
+            .with(0, local)
+            .with(2, f16)
+            .with(3, d)
+            .with(4, SpecValue::U32(options.block_q))
+            .with(5, SpecValue::U32(options.block_k));
         let none = BuildOptions::default();
         let decode = ctx.kernel(
             &image(ctx, "attn_decode")?,
@@ -412,6 +435,12 @@ impl Attention {
             &reduce_spec,
             &none,
         )?;
+        let prefill = ctx.kernel(
+            &image(ctx, "attn_prefill")?,
+            "attn_prefill",
+            &prefill_spec,
+            &none,
+        )?;
         let splits = capacity.div_ceil(options.chunk as usize);
         let rows = shape.batch * shape.q_heads * splits;
         Ok(Attention {
@@ -422,6 +451,7 @@ impl Attention {
             options,
             decode,
             reduce,
+            prefill,
             part_o: ctx.buffer(rows * shape.head_dim)?,
             part_ml: ctx.buffer(rows * 2)?,
         })
@@ -439,7 +469,7 @@ impl Attention {
 
     /// Every kernel it holds, for reporting where each came from and how long it took to acquire.
     pub fn kernels(&self) -> Vec<&Kernel> {
-        vec![&self.decode, &self.reduce]
+        vec![&self.prefill, &self.decode, &self.reduce]
     }
 
     /// Splits a decode over `len` positions uses.
@@ -518,6 +548,63 @@ impl Attention {
                 push_constants: reduce_push.as_bytes(),
             },
         ])
+    }
+
+    /// Causal attention for `len` new positions: appends `k` and `v` (`[batch][kv_head][len][head_dim]`)
+    /// to `cache` after its current [`KvCache::len`] positions, then attends `q`
+    /// (`[batch][q_head][len][head_dim]`) over the cache, query `i` seeing every position up to its
+    /// own, and writes `out` in `q`'s layout. On an empty cache this is a prompt's prefill; on a
+    /// filled one, a chunk of a longer prompt. Tiles that the mask hides entirely are skipped.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for `len == 0` or a cache of another shape or type;
+    /// [`Error::Size`] for slices or buffers of the wrong length, a cache larger than the capacity, or
+    /// positions past the cache's capacity (nothing is written or launched then).
+    pub fn prefill(
+        &self,
+        cache: &mut KvCache,
+        q: &Buffer<f32>,
+        k: &[f32],
+        v: &[f32],
+        len: usize,
+        out: &Buffer<f32>,
+    ) -> Result<Event> {
+        self.check_cache(cache)?;
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "prefill needs at least one position".into(),
+            ));
+        }
+        check_len("prefill q", q.len(), self.shape.q_elems() * len)?;
+        check_len("prefill out", out.len(), self.shape.q_elems() * len)?;
+        let n = self.shape.kv_step_elems() * len;
+        check_len("prefill k", k.len(), n)?;
+        check_len("prefill v", v.len(), n)?;
+        let start = cache.len();
+        if start + len > cache.capacity() {
+            return Err(Error::Size {
+                what: "KV cache prefill".into(),
+                got: format!("{len} positions after {start}"),
+                expected: format!("at most the capacity {} in all", cache.capacity()),
+            });
+        }
+        cache.write_rows(start, len, k, v)?;
+        cache.len = start + len;
+        let tiles = len.div_ceil(self.options.block_q as usize) as u32;
+        let rows = (self.shape.batch * self.shape.q_heads) as u32;
+        let push = PushConstants::new()
+            .u32(len as u32)
+            .u32(cache.len() as u32)
+            .u32(cache.capacity() as u32)
+            .u32(self.shape.q_heads as u32)
+            .u32((self.shape.q_heads / self.shape.kv_heads) as u32)
+            .f32(1.0 / (self.shape.head_dim as f32).sqrt());
+        let (kb, vb) = cache.buffers();
+        self.ctx.queue().launch(
+            &self.prefill,
+            [tiles, rows, 1],
+            &[q, kb, vb, out],
+            push.as_bytes(),
+        )
     }
 
     /// Appends `k_new` and `v_new` (`[batch][kv_head][head_dim]`) to `cache`, then attends `q` over
