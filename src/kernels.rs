@@ -34,6 +34,21 @@ pub const SPIRV: &[ShippedSpirv] = &[
         source: "kernels/copy.comp",
         spirv: include_bytes!("../kernels/copy.spv"),
     },
+    ShippedSpirv {
+        name: "attn_decode",
+        source: "kernels/attn_decode.comp",
+        spirv: include_bytes!("../kernels/attn_decode.spv"),
+    },
+    ShippedSpirv {
+        name: "attn_reduce",
+        source: "kernels/attn_reduce.comp",
+        spirv: include_bytes!("../kernels/attn_reduce.spv"),
+    },
+    ShippedSpirv {
+        name: "attn_prefill",
+        source: "kernels/attn_prefill.comp",
+        spirv: include_bytes!("../kernels/attn_prefill.spv"),
+    },
 ];
 
 /// The shipped SPIR-V image `name`, validated.
@@ -74,6 +89,21 @@ pub const OPENCL: &[ShippedOpenCl] = &[
         name: "copy",
         path: "kernels/copy.cl",
         source: include_str!("../kernels/copy.cl"),
+    },
+    ShippedOpenCl {
+        name: "attn_decode",
+        path: "kernels/attn_decode.cl",
+        source: include_str!("../kernels/attn_decode.cl"),
+    },
+    ShippedOpenCl {
+        name: "attn_reduce",
+        path: "kernels/attn_reduce.cl",
+        source: include_str!("../kernels/attn_reduce.cl"),
+    },
+    ShippedOpenCl {
+        name: "attn_prefill",
+        path: "kernels/attn_prefill.cl",
+        source: include_str!("../kernels/attn_prefill.cl"),
     },
 ];
 

@@ -6,6 +6,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(not(loom))]
+pub mod attention;
 pub mod backend;
 pub mod cache;
 pub mod config;

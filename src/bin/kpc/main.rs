@@ -15,6 +15,8 @@ use clap::{Parser, Subcommand};
 use kpc::Config;
 
 #[cfg(not(loom))]
+mod attention;
+#[cfg(not(loom))]
 mod bench_build;
 #[cfg(not(loom))]
 mod bench_build_cl;
@@ -39,6 +41,9 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 #[cfg(not(loom))]
 enum Command {
+    /// Run a causal prefill and decode steps with a KV cache, report kernel sources, timings and
+    /// bandwidth, and with --check compare against the float64 reference.
+    Attention(attention::Args),
     /// Print the resolved configuration and the disk cache's status (the default).
     Status,
     /// Inspect and maintain the on-disk cache.
@@ -67,6 +72,7 @@ fn main() -> ExitCode {
     };
     init_tracing(&config);
     let r = match cli.command.unwrap_or(Command::Status) {
+        Command::Attention(args) => attention::run(&config, &args),
         Command::Status => status::run(&config),
         Command::Cache { command } => cache::run(&config, command),
         Command::Devices => devices::run(&config),

@@ -1,0 +1,628 @@
+//! Attention with a KV cache, kpc's built-in workload, on either backend.
+//!
+//! - [`KvCache`] holds one layer's K and V on the device, preallocated to a capacity and laid out
+//!   `[batch][kv_head][position][head_dim]`, so that a decode step reads each head's past as one
+//!   contiguous run. Appending a token writes one position per (batch, KV head) in place: O(1), the
+//!   past is never copied.
+//! - [`Attention`] holds the kernels for one shape (acquired through the context's caches, one
+//!   distinct cached program per variant) and runs them: [`Attention::prefill`] appends a prompt's
+//!   K and V and runs causal attention over it (tiled, online softmax, fully masked tiles skipped);
+//!   [`Attention::decode_step`] appends and then
+//!   attends over every position; [`Attention::attend`] attends over a cache without appending (a
+//!   static cross-attention set filled once with [`KvCache::fill`]).
+//! - Decode is flash-decoding: the sequence is split into chunks of [`AttentionOptions::chunk`]
+//!   positions, one workgroup per (chunk, batch, query head), and a second kernel combines the
+//!   chunks with a log-sum-exp.
+//! - [`reference`] is the float64 CPU reference the kernels are tested against.
+//!
+//! Q and O are f32, `[batch][q_head][head_dim]` per decode step. K and V are f32 or f16
+//! ([`KvDtype`]); computation is f32. The scale is `1 / sqrt(head_dim)`.
+
+pub mod reference;
+
+use crate::backend::DeviceInfo;
+use crate::cache::{BuildOptions, SpecConstants, SpecValue};
+use crate::config::BackendKind;
+use crate::error::{Error, Result};
+use crate::runtime::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
+
+/// The head layout of one attention layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Sequences processed together (B).
+    pub batch: usize,
+    /// Query heads (Hq).
+    pub q_heads: usize,
+    /// Key/value heads (Hkv); `q_heads` must be a multiple of it (grouped-query attention).
+    pub kv_heads: usize,
+    /// Elements per head (D): even, at most [`MAX_HEAD_DIM`].
+    pub head_dim: usize,
+}
+
+/// The largest head dimension the kernels accept.
+pub const MAX_HEAD_DIM: usize = 256;
+
+impl AttentionShape {
+    /// Checks that the kernels support this shape.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a zero dimension, `q_heads` not a multiple of
+    /// `kv_heads`, or a head dimension that is odd or larger than [`MAX_HEAD_DIM`].
+    pub fn validate(&self) -> Result<()> {
+        let s = self;
+        if s.batch == 0 || s.q_heads == 0 || s.kv_heads == 0 || s.head_dim == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "attention dimensions must be positive: {s:?}"
+            )));
+        }
+        if s.q_heads % s.kv_heads != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "query heads ({}) must be a multiple of key/value heads ({})",
+                s.q_heads, s.kv_heads
+            )));
+        }
+        if s.head_dim % 2 != 0 || s.head_dim > MAX_HEAD_DIM {
+            return Err(Error::InvalidArgument(format!(
+                "head dimension {} unsupported: it must be even and at most {MAX_HEAD_DIM}",
+                s.head_dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// Elements of one decode step's Q or O: `batch * q_heads * head_dim`.
+    pub fn q_elems(&self) -> usize {
+        self.batch * self.q_heads * self.head_dim
+    }
+
+    /// Elements of one position of K or V over the batch: `batch * kv_heads * head_dim`.
+    pub fn kv_step_elems(&self) -> usize {
+        self.batch * self.kv_heads * self.head_dim
+    }
+}
+
+/// How K and V are stored in a [`KvCache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    /// 32-bit floats.
+    F32,
+    /// IEEE half floats (converted on upload with round-to-nearest-even; computed in f32).
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+pub(crate) fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(Error::Size {
+            what: what.to_string(),
+            got: format!("{got} elements"),
+            expected: format!("{expected} elements"),
+        })
+    }
+}
+
+enum KvStore {
+    F32 { k: Buffer<f32>, v: Buffer<f32> },
+    F16 { k: Buffer<u16>, v: Buffer<u16> },
+}
+
+/// One layer's K and V on the device: `[batch][kv_head][position][head_dim]`, `capacity` positions
+/// per head, of which the first [`KvCache::len`] are filled.
+pub struct KvCache {
+    shape: AttentionShape,
+    capacity: usize,
+    len: usize,
+    store: KvStore,
+}
+
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvCache")
+            .field("shape", &self.shape)
+            .field("capacity", &self.capacity)
+            .field("len", &self.len)
+            .field("dtype", &self.dtype())
+            .finish()
+    }
+}
+
+impl KvCache {
+    /// An empty cache for `capacity` positions, allocated on `ctx`'s device.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for an invalid shape or a zero capacity; the context's
+    /// allocation errors.
+    pub fn new(
+        ctx: &Context,
+        shape: &AttentionShape,
+        capacity: usize,
+        dtype: KvDtype,
+    ) -> Result<KvCache> {
+        shape.validate()?;
+        if capacity == 0 {
+            return Err(Error::InvalidArgument(
+                "a KV cache needs a capacity of at least one position".into(),
+            ));
+        }
+        let elems = shape.kv_step_elems() * capacity;
+        if elems
+            .checked_mul(dtype.bytes())
+            .is_none_or(|b| b > u32::MAX as usize)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "a KV cache of {capacity} positions for {shape:?} exceeds 4 GiB per buffer"
+            )));
+        }
+        let store = match dtype {
+            KvDtype::F32 => KvStore::F32 {
+                k: ctx.buffer(elems)?,
+                v: ctx.buffer(elems)?,
+            },
+            KvDtype::F16 => KvStore::F16 {
+                k: ctx.buffer(elems)?,
+                v: ctx.buffer(elems)?,
+            },
+        };
+        Ok(KvCache {
+            shape: *shape,
+            capacity,
+            len: 0,
+            store,
+        })
+    }
+
+    /// The shape it was made for.
+    pub fn shape(&self) -> &AttentionShape {
+        &self.shape
+    }
+
+    /// Positions filled.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is filled.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions it can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The storage type of K and V.
+    pub fn dtype(&self) -> KvDtype {
+        match self.store {
+            KvStore::F32 { .. } => KvDtype::F32,
+            KvStore::F16 { .. } => KvDtype::F16,
+        }
+    }
+
+    /// Forgets every position (the buffers are kept; nothing is written).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// The device buffers, K then V, as kernel arguments.
+    pub fn buffers(&self) -> (&dyn BufferArg, &dyn BufferArg) {
+        match &self.store {
+            KvStore::F32 { k, v } => (k, v),
+            KvStore::F16 { k, v } => (k, v),
+        }
+    }
+
+    /// Writes `rows` positions starting at `pos` for every (batch, KV head); `k` and `v` are
+    /// `[batch][kv_head][rows][head_dim]`. One write per (batch, KV head) of `rows` positions.
+    fn write_rows(&self, pos: usize, rows: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        let d = self.shape.head_dim;
+        let run = rows * d;
+        for bh in 0..self.shape.batch * self.shape.kv_heads {
+            let at = (bh * self.capacity + pos) * d;
+            let (ks, vs) = (&k[bh * run..][..run], &v[bh * run..][..run]);
+            match &self.store {
+                KvStore::F32 { k, v } => {
+                    k.write_at(at, ks)?;
+                    v.write_at(at, vs)?;
+                }
+                KvStore::F16 { k, v } => {
+                    k.write_at(at, &to_f16_bits(ks))?;
+                    v.write_at(at, &to_f16_bits(vs))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends one position: `k_new` and `v_new` are `[batch][kv_head][head_dim]`. Writes that
+    /// position in place (O(1); the past is not touched) and increments [`KvCache::len`].
+    ///
+    /// Errors: [`Error::Size`] when a slice has the wrong length or the cache is full (nothing is
+    /// written then); the buffer's write errors.
+    pub fn append(&mut self, k_new: &[f32], v_new: &[f32]) -> Result<()> {
+        let n = self.shape.kv_step_elems();
+        check_len("appended k", k_new.len(), n)?;
+        check_len("appended v", v_new.len(), n)?;
+        if self.len >= self.capacity {
+            return Err(Error::Size {
+                what: "KV cache append".into(),
+                got: format!("position {}", self.len),
+                expected: format!("a position below the capacity {}", self.capacity),
+            });
+        }
+        self.write_rows(self.len, 1, k_new, v_new)?;
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Replaces the contents with `len` positions: `k` and `v` are `[batch][kv_head][len][head_dim]`.
+    /// Used for a prompt's K and V and for a static cross-attention set.
+    ///
+    /// Errors: [`Error::Size`] when `len` exceeds the capacity or a slice has the wrong length.
+    pub fn fill(&mut self, k: &[f32], v: &[f32], len: usize) -> Result<()> {
+        if len > self.capacity {
+            return Err(Error::Size {
+                what: "KV cache fill".into(),
+                got: format!("{len} positions"),
+                expected: format!("at most the capacity {}", self.capacity),
+            });
+        }
+        let n = self.shape.kv_step_elems() * len;
+        check_len("filled k", k.len(), n)?;
+        check_len("filled v", v.len(), n)?;
+        self.write_rows(0, len, k, v)?;
+        self.len = len;
+        Ok(())
+    }
+}
+
+fn to_f16_bits(x: &[f32]) -> Vec<u16> {
+    x.iter()
+        .map(|&v| half::f16::from_f32(v).to_bits())
+        .collect()
+}
+
+/// Rounds `x` to f16 and back: what an f16 cache holds for it.
+pub fn round_to_f16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+}
+
+/// Workgroup and tile sizes; each distinct value gives a distinct cached program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionOptions {
+    /// Invocations per workgroup of the decode kernels: a power of two.
+    pub local_size: u32,
+    /// Positions per decode split (flash-decoding chunk).
+    pub chunk: u32,
+    /// Query rows per prefill workgroup.
+    pub block_q: u32,
+    /// Key positions per prefill tile.
+    pub block_k: u32,
+}
+
+impl Default for AttentionOptions {
+    fn default() -> Self {
+        AttentionOptions {
+            local_size: 64,
+            chunk: 256,
+            block_q: 8,
+            block_k: 32,
+        }
+    }
+}
+
+impl AttentionOptions {
+    /// Sizes suited to `device`: the defaults, with the workgroup capped at the device's limit.
+    pub fn for_device(device: &DeviceInfo) -> AttentionOptions {
+        let mut o = AttentionOptions::default();
+        let max = device.limits.max_workgroup_invocations.max(1);
+        while o.local_size > max {
+            o.local_size /= 2;
+        }
+        o
+    }
+}
+
+/// The attention kernels for one shape and KV type on one context, with the scratch buffers their
+/// splits need for caches of up to `capacity` positions.
+pub struct Attention {
+    ctx: Context,
+    shape: AttentionShape,
+    dtype: KvDtype,
+    capacity: usize,
+    options: AttentionOptions,
+    decode: Kernel,
+    reduce: Kernel,
+    prefill: Kernel,
+    part_o: Buffer<f32>,
+    part_ml: Buffer<f32>,
+}
+
+impl std::fmt::Debug for Attention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attention")
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype)
+            .field("capacity", &self.capacity)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+fn image(ctx: &Context, name: &str) -> Result<crate::backend::DeviceImage> {
+    match ctx.backend() {
+        BackendKind::Vulkan => crate::kernels::spirv_image(name),
+        BackendKind::OpenCl => crate::kernels::opencl_image(name),
+    }
+}
+
+impl Attention {
+    /// Acquires the kernels for `shape` and `dtype` (built, or served by the memory or disk cache)
+    /// and allocates scratch for caches of up to `capacity` positions.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for an invalid shape, zero capacity, a local size that is
+    /// not a power of two, a zero chunk, or sizes whose shared memory exceeds the device's; kernel
+    /// build and allocation errors.
+    pub fn new(
+        ctx: &Context,
+        shape: &AttentionShape,
+        dtype: KvDtype,
+        capacity: usize,
+        options: AttentionOptions,
+    ) -> Result<Attention> {
+        shape.validate()?;
+        if capacity == 0 {
+            return Err(Error::InvalidArgument(
+                "attention needs a capacity of at least one position".into(),
+            ));
+        }
+        if !options.local_size.is_power_of_two()
+            || options.chunk == 0
+            || options.block_q == 0
+            || options.block_k == 0
+        {
+            return Err(Error::InvalidArgument(format!(
+                "local size must be a power of two and chunk and blocks positive: {options:?}"
+            )));
+        }
+        let (bq, bk) = (options.block_q as usize, options.block_k as usize);
+        let decode_shared =
+            4 * (shape.head_dim + options.chunk as usize + options.local_size as usize);
+        let prefill_shared = 4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq);
+        let shared = decode_shared.max(prefill_shared);
+        let max_shared = ctx.device().limits.max_shared_memory_bytes as usize;
+        if shared > max_shared {
+            return Err(Error::InvalidArgument(format!(
+                "{options:?} with head dimension {} needs {shared} bytes of shared memory; the \
+                 device has {max_shared}",
+                shape.head_dim
+            )));
+        }
+        let d = SpecValue::U32(shape.head_dim as u32);
+        let local = SpecValue::U32(options.local_size);
+        let f16 = SpecValue::U32(u32::from(dtype == KvDtype::F16));
+        let decode_spec = SpecConstants::new()
+            .with(0, local)
+            .with(1, SpecValue::U32(options.chunk))
+            .with(2, f16)
+            .with(3, d);
+        let reduce_spec = SpecConstants::new().with(0, local).with(3, d);
+        let prefill_spec = SpecConstants::new()
+            .with(0, local)
+            .with(2, f16)
+            .with(3, d)
+            .with(4, SpecValue::U32(options.block_q))
+            .with(5, SpecValue::U32(options.block_k));
+        let none = BuildOptions::default();
+        let decode = ctx.kernel(
+            &image(ctx, "attn_decode")?,
+            "attn_decode",
+            &decode_spec,
+            &none,
+        )?;
+        let reduce = ctx.kernel(
+            &image(ctx, "attn_reduce")?,
+            "attn_reduce",
+            &reduce_spec,
+            &none,
+        )?;
+        let prefill = ctx.kernel(
+            &image(ctx, "attn_prefill")?,
+            "attn_prefill",
+            &prefill_spec,
+            &none,
+        )?;
+        let splits = capacity.div_ceil(options.chunk as usize);
+        let rows = shape.batch * shape.q_heads * splits;
+        Ok(Attention {
+            ctx: ctx.clone(),
+            shape: *shape,
+            dtype,
+            capacity,
+            options,
+            decode,
+            reduce,
+            prefill,
+            part_o: ctx.buffer(rows * shape.head_dim)?,
+            part_ml: ctx.buffer(rows * 2)?,
+        })
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &AttentionShape {
+        &self.shape
+    }
+
+    /// The sizes in use.
+    pub fn options(&self) -> AttentionOptions {
+        self.options
+    }
+
+    /// Every kernel it holds, for reporting where each came from and how long it took to acquire.
+    pub fn kernels(&self) -> Vec<&Kernel> {
+        vec![&self.prefill, &self.decode, &self.reduce]
+    }
+
+    /// Splits a decode over `len` positions uses.
+    pub fn splits(&self, len: usize) -> usize {
+        len.div_ceil(self.options.chunk as usize)
+    }
+
+    fn check_cache(&self, cache: &KvCache) -> Result<()> {
+        let s = cache.shape();
+        if s.batch != self.shape.batch
+            || s.kv_heads != self.shape.kv_heads
+            || s.head_dim != self.shape.head_dim
+        {
+            return Err(Error::InvalidArgument(format!(
+                "the KV cache's shape {s:?} does not match the attention's {:?}",
+                self.shape
+            )));
+        }
+        if cache.dtype() != self.dtype {
+            return Err(Error::InvalidArgument(format!(
+                "the KV cache holds {:?}; these kernels read {:?}",
+                cache.dtype(),
+                self.dtype
+            )));
+        }
+        if cache.capacity() > self.capacity {
+            return Err(Error::Size {
+                what: "KV cache capacity".into(),
+                got: format!("{} positions", cache.capacity()),
+                expected: format!("at most {} (the attention's capacity)", self.capacity),
+            });
+        }
+        Ok(())
+    }
+
+    /// One query per (batch, query head) against every filled position of `cache`, without
+    /// appending: `q` and `out` are `[batch][q_head][head_dim]`. Used for cross-attention over a
+    /// static K/V set, and by [`Attention::decode_step`] after its append. Returns the event of the
+    /// split and reduce launches, submitted as one batch.
+    ///
+    /// Errors: [`Error::Size`] for `q` or `out` of the wrong length or a cache larger than the
+    /// capacity; [`Error::InvalidArgument`] for an empty cache or one of another shape or type.
+    pub fn attend(&self, cache: &KvCache, q: &Buffer<f32>, out: &Buffer<f32>) -> Result<Event> {
+        self.check_cache(cache)?;
+        check_len("q", q.len(), self.shape.q_elems())?;
+        check_len("out", out.len(), self.shape.q_elems())?;
+        if cache.is_empty() {
+            return Err(Error::InvalidArgument(
+                "attention over an empty KV cache".into(),
+            ));
+        }
+        let splits = self.splits(cache.len()) as u32;
+        let rows = (self.shape.batch * self.shape.q_heads) as u32;
+        let scale = 1.0 / (self.shape.head_dim as f32).sqrt();
+        let decode_push = PushConstants::new()
+            .u32(cache.len() as u32)
+            .u32(cache.capacity() as u32)
+            .u32(self.shape.q_heads as u32)
+            .u32((self.shape.q_heads / self.shape.kv_heads) as u32)
+            .f32(scale);
+        let reduce_push = PushConstants::new().u32(splits);
+        let (k, v) = cache.buffers();
+        let decode_args: [&dyn BufferArg; 5] = [q, k, v, &self.part_o, &self.part_ml];
+        let reduce_args: [&dyn BufferArg; 3] = [&self.part_o, &self.part_ml, out];
+        self.ctx.queue().submit(&[
+            LaunchDesc {
+                kernel: &self.decode,
+                groups: [splits, rows, 1],
+                buffers: &decode_args,
+                push_constants: decode_push.as_bytes(),
+            },
+            LaunchDesc {
+                kernel: &self.reduce,
+                groups: [rows, 1, 1],
+                buffers: &reduce_args,
+                push_constants: reduce_push.as_bytes(),
+            },
+        ])
+    }
+
+    /// Causal attention for `len` new positions: appends `k` and `v` (`[batch][kv_head][len][head_dim]`)
+    /// to `cache` after its current [`KvCache::len`] positions, then attends `q`
+    /// (`[batch][q_head][len][head_dim]`) over the cache, query `i` seeing every position up to its
+    /// own, and writes `out` in `q`'s layout. On an empty cache this is a prompt's prefill; on a
+    /// filled one, a chunk of a longer prompt. Tiles that the mask hides entirely are skipped.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for `len == 0` or a cache of another shape or type;
+    /// [`Error::Size`] for slices or buffers of the wrong length, a cache larger than the capacity, or
+    /// positions past the cache's capacity (nothing is written or launched then).
+    pub fn prefill(
+        &self,
+        cache: &mut KvCache,
+        q: &Buffer<f32>,
+        k: &[f32],
+        v: &[f32],
+        len: usize,
+        out: &Buffer<f32>,
+    ) -> Result<Event> {
+        self.check_cache(cache)?;
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "prefill needs at least one position".into(),
+            ));
+        }
+        check_len("prefill q", q.len(), self.shape.q_elems() * len)?;
+        check_len("prefill out", out.len(), self.shape.q_elems() * len)?;
+        let n = self.shape.kv_step_elems() * len;
+        check_len("prefill k", k.len(), n)?;
+        check_len("prefill v", v.len(), n)?;
+        let start = cache.len();
+        if start + len > cache.capacity() {
+            return Err(Error::Size {
+                what: "KV cache prefill".into(),
+                got: format!("{len} positions after {start}"),
+                expected: format!("at most the capacity {} in all", cache.capacity()),
+            });
+        }
+        cache.write_rows(start, len, k, v)?;
+        cache.len = start + len;
+        let tiles = len.div_ceil(self.options.block_q as usize) as u32;
+        let rows = (self.shape.batch * self.shape.q_heads) as u32;
+        let push = PushConstants::new()
+            .u32(len as u32)
+            .u32(cache.len() as u32)
+            .u32(cache.capacity() as u32)
+            .u32(self.shape.q_heads as u32)
+            .u32((self.shape.q_heads / self.shape.kv_heads) as u32)
+            .f32(1.0 / (self.shape.head_dim as f32).sqrt());
+        let (kb, vb) = cache.buffers();
+        self.ctx.queue().launch(
+            &self.prefill,
+            [tiles, rows, 1],
+            &[q, kb, vb, out],
+            push.as_bytes(),
+        )
+    }
+
+    /// Appends `k_new` and `v_new` (`[batch][kv_head][head_dim]`) to `cache`, then attends `q` over
+    /// every position including the new one (causal decode: the query is the newest token).
+    ///
+    /// Errors: as [`KvCache::append`] (nothing is launched then) and [`Attention::attend`].
+    pub fn decode_step(
+        &self,
+        cache: &mut KvCache,
+        q: &Buffer<f32>,
+        k_new: &[f32],
+        v_new: &[f32],
+        out: &Buffer<f32>,
+    ) -> Result<Event> {
+        self.check_cache(cache)?;
+        check_len("q", q.len(), self.shape.q_elems())?;
+        check_len("out", out.len(), self.shape.q_elems())?;
+        cache.append(k_new, v_new)?;
+        self.attend(cache, q, out)
+    }
+}
