@@ -259,6 +259,8 @@ fn prefill_shapes(ctx: &Context, dtype: KvDtype) {
         (shape(2, 4, 2, 64), small, 33),
         (shape(2, 4, 2, 64), default, 33),
         (shape(1, 4, 1, 64), default, 100),
+        // The longest prompt the issue names, with GQA: many query and key tiles, most of them masked.
+        (shape(1, 2, 1, 64), default, 1000),
     ] {
         let err = prefill_case(ctx, s, dtype, options, len);
         assert!(

@@ -267,9 +267,11 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
         // decides which drivers load, since the parent's drivers may have changed its environment.
         let vars: Vec<String> = std::env::vars()
             .filter(|(k, _)| {
-                ["OCL", "OPENCL", "POCL", "CUDA", "LD_", "VK_", "__GL", "NVIDIA"]
-                    .iter()
-                    .any(|p| k.starts_with(p))
+                [
+                    "OCL", "OPENCL", "POCL", "CUDA", "LD_", "VK_", "__GL", "NVIDIA",
+                ]
+                .iter()
+                .any(|p| k.starts_with(p))
             })
             .map(|(k, v)| format!("{k}={v}"))
             .collect();

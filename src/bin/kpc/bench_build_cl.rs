@@ -106,18 +106,19 @@ pub fn run(
         let blob = dir.join(format!("{name}.bin"));
         let mut child = |phase: &str| -> Result<Vec<(String, String)>, String> {
             let mut c = Command::new(&exe);
-            kpc::backend::process::with_original_loader_environment(&mut c).args([
-                "bench-build",
-                "--kernel",
-                name,
-                "--phase",
-                phase,
-                "--options",
-            ])
-            .arg(options)
-            .arg("--blob")
-            .arg(&blob)
-            .env("KPC_DEVICE", format!("opencl:{}", device.index));
+            kpc::backend::process::with_original_loader_environment(&mut c)
+                .args([
+                    "bench-build",
+                    "--kernel",
+                    name,
+                    "--phase",
+                    phase,
+                    "--options",
+                ])
+                .arg(options)
+                .arg("--blob")
+                .arg(&blob)
+                .env("KPC_DEVICE", format!("opencl:{}", device.index));
             if !user_set("POCL_KERNEL_CACHE") && !user_set("POCL_CACHE_DIR") {
                 fresh += 1;
                 let pocl = dir.join(format!("pocl-{fresh}"));
