@@ -108,6 +108,32 @@ impl HitPath for MutexMap {
     }
 }
 
+/// Control: each thread looks up its own private map (same keys, same hasher as the mutex baseline), so
+/// nothing is shared. Its scaling is the machine's own ceiling (SMT siblings, memory bandwidth), against
+/// which the shared designs' per-thread cost should be read.
+struct PrivateMaps {
+    keys: Vec<KernelKey>,
+}
+
+impl HitPath for PrivateMaps {
+    #[inline]
+    fn hit(&self, i: u32) {
+        thread_local! {
+            static MAP: std::cell::RefCell<HashMap<KernelKey, Arc<u64>>> = Default::default();
+        }
+        let k = &self.keys[(i % KEYS) as usize];
+        MAP.with(|m| {
+            let mut m = m.borrow_mut();
+            if m.is_empty() {
+                for (j, k) in self.keys.iter().enumerate() {
+                    m.insert(k.clone(), Arc::new(j as u64));
+                }
+            }
+            black_box(m.get(k).cloned().unwrap());
+        });
+    }
+}
+
 /// The whole runtime call an application makes: key construction from (image, entry, spec, options)
 /// plus the kernel-map hit.
 struct Runtime {
@@ -186,6 +212,12 @@ fn designs() -> Vec<(&'static str, Arc<dyn HitPath>)> {
         ("kpc_kernel_cache", Arc::new(Kpc::new()) as Arc<dyn HitPath>),
         ("global_mutex_hashmap", Arc::new(MutexMap::new())),
         ("kpc_runtime_call", Arc::new(Runtime::new())),
+        (
+            "thread_private_hashmap",
+            Arc::new(PrivateMaps {
+                keys: (0..KEYS).map(key).collect(),
+            }),
+        ),
     ]
 }
 
@@ -217,13 +249,23 @@ fn summary() {
         "\nhit path, ns per hit per thread (median of 7 x {ITERS} hits per thread, {KEYS} keys):"
     );
     println!(
-        "{:>7} | {:>16} | {:>20} | {:>12} | {:>16}",
-        "threads", "kpc kernel cache", "global Mutex<HashMap>", "mutex / kpc", "kpc runtime call"
+        "{:>7} | {:>16} | {:>20} | {:>12} | {:>16} | {:>22}",
+        "threads",
+        "kpc kernel cache",
+        "global Mutex<HashMap>",
+        "mutex / kpc",
+        "kpc runtime call",
+        "control: private maps"
     );
     for t in thread_counts() {
-        let (k, m, r) = (ns(&d[0].1, t), ns(&d[1].1, t), ns(&d[2].1, t));
+        let (k, m, r, c) = (
+            ns(&d[0].1, t),
+            ns(&d[1].1, t),
+            ns(&d[2].1, t),
+            ns(&d[3].1, t),
+        );
         println!(
-            "{t:>7} | {k:>16.1} | {m:>20.1} | {:>11.2}x | {r:>16.1}",
+            "{t:>7} | {k:>16.1} | {m:>20.1} | {:>11.2}x | {r:>16.1} | {c:>22.1}",
             m / k
         );
     }
