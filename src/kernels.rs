@@ -40,6 +40,16 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/attn_decode.spv"),
     },
     ShippedSpirv {
+        name: "attn_decode_vec",
+        source: "kernels/attn_decode_vec.comp",
+        spirv: include_bytes!("../kernels/attn_decode_vec.spv"),
+    },
+    ShippedSpirv {
+        name: "attn_append",
+        source: "kernels/attn_append.comp",
+        spirv: include_bytes!("../kernels/attn_append.spv"),
+    },
+    ShippedSpirv {
         name: "attn_reduce",
         source: "kernels/attn_reduce.comp",
         spirv: include_bytes!("../kernels/attn_reduce.spv"),
@@ -94,6 +104,16 @@ pub const OPENCL: &[ShippedOpenCl] = &[
         name: "attn_decode",
         path: "kernels/attn_decode.cl",
         source: include_str!("../kernels/attn_decode.cl"),
+    },
+    ShippedOpenCl {
+        name: "attn_decode_vec",
+        path: "kernels/attn_decode_vec.cl",
+        source: include_str!("../kernels/attn_decode_vec.cl"),
+    },
+    ShippedOpenCl {
+        name: "attn_append",
+        path: "kernels/attn_append.cl",
+        source: include_str!("../kernels/attn_append.cl"),
     },
     ShippedOpenCl {
         name: "attn_reduce",

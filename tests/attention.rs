@@ -5,7 +5,9 @@
 mod common;
 
 use kpc::attention::reference::{attention, relative_error};
-use kpc::attention::{Attention, AttentionOptions, AttentionShape, KvCache, KvDtype, round_to_f16};
+use kpc::attention::{
+    Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, round_to_f16,
+};
 use kpc::{Context, Error};
 
 use common::drivers::{opencl_context, random_f32, vulkan_context};
@@ -20,7 +22,7 @@ fn shape(batch: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Atte
 }
 
 /// `[bh][len][d]` rows with position `pos` of each (batch, head) taken out as `[bh][d]`.
-fn position(x: &[f32], heads: usize, len: usize, d: usize, pos: usize) -> Vec<f32> {
+fn position<T: Copy>(x: &[T], heads: usize, len: usize, d: usize, pos: usize) -> Vec<T> {
     (0..heads)
         .flat_map(|h| x[(h * len + pos) * d..][..d].iter().copied())
         .collect()
@@ -42,6 +44,7 @@ fn decode_case(
     dtype: KvDtype,
     options: AttentionOptions,
     len: usize,
+    expect: DecodeKernel,
 ) -> (f64, f64) {
     let d = s.head_dim;
     let kv_rows = s.batch * s.kv_heads;
@@ -50,6 +53,7 @@ fn decode_case(
     let q = random_f32(s.q_elems());
     let capacity = len + 3;
     let attn = Attention::new(ctx, &s, dtype, capacity, options).expect("attention kernels");
+    assert_eq!(attn.decode_kernel(), expect, "{s:?} {options:?}");
     let mut cache = KvCache::new(ctx, &s, capacity, dtype).unwrap();
     let (k_past, v_past) = (
         prefix(&k, kv_rows, len, d, len - 1),
@@ -80,28 +84,53 @@ fn decode_case(
     (relative_error(&got, &exact), relative_error(&got, &stored))
 }
 
-/// The shapes every backend runs: MHA at D = 64 and 128, GQA, B > 1, L = 1, 7, 33, 1000, with the
-/// default chunk and with a small one that makes many splits.
+/// The shapes every backend runs, with each decode kernel: MHA at D = 64 and 128, GQA, B > 1,
+/// L = 1, 7, 33, 1000, with the default chunk and with a small one that makes many splits.
 fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
+    for kernel in [DecodeKernel::Generic, DecodeKernel::Auto] {
+        decode_shapes_with(ctx, dtype, tolerance, kernel);
+    }
+}
+
+fn decode_shapes_with(ctx: &Context, dtype: KvDtype, tolerance: f64, kernel: DecodeKernel) {
+    let default = AttentionOptions {
+        decode: kernel,
+        ..AttentionOptions::default()
+    };
     let small = AttentionOptions {
         local_size: 32,
         chunk: 16,
         block_q: 4,
         block_k: 8,
+        decode: kernel,
+        ..AttentionOptions::default()
+    };
+    // Few workgroups: long splits, each row group of the vectorized kernel looping many times.
+    let long = AttentionOptions {
+        decode_workgroups: 2,
+        ..default
     };
     let cases = [
-        (shape(1, 4, 4, 64), AttentionOptions::default(), 1),
+        (shape(1, 4, 4, 64), default, 1),
         (shape(1, 4, 4, 64), small, 1),
         (shape(1, 4, 4, 64), small, 7),
         (shape(1, 4, 4, 64), small, 33),
-        (shape(1, 2, 2, 128), AttentionOptions::default(), 33),
+        (shape(1, 2, 2, 128), default, 33),
         (shape(2, 8, 2, 64), small, 33),
         (shape(3, 4, 1, 128), small, 7),
-        (shape(1, 4, 2, 128), AttentionOptions::default(), 1000),
+        (shape(1, 4, 2, 128), default, 1000),
         (shape(2, 4, 2, 64), small, 1000),
+        (shape(1, 8, 1, 128), long, 1000),
+        (shape(2, 4, 4, 64), long, 77),
     ];
     for (s, options, len) in cases {
-        let (exact, stored) = decode_case(ctx, s, dtype, options, len);
+        // Every shape here fits the vectorized kernel, and both CI drivers can run it (lavapipe has
+        // subgroup shuffles; OpenCL sums a row's lanes through local memory).
+        let expect = match kernel {
+            DecodeKernel::Auto => DecodeKernel::Vectorized,
+            k => k,
+        };
+        let (exact, stored) = decode_case(ctx, s, dtype, options, len, expect);
         assert!(
             exact <= tolerance && stored <= 1e-5,
             "{dtype:?} {s:?} {options:?} L={len}: error {exact:e} (against the inputs as stored: \
@@ -337,6 +366,108 @@ fn prefill_then_decode(ctx: &Context, dtype: KvDtype, tolerance: f64) {
     );
 }
 
+/// Decode steps on device buffers, submitted back to back with no wait between them (as a model's
+/// layers would), each with its own query, new K/V row and output: every output matches its row of
+/// one causal attention, so each step's append landed before its split kernel read the cache.
+fn back_to_back_decode(ctx: &Context, dtype: KvDtype, tolerance: f64) {
+    let s = shape(2, 8, 2, 64);
+    let (prompt, steps) = (50, 20);
+    let total = prompt + steps;
+    let d = s.head_dim;
+    let rows_q = s.batch * s.q_heads;
+    let rows_kv = s.batch * s.kv_heads;
+    let q = random_f32(rows_q * total * d);
+    let k = random_f32(rows_kv * total * d);
+    let v = random_f32(rows_kv * total * d);
+    let attn = Attention::new(ctx, &s, dtype, total, AttentionOptions::default()).unwrap();
+    let mut cache = KvCache::new(ctx, &s, total, dtype).unwrap();
+    cache
+        .fill(
+            &prefix(&k, rows_kv, total, d, prompt),
+            &prefix(&v, rows_kv, total, d, prompt),
+            prompt,
+        )
+        .unwrap();
+    let mut outs = Vec::new();
+    let mut last = None;
+    for t in prompt..total {
+        let qb = ctx.buffer_from(&position(&q, rows_q, total, d, t)).unwrap();
+        let kb = ctx
+            .buffer_from(&position(&k, rows_kv, total, d, t))
+            .unwrap();
+        let vb = ctx
+            .buffer_from(&position(&v, rows_kv, total, d, t))
+            .unwrap();
+        let out = ctx.buffer_from(&vec![f32::NAN; s.q_elems()]).unwrap();
+        last = Some(attn.decode(&mut cache, &qb, &kb, &vb, &out).unwrap());
+        outs.push(out);
+    }
+    last.unwrap().wait().unwrap();
+    assert_eq!(cache.len(), total);
+    let (ks, vs) = match dtype {
+        KvDtype::F32 => (k.clone(), v.clone()),
+        KvDtype::F16 => (round_to_f16(&k), round_to_f16(&v)),
+    };
+    let want = attention(&s, &q, &ks, &vs, total, total, true).unwrap();
+    for (i, out) in outs.iter().enumerate() {
+        let t = prompt + i;
+        let err = relative_error(&out.read().unwrap(), &position(&want, rows_q, total, d, t));
+        assert!(
+            err <= tolerance,
+            "{dtype:?} step at position {t}: error {err:e}"
+        );
+    }
+    // A device-buffer step with rows of the wrong size launches nothing.
+    let short = ctx.buffer::<f32>(s.kv_step_elems() - 1).unwrap();
+    let qb = ctx.buffer::<f32>(s.q_elems()).unwrap();
+    let mut small = KvCache::new(ctx, &s, total, dtype).unwrap();
+    let e = attn
+        .decode(&mut small, &qb, &short, &short, &qb)
+        .unwrap_err();
+    assert!(matches!(e, Error::Size { .. }), "{e}");
+    assert_eq!(small.len(), 0);
+}
+
+/// Auto picks the generic kernel where the vectorized one cannot run; asking for the vectorized one
+/// there is a typed error that says why.
+fn decode_kernel_choice(ctx: &Context) {
+    // D = 6 does not split into 16-byte loads; 16 query heads per KV head exceed the kernel's 8.
+    for (s, dtype) in [
+        (shape(1, 2, 2, 6), KvDtype::F32),
+        (shape(1, 2, 2, 12), KvDtype::F16),
+        (shape(1, 16, 1, 64), KvDtype::F16),
+    ] {
+        let auto = Attention::new(ctx, &s, dtype, 40, AttentionOptions::default()).unwrap();
+        assert_eq!(auto.decode_kernel(), DecodeKernel::Generic, "{s:?}");
+        let e = Attention::new(
+            ctx,
+            &s,
+            dtype,
+            40,
+            AttentionOptions {
+                decode: DecodeKernel::Vectorized,
+                ..AttentionOptions::default()
+            },
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("vectorized")),
+            "{e}"
+        );
+        // The fallback computes the right thing.
+        let tolerance = if dtype == KvDtype::F16 { 2e-3 } else { 1e-5 };
+        let (exact, _) = decode_case(
+            ctx,
+            s,
+            dtype,
+            AttentionOptions::default(),
+            40,
+            DecodeKernel::Generic,
+        );
+        assert!(exact <= tolerance, "{s:?}: error {exact:e}");
+    }
+}
+
 macro_rules! backend_tests {
     ($backend:ident, $context:ident) => {
         mod $backend {
@@ -374,6 +505,23 @@ macro_rules! backend_tests {
                 };
                 prefill_then_decode(&ctx, KvDtype::F32, 1e-5);
                 prefill_then_decode(&ctx, KvDtype::F16, 2e-3);
+            }
+
+            #[test]
+            fn back_to_back_device_decode_steps_are_ordered() {
+                let Some(ctx) = $context(concat!(stringify!($backend), "_back_to_back")) else {
+                    return;
+                };
+                back_to_back_decode(&ctx, KvDtype::F32, 1e-5);
+                back_to_back_decode(&ctx, KvDtype::F16, 2e-3);
+            }
+
+            #[test]
+            fn decode_kernel_is_chosen_per_device_and_shape() {
+                let Some(ctx) = $context(concat!(stringify!($backend), "_kernel_choice")) else {
+                    return;
+                };
+                decode_kernel_choice(&ctx);
             }
 
             #[test]

@@ -296,13 +296,41 @@ pub fn round_to_f16(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
 }
 
+/// Which split kernel a decode runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeKernel {
+    /// The vectorized kernel where the device and shape allow it, else the generic one.
+    #[default]
+    Auto,
+    /// `attn_decode`: one invocation per position for the scores, any even head dimension.
+    Generic,
+    /// `attn_decode_vec`: 16-byte loads, several lanes per row summed by subgroup shuffles (Vulkan;
+    /// OpenCL on NVIDIA) or local memory (other OpenCL devices), one workgroup per KV head for
+    /// grouped-query attention, online softmax in registers. Needs a head dimension that splits into
+    /// 16-byte chunks (a multiple of 8 for f16, 4 for f32) and at most 8 query heads per KV head.
+    Vectorized,
+}
+
+/// Invocations per workgroup of the vectorized decode kernel.
+const VEC_LOCAL_SIZE: u32 = 128;
+/// Most query heads per KV head the vectorized decode kernel serves in one workgroup.
+const VEC_MAX_GROUP: usize = 8;
+/// Rows each row group of the vectorized kernel keeps in flight (`U` in the kernel).
+const VEC_ROWS_IN_FLIGHT: u32 = 4;
+
 /// Workgroup and tile sizes; each distinct value gives a distinct cached program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttentionOptions {
-    /// Invocations per workgroup of the decode kernels: a power of two.
+    /// Invocations per workgroup of the generic decode kernels and of the reduce: a power of two.
     pub local_size: u32,
-    /// Positions per decode split (flash-decoding chunk).
+    /// Positions per decode split (flash-decoding chunk): exactly, for the generic kernel; at least,
+    /// for the vectorized one, which lengthens its splits so that a decode launches about
+    /// `decode_workgroups` workgroups.
     pub chunk: u32,
+    /// Workgroups a vectorized decode aims to launch (enough to fill a large GPU several times).
+    pub decode_workgroups: u32,
+    /// Which decode kernel to run.
+    pub decode: DecodeKernel,
     /// Query rows per prefill workgroup.
     pub block_q: u32,
     /// Key positions per prefill tile.
@@ -313,7 +341,9 @@ impl Default for AttentionOptions {
     fn default() -> Self {
         AttentionOptions {
             local_size: 64,
-            chunk: 256,
+            chunk: 64,
+            decode_workgroups: 1024,
+            decode: DecodeKernel::Auto,
             block_q: 8,
             block_k: 32,
         }
@@ -332,19 +362,83 @@ impl AttentionOptions {
     }
 }
 
+/// How the vectorized decode kernel is laid out on one device for one shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct VecLayout {
+    /// Invocations per K/V row.
+    lanes: u32,
+    /// OpenCL on NVIDIA: sum a row's lanes with the PTX warp shuffle instead of local memory.
+    nv_shuffle: bool,
+}
+
+/// Whether the vectorized decode kernel runs on `device` for `shape` and `dtype`, and how; the error
+/// says why not.
+fn vec_layout(
+    device: &DeviceInfo,
+    shape: &AttentionShape,
+    dtype: KvDtype,
+) -> std::result::Result<VecLayout, String> {
+    let elems = 16 / dtype.bytes();
+    if shape.head_dim % elems != 0 {
+        return Err(format!(
+            "head dimension {} is not a multiple of {elems} ({dtype:?} elements per 16-byte load)",
+            shape.head_dim
+        ));
+    }
+    let group = shape.q_heads / shape.kv_heads;
+    if group > VEC_MAX_GROUP {
+        return Err(format!(
+            "{group} query heads per KV head; the vectorized kernel serves at most {VEC_MAX_GROUP}"
+        ));
+    }
+    if VEC_LOCAL_SIZE > device.limits.max_workgroup_invocations {
+        return Err(format!(
+            "it needs workgroups of {VEC_LOCAL_SIZE} invocations; the device allows {}",
+            device.limits.max_workgroup_invocations
+        ));
+    }
+    let (most, nv_shuffle) = match device.backend {
+        BackendKind::Vulkan => {
+            if !device.limits.subgroup_shuffle {
+                return Err("the device has no subgroup shuffles in compute shaders".into());
+            }
+            let sg = device
+                .limits
+                .subgroup_size
+                .ok_or("the device reports no subgroup size")?;
+            (sg.min(16), false)
+        }
+        BackendKind::OpenCl => (16, device.driver.contains("NVIDIA")),
+    };
+    let chunks = (shape.head_dim / elems) as u32;
+    let mut lanes = 1;
+    while lanes * 2 <= most && chunks % (lanes * 2) == 0 && VEC_LOCAL_SIZE % (lanes * 2) == 0 {
+        lanes *= 2;
+    }
+    Ok(VecLayout { lanes, nv_shuffle })
+}
+
 /// The attention kernels for one shape and KV type on one context, with the scratch buffers their
 /// splits need for caches of up to `capacity` positions.
+///
+/// Calls on one `Attention` are serialized internally where they share scratch; launches of one
+/// `Attention` from several threads still run in submission order on the context's queue.
 pub struct Attention {
     ctx: Context,
     shape: AttentionShape,
     dtype: KvDtype,
     capacity: usize,
     options: AttentionOptions,
+    vec: Option<VecLayout>,
+    append: Kernel,
     decode: Kernel,
     reduce: Kernel,
     prefill: Kernel,
     part_o: Buffer<f32>,
     part_ml: Buffer<f32>,
+    new_k: Buffer<f32>,
+    new_v: Buffer<f32>,
+    step: parking_lot::Mutex<()>,
 }
 
 impl std::fmt::Debug for Attention {
@@ -354,6 +448,7 @@ impl std::fmt::Debug for Attention {
             .field("dtype", &self.dtype)
             .field("capacity", &self.capacity)
             .field("options", &self.options)
+            .field("decode", &self.decode_kernel())
             .finish()
     }
 }
@@ -367,11 +462,13 @@ fn image(ctx: &Context, name: &str) -> Result<crate::backend::DeviceImage> {
 
 impl Attention {
     /// Acquires the kernels for `shape` and `dtype` (built, or served by the memory or disk cache)
-    /// and allocates scratch for caches of up to `capacity` positions.
+    /// and allocates scratch for caches of up to `capacity` positions. The decode kernel is chosen
+    /// per device ([`DecodeKernel::Auto`]); each variant is a distinct cached program.
     ///
     /// Errors: [`Error::InvalidArgument`] for an invalid shape, zero capacity, a local size that is
-    /// not a power of two, a zero chunk, or sizes whose shared memory exceeds the device's; kernel
-    /// build and allocation errors.
+    /// not a power of two, a zero chunk or workgroup target, sizes whose shared memory exceeds the
+    /// device's, or [`DecodeKernel::Vectorized`] asked for where it cannot run (the message says
+    /// why); kernel build and allocation errors.
     pub fn new(
         ctx: &Context,
         shape: &AttentionShape,
@@ -387,19 +484,43 @@ impl Attention {
         }
         if !options.local_size.is_power_of_two()
             || options.chunk == 0
+            || options.decode_workgroups == 0
             || options.block_q == 0
             || options.block_k == 0
         {
             return Err(Error::InvalidArgument(format!(
-                "local size must be a power of two and chunk and blocks positive: {options:?}"
+                "local size must be a power of two and chunk, decode workgroups and blocks \
+                 positive: {options:?}"
             )));
         }
+        let device = ctx.device();
+        let vec = match options.decode {
+            DecodeKernel::Generic => None,
+            DecodeKernel::Auto => vec_layout(device, shape, dtype).ok(),
+            DecodeKernel::Vectorized => Some(vec_layout(device, shape, dtype).map_err(|why| {
+                Error::InvalidArgument(format!(
+                    "the vectorized decode kernel cannot run here: {why}"
+                ))
+            })?),
+        };
         let (bq, bk) = (options.block_q as usize, options.block_k as usize);
-        let decode_shared =
-            4 * (shape.head_dim + options.chunk as usize + options.local_size as usize);
+        let decode_shared = match vec {
+            None => 4 * (shape.head_dim + options.chunk as usize + options.local_size as usize),
+            Some(v) => {
+                let rg = (VEC_LOCAL_SIZE / v.lanes) as usize;
+                let local_sum = if v.nv_shuffle || ctx.backend() == BackendKind::Vulkan {
+                    0
+                } else {
+                    VEC_LOCAL_SIZE as usize
+                        * VEC_ROWS_IN_FLIGHT as usize
+                        * (shape.q_heads / shape.kv_heads)
+                };
+                4 * (2 * rg + rg * shape.head_dim + local_sum)
+            }
+        };
         let prefill_shared = 4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq);
         let shared = decode_shared.max(prefill_shared);
-        let max_shared = ctx.device().limits.max_shared_memory_bytes as usize;
+        let max_shared = device.limits.max_shared_memory_bytes as usize;
         if shared > max_shared {
             return Err(Error::InvalidArgument(format!(
                 "{options:?} with head dimension {} needs {shared} bytes of shared memory; the \
@@ -410,38 +531,61 @@ impl Attention {
         let d = SpecValue::U32(shape.head_dim as u32);
         let local = SpecValue::U32(options.local_size);
         let f16 = SpecValue::U32(u32::from(dtype == KvDtype::F16));
-        let decode_spec = SpecConstants::new()
-            .with(0, local)
-            .with(1, SpecValue::U32(options.chunk))
-            .with(2, f16)
-            .with(3, d);
-        let reduce_spec = SpecConstants::new().with(0, local).with(3, d);
-        let prefill_spec = SpecConstants::new()
-            .with(0, local)
-            .with(2, f16)
-            .with(3, d)
-            .with(4, SpecValue::U32(options.block_q))
-            .with(5, SpecValue::U32(options.block_k));
         let none = BuildOptions::default();
-        let decode = ctx.kernel(
-            &image(ctx, "attn_decode")?,
-            "attn_decode",
-            &decode_spec,
-            &none,
-        )?;
+        let (decode_name, decode_spec) = match vec {
+            None => (
+                "attn_decode",
+                SpecConstants::new()
+                    .with(0, local)
+                    .with(1, SpecValue::U32(options.chunk))
+                    .with(2, f16)
+                    .with(3, d),
+            ),
+            Some(v) => {
+                let mut spec = SpecConstants::new()
+                    .with(0, SpecValue::U32(VEC_LOCAL_SIZE))
+                    .with(2, f16)
+                    .with(3, d)
+                    .with(6, SpecValue::U32(v.lanes))
+                    .with(7, SpecValue::U32((shape.q_heads / shape.kv_heads) as u32));
+                if ctx.backend() == BackendKind::OpenCl {
+                    spec = spec.with(8, SpecValue::U32(u32::from(v.nv_shuffle)));
+                }
+                ("attn_decode_vec", spec)
+            }
+        };
+        let decode = ctx.kernel(&image(ctx, decode_name)?, decode_name, &decode_spec, &none)?;
+        let reduce_spec = SpecConstants::new().with(0, local).with(3, d);
         let reduce = ctx.kernel(
             &image(ctx, "attn_reduce")?,
             "attn_reduce",
             &reduce_spec,
             &none,
         )?;
+        let append_spec = SpecConstants::new().with(0, local).with(2, f16).with(3, d);
+        let append = ctx.kernel(
+            &image(ctx, "attn_append")?,
+            "attn_append",
+            &append_spec,
+            &none,
+        )?;
+        let prefill_spec = SpecConstants::new()
+            .with(0, local)
+            .with(2, f16)
+            .with(3, d)
+            .with(4, SpecValue::U32(options.block_q))
+            .with(5, SpecValue::U32(options.block_k));
         let prefill = ctx.kernel(
             &image(ctx, "attn_prefill")?,
             "attn_prefill",
             &prefill_spec,
             &none,
         )?;
-        let splits = capacity.div_ceil(options.chunk as usize);
+        let most_splits = capacity.div_ceil(options.chunk as usize);
+        let splits = match vec {
+            None => most_splits,
+            Some(_) => most_splits.min(Self::vec_target(shape, options)),
+        };
         let rows = shape.batch * shape.q_heads * splits;
         Ok(Attention {
             ctx: ctx.clone(),
@@ -449,12 +593,24 @@ impl Attention {
             dtype,
             capacity,
             options,
+            vec,
+            append,
             decode,
             reduce,
             prefill,
             part_o: ctx.buffer(rows * shape.head_dim)?,
             part_ml: ctx.buffer(rows * 2)?,
+            new_k: ctx.buffer(shape.kv_step_elems())?,
+            new_v: ctx.buffer(shape.kv_step_elems())?,
+            step: parking_lot::Mutex::new(()),
         })
+    }
+
+    /// Splits per (batch, KV head) that make about `decode_workgroups` workgroups.
+    fn vec_target(shape: &AttentionShape, options: AttentionOptions) -> usize {
+        (options.decode_workgroups as usize)
+            .div_ceil(shape.batch * shape.kv_heads)
+            .max(1)
     }
 
     /// The shape.
@@ -467,14 +623,33 @@ impl Attention {
         self.options
     }
 
+    /// The decode kernel chosen: [`DecodeKernel::Generic`] or [`DecodeKernel::Vectorized`].
+    pub fn decode_kernel(&self) -> DecodeKernel {
+        match self.vec {
+            Some(_) => DecodeKernel::Vectorized,
+            None => DecodeKernel::Generic,
+        }
+    }
+
     /// Every kernel it holds, for reporting where each came from and how long it took to acquire.
     pub fn kernels(&self) -> Vec<&Kernel> {
-        vec![&self.prefill, &self.decode, &self.reduce]
+        vec![&self.prefill, &self.append, &self.decode, &self.reduce]
     }
 
     /// Splits a decode over `len` positions uses.
     pub fn splits(&self, len: usize) -> usize {
-        len.div_ceil(self.options.chunk as usize)
+        len.div_ceil(self.per_split(len))
+    }
+
+    /// Positions per split for a decode over `len` positions.
+    fn per_split(&self, len: usize) -> usize {
+        let chunk = self.options.chunk as usize;
+        match self.vec {
+            None => chunk,
+            Some(_) => len
+                .div_ceil(Self::vec_target(&self.shape, self.options))
+                .max(chunk),
+        }
     }
 
     fn check_cache(&self, cache: &KvCache) -> Result<()> {
@@ -505,10 +680,39 @@ impl Attention {
         Ok(())
     }
 
+    /// The split launch's groups and push constants for a decode over `len` positions of `cache`.
+    fn split_launch(&self, len: usize, capacity: usize) -> ([u32; 3], PushConstants, u32) {
+        let s = &self.shape;
+        let per = self.per_split(len);
+        let splits = len.div_ceil(per) as u32;
+        let scale = 1.0 / (s.head_dim as f32).sqrt();
+        match self.vec {
+            None => (
+                [splits, (s.batch * s.q_heads) as u32, 1],
+                PushConstants::new()
+                    .u32(len as u32)
+                    .u32(capacity as u32)
+                    .u32(s.q_heads as u32)
+                    .u32((s.q_heads / s.kv_heads) as u32)
+                    .f32(scale),
+                splits,
+            ),
+            Some(_) => (
+                [splits, (s.batch * s.kv_heads) as u32, 1],
+                PushConstants::new()
+                    .u32(len as u32)
+                    .u32(capacity as u32)
+                    .u32(s.kv_heads as u32)
+                    .u32(per as u32)
+                    .f32(scale),
+                splits,
+            ),
+        }
+    }
+
     /// One query per (batch, query head) against every filled position of `cache`, without
     /// appending: `q` and `out` are `[batch][q_head][head_dim]`. Used for cross-attention over a
-    /// static K/V set, and by [`Attention::decode_step`] after its append. Returns the event of the
-    /// split and reduce launches, submitted as one batch.
+    /// static K/V set. Returns the event of the split and reduce launches, submitted as one batch.
     ///
     /// Errors: [`Error::Size`] for `q` or `out` of the wrong length or a cache larger than the
     /// capacity; [`Error::InvalidArgument`] for an empty cache or one of another shape or type.
@@ -521,15 +725,8 @@ impl Attention {
                 "attention over an empty KV cache".into(),
             ));
         }
-        let splits = self.splits(cache.len()) as u32;
-        let rows = (self.shape.batch * self.shape.q_heads) as u32;
-        let scale = 1.0 / (self.shape.head_dim as f32).sqrt();
-        let decode_push = PushConstants::new()
-            .u32(cache.len() as u32)
-            .u32(cache.capacity() as u32)
-            .u32(self.shape.q_heads as u32)
-            .u32((self.shape.q_heads / self.shape.kv_heads) as u32)
-            .f32(scale);
+        let _scratch = self.step.lock();
+        let (groups, split_push, splits) = self.split_launch(cache.len(), cache.capacity());
         let reduce_push = PushConstants::new().u32(splits);
         let (k, v) = cache.buffers();
         let decode_args: [&dyn BufferArg; 5] = [q, k, v, &self.part_o, &self.part_ml];
@@ -537,17 +734,97 @@ impl Attention {
         self.ctx.queue().submit(&[
             LaunchDesc {
                 kernel: &self.decode,
-                groups: [splits, rows, 1],
+                groups,
                 buffers: &decode_args,
-                push_constants: decode_push.as_bytes(),
+                push_constants: split_push.as_bytes(),
             },
             LaunchDesc {
                 kernel: &self.reduce,
-                groups: [rows, 1, 1],
+                groups: [(self.shape.batch * self.shape.q_heads) as u32, 1, 1],
                 buffers: &reduce_args,
                 push_constants: reduce_push.as_bytes(),
             },
         ])
+    }
+
+    /// One decode step as a single submission of three launches: `attn_append` writes `k_new` and
+    /// `v_new` (device buffers, `[batch][kv_head][head_dim]` f32, as a projection leaves them) into
+    /// `cache` at position [`KvCache::len`], converting to the cache's type; the split kernel then
+    /// attends `q` over every position including the new one (causal decode: the query is the newest
+    /// token); the reduce combines the splits into `out`. No host copy and no host wait inside.
+    ///
+    /// Errors: [`Error::Size`] for buffers of the wrong length or a full cache (nothing is launched
+    /// then); [`Error::InvalidArgument`] for a cache of another shape or type.
+    pub fn decode(
+        &self,
+        cache: &mut KvCache,
+        q: &Buffer<f32>,
+        k_new: &Buffer<f32>,
+        v_new: &Buffer<f32>,
+        out: &Buffer<f32>,
+    ) -> Result<Event> {
+        let _scratch = self.step.lock();
+        self.decode_locked(cache, q, k_new, v_new, out)
+    }
+
+    fn decode_locked(
+        &self,
+        cache: &mut KvCache,
+        q: &Buffer<f32>,
+        k_new: &Buffer<f32>,
+        v_new: &Buffer<f32>,
+        out: &Buffer<f32>,
+    ) -> Result<Event> {
+        self.check_cache(cache)?;
+        check_len("q", q.len(), self.shape.q_elems())?;
+        check_len("out", out.len(), self.shape.q_elems())?;
+        check_len("appended k", k_new.len(), self.shape.kv_step_elems())?;
+        check_len("appended v", v_new.len(), self.shape.kv_step_elems())?;
+        let pos = cache.len();
+        if pos >= cache.capacity() {
+            return Err(Error::Size {
+                what: "KV cache append".into(),
+                got: format!("position {pos}"),
+                expected: format!("a position below the capacity {}", cache.capacity()),
+            });
+        }
+        let pairs = self.shape.kv_step_elems() / 2;
+        let append_groups = (pairs.div_ceil(self.options.local_size as usize) as u32)
+            .clamp(1, self.ctx.device().limits.max_workgroup_count[0].max(1));
+        let append_push = PushConstants::new()
+            .u32(pos as u32)
+            .u32(1)
+            .u32(cache.capacity() as u32)
+            .u32(pairs as u32);
+        let len = pos + 1;
+        let (groups, split_push, splits) = self.split_launch(len, cache.capacity());
+        let reduce_push = PushConstants::new().u32(splits);
+        let (k, v) = cache.buffers();
+        let append_args: [&dyn BufferArg; 4] = [k_new, v_new, k, v];
+        let decode_args: [&dyn BufferArg; 5] = [q, k, v, &self.part_o, &self.part_ml];
+        let reduce_args: [&dyn BufferArg; 3] = [&self.part_o, &self.part_ml, out];
+        let event = self.ctx.queue().submit(&[
+            LaunchDesc {
+                kernel: &self.append,
+                groups: [append_groups, 1, 1],
+                buffers: &append_args,
+                push_constants: append_push.as_bytes(),
+            },
+            LaunchDesc {
+                kernel: &self.decode,
+                groups,
+                buffers: &decode_args,
+                push_constants: split_push.as_bytes(),
+            },
+            LaunchDesc {
+                kernel: &self.reduce,
+                groups: [(self.shape.batch * self.shape.q_heads) as u32, 1, 1],
+                buffers: &reduce_args,
+                push_constants: reduce_push.as_bytes(),
+            },
+        ])?;
+        cache.len = len;
+        Ok(event)
     }
 
     /// Causal attention for `len` new positions: appends `k` and `v` (`[batch][kv_head][len][head_dim]`)
@@ -607,10 +884,12 @@ impl Attention {
         )
     }
 
-    /// Appends `k_new` and `v_new` (`[batch][kv_head][head_dim]`) to `cache`, then attends `q` over
-    /// every position including the new one (causal decode: the query is the newest token).
+    /// [`Attention::decode`] with the new position's K and V given on the host
+    /// (`[batch][kv_head][head_dim]`): they are uploaded to the attention's own staging buffers
+    /// first (two host copies), then the step is submitted as one batch.
     ///
-    /// Errors: as [`KvCache::append`] (nothing is launched then) and [`Attention::attend`].
+    /// Errors: as [`Attention::decode`], and [`Error::Size`] for slices of the wrong length (nothing
+    /// is written or launched then); the buffers' write errors.
     pub fn decode_step(
         &self,
         cache: &mut KvCache,
@@ -622,7 +901,21 @@ impl Attention {
         self.check_cache(cache)?;
         check_len("q", q.len(), self.shape.q_elems())?;
         check_len("out", out.len(), self.shape.q_elems())?;
-        cache.append(k_new, v_new)?;
-        self.attend(cache, q, out)
+        let n = self.shape.kv_step_elems();
+        check_len("appended k", k_new.len(), n)?;
+        check_len("appended v", v_new.len(), n)?;
+        if cache.len() >= cache.capacity() {
+            return Err(Error::Size {
+                what: "KV cache append".into(),
+                got: format!("position {}", cache.len()),
+                expected: format!("a position below the capacity {}", cache.capacity()),
+            });
+        }
+        // Held across the upload and the submission, so that another thread's step cannot
+        // overwrite the staged row before this step's append has read it.
+        let _scratch = self.step.lock();
+        self.new_k.write(k_new)?;
+        self.new_v.write(v_new)?;
+        self.decode_locked(cache, q, &self.new_k, &self.new_v, out)
     }
 }

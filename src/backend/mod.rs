@@ -174,6 +174,9 @@ pub struct DeviceLimits {
     pub max_push_constant_bytes: u32,
     /// Subgroup (warp, wave, SIMD) width, where the API reports one.
     pub subgroup_size: Option<u32>,
+    /// Whether compute kernels may exchange values across a subgroup (Vulkan: shuffle operations in
+    /// the compute stage). Selects the vectorized decode kernel.
+    pub subgroup_shuffle: bool,
     /// Whether storage buffers may hold 16-bit values (fp16 K/V).
     pub storage_16bit: bool,
     /// Whether kernels may compute in fp16.
@@ -310,9 +313,9 @@ pub trait ComputeBackend: Backend<Kernel: KernelObject> {
     /// Blocks until the batch has finished.
     fn wait(&self, event: &Self::Event) -> crate::Result<()>;
 
-    /// Waits, then returns each launch's device execution time, or `None` where the device cannot
-    /// time launches.
-    fn launch_times(&self, event: &Self::Event) -> crate::Result<Option<Vec<std::time::Duration>>>;
+    /// Waits, then returns each launch's device start and end, in nanoseconds from an origin common
+    /// to the batch, or `None` where the device cannot time launches.
+    fn launch_intervals(&self, event: &Self::Event) -> crate::Result<Option<Vec<(u64, u64)>>>;
 
     /// Blocks until everything submitted so far has finished.
     fn finish(&self) -> crate::Result<()>;

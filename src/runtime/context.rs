@@ -85,8 +85,8 @@ impl<B: ComputeBackend> EventImpl for BackendEvent<B> {
     fn wait(&self) -> Result<()> {
         self.backend.wait(&self.event)
     }
-    fn launch_times(&self) -> Result<Option<Vec<Duration>>> {
-        self.backend.launch_times(&self.event)
+    fn launch_intervals(&self) -> Result<Option<Vec<(u64, u64)>>> {
+        self.backend.launch_intervals(&self.event)
     }
 }
 

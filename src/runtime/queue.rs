@@ -12,7 +12,7 @@ use super::context::{ContextImpl, ErasedLaunch, Kernel};
 /// A submitted batch as the backend tracks it.
 pub(crate) trait EventImpl: Send + Sync {
     fn wait(&self) -> Result<()>;
-    fn launch_times(&self) -> Result<Option<Vec<Duration>>>;
+    fn launch_intervals(&self) -> Result<Option<Vec<(u64, u64)>>>;
 }
 
 /// A context's in-order queue: each launch starts after everything submitted before it has finished,
@@ -174,12 +174,21 @@ impl Event {
     /// Waits, then each launch's device execution time, in submission order; `None` where the device
     /// cannot time launches.
     pub fn launch_times(&self) -> Result<Option<Vec<Duration>>> {
-        self.inner.launch_times()
+        Ok(self.inner.launch_intervals()?.map(|iv| {
+            iv.iter()
+                .map(|&(s, e)| Duration::from_nanos(e.saturating_sub(s)))
+                .collect()
+        }))
     }
 
-    /// Waits, then the batch's total device execution time; `None` where the device cannot time.
+    /// Waits, then the batch's device time from the first launch's start to the last one's end, so
+    /// the gaps and barriers between its launches count; `None` where the device cannot time.
     pub fn device_time(&self) -> Result<Option<Duration>> {
-        Ok(self.launch_times()?.map(|t| t.iter().sum()))
+        Ok(self.inner.launch_intervals()?.and_then(|iv| {
+            let start = iv.iter().map(|&(s, _)| s).min()?;
+            let end = iv.iter().map(|&(_, e)| e).max()?;
+            Some(Duration::from_nanos(end.saturating_sub(start)))
+        }))
     }
 
     /// The kernels of the batch, in order.

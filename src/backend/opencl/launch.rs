@@ -8,7 +8,6 @@
 
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
-use std::time::Duration;
 
 use opencl3::event::Event;
 use opencl3::kernel::Kernel;
@@ -296,8 +295,8 @@ impl OpenClEvent {
         opencl3::event::wait_for_events(&raw).map_err(|e| cl_err("clWaitForEvents", e))
     }
 
-    /// Waits, then each launch's device time from its profiling counters.
-    pub fn launch_times(&self) -> Result<Option<Vec<Duration>>> {
+    /// Waits, then each launch's device start and end (ns) from its profiling counters.
+    pub fn launch_intervals(&self) -> Result<Option<Vec<(u64, u64)>>> {
         self.wait()?;
         if !self.profiled {
             return Ok(None);
@@ -310,7 +309,7 @@ impl OpenClEvent {
             let end = e
                 .profiling_command_end()
                 .map_err(|e| cl_err("clGetEventProfilingInfo", e))?;
-            out.push(Duration::from_nanos(end.saturating_sub(start)));
+            out.push((start, end.max(start)));
         }
         Ok(Some(out))
     }

@@ -639,8 +639,8 @@ impl ComputeBackend for OpenClBackend {
         event.wait()
     }
 
-    fn launch_times(&self, event: &OpenClEvent) -> Result<Option<Vec<Duration>>> {
-        event.launch_times()
+    fn launch_intervals(&self, event: &OpenClEvent) -> Result<Option<Vec<(u64, u64)>>> {
+        event.launch_intervals()
     }
 
     fn finish(&self) -> Result<()> {

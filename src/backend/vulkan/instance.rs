@@ -289,6 +289,12 @@ fn describe(
             max_shared_memory_bytes: l.max_compute_shared_memory_size,
             max_push_constant_bytes: l.max_push_constants_size,
             subgroup_size: (subgroup.subgroup_size > 0).then_some(subgroup.subgroup_size),
+            subgroup_shuffle: subgroup
+                .supported_operations
+                .contains(vk::SubgroupFeatureFlags::SHUFFLE)
+                && subgroup
+                    .supported_stages
+                    .contains(vk::ShaderStageFlags::COMPUTE),
             storage_16bit: storage16.storage_buffer16_bit_access == vk::TRUE,
             float16_arithmetic: f16.shader_float16 == vk::TRUE,
             timestamps: timestamp_valid_bits > 0 && l.timestamp_period > 0.0,

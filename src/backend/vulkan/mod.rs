@@ -24,7 +24,6 @@ mod submit;
 use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use ash::vk;
 
@@ -83,6 +82,8 @@ fn check_options(image: &DeviceImage, options: &BuildOptions) -> Result<()> {
 /// Bytes moved per staging copy: bounds the host memory an upload or download of a large buffer
 /// takes.
 const STAGING_CHUNK: u64 = 64 << 20;
+/// The smallest staging buffer allocated, so that small copies of varying sizes share one.
+const STAGING_KEEP: u64 = 1 << 20;
 
 #[derive(Default)]
 struct Counters {
@@ -99,6 +100,9 @@ struct Counters {
 pub struct VulkanBackend {
     // Field order is drop order: the submitter waits for in-flight work before the device goes.
     submitter: Submitter,
+    /// The last staging buffer, kept for the next host copy: allocating host-visible memory per
+    /// write cost about a millisecond on NVIDIA, more than the copy of a KV-cache row.
+    staging: parking_lot::Mutex<Option<Arc<VulkanBuffer>>>,
     dev: Arc<Device>,
     info: DeviceInfo,
     place: BufferPlace,
@@ -157,6 +161,7 @@ impl VulkanBackend {
         };
         Ok(VulkanBackend {
             submitter: Submitter::new(&dev)?,
+            staging: parking_lot::Mutex::new(None),
             dev,
             info: pd.info,
             place,
@@ -218,11 +223,17 @@ impl VulkanBackend {
         mut chunk: impl FnMut(&VulkanBuffer, u64, u64),
     ) -> Result<()> {
         let chunk_len = len.min(STAGING_CHUNK);
-        let staging = Arc::new(VulkanBuffer::new(
-            &self.dev,
-            chunk_len,
-            BufferPlace::HostVisible,
-        )?);
+        // Taken out of the slot, so that concurrent copies never share one; a copy that fails leaves
+        // the slot empty and the next one allocates afresh.
+        let cached = self.staging.lock().take();
+        let staging = match cached {
+            Some(b) if b.size >= chunk_len => b,
+            _ => Arc::new(VulkanBuffer::new(
+                &self.dev,
+                chunk_len.max(STAGING_KEEP.min(STAGING_CHUNK)),
+                BufferPlace::HostVisible,
+            )?),
+        };
         let mut done = 0;
         while done < len {
             let n = (len - done).min(chunk_len);
@@ -256,6 +267,9 @@ impl VulkanBackend {
             }
             done += n;
         }
+        // Every copy through it has finished (waited above), so the next copy may reuse it even
+        // while a finished record still holds a reference.
+        *self.staging.lock() = Some(staging);
         Ok(())
     }
 }
@@ -601,8 +615,8 @@ impl ComputeBackend for VulkanBackend {
         event.wait()
     }
 
-    fn launch_times(&self, event: &Arc<Record>) -> Result<Option<Vec<Duration>>> {
-        event.launch_times()
+    fn launch_intervals(&self, event: &Arc<Record>) -> Result<Option<Vec<(u64, u64)>>> {
+        event.launch_intervals()
     }
 
     fn finish(&self) -> Result<()> {

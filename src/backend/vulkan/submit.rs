@@ -8,7 +8,6 @@
 
 use std::any::Any;
 use std::sync::Arc;
-use std::time::Duration;
 
 use ash::vk;
 use parking_lot::Mutex;
@@ -83,8 +82,9 @@ impl Record {
             .map_err(|e| vk_err("vkGetFenceStatus", e))
     }
 
-    /// Waits, then each timed launch's device time; `None` when the device cannot time.
-    pub(crate) fn launch_times(&self) -> Result<Option<Vec<Duration>>> {
+    /// Waits, then each timed launch's device start and end in nanoseconds from the batch's first
+    /// timestamp; `None` when the device cannot time.
+    pub(crate) fn launch_intervals(&self) -> Result<Option<Vec<(u64, u64)>>> {
         self.wait()?;
         if self.timed == 0 {
             return Ok(None);
@@ -108,12 +108,16 @@ impl Record {
             (1u64 << bits) - 1
         };
         let period = f64::from(self.dev.limits.timestamp_period);
+        // Offsets from the first timestamp, modulo the valid bits, so that a counter that wraps
+        // within the batch still gives ordered, positive intervals.
+        let origin = ticks[0] & mask;
+        let ns = |t: u64| ((t & mask).wrapping_sub(origin) & mask) as f64 * period;
         Ok(Some(
             ticks
                 .chunks_exact(2)
                 .map(|t| {
-                    let d = (t[1] & mask).wrapping_sub(t[0] & mask) & mask;
-                    Duration::from_nanos((d as f64 * period) as u64)
+                    let (s, e) = (ns(t[0]) as u64, ns(t[1]) as u64);
+                    (s, e.max(s))
                 })
                 .collect(),
         ))

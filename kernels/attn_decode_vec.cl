@@ -1,0 +1,205 @@
+// Decode attention, split phase, vectorized. The OpenCL C twin of attn_decode_vec.comp (read its header
+// for the design): the same buffers, scalars and spec-constant ids. Each lane loads 16 bytes per chunk
+// as a uint4 and widens f16 with vload_half8 from registers (a vload_half8 from global memory may be
+// split into 2-byte loads, since the compiler cannot know it is 16-byte aligned).
+//
+// OpenCL 1.2 has no subgroup shuffles, so a row's partial dot products are summed in one of two ways:
+// with NV_SHUFFLE = 1 (NVIDIA devices only) by the PTX butterfly shuffle, within one warp; otherwise
+// through local memory, with two workgroup barriers per block of rows.
+//
+// kpc-spec-constant 0 LOCAL_SIZE
+// kpc-spec-constant 2 KV_F16
+// kpc-spec-constant 3 HEAD_DIM
+// kpc-spec-constant 6 LANES
+// kpc-spec-constant 7 GROUP
+// kpc-spec-constant 8 NV_SHUFFLE
+#ifndef LOCAL_SIZE
+#define LOCAL_SIZE 128
+#endif
+#ifndef KV_F16
+#define KV_F16 1
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef LANES
+#define LANES 16
+#endif
+#ifndef GROUP
+#define GROUP 1
+#endif
+#ifndef NV_SHUFFLE
+#define NV_SHUFFLE 0
+#endif
+
+#define E (KV_F16 ? 8 : 4)
+#define ROW_CHUNKS (HEAD_DIM / E)
+#define CPL (ROW_CHUNKS / LANES)
+#define VALS (CPL * E)
+#define RG (LOCAL_SIZE / LANES)
+#define U 4
+
+#if NV_SHUFFLE
+inline float shfl_xor(float x, int off)
+{
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x), "r"(off));
+    return r;
+}
+#endif
+
+inline void widen(uint4 w, float *out)
+{
+#if KV_F16
+    vstore8(vload_half8(0, (const private half *)&w), 0, out);
+#else
+    vstore4(as_float4(w), 0, out);
+#endif
+}
+
+__attribute__((reqd_work_group_size(LOCAL_SIZE, 1, 1)))
+kernel void attn_decode_vec(global const float *q, global const uint4 *k, global const uint4 *v,
+                            global float *part_o, global float *part_ml,
+                            uint kv_len, uint capacity, uint kv_heads, uint per_split, float scale)
+{
+    local float sm_m[RG];
+    local float sm_l[RG];
+    local float sm_o[RG * HEAD_DIM];
+#if !NV_SHUFFLE
+    local float red[LOCAL_SIZE * U * GROUP];
+#endif
+    uint tid = get_local_id(0);
+    uint lane = tid % LANES;
+    uint rg = tid / LANES;
+    uint split = get_group_id(0);
+    uint splits = get_num_groups(0);
+    uint bkv = get_group_id(1);
+    uint b = bkv / kv_heads;
+    uint hkv = bkv % kv_heads;
+    uint qrow0 = b * kv_heads * GROUP + hkv * GROUP;
+    uint j0 = split * per_split;
+    uint j1 = min(j0 + per_split, kv_len);
+    uint row_base = bkv * capacity;
+
+    float qv[GROUP * VALS];
+    float acc[GROUP * VALS];
+    float m[GROUP];
+    float l[GROUP];
+    for (uint g = 0; g < GROUP; g++) {
+        for (uint i = 0; i < CPL; i++) {
+            for (uint t = 0; t < E; t++) {
+                uint d = (lane + i * LANES) * E + t;
+                qv[g * VALS + i * E + t] = q[(qrow0 + g) * HEAD_DIM + d] * scale;
+                acc[g * VALS + i * E + t] = 0.0f;
+            }
+        }
+        m[g] = -3.0e38f;
+        l[g] = 0.0f;
+    }
+
+    for (uint base = j0; base < j1; base += RG * U) {
+        uint4 kw[U * CPL];
+        uint4 vw[U * CPL];
+        for (uint u = 0; u < U; u++) {
+            uint j = min(base + u * RG + rg, j1 - 1);
+            uint r = (row_base + j) * ROW_CHUNKS + lane;
+            for (uint i = 0; i < CPL; i++) {
+                kw[u * CPL + i] = k[r + i * LANES];
+                vw[u * CPL + i] = v[r + i * LANES];
+            }
+        }
+        float s[U * GROUP];
+        for (uint u = 0; u < U; u++) {
+            for (uint g = 0; g < GROUP; g++) {
+                float x = 0.0f;
+                for (uint i = 0; i < CPL; i++) {
+                    float kf[E];
+                    widen(kw[u * CPL + i], kf);
+                    for (uint t = 0; t < E; t++) {
+                        x += qv[g * VALS + i * E + t] * kf[t];
+                    }
+                }
+#if NV_SHUFFLE
+                for (int off = LANES / 2; off > 0; off >>= 1) {
+                    x += shfl_xor(x, off);
+                }
+                s[u * GROUP + g] = x;
+#else
+                red[(u * GROUP + g) * LOCAL_SIZE + tid] = x;
+#endif
+            }
+        }
+#if !NV_SHUFFLE
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (uint ug = 0; ug < U * GROUP; ug++) {
+            float x = 0.0f;
+            for (uint t = 0; t < LANES; t++) {
+                x += red[ug * LOCAL_SIZE + rg * LANES + t];
+            }
+            s[ug] = x;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+        for (uint g = 0; g < GROUP; g++) {
+            float mx = m[g];
+            for (uint u = 0; u < U; u++) {
+                if (base + u * RG + rg < j1) {
+                    mx = fmax(mx, s[u * GROUP + g]);
+                }
+            }
+            float corr = exp(m[g] - mx);
+            l[g] *= corr;
+            for (uint c = 0; c < VALS; c++) {
+                acc[g * VALS + c] *= corr;
+            }
+            for (uint u = 0; u < U; u++) {
+                float pr = base + u * RG + rg < j1 ? exp(s[u * GROUP + g] - mx) : 0.0f;
+                l[g] += pr;
+                for (uint i = 0; i < CPL; i++) {
+                    float vf[E];
+                    widen(vw[u * CPL + i], vf);
+                    for (uint t = 0; t < E; t++) {
+                        acc[g * VALS + i * E + t] += pr * vf[t];
+                    }
+                }
+            }
+            m[g] = mx;
+        }
+    }
+
+    for (uint g = 0; g < GROUP; g++) {
+        if (lane == 0) {
+            sm_m[rg] = m[g];
+            sm_l[rg] = l[g];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float mx = -3.0e38f;
+        for (uint r = 0; r < RG; r++) {
+            mx = fmax(mx, sm_m[r]);
+        }
+        float total = 0.0f;
+        for (uint r = 0; r < RG; r++) {
+            total += sm_l[r] * exp(sm_m[r] - mx);
+        }
+        float w = exp(m[g] - mx);
+        for (uint i = 0; i < CPL; i++) {
+            for (uint t = 0; t < E; t++) {
+                sm_o[rg * HEAD_DIM + (lane + i * LANES) * E + t] = acc[g * VALS + i * E + t] * w;
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        uint slot = (qrow0 + g) * splits + split;
+        for (uint d = tid; d < HEAD_DIM; d += LOCAL_SIZE) {
+            float o = 0.0f;
+            for (uint r = 0; r < RG; r++) {
+                o += sm_o[r * HEAD_DIM + d];
+            }
+            part_o[slot * HEAD_DIM + d] = o;
+        }
+        if (tid == 0) {
+            part_ml[slot * 2] = mx;
+            part_ml[slot * 2 + 1] = total;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+}

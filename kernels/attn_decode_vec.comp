@@ -1,0 +1,181 @@
+// Decode attention, split phase, vectorized (flash-decoding): the variant chosen where the device has
+// subgroup shuffles and the head dimension divides into 16-byte loads per lane (see
+// Attention::decode_variant). Same output as attn_decode: per (query row, split) the unnormalized
+// sum_j exp(s_j - m) * v_j, the max m and l = sum_j exp(s_j - m), combined by attn_reduce.
+//
+// Why this shape: decode reads every K and V row once and does ~1 FMA per element loaded, so it is
+// bound by memory bandwidth. Here LANES consecutive invocations share one row and each loads 16 bytes
+// (8 halves or 4 floats) per chunk, so a subgroup reads whole rows as contiguous 256-byte runs; each
+// invocation keeps U rows of K and V in flight before using them; a workgroup serves all GROUP query
+// heads of one KV head, so grouped-query attention reads K and V once, not GROUP times; and the scores
+// are combined with an online softmax in registers (one pass, no shared score array, no barrier in the
+// loop). Row groups are merged once at the end through shared memory.
+//
+// Grid: x = splits (ceil(kv_len / per_split)), y = batch * kv_heads. Query row r = b * q_heads + h;
+// the workgroup for KV head hkv serves query heads hkv * GROUP .. hkv * GROUP + GROUP - 1.
+#version 450
+#extension GL_KHR_shader_subgroup_shuffle : require
+
+layout(local_size_x = 128, local_size_x_id = 0) in;  // LOCAL_SIZE, a multiple of LANES
+layout(constant_id = 2) const uint KV_F16 = 1;       // 1: K and V are packed f16
+layout(constant_id = 3) const uint HEAD_DIM = 128;   // D, a multiple of 8 * LANES (f16) or 4 * LANES
+layout(constant_id = 6) const uint LANES = 16;       // invocations per row: a power of two <= subgroup
+layout(constant_id = 7) const uint GROUP = 1;        // query heads per KV head (at most 8)
+
+const uint E = 4u << KV_F16;                          // elements per 16-byte chunk
+const uint ROW_CHUNKS = HEAD_DIM / E;                 // 16-byte chunks per row
+const uint CPL = ROW_CHUNKS / LANES;                  // chunks per lane
+const uint VALS = CPL * E;                            // elements per lane
+const uint RG = gl_WorkGroupSize.x / LANES;           // row groups per workgroup
+const uint U = 4u;                                    // rows per row group in flight
+
+layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };             // [B][Hq][D]
+layout(std430, set = 0, binding = 1) readonly buffer K { uvec4 k[]; };             // [B][Hkv][cap][D]
+layout(std430, set = 0, binding = 2) readonly buffer V { uvec4 v[]; };             // [B][Hkv][cap][D]
+layout(std430, set = 0, binding = 3) writeonly buffer PartO { float part_o[]; };   // [B*Hq][splits][D]
+layout(std430, set = 0, binding = 4) writeonly buffer PartMl { float part_ml[]; }; // [B*Hq][splits][2]
+
+layout(push_constant) uniform Params {
+    uint kv_len;     // positions to attend
+    uint capacity;   // positions per head in the cache
+    uint kv_heads;   // Hkv
+    uint per_split;  // positions per split
+    float scale;     // 1 / sqrt(D)
+} p;
+
+shared float sm_m[RG];
+shared float sm_l[RG];
+shared float sm_o[RG * HEAD_DIM];
+
+// Element t of a 16-byte chunk.
+float elem(uvec4 w, uint t) {
+    if (KV_F16 != 0u) {
+        uint word = t < 2u ? w.x : (t < 4u ? w.y : (t < 6u ? w.z : w.w));
+        vec2 h = unpackHalf2x16(word);
+        return (t & 1u) == 0u ? h.x : h.y;
+    }
+    return uintBitsToFloat(t == 0u ? w.x : (t == 1u ? w.y : (t == 2u ? w.z : w.w)));
+}
+
+void main() {
+    const uint WG = gl_WorkGroupSize.x;
+    uint tid = gl_LocalInvocationID.x;
+    uint lane = tid % LANES;
+    uint rg = tid / LANES;
+    uint split = gl_WorkGroupID.x;
+    uint splits = gl_NumWorkGroups.x;
+    uint bkv = gl_WorkGroupID.y;
+    uint b = bkv / p.kv_heads;
+    uint hkv = bkv % p.kv_heads;
+    uint q_heads = p.kv_heads * GROUP;
+    uint qrow0 = b * q_heads + hkv * GROUP;
+    uint j0 = split * p.per_split;
+    uint j1 = min(j0 + p.per_split, p.kv_len);
+    uint row_base = bkv * p.capacity;
+
+    float qv[GROUP * VALS];
+    float acc[GROUP * VALS];
+    float m[GROUP];
+    float l[GROUP];
+    for (uint g = 0u; g < GROUP; g++) {
+        for (uint i = 0u; i < CPL; i++) {
+            for (uint t = 0u; t < E; t++) {
+                uint d = (lane + i * LANES) * E + t;
+                qv[g * VALS + i * E + t] = q[(qrow0 + g) * HEAD_DIM + d] * p.scale;
+                acc[g * VALS + i * E + t] = 0.0;
+            }
+        }
+        m[g] = -3.0e38;
+        l[g] = 0.0;
+    }
+
+    // The trip count is the same for every invocation, so the shuffles run in uniform control flow;
+    // rows past j1 load the last valid row and are masked out of the softmax.
+    for (uint base = j0; base < j1; base += RG * U) {
+        uvec4 kw[U * CPL];
+        uvec4 vw[U * CPL];
+        for (uint u = 0u; u < U; u++) {
+            uint j = min(base + u * RG + rg, j1 - 1u);
+            uint r = (row_base + j) * ROW_CHUNKS + lane;
+            for (uint i = 0u; i < CPL; i++) {
+                kw[u * CPL + i] = k[r + i * LANES];
+                vw[u * CPL + i] = v[r + i * LANES];
+            }
+        }
+        float s[U * GROUP];
+        for (uint u = 0u; u < U; u++) {
+            for (uint g = 0u; g < GROUP; g++) {
+                float x = 0.0;
+                for (uint i = 0u; i < CPL; i++) {
+                    for (uint t = 0u; t < E; t++) {
+                        x += qv[g * VALS + i * E + t] * elem(kw[u * CPL + i], t);
+                    }
+                }
+                for (uint off = LANES / 2u; off > 0u; off >>= 1) {
+                    x += subgroupShuffleXor(x, off);
+                }
+                s[u * GROUP + g] = x;
+            }
+        }
+        for (uint g = 0u; g < GROUP; g++) {
+            float mx = m[g];
+            for (uint u = 0u; u < U; u++) {
+                if (base + u * RG + rg < j1) {
+                    mx = max(mx, s[u * GROUP + g]);
+                }
+            }
+            float corr = exp(m[g] - mx);
+            l[g] *= corr;
+            for (uint c = 0u; c < VALS; c++) {
+                acc[g * VALS + c] *= corr;
+            }
+            for (uint u = 0u; u < U; u++) {
+                float pr = base + u * RG + rg < j1 ? exp(s[u * GROUP + g] - mx) : 0.0;
+                l[g] += pr;
+                for (uint i = 0u; i < CPL; i++) {
+                    for (uint t = 0u; t < E; t++) {
+                        acc[g * VALS + i * E + t] += pr * elem(vw[u * CPL + i], t);
+                    }
+                }
+            }
+            m[g] = mx;
+        }
+    }
+
+    // Merge the row groups: rescale each to the workgroup's max, then sum through shared memory.
+    for (uint g = 0u; g < GROUP; g++) {
+        if (lane == 0u) {
+            sm_m[rg] = m[g];
+            sm_l[rg] = l[g];
+        }
+        barrier();
+        float mx = -3.0e38;
+        for (uint r = 0u; r < RG; r++) {
+            mx = max(mx, sm_m[r]);
+        }
+        float total = 0.0;
+        for (uint r = 0u; r < RG; r++) {
+            total += sm_l[r] * exp(sm_m[r] - mx);
+        }
+        float w = exp(m[g] - mx);
+        for (uint i = 0u; i < CPL; i++) {
+            for (uint t = 0u; t < E; t++) {
+                sm_o[rg * HEAD_DIM + (lane + i * LANES) * E + t] = acc[g * VALS + i * E + t] * w;
+            }
+        }
+        barrier();
+        uint slot = (qrow0 + g) * splits + split;
+        for (uint d = tid; d < HEAD_DIM; d += WG) {
+            float o = 0.0;
+            for (uint r = 0u; r < RG; r++) {
+                o += sm_o[r * HEAD_DIM + d];
+            }
+            part_o[slot * HEAD_DIM + d] = o;
+        }
+        if (tid == 0u) {
+            part_ml[slot * 2u] = mx;
+            part_ml[slot * 2u + 1u] = total;
+        }
+        barrier();
+    }
+}
