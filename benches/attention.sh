@@ -1,25 +1,42 @@
 #!/usr/bin/env bash
 # Runs kpc's attention over the benchmark shapes on whatever device KPC_DEVICE (or --backend) picks and
-# prints a markdown table for BENCHMARKS.md. Shapes: fp16 K/V, B=1, H=32, D=128; decode at
-# L = 1k, 4k, 16k, 32k; causal prefill at L = 512 ... 8k. Extra arguments go to every kpc call.
-#   benches/attention.sh [--backend vulkan|opencl]        (KPC=path/to/kpc to use another binary)
+# prints markdown tables for BENCHMARKS.md. Extra arguments go to every kpc call.
+#
+# Decode: fp16 K/V, H=32 (HEADS), D=128, shapes B:Hkv in DECODE_SHAPES (default 1:32 1:8 4:32 16:32) at each L
+# in DECODE_L; the prompt's K/V are uploaded (--fill), then 100 steps of append + split + reduce run
+# back to back. Shapes whose K or V would pass 4 GiB are skipped. Prefill: causal, B=1, H=32, D=128 at
+# each L in PREFILL_L.
+#   benches/attention.sh [--backend vulkan|opencl] [kpc attention args]  (KPC=path/to/kpc)
 set -euo pipefail
 kpc=${KPC:-$(dirname "$0")/../target/release/kpc}
-shape=(--batch 1 --heads 32 --head-dim 128 --kv f16)
+base=(--heads "${HEADS:-32}" --head-dim 128 --kv f16)
+decode_shapes=${DECODE_SHAPES:-1:32 1:8 4:32 16:32}
 decode_l=${DECODE_L:-1024 4096 16384 32768}
 prefill_l=${PREFILL_L:-512 1024 2048 4096 8192}
-"$kpc" attention "${shape[@]}" --prompt 64 --steps 2 --check "$@" | sed -n 2p
+val() { grep -o " $1=[^ ]*" <<<"$2" | cut -d= -f2; }
+
+# Correctness first, on the same device and kernels: MHA and GQA decode, and prefill.
+"$kpc" attention "${base[@]}" --prompt 1000 --steps 8 --check "$@" | grep -E '^(device: [a-z]|kernels|check)'
+"$kpc" attention "${base[@]}" --kv-heads 8 --batch 2 --prompt 3000 --steps 8 --fill --check "$@" |
+  grep -E '^(kernels|check)'
 echo
-echo "| phase | L | time | rate | device copy GB/s | decode / copy |"
-echo "|---|---|---|---|---|---|"
-for L in $decode_l; do
-  out=$("$kpc" attention "${shape[@]}" --prompt "$L" --steps 50 "$@" 2>/dev/null)
-  dec=$(grep '^decode:' <<<"$out" | sed -E 's/decode: +([0-9.]+) us\/step.*, ([0-9.]+) GB\/s.*/\1 us|\2 GB\/s/')
-  cp=$(grep '^copy:' <<<"$out" | sed -E 's/copy: +([0-9.]+) GB\/s.*= ([0-9.]+%)/\1|\2/')
-  echo "| decode | $L | ${dec%%|*} | ${dec#*|} | ${cp%%|*} | ${cp#*|} |"
+echo "| phase | B | Hkv | L | wall µs/step | device µs/step | GB/s (device) | copy GB/s | device / copy | wall / copy |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+for sh in $decode_shapes; do
+  b=${sh%%:*} hkv=${sh##*:}
+  for L in $decode_l; do
+    if (( b * hkv * (L + 100) * 128 * 2 > 4294967295 )); then continue; fi
+    out=$("$kpc" attention "${base[@]}" --batch "$b" --kv-heads "$hkv" --prompt "$L" --steps 100 \
+      --fill "$@" 2>/dev/null | grep '^bench: phase=decode')
+    echo "| decode | $b | $hkv | $L | $(val wall_us "$out") | $(val device_us "$out") |" \
+      "$(val gbs "$out") | $(val copy_gbs "$out") | $(val pct_device "$out")% |" \
+      "$(val pct_wall "$out")% |"
+  done
 done
+echo
+echo "| phase | B | H | L | ms | TFLOP/s |"
+echo "|---|---|---|---|---|---|"
 for L in $prefill_l; do
-  out=$("$kpc" attention "${shape[@]}" --prompt "$L" --steps 1 "$@" 2>/dev/null)
-  pre=$(grep '^prefill:' <<<"$out" | sed -E 's/prefill: +([0-9.]+) ms, ([0-9.]+) TFLOP\/s.*/\1 ms|\2 TFLOP\/s/')
-  echo "| prefill | $L | ${pre%%|*} | ${pre#*|} | | |"
+  out=$("$kpc" attention "${base[@]}" --prompt "$L" --steps 0 "$@" 2>/dev/null | grep '^bench: phase=prefill')
+  echo "| prefill | 1 | 32 | $L | $(val ms "$out") | $(val tflops "$out") |"
 done

@@ -5,6 +5,9 @@ comparison on the GPU host (which has PyTorch but no Rust toolchain).
 Times every SDPA backend that accepts the shape (flash, efficient, cudnn, math) with CUDA events after
 warm-up, median of many runs, rotating among several input sets so repeated runs do not measure a warm
 L2. Prints one table for decode (one query against an L-long fp16 KV cache) and one for causal prefill.
+Decode is timed two ways: one SDPA call (median), and whole steps as kpc times them: 50 steps back to
+back, each appending its K/V row into a preallocated cache and attending over the cache so far, with
+events around all 50.
 
     python3 benches/attention_torch.py [--batch 1] [--heads 32] [--kv-heads 32] [--head-dim 128]
 """
@@ -48,6 +51,40 @@ def sdpa(backend, causal, gqa):
     return run
 
 
+def step_us(backend, B, H, Hkv, L, D, gqa, steps=50, dev="cuda"):
+    """Whole decode steps (append + attention) back to back, microseconds per step."""
+    cap = L + 2 * steps
+    kc = torch.randn(B, Hkv, cap, D, dtype=torch.float16, device=dev)
+    vc = torch.randn(B, Hkv, cap, D, dtype=torch.float16, device=dev)
+    q = torch.randn(B, H, 1, D, dtype=torch.float16, device=dev)
+    kn = torch.randn(B, Hkv, steps, D, dtype=torch.float16, device=dev)
+    vn = torch.randn(B, Hkv, steps, D, dtype=torch.float16, device=dev)
+
+    def run(first):
+        for i in range(steps):
+            pos = first + i
+            kc[:, :, pos].copy_(kn[:, :, i])
+            vc[:, :, pos].copy_(vn[:, :, i])
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(
+                    q, kc[:, :, : pos + 1], vc[:, :, : pos + 1], enable_gqa=gqa
+                )
+
+    try:
+        run(L)  # warm-up
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run(L)
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) * 1e3 / steps
+    except RuntimeError:
+        return None
+    finally:
+        del kc, vc
+
+
 def best(fns, sets):
     out = {}
     for name, backend in BACKENDS:
@@ -85,8 +122,14 @@ def main():
 
     names = [n for n, _ in BACKENDS]
     print("\ndecode: one query per head against an L-long KV cache")
-    print(f"{'L':>6} | " + " | ".join(f"{n:>10} us" for n in names) + " | best GB/s | of copy")
-    for L in [int(x) for x in a.decode.split(",")]:
+    print(
+        f"{'L':>6} | "
+        + " | ".join(f"{n:>10} us" for n in names)
+        + " | best GB/s | of copy | "
+        + " | ".join(f"{n + ' step':>13}" for n in names)
+        + " | best step us"
+    )
+    for L in [int(x) for x in a.decode.split(",") if x]:
         sets = []
         for _ in range(4):
             q = torch.randn(B, H, 1, D, dtype=torch.float16, device=dev)
@@ -98,12 +141,16 @@ def main():
         bytes_ = 2 * B * Hkv * L * D * 2
         gbs = bytes_ / min(ok) / 1e6 if ok else 0
         cells = " | ".join(f"{r[n] * 1e3:>13.1f}" if r[n] else f"{'-':>13}" for n in names)
-        print(f"{L:>6} | {cells} | {gbs:>8.0f} | {gbs / copy_gbs:>6.0%}")
         del sets
+        st = {n: step_us(bk, B, H, Hkv, L, D, gqa) for n, bk in BACKENDS}
+        ok_st = [t for t in st.values() if t is not None]
+        st_cells = " | ".join(f"{st[n]:>13.1f}" if st[n] else f"{'-':>13}" for n in names)
+        best_st = f"{min(ok_st):>12.1f}" if ok_st else f"{'-':>12}"
+        print(f"{L:>6} | {cells} | {gbs:>8.0f} | {gbs / copy_gbs:>6.0%} | {st_cells} | {best_st}")
 
     print("\ncausal prefill: TFLOP/s counted as 2*B*H*L^2*D (the causal half)")
     print(f"{'L':>6} | " + " | ".join(f"{n:>10} ms" for n in names) + " | best TFLOP/s")
-    for L in [int(x) for x in a.prefill.split(",")]:
+    for L in [int(x) for x in a.prefill.split(",") if x]:
         sets = []
         for _ in range(2):
             q = torch.randn(B, H, L, D, dtype=torch.float16, device=dev)

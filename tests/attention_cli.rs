@@ -44,9 +44,9 @@ fn kernel_sources(text: &str) -> Vec<&str> {
 fn built_then_disk(backend: &str) {
     let cache = TempDir::new(&format!("attention-cli-{backend}"));
     let first = run(backend, &cache);
-    assert_eq!(kernel_sources(&first), ["built"; 3], "{first}");
+    assert_eq!(kernel_sources(&first), ["built"; 4], "{first}");
     let second = run(backend, &cache);
-    assert_eq!(kernel_sources(&second), ["disk"; 3], "{second}");
+    assert_eq!(kernel_sources(&second), ["disk"; 4], "{second}");
 }
 
 #[test]

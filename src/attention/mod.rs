@@ -213,6 +213,38 @@ impl KvCache {
         self.len = 0;
     }
 
+    /// Forgets every position from `len` on (a rollback, as after rejected speculative tokens); a
+    /// `len` at or past [`KvCache::len`] changes nothing. Nothing is written.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Writes `rows` positions starting at `pos`, overwriting or extending: `k` and `v` are
+    /// `[batch][kv_head][rows][head_dim]`, and afterwards [`KvCache::len`] is at least `pos + rows`.
+    /// Lets a long context be uploaded in pieces.
+    ///
+    /// Errors: [`Error::Size`] when `pos` is past [`KvCache::len`] (that would leave a gap), the rows
+    /// do not fit in the capacity, or a slice has the wrong length (nothing is written then); the
+    /// buffer's write errors.
+    pub fn write(&mut self, pos: usize, rows: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        if pos > self.len || pos + rows > self.capacity {
+            return Err(Error::Size {
+                what: "KV cache write".into(),
+                got: format!("{rows} positions at {pos}"),
+                expected: format!(
+                    "a start at most the length {} and an end at most the capacity {}",
+                    self.len, self.capacity
+                ),
+            });
+        }
+        let n = self.shape.kv_step_elems() * rows;
+        check_len("written k", k.len(), n)?;
+        check_len("written v", v.len(), n)?;
+        self.write_rows(pos, rows, k, v)?;
+        self.len = self.len.max(pos + rows);
+        Ok(())
+    }
+
     /// The device buffers, K then V, as kernel arguments.
     pub fn buffers(&self) -> (&dyn BufferArg, &dyn BufferArg) {
         match &self.store {

@@ -3,13 +3,12 @@
 //! prefill time and TFLOP/s, decode µs per step and GB/s next to the device's copy bandwidth measured
 //! in the same run, and with `--check` the error against the float64 reference.
 
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args as ClapArgs;
 use kpc::attention::reference::{attention, relative_error};
-use kpc::attention::{Attention, AttentionOptions, AttentionShape, KvCache, KvDtype};
+use kpc::attention::{Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype};
 use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::config::{BackendKind, DeviceSelector};
 use kpc::runtime::device::select_device;
@@ -59,6 +58,23 @@ pub struct Args {
     /// Compare every output with the float64 reference (fails above 1e-5 for f32, 2e-3 for f16).
     #[arg(long)]
     check: bool,
+    /// Upload the prompt's K/V into the cache instead of running the prefill kernel: decode
+    /// benchmarks at long L without waiting for a prefill.
+    #[arg(long)]
+    fill: bool,
+    /// Decode split kernel.
+    #[arg(long, value_enum, default_value = "auto")]
+    decode_kernel: DecodeArg,
+    /// Workgroups a vectorized decode aims for (AttentionOptions::decode_workgroups).
+    #[arg(long)]
+    workgroups: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DecodeArg {
+    Auto,
+    Generic,
+    Vectorized,
 }
 
 fn selector(args: &Args, config: &Config) -> kpc::Result<DeviceSelector> {
@@ -105,13 +121,6 @@ fn prefix(x: &[f32], heads: usize, len: usize, d: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// `[h][len][d]` → position `pos` of each head, `[h][d]`.
-fn position(x: &[f32], heads: usize, len: usize, d: usize, pos: usize) -> Vec<f32> {
-    (0..heads)
-        .flat_map(|h| x[(h * len + pos) * d..][..d].iter().copied())
-        .collect()
-}
-
 /// The device's copy bandwidth in bytes per second (read + write), from the copy kernel.
 fn copy_bandwidth(ctx: &Context) -> kpc::Result<(f64, kpc::Kernel)> {
     let image = match ctx.backend() {
@@ -124,7 +133,12 @@ fn copy_bandwidth(ctx: &Context) -> kpc::Result<(f64, kpc::Kernel)> {
         &SpecConstants::new(),
         &BuildOptions::default(),
     )?;
-    let n = 1usize << 20; // 16 MiB of uvec4
+    // 256 MiB each way on a GPU, well past its L2, so the copy measures device memory; 16 MiB on a CPU.
+    let n = if ctx.device().device_type.is_gpu() {
+        1usize << 24
+    } else {
+        1usize << 20
+    };
     let src = ctx.buffer::<u32>(4 * n)?;
     let dst = ctx.buffer::<u32>(4 * n)?;
     let mut groups = k.groups_for([n as u64, 1, 1])?;
@@ -160,24 +174,33 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     };
     let device = select_device(&selector(args, config)?)?;
     let ctx = Context::with_device(&device, config)?;
-    let total = args.prompt + args.steps;
+    let (prompt, steps) = (args.prompt, args.steps);
+    let total = prompt + steps;
     let d = shape.head_dim;
     println!(
         "kpc attention: B={} Hq={} Hkv={} D={} prompt={} steps={} kv={:?}",
-        shape.batch, shape.q_heads, shape.kv_heads, d, args.prompt, args.steps, dtype
+        shape.batch, shape.q_heads, shape.kv_heads, d, prompt, steps, dtype
     );
     println!(
         "device: {}:{} {} [{}], driver {}",
         device.backend, device.index, device.name, device.device_type, device.driver
     );
 
-    let options = AttentionOptions::for_device(&device);
+    let mut options = AttentionOptions::for_device(&device);
+    options.decode = match args.decode_kernel {
+        DecodeArg::Auto => DecodeKernel::Auto,
+        DecodeArg::Generic => DecodeKernel::Generic,
+        DecodeArg::Vectorized => DecodeKernel::Vectorized,
+    };
+    if let Some(w) = args.workgroups {
+        options.decode_workgroups = w;
+    }
     let attn = Attention::new(&ctx, &shape, dtype, total, options)?;
     let (copy_bw, copy_kernel) = copy_bandwidth(&ctx)?;
-    println!("kernels:");
+    println!("kernels (decode: {:?}):", attn.decode_kernel());
     for k in attn.kernels().into_iter().chain([&copy_kernel]) {
         println!(
-            "  {:<14} {:<6} {:>10.3} ms",
+            "  {:<16} {:<6} {:>10.3} ms",
             k.name(),
             k.source().to_string(),
             k.acquire_time().as_secs_f64() * 1e3
@@ -187,92 +210,204 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     let rows_q = shape.batch * shape.q_heads;
     let rows_kv = shape.batch * shape.kv_heads;
     let mut rng = Rng::new();
-    let q = rng.vec(rows_q * total * d);
-    let k = rng.vec(rows_kv * total * d);
-    let v = rng.vec(rows_kv * total * d);
-    let mut got = vec![f32::NAN; q.len()];
     let mut cache = KvCache::new(&ctx, &shape, total, dtype)?;
+    // What the check compares: every K/V row `[rows_kv][total][d]`, and the prompt's outputs.
+    let keep = args.check;
+    let mut all_k = Vec::new();
+    let mut all_v = Vec::new();
+    let mut prompt_q = Vec::new();
+    let mut prompt_out = Vec::new();
 
-    // Prefill.
-    let qb = ctx.buffer_from(&prefix(&q, rows_q, total, d, args.prompt))?;
-    let out = ctx.buffer_from(&vec![f32::NAN; rows_q * args.prompt * d])?;
-    let t = Instant::now();
-    let ev = attn.prefill(
-        &mut cache,
-        &qb,
-        &prefix(&k, rows_kv, total, d, args.prompt),
-        &prefix(&v, rows_kv, total, d, args.prompt),
-        args.prompt,
-        &out,
-    )?;
-    ev.wait()?;
-    let prefill_time = ev.device_time()?.unwrap_or_else(|| t.elapsed());
-    let o = out.read()?;
-    for h in 0..rows_q {
-        got[h * total * d..][..args.prompt * d]
-            .copy_from_slice(&o[h * args.prompt * d..][..args.prompt * d]);
-    }
-    // Causal: about half of the L x L scores, two matmuls of 2 * D flops each.
-    let flops = 2.0 * rows_q as f64 * (args.prompt as f64).powi(2) * d as f64;
-    println!(
-        "prefill: {:.3} ms, {:.4} TFLOP/s (causal, 2*B*H*L^2*D flops)",
-        prefill_time.as_secs_f64() * 1e3,
-        flops / prefill_time.as_secs_f64() / 1e12
-    );
-
-    // Decode: whole steps (append + split + reduce), wall time.
-    let qb = ctx.buffer::<f32>(shape.q_elems())?;
-    let out = ctx.buffer::<f32>(shape.q_elems())?;
-    let mut step_time = Duration::ZERO;
-    let mut bytes = 0f64;
-    for (i, t_pos) in (args.prompt..total).enumerate() {
-        qb.write(&position(&q, rows_q, total, d, t_pos))?;
-        out.write(&vec![f32::NAN; shape.q_elems()])?;
-        let (kn, vn) = (
-            position(&k, rows_kv, total, d, t_pos),
-            position(&v, rows_kv, total, d, t_pos),
-        );
+    if args.fill {
+        // In pieces of about 16M elements, so that long contexts need no full host copy.
+        let piece = ((1usize << 24) / (rows_kv * d)).max(1);
+        if keep {
+            all_k = vec![0.0; rows_kv * total * d];
+            all_v = vec![0.0; rows_kv * total * d];
+        }
+        let mut pos = 0;
+        while pos < prompt {
+            let n = piece.min(prompt - pos);
+            let (kc, vc) = (rng.vec(rows_kv * n * d), rng.vec(rows_kv * n * d));
+            cache.write(pos, n, &kc, &vc)?;
+            if keep {
+                for h in 0..rows_kv {
+                    let at = (h * total + pos) * d;
+                    all_k[at..][..n * d].copy_from_slice(&kc[h * n * d..][..n * d]);
+                    all_v[at..][..n * d].copy_from_slice(&vc[h * n * d..][..n * d]);
+                }
+            }
+            pos += n;
+        }
+        println!("prefill: skipped (--fill: the prompt's K/V were uploaded)");
+    } else {
+        let q = rng.vec(rows_q * prompt * d);
+        let k = rng.vec(rows_kv * prompt * d);
+        let v = rng.vec(rows_kv * prompt * d);
+        let qb = ctx.buffer_from(&q)?;
+        let out = ctx.buffer_from(&vec![f32::NAN; rows_q * prompt * d])?;
         let t = Instant::now();
-        attn.decode_step(&mut cache, &qb, &kn, &vn, &out)?.wait()?;
-        step_time += t.elapsed();
-        bytes += 2.0 * (rows_kv * (t_pos + 1) * d * dtype.bytes()) as f64;
-        let o = out.read()?;
-        for h in 0..rows_q {
-            got[(h * total + t_pos) * d..][..d].copy_from_slice(&o[h * d..][..d]);
-        }
-        if args.steps >= 100 && (i + 1) % (args.steps / 10) == 0 {
-            eprint!("\rdecode {}/{}", i + 1, args.steps);
-            let _ = std::io::stderr().flush();
-        }
-    }
-    if args.steps >= 100 {
-        eprintln!();
-    }
-    if args.steps > 0 {
-        let secs = step_time.as_secs_f64();
-        let bw = bytes / secs;
+        let ev = attn.prefill(&mut cache, &qb, &k, &v, prompt, &out)?;
+        ev.wait()?;
+        let prefill_time = ev.device_time()?.unwrap_or_else(|| t.elapsed());
+        // Causal: about half of the L x L scores, two matmuls of 2 * D flops each.
+        let flops = 2.0 * rows_q as f64 * (prompt as f64).powi(2) * d as f64;
         println!(
-            "decode:  {:.1} us/step (wall, append included), {:.2} GB/s of K/V read",
-            secs / args.steps as f64 * 1e6,
-            bw / 1e9
+            "prefill: {:.3} ms, {:.4} TFLOP/s (causal, 2*B*H*L^2*D flops)",
+            prefill_time.as_secs_f64() * 1e3,
+            flops / prefill_time.as_secs_f64() / 1e12
         );
         println!(
-            "copy:    {:.2} GB/s (copy kernel, same run); decode/copy = {:.1}%",
+            "bench: phase=prefill L={prompt} ms={:.4} tflops={:.4}",
+            prefill_time.as_secs_f64() * 1e3,
+            flops / prefill_time.as_secs_f64() / 1e12
+        );
+        if keep {
+            all_k = vec![0.0; rows_kv * total * d];
+            all_v = vec![0.0; rows_kv * total * d];
+            for h in 0..rows_kv {
+                let at = h * total * d;
+                all_k[at..][..prompt * d].copy_from_slice(&k[h * prompt * d..][..prompt * d]);
+                all_v[at..][..prompt * d].copy_from_slice(&v[h * prompt * d..][..prompt * d]);
+            }
+            prompt_q = q;
+            prompt_out = out.read()?;
+        }
+    }
+
+    // Decode: each step's query and new K/V row live in device buffers (as a model's projections
+    // leave them); steps are submitted back to back with one wait at the end, as a model's layers
+    // would run, and each is one submission of append + split + reduce.
+    let mut step_q = Vec::new();
+    let mut bufs = Vec::with_capacity(steps);
+    for t in 0..steps {
+        let (q, k, v) = (
+            rng.vec(rows_q * d),
+            rng.vec(rows_kv * d),
+            rng.vec(rows_kv * d),
+        );
+        bufs.push((
+            ctx.buffer_from(&q)?,
+            ctx.buffer_from(&k)?,
+            ctx.buffer_from(&v)?,
+            ctx.buffer_from(&vec![f32::NAN; shape.q_elems()])?,
+        ));
+        if keep {
+            for h in 0..rows_kv {
+                let at = (h * total + prompt + t) * d;
+                all_k[at..][..d].copy_from_slice(&k[h * d..][..d]);
+                all_v[at..][..d].copy_from_slice(&v[h * d..][..d]);
+            }
+            step_q.push(q);
+        }
+    }
+    if steps > 0 {
+        // Warm-up steps, then rolled back: the timed steps start at the prompt's length.
+        for (q, k, v, o) in bufs.iter().take(3) {
+            attn.decode(&mut cache, q, k, v, o)?.wait()?;
+        }
+        cache.truncate(prompt);
+        for (_, _, _, o) in &bufs {
+            o.write(&vec![f32::NAN; shape.q_elems()])?;
+        }
+        let t = Instant::now();
+        let mut events = Vec::with_capacity(steps);
+        for (q, k, v, o) in &bufs {
+            events.push(attn.decode(&mut cache, q, k, v, o)?);
+        }
+        if let Some(last) = events.last() {
+            last.wait()?;
+        }
+        let wall = t.elapsed().as_secs_f64();
+        let mut device = 0.0;
+        let mut launches = [0.0f64; 3];
+        let mut timed = true;
+        for e in &events {
+            match (e.device_time()?, e.launch_times()?) {
+                (Some(span), Some(each)) => {
+                    device += span.as_secs_f64();
+                    for (sum, t) in launches.iter_mut().zip(each) {
+                        *sum += t.as_secs_f64();
+                    }
+                }
+                _ => timed = false,
+            }
+        }
+        let bytes: f64 = (prompt..total)
+            .map(|p| 2.0 * (rows_kv * (p + 1) * d * dtype.bytes()) as f64)
+            .sum();
+        let n = steps as f64;
+        let wall_us = wall / n * 1e6;
+        let gbs_wall = bytes / wall / 1e9;
+        println!(
+            "decode:  {wall_us:.1} us/step wall, back to back ({steps} steps of append + split + \
+             reduce, {} splits at L={prompt}), {gbs_wall:.2} GB/s of K/V read",
+            attn.splits(prompt + 1)
+        );
+        let (dev_us, gbs_dev) = if timed {
+            let [a, s, r] = launches.map(|x| x / n * 1e6);
+            println!(
+                "device:  {:.1} us/step from append start to reduce end (append {a:.1}, split \
+                 {s:.1}, reduce {r:.1} us), {:.2} GB/s",
+                device / n * 1e6,
+                bytes / device / 1e9
+            );
+            (device / n * 1e6, bytes / device / 1e9)
+        } else {
+            (f64::NAN, f64::NAN)
+        };
+        println!(
+            "copy:    {:.2} GB/s (copy kernel, same run); decode/copy = {:.1}% on the device, {:.1}% \
+             wall",
             copy_bw / 1e9,
-            100.0 * bw / copy_bw
+            100.0 * gbs_dev * 1e9 / copy_bw,
+            100.0 * gbs_wall * 1e9 / copy_bw
         );
+        println!(
+            "bench: phase=decode L={prompt} wall_us={wall_us:.2} device_us={dev_us:.2} \
+             gbs={gbs_dev:.1} copy_gbs={:.1} pct_device={:.1} pct_wall={:.1}",
+            copy_bw / 1e9,
+            100.0 * gbs_dev * 1e9 / copy_bw,
+            100.0 * gbs_wall * 1e9 / copy_bw
+        );
+    } else {
+        println!("copy:    {:.2} GB/s (copy kernel, same run)", copy_bw / 1e9);
     }
 
     if args.check {
-        let want = attention(&shape, &q, &k, &v, total, total, true)?;
-        let err = relative_error(&got, &want);
         let tolerance = match dtype {
             KvDtype::F32 => 1e-5,
             KvDtype::F16 => 2e-3,
         };
-        let ok = err <= tolerance;
+        let mut worst: f64 = 0.0;
+        if !prompt_q.is_empty() {
+            // The prompt's rows see only the prompt: compare against attention over its prefix.
+            let kp = prefix(&all_k, rows_kv, total, d, prompt);
+            let vp = prefix(&all_v, rows_kv, total, d, prompt);
+            let want = attention(&shape, &prompt_q, &kp, &vp, prompt, prompt, true)?;
+            worst = worst.max(relative_error(&prompt_out, &want));
+        }
+        if steps > 0 {
+            // q as [rows_q][steps][d]: the steps are the last `steps` queries of the sequence.
+            let mut q = vec![0.0; rows_q * steps * d];
+            for (t, sq) in step_q.iter().enumerate() {
+                for h in 0..rows_q {
+                    q[(h * steps + t) * d..][..d].copy_from_slice(&sq[h * d..][..d]);
+                }
+            }
+            let want = attention(&shape, &q, &all_k, &all_v, steps, total, true)?;
+            let mut got = vec![0.0; rows_q * steps * d];
+            for (t, (_, _, _, o)) in bufs.iter().enumerate() {
+                let o = o.read()?;
+                for h in 0..rows_q {
+                    got[(h * steps + t) * d..][..d].copy_from_slice(&o[h * d..][..d]);
+                }
+            }
+            worst = worst.max(relative_error(&got, &want));
+        }
+        let ok = worst <= tolerance;
         println!(
-            "check:   |out - ref| / |ref| = {err:.3e} (tolerance {tolerance:e}): {}",
+            "check:   |out - ref| / |ref| = {worst:.3e} (tolerance {tolerance:e}): {}",
             if ok { "ok" } else { "FAILED" }
         );
         if !ok {

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One call on the GPU host: kpc's attention on Vulkan and on OpenCL (the GPU device of each), and
+# PyTorch's SDPA on the same shapes, in the same session, so ratios compare like with like. Builds
+# nothing. Full logs go to $OUT (or /tmp); the tables are printed.
+#   source .gpu/prelude.sh; SECTIONS="vulkan torch" benches/attention_gpu.sh
+# SECTIONS: any of vulkan opencl torch (default all). KPC: the kpc binary (default .gpu/kpc).
+set -uo pipefail
+export KPC=${KPC:-.gpu/kpc}
+out=${OUT:-/tmp}
+sections=${SECTIONS:-vulkan opencl torch}
+here=$(dirname "$0")
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
+for s in $sections; do
+  case $s in
+    vulkan | opencl)
+      echo "## kpc $s"
+      start=$(date +%s)
+      "$here/attention.sh" --device "$s:gpu" 2>&1 | tee "$out/attention-$s.txt"
+      echo "($s: $(( $(date +%s) - start )) s)"
+      ;;
+    torch)
+      echo "## PyTorch SDPA"
+      start=$(date +%s)
+      for sh in ${TORCH_SHAPES:-1:32 1:8 4:32 16:32}; do
+        b=${sh%%:*} hkv=${sh##*:}
+        pre=""
+        [ "$sh" = "1:32" ] && pre=${TORCH_PREFILL:-512,1024,2048,4096,8192}
+        dec=1024,4096,16384,32768
+        [ "$b" -ge 16 ] && dec=1024,4096,16384
+        python3 "$here/attention_torch.py" --batch "$b" --kv-heads "$hkv" --decode "$dec" --prefill "$pre"
+      done 2>&1 | tee "$out/attention-torch.txt"
+      echo "(torch: $(( $(date +%s) - start )) s)"
+      ;;
+  esac
+done
