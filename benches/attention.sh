@@ -20,15 +20,17 @@ val() { grep -o " $1=[^ ]*" <<<"$2" | cut -d= -f2; }
 "$kpc" attention "${base[@]}" --kv-heads 8 --batch 2 --prompt 3000 --steps 8 --fill --check "$@" |
   grep -E '^(kernels|check)'
 echo
-echo "| phase | B | Hkv | L | wall µs/step | device µs/step | GB/s (device) | copy GB/s | device / copy | wall / copy |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| phase | B | Hkv | L | splits | wall µs/step | host µs/step | device µs/step | append / split / reduce µs | GB/s (device) | copy GB/s | device / copy | wall / copy |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for sh in $decode_shapes; do
   b=${sh%%:*} hkv=${sh##*:}
   for L in $decode_l; do
     if (( b * hkv * (L + 100) * 128 * 2 > 4294967295 )); then continue; fi
     out=$("$kpc" attention "${base[@]}" --batch "$b" --kv-heads "$hkv" --prompt "$L" --steps 100 \
       --fill "$@" 2>/dev/null | grep '^bench: phase=decode')
-    echo "| decode | $b | $hkv | $L | $(val wall_us "$out") | $(val device_us "$out") |" \
+    echo "| decode | $b | $hkv | $L | $(val splits "$out") | $(val wall_us "$out") |" \
+      "$(val host_us "$out") | $(val device_us "$out") |" \
+      "$(val append_us "$out") / $(val split_us "$out") / $(val reduce_us "$out") |" \
       "$(val gbs "$out") | $(val copy_gbs "$out") | $(val pct_device "$out")% |" \
       "$(val pct_wall "$out")% |"
   done

@@ -3,7 +3,7 @@
 # PyTorch's SDPA on the same shapes, in the same session, so ratios compare like with like. Builds
 # nothing. Full logs go to $OUT (or /tmp); the tables are printed.
 #   source .gpu/prelude.sh; SECTIONS="vulkan torch" benches/attention_gpu.sh
-# SECTIONS: any of vulkan opencl torch (default all). KPC: the kpc binary (default .gpu/kpc).
+# SECTIONS: any of vulkan opencl sweep torch (default vulkan opencl torch). KPC: the kpc binary (default .gpu/kpc).
 set -uo pipefail
 export KPC=${KPC:-.gpu/kpc}
 out=${OUT:-/tmp}
@@ -17,6 +17,24 @@ for s in $sections; do
       start=$(date +%s)
       "$here/attention.sh" --device "$s:gpu" 2>&1 | tee "$out/attention-$s.txt"
       echo "($s: $(( $(date +%s) - start )) s)"
+      ;;
+    sweep)
+      # Decode variants at a few shapes: workgroup target, workgroup size, rows in flight.
+      echo "## kpc vulkan decode sweep"
+      echo "| B | Hkv | L | workgroups | local | rows | splits | device µs | append/split/reduce µs | device / copy |"
+      echo "|---|---|---|---|---|---|---|---|---|---|"
+      for shp in ${SWEEP_SHAPES:-1:32:4096 1:8:16384 4:32:16384 16:32:4096}; do
+        IFS=: read -r b hkv L <<<"$shp"
+        for v in ${SWEEP_VARIANTS:-1024:128:4 4096:128:4 1024:128:8 1024:256:4 1024:64:4 4096:64:8}; do
+          IFS=: read -r w loc rows <<<"$v"
+          o=$("$KPC" attention --device vulkan:gpu --heads 32 --head-dim 128 --batch "$b" --kv-heads "$hkv" \
+            --prompt "$L" --steps 50 --fill --workgroups "$w" --decode-local "$loc" --decode-rows "$rows" \
+            2>&1 | grep '^bench: phase=decode')
+          v1() { grep -o " $1=[^ ]*" <<<"$o" | cut -d= -f2; }
+          echo "| $b | $hkv | $L | $w | $loc | $rows | $(v1 splits) | $(v1 device_us) |" \
+            "$(v1 append_us)/$(v1 split_us)/$(v1 reduce_us) | $(v1 pct_device)% |"
+        done
+      done 2>&1 | tee "$out/attention-sweep.txt"
       ;;
     torch)
       echo "## PyTorch SDPA"

@@ -13,6 +13,7 @@
 // kpc-spec-constant 6 LANES
 // kpc-spec-constant 7 GROUP
 // kpc-spec-constant 8 NV_SHUFFLE
+// kpc-spec-constant 9 ROWS
 #ifndef LOCAL_SIZE
 #define LOCAL_SIZE 128
 #endif
@@ -28,6 +29,9 @@
 #ifndef GROUP
 #define GROUP 1
 #endif
+#ifndef ROWS
+#define ROWS 4
+#endif
 #ifndef NV_SHUFFLE
 #define NV_SHUFFLE 0
 #endif
@@ -37,7 +41,7 @@
 #define CPL (ROW_CHUNKS / LANES)
 #define VALS (CPL * E)
 #define RG (LOCAL_SIZE / LANES)
-#define U 4
+#define U ROWS
 
 #if NV_SHUFFLE
 inline float shfl_xor(float x, int off)
@@ -85,8 +89,11 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
     float acc[GROUP * VALS];
     float m[GROUP];
     float l[GROUP];
+    #pragma unroll
     for (uint g = 0; g < GROUP; g++) {
+        #pragma unroll
         for (uint i = 0; i < CPL; i++) {
+            #pragma unroll
             for (uint t = 0; t < E; t++) {
                 uint d = (lane + i * LANES) * E + t;
                 qv[g * VALS + i * E + t] = q[(qrow0 + g) * HEAD_DIM + d] * scale;
@@ -100,26 +107,33 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
     for (uint base = j0; base < j1; base += RG * U) {
         uint4 kw[U * CPL];
         uint4 vw[U * CPL];
+        #pragma unroll
         for (uint u = 0; u < U; u++) {
             uint j = min(base + u * RG + rg, j1 - 1);
             uint r = (row_base + j) * ROW_CHUNKS + lane;
+            #pragma unroll
             for (uint i = 0; i < CPL; i++) {
                 kw[u * CPL + i] = k[r + i * LANES];
                 vw[u * CPL + i] = v[r + i * LANES];
             }
         }
         float s[U * GROUP];
+        #pragma unroll
         for (uint u = 0; u < U; u++) {
+            #pragma unroll
             for (uint g = 0; g < GROUP; g++) {
                 float x = 0.0f;
+                #pragma unroll
                 for (uint i = 0; i < CPL; i++) {
                     float kf[E];
                     widen(kw[u * CPL + i], kf);
+                    #pragma unroll
                     for (uint t = 0; t < E; t++) {
                         x += qv[g * VALS + i * E + t] * kf[t];
                     }
                 }
 #if NV_SHUFFLE
+                #pragma unroll
                 for (int off = LANES / 2; off > 0; off >>= 1) {
                     x += shfl_xor(x, off);
                 }
@@ -131,8 +145,10 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
         }
 #if !NV_SHUFFLE
         barrier(CLK_LOCAL_MEM_FENCE);
+        #pragma unroll
         for (uint ug = 0; ug < U * GROUP; ug++) {
             float x = 0.0f;
+            #pragma unroll
             for (uint t = 0; t < LANES; t++) {
                 x += red[ug * LOCAL_SIZE + rg * LANES + t];
             }
@@ -140,8 +156,10 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
+        #pragma unroll
         for (uint g = 0; g < GROUP; g++) {
             float mx = m[g];
+            #pragma unroll
             for (uint u = 0; u < U; u++) {
                 if (base + u * RG + rg < j1) {
                     mx = fmax(mx, s[u * GROUP + g]);
@@ -149,15 +167,19 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
             }
             float corr = exp(m[g] - mx);
             l[g] *= corr;
+            #pragma unroll
             for (uint c = 0; c < VALS; c++) {
                 acc[g * VALS + c] *= corr;
             }
+            #pragma unroll
             for (uint u = 0; u < U; u++) {
                 float pr = base + u * RG + rg < j1 ? exp(s[u * GROUP + g] - mx) : 0.0f;
                 l[g] += pr;
+                #pragma unroll
                 for (uint i = 0; i < CPL; i++) {
                     float vf[E];
                     widen(vw[u * CPL + i], vf);
+                    #pragma unroll
                     for (uint t = 0; t < E; t++) {
                         acc[g * VALS + i * E + t] += pr * vf[t];
                     }
@@ -167,6 +189,7 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
         }
     }
 
+    #pragma unroll
     for (uint g = 0; g < GROUP; g++) {
         if (lane == 0) {
             sm_m[rg] = m[g];
@@ -174,15 +197,19 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         float mx = -3.0e38f;
+        #pragma unroll
         for (uint r = 0; r < RG; r++) {
             mx = fmax(mx, sm_m[r]);
         }
         float total = 0.0f;
+        #pragma unroll
         for (uint r = 0; r < RG; r++) {
             total += sm_l[r] * exp(sm_m[r] - mx);
         }
         float w = exp(m[g] - mx);
+        #pragma unroll
         for (uint i = 0; i < CPL; i++) {
+            #pragma unroll
             for (uint t = 0; t < E; t++) {
                 sm_o[rg * HEAD_DIM + (lane + i * LANES) * E + t] = acc[g * VALS + i * E + t] * w;
             }
@@ -191,6 +218,7 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
         uint slot = (qrow0 + g) * splits + split;
         for (uint d = tid; d < HEAD_DIM; d += LOCAL_SIZE) {
             float o = 0.0f;
+            #pragma unroll
             for (uint r = 0; r < RG; r++) {
                 o += sm_o[r * HEAD_DIM + d];
             }

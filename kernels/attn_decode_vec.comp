@@ -15,19 +15,21 @@
 // the workgroup for KV head hkv serves query heads hkv * GROUP .. hkv * GROUP + GROUP - 1.
 #version 450
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x = 128, local_size_x_id = 0) in;  // LOCAL_SIZE, a multiple of LANES
 layout(constant_id = 2) const uint KV_F16 = 1;       // 1: K and V are packed f16
 layout(constant_id = 3) const uint HEAD_DIM = 128;   // D, a multiple of 8 * LANES (f16) or 4 * LANES
 layout(constant_id = 6) const uint LANES = 16;       // invocations per row: a power of two <= subgroup
 layout(constant_id = 7) const uint GROUP = 1;        // query heads per KV head (at most 8)
+layout(constant_id = 9) const uint ROWS = 4;         // rows per row group in flight (U)
 
 const uint E = 4u << KV_F16;                          // elements per 16-byte chunk
 const uint ROW_CHUNKS = HEAD_DIM / E;                 // 16-byte chunks per row
 const uint CPL = ROW_CHUNKS / LANES;                  // chunks per lane
 const uint VALS = CPL * E;                            // elements per lane
 const uint RG = gl_WorkGroupSize.x / LANES;           // row groups per workgroup
-const uint U = 4u;                                    // rows per row group in flight
+const uint U = ROWS;
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };             // [B][Hq][D]
 layout(std430, set = 0, binding = 1) readonly buffer K { uvec4 k[]; };             // [B][Hkv][cap][D]
@@ -77,9 +79,9 @@ void main() {
     float acc[GROUP * VALS];
     float m[GROUP];
     float l[GROUP];
-    for (uint g = 0u; g < GROUP; g++) {
-        for (uint i = 0u; i < CPL; i++) {
-            for (uint t = 0u; t < E; t++) {
+    [[unroll]] for (uint g = 0u; g < GROUP; g++) {
+        [[unroll]] for (uint i = 0u; i < CPL; i++) {
+            [[unroll]] for (uint t = 0u; t < E; t++) {
                 uint d = (lane + i * LANES) * E + t;
                 qv[g * VALS + i * E + t] = q[(qrow0 + g) * HEAD_DIM + d] * p.scale;
                 acc[g * VALS + i * E + t] = 0.0;
@@ -94,46 +96,46 @@ void main() {
     for (uint base = j0; base < j1; base += RG * U) {
         uvec4 kw[U * CPL];
         uvec4 vw[U * CPL];
-        for (uint u = 0u; u < U; u++) {
+        [[unroll]] for (uint u = 0u; u < U; u++) {
             uint j = min(base + u * RG + rg, j1 - 1u);
             uint r = (row_base + j) * ROW_CHUNKS + lane;
-            for (uint i = 0u; i < CPL; i++) {
+            [[unroll]] for (uint i = 0u; i < CPL; i++) {
                 kw[u * CPL + i] = k[r + i * LANES];
                 vw[u * CPL + i] = v[r + i * LANES];
             }
         }
         float s[U * GROUP];
-        for (uint u = 0u; u < U; u++) {
-            for (uint g = 0u; g < GROUP; g++) {
+        [[unroll]] for (uint u = 0u; u < U; u++) {
+            [[unroll]] for (uint g = 0u; g < GROUP; g++) {
                 float x = 0.0;
-                for (uint i = 0u; i < CPL; i++) {
-                    for (uint t = 0u; t < E; t++) {
+                [[unroll]] for (uint i = 0u; i < CPL; i++) {
+                    [[unroll]] for (uint t = 0u; t < E; t++) {
                         x += qv[g * VALS + i * E + t] * elem(kw[u * CPL + i], t);
                     }
                 }
-                for (uint off = LANES / 2u; off > 0u; off >>= 1) {
+                [[unroll]] for (uint off = LANES / 2u; off > 0u; off >>= 1) {
                     x += subgroupShuffleXor(x, off);
                 }
                 s[u * GROUP + g] = x;
             }
         }
-        for (uint g = 0u; g < GROUP; g++) {
+        [[unroll]] for (uint g = 0u; g < GROUP; g++) {
             float mx = m[g];
-            for (uint u = 0u; u < U; u++) {
+            [[unroll]] for (uint u = 0u; u < U; u++) {
                 if (base + u * RG + rg < j1) {
                     mx = max(mx, s[u * GROUP + g]);
                 }
             }
             float corr = exp(m[g] - mx);
             l[g] *= corr;
-            for (uint c = 0u; c < VALS; c++) {
+            [[unroll]] for (uint c = 0u; c < VALS; c++) {
                 acc[g * VALS + c] *= corr;
             }
-            for (uint u = 0u; u < U; u++) {
+            [[unroll]] for (uint u = 0u; u < U; u++) {
                 float pr = base + u * RG + rg < j1 ? exp(s[u * GROUP + g] - mx) : 0.0;
                 l[g] += pr;
-                for (uint i = 0u; i < CPL; i++) {
-                    for (uint t = 0u; t < E; t++) {
+                [[unroll]] for (uint i = 0u; i < CPL; i++) {
+                    [[unroll]] for (uint t = 0u; t < E; t++) {
                         acc[g * VALS + i * E + t] += pr * elem(vw[u * CPL + i], t);
                     }
                 }
@@ -143,23 +145,23 @@ void main() {
     }
 
     // Merge the row groups: rescale each to the workgroup's max, then sum through shared memory.
-    for (uint g = 0u; g < GROUP; g++) {
+    [[unroll]] for (uint g = 0u; g < GROUP; g++) {
         if (lane == 0u) {
             sm_m[rg] = m[g];
             sm_l[rg] = l[g];
         }
         barrier();
         float mx = -3.0e38;
-        for (uint r = 0u; r < RG; r++) {
+        [[unroll]] for (uint r = 0u; r < RG; r++) {
             mx = max(mx, sm_m[r]);
         }
         float total = 0.0;
-        for (uint r = 0u; r < RG; r++) {
+        [[unroll]] for (uint r = 0u; r < RG; r++) {
             total += sm_l[r] * exp(sm_m[r] - mx);
         }
         float w = exp(m[g] - mx);
-        for (uint i = 0u; i < CPL; i++) {
-            for (uint t = 0u; t < E; t++) {
+        [[unroll]] for (uint i = 0u; i < CPL; i++) {
+            [[unroll]] for (uint t = 0u; t < E; t++) {
                 sm_o[rg * HEAD_DIM + (lane + i * LANES) * E + t] = acc[g * VALS + i * E + t] * w;
             }
         }
@@ -167,7 +169,7 @@ void main() {
         uint slot = (qrow0 + g) * splits + split;
         for (uint d = tid; d < HEAD_DIM; d += WG) {
             float o = 0.0;
-            for (uint r = 0u; r < RG; r++) {
+            [[unroll]] for (uint r = 0u; r < RG; r++) {
                 o += sm_o[r * HEAD_DIM + d];
             }
             part_o[slot * HEAD_DIM + d] = o;

@@ -343,12 +343,8 @@ pub enum DecodeKernel {
     Vectorized,
 }
 
-/// Invocations per workgroup of the vectorized decode kernel.
-const VEC_LOCAL_SIZE: u32 = 128;
 /// Most query heads per KV head the vectorized decode kernel serves in one workgroup.
 const VEC_MAX_GROUP: usize = 8;
-/// Rows each row group of the vectorized kernel keeps in flight (`U` in the kernel).
-const VEC_ROWS_IN_FLIGHT: u32 = 4;
 
 /// Workgroup and tile sizes; each distinct value gives a distinct cached program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -363,6 +359,11 @@ pub struct AttentionOptions {
     pub decode_workgroups: u32,
     /// Which decode kernel to run.
     pub decode: DecodeKernel,
+    /// Invocations per workgroup of the vectorized decode kernel: a power of two.
+    pub decode_local_size: u32,
+    /// K/V rows each lane group of the vectorized decode kernel loads before using them
+    /// (1 to 16): more hides more memory latency, at the cost of registers.
+    pub decode_rows: u32,
     /// Query rows per prefill workgroup.
     pub block_q: u32,
     /// Key positions per prefill tile.
@@ -376,6 +377,8 @@ impl Default for AttentionOptions {
             chunk: 64,
             decode_workgroups: 1024,
             decode: DecodeKernel::Auto,
+            decode_local_size: 128,
+            decode_rows: 4,
             block_q: 8,
             block_k: 32,
         }
@@ -389,6 +392,9 @@ impl AttentionOptions {
         let max = device.limits.max_workgroup_invocations.max(1);
         while o.local_size > max {
             o.local_size /= 2;
+        }
+        while o.decode_local_size > max {
+            o.decode_local_size /= 2;
         }
         o
     }
@@ -409,6 +415,7 @@ fn vec_layout(
     device: &DeviceInfo,
     shape: &AttentionShape,
     dtype: KvDtype,
+    local_size: u32,
 ) -> std::result::Result<VecLayout, String> {
     let elems = 16 / dtype.bytes();
     if shape.head_dim % elems != 0 {
@@ -423,9 +430,9 @@ fn vec_layout(
             "{group} query heads per KV head; the vectorized kernel serves at most {VEC_MAX_GROUP}"
         ));
     }
-    if VEC_LOCAL_SIZE > device.limits.max_workgroup_invocations {
+    if local_size > device.limits.max_workgroup_invocations {
         return Err(format!(
-            "it needs workgroups of {VEC_LOCAL_SIZE} invocations; the device allows {}",
+            "it needs workgroups of {local_size} invocations; the device allows {}",
             device.limits.max_workgroup_invocations
         ));
     }
@@ -444,7 +451,7 @@ fn vec_layout(
     };
     let chunks = (shape.head_dim / elems) as u32;
     let mut lanes = 1;
-    while lanes * 2 <= most && chunks % (lanes * 2) == 0 && VEC_LOCAL_SIZE % (lanes * 2) == 0 {
+    while lanes * 2 <= most && chunks % (lanes * 2) == 0 && local_size % (lanes * 2) == 0 {
         lanes *= 2;
     }
     Ok(VecLayout { lanes, nv_shuffle })
@@ -517,19 +524,21 @@ impl Attention {
         if !options.local_size.is_power_of_two()
             || options.chunk == 0
             || options.decode_workgroups == 0
+            || !options.decode_local_size.is_power_of_two()
+            || !(1..=16).contains(&options.decode_rows)
             || options.block_q == 0
             || options.block_k == 0
         {
             return Err(Error::InvalidArgument(format!(
-                "local size must be a power of two and chunk, decode workgroups and blocks \
-                 positive: {options:?}"
+                "local sizes must be powers of two, decode rows 1 to 16, and chunk, decode \
+                 workgroups and blocks positive: {options:?}"
             )));
         }
         let device = ctx.device();
         let vec = match options.decode {
             DecodeKernel::Generic => None,
-            DecodeKernel::Auto => vec_layout(device, shape, dtype).ok(),
-            DecodeKernel::Vectorized => Some(vec_layout(device, shape, dtype).map_err(|why| {
+            DecodeKernel::Auto => vec_layout(device, shape, dtype, options.decode_local_size).ok(),
+            DecodeKernel::Vectorized => Some(vec_layout(device, shape, dtype, options.decode_local_size).map_err(|why| {
                 Error::InvalidArgument(format!(
                     "the vectorized decode kernel cannot run here: {why}"
                 ))
@@ -539,12 +548,12 @@ impl Attention {
         let decode_shared = match vec {
             None => 4 * (shape.head_dim + options.chunk as usize + options.local_size as usize),
             Some(v) => {
-                let rg = (VEC_LOCAL_SIZE / v.lanes) as usize;
+                let rg = (options.decode_local_size / v.lanes) as usize;
                 let local_sum = if v.nv_shuffle || ctx.backend() == BackendKind::Vulkan {
                     0
                 } else {
-                    VEC_LOCAL_SIZE as usize
-                        * VEC_ROWS_IN_FLIGHT as usize
+                    options.decode_local_size as usize
+                        * options.decode_rows as usize
                         * (shape.q_heads / shape.kv_heads)
                 };
                 4 * (2 * rg + rg * shape.head_dim + local_sum)
@@ -575,11 +584,12 @@ impl Attention {
             ),
             Some(v) => {
                 let mut spec = SpecConstants::new()
-                    .with(0, SpecValue::U32(VEC_LOCAL_SIZE))
+                    .with(0, SpecValue::U32(options.decode_local_size))
                     .with(2, f16)
                     .with(3, d)
                     .with(6, SpecValue::U32(v.lanes))
-                    .with(7, SpecValue::U32((shape.q_heads / shape.kv_heads) as u32));
+                    .with(7, SpecValue::U32((shape.q_heads / shape.kv_heads) as u32))
+                    .with(9, SpecValue::U32(options.decode_rows));
                 if ctx.backend() == BackendKind::OpenCl {
                     spec = spec.with(8, SpecValue::U32(u32::from(v.nv_shuffle)));
                 }
