@@ -23,6 +23,9 @@ layout(constant_id = 3) const uint HEAD_DIM = 128;   // D, a multiple of 8 * LAN
 layout(constant_id = 6) const uint LANES = 16;       // invocations per row: a power of two <= subgroup
 layout(constant_id = 7) const uint GROUP = 1;        // query heads per KV head (at most 8)
 layout(constant_id = 9) const uint ROWS = 4;         // rows per row group in flight (U)
+// Id 8 is the OpenCL twin's NV_SHUFFLE (how a row's lanes are summed there); declared here so that
+// both images take the same ids. Subgroup shuffles are core in Vulkan, so it changes nothing.
+layout(constant_id = 8) const uint NV_SHUFFLE = 0;
 
 const uint E = 4u << KV_F16;                          // elements per 16-byte chunk
 const uint ROW_CHUNKS = HEAD_DIM / E;                 // 16-byte chunks per row
@@ -30,6 +33,13 @@ const uint CPL = ROW_CHUNKS / LANES;                  // chunks per lane
 const uint VALS = CPL * E;                            // elements per lane
 const uint RG = gl_WorkGroupSize.x / LANES;           // row groups per workgroup
 const uint U = ROWS;
+// Register arrays get fixed bounds: an array sized by a specialization constant may be placed in
+// local memory by a driver that does not resize it after specialization. The host keeps GROUP,
+// VALS and U within these; the loops index with constants once unrolled.
+const uint MAX_GROUP = 8u;
+const uint MAX_VALS = 32u;
+const uint MAX_U = 8u;
+const uint MAX_U_CPL = 64u;                           // U * CPL, with CPL = VALS / E <= 8
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };             // [B][Hq][D]
 layout(std430, set = 0, binding = 1) readonly buffer K { uvec4 k[]; };             // [B][Hkv][cap][D]
@@ -75,10 +85,10 @@ void main() {
     uint j1 = min(j0 + p.per_split, p.kv_len);
     uint row_base = bkv * p.capacity;
 
-    float qv[GROUP * VALS];
-    float acc[GROUP * VALS];
-    float m[GROUP];
-    float l[GROUP];
+    float qv[MAX_GROUP * MAX_VALS];
+    float acc[MAX_GROUP * MAX_VALS];
+    float m[MAX_GROUP];
+    float l[MAX_GROUP];
     [[unroll]] for (uint g = 0u; g < GROUP; g++) {
         [[unroll]] for (uint i = 0u; i < CPL; i++) {
             [[unroll]] for (uint t = 0u; t < E; t++) {
@@ -94,8 +104,8 @@ void main() {
     // The trip count is the same for every invocation, so the shuffles run in uniform control flow;
     // rows past j1 load the last valid row and are masked out of the softmax.
     for (uint base = j0; base < j1; base += RG * U) {
-        uvec4 kw[U * CPL];
-        uvec4 vw[U * CPL];
+        uvec4 kw[MAX_U_CPL];
+        uvec4 vw[MAX_U_CPL];
         [[unroll]] for (uint u = 0u; u < U; u++) {
             uint j = min(base + u * RG + rg, j1 - 1u);
             uint r = (row_base + j) * ROW_CHUNKS + lane;
@@ -104,7 +114,7 @@ void main() {
                 vw[u * CPL + i] = v[r + i * LANES];
             }
         }
-        float s[U * GROUP];
+        float s[MAX_U * MAX_GROUP];
         [[unroll]] for (uint u = 0u; u < U; u++) {
             [[unroll]] for (uint g = 0u; g < GROUP; g++) {
                 float x = 0.0;

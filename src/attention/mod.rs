@@ -345,6 +345,8 @@ pub enum DecodeKernel {
 
 /// Most query heads per KV head the vectorized decode kernel serves in one workgroup.
 const VEC_MAX_GROUP: usize = 8;
+/// Most head elements one lane of the vectorized decode kernel holds (`MAX_VALS` in the kernel).
+const VEC_MAX_VALS: usize = 32;
 
 /// Workgroup and tile sizes; each distinct value gives a distinct cached program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,7 +364,7 @@ pub struct AttentionOptions {
     /// Invocations per workgroup of the vectorized decode kernel: a power of two.
     pub decode_local_size: u32,
     /// K/V rows each lane group of the vectorized decode kernel loads before using them
-    /// (1 to 16): more hides more memory latency, at the cost of registers.
+    /// (1 to 8): more hides more memory latency, at the cost of registers.
     pub decode_rows: u32,
     /// Query rows per prefill workgroup.
     pub block_q: u32,
@@ -454,6 +456,13 @@ fn vec_layout(
     while lanes * 2 <= most && chunks % (lanes * 2) == 0 && local_size % (lanes * 2) == 0 {
         lanes *= 2;
     }
+    let vals = shape.head_dim / lanes as usize;
+    if vals > VEC_MAX_VALS {
+        return Err(format!(
+            "{lanes} lanes per row leave {vals} elements per lane; the kernel holds at most \
+             {VEC_MAX_VALS}"
+        ));
+    }
     Ok(VecLayout { lanes, nv_shuffle })
 }
 
@@ -525,12 +534,12 @@ impl Attention {
             || options.chunk == 0
             || options.decode_workgroups == 0
             || !options.decode_local_size.is_power_of_two()
-            || !(1..=16).contains(&options.decode_rows)
+            || !(1..=8).contains(&options.decode_rows)
             || options.block_q == 0
             || options.block_k == 0
         {
             return Err(Error::InvalidArgument(format!(
-                "local sizes must be powers of two, decode rows 1 to 16, and chunk, decode \
+                "local sizes must be powers of two, decode rows 1 to 8, and chunk, decode \
                  workgroups and blocks positive: {options:?}"
             )));
         }
@@ -538,11 +547,13 @@ impl Attention {
         let vec = match options.decode {
             DecodeKernel::Generic => None,
             DecodeKernel::Auto => vec_layout(device, shape, dtype, options.decode_local_size).ok(),
-            DecodeKernel::Vectorized => Some(vec_layout(device, shape, dtype, options.decode_local_size).map_err(|why| {
-                Error::InvalidArgument(format!(
-                    "the vectorized decode kernel cannot run here: {why}"
-                ))
-            })?),
+            DecodeKernel::Vectorized => Some(
+                vec_layout(device, shape, dtype, options.decode_local_size).map_err(|why| {
+                    Error::InvalidArgument(format!(
+                        "the vectorized decode kernel cannot run here: {why}"
+                    ))
+                })?,
+            ),
         };
         let (bq, bk) = (options.block_q as usize, options.block_k as usize);
         let decode_shared = match vec {

@@ -468,7 +468,7 @@ impl ComputeBackend for VulkanBackend {
             }
         }
         let mut rec = Record::new(&self.dev, launches.len() as u32)?;
-        // One descriptor pool per batch, sized exactly, freed with the record.
+        // One descriptor pool per batch: a reset spare where it fits, else sized exactly.
         let mut storage = 0;
         let mut uniform = 0;
         for l in launches {
@@ -480,28 +480,10 @@ impl ComputeBackend for VulkanBackend {
                 }
             }
         }
-        let mut sizes = Vec::new();
-        if storage > 0 {
-            sizes.push(vk::DescriptorPoolSize {
-                ty: vk::DescriptorType::STORAGE_BUFFER,
-                descriptor_count: storage,
-            });
-        }
-        if uniform > 0 {
-            sizes.push(vk::DescriptorPoolSize {
-                ty: vk::DescriptorType::UNIFORM_BUFFER,
-                descriptor_count: uniform,
-            });
-        }
         let d = &self.dev.raw;
         let mut sets = vec![vk::DescriptorSet::null(); launches.len()];
-        if !sizes.is_empty() {
-            let info = vk::DescriptorPoolCreateInfo::default()
-                .max_sets(launches.len() as u32)
-                .pool_sizes(&sizes);
-            // SAFETY: plain object creation; owned (and destroyed) by the record.
-            rec.descriptor_pool = unsafe { d.create_descriptor_pool(&info, None) }
-                .map_err(|e| vk_err("vkCreateDescriptorPool", e))?;
+        if storage + uniform > 0 {
+            rec.descriptor_pool(launches.len() as u32, storage, uniform)?;
             for (i, l) in launches.iter().enumerate() {
                 if l.buffers.is_empty() {
                     continue;

@@ -14,14 +14,18 @@ use parking_lot::Mutex;
 
 use crate::error::Result;
 
-use super::device::{Device, vk_err};
+use super::device::{Device, Recycled, vk_err};
 
 /// One submitted batch: what must live until it has finished, and its timestamps.
 pub struct Record {
     dev: Arc<Device>,
     fence: vk::Fence,
     pub(crate) descriptor_pool: vk::DescriptorPool,
+    /// Whether `descriptor_pool` has the standard size and returns to the device's spares.
+    pub(crate) descriptor_pool_kept: bool,
     pub(crate) query_pool: vk::QueryPool,
+    /// Whether `query_pool` has the standard size and returns to the device's spares.
+    query_pool_kept: bool,
     /// Launches timed by the query pool (two timestamps each).
     pub(crate) timed: u32,
     submitted: bool,
@@ -39,30 +43,90 @@ impl std::fmt::Debug for Record {
 }
 
 impl Record {
-    /// A record with a fresh fence and, when asked, a timestamp pool for `timed` launches.
+    /// A record with an unsignaled fence and, when asked, a timestamp pool for `timed` launches,
+    /// reusing spares of finished batches where there are.
     pub(crate) fn new(dev: &Arc<Device>, timed: u32) -> Result<Record> {
         let mut r = Record {
             dev: dev.clone(),
             fence: vk::Fence::null(),
             descriptor_pool: vk::DescriptorPool::null(),
+            descriptor_pool_kept: false,
             query_pool: vk::QueryPool::null(),
+            query_pool_kept: false,
             timed: 0,
             submitted: false,
             keep_alive: Vec::new(),
         };
-        // SAFETY: plain object creation on a live device; `r` owns the handle and destroys it in Drop.
-        r.fence = unsafe { dev.raw.create_fence(&vk::FenceCreateInfo::default(), None) }
-            .map_err(|e| vk_err("vkCreateFence", e))?;
-        if timed > 0 && dev.timestamp_valid_bits > 0 {
-            let info = vk::QueryPoolCreateInfo::default()
-                .query_type(vk::QueryType::TIMESTAMP)
-                .query_count(2 * timed);
-            // SAFETY: as above.
-            r.query_pool = unsafe { dev.raw.create_query_pool(&info, None) }
-                .map_err(|e| vk_err("vkCreateQueryPool", e))?;
+        let want_queries = timed > 0 && dev.timestamp_valid_bits > 0;
+        let kept = want_queries && timed <= Recycled::QUERY_LAUNCHES;
+        {
+            let mut spare = dev.recycled.lock();
+            r.fence = spare.fences.pop().unwrap_or(vk::Fence::null());
+            if kept {
+                r.query_pool = spare.query_pools.pop().unwrap_or(vk::QueryPool::null());
+            }
+        }
+        if r.fence == vk::Fence::null() {
+            // SAFETY: plain object creation on a live device; `r` owns the handle (Drop).
+            r.fence = unsafe { dev.raw.create_fence(&vk::FenceCreateInfo::default(), None) }
+                .map_err(|e| vk_err("vkCreateFence", e))?;
+        }
+        if want_queries {
+            if r.query_pool == vk::QueryPool::null() {
+                let count = if kept {
+                    Recycled::QUERY_LAUNCHES
+                } else {
+                    timed
+                };
+                let info = vk::QueryPoolCreateInfo::default()
+                    .query_type(vk::QueryType::TIMESTAMP)
+                    .query_count(2 * count);
+                // SAFETY: as above.
+                r.query_pool = unsafe { dev.raw.create_query_pool(&info, None) }
+                    .map_err(|e| vk_err("vkCreateQueryPool", e))?;
+            }
+            r.query_pool_kept = kept;
             r.timed = timed;
         }
         Ok(r)
+    }
+
+    /// A descriptor pool for `sets` sets of `storage` storage and `uniform` uniform descriptors:
+    /// a spare of the standard size where the batch fits one, else its own.
+    pub(crate) fn descriptor_pool(&mut self, sets: u32, storage: u32, uniform: u32) -> Result<()> {
+        let fits =
+            sets <= Recycled::SETS && storage <= Recycled::STORAGE && uniform <= Recycled::UNIFORM;
+        if fits && let Some(p) = self.dev.recycled.lock().descriptor_pools.pop() {
+            self.descriptor_pool = p;
+            self.descriptor_pool_kept = true;
+            return Ok(());
+        }
+        let (sets, storage, uniform) = if fits {
+            (Recycled::SETS, Recycled::STORAGE, Recycled::UNIFORM)
+        } else {
+            (sets, storage, uniform)
+        };
+        let mut sizes = Vec::new();
+        if storage > 0 {
+            sizes.push(vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::STORAGE_BUFFER,
+                descriptor_count: storage,
+            });
+        }
+        if uniform > 0 {
+            sizes.push(vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::UNIFORM_BUFFER,
+                descriptor_count: uniform,
+            });
+        }
+        let info = vk::DescriptorPoolCreateInfo::default()
+            .max_sets(sets)
+            .pool_sizes(&sizes);
+        // SAFETY: plain object creation; owned by the record (Drop keeps or destroys it).
+        self.descriptor_pool = unsafe { self.dev.raw.create_descriptor_pool(&info, None) }
+            .map_err(|e| vk_err("vkCreateDescriptorPool", e))?;
+        self.descriptor_pool_kept = fits;
+        Ok(())
     }
 
     /// Blocks until the batch has finished.
@@ -131,13 +195,37 @@ impl Drop for Record {
         if self.submitted {
             let _ = self.wait();
         }
-        // SAFETY: nothing runs that uses these objects (waited above); null handles are ignored.
+        let d = &self.dev.raw;
+        // SAFETY: nothing runs that uses these objects (waited above), so they may be reset or
+        // destroyed; null handles are ignored. A kept object is reset before it is offered again
+        // (a fence unsignaled, a descriptor pool emptied; timestamp pools are reset in the command
+        // buffer that uses them), and one that fails to reset is destroyed instead.
         unsafe {
-            self.dev.raw.destroy_fence(self.fence, None);
-            self.dev.raw.destroy_query_pool(self.query_pool, None);
-            self.dev
-                .raw
-                .destroy_descriptor_pool(self.descriptor_pool, None);
+            let mut spare = self.dev.recycled.lock();
+            if self.fence != vk::Fence::null() {
+                if spare.fences.len() < Recycled::KEEP && d.reset_fences(&[self.fence]).is_ok() {
+                    spare.fences.push(self.fence);
+                } else {
+                    d.destroy_fence(self.fence, None);
+                }
+            }
+            if self.query_pool_kept && spare.query_pools.len() < Recycled::KEEP {
+                spare.query_pools.push(self.query_pool);
+            } else {
+                d.destroy_query_pool(self.query_pool, None);
+            }
+            if self.descriptor_pool_kept
+                && spare.descriptor_pools.len() < Recycled::KEEP
+                && d.reset_descriptor_pool(
+                    self.descriptor_pool,
+                    vk::DescriptorPoolResetFlags::empty(),
+                )
+                .is_ok()
+            {
+                spare.descriptor_pools.push(self.descriptor_pool);
+            } else {
+                d.destroy_descriptor_pool(self.descriptor_pool, None);
+            }
         }
     }
 }

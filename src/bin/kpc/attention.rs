@@ -361,7 +361,9 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
              reduce, {} splits at L={prompt}), {gbs_wall:.2} GB/s of K/V read",
             attn.splits(prompt + 1)
         );
-        println!("host:    {host_us:.1} us/step inside Attention::decode (recording and submitting)");
+        println!(
+            "host:    {host_us:.1} us/step inside Attention::decode (recording and submitting)"
+        );
         let [a, s, r] = launches.map(|x| x / n * 1e6);
         let (dev_us, gbs_dev) = if timed {
             println!(
