@@ -29,8 +29,20 @@ pub struct Record {
     /// Launches timed by the query pool (two timestamps each).
     pub(crate) timed: u32,
     submitted: bool,
+    /// Set once the batch is known finished: its timestamps read out and its pools handed back,
+    /// so that events held long after (a benchmark keeping every step's event) do not keep pools
+    /// from the next submissions.
+    finished: Mutex<Finished>,
     /// Buffers and pipelines the batch uses, kept alive until its fence has signaled.
     pub(crate) keep_alive: Vec<Arc<dyn Any + Send + Sync>>,
+}
+
+#[derive(Default)]
+struct Finished {
+    /// The pools are no longer this record's.
+    released: bool,
+    /// The raw timestamps, read before the timestamp pool was handed back.
+    ticks: Option<Vec<u64>>,
 }
 
 impl std::fmt::Debug for Record {
@@ -55,6 +67,7 @@ impl Record {
             query_pool_kept: false,
             timed: 0,
             submitted: false,
+            finished: Mutex::new(Finished::default()),
             keep_alive: Vec::new(),
         };
         let want_queries = timed > 0 && dev.timestamp_valid_bits > 0;
@@ -146,16 +159,12 @@ impl Record {
             .map_err(|e| vk_err("vkGetFenceStatus", e))
     }
 
-    /// Waits, then each timed launch's device start and end in nanoseconds from the batch's first
-    /// timestamp; `None` when the device cannot time.
-    pub(crate) fn launch_intervals(&self) -> Result<Option<Vec<(u64, u64)>>> {
-        self.wait()?;
-        if self.timed == 0 {
-            return Ok(None);
-        }
+    /// Reads the raw timestamps of a finished batch. The caller holds `finished` with the pools
+    /// not yet released, and the batch has finished.
+    fn read_ticks(&self) -> Result<Vec<u64>> {
         let mut ticks = vec![0u64; 2 * self.timed as usize];
-        // SAFETY: the pool holds 2*timed timestamp queries, all written by the finished batch; the
-        // output slice has room for each as a u64.
+        // SAFETY: the pool holds at least 2*timed timestamp queries, all written by the finished
+        // batch; the output slice has room for each as a u64.
         unsafe {
             self.dev.raw.get_query_pool_results(
                 self.query_pool,
@@ -165,6 +174,67 @@ impl Record {
             )
         }
         .map_err(|e| vk_err("vkGetQueryPoolResults", e))?;
+        Ok(ticks)
+    }
+
+    /// Called once the fence has signaled: keeps the timestamps and hands the pools back.
+    pub(crate) fn release_pools(&self) {
+        let mut f = self.finished.lock();
+        if f.released {
+            return;
+        }
+        if self.timed > 0 {
+            // Unreadable timestamps leave the event untimed rather than failing the batch.
+            f.ticks = self.read_ticks().ok();
+        }
+        self.give_back_pools();
+        f.released = true;
+    }
+
+    /// Returns the pools to the device's spares, or destroys them. The batch has finished and the
+    /// pools are still this record's.
+    fn give_back_pools(&self) {
+        let d = &self.dev.raw;
+        // SAFETY: nothing runs that uses the pools (the batch finished), so they may be reset or
+        // destroyed; null handles are ignored. Timestamp pools are reset in the command buffer
+        // that next uses them; a descriptor pool that fails to reset is destroyed instead.
+        unsafe {
+            let mut spare = self.dev.recycled.lock();
+            if self.query_pool_kept && spare.query_pools.len() < Recycled::KEEP {
+                spare.query_pools.push(self.query_pool);
+            } else {
+                d.destroy_query_pool(self.query_pool, None);
+            }
+            if self.descriptor_pool_kept
+                && spare.descriptor_pools.len() < Recycled::KEEP
+                && d.reset_descriptor_pool(
+                    self.descriptor_pool,
+                    vk::DescriptorPoolResetFlags::empty(),
+                )
+                .is_ok()
+            {
+                spare.descriptor_pools.push(self.descriptor_pool);
+            } else {
+                d.destroy_descriptor_pool(self.descriptor_pool, None);
+            }
+        }
+    }
+
+    /// Waits, then each timed launch's device start and end in nanoseconds from the batch's first
+    /// timestamp; `None` when the device cannot time.
+    pub(crate) fn launch_intervals(&self) -> Result<Option<Vec<(u64, u64)>>> {
+        self.wait()?;
+        if self.timed == 0 {
+            return Ok(None);
+        }
+        let ticks = {
+            let f = self.finished.lock();
+            match (&f.ticks, f.released) {
+                (Some(t), _) => t.clone(),
+                (None, true) => return Ok(None),
+                (None, false) => self.read_ticks()?,
+            }
+        };
         let bits = self.dev.timestamp_valid_bits;
         let mask = if bits >= 64 {
             u64::MAX
@@ -195,11 +265,12 @@ impl Drop for Record {
         if self.submitted {
             let _ = self.wait();
         }
+        if !self.finished.get_mut().released {
+            self.give_back_pools();
+        }
         let d = &self.dev.raw;
-        // SAFETY: nothing runs that uses these objects (waited above), so they may be reset or
-        // destroyed; null handles are ignored. A kept object is reset before it is offered again
-        // (a fence unsignaled, a descriptor pool emptied; timestamp pools are reset in the command
-        // buffer that uses them), and one that fails to reset is destroyed instead.
+        // SAFETY: nothing runs that waits on the fence (waited above); a kept fence is reset
+        // (unsignaled) before it is offered again, and one that fails to reset is destroyed.
         unsafe {
             let mut spare = self.dev.recycled.lock();
             if self.fence != vk::Fence::null() {
@@ -208,23 +279,6 @@ impl Drop for Record {
                 } else {
                     d.destroy_fence(self.fence, None);
                 }
-            }
-            if self.query_pool_kept && spare.query_pools.len() < Recycled::KEEP {
-                spare.query_pools.push(self.query_pool);
-            } else {
-                d.destroy_query_pool(self.query_pool, None);
-            }
-            if self.descriptor_pool_kept
-                && spare.descriptor_pools.len() < Recycled::KEEP
-                && d.reset_descriptor_pool(
-                    self.descriptor_pool,
-                    vk::DescriptorPoolResetFlags::empty(),
-                )
-                .is_ok()
-            {
-                spare.descriptor_pools.push(self.descriptor_pool);
-            } else {
-                d.destroy_descriptor_pool(self.descriptor_pool, None);
             }
         }
     }
@@ -343,6 +397,7 @@ impl Submitter {
             if !rec.is_done()? {
                 break;
             }
+            rec.release_pools();
             if let Some((_, cmd)) = st.in_flight.pop_front() {
                 st.free.push(cmd);
             }
