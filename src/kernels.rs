@@ -55,6 +55,11 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/attn_reduce.spv"),
     },
     ShippedSpirv {
+        name: "attn_prefill_tiled",
+        source: "kernels/attn_prefill_tiled.comp",
+        spirv: include_bytes!("../kernels/attn_prefill_tiled.spv"),
+    },
+    ShippedSpirv {
         name: "attn_prefill",
         source: "kernels/attn_prefill.comp",
         spirv: include_bytes!("../kernels/attn_prefill.spv"),
@@ -119,6 +124,11 @@ pub const OPENCL: &[ShippedOpenCl] = &[
         name: "attn_reduce",
         path: "kernels/attn_reduce.cl",
         source: include_str!("../kernels/attn_reduce.cl"),
+    },
+    ShippedOpenCl {
+        name: "attn_prefill_tiled",
+        path: "kernels/attn_prefill_tiled.cl",
+        source: include_str!("../kernels/attn_prefill_tiled.cl"),
     },
     ShippedOpenCl {
         name: "attn_prefill",

@@ -6,7 +6,8 @@ mod common;
 
 use kpc::attention::reference::{attention, relative_error};
 use kpc::attention::{
-    Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, round_to_f16,
+    Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
+    round_to_f16,
 };
 use kpc::{Context, Error};
 
@@ -256,6 +257,12 @@ fn prefill_case(
     let v = random_f32(s.kv_step_elems() * len);
     let q = random_f32(s.q_elems() * len);
     let attn = Attention::new(ctx, &s, dtype, len + 5, options).unwrap();
+    let expect = match options.prefill {
+        // Every shape prefill_shapes runs has a head dimension of 64 or 128.
+        PrefillKernel::Auto => PrefillKernel::Tiled,
+        k => k,
+    };
+    assert_eq!(attn.prefill_kernel(), expect, "{s:?}");
     let mut cache = KvCache::new(ctx, &s, len + 5, dtype).unwrap();
     let qb = ctx.buffer_from(&q).unwrap();
     let out = ctx.buffer_from(&vec![f32::NAN; q.len()]).unwrap();
@@ -273,13 +280,23 @@ fn prefill_case(
 }
 
 fn prefill_shapes(ctx: &Context, dtype: KvDtype) {
+    for kernel in [PrefillKernel::Generic, PrefillKernel::Auto] {
+        prefill_shapes_with(ctx, dtype, kernel);
+    }
+}
+
+fn prefill_shapes_with(ctx: &Context, dtype: KvDtype, kernel: PrefillKernel) {
     let small = AttentionOptions {
         local_size: 16,
         block_q: 3,
         block_k: 5,
+        prefill: kernel,
         ..AttentionOptions::default()
     };
-    let default = AttentionOptions::default();
+    let default = AttentionOptions {
+        prefill: kernel,
+        ..AttentionOptions::default()
+    };
     for (s, options, len) in [
         (shape(1, 2, 2, 64), default, 1),
         (shape(1, 2, 2, 64), default, 7),
@@ -288,6 +305,7 @@ fn prefill_shapes(ctx: &Context, dtype: KvDtype) {
         (shape(2, 4, 2, 64), small, 33),
         (shape(2, 4, 2, 64), default, 33),
         (shape(1, 4, 1, 64), default, 100),
+        (shape(2, 2, 2, 128), default, 130),
         // The longest prompt the issue names, with GQA: many query and key tiles, most of them masked.
         (shape(1, 2, 1, 64), default, 1000),
     ] {
@@ -468,6 +486,61 @@ fn decode_kernel_choice(ctx: &Context) {
     }
 }
 
+/// A prompt prefilled in two chunks (the second attending the first's K/V in the cache) gives the
+/// rows of one causal attention, with each prefill kernel.
+fn chunked_prefill(ctx: &Context, dtype: KvDtype, tolerance: f64) {
+    let s = shape(1, 4, 2, 64);
+    let (first, second) = (37, 90);
+    let total = first + second;
+    let d = s.head_dim;
+    let (rows_q, rows_kv) = (s.batch * s.q_heads, s.batch * s.kv_heads);
+    let q = random_f32(rows_q * total * d);
+    let k = random_f32(rows_kv * total * d);
+    let v = random_f32(rows_kv * total * d);
+    let (ks, vs) = match dtype {
+        KvDtype::F32 => (k.clone(), v.clone()),
+        KvDtype::F16 => (round_to_f16(&k), round_to_f16(&v)),
+    };
+    let want = attention(&s, &q, &ks, &vs, total, total, true).unwrap();
+    // Rows [from, from + n) of `[h][len][d]`.
+    let rows = |x: &[f32], h: usize, from: usize, n: usize| -> Vec<f32> {
+        (0..h)
+            .flat_map(|i| x[(i * total + from) * d..][..n * d].iter().copied())
+            .collect()
+    };
+    for kernel in [PrefillKernel::Generic, PrefillKernel::Auto] {
+        let options = AttentionOptions {
+            prefill: kernel,
+            ..AttentionOptions::default()
+        };
+        let attn = Attention::new(ctx, &s, dtype, total, options).unwrap();
+        let mut cache = KvCache::new(ctx, &s, total, dtype).unwrap();
+        let mut got = vec![f32::NAN; q.len()];
+        for (from, n) in [(0, first), (first, second)] {
+            let qb = ctx.buffer_from(&rows(&q, rows_q, from, n)).unwrap();
+            let out = ctx.buffer_from(&vec![f32::NAN; rows_q * n * d]).unwrap();
+            attn.prefill(
+                &mut cache,
+                &qb,
+                &rows(&k, rows_kv, from, n),
+                &rows(&v, rows_kv, from, n),
+                n,
+                &out,
+            )
+            .unwrap();
+            let o = out.read().unwrap();
+            for h in 0..rows_q {
+                got[(h * total + from) * d..][..n * d].copy_from_slice(&o[h * n * d..][..n * d]);
+            }
+        }
+        let err = relative_error(&got, &want);
+        assert!(
+            err <= tolerance,
+            "{dtype:?} {kernel:?}: chunked prefill error {err:e}"
+        );
+    }
+}
+
 macro_rules! backend_tests {
     ($backend:ident, $context:ident) => {
         mod $backend {
@@ -522,6 +595,15 @@ macro_rules! backend_tests {
                     return;
                 };
                 decode_kernel_choice(&ctx);
+            }
+
+            #[test]
+            fn chunked_prefill_is_one_causal_attention() {
+                let Some(ctx) = $context(concat!(stringify!($backend), "_chunked_prefill")) else {
+                    return;
+                };
+                chunked_prefill(&ctx, KvDtype::F32, 1e-5);
+                chunked_prefill(&ctx, KvDtype::F16, 1e-5);
             }
 
             #[test]

@@ -343,6 +343,50 @@ pub enum DecodeKernel {
     Vectorized,
 }
 
+/// Which prefill kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrefillKernel {
+    /// The tiled kernel where the device and shape allow it, else the generic one.
+    #[default]
+    Auto,
+    /// `attn_prefill`: `block_q` by `block_k` tiles, one score per invocation, any even head
+    /// dimension.
+    Generic,
+    /// `attn_prefill_tiled`: 64 by 64 tiles, 256 invocations each holding a 4 by 4 block of scores
+    /// and a slice of the output in registers. Needs a head dimension that is a multiple of 64 (at
+    /// most 256), workgroups of 256 and 28 KiB of shared memory.
+    Tiled,
+}
+
+/// Shared memory the tiled prefill kernel declares.
+const TILED_PREFILL_SHARED: usize = 8192 + 16384 + 4096;
+
+/// Whether the tiled prefill kernel runs on `device` for `shape`; the error says why not.
+fn tiled_prefill_fits(
+    device: &DeviceInfo,
+    shape: &AttentionShape,
+) -> std::result::Result<(), String> {
+    if shape.head_dim % 64 != 0 || shape.head_dim > 256 {
+        return Err(format!(
+            "head dimension {} is not a multiple of 64 up to 256",
+            shape.head_dim
+        ));
+    }
+    if device.limits.max_workgroup_invocations < 256 {
+        return Err(format!(
+            "it needs workgroups of 256 invocations; the device allows {}",
+            device.limits.max_workgroup_invocations
+        ));
+    }
+    if (device.limits.max_shared_memory_bytes as usize) < TILED_PREFILL_SHARED {
+        return Err(format!(
+            "it needs {TILED_PREFILL_SHARED} bytes of shared memory; the device has {}",
+            device.limits.max_shared_memory_bytes
+        ));
+    }
+    Ok(())
+}
+
 /// Most query heads per KV head the vectorized decode kernel serves in one workgroup.
 const VEC_MAX_GROUP: usize = 8;
 /// Most head elements one lane of the vectorized decode kernel holds (`MAX_VALS` in the kernel).
@@ -361,6 +405,8 @@ pub struct AttentionOptions {
     pub decode_workgroups: u32,
     /// Which decode kernel to run.
     pub decode: DecodeKernel,
+    /// Which prefill kernel to run (`block_q` and `block_k` size the generic one).
+    pub prefill: PrefillKernel,
     /// Invocations per workgroup of the vectorized decode kernel: a power of two.
     pub decode_local_size: u32,
     /// K/V rows each lane group of the vectorized decode kernel loads before using them
@@ -379,6 +425,7 @@ impl Default for AttentionOptions {
             chunk: 64,
             decode_workgroups: 1024,
             decode: DecodeKernel::Auto,
+            prefill: PrefillKernel::Auto,
             decode_local_size: 128,
             decode_rows: 4,
             block_q: 8,
@@ -478,6 +525,7 @@ pub struct Attention {
     capacity: usize,
     options: AttentionOptions,
     vec: Option<VecLayout>,
+    tiled_prefill: bool,
     append: Kernel,
     decode: Kernel,
     reduce: Kernel,
@@ -497,6 +545,7 @@ impl std::fmt::Debug for Attention {
             .field("capacity", &self.capacity)
             .field("options", &self.options)
             .field("decode", &self.decode_kernel())
+            .field("prefill", &self.prefill_kernel())
             .finish()
     }
 }
@@ -555,6 +604,18 @@ impl Attention {
                 })?,
             ),
         };
+        let tiled_prefill = match options.prefill {
+            PrefillKernel::Generic => false,
+            PrefillKernel::Auto => tiled_prefill_fits(device, shape).is_ok(),
+            PrefillKernel::Tiled => {
+                tiled_prefill_fits(device, shape).map_err(|why| {
+                    Error::InvalidArgument(format!(
+                        "the tiled prefill kernel cannot run here: {why}"
+                    ))
+                })?;
+                true
+            }
+        };
         let (bq, bk) = (options.block_q as usize, options.block_k as usize);
         let decode_shared = match vec {
             None => 4 * (shape.head_dim + options.chunk as usize + options.local_size as usize),
@@ -570,7 +631,11 @@ impl Attention {
                 4 * (2 * rg + rg * shape.head_dim + local_sum)
             }
         };
-        let prefill_shared = 4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq);
+        let prefill_shared = if tiled_prefill {
+            TILED_PREFILL_SHARED
+        } else {
+            4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq)
+        };
         let shared = decode_shared.max(prefill_shared);
         let max_shared = device.limits.max_shared_memory_bytes as usize;
         if shared > max_shared {
@@ -622,15 +687,25 @@ impl Attention {
             &append_spec,
             &none,
         )?;
-        let prefill_spec = SpecConstants::new()
-            .with(0, local)
-            .with(2, f16)
-            .with(3, d)
-            .with(4, SpecValue::U32(options.block_q))
-            .with(5, SpecValue::U32(options.block_k));
+        let (prefill_name, prefill_spec) = if tiled_prefill {
+            (
+                "attn_prefill_tiled",
+                SpecConstants::new().with(2, f16).with(3, d),
+            )
+        } else {
+            (
+                "attn_prefill",
+                SpecConstants::new()
+                    .with(0, local)
+                    .with(2, f16)
+                    .with(3, d)
+                    .with(4, SpecValue::U32(options.block_q))
+                    .with(5, SpecValue::U32(options.block_k)),
+            )
+        };
         let prefill = ctx.kernel(
-            &image(ctx, "attn_prefill")?,
-            "attn_prefill",
+            &image(ctx, prefill_name)?,
+            prefill_name,
             &prefill_spec,
             &none,
         )?;
@@ -647,6 +722,7 @@ impl Attention {
             capacity,
             options,
             vec,
+            tiled_prefill,
             append,
             decode,
             reduce,
@@ -681,6 +757,15 @@ impl Attention {
         match self.vec {
             Some(_) => DecodeKernel::Vectorized,
             None => DecodeKernel::Generic,
+        }
+    }
+
+    /// The prefill kernel chosen: [`PrefillKernel::Generic`] or [`PrefillKernel::Tiled`].
+    pub fn prefill_kernel(&self) -> PrefillKernel {
+        if self.tiled_prefill {
+            PrefillKernel::Tiled
+        } else {
+            PrefillKernel::Generic
         }
     }
 
@@ -919,7 +1004,12 @@ impl Attention {
         }
         cache.write_rows(start, len, k, v)?;
         cache.len = start + len;
-        let tiles = len.div_ceil(self.options.block_q as usize) as u32;
+        let block_q = if self.tiled_prefill {
+            64
+        } else {
+            self.options.block_q as usize
+        };
+        let tiles = len.div_ceil(block_q) as u32;
         let rows = (self.shape.batch * self.shape.q_heads) as u32;
         let push = PushConstants::new()
             .u32(len as u32)
