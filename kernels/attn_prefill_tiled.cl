@@ -3,17 +3,22 @@
 //
 // kpc-spec-constant 2 KV_F16
 // kpc-spec-constant 3 HEAD_DIM
+// kpc-spec-constant 6 SLICE
 #ifndef KV_F16
 #define KV_F16 0
 #endif
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
+#ifndef SLICE
+#define SLICE 16
+#endif
 
 #define BQ 64
 #define BK 64
-#define DC 16
-#define KC (2048 / HEAD_DIM)
+#define DC SLICE
+#define KC (SLICE * 128 / HEAD_DIM)
+#define KOFF (SLICE * 16)
 #define DV4 (HEAD_DIM / 64)
 #define D4 (HEAD_DIM / 4)
 
@@ -22,7 +27,7 @@ kernel void attn_prefill_tiled(global const float *q, global const uint *k, glob
                                global float *o, uint q_len, uint kv_len, uint capacity,
                                uint q_heads, uint group, float scale)
 {
-    local float4 buf[512];
+    local float4 buf[SLICE * 32];
     local float4 pt[BK * 16];
     local float red[BQ * 16];
     local float *bf = (local float *)buf;
@@ -63,7 +68,7 @@ kernel void attn_prefill_tiled(global const float *q, global const uint *k, glob
         for (uint dc = 0; dc < HEAD_DIM; dc += DC) {
             uint row = tid % 64;
 #pragma unroll
-            for (uint e = 0; e < 4; e++) {
+            for (uint e = 0; e < DC / 4; e++) {
                 uint d = tid / 64 + 4 * e;
                 float x = row < rows ? q[q_base + row * HEAD_DIM + dc + d] : 0.0f;
                 bf[(d * 16 + row / 4) * 4 + row % 4] = x;
@@ -72,31 +77,31 @@ kernel void attn_prefill_tiled(global const float *q, global const uint *k, glob
             uint j = j0 + key;
 #if KV_F16
 #pragma unroll
-            for (uint e = 0; e < 2; e++) {
+            for (uint e = 0; e < DC / 8; e++) {
                 uint pr = tid / 64 + 4 * e;
                 float2 kk = (float2)(0.0f, 0.0f);
                 if (j < visible) {
                     kk = vload_half2(((head_row + j) * HEAD_DIM + dc) / 2 + pr, (global const half *)k);
                 }
-                bf[(256 + (2 * pr) * 16 + key / 4) * 4 + key % 4] = kk.x;
-                bf[(256 + (2 * pr + 1) * 16 + key / 4) * 4 + key % 4] = kk.y;
+                bf[(KOFF + (2 * pr) * 16 + key / 4) * 4 + key % 4] = kk.x;
+                bf[(KOFF + (2 * pr + 1) * 16 + key / 4) * 4 + key % 4] = kk.y;
             }
 #else
 #pragma unroll
-            for (uint e = 0; e < 4; e++) {
+            for (uint e = 0; e < DC / 4; e++) {
                 uint d = tid / 64 + 4 * e;
                 float x = 0.0f;
                 if (j < visible) {
                     x = as_float(k[(head_row + j) * HEAD_DIM + dc + d]);
                 }
-                bf[(256 + d * 16 + key / 4) * 4 + key % 4] = x;
+                bf[(KOFF + d * 16 + key / 4) * 4 + key % 4] = x;
             }
 #endif
             barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
             for (uint d = 0; d < DC; d++) {
                 float4 a = buf[d * 16 + rg];
-                float4 bk = buf[256 + d * 16 + cg];
+                float4 bk = buf[KOFF + d * 16 + cg];
                 float av[4] = {a.x, a.y, a.z, a.w};
                 float bv[4] = {bk.x, bk.y, bk.z, bk.w};
 #pragma unroll
@@ -159,7 +164,7 @@ kernel void attn_prefill_tiled(global const float *q, global const uint *k, glob
         for (uint k0 = 0; k0 < BK; k0 += KC) {
 #if KV_F16
 #pragma unroll
-            for (uint e = 0; e < 4; e++) {
+            for (uint e = 0; e < DC / 4; e++) {
                 uint i = tid + 256 * e;
                 uint key = i / (HEAD_DIM / 2);
                 uint pr = i % (HEAD_DIM / 2);
@@ -174,7 +179,7 @@ kernel void attn_prefill_tiled(global const float *q, global const uint *k, glob
             }
 #else
 #pragma unroll
-            for (uint e = 0; e < 8; e++) {
+            for (uint e = 0; e < DC / 2; e++) {
                 uint i = tid + 256 * e;
                 uint key = i / HEAD_DIM;
                 uint d = i % HEAD_DIM;

@@ -20,11 +20,13 @@
 layout(local_size_x = 256) in;
 layout(constant_id = 2) const uint KV_F16 = 0;
 layout(constant_id = 3) const uint HEAD_DIM = 128;  // a multiple of 64, at most 256
+layout(constant_id = 6) const uint SLICE = 16;      // 16 or 32: head-dimension slice staged per step
 
 const uint BQ = 64u;                 // query rows per workgroup
 const uint BK = 64u;                 // keys per tile
-const uint DC = 16u;                 // head-dimension slice staged per step of S
-const uint KC = 2048u / HEAD_DIM;    // keys of V staged per step of O += P V
+const uint DC = SLICE;               // head-dimension slice staged per step of S
+const uint KC = SLICE * 128u / HEAD_DIM;  // keys of V staged per step of O += P V
+const uint KOFF = SLICE * 16u;       // where the K slice starts in buf
 const uint DV4 = HEAD_DIM / 64u;     // output vec4s per row per invocation
 const uint D4 = HEAD_DIM / 4u;       // vec4s per row of V
 
@@ -42,9 +44,10 @@ layout(push_constant) uniform Params {
     float scale;    // 1 / sqrt(D)
 } p;
 
-// Staging, 8 KiB: a Q slice ([d][row/4]) and a K slice ([d][key/4]) while computing S, then a V
-// slice ([key][d/4]) while computing O.
-shared vec4 buf[512];
+// Staging, SLICE / 2 KiB: a Q slice ([d][row/4]) and a K slice ([d][key/4]) while computing S, then
+// a V slice ([key][d/4]) while computing O. A wider slice halves the barriers per tile; the host
+// picks 32 where the device has the shared memory (36 KiB in all), else 16 (28 KiB).
+shared vec4 buf[SLICE * 32u];
 shared vec4 pt[BK * 16u];      // P transposed: [key][row/4]
 shared float red[BQ * 16u];    // per-row partials of the 16 owners of each row
 
@@ -82,7 +85,7 @@ void main() {
         }
         for (uint dc = 0u; dc < HEAD_DIM; dc += DC) {
             uint row = tid % 64u;
-            [[unroll]] for (uint e = 0u; e < 4u; e++) {
+            [[unroll]] for (uint e = 0u; e < DC / 4u; e++) {
                 uint d = tid / 64u + 4u * e;
                 float x = row < rows ? q[q_base + row * HEAD_DIM + dc + d] : 0.0;
                 buf[d * 16u + row / 4u][row % 4u] = x;
@@ -90,29 +93,29 @@ void main() {
             uint key = tid % 64u;
             uint j = j0 + key;
             if (KV_F16 != 0u) {
-                [[unroll]] for (uint e = 0u; e < 2u; e++) {
+                [[unroll]] for (uint e = 0u; e < DC / 8u; e++) {
                     uint pr = tid / 64u + 4u * e;
                     vec2 kk = vec2(0.0);
                     if (j < visible) {
                         kk = unpackHalf2x16(k[((head_row + j) * HEAD_DIM + dc) / 2u + pr]);
                     }
-                    buf[256u + (2u * pr) * 16u + key / 4u][key % 4u] = kk.x;
-                    buf[256u + (2u * pr + 1u) * 16u + key / 4u][key % 4u] = kk.y;
+                    buf[KOFF + (2u * pr) * 16u + key / 4u][key % 4u] = kk.x;
+                    buf[KOFF + (2u * pr + 1u) * 16u + key / 4u][key % 4u] = kk.y;
                 }
             } else {
-                [[unroll]] for (uint e = 0u; e < 4u; e++) {
+                [[unroll]] for (uint e = 0u; e < DC / 4u; e++) {
                     uint d = tid / 64u + 4u * e;
                     float x = 0.0;
                     if (j < visible) {
                         x = uintBitsToFloat(k[(head_row + j) * HEAD_DIM + dc + d]);
                     }
-                    buf[256u + d * 16u + key / 4u][key % 4u] = x;
+                    buf[KOFF + d * 16u + key / 4u][key % 4u] = x;
                 }
             }
             barrier();
             [[unroll]] for (uint d = 0u; d < DC; d++) {
                 vec4 a = buf[d * 16u + rg];
-                vec4 bk = buf[256u + d * 16u + cg];
+                vec4 bk = buf[KOFF + d * 16u + cg];
                 [[unroll]] for (uint r = 0u; r < 4u; r++) {
                     [[unroll]] for (uint c = 0u; c < 4u; c++) {
                         s[r * 4u + c] += a[r] * bk[c];
@@ -164,7 +167,7 @@ void main() {
 
         for (uint k0 = 0u; k0 < BK; k0 += KC) {
             if (KV_F16 != 0u) {
-                [[unroll]] for (uint e = 0u; e < 4u; e++) {
+                [[unroll]] for (uint e = 0u; e < DC / 4u; e++) {
                     uint i = tid + 256u * e;
                     uint key = i / (HEAD_DIM / 2u);
                     uint pr = i % (HEAD_DIM / 2u);
@@ -178,7 +181,7 @@ void main() {
                     buf[key * D4 + d / 4u][d % 4u + 1u] = vv.y;
                 }
             } else {
-                [[unroll]] for (uint e = 0u; e < 8u; e++) {
+                [[unroll]] for (uint e = 0u; e < DC / 2u; e++) {
                     uint i = tid + 256u * e;
                     uint key = i / HEAD_DIM;
                     uint d = i % HEAD_DIM;

@@ -4,11 +4,13 @@
 // kpc-spec-constant 0 LOCAL_SIZE
 // kpc-spec-constant 3 HEAD_DIM
 #ifndef LOCAL_SIZE
-#define LOCAL_SIZE 64
+#define LOCAL_SIZE 256
 #endif
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
+#define SLICES (LOCAL_SIZE / 32)
+#define PER_LANE ((HEAD_DIM + 31) / 32)
 #define W_CACHED 1024
 
 __attribute__((reqd_work_group_size(LOCAL_SIZE, 1, 1)))
@@ -17,6 +19,7 @@ kernel void attn_reduce(global const float *part_o, global const float *part_ml,
 {
     local float w[W_CACHED];
     local float red[LOCAL_SIZE];
+    local float part[SLICES * HEAD_DIM];
     uint tid = get_local_id(0);
     uint bh = get_group_id(0);
     uint first = bh * splits;
@@ -54,21 +57,32 @@ kernel void attn_reduce(global const float *part_o, global const float *part_ml,
     }
     l = red[0];
 
-    for (uint d = tid; d < HEAD_DIM; d += LOCAL_SIZE) {
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        uint s = 0;
-        for (; s + 4 <= splits; s += 4) {
+    uint slice = tid / 32;
+    uint lane = tid % 32;
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (uint s = slice; s < splits; s += SLICES) {
+        float wt = s < W_CACHED ? w[s] : exp(part_ml[(first + s) * 2] - mx);
 #pragma unroll
-            for (uint k = 0; k < 4; k++) {
-                uint t = s + k;
-                float wt = t < W_CACHED ? w[t] : exp(part_ml[(first + t) * 2] - mx);
-                acc[k] += wt * part_o[(first + t) * HEAD_DIM + d];
+        for (uint i = 0; i < PER_LANE; i++) {
+            uint d = lane + 32 * i;
+            if (d < HEAD_DIM) {
+                acc[i] += wt * part_o[(first + s) * HEAD_DIM + d];
             }
         }
-        for (; s < splits; s++) {
-            float wt = s < W_CACHED ? w[s] : exp(part_ml[(first + s) * 2] - mx);
-            acc[0] += wt * part_o[(first + s) * HEAD_DIM + d];
+    }
+#pragma unroll
+    for (uint i = 0; i < PER_LANE; i++) {
+        uint d = lane + 32 * i;
+        if (d < HEAD_DIM) {
+            part[slice * HEAD_DIM + d] = acc[i];
         }
-        o[bh * HEAD_DIM + d] = (acc[0] + acc[1] + acc[2] + acc[3]) / l;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint d = tid; d < HEAD_DIM; d += LOCAL_SIZE) {
+        float sum = 0.0f;
+        for (uint t = 0; t < SLICES; t++) {
+            sum += part[t * HEAD_DIM + d];
+        }
+        o[bh * HEAD_DIM + d] = sum / l;
     }
 }

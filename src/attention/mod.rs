@@ -354,12 +354,24 @@ pub enum PrefillKernel {
     Generic,
     /// `attn_prefill_tiled`: 64 by 64 tiles, 256 invocations each holding a 4 by 4 block of scores
     /// and a slice of the output in registers. Needs a head dimension that is a multiple of 64 (at
-    /// most 256), workgroups of 256 and 28 KiB of shared memory.
+    /// most 256), workgroups of 256 and 28 KiB of shared memory (36 KiB for its wider staging).
     Tiled,
 }
 
-/// Shared memory the tiled prefill kernel declares.
-const TILED_PREFILL_SHARED: usize = 8192 + 16384 + 4096;
+/// Shared memory the tiled prefill kernel declares with a head-dimension slice of `slice`.
+const fn tiled_prefill_shared(slice: usize) -> usize {
+    slice * 512 + 16384 + 4096
+}
+
+/// The head-dimension slice the tiled prefill stages per step on `device`: 32 where the shared
+/// memory allows (half the barriers), else 16.
+fn tiled_prefill_slice(device: &DeviceInfo) -> u32 {
+    if device.limits.max_shared_memory_bytes as usize >= tiled_prefill_shared(32) {
+        32
+    } else {
+        16
+    }
+}
 
 /// Whether the tiled prefill kernel runs on `device` for `shape`; the error says why not.
 fn tiled_prefill_fits(
@@ -378,9 +390,10 @@ fn tiled_prefill_fits(
             device.limits.max_workgroup_invocations
         ));
     }
-    if (device.limits.max_shared_memory_bytes as usize) < TILED_PREFILL_SHARED {
+    let need = tiled_prefill_shared(16);
+    if (device.limits.max_shared_memory_bytes as usize) < need {
         return Err(format!(
-            "it needs {TILED_PREFILL_SHARED} bytes of shared memory; the device has {}",
+            "it needs {need} bytes of shared memory; the device has {}",
             device.limits.max_shared_memory_bytes
         ));
     }
@@ -395,7 +408,8 @@ const VEC_MAX_VALS: usize = 32;
 /// Workgroup and tile sizes; each distinct value gives a distinct cached program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttentionOptions {
-    /// Invocations per workgroup of the generic decode kernels and of the reduce: a power of two.
+    /// Invocations per workgroup of the generic decode and prefill kernels and of the append: a
+    /// power of two.
     pub local_size: u32,
     /// Positions per decode split (flash-decoding chunk): exactly, for the generic kernel; at least,
     /// for the vectorized one, which lengthens its splits so that a decode launches about
@@ -632,7 +646,7 @@ impl Attention {
             }
         };
         let prefill_shared = if tiled_prefill {
-            TILED_PREFILL_SHARED
+            tiled_prefill_shared(tiled_prefill_slice(device) as usize)
         } else {
             4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq)
         };
@@ -673,7 +687,14 @@ impl Attention {
             }
         };
         let decode = ctx.kernel(&image(ctx, decode_name)?, decode_name, &decode_spec, &none)?;
-        let reduce_spec = SpecConstants::new().with(0, local).with(3, d);
+        // The reduce shares its scans across the workgroup: as wide as the device allows, to 256.
+        let mut reduce_local = 256;
+        while reduce_local > 32 && reduce_local > device.limits.max_workgroup_invocations {
+            reduce_local /= 2;
+        }
+        let reduce_spec = SpecConstants::new()
+            .with(0, SpecValue::U32(reduce_local))
+            .with(3, d);
         let reduce = ctx.kernel(
             &image(ctx, "attn_reduce")?,
             "attn_reduce",
@@ -690,7 +711,10 @@ impl Attention {
         let (prefill_name, prefill_spec) = if tiled_prefill {
             (
                 "attn_prefill_tiled",
-                SpecConstants::new().with(2, f16).with(3, d),
+                SpecConstants::new()
+                    .with(2, f16)
+                    .with(3, d)
+                    .with(6, SpecValue::U32(tiled_prefill_slice(device))),
             )
         } else {
             (
