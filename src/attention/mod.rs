@@ -759,9 +759,17 @@ impl Attention {
         })
     }
 
-    /// Splits per (batch, KV head) that make about `decode_workgroups` workgroups.
+    /// Splits per (batch, KV head) that make about `decode_workgroups` workgroups, or half as
+    /// many where a workgroup serves several query heads: on an H200 (B=1, Hq=32, Hkv=8, L=16k
+    /// and 32k) 512 workgroups beat 1024 by 7 to 9%, and 256 lost; with one query head per
+    /// workgroup 1024 beat 512 by 13% (BENCHMARKS.md).
     fn vec_target(shape: &AttentionShape, options: AttentionOptions) -> usize {
-        (options.decode_workgroups as usize)
+        let workgroups = if shape.q_heads > shape.kv_heads {
+            (options.decode_workgroups / 2).max(1)
+        } else {
+            options.decode_workgroups
+        };
+        (workgroups as usize)
             .div_ceil(shape.batch * shape.kv_heads)
             .max(1)
     }
