@@ -20,7 +20,7 @@ val() { grep -o " $1=[^ ]*" <<<"$2" | cut -d= -f2; }
 "$kpc" attention "${base[@]}" --kv-heads 8 --batch 2 --prompt 3000 --steps 8 --fill --check "$@" |
   grep -E '^(kernels|check)'
 echo
-echo "| phase | B | Hkv | L | splits | wall µs/step | host µs/step | device µs/step | append / split / reduce µs | GB/s (device) | copy GB/s | device / copy | wall / copy |"
+echo "| phase | B | Hkv | L | splits | wall µs/step | host µs/step | device µs/step | µs per launch | GB/s (device) | copy GB/s | device / copy | wall / copy |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for sh in $decode_shapes; do
   b=${sh%%:*} hkv=${sh##*:}
@@ -30,7 +30,7 @@ for sh in $decode_shapes; do
       --fill "$@" 2>/dev/null | grep '^bench: phase=decode')
     echo "| decode | $b | $hkv | $L | $(val splits "$out") | $(val wall_us "$out") |" \
       "$(val host_us "$out") | $(val device_us "$out") |" \
-      "$(val append_us "$out") / $(val split_us "$out") / $(val reduce_us "$out") |" \
+      "$(val launches_us "$out") |" \
       "$(val gbs "$out") | $(val copy_gbs "$out") | $(val pct_device "$out")% |" \
       "$(val pct_wall "$out")% |"
   done

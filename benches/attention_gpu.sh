@@ -21,7 +21,7 @@ for s in $sections; do
     sweep)
       # Decode variants at a few shapes: workgroup target, workgroup size, rows in flight.
       echo "## kpc vulkan decode sweep"
-      echo "| B | Hkv | L | workgroups | local | rows | splits | device µs | append/split/reduce µs | device / copy |"
+      echo "| B | Hkv | L | workgroups | local | rows | splits | device µs | µs per launch | device / copy |"
       echo "|---|---|---|---|---|---|---|---|---|---|"
       for shp in ${SWEEP_SHAPES:-1:32:4096 1:8:16384 4:32:16384 16:32:4096}; do
         IFS=: read -r b hkv L <<<"$shp"
@@ -32,7 +32,7 @@ for s in $sections; do
             2>&1 | grep '^bench: phase=decode')
           v1() { grep -o " $1=[^ ]*" <<<"$o" | cut -d= -f2; }
           echo "| $b | $hkv | $L | $w | $loc | $rows | $(v1 splits) | $(v1 device_us) |" \
-            "$(v1 append_us)/$(v1 split_us)/$(v1 reduce_us) | $(v1 pct_device)% |"
+            "$(v1 launches_us) | $(v1 pct_device)% |"
         done
       done 2>&1 | tee "$out/attention-sweep.txt"
       ;;

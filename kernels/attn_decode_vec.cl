@@ -1,5 +1,7 @@
-// Decode attention, split phase, vectorized. The OpenCL C twin of attn_decode_vec.comp (read its header
-// for the design): the same buffers, scalars and spec-constant ids. Each lane loads 16 bytes per chunk
+// Decode attention, vectorized and fused (append, splits, combination in one launch). The OpenCL C
+// twin of attn_decode_vec.comp (read its header for the design): the same buffers, scalars and
+// spec-constant ids. The partials and the counter are volatile, fenced before the count, so the last
+// workgroup of a KV head reads every other one's writes. Each lane loads 16 bytes per chunk
 // as a uint4 and widens f16 with vload_half8 from registers (a vload_half8 from global memory may be
 // split into 2-byte loads, since the compiler cannot know it is 16-byte aligned).
 //
@@ -42,6 +44,9 @@
 #define VALS (CPL * E)
 #define RG (LOCAL_SIZE / LANES)
 #define U ROWS
+#define W_CACHED 1024
+#define SLICES (LOCAL_SIZE / 32)
+#define PER_LANE ((HEAD_DIM + 31) / 32)
 
 #if NV_SHUFFLE
 inline float shfl_xor(float x, int off)
@@ -51,6 +56,17 @@ inline float shfl_xor(float x, int off)
     return r;
 }
 #endif
+
+inline uint4 pack_new(global const float *src, uint at)
+{
+#if KV_F16
+    uint4 c;
+    vstore_half8_rte(vload8(0, src + at), 0, (private half *)&c);
+    return c;
+#else
+    return as_uint4(vload4(0, src + at));
+#endif
+}
 
 inline void widen(uint4 w, float *out)
 {
@@ -62,10 +78,16 @@ inline void widen(uint4 w, float *out)
 }
 
 __attribute__((reqd_work_group_size(LOCAL_SIZE, 1, 1)))
-kernel void attn_decode_vec(global const float *q, global const uint4 *k, global const uint4 *v,
-                            global float *part_o, global float *part_ml,
-                            uint kv_len, uint capacity, uint kv_heads, uint per_split, float scale)
+kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4 *v,
+                            volatile global float *part_o, volatile global float *part_ml,
+                            global const float *new_k, global const float *new_v,
+                            volatile global uint *done, global float *o, uint kv_len,
+                            uint capacity, uint kv_heads, uint per_split, float scale, uint append)
 {
+    local float w[W_CACHED];
+    local float red2[LOCAL_SIZE];
+    local float part[SLICES * HEAD_DIM];
+    local int last;
     local float sm_m[RG];
     local float sm_l[RG];
     local float sm_o[RG * HEAD_DIM];
@@ -83,6 +105,7 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
     uint qrow0 = b * kv_heads * GROUP + hkv * GROUP;
     uint j0 = split * per_split;
     uint j1 = min(j0 + per_split, kv_len);
+    uint jc = min(j1, kv_len - append);
     uint row_base = bkv * capacity;
 
     float qv[GROUP * VALS];
@@ -104,12 +127,12 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
         l[g] = 0.0f;
     }
 
-    for (uint base = j0; base < j1; base += RG * U) {
+    for (uint base = j0; base < jc; base += RG * U) {
         uint4 kw[U * CPL];
         uint4 vw[U * CPL];
         #pragma unroll
         for (uint u = 0; u < U; u++) {
-            uint j = min(base + u * RG + rg, j1 - 1);
+            uint j = min(base + u * RG + rg, jc - 1);
             uint r = (row_base + j) * ROW_CHUNKS + lane;
             #pragma unroll
             for (uint i = 0; i < CPL; i++) {
@@ -161,7 +184,7 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
             float mx = m[g];
             #pragma unroll
             for (uint u = 0; u < U; u++) {
-                if (base + u * RG + rg < j1) {
+                if (base + u * RG + rg < jc) {
                     mx = fmax(mx, s[u * GROUP + g]);
                 }
             }
@@ -173,7 +196,7 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
             }
             #pragma unroll
             for (uint u = 0; u < U; u++) {
-                float pr = base + u * RG + rg < j1 ? exp(s[u * GROUP + g] - mx) : 0.0f;
+                float pr = base + u * RG + rg < jc ? exp(s[u * GROUP + g] - mx) : 0.0f;
                 l[g] += pr;
                 #pragma unroll
                 for (uint i = 0; i < CPL; i++) {
@@ -189,7 +212,84 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
         }
     }
 
-    #pragma unroll
+    // The appended position: attended by row group 0 of the last split, and stored in the cache.
+    // The whole workgroup runs this block (the local-memory sum has barriers), the others with
+    // zeros. It is not under `if (append)`: PoCL 3.1 lost private values (the row group index)
+    // across barriers inside that uniform branch, so that every row group took the new row.
+    {
+#define MINE (append && split == splits - 1 && rg == 0)
+        uint pos = kv_len - 1;
+        uint src = bkv * HEAD_DIM;
+        uint r = (row_base + pos) * ROW_CHUNKS + lane;
+        uint4 kn[CPL];
+        uint4 vn[CPL];
+#pragma unroll
+        for (uint i = 0; i < CPL; i++) {
+            uint at = src + (lane + i * LANES) * E;
+            kn[i] = MINE ? pack_new(new_k, at) : (uint4)(0);
+            vn[i] = MINE ? pack_new(new_v, at) : (uint4)(0);
+            if (MINE) {
+                k[r + i * LANES] = kn[i];
+                v[r + i * LANES] = vn[i];
+            }
+        }
+        float sn[GROUP];
+#pragma unroll
+        for (uint g = 0; g < GROUP; g++) {
+            float x = 0.0f;
+#pragma unroll
+            for (uint i = 0; i < CPL; i++) {
+                float kf[E];
+                widen(kn[i], kf);
+#pragma unroll
+                for (uint t = 0; t < E; t++) {
+                    x += qv[g * VALS + i * E + t] * kf[t];
+                }
+            }
+#if NV_SHUFFLE
+#pragma unroll
+            for (int off = LANES / 2; off > 0; off >>= 1) {
+                x += shfl_xor(x, off);
+            }
+            sn[g] = x;
+#else
+            red[g * LOCAL_SIZE + tid] = x;
+#endif
+        }
+#if !NV_SHUFFLE
+        barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+        for (uint g = 0; g < GROUP; g++) {
+            float x = 0.0f;
+            for (uint t = 0; t < LANES; t++) {
+                x += red[g * LOCAL_SIZE + rg * LANES + t];
+            }
+            sn[g] = x;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+        if (MINE) {
+#pragma unroll
+            for (uint g = 0; g < GROUP; g++) {
+                float mx = fmax(m[g], sn[g]);
+                float corr = exp(m[g] - mx);
+                float pr = exp(sn[g] - mx);
+                l[g] = l[g] * corr + pr;
+#pragma unroll
+                for (uint i = 0; i < CPL; i++) {
+                    float vf[E];
+                    widen(vn[i], vf);
+#pragma unroll
+                    for (uint t = 0; t < E; t++) {
+                        uint c = g * VALS + i * E + t;
+                        acc[c] = acc[c] * corr + pr * vf[t];
+                    }
+                }
+                m[g] = mx;
+            }
+        }
+    }
+
     for (uint g = 0; g < GROUP; g++) {
         if (lane == 0) {
             sm_m[rg] = m[g];
@@ -229,5 +329,84 @@ kernel void attn_decode_vec(global const float *q, global const uint4 *k, global
             part_ml[slot * 2 + 1] = total;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+    // Count this split done; the last one of the KV head combines.
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    if (tid == 0) {
+        last = atomic_inc(&done[bkv]) == splits - 1;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!last) {
+        return;
+    }
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    uint slice = tid / 32;
+    uint sl = tid % 32;
+    for (uint g = 0; g < GROUP; g++) {
+        uint first = (qrow0 + g) * splits;
+        float mx = -3.0e38f;
+        for (uint s = tid; s < splits; s += LOCAL_SIZE) {
+            mx = fmax(mx, part_ml[(first + s) * 2]);
+        }
+        red2[tid] = mx;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (uint h = LOCAL_SIZE / 2; h > 0; h >>= 1) {
+            if (tid < h) {
+                red2[tid] = fmax(red2[tid], red2[tid + h]);
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        mx = red2[0];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float total = 0.0f;
+        for (uint s = tid; s < splits; s += LOCAL_SIZE) {
+            float e = exp(part_ml[(first + s) * 2] - mx);
+            if (s < W_CACHED) {
+                w[s] = e;
+            }
+            total += e * part_ml[(first + s) * 2 + 1];
+        }
+        red2[tid] = total;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (uint h = LOCAL_SIZE / 2; h > 0; h >>= 1) {
+            if (tid < h) {
+                red2[tid] += red2[tid + h];
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        total = red2[0];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (uint s = slice; s < splits; s += SLICES) {
+            float wt = s < W_CACHED ? w[s] : exp(part_ml[(first + s) * 2] - mx);
+#pragma unroll
+            for (uint i = 0; i < PER_LANE; i++) {
+                uint d = sl + 32 * i;
+                if (d < HEAD_DIM) {
+                    sum[i] += wt * part_o[(first + s) * HEAD_DIM + d];
+                }
+            }
+        }
+#pragma unroll
+        for (uint i = 0; i < PER_LANE; i++) {
+            uint d = sl + 32 * i;
+            if (d < HEAD_DIM) {
+                part[slice * HEAD_DIM + d] = sum[i];
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (uint d = tid; d < HEAD_DIM; d += LOCAL_SIZE) {
+            float x = 0.0f;
+            for (uint t = 0; t < SLICES; t++) {
+                x += part[t * HEAD_DIM + d];
+            }
+            o[(qrow0 + g) * HEAD_DIM + d] = x / total;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (tid == 0) {
+        done[bkv] = 0;
     }
 }

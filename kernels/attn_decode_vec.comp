@@ -1,15 +1,23 @@
-// Decode attention, split phase, vectorized (flash-decoding): the variant chosen where the device has
-// subgroup shuffles and the head dimension divides into 16-byte loads per lane (see
-// Attention::decode_variant). Same output as attn_decode: per (query row, split) the unnormalized
-// sum_j exp(s_j - m) * v_j, the max m and l = sum_j exp(s_j - m), combined by attn_reduce.
+// Decode attention, vectorized and fused: one launch does a whole decode step, the KV append, the
+// flash-decoding splits and their combination. Chosen where the device has subgroup shuffles and the
+// head dimension divides into 16-byte loads per lane (see Attention::decode_kernel).
 //
 // Why this shape: decode reads every K and V row once and does ~1 FMA per element loaded, so it is
-// bound by memory bandwidth. Here LANES consecutive invocations share one row and each loads 16 bytes
-// (8 halves or 4 floats) per chunk, so a subgroup reads whole rows as contiguous 256-byte runs; each
-// invocation keeps U rows of K and V in flight before using them; a workgroup serves all GROUP query
-// heads of one KV head, so grouped-query attention reads K and V once, not GROUP times; and the scores
-// are combined with an online softmax in registers (one pass, no shared score array, no barrier in the
-// loop). Row groups are merged once at the end through shared memory.
+// bound by memory bandwidth, and at short contexts by fixed costs per launch. Here LANES consecutive
+// invocations share one row and each loads 16 bytes (8 halves or 4 floats) per chunk, so a subgroup
+// reads whole rows as contiguous 256-byte runs; each invocation keeps U rows of K and V in flight
+// before using them; a workgroup serves all GROUP query heads of one KV head, so grouped-query
+// attention reads K and V once, not GROUP times; the scores are combined with an online softmax in
+// registers (one pass, no shared score array, no barrier in the loop); row groups are merged once at
+// the end through shared memory. Then:
+// - the append: with APPEND = 1 (push constant) the newest position kv_len - 1 is not read from the
+//   cache but from new_k/new_v (f32, as a projection leaves them); the last split's workgroup attends
+//   it (rounded as the cache stores it) and writes it into the cache for later steps. No other
+//   workgroup reads that position.
+// - the combination: each workgroup writes its split's unnormalized output, max and sum; the last
+//   workgroup of a KV head to finish (counted with an atomic, the counter reset by that workgroup)
+//   combines that head's splits with a log-sum-exp and writes the output. The partials are
+//   `coherent` and fenced before the count, so the last workgroup reads every other one's writes.
 //
 // Grid: x = splits (ceil(kv_len / per_split)), y = batch * kv_heads. Query row r = b * q_heads + h;
 // the workgroup for KV head hkv serves query heads hkv * GROUP .. hkv * GROUP + GROUP - 1.
@@ -17,7 +25,7 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_control_flow_attributes : require
 
-layout(local_size_x = 128, local_size_x_id = 0) in;  // LOCAL_SIZE, a multiple of LANES
+layout(local_size_x = 128, local_size_x_id = 0) in;  // LOCAL_SIZE, a multiple of LANES and of 32
 layout(constant_id = 2) const uint KV_F16 = 1;       // 1: K and V are packed f16
 layout(constant_id = 3) const uint HEAD_DIM = 128;   // D, a multiple of 8 * LANES (f16) or 4 * LANES
 layout(constant_id = 6) const uint LANES = 16;       // invocations per row: a power of two <= subgroup
@@ -40,33 +48,88 @@ const uint MAX_GROUP = 8u;
 const uint MAX_VALS = 32u;
 const uint MAX_U = 8u;
 const uint MAX_U_CPL = 64u;                           // U * CPL, with CPL = VALS / E <= 8
+const uint W_CACHED = 1024u;                          // split weights the combination keeps shared
+const uint SLICES = gl_WorkGroupSize.x / 32u;
+const uint PER_LANE = (HEAD_DIM + 31u) / 32u;         // at most 8
 
-layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };             // [B][Hq][D]
-layout(std430, set = 0, binding = 1) readonly buffer K { uvec4 k[]; };             // [B][Hkv][cap][D]
-layout(std430, set = 0, binding = 2) readonly buffer V { uvec4 v[]; };             // [B][Hkv][cap][D]
-layout(std430, set = 0, binding = 3) writeonly buffer PartO { float part_o[]; };   // [B*Hq][splits][D]
-layout(std430, set = 0, binding = 4) writeonly buffer PartMl { float part_ml[]; }; // [B*Hq][splits][2]
+layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };                // [B][Hq][D]
+layout(std430, set = 0, binding = 1) buffer K { uvec4 k[]; };                         // [B][Hkv][cap][D]
+layout(std430, set = 0, binding = 2) buffer V { uvec4 v[]; };                         // [B][Hkv][cap][D]
+layout(std430, set = 0, binding = 3) coherent buffer PartO { float part_o[]; };       // [B*Hq][splits][D]
+layout(std430, set = 0, binding = 4) coherent buffer PartMl { float part_ml[]; };     // [B*Hq][splits][2]
+layout(std430, set = 0, binding = 5) readonly buffer NewK { float new_k[]; };         // [B][Hkv][D]
+layout(std430, set = 0, binding = 6) readonly buffer NewV { float new_v[]; };         // [B][Hkv][D]
+layout(std430, set = 0, binding = 7) coherent buffer Done { uint done[]; };           // [B*Hkv]
+layout(std430, set = 0, binding = 8) writeonly buffer Out { float o[]; };             // [B][Hq][D]
 
 layout(push_constant) uniform Params {
-    uint kv_len;     // positions to attend
+    uint kv_len;     // positions to attend, the appended one included
     uint capacity;   // positions per head in the cache
     uint kv_heads;   // Hkv
     uint per_split;  // positions per split
     float scale;     // 1 / sqrt(D)
+    uint append;     // 1: position kv_len - 1 comes from new_k/new_v and is written to the cache
 } p;
 
 shared float sm_m[RG];
 shared float sm_l[RG];
 shared float sm_o[RG * HEAD_DIM];
+shared float w[W_CACHED];
+shared float red[gl_WorkGroupSize.x];
+shared float part[SLICES * HEAD_DIM];
+shared bool last;
 
 // Element t of a 16-byte chunk.
-float elem(uvec4 w, uint t) {
+float elem(uvec4 c, uint t) {
     if (KV_F16 != 0u) {
-        uint word = t < 2u ? w.x : (t < 4u ? w.y : (t < 6u ? w.z : w.w));
+        uint word = t < 2u ? c.x : (t < 4u ? c.y : (t < 6u ? c.z : c.w));
         vec2 h = unpackHalf2x16(word);
         return (t & 1u) == 0u ? h.x : h.y;
     }
-    return uintBitsToFloat(t == 0u ? w.x : (t == 1u ? w.y : (t == 2u ? w.z : w.w)));
+    return uintBitsToFloat(t == 0u ? c.x : (t == 1u ? c.y : (t == 2u ? c.z : c.w)));
+}
+
+// The 16-byte chunk that stores 8 (f16) or 4 (f32) consecutive floats of `src` from `at`.
+uvec4 pack_new(bool is_k, uint at) {
+    float x[8];
+    [[unroll]] for (uint t = 0u; t < E; t++) {
+        x[t] = is_k ? new_k[at + t] : new_v[at + t];
+    }
+    if (KV_F16 != 0u) {
+        return uvec4(packHalf2x16(vec2(x[0], x[1])), packHalf2x16(vec2(x[2], x[3])),
+                     packHalf2x16(vec2(x[4], x[5])), packHalf2x16(vec2(x[6], x[7])));
+    }
+    return uvec4(floatBitsToUint(x[0]), floatBitsToUint(x[1]), floatBitsToUint(x[2]),
+                 floatBitsToUint(x[3]));
+}
+
+// A max and a sum over the workgroup through `red`.
+float group_max(float x, uint tid) {
+    red[tid] = x;
+    barrier();
+    for (uint h = gl_WorkGroupSize.x / 2u; h > 0u; h >>= 1) {
+        if (tid < h) {
+            red[tid] = max(red[tid], red[tid + h]);
+        }
+        barrier();
+    }
+    float r = red[0];
+    barrier();
+    return r;
+}
+
+float group_sum(float x, uint tid) {
+    red[tid] = x;
+    barrier();
+    for (uint h = gl_WorkGroupSize.x / 2u; h > 0u; h >>= 1) {
+        if (tid < h) {
+            red[tid] += red[tid + h];
+        }
+        barrier();
+    }
+    float r = red[0];
+    barrier();
+    return r;
 }
 
 void main() {
@@ -83,6 +146,8 @@ void main() {
     uint qrow0 = b * q_heads + hkv * GROUP;
     uint j0 = split * p.per_split;
     uint j1 = min(j0 + p.per_split, p.kv_len);
+    // Positions read from the cache: all but the appended one.
+    uint jc = min(j1, p.kv_len - p.append);
     uint row_base = bkv * p.capacity;
 
     float qv[MAX_GROUP * MAX_VALS];
@@ -102,12 +167,12 @@ void main() {
     }
 
     // The trip count is the same for every invocation, so the shuffles run in uniform control flow;
-    // rows past j1 load the last valid row and are masked out of the softmax.
-    for (uint base = j0; base < j1; base += RG * U) {
+    // rows past jc load the last valid row and are masked out of the softmax.
+    for (uint base = j0; base < jc; base += RG * U) {
         uvec4 kw[MAX_U_CPL];
         uvec4 vw[MAX_U_CPL];
         [[unroll]] for (uint u = 0u; u < U; u++) {
-            uint j = min(base + u * RG + rg, j1 - 1u);
+            uint j = min(base + u * RG + rg, jc - 1u);
             uint r = (row_base + j) * ROW_CHUNKS + lane;
             [[unroll]] for (uint i = 0u; i < CPL; i++) {
                 kw[u * CPL + i] = k[r + i * LANES];
@@ -132,7 +197,7 @@ void main() {
         [[unroll]] for (uint g = 0u; g < GROUP; g++) {
             float mx = m[g];
             [[unroll]] for (uint u = 0u; u < U; u++) {
-                if (base + u * RG + rg < j1) {
+                if (base + u * RG + rg < jc) {
                     mx = max(mx, s[u * GROUP + g]);
                 }
             }
@@ -142,12 +207,50 @@ void main() {
                 acc[g * VALS + c] *= corr;
             }
             [[unroll]] for (uint u = 0u; u < U; u++) {
-                float pr = base + u * RG + rg < j1 ? exp(s[u * GROUP + g] - mx) : 0.0;
+                float pr = base + u * RG + rg < jc ? exp(s[u * GROUP + g] - mx) : 0.0;
                 l[g] += pr;
                 [[unroll]] for (uint i = 0u; i < CPL; i++) {
                     [[unroll]] for (uint t = 0u; t < E; t++) {
                         acc[g * VALS + i * E + t] += pr * elem(vw[u * CPL + i], t);
                     }
+                }
+            }
+            m[g] = mx;
+        }
+    }
+
+    // The appended position: attended by row group 0 of the last split, and stored in the cache.
+    if (p.append != 0u && split == splits - 1u && rg == 0u) {
+        uint pos = p.kv_len - 1u;
+        uint src = bkv * HEAD_DIM;
+        uint r = (row_base + pos) * ROW_CHUNKS + lane;
+        uvec4 kn[8];
+        uvec4 vn[8];
+        [[unroll]] for (uint i = 0u; i < CPL; i++) {
+            uint at = src + (lane + i * LANES) * E;
+            kn[i] = pack_new(true, at);
+            vn[i] = pack_new(false, at);
+            k[r + i * LANES] = kn[i];
+            v[r + i * LANES] = vn[i];
+        }
+        [[unroll]] for (uint g = 0u; g < GROUP; g++) {
+            float x = 0.0;
+            [[unroll]] for (uint i = 0u; i < CPL; i++) {
+                [[unroll]] for (uint t = 0u; t < E; t++) {
+                    x += qv[g * VALS + i * E + t] * elem(kn[i], t);
+                }
+            }
+            [[unroll]] for (uint off = LANES / 2u; off > 0u; off >>= 1) {
+                x += subgroupShuffleXor(x, off);
+            }
+            float mx = max(m[g], x);
+            float corr = exp(m[g] - mx);
+            float pr = exp(x - mx);
+            l[g] = l[g] * corr + pr;
+            [[unroll]] for (uint i = 0u; i < CPL; i++) {
+                [[unroll]] for (uint t = 0u; t < E; t++) {
+                    uint c = g * VALS + i * E + t;
+                    acc[c] = acc[c] * corr + pr * elem(vn[i], t);
                 }
             }
             m[g] = mx;
@@ -169,10 +272,10 @@ void main() {
         [[unroll]] for (uint r = 0u; r < RG; r++) {
             total += sm_l[r] * exp(sm_m[r] - mx);
         }
-        float w = exp(m[g] - mx);
+        float wt = exp(m[g] - mx);
         [[unroll]] for (uint i = 0u; i < CPL; i++) {
             [[unroll]] for (uint t = 0u; t < E; t++) {
-                sm_o[rg * HEAD_DIM + (lane + i * LANES) * E + t] = acc[g * VALS + i * E + t] * w;
+                sm_o[rg * HEAD_DIM + (lane + i * LANES) * E + t] = acc[g * VALS + i * E + t] * wt;
             }
         }
         barrier();
@@ -189,5 +292,67 @@ void main() {
             part_ml[slot * 2u + 1u] = total;
         }
         barrier();
+    }
+
+    // Count this split done; the last one of the KV head combines.
+    memoryBarrierBuffer();
+    barrier();
+    if (tid == 0u) {
+        last = atomicAdd(done[bkv], 1u) == splits - 1u;
+    }
+    barrier();
+    if (!last) {
+        return;
+    }
+    memoryBarrierBuffer();
+    uint slice = tid / 32u;
+    uint sl = tid % 32u;
+    for (uint g = 0u; g < GROUP; g++) {
+        uint first = (qrow0 + g) * splits;
+        float mx = -3.0e38;
+        for (uint s = tid; s < splits; s += WG) {
+            mx = max(mx, part_ml[(first + s) * 2u]);
+        }
+        mx = group_max(mx, tid);
+        float total = 0.0;
+        for (uint s = tid; s < splits; s += WG) {
+            float e = exp(part_ml[(first + s) * 2u] - mx);
+            if (s < W_CACHED) {
+                w[s] = e;
+            }
+            total += e * part_ml[(first + s) * 2u + 1u];
+        }
+        total = group_sum(total, tid);
+        float sum[8];
+        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+            sum[i] = 0.0;
+        }
+        for (uint s = slice; s < splits; s += SLICES) {
+            float wt = s < W_CACHED ? w[s] : exp(part_ml[(first + s) * 2u] - mx);
+            [[unroll]] for (uint i = 0u; i < PER_LANE; i++) {
+                uint d = sl + 32u * i;
+                if (d < HEAD_DIM) {
+                    sum[i] += wt * part_o[(first + s) * HEAD_DIM + d];
+                }
+            }
+        }
+        [[unroll]] for (uint i = 0u; i < PER_LANE; i++) {
+            uint d = sl + 32u * i;
+            if (d < HEAD_DIM) {
+                part[slice * HEAD_DIM + d] = sum[i];
+            }
+        }
+        barrier();
+        for (uint d = tid; d < HEAD_DIM; d += WG) {
+            float x = 0.0;
+            for (uint t = 0u; t < SLICES; t++) {
+                x += part[t * HEAD_DIM + d];
+            }
+            o[(qrow0 + g) * HEAD_DIM + d] = x / total;
+        }
+        barrier();
+    }
+    if (tid == 0u) {
+        done[bkv] = 0u;
     }
 }

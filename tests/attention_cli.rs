@@ -43,10 +43,19 @@ fn kernel_sources(text: &str) -> Vec<&str> {
 
 fn built_then_disk(backend: &str) {
     let cache = TempDir::new(&format!("attention-cli-{backend}"));
+    // Prefill and decode at least; the generic decode path adds an append and a reduce.
     let first = run(backend, &cache);
-    assert_eq!(kernel_sources(&first), ["built"; 4], "{first}");
+    let built = kernel_sources(&first);
+    assert!(
+        built.len() >= 2 && built.iter().all(|s| *s == "built"),
+        "{first}"
+    );
     let second = run(backend, &cache);
-    assert_eq!(kernel_sources(&second), ["disk"; 4], "{second}");
+    let loaded = kernel_sources(&second);
+    assert!(
+        loaded.len() == built.len() && loaded.iter().all(|s| *s == "disk"),
+        "{second}"
+    );
 }
 
 #[test]

@@ -540,12 +540,16 @@ pub struct Attention {
     options: AttentionOptions,
     vec: Option<VecLayout>,
     tiled_prefill: bool,
-    append: Kernel,
+    /// The generic path's append and reduce; the vectorized decode kernel does both itself.
+    append: Option<Kernel>,
     decode: Kernel,
-    reduce: Kernel,
+    reduce: Option<Kernel>,
     prefill: Kernel,
     part_o: Buffer<f32>,
     part_ml: Buffer<f32>,
+    /// Splits finished per (batch, KV head) in the current vectorized launch; each launch's last
+    /// workgroup resets its entry to zero.
+    done: Buffer<u32>,
     new_k: Buffer<f32>,
     new_v: Buffer<f32>,
     step: parking_lot::Mutex<()>,
@@ -687,27 +691,33 @@ impl Attention {
             }
         };
         let decode = ctx.kernel(&image(ctx, decode_name)?, decode_name, &decode_spec, &none)?;
-        // The reduce shares its scans across the workgroup: as wide as the device allows, to 256.
-        let mut reduce_local = 256;
-        while reduce_local > 32 && reduce_local > device.limits.max_workgroup_invocations {
-            reduce_local /= 2;
-        }
-        let reduce_spec = SpecConstants::new()
-            .with(0, SpecValue::U32(reduce_local))
-            .with(3, d);
-        let reduce = ctx.kernel(
-            &image(ctx, "attn_reduce")?,
-            "attn_reduce",
-            &reduce_spec,
-            &none,
-        )?;
-        let append_spec = SpecConstants::new().with(0, local).with(2, f16).with(3, d);
-        let append = ctx.kernel(
-            &image(ctx, "attn_append")?,
-            "attn_append",
-            &append_spec,
-            &none,
-        )?;
+        let (append, reduce) = if vec.is_some() {
+            (None, None)
+        } else {
+            // The reduce shares its scans across the workgroup: as wide as the device allows, to
+            // 256.
+            let mut reduce_local = 256;
+            while reduce_local > 32 && reduce_local > device.limits.max_workgroup_invocations {
+                reduce_local /= 2;
+            }
+            let reduce_spec = SpecConstants::new()
+                .with(0, SpecValue::U32(reduce_local))
+                .with(3, d);
+            let reduce = ctx.kernel(
+                &image(ctx, "attn_reduce")?,
+                "attn_reduce",
+                &reduce_spec,
+                &none,
+            )?;
+            let append_spec = SpecConstants::new().with(0, local).with(2, f16).with(3, d);
+            let append = ctx.kernel(
+                &image(ctx, "attn_append")?,
+                "attn_append",
+                &append_spec,
+                &none,
+            )?;
+            (Some(append), Some(reduce))
+        };
         let (prefill_name, prefill_spec) = if tiled_prefill {
             (
                 "attn_prefill_tiled",
@@ -753,6 +763,7 @@ impl Attention {
             prefill,
             part_o: ctx.buffer(rows * shape.head_dim)?,
             part_ml: ctx.buffer(rows * 2)?,
+            done: ctx.buffer_from(&vec![0u32; shape.batch * shape.kv_heads])?,
             new_k: ctx.buffer(shape.kv_step_elems())?,
             new_v: ctx.buffer(shape.kv_step_elems())?,
             step: parking_lot::Mutex::new(()),
@@ -803,7 +814,15 @@ impl Attention {
 
     /// Every kernel it holds, for reporting where each came from and how long it took to acquire.
     pub fn kernels(&self) -> Vec<&Kernel> {
-        vec![&self.prefill, &self.append, &self.decode, &self.reduce]
+        [
+            Some(&self.prefill),
+            self.append.as_ref(),
+            Some(&self.decode),
+            self.reduce.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 
     /// Splits a decode over `len` positions uses.
@@ -851,7 +870,12 @@ impl Attention {
     }
 
     /// The split launch's groups and push constants for a decode over `len` positions of `cache`.
-    fn split_launch(&self, len: usize, capacity: usize) -> ([u32; 3], PushConstants, u32) {
+    fn split_launch(
+        &self,
+        len: usize,
+        capacity: usize,
+        append: bool,
+    ) -> ([u32; 3], PushConstants, u32) {
         let s = &self.shape;
         let per = self.per_split(len);
         let splits = len.div_ceil(per) as u32;
@@ -874,7 +898,8 @@ impl Attention {
                     .u32(capacity as u32)
                     .u32(s.kv_heads as u32)
                     .u32(per as u32)
-                    .f32(scale),
+                    .f32(scale)
+                    .u32(u32::from(append)),
                 splits,
             ),
         }
@@ -882,7 +907,8 @@ impl Attention {
 
     /// One query per (batch, query head) against every filled position of `cache`, without
     /// appending: `q` and `out` are `[batch][q_head][head_dim]`. Used for cross-attention over a
-    /// static K/V set. Returns the event of the split and reduce launches, submitted as one batch.
+    /// static K/V set. Returns the event of the batch: one launch on the vectorized path, split and
+    /// reduce on the generic one.
     ///
     /// Errors: [`Error::Size`] for `q` or `out` of the wrong length or a cache larger than the
     /// capacity; [`Error::InvalidArgument`] for an empty cache or one of another shape or type.
@@ -896,32 +922,17 @@ impl Attention {
             ));
         }
         let _scratch = self.step.lock();
-        let (groups, split_push, splits) = self.split_launch(cache.len(), cache.capacity());
-        let reduce_push = PushConstants::new().u32(splits);
-        let (k, v) = cache.buffers();
-        let decode_args: [&dyn BufferArg; 5] = [q, k, v, &self.part_o, &self.part_ml];
-        let reduce_args: [&dyn BufferArg; 3] = [&self.part_o, &self.part_ml, out];
-        self.ctx.queue().submit(&[
-            LaunchDesc {
-                kernel: &self.decode,
-                groups,
-                buffers: &decode_args,
-                push_constants: split_push.as_bytes(),
-            },
-            LaunchDesc {
-                kernel: &self.reduce,
-                groups: [(self.shape.batch * self.shape.q_heads) as u32, 1, 1],
-                buffers: &reduce_args,
-                push_constants: reduce_push.as_bytes(),
-            },
-        ])
+        // The vectorized kernel reads no new row without the append flag; any buffers of the right
+        // type fill those bindings.
+        self.submit_step(cache, q, None, out, cache.len())
     }
 
-    /// One decode step as a single submission of three launches: `attn_append` writes `k_new` and
-    /// `v_new` (device buffers, `[batch][kv_head][head_dim]` f32, as a projection leaves them) into
-    /// `cache` at position [`KvCache::len`], converting to the cache's type; the split kernel then
-    /// attends `q` over every position including the new one (causal decode: the query is the newest
-    /// token); the reduce combines the splits into `out`. No host copy and no host wait inside.
+    /// One decode step as a single submission: `k_new` and `v_new` (device buffers,
+    /// `[batch][kv_head][head_dim]` f32, as a projection leaves them) are written into `cache` at
+    /// position [`KvCache::len`], converted to the cache's type, and `q` attends every position
+    /// including the new one (causal decode: the query is the newest token), into `out`. On the
+    /// vectorized path this is one launch that also combines its splits; on the generic path three
+    /// (`attn_append`, `attn_decode`, `attn_reduce`). No host copy and no host wait inside.
     ///
     /// Errors: [`Error::Size`] for buffers of the wrong length or a full cache (nothing is launched
     /// then); [`Error::InvalidArgument`] for a cache of another shape or type.
@@ -958,6 +969,62 @@ impl Attention {
                 expected: format!("a position below the capacity {}", cache.capacity()),
             });
         }
+        let event = self.submit_step(cache, q, Some((k_new, v_new)), out, pos + 1)?;
+        cache.len = pos + 1;
+        Ok(event)
+    }
+
+    /// Submits attention of `q` over the first `len` positions of `cache`; with `new`, position
+    /// `len - 1` is first written from it. The caller holds `step` and has checked the arguments.
+    fn submit_step(
+        &self,
+        cache: &KvCache,
+        q: &Buffer<f32>,
+        new: Option<(&Buffer<f32>, &Buffer<f32>)>,
+        out: &Buffer<f32>,
+        len: usize,
+    ) -> Result<Event> {
+        let (groups, split_push, splits) = self.split_launch(len, cache.capacity(), new.is_some());
+        let (k, v) = cache.buffers();
+        let (Some(append), Some(reduce)) = (&self.append, &self.reduce) else {
+            let (nk, nv) = new.unwrap_or((&self.new_k, &self.new_v));
+            let args: [&dyn BufferArg; 9] = [
+                q,
+                k,
+                v,
+                &self.part_o,
+                &self.part_ml,
+                nk,
+                nv,
+                &self.done,
+                out,
+            ];
+            return self.ctx.queue().submit(&[LaunchDesc {
+                kernel: &self.decode,
+                groups,
+                buffers: &args,
+                push_constants: split_push.as_bytes(),
+            }]);
+        };
+        let reduce_push = PushConstants::new().u32(splits);
+        let decode_args: [&dyn BufferArg; 5] = [q, k, v, &self.part_o, &self.part_ml];
+        let reduce_args: [&dyn BufferArg; 3] = [&self.part_o, &self.part_ml, out];
+        let split = LaunchDesc {
+            kernel: &self.decode,
+            groups,
+            buffers: &decode_args,
+            push_constants: split_push.as_bytes(),
+        };
+        let combine = LaunchDesc {
+            kernel: reduce,
+            groups: [(self.shape.batch * self.shape.q_heads) as u32, 1, 1],
+            buffers: &reduce_args,
+            push_constants: reduce_push.as_bytes(),
+        };
+        let Some((k_new, v_new)) = new else {
+            return self.ctx.queue().submit(&[split, combine]);
+        };
+        let pos = len - 1;
         let pairs = self.shape.kv_step_elems() / 2;
         let append_groups = (pairs.div_ceil(self.options.local_size as usize) as u32)
             .clamp(1, self.ctx.device().limits.max_workgroup_count[0].max(1));
@@ -966,35 +1033,17 @@ impl Attention {
             .u32(1)
             .u32(cache.capacity() as u32)
             .u32(pairs as u32);
-        let len = pos + 1;
-        let (groups, split_push, splits) = self.split_launch(len, cache.capacity());
-        let reduce_push = PushConstants::new().u32(splits);
-        let (k, v) = cache.buffers();
         let append_args: [&dyn BufferArg; 4] = [k_new, v_new, k, v];
-        let decode_args: [&dyn BufferArg; 5] = [q, k, v, &self.part_o, &self.part_ml];
-        let reduce_args: [&dyn BufferArg; 3] = [&self.part_o, &self.part_ml, out];
-        let event = self.ctx.queue().submit(&[
+        self.ctx.queue().submit(&[
             LaunchDesc {
-                kernel: &self.append,
+                kernel: append,
                 groups: [append_groups, 1, 1],
                 buffers: &append_args,
                 push_constants: append_push.as_bytes(),
             },
-            LaunchDesc {
-                kernel: &self.decode,
-                groups,
-                buffers: &decode_args,
-                push_constants: split_push.as_bytes(),
-            },
-            LaunchDesc {
-                kernel: &self.reduce,
-                groups: [(self.shape.batch * self.shape.q_heads) as u32, 1, 1],
-                buffers: &reduce_args,
-                push_constants: reduce_push.as_bytes(),
-            },
-        ])?;
-        cache.len = len;
-        Ok(event)
+            split,
+            combine,
+        ])
     }
 
     /// Causal attention for `len` new positions: appends `k` and `v` (`[batch][kv_head][len][head_dim]`)

@@ -296,7 +296,8 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
 
     // Decode: each step's query and new K/V row live in device buffers (as a model's projections
     // leave them); steps are submitted back to back with one wait at the end, as a model's layers
-    // would run, and each is one submission of append + split + reduce.
+    // would run, and each is one submission (append, splits and their combination: one launch on
+    // the vectorized path, three on the generic one).
     let mut step_q = Vec::new();
     let mut bufs = Vec::with_capacity(steps);
     for t in 0..steps {
@@ -340,7 +341,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         let mut walls = Vec::with_capacity(REPS);
         let mut hosts = Vec::with_capacity(REPS);
         let mut devices = Vec::with_capacity(REPS);
-        let mut each = [vec![], vec![], vec![]];
+        let mut each: Vec<Vec<f64>> = Vec::new();
         let mut timed = true;
         for _ in 0..REPS {
             cache.truncate(prompt);
@@ -361,11 +362,12 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             walls.push(t.elapsed().as_secs_f64());
             hosts.push(host.as_secs_f64());
             let mut device = 0.0;
-            let mut launches = [0.0f64; 3];
+            let mut launches: Vec<f64> = Vec::new();
             for e in &events {
                 match (e.device_time()?, e.launch_times()?) {
                     (Some(span), Some(times)) => {
                         device += span.as_secs_f64();
+                        launches.resize(times.len(), 0.0);
                         for (sum, t) in launches.iter_mut().zip(times) {
                             *sum += t.as_secs_f64();
                         }
@@ -374,6 +376,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
                 }
             }
             devices.push(device);
+            each.resize(launches.len(), Vec::new());
             for (v, x) in each.iter_mut().zip(launches) {
                 v.push(x);
             }
@@ -385,7 +388,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         let wall = median(&mut walls);
         let host = median(&mut hosts);
         let device = median(&mut devices);
-        let launches = each.map(|mut v| median(&mut v));
+        let launches: Vec<f64> = each.into_iter().map(|mut v| median(&mut v)).collect();
         let bytes: f64 = (prompt..total)
             .map(|p| 2.0 * (rows_kv * (p + 1) * d * dtype.bytes()) as f64)
             .sum();
@@ -402,12 +405,24 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         println!(
             "host:    {host_us:.1} us/step inside Attention::decode (recording and submitting)"
         );
-        let [a, s, r] = launches.map(|x| x / n * 1e6);
+        let names: Vec<String> = attn
+            .kernels()
+            .iter()
+            .skip(1) // the prefill
+            .map(|k| k.name().to_string())
+            .collect();
+        let per_launch = launches
+            .iter()
+            .map(|x| format!("{:.2}", x / n * 1e6))
+            .collect::<Vec<_>>()
+            .join("/");
         let (dev_us, gbs_dev) = if timed {
             println!(
-                "device:  {:.1} us/step from append start to reduce end (append {a:.1}, split \
-                 {s:.1}, reduce {r:.1} us), {:.2} GB/s",
+                "device:  {:.1} us/step from the first launch's start to the last one's end \
+                 ({} us: {}), {:.2} GB/s",
                 device / n * 1e6,
+                per_launch,
+                names.join(" / "),
                 bytes / device / 1e9
             );
             (device / n * 1e6, bytes / device / 1e9)
@@ -423,7 +438,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         );
         println!(
             "bench: phase=decode L={prompt} wall_us={wall_us:.2} device_us={dev_us:.2} \
-             host_us={host_us:.1} append_us={a:.2} split_us={s:.2} reduce_us={r:.2} \
+             host_us={host_us:.1} launches_us={per_launch} \
              splits={} gbs={gbs_dev:.1} copy_gbs={:.1} pct_device={:.1} pct_wall={:.1}",
             attn.splits(prompt + 1),
             copy_bw / 1e9,
