@@ -21,17 +21,17 @@ for s in $sections; do
     sweep)
       # Decode variants at a few shapes: workgroup target, workgroup size, rows in flight.
       echo "## kpc vulkan decode sweep"
-      echo "| B | Hkv | L | workgroups | local | rows | splits | device µs | µs per launch | device / copy |"
-      echo "|---|---|---|---|---|---|---|---|---|---|"
+      echo "| B | Hkv | L | workgroups | local | rows | spread | splits | device µs | µs per launch | device / copy |"
+      echo "|---|---|---|---|---|---|---|---|---|---|---|"
       for shp in ${SWEEP_SHAPES:-1:32:4096 1:8:16384 4:32:16384 16:32:4096}; do
         IFS=: read -r b hkv L <<<"$shp"
-        for v in ${SWEEP_VARIANTS:-1024:128:4 4096:128:4 1024:128:8 1024:256:4 1024:64:4 4096:64:8}; do
-          IFS=: read -r w loc rows <<<"$v"
-          o=$("$KPC" attention --device vulkan:gpu --heads 32 --head-dim 128 --batch "$b" --kv-heads "$hkv" \
-            --prompt "$L" --steps 50 --fill --workgroups "$w" --decode-local "$loc" --decode-rows "$rows" \
-            2>&1 | grep '^bench: phase=decode')
+        for v in ${SWEEP_VARIANTS:-1024:128:4:false 2048:128:4:false 1024:128:8:false 1024:128:4:true 2048:128:4:true}; do
+          IFS=: read -r w loc rows spread <<<"$v"
+          o=$("$KPC" attention --device "${SWEEP_DEVICE:-vulkan:gpu}" --heads 32 --head-dim 128 --batch "$b" \
+            --kv-heads "$hkv" --prompt "$L" --steps 50 --fill --workgroups "$w" --decode-local "$loc" \
+            --decode-rows "$rows" --decode-spread "$spread" 2>&1 | grep '^bench: phase=decode')
           v1() { grep -o " $1=[^ ]*" <<<"$o" | cut -d= -f2; }
-          echo "| $b | $hkv | $L | $w | $loc | $rows | $(v1 splits) | $(v1 device_us) |" \
+          echo "| $b | $hkv | $L | $w | $loc | $rows | $spread | $(v1 splits) | $(v1 device_us) |" \
             "$(v1 launches_us) | $(v1 pct_device)% |"
         done
       done 2>&1 | tee "$out/attention-sweep.txt"

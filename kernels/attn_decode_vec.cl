@@ -16,6 +16,7 @@
 // kpc-spec-constant 7 GROUP
 // kpc-spec-constant 8 NV_SHUFFLE
 // kpc-spec-constant 9 ROWS
+// kpc-spec-constant 10 SPREAD
 #ifndef LOCAL_SIZE
 #define LOCAL_SIZE 128
 #endif
@@ -34,6 +35,9 @@
 #ifndef ROWS
 #define ROWS 4
 #endif
+#ifndef SPREAD
+#define SPREAD 0
+#endif
 #ifndef NV_SHUFFLE
 #define NV_SHUFFLE 0
 #endif
@@ -44,6 +48,8 @@
 #define VALS (CPL * E)
 #define RG (LOCAL_SIZE / LANES)
 #define U ROWS
+#define NQ (SPREAD ? 1 : GROUP)
+#define PER_X (SPREAD ? GROUP : 1)
 #define W_CACHED 1024
 #define SLICES (LOCAL_SIZE / 32)
 #define PER_LANE ((HEAD_DIM + 31) / 32)
@@ -97,23 +103,25 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
     uint tid = get_local_id(0);
     uint lane = tid % LANES;
     uint rg = tid / LANES;
-    uint split = get_group_id(0);
-    uint splits = get_num_groups(0);
+    uint split = get_group_id(0) / PER_X;
+    uint gx = get_group_id(0) % PER_X;
+    uint splits = get_num_groups(0) / PER_X;
     uint bkv = get_group_id(1);
     uint b = bkv / kv_heads;
     uint hkv = bkv % kv_heads;
-    uint qrow0 = b * kv_heads * GROUP + hkv * GROUP;
+    uint head0 = b * kv_heads * GROUP + hkv * GROUP;
+    uint qrow0 = head0 + gx;
     uint j0 = split * per_split;
     uint j1 = min(j0 + per_split, kv_len);
     uint jc = min(j1, kv_len - append);
     uint row_base = bkv * capacity;
 
-    float qv[GROUP * VALS];
-    float acc[GROUP * VALS];
-    float m[GROUP];
-    float l[GROUP];
+    float qv[NQ * VALS];
+    float acc[NQ * VALS];
+    float m[NQ];
+    float l[NQ];
     #pragma unroll
-    for (uint g = 0; g < GROUP; g++) {
+    for (uint g = 0; g < NQ; g++) {
         #pragma unroll
         for (uint i = 0; i < CPL; i++) {
             #pragma unroll
@@ -140,11 +148,11 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
                 vw[u * CPL + i] = v[r + i * LANES];
             }
         }
-        float s[U * GROUP];
+        float s[U * NQ];
         #pragma unroll
         for (uint u = 0; u < U; u++) {
             #pragma unroll
-            for (uint g = 0; g < GROUP; g++) {
+            for (uint g = 0; g < NQ; g++) {
                 float x = 0.0f;
                 #pragma unroll
                 for (uint i = 0; i < CPL; i++) {
@@ -160,16 +168,16 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
                 for (int off = LANES / 2; off > 0; off >>= 1) {
                     x += shfl_xor(x, off);
                 }
-                s[u * GROUP + g] = x;
+                s[u * NQ + g] = x;
 #else
-                red[(u * GROUP + g) * LOCAL_SIZE + tid] = x;
+                red[(u * NQ + g) * LOCAL_SIZE + tid] = x;
 #endif
             }
         }
 #if !NV_SHUFFLE
         barrier(CLK_LOCAL_MEM_FENCE);
         #pragma unroll
-        for (uint ug = 0; ug < U * GROUP; ug++) {
+        for (uint ug = 0; ug < U * NQ; ug++) {
             float x = 0.0f;
             #pragma unroll
             for (uint t = 0; t < LANES; t++) {
@@ -180,12 +188,12 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
         #pragma unroll
-        for (uint g = 0; g < GROUP; g++) {
+        for (uint g = 0; g < NQ; g++) {
             float mx = m[g];
             #pragma unroll
             for (uint u = 0; u < U; u++) {
                 if (base + u * RG + rg < jc) {
-                    mx = fmax(mx, s[u * GROUP + g]);
+                    mx = fmax(mx, s[u * NQ + g]);
                 }
             }
             float corr = exp(m[g] - mx);
@@ -196,7 +204,7 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
             }
             #pragma unroll
             for (uint u = 0; u < U; u++) {
-                float pr = base + u * RG + rg < jc ? exp(s[u * GROUP + g] - mx) : 0.0f;
+                float pr = base + u * RG + rg < jc ? exp(s[u * NQ + g] - mx) : 0.0f;
                 l[g] += pr;
                 #pragma unroll
                 for (uint i = 0; i < CPL; i++) {
@@ -218,6 +226,7 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
     // across barriers inside that uniform branch, so that every row group took the new row.
     {
 #define MINE (append && split == splits - 1 && rg == 0)
+#define WRITER (MINE && gx == 0)
         uint pos = kv_len - 1;
         uint src = bkv * HEAD_DIM;
         uint r = (row_base + pos) * ROW_CHUNKS + lane;
@@ -228,14 +237,14 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
             uint at = src + (lane + i * LANES) * E;
             kn[i] = MINE ? pack_new(new_k, at) : (uint4)(0);
             vn[i] = MINE ? pack_new(new_v, at) : (uint4)(0);
-            if (MINE) {
+            if (WRITER) {
                 k[r + i * LANES] = kn[i];
                 v[r + i * LANES] = vn[i];
             }
         }
-        float sn[GROUP];
+        float sn[NQ];
 #pragma unroll
-        for (uint g = 0; g < GROUP; g++) {
+        for (uint g = 0; g < NQ; g++) {
             float x = 0.0f;
 #pragma unroll
             for (uint i = 0; i < CPL; i++) {
@@ -259,7 +268,7 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
 #if !NV_SHUFFLE
         barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
-        for (uint g = 0; g < GROUP; g++) {
+        for (uint g = 0; g < NQ; g++) {
             float x = 0.0f;
             for (uint t = 0; t < LANES; t++) {
                 x += red[g * LOCAL_SIZE + rg * LANES + t];
@@ -270,7 +279,7 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
 #endif
         if (MINE) {
 #pragma unroll
-            for (uint g = 0; g < GROUP; g++) {
+            for (uint g = 0; g < NQ; g++) {
                 float mx = fmax(m[g], sn[g]);
                 float corr = exp(m[g] - mx);
                 float pr = exp(sn[g] - mx);
@@ -290,7 +299,7 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
         }
     }
 
-    for (uint g = 0; g < GROUP; g++) {
+    for (uint g = 0; g < NQ; g++) {
         if (lane == 0) {
             sm_m[rg] = m[g];
             sm_l[rg] = l[g];
@@ -335,7 +344,7 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
     mem_fence(CLK_GLOBAL_MEM_FENCE);
     barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
     if (tid == 0) {
-        last = atomic_inc(&done[bkv]) == splits - 1;
+        last = atomic_inc(&done[bkv]) == get_num_groups(0) - 1;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (!last) {
@@ -345,7 +354,7 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
     uint slice = tid / 32;
     uint sl = tid % 32;
     for (uint g = 0; g < GROUP; g++) {
-        uint first = (qrow0 + g) * splits;
+        uint first = (head0 + g) * splits;
         float mx = -3.0e38f;
         for (uint s = tid; s < splits; s += LOCAL_SIZE) {
             mx = fmax(mx, part_ml[(first + s) * 2]);
@@ -402,7 +411,7 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
             for (uint t = 0; t < SLICES; t++) {
                 x += part[t * HEAD_DIM + d];
             }
-            o[(qrow0 + g) * HEAD_DIM + d] = x / total;
+            o[(head0 + g) * HEAD_DIM + d] = x / total;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }

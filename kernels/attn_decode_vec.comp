@@ -19,8 +19,10 @@
 //   combines that head's splits with a log-sum-exp and writes the output. The partials are
 //   `coherent` and fenced before the count, so the last workgroup reads every other one's writes.
 //
-// Grid: x = splits (ceil(kv_len / per_split)), y = batch * kv_heads. Query row r = b * q_heads + h;
-// the workgroup for KV head hkv serves query heads hkv * GROUP .. hkv * GROUP + GROUP - 1.
+// Grid: x = splits (ceil(kv_len / per_split)), times GROUP with SPREAD; y = batch * kv_heads. Query
+// row r = b * q_heads + h; KV head hkv serves query heads hkv * GROUP .. hkv * GROUP + GROUP - 1, all
+// in one workgroup per split, or (SPREAD) one workgroup each. The last workgroup of a KV head to
+// finish combines all of its query heads.
 #version 450
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_control_flow_attributes : require
@@ -31,6 +33,9 @@ layout(constant_id = 3) const uint HEAD_DIM = 128;   // D, a multiple of 8 * LAN
 layout(constant_id = 6) const uint LANES = 16;       // invocations per row: a power of two <= subgroup
 layout(constant_id = 7) const uint GROUP = 1;        // query heads per KV head (at most 8)
 layout(constant_id = 9) const uint ROWS = 4;         // rows per row group in flight (U)
+// 1: one workgroup per query head (grid x = splits * GROUP, the GROUP workgroups of a split
+// adjacent, so they reread the same K/V rows mostly from L2); 0: one per KV head serving all GROUP.
+layout(constant_id = 10) const uint SPREAD = 0;
 // Id 8 is the OpenCL twin's NV_SHUFFLE (how a row's lanes are summed there); declared here so that
 // both images take the same ids. Subgroup shuffles are core in Vulkan, so it changes nothing.
 layout(constant_id = 8) const uint NV_SHUFFLE = 0;
@@ -41,6 +46,7 @@ const uint CPL = ROW_CHUNKS / LANES;                  // chunks per lane
 const uint VALS = CPL * E;                            // elements per lane
 const uint RG = gl_WorkGroupSize.x / LANES;           // row groups per workgroup
 const uint U = ROWS;
+const uint NQ = SPREAD != 0u ? 1u : GROUP;            // query heads one workgroup serves
 // Register arrays get fixed bounds: an array sized by a specialization constant may be placed in
 // local memory by a driver that does not resize it after specialization. The host keeps GROUP,
 // VALS and U within these; the loops index with constants once unrolled.
@@ -137,13 +143,16 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint lane = tid % LANES;
     uint rg = tid / LANES;
-    uint split = gl_WorkGroupID.x;
-    uint splits = gl_NumWorkGroups.x;
+    uint per_x = SPREAD != 0u ? GROUP : 1u;
+    uint split = gl_WorkGroupID.x / per_x;
+    uint gx = gl_WorkGroupID.x % per_x;
+    uint splits = gl_NumWorkGroups.x / per_x;
     uint bkv = gl_WorkGroupID.y;
     uint b = bkv / p.kv_heads;
     uint hkv = bkv % p.kv_heads;
     uint q_heads = p.kv_heads * GROUP;
-    uint qrow0 = b * q_heads + hkv * GROUP;
+    uint head0 = b * q_heads + hkv * GROUP;  // the KV head's first query row
+    uint qrow0 = head0 + gx;                 // this workgroup's first query row
     uint j0 = split * p.per_split;
     uint j1 = min(j0 + p.per_split, p.kv_len);
     // Positions read from the cache: all but the appended one.
@@ -154,7 +163,7 @@ void main() {
     float acc[MAX_GROUP * MAX_VALS];
     float m[MAX_GROUP];
     float l[MAX_GROUP];
-    [[unroll]] for (uint g = 0u; g < GROUP; g++) {
+    [[unroll]] for (uint g = 0u; g < NQ; g++) {
         [[unroll]] for (uint i = 0u; i < CPL; i++) {
             [[unroll]] for (uint t = 0u; t < E; t++) {
                 uint d = (lane + i * LANES) * E + t;
@@ -181,7 +190,7 @@ void main() {
         }
         float s[MAX_U * MAX_GROUP];
         [[unroll]] for (uint u = 0u; u < U; u++) {
-            [[unroll]] for (uint g = 0u; g < GROUP; g++) {
+            [[unroll]] for (uint g = 0u; g < NQ; g++) {
                 float x = 0.0;
                 [[unroll]] for (uint i = 0u; i < CPL; i++) {
                     [[unroll]] for (uint t = 0u; t < E; t++) {
@@ -191,14 +200,14 @@ void main() {
                 [[unroll]] for (uint off = LANES / 2u; off > 0u; off >>= 1) {
                     x += subgroupShuffleXor(x, off);
                 }
-                s[u * GROUP + g] = x;
+                s[u * NQ + g] = x;
             }
         }
-        [[unroll]] for (uint g = 0u; g < GROUP; g++) {
+        [[unroll]] for (uint g = 0u; g < NQ; g++) {
             float mx = m[g];
             [[unroll]] for (uint u = 0u; u < U; u++) {
                 if (base + u * RG + rg < jc) {
-                    mx = max(mx, s[u * GROUP + g]);
+                    mx = max(mx, s[u * NQ + g]);
                 }
             }
             float corr = exp(m[g] - mx);
@@ -207,7 +216,7 @@ void main() {
                 acc[g * VALS + c] *= corr;
             }
             [[unroll]] for (uint u = 0u; u < U; u++) {
-                float pr = base + u * RG + rg < jc ? exp(s[u * GROUP + g] - mx) : 0.0;
+                float pr = base + u * RG + rg < jc ? exp(s[u * NQ + g] - mx) : 0.0;
                 l[g] += pr;
                 [[unroll]] for (uint i = 0u; i < CPL; i++) {
                     [[unroll]] for (uint t = 0u; t < E; t++) {
@@ -230,10 +239,12 @@ void main() {
             uint at = src + (lane + i * LANES) * E;
             kn[i] = pack_new(true, at);
             vn[i] = pack_new(false, at);
-            k[r + i * LANES] = kn[i];
-            v[r + i * LANES] = vn[i];
+            if (gx == 0u) {
+                k[r + i * LANES] = kn[i];
+                v[r + i * LANES] = vn[i];
+            }
         }
-        [[unroll]] for (uint g = 0u; g < GROUP; g++) {
+        [[unroll]] for (uint g = 0u; g < NQ; g++) {
             float x = 0.0;
             [[unroll]] for (uint i = 0u; i < CPL; i++) {
                 [[unroll]] for (uint t = 0u; t < E; t++) {
@@ -258,7 +269,7 @@ void main() {
     }
 
     // Merge the row groups: rescale each to the workgroup's max, then sum through shared memory.
-    [[unroll]] for (uint g = 0u; g < GROUP; g++) {
+    [[unroll]] for (uint g = 0u; g < NQ; g++) {
         if (lane == 0u) {
             sm_m[rg] = m[g];
             sm_l[rg] = l[g];
@@ -298,7 +309,7 @@ void main() {
     memoryBarrierBuffer();
     barrier();
     if (tid == 0u) {
-        last = atomicAdd(done[bkv], 1u) == splits - 1u;
+        last = atomicAdd(done[bkv], 1u) == gl_NumWorkGroups.x - 1u;
     }
     barrier();
     if (!last) {
@@ -308,7 +319,7 @@ void main() {
     uint slice = tid / 32u;
     uint sl = tid % 32u;
     for (uint g = 0u; g < GROUP; g++) {
-        uint first = (qrow0 + g) * splits;
+        uint first = (head0 + g) * splits;
         float mx = -3.0e38;
         for (uint s = tid; s < splits; s += WG) {
             mx = max(mx, part_ml[(first + s) * 2u]);
@@ -348,7 +359,7 @@ void main() {
             for (uint t = 0u; t < SLICES; t++) {
                 x += part[t * HEAD_DIM + d];
             }
-            o[(qrow0 + g) * HEAD_DIM + d] = x / total;
+            o[(head0 + g) * HEAD_DIM + d] = x / total;
         }
         barrier();
     }

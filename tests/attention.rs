@@ -88,14 +88,25 @@ fn decode_case(
 /// The shapes every backend runs, with each decode kernel: MHA at D = 64 and 128, GQA, B > 1,
 /// L = 1, 7, 33, 1000, with the default chunk and with a small one that makes many splits.
 fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
-    for kernel in [DecodeKernel::Generic, DecodeKernel::Auto] {
-        decode_shapes_with(ctx, dtype, tolerance, kernel);
+    for (kernel, spread) in [
+        (DecodeKernel::Generic, false),
+        (DecodeKernel::Auto, false),
+        (DecodeKernel::Auto, true),
+    ] {
+        decode_shapes_with(ctx, dtype, tolerance, kernel, spread);
     }
 }
 
-fn decode_shapes_with(ctx: &Context, dtype: KvDtype, tolerance: f64, kernel: DecodeKernel) {
+fn decode_shapes_with(
+    ctx: &Context,
+    dtype: KvDtype,
+    tolerance: f64,
+    kernel: DecodeKernel,
+    spread: bool,
+) {
     let default = AttentionOptions {
         decode: kernel,
+        decode_spread: spread,
         ..AttentionOptions::default()
     };
     let small = AttentionOptions {
@@ -104,6 +115,7 @@ fn decode_shapes_with(ctx: &Context, dtype: KvDtype, tolerance: f64, kernel: Dec
         block_q: 4,
         block_k: 8,
         decode: kernel,
+        decode_spread: spread,
         ..AttentionOptions::default()
     };
     // Few workgroups: long splits, each row group of the vectorized kernel looping many times.

@@ -426,6 +426,10 @@ pub struct AttentionOptions {
     /// K/V rows each lane group of the vectorized decode kernel loads before using them
     /// (1 to 8): more hides more memory latency, at the cost of registers.
     pub decode_rows: u32,
+    /// Grouped-query attention in the vectorized decode kernel: one workgroup per query head,
+    /// the workgroups of one KV head adjacent so that they reread its rows mostly from L2 (`true`),
+    /// or one workgroup per KV head serving all of its query heads (`false`).
+    pub decode_spread: bool,
     /// Query rows per prefill workgroup.
     pub block_q: u32,
     /// Key positions per prefill tile.
@@ -442,6 +446,7 @@ impl Default for AttentionOptions {
             prefill: PrefillKernel::Auto,
             decode_local_size: 128,
             decode_rows: 4,
+            decode_spread: false,
             block_q: 8,
             block_k: 32,
         }
@@ -683,7 +688,8 @@ impl Attention {
                     .with(3, d)
                     .with(6, SpecValue::U32(v.lanes))
                     .with(7, SpecValue::U32((shape.q_heads / shape.kv_heads) as u32))
-                    .with(9, SpecValue::U32(options.decode_rows));
+                    .with(9, SpecValue::U32(options.decode_rows))
+                    .with(10, SpecValue::U32(u32::from(options.decode_spread)));
                 if ctx.backend() == BackendKind::OpenCl {
                     spec = spec.with(8, SpecValue::U32(u32::from(v.nv_shuffle)));
                 }
@@ -775,6 +781,11 @@ impl Attention {
     /// and 32k) 512 workgroups beat 1024 by 7 to 9%, and 256 lost; with one query head per
     /// workgroup 1024 beat 512 by 13% (BENCHMARKS.md).
     fn vec_target(shape: &AttentionShape, options: AttentionOptions) -> usize {
+        if options.decode_spread {
+            return (options.decode_workgroups as usize)
+                .div_ceil(shape.batch * shape.q_heads)
+                .max(1);
+        }
         let workgroups = if shape.q_heads > shape.kv_heads {
             (options.decode_workgroups / 2).max(1)
         } else {
@@ -892,7 +903,16 @@ impl Attention {
                 splits,
             ),
             Some(_) => (
-                [splits, (s.batch * s.kv_heads) as u32, 1],
+                [
+                    splits
+                        * if self.options.decode_spread {
+                            (s.q_heads / s.kv_heads) as u32
+                        } else {
+                            1
+                        },
+                    (s.batch * s.kv_heads) as u32,
+                    1,
+                ],
                 PushConstants::new()
                     .u32(len as u32)
                     .u32(capacity as u32)

@@ -74,6 +74,10 @@ pub struct Args {
     /// Rows in flight per lane group of the vectorized decode (AttentionOptions::decode_rows).
     #[arg(long)]
     decode_rows: Option<u32>,
+    /// Grouped-query decode with one workgroup per query head (AttentionOptions::decode_spread):
+    /// `true` or `false`; without it, the default.
+    #[arg(long)]
+    decode_spread: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -213,6 +217,9 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     }
     if let Some(r) = args.decode_rows {
         options.decode_rows = r;
+    }
+    if let Some(s) = args.decode_spread {
+        options.decode_spread = s;
     }
     let attn = Attention::new(&ctx, &shape, dtype, total, options)?;
     let (copy_bw, copy_kernel) = copy_bandwidth(&ctx)?;
