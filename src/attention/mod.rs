@@ -7,12 +7,17 @@
 //! - [`Attention`] holds the kernels for one shape (acquired through the context's caches, one
 //!   distinct cached program per variant) and runs them: [`Attention::prefill`] appends a prompt's
 //!   K and V and runs causal attention over it (tiled, online softmax, fully masked tiles skipped);
-//!   [`Attention::decode_step`] appends and then
-//!   attends over every position; [`Attention::attend`] attends over a cache without appending (a
-//!   static cross-attention set filled once with [`KvCache::fill`]).
-//! - Decode is flash-decoding: the sequence is split into chunks of [`AttentionOptions::chunk`]
-//!   positions, one workgroup per (chunk, batch, query head), and a second kernel combines the
-//!   chunks with a log-sum-exp.
+//!   [`Attention::decode`] appends a token's K/V row from device buffers and attends over every
+//!   position, as one submission ([`Attention::decode_step`] takes the row from the host);
+//!   [`Attention::attend`] attends over a cache without appending (a static cross-attention set
+//!   filled once with [`KvCache::fill`]).
+//! - Decode is flash-decoding: the sequence is split into chunks, each attended by its own
+//!   workgroups, and the chunks are combined with a log-sum-exp. Kernels are chosen per device and
+//!   shape ([`DecodeKernel`], [`PrefillKernel`]): where the device allows, one fused launch
+//!   (`attn_decode_vec`: append, 16-byte loads, subgroup sums, combination by the last workgroup)
+//!   and a register-tiled prefill (`attn_prefill_tiled`); elsewhere the generic kernels
+//!   (`attn_append`, `attn_decode`, `attn_reduce`, `attn_prefill`). Each variant is its own cached
+//!   program.
 //! - [`reference`] is the float64 CPU reference the kernels are tested against.
 //!
 //! Q and O are f32, `[batch][q_head][head_dim]` per decode step. K and V are f32 or f16
