@@ -213,6 +213,18 @@ impl KvCache {
         }
     }
 
+    /// [`Error::Size`] when the cache has no room for one more position.
+    fn check_room(&self) -> Result<()> {
+        if self.len >= self.capacity {
+            return Err(Error::Size {
+                what: "KV cache append".into(),
+                got: format!("position {}", self.len),
+                expected: format!("a position below the capacity {}", self.capacity),
+            });
+        }
+        Ok(())
+    }
+
     /// Forgets every position (the buffers are kept; nothing is written).
     pub fn clear(&mut self) {
         self.len = 0;
@@ -289,13 +301,7 @@ impl KvCache {
         let n = self.shape.kv_step_elems();
         check_len("appended k", k_new.len(), n)?;
         check_len("appended v", v_new.len(), n)?;
-        if self.len >= self.capacity {
-            return Err(Error::Size {
-                what: "KV cache append".into(),
-                got: format!("position {}", self.len),
-                expected: format!("a position below the capacity {}", self.capacity),
-            });
-        }
+        self.check_room()?;
         self.write_rows(self.len, 1, k_new, v_new)?;
         self.len += 1;
         Ok(())
@@ -969,11 +975,31 @@ impl Attention {
         v_new: &Buffer<f32>,
         out: &Buffer<f32>,
     ) -> Result<Event> {
+        self.check_step(cache, q, out, k_new.len(), v_new.len())?;
         let _scratch = self.step.lock();
-        self.decode_locked(cache, q, k_new, v_new, out)
+        self.append_and_submit(cache, q, k_new, v_new, out)
     }
 
-    fn decode_locked(
+    /// What a decode step checks before anything is written or launched: the cache (shape, type,
+    /// room for one more position) and the lengths of `q`, `out` and the new row.
+    fn check_step(
+        &self,
+        cache: &KvCache,
+        q: &Buffer<f32>,
+        out: &Buffer<f32>,
+        k_len: usize,
+        v_len: usize,
+    ) -> Result<()> {
+        self.check_cache(cache)?;
+        check_len("q", q.len(), self.shape.q_elems())?;
+        check_len("out", out.len(), self.shape.q_elems())?;
+        check_len("appended k", k_len, self.shape.kv_step_elems())?;
+        check_len("appended v", v_len, self.shape.kv_step_elems())?;
+        cache.check_room()
+    }
+
+    /// Submits a checked step (see `check_step`); the caller holds `step`.
+    fn append_and_submit(
         &self,
         cache: &mut KvCache,
         q: &Buffer<f32>,
@@ -981,21 +1007,9 @@ impl Attention {
         v_new: &Buffer<f32>,
         out: &Buffer<f32>,
     ) -> Result<Event> {
-        self.check_cache(cache)?;
-        check_len("q", q.len(), self.shape.q_elems())?;
-        check_len("out", out.len(), self.shape.q_elems())?;
-        check_len("appended k", k_new.len(), self.shape.kv_step_elems())?;
-        check_len("appended v", v_new.len(), self.shape.kv_step_elems())?;
-        let pos = cache.len();
-        if pos >= cache.capacity() {
-            return Err(Error::Size {
-                what: "KV cache append".into(),
-                got: format!("position {pos}"),
-                expected: format!("a position below the capacity {}", cache.capacity()),
-            });
-        }
-        let event = self.submit_step(cache, q, Some((k_new, v_new)), out, pos + 1)?;
-        cache.len = pos + 1;
+        let len = cache.len() + 1;
+        let event = self.submit_step(cache, q, Some((k_new, v_new)), out, len)?;
+        cache.len = len;
         Ok(event)
     }
 
@@ -1147,24 +1161,12 @@ impl Attention {
         v_new: &[f32],
         out: &Buffer<f32>,
     ) -> Result<Event> {
-        self.check_cache(cache)?;
-        check_len("q", q.len(), self.shape.q_elems())?;
-        check_len("out", out.len(), self.shape.q_elems())?;
-        let n = self.shape.kv_step_elems();
-        check_len("appended k", k_new.len(), n)?;
-        check_len("appended v", v_new.len(), n)?;
-        if cache.len() >= cache.capacity() {
-            return Err(Error::Size {
-                what: "KV cache append".into(),
-                got: format!("position {}", cache.len()),
-                expected: format!("a position below the capacity {}", cache.capacity()),
-            });
-        }
+        self.check_step(cache, q, out, k_new.len(), v_new.len())?;
         // Held across the upload and the submission, so that another thread's step cannot
         // overwrite the staged row before this step's append has read it.
         let _scratch = self.step.lock();
         self.new_k.write(k_new)?;
         self.new_v.write(v_new)?;
-        self.decode_locked(cache, q, &self.new_k, &self.new_v, out)
+        self.append_and_submit(cache, q, &self.new_k, &self.new_v, out)
     }
 }
