@@ -60,6 +60,11 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/attn_prefill_tiled.spv"),
     },
     ShippedSpirv {
+        name: "attn_prefill_coop",
+        source: "kernels/attn_prefill_coop.comp",
+        spirv: include_bytes!("../kernels/attn_prefill_coop.spv"),
+    },
+    ShippedSpirv {
         name: "attn_prefill",
         source: "kernels/attn_prefill.comp",
         spirv: include_bytes!("../kernels/attn_prefill.spv"),

@@ -357,7 +357,8 @@ pub enum DecodeKernel {
 /// Which prefill kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PrefillKernel {
-    /// The tiled kernel where the device and shape allow it, else the generic one.
+    /// The cooperative-matrix kernel where the device, shape and K/V type allow it, else the tiled
+    /// one where they allow that, else the generic one.
     #[default]
     Auto,
     /// `attn_prefill`: `block_q` by `block_k` tiles, one score per invocation, any even head
@@ -367,6 +368,65 @@ pub enum PrefillKernel {
     /// and a slice of the output in registers. Needs a head dimension that is a multiple of 64 (at
     /// most 256), workgroups of 256 and 28 KiB of shared memory (36 KiB for its wider staging).
     Tiled,
+    /// `attn_prefill_coop`: the products S = Q K^T and O += P V on the device's matrix units
+    /// (Vulkan cooperative matrices, 16x16 fp16 into fp32), 64 query rows per workgroup of four
+    /// 32-wide subgroups, 32-key tiles. Needs a Vulkan device with
+    /// [`DeviceLimits::cooperative_matrix_f16`](crate::backend::DeviceLimits), subgroups of 32,
+    /// fp16 K/V, and a head dimension that is a multiple of 16 up to 128. Q and P are rounded to
+    /// fp16 for the products; sums are fp32.
+    Cooperative,
+}
+
+/// Shared memory the cooperative-matrix prefill kernel declares for head dimension `d`: the
+/// staged Q, K and V rows (padded by 8 halves) and four 16 x 36 f32 score blocks.
+const fn coop_prefill_shared(d: usize) -> usize {
+    64 * (d / 8 + 1) * 16 + 4 * 16 * 9 * 16
+}
+
+/// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype`; the
+/// error says why not.
+fn coop_prefill_fits(
+    device: &DeviceInfo,
+    shape: &AttentionShape,
+    dtype: KvDtype,
+) -> std::result::Result<(), String> {
+    let l = &device.limits;
+    if device.backend != BackendKind::Vulkan || !l.cooperative_matrix_f16 {
+        return Err(
+            "the device has no 16x16 fp16 cooperative matrices with fp32 accumulation \
+             (VK_KHR_cooperative_matrix)"
+                .into(),
+        );
+    }
+    if l.subgroup_size != Some(32) {
+        return Err(format!(
+            "it needs subgroups of 32; the device's are {:?}",
+            l.subgroup_size
+        ));
+    }
+    if dtype != KvDtype::F16 {
+        return Err("it needs fp16 K/V".into());
+    }
+    if shape.head_dim % 16 != 0 || shape.head_dim > 128 {
+        return Err(format!(
+            "head dimension {} is not a multiple of 16 up to 128",
+            shape.head_dim
+        ));
+    }
+    if l.max_workgroup_invocations < 128 {
+        return Err(format!(
+            "it needs workgroups of 128 invocations; the device allows {}",
+            l.max_workgroup_invocations
+        ));
+    }
+    let need = coop_prefill_shared(shape.head_dim);
+    if (l.max_shared_memory_bytes as usize) < need {
+        return Err(format!(
+            "it needs {need} bytes of shared memory; the device has {}",
+            l.max_shared_memory_bytes
+        ));
+    }
+    Ok(())
 }
 
 /// Shared memory the tiled prefill kernel declares with a head-dimension slice of `slice`.
@@ -555,7 +615,8 @@ pub struct Attention {
     capacity: usize,
     options: AttentionOptions,
     vec: Option<VecLayout>,
-    tiled_prefill: bool,
+    /// The prefill kernel chosen (never `Auto`).
+    prefill_kind: PrefillKernel,
     /// The generic path's append and reduce; the vectorized decode kernel does both itself.
     append: Option<Kernel>,
     decode: Kernel,
@@ -638,16 +699,30 @@ impl Attention {
                 })?,
             ),
         };
-        let tiled_prefill = match options.prefill {
-            PrefillKernel::Generic => false,
-            PrefillKernel::Auto => tiled_prefill_fits(device, shape).is_ok(),
+        let prefill_kind = match options.prefill {
+            PrefillKernel::Generic => PrefillKernel::Generic,
+            PrefillKernel::Auto if coop_prefill_fits(device, shape, dtype).is_ok() => {
+                PrefillKernel::Cooperative
+            }
+            PrefillKernel::Auto if tiled_prefill_fits(device, shape).is_ok() => {
+                PrefillKernel::Tiled
+            }
+            PrefillKernel::Auto => PrefillKernel::Generic,
             PrefillKernel::Tiled => {
                 tiled_prefill_fits(device, shape).map_err(|why| {
                     Error::InvalidArgument(format!(
                         "the tiled prefill kernel cannot run here: {why}"
                     ))
                 })?;
-                true
+                PrefillKernel::Tiled
+            }
+            PrefillKernel::Cooperative => {
+                coop_prefill_fits(device, shape, dtype).map_err(|why| {
+                    Error::InvalidArgument(format!(
+                        "the cooperative-matrix prefill kernel cannot run here: {why}"
+                    ))
+                })?;
+                PrefillKernel::Cooperative
             }
         };
         let (bq, bk) = (options.block_q as usize, options.block_k as usize);
@@ -665,10 +740,10 @@ impl Attention {
                 4 * (2 * rg + rg * shape.head_dim + local_sum)
             }
         };
-        let prefill_shared = if tiled_prefill {
-            tiled_prefill_shared(tiled_prefill_slice(device) as usize)
-        } else {
-            4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq)
+        let prefill_shared = match prefill_kind {
+            PrefillKernel::Cooperative => coop_prefill_shared(shape.head_dim),
+            PrefillKernel::Tiled => tiled_prefill_shared(tiled_prefill_slice(device) as usize),
+            _ => 4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq),
         };
         let shared = decode_shared.max(prefill_shared);
         let max_shared = device.limits.max_shared_memory_bytes as usize;
@@ -735,16 +810,16 @@ impl Attention {
             )?;
             (Some(append), Some(reduce))
         };
-        let (prefill_name, prefill_spec) = if tiled_prefill {
-            (
+        let (prefill_name, prefill_spec) = match prefill_kind {
+            PrefillKernel::Cooperative => ("attn_prefill_coop", SpecConstants::new().with(3, d)),
+            PrefillKernel::Tiled => (
                 "attn_prefill_tiled",
                 SpecConstants::new()
                     .with(2, f16)
                     .with(3, d)
                     .with(6, SpecValue::U32(tiled_prefill_slice(device))),
-            )
-        } else {
-            (
+            ),
+            _ => (
                 "attn_prefill",
                 SpecConstants::new()
                     .with(0, local)
@@ -752,7 +827,7 @@ impl Attention {
                     .with(3, d)
                     .with(4, SpecValue::U32(options.block_q))
                     .with(5, SpecValue::U32(options.block_k)),
-            )
+            ),
         };
         let prefill = ctx.kernel(
             &image(ctx, prefill_name)?,
@@ -773,7 +848,7 @@ impl Attention {
             capacity,
             options,
             vec,
-            tiled_prefill,
+            prefill_kind,
             append,
             decode,
             reduce,
@@ -825,13 +900,10 @@ impl Attention {
         }
     }
 
-    /// The prefill kernel chosen: [`PrefillKernel::Generic`] or [`PrefillKernel::Tiled`].
+    /// The prefill kernel chosen: [`PrefillKernel::Generic`], [`PrefillKernel::Tiled`] or
+    /// [`PrefillKernel::Cooperative`].
     pub fn prefill_kernel(&self) -> PrefillKernel {
-        if self.tiled_prefill {
-            PrefillKernel::Tiled
-        } else {
-            PrefillKernel::Generic
-        }
+        self.prefill_kind
     }
 
     /// Every kernel it holds, for reporting where each came from and how long it took to acquire.
@@ -1124,10 +1196,9 @@ impl Attention {
         }
         cache.write_rows(start, len, k, v)?;
         cache.len = start + len;
-        let block_q = if self.tiled_prefill {
-            64
-        } else {
-            self.options.block_q as usize
+        let block_q = match self.prefill_kind {
+            PrefillKernel::Cooperative | PrefillKernel::Tiled => 64,
+            _ => self.options.block_q as usize,
         };
         let tiles = len.div_ceil(block_q) as u32;
         let rows = (self.shape.batch * self.shape.q_heads) as u32;

@@ -179,6 +179,11 @@ pub struct DeviceLimits {
     pub subgroup_shuffle: bool,
     /// Whether storage buffers may hold 16-bit values (fp16 K/V).
     pub storage_16bit: bool,
+    /// Whether the device multiplies 16x16 fp16 matrices into fp32 ones on its matrix units, one
+    /// subgroup per product (Vulkan: VK_KHR_cooperative_matrix lists M=N=K=16, f16 x f16 + f32 -> f32
+    /// at subgroup scope, and kpc enabled it with the Vulkan memory model). Selects the
+    /// cooperative-matrix prefill kernel.
+    pub cooperative_matrix_f16: bool,
     /// Whether kernels may compute in fp16.
     pub float16_arithmetic: bool,
     /// Whether launches can be timed on the device (timestamp queries, profiling events).

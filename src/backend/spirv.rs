@@ -187,7 +187,8 @@ impl SpirvModule {
 
     fn reflect_words(image: &str, words: Vec<u32>) -> Result<SpirvModule> {
         let version = version_of(&words);
-        let module = rspirv::dr::load_words(&words).map_err(|e| invalid(image, e.to_string()))?;
+        let module = rspirv::dr::load_words(without_rspirv_unknowns(&words).as_ref())
+            .map_err(|e| invalid(image, e.to_string()))?;
         let r = Reflector::new(&module);
         let spec_constants = r.spec_constants();
         let entry_points = r.entry_points(version).map_err(|m| invalid(image, m))?;
@@ -311,6 +312,38 @@ pub fn words_from_bytes(image: &str, bytes: &[u8]) -> Result<Vec<u32>> {
                 le[0]
             ),
         ))
+    }
+}
+
+/// `words` without the declarations rspirv 0.12's loader cannot place: it does not class
+/// OpTypeCooperativeMatrixKHR as a type, and rejects it outside a block. Reflection never needs
+/// those types (they are not interface types), and what refers to them keeps its ids, which the
+/// loader does not resolve. The module that is built keeps every word.
+fn without_rspirv_unknowns(words: &[u32]) -> std::borrow::Cow<'_, [u32]> {
+    const TYPE_COOPERATIVE_MATRIX_KHR: u32 = 4456;
+    let mut at = 5;
+    let mut keep = Vec::new();
+    let mut dropped = false;
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        if count == 0 || at + count > words.len() {
+            // Malformed: let the loader report it on the untouched words.
+            return std::borrow::Cow::Borrowed(words);
+        }
+        if words[at] & 0xffff == TYPE_COOPERATIVE_MATRIX_KHR {
+            if !dropped {
+                keep.extend_from_slice(&words[..at]);
+                dropped = true;
+            }
+        } else if dropped {
+            keep.extend_from_slice(&words[at..at + count]);
+        }
+        at += count;
+    }
+    if dropped {
+        std::borrow::Cow::Owned(keep)
+    } else {
+        std::borrow::Cow::Borrowed(words)
     }
 }
 

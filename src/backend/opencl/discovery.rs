@@ -159,6 +159,7 @@ fn describe(p: &Platform, id: cl_device_id, index: usize) -> Result<Found> {
         max_push_constant_bytes: u32::try_from(max_parameter_bytes).unwrap_or(u32::MAX),
         subgroup_size: None,
         subgroup_shuffle: false,
+        cooperative_matrix_f16: false,
         // vload_half / vstore_half are core OpenCL C: fp16 K/V storage works everywhere.
         storage_16bit: true,
         float16_arithmetic: extensions.split_whitespace().any(|e| e == "cl_khr_fp16"),

@@ -73,7 +73,8 @@ impl Recycled {
 
 impl Device {
     /// Opens `pd` with one compute queue and the optional features kernels may use (16-bit storage,
-    /// fp16 and int8 arithmetic, 64-bit integers and floats) wherever the device has them.
+    /// fp16 and int8 arithmetic, 64-bit integers and floats, cooperative matrices with the Vulkan
+    /// memory model) wherever the device has them.
     pub(crate) fn open(instance: Arc<VkInstance>, pd: &PhysicalDevice) -> Result<Device> {
         let inst = &instance.raw;
         let queue_family = pd
@@ -116,7 +117,14 @@ impl Device {
             .uniform_and_storage_buffer8_bit_access(
                 s8.uniform_and_storage_buffer8_bit_access == vk::TRUE,
             );
+        let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default()
+            .cooperative_matrix(pd.cooperative_matrix);
+        let mut memory_model = vk::PhysicalDeviceVulkanMemoryModelFeatures::default()
+            .vulkan_memory_model(pd.cooperative_matrix);
         let mut extensions = Vec::new();
+        if pd.cooperative_matrix {
+            extensions.push(vk::KHR_COOPERATIVE_MATRIX_NAME.as_ptr());
+        }
         if pd.feedback_ext {
             extensions.push(vk::EXT_PIPELINE_CREATION_FEEDBACK_NAME.as_ptr());
         }
@@ -132,8 +140,13 @@ impl Device {
         if v12 {
             info = info.push_next(&mut ef16).push_next(&mut e8);
         }
+        if pd.cooperative_matrix {
+            // Discovery set `cooperative_matrix` only for a 1.2+ device reporting both features.
+            info = info.push_next(&mut coop).push_next(&mut memory_model);
+        }
         // SAFETY: `info` and its chain live across the call; every feature enabled was reported
-        // supported above; the extensions were enumerated on this device.
+        // supported above (by discovery, for the cooperative-matrix pair); the extensions were
+        // enumerated on this device.
         let raw = unsafe { inst.create_device(pd.raw, &info, None) }
             .map_err(|e| super::instance::unavailable(format!("vkCreateDevice failed: {e}")))?;
         // SAFETY: queue 0 of `queue_family` was requested in `info`.

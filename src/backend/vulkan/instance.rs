@@ -20,8 +20,8 @@ const MAX_API: u32 = vk::API_VERSION_1_3;
 /// The loader and one instance, shared by every device of the process. Never destroyed: devices
 /// created from it may live until exit, and a process has no use for a second one.
 pub(crate) struct VkInstance {
-    /// Keeps the loader library mapped for as long as the instance is used.
-    _entry: ash::Entry,
+    /// The loader; also keeps its library mapped for as long as the instance is used.
+    pub(crate) entry: ash::Entry,
     pub(crate) raw: ash::Instance,
     /// The instance's API version (what the loader supports, capped at 1.3).
     pub(crate) api_version: u32,
@@ -79,7 +79,7 @@ fn create_instance() -> Result<Arc<VkInstance>> {
         }
     })?;
     Ok(Arc::new(VkInstance {
-        _entry: entry,
+        entry,
         raw,
         api_version,
     }))
@@ -142,6 +142,9 @@ pub(crate) struct PhysicalDevice {
     pub(crate) feedback_ext: bool,
     /// Whether VK_KHR_spirv_1_4 is available (SPIR-V 1.4 on a 1.1 device).
     pub(crate) spirv_1_4_ext: bool,
+    /// Whether VK_KHR_cooperative_matrix is to be enabled, with the Vulkan memory model its
+    /// kernels declare (see `DeviceLimits::cooperative_matrix_f16`).
+    pub(crate) cooperative_matrix: bool,
 }
 
 fn has_extension(exts: &[vk::ExtensionProperties], name: &CStr) -> bool {
@@ -184,6 +187,9 @@ fn describe(
         at_least(vk::API_VERSION_1_2) || has_extension(&exts, vk::KHR_DRIVER_PROPERTIES_NAME);
     let mut storage16 = vk::PhysicalDevice16BitStorageFeatures::default();
     let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
+    let coop_ext = has_extension(&exts, vk::KHR_COOPERATIVE_MATRIX_NAME);
+    let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+    let mut memory_model = vk::PhysicalDeviceVulkanMemoryModelFeatures::default();
     if at_least(vk::API_VERSION_1_1) {
         let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut subgroup);
         if driver_known {
@@ -194,11 +200,21 @@ fn describe(
         unsafe { inst.get_physical_device_properties2(raw, &mut p2) };
         let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut storage16);
         if at_least(vk::API_VERSION_1_2) {
-            f2 = f2.push_next(&mut f16);
+            f2 = f2.push_next(&mut f16).push_next(&mut memory_model);
         }
-        // SAFETY: as above, for vkGetPhysicalDeviceFeatures2.
+        if coop_ext {
+            f2 = f2.push_next(&mut coop);
+        }
+        // SAFETY: as above, for vkGetPhysicalDeviceFeatures2; the cooperative-matrix struct is
+        // chained only where the device lists its extension.
         unsafe { inst.get_physical_device_features2(raw, &mut f2) };
     }
+    let cooperative_matrix_f16 = coop_ext
+        && coop.cooperative_matrix == vk::TRUE
+        && memory_model.vulkan_memory_model == vk::TRUE
+        && f16.shader_float16 == vk::TRUE
+        && storage16.storage_buffer16_bit_access == vk::TRUE
+        && lists_f16_16x16x16(instance, raw);
     // SAFETY: `raw` belongs to this live instance.
     let families = unsafe { inst.get_physical_device_queue_family_properties(raw) };
     let compute = |f: &vk::QueueFamilyProperties| f.queue_flags.contains(vk::QueueFlags::COMPUTE);
@@ -296,6 +312,7 @@ fn describe(
                     .supported_stages
                     .contains(vk::ShaderStageFlags::COMPUTE),
             storage_16bit: storage16.storage_buffer16_bit_access == vk::TRUE,
+            cooperative_matrix_f16,
             float16_arithmetic: f16.shader_float16 == vk::TRUE,
             timestamps: timestamp_valid_bits > 0 && l.timestamp_period > 0.0,
         },
@@ -314,7 +331,33 @@ fn describe(
         feedback,
         feedback_ext: feedback && api_version < vk::API_VERSION_1_3,
         spirv_1_4_ext: has_extension(&exts, vk::KHR_SPIRV_1_4_NAME),
+        cooperative_matrix: cooperative_matrix_f16,
     })
+}
+
+/// Whether the matrix shapes the device's cooperative-matrix extension lists include the one
+/// `is_f16_16x16x16` accepts; false where the query fails (the kernels that need it are then never
+/// chosen).
+fn lists_f16_16x16x16(instance: &VkInstance, raw: vk::PhysicalDevice) -> bool {
+    let ext = ash::khr::cooperative_matrix::Instance::new(&instance.entry, &instance.raw);
+    // SAFETY: called only where the device lists VK_KHR_cooperative_matrix; `raw` belongs to this
+    // live instance.
+    unsafe { ext.get_physical_device_cooperative_matrix_properties(raw) }
+        .map(|shapes| shapes.iter().any(is_f16_16x16x16))
+        .unwrap_or(false)
+}
+
+/// The one product the cooperative-matrix prefill kernel issues: 16x16 f16 times 16x16 f16 plus a
+/// 16x16 f32 accumulator, at subgroup scope, without saturation.
+fn is_f16_16x16x16(p: &vk::CooperativeMatrixPropertiesKHR) -> bool {
+    use vk::ComponentTypeKHR as T;
+    (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+        && p.a_type == T::FLOAT16
+        && p.b_type == T::FLOAT16
+        && p.c_type == T::FLOAT32
+        && p.result_type == T::FLOAT32
+        && p.scope == vk::ScopeKHR::SUBGROUP
+        && p.saturating_accumulation == vk::FALSE
 }
 
 /// The Vulkan devices of this machine, as discovery reports them.

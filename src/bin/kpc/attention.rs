@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use clap::Args as ClapArgs;
 use kpc::attention::reference::{attention, relative_error};
-use kpc::attention::{Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype};
+use kpc::attention::{
+    Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
+};
 use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::config::{BackendKind, DeviceSelector};
 use kpc::runtime::device::select_device;
@@ -65,6 +67,17 @@ pub struct Args {
     /// Decode split kernel.
     #[arg(long, value_enum, default_value = "auto")]
     decode_kernel: DecodeArg,
+    /// Prefill kernel.
+    #[arg(long, value_enum, default_value = "auto")]
+    prefill_kernel: PrefillArg,
+    /// Times the prefill runs (the cache is rolled back in between); the bench line reports the
+    /// median.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    prefill_runs: u32,
+    /// Multiplies the random queries (uniform in [-1, 1)): larger scores make the softmax's running
+    /// max move, which exercises its rescaling.
+    #[arg(long, default_value_t = 1.0)]
+    q_scale: f32,
     /// Workgroups a vectorized decode aims for (AttentionOptions::decode_workgroups).
     #[arg(long)]
     workgroups: Option<u32>,
@@ -78,6 +91,14 @@ pub struct Args {
     /// `true` or `false`; without it, the default.
     #[arg(long)]
     decode_spread: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PrefillArg {
+    Auto,
+    Generic,
+    Tiled,
+    Cooperative,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -209,6 +230,18 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         DecodeArg::Generic => DecodeKernel::Generic,
         DecodeArg::Vectorized => DecodeKernel::Vectorized,
     };
+    options.prefill = match args.prefill_kernel {
+        PrefillArg::Auto => PrefillKernel::Auto,
+        PrefillArg::Generic => PrefillKernel::Generic,
+        PrefillArg::Tiled => PrefillKernel::Tiled,
+        PrefillArg::Cooperative => PrefillKernel::Cooperative,
+    };
+    if !args.q_scale.is_finite() {
+        return Err(kpc::Error::InvalidArgument(format!(
+            "--q-scale {} is not a finite number",
+            args.q_scale
+        )));
+    }
     if let Some(w) = args.workgroups {
         options.decode_workgroups = w;
     }
@@ -223,7 +256,11 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     }
     let attn = Attention::new(&ctx, &shape, dtype, total, options)?;
     let (copy_bw, copy_kernel) = copy_bandwidth(&ctx)?;
-    println!("kernels (decode: {:?}):", attn.decode_kernel());
+    println!(
+        "kernels (decode: {:?}, prefill: {:?}):",
+        attn.decode_kernel(),
+        attn.prefill_kernel()
+    );
     for k in attn.kernels().into_iter().chain([&copy_kernel]) {
         println!(
             "  {:<16} {:<6} {:>10.3} ms",
@@ -267,15 +304,24 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         }
         println!("prefill: skipped (--fill: the prompt's K/V were uploaded)");
     } else {
-        let q = rng.vec(rows_q * prompt * d);
+        let mut q = rng.vec(rows_q * prompt * d);
+        q.iter_mut().for_each(|x| *x *= args.q_scale);
         let k = rng.vec(rows_kv * prompt * d);
         let v = rng.vec(rows_kv * prompt * d);
         let qb = ctx.buffer_from(&q)?;
         let out = ctx.buffer_from(&vec![f32::NAN; rows_q * prompt * d])?;
-        let t = Instant::now();
-        let ev = attn.prefill(&mut cache, &qb, &k, &v, prompt, &out)?;
-        ev.wait()?;
-        let prefill_time = ev.device_time()?.unwrap_or_else(|| t.elapsed());
+        let mut times = Vec::new();
+        for run in 0..args.prefill_runs {
+            if run > 0 {
+                cache.truncate(0);
+            }
+            let t = Instant::now();
+            let ev = attn.prefill(&mut cache, &qb, &k, &v, prompt, &out)?;
+            ev.wait()?;
+            times.push(ev.device_time()?.unwrap_or_else(|| t.elapsed()));
+        }
+        times.sort();
+        let prefill_time = times[times.len() / 2];
         // Causal: about half of the L x L scores, two matmuls of 2 * D flops each.
         let flops = 2.0 * rows_q as f64 * (prompt as f64).powi(2) * d as f64;
         println!(

@@ -30,14 +30,16 @@ pub fn run(config: &Config) -> kpc::Result<ExitCode> {
                     }
                     let l = &d.limits;
                     println!(
-                        "    limits       workgroup {} invocations {:?}, shared {} KiB, push {} B, subgroup {}, fp16 storage {}, fp16 math {}, timestamps {}",
+                        "    limits       workgroup {} invocations {:?}, shared {} KiB, push {} B, subgroup {}, shuffle {}, fp16 storage {}, fp16 math {}, f16 matrix units {}, timestamps {}",
                         l.max_workgroup_invocations,
                         l.max_workgroup_size,
                         l.max_shared_memory_bytes / 1024,
                         l.max_push_constant_bytes,
                         l.subgroup_size.map_or("-".to_string(), |s| s.to_string()),
+                        l.subgroup_shuffle,
                         l.storage_16bit,
                         l.float16_arithmetic,
+                        l.cooperative_matrix_f16,
                         l.timestamps
                     );
                     println!("    fingerprint  {}", d.fingerprint.digest.to_hex());
