@@ -30,14 +30,21 @@
 #extension GL_KHR_shader_subgroup_vote : require
 #extension GL_EXT_control_flow_attributes : require
 
-layout(local_size_x = 128) in;
-layout(constant_id = 3) const uint HEAD_DIM = 128;  // a multiple of 16, at most 128
+layout(local_size_x = 128, local_size_x_id = 0) in;  // 32 * subgroups: 128 or 256
+layout(constant_id = 3) const uint HEAD_DIM = 128;  // a multiple of 8 * SG (whole fetches), at most 128
+layout(constant_id = 6) const uint PREFETCH = 1;    // 1: the next K/V tile is loaded during this one
 
-const uint BQ = 64u;               // query rows per workgroup, 16 per subgroup
+const uint SG = gl_WorkGroupSize.x / 32u;  // subgroups, 16 query rows each
+const uint BQ = 16u * SG;          // query rows per workgroup
 const uint BK = 32u;               // keys per tile
 const uint DM = HEAD_DIM / 16u;    // 16-wide matrices across the head dimension
 const uint RS = HEAD_DIM / 8u + 1u;  // uvec4s per staged row of Q, K or V (8 halves of padding)
 const uint SS = 9u;                // uvec4s per row of a score block: 32 f32 + 4 of padding
+const uint KV = 0u;                // where K rows [0, 32) and V rows [32, 64) of a tile are staged
+const uint SC = 2u * BK * RS;      // where the subgroups' score blocks start
+// The Q tile needs BQ * RS, which is less for up to 8 subgroups and HEAD_DIM up to 128.
+const uint SMEM = SC + SG * 16u * SS;
+const uint CHUNKS = BK * (HEAD_DIM / 8u) / gl_WorkGroupSize.x;  // uvec4s of K (and of V) per invocation per tile
 const float TAU = 8.0;             // lazy-rescale threshold (log2 of the largest weight)
 const float NONE = -1.0e30;        // reference max of a row that has seen no key yet
 const float MASKED = -3.0e38;      // score of a key a row may not see
@@ -56,16 +63,29 @@ layout(push_constant) uniform Params {
     float scale;    // 1 / sqrt(D)
 } p;
 
-// The Q tile (64 rows) while the subgroups load their Q matrices; then K rows [0, 32) and V rows
-// [32, 64) of the current tile.
-shared uvec4 kvq[BQ * RS];
-// Per subgroup, 16 rows: S as f32, then P as f16 in place; also the output's staging when it is
-// rescaled or written out (32 columns at a time).
-shared uvec4 sc[4u * 16u * SS];
+// The Q tile (BQ rows from 0) while the subgroups load their Q matrices; then K and V of the current
+// tile (from KV), and per subgroup 16 rows of scores (from SC): S as f32, then P as f16 in place; a
+// score block also stages the output when it is rescaled or written out (32 columns at a time).
+shared uvec4 kvq[SMEM];
 
 #define MatA coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
 #define MatB coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 #define MatC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+
+// K and V rows j0 .. j0+BK of this head, as the invocation's share of the tile; zero past `visible`.
+void fetch(out uvec4 kn[CHUNKS], out uvec4 vn[CHUNKS], uint j0, uint head_row, uint visible) {
+    [[unroll]] for (uint e = 0u; e < CHUNKS; e++) {
+        uint i = gl_LocalInvocationID.x + e * gl_WorkGroupSize.x;
+        uint j = j0 + i / (HEAD_DIM / 8u);
+        kn[e] = uvec4(0u);
+        vn[e] = uvec4(0u);
+        if (j < visible) {
+            uint at = (head_row + j) * (HEAD_DIM / 8u) + i % (HEAD_DIM / 8u);
+            kn[e] = k8[at];
+            vn[e] = v8[at];
+        }
+    }
+}
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -85,7 +105,7 @@ void main() {
 
     // Stage Q scaled into the exp2 domain, as f16; rows past the launch are zero.
     float qs = p.scale * 1.4426950408889634;
-    for (uint i = tid; i < BQ * (HEAD_DIM / 8u); i += 128u) {
+    for (uint i = tid; i < BQ * (HEAD_DIM / 8u); i += gl_WorkGroupSize.x) {
         uint r = i / (HEAD_DIM / 8u);
         uint c = i % (HEAD_DIM / 8u);
         uvec4 w = uvec4(0u);
@@ -114,7 +134,7 @@ void main() {
     uint qrow = sg * 16u + r;
     bool row_ok = qrow < rows;
     uint qpos = offset + q0 + qrow;
-    uint sbase = sg * 16u * SS;
+    uint sbase = SC + sg * 16u * SS;
     uint mine = sbase + r * SS;  // this row in the score block
     // The subgroup's last row that exists sees keys up to sg_last; past it the subgroup idles.
     bool has_rows = sg * 16u < rows;
@@ -122,32 +142,40 @@ void main() {
     float m_ref = NONE;
     float lsum = 0.0;
 
+    uvec4 kn[CHUNKS];
+    uvec4 vn[CHUNKS];
+    if (PREFETCH != 0u) {
+        fetch(kn, vn, 0u, head_row, visible);
+    }
     for (uint j0 = 0u; j0 < visible; j0 += BK) {
-        for (uint i = tid; i < BK * (HEAD_DIM / 8u); i += 128u) {
+        if (PREFETCH == 0u) {
+            fetch(kn, vn, j0, head_row, visible);
+        }
+        [[unroll]] for (uint e = 0u; e < CHUNKS; e++) {
+            uint i = tid + e * gl_WorkGroupSize.x;
             uint key = i / (HEAD_DIM / 8u);
             uint c = i % (HEAD_DIM / 8u);
-            uint j = j0 + key;
-            uvec4 kw = uvec4(0u);
-            uvec4 vw = uvec4(0u);
-            if (j < visible) {
-                uint at = (head_row + j) * (HEAD_DIM / 8u) + c;
-                kw = k8[at];
-                vw = v8[at];
-            }
-            kvq[key * RS + c] = kw;
-            kvq[(BK + key) * RS + c] = vw;
+            kvq[KV + key * RS + c] = kn[e];
+            kvq[KV + (BK + key) * RS + c] = vn[e];
         }
         barrier();
+        if (PREFETCH != 0u && j0 + BK < visible) {
+            fetch(kn, vn, j0 + BK, head_row, visible);  // in flight while this tile is computed
+        }
         if (has_rows && j0 <= sg_last) {
-            [[unroll]] for (uint n = 0u; n < 2u; n++) {
-                MatC s = MatC(0.0);
-                [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
+            MatC s[2];
+            s[0] = MatC(0.0);
+            s[1] = MatC(0.0);
+            [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
+                [[unroll]] for (uint n = 0u; n < 2u; n++) {
                     MatB kb;
-                    coopMatLoad(kb, kvq, n * 16u * RS + 2u * kk, RS,
+                    coopMatLoad(kb, kvq, KV + n * 16u * RS + 2u * kk, RS,
                                 gl_CooperativeMatrixLayoutColumnMajor);
-                    s = coopMatMulAdd(qa[kk], kb, s);
+                    s[n] = coopMatMulAdd(qa[kk], kb, s[n]);
                 }
-                coopMatStore(s, sc, sbase + 4u * n, SS, gl_CooperativeMatrixLayoutRowMajor);
+            }
+            [[unroll]] for (uint n = 0u; n < 2u; n++) {
+                coopMatStore(s[n], kvq, sbase + 4u * n, SS, gl_CooperativeMatrixLayoutRowMajor);
             }
             subgroupMemoryBarrierShared();
             subgroupBarrier();
@@ -155,7 +183,7 @@ void main() {
             float x[16];
             float mx = MASKED;
             [[unroll]] for (uint e = 0u; e < 4u; e++) {
-                uvec4 w = sc[mine + 4u * half_ + e];
+                uvec4 w = kvq[mine + 4u * half_ + e];
                 [[unroll]] for (uint c = 0u; c < 4u; c++) {
                     uint j = j0 + 16u * half_ + 4u * e + c;
                     bool ok = row_ok && j <= qpos;
@@ -176,19 +204,19 @@ void main() {
             if (subgroupAny(alpha != 1.0)) {
                 lsum *= alpha;
                 [[unroll]] for (uint c = 0u; c < DM; c += 2u) {
-                    coopMatStore(acc[c], sc, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
-                    coopMatStore(acc[c + 1u], sc, sbase + 4u, SS,
+                    coopMatStore(acc[c], kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
+                    coopMatStore(acc[c + 1u], kvq, sbase + 4u, SS,
                                  gl_CooperativeMatrixLayoutRowMajor);
                     subgroupMemoryBarrierShared();
                     subgroupBarrier();
                     [[unroll]] for (uint e = 0u; e < 4u; e++) {
-                        vec4 v = uintBitsToFloat(sc[mine + 4u * half_ + e]) * alpha;
-                        sc[mine + 4u * half_ + e] = floatBitsToUint(v);
+                        vec4 v = uintBitsToFloat(kvq[mine + 4u * half_ + e]) * alpha;
+                        kvq[mine + 4u * half_ + e] = floatBitsToUint(v);
                     }
                     subgroupMemoryBarrierShared();
                     subgroupBarrier();
-                    coopMatLoad(acc[c], sc, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
-                    coopMatLoad(acc[c + 1u], sc, sbase + 4u, SS,
+                    coopMatLoad(acc[c], kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
+                    coopMatLoad(acc[c + 1u], kvq, sbase + 4u, SS,
                                 gl_CooperativeMatrixLayoutRowMajor);
                     subgroupBarrier();
                 }
@@ -201,18 +229,18 @@ void main() {
                 lsum += pe.x + pe.y;
                 packed[e] = packHalf2x16(pe);
             }
-            sc[mine + 2u * half_] = uvec4(packed[0], packed[1], packed[2], packed[3]);
-            sc[mine + 2u * half_ + 1u] = uvec4(packed[4], packed[5], packed[6], packed[7]);
+            kvq[mine + 2u * half_] = uvec4(packed[0], packed[1], packed[2], packed[3]);
+            kvq[mine + 2u * half_ + 1u] = uvec4(packed[4], packed[5], packed[6], packed[7]);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
 
             MatA pa[2];
-            coopMatLoad(pa[0], sc, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
-            coopMatLoad(pa[1], sc, sbase + 2u, SS, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(pa[0], kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(pa[1], kvq, sbase + 2u, SS, gl_CooperativeMatrixLayoutRowMajor);
             [[unroll]] for (uint c = 0u; c < DM; c++) {
                 [[unroll]] for (uint kb = 0u; kb < 2u; kb++) {
                     MatB vb;
-                    coopMatLoad(vb, kvq, (BK + 16u * kb) * RS + 2u * c, RS,
+                    coopMatLoad(vb, kvq, KV + (BK + 16u * kb) * RS + 2u * c, RS,
                                 gl_CooperativeMatrixLayoutRowMajor);
                     acc[c] = coopMatMulAdd(pa[kb], vb, acc[c]);
                 }
@@ -228,14 +256,14 @@ void main() {
     uint out_row = (q_base + qrow * HEAD_DIM) / 4u;
     if (has_rows) {
         [[unroll]] for (uint c = 0u; c < DM; c += 2u) {
-            coopMatStore(acc[c], sc, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
-            coopMatStore(acc[c + 1u], sc, sbase + 4u, SS, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatStore(acc[c], kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatStore(acc[c + 1u], kvq, sbase + 4u, SS, gl_CooperativeMatrixLayoutRowMajor);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             if (row_ok) {
                 [[unroll]] for (uint e = 0u; e < 4u; e++) {
                     o4[out_row + 4u * c + 4u * half_ + e] =
-                        uintBitsToFloat(sc[mine + 4u * half_ + e]) * inv;
+                        uintBitsToFloat(kvq[mine + 4u * half_ + e]) * inv;
                 }
             }
             subgroupBarrier();

@@ -95,6 +95,31 @@ fn copy_is_reflected_from_its_spirv() {
     assert!(matches!(err, Error::UnknownKernel { .. }), "{err}");
 }
 
+/// SPIR-V 1.6 with cooperative matrices: its workgroup size comes from OpExecutionModeId
+/// (LocalSizeId) on specialization constants, and its matrix types must not stop reflection.
+#[test]
+fn coopmat_prefill_is_reflected_from_its_spirv() {
+    let image = spirv_image("attn_prefill_coop").unwrap();
+    let m = image.spirv_module().unwrap();
+    assert_eq!(m.version, (1, 6));
+    let e = m.entry("attn_prefill_coop", "attn_prefill_coop").unwrap();
+    assert_eq!(
+        e.local_size[0],
+        LocalDim {
+            default: 128,
+            spec_id: Some(0)
+        }
+    );
+    assert_eq!(e.local_size[1].default, 1);
+    assert_eq!(e.push_constant_bytes, 24);
+    assert_eq!(e.bindings.len(), 4);
+    assert!(e.bindings[..3].iter().all(|b| b.read_only) && !e.bindings[3].read_only);
+    let ids: Vec<u32> = m.spec_constants.iter().map(|c| c.id).collect();
+    for id in [0, 3, 6] {
+        assert!(ids.contains(&id), "spec constant {id} missing from {ids:?}");
+    }
+}
+
 #[test]
 fn garbage_is_invalid_spirv() {
     for (what, bytes) in [

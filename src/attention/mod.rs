@@ -369,18 +369,19 @@ pub enum PrefillKernel {
     /// most 256), workgroups of 256 and 28 KiB of shared memory (36 KiB for its wider staging).
     Tiled,
     /// `attn_prefill_coop`: the products S = Q K^T and O += P V on the device's matrix units
-    /// (Vulkan cooperative matrices, 16x16 fp16 into fp32), 64 query rows per workgroup of four
-    /// 32-wide subgroups, 32-key tiles. Needs a Vulkan device with
+    /// (Vulkan cooperative matrices, 16x16 fp16 into fp32), `coop_rows` query rows per workgroup
+    /// (16 per 32-wide subgroup), 32-key tiles. Needs a Vulkan device with
     /// [`DeviceLimits::cooperative_matrix_f16`](crate::backend::DeviceLimits), subgroups of 32,
-    /// fp16 K/V, and a head dimension that is a multiple of 16 up to 128. Q and P are rounded to
-    /// fp16 for the products; sums are fp32.
+    /// fp16 K/V, and a head dimension up to 128 that is a multiple of `coop_rows / 2` (32 or 64).
+    /// Q and P are rounded to fp16 for the products; sums are fp32.
     Cooperative,
 }
 
-/// Shared memory the cooperative-matrix prefill kernel declares for head dimension `d`: the
-/// staged Q, K and V rows (padded by 8 halves) and four 16 x 36 f32 score blocks.
-const fn coop_prefill_shared(d: usize) -> usize {
-    64 * (d / 8 + 1) * 16 + 4 * 16 * 9 * 16
+/// Shared memory the cooperative-matrix prefill kernel declares for head dimension `d` and
+/// `subgroups` subgroups: a 32-key tile of K and of V (rows padded by 8 halves) and a 16 x 36 f32
+/// score block per subgroup (the Q tile, staged first, fits in the same space).
+const fn coop_prefill_shared(d: usize, subgroups: usize) -> usize {
+    2 * 32 * (d / 8 + 1) * 16 + subgroups * 16 * 9 * 16
 }
 
 /// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype`; the
@@ -389,8 +390,15 @@ fn coop_prefill_fits(
     device: &DeviceInfo,
     shape: &AttentionShape,
     dtype: KvDtype,
+    rows: u32,
 ) -> std::result::Result<(), String> {
     let l = &device.limits;
+    if rows != 64 && rows != 128 {
+        return Err(format!(
+            "coop_rows {rows} is not one of 64 and 128 (query rows per workgroup)"
+        ));
+    }
+    let subgroups = rows as usize / 16;
     if device.backend != BackendKind::Vulkan || !l.cooperative_matrix_f16 {
         return Err(
             "the device has no 16x16 fp16 cooperative matrices with fp32 accumulation \
@@ -407,19 +415,22 @@ fn coop_prefill_fits(
     if dtype != KvDtype::F16 {
         return Err("it needs fp16 K/V".into());
     }
-    if shape.head_dim % 16 != 0 || shape.head_dim > 128 {
+    // Each invocation stages whole 16-byte pieces of a 32-key tile.
+    let step = 8 * subgroups;
+    if shape.head_dim % step != 0 || shape.head_dim > 128 {
         return Err(format!(
-            "head dimension {} is not a multiple of 16 up to 128",
+            "head dimension {} is not a multiple of {step} up to 128 (with coop_rows {rows})",
             shape.head_dim
         ));
     }
-    if l.max_workgroup_invocations < 128 {
+    if l.max_workgroup_invocations < 2 * rows {
         return Err(format!(
-            "it needs workgroups of 128 invocations; the device allows {}",
+            "it needs workgroups of {} invocations; the device allows {}",
+            2 * rows,
             l.max_workgroup_invocations
         ));
     }
-    let need = coop_prefill_shared(shape.head_dim);
+    let need = coop_prefill_shared(shape.head_dim, subgroups);
     if (l.max_shared_memory_bytes as usize) < need {
         return Err(format!(
             "it needs {need} bytes of shared memory; the device has {}",
@@ -501,7 +512,9 @@ pub struct AttentionOptions {
     /// the workgroups of one KV head adjacent so that they reread its rows mostly from L2 (`true`),
     /// or one workgroup per KV head serving all of its query heads (`false`).
     pub decode_spread: bool,
-    /// Query rows per prefill workgroup.
+    /// Query rows per workgroup of the cooperative-matrix prefill, 16 per subgroup: 64 or 128.
+    pub coop_rows: u32,
+    /// Query rows per workgroup of the generic prefill.
     pub block_q: u32,
     /// Key positions per prefill tile.
     pub block_k: u32,
@@ -518,6 +531,7 @@ impl Default for AttentionOptions {
             decode_local_size: 128,
             decode_rows: 4,
             decode_spread: false,
+            coop_rows: 64,
             block_q: 8,
             block_k: 32,
         }
@@ -701,7 +715,7 @@ impl Attention {
         };
         let prefill_kind = match options.prefill {
             PrefillKernel::Generic => PrefillKernel::Generic,
-            PrefillKernel::Auto if coop_prefill_fits(device, shape, dtype).is_ok() => {
+            PrefillKernel::Auto if coop_prefill_fits(device, shape, dtype, options.coop_rows).is_ok() => {
                 PrefillKernel::Cooperative
             }
             PrefillKernel::Auto if tiled_prefill_fits(device, shape).is_ok() => {
@@ -717,7 +731,7 @@ impl Attention {
                 PrefillKernel::Tiled
             }
             PrefillKernel::Cooperative => {
-                coop_prefill_fits(device, shape, dtype).map_err(|why| {
+                coop_prefill_fits(device, shape, dtype, options.coop_rows).map_err(|why| {
                     Error::InvalidArgument(format!(
                         "the cooperative-matrix prefill kernel cannot run here: {why}"
                     ))
@@ -741,7 +755,9 @@ impl Attention {
             }
         };
         let prefill_shared = match prefill_kind {
-            PrefillKernel::Cooperative => coop_prefill_shared(shape.head_dim),
+            PrefillKernel::Cooperative => {
+                coop_prefill_shared(shape.head_dim, options.coop_rows as usize / 16)
+            }
             PrefillKernel::Tiled => tiled_prefill_shared(tiled_prefill_slice(device) as usize),
             _ => 4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq),
         };
@@ -811,7 +827,13 @@ impl Attention {
             (Some(append), Some(reduce))
         };
         let (prefill_name, prefill_spec) = match prefill_kind {
-            PrefillKernel::Cooperative => ("attn_prefill_coop", SpecConstants::new().with(3, d)),
+            PrefillKernel::Cooperative => (
+                "attn_prefill_coop",
+                SpecConstants::new()
+                    .with(0, SpecValue::U32(2 * options.coop_rows))
+                    .with(3, d)
+                    .with(6, SpecValue::U32(1)),
+            ),
             PrefillKernel::Tiled => (
                 "attn_prefill_tiled",
                 SpecConstants::new()
@@ -1197,7 +1219,8 @@ impl Attention {
         cache.write_rows(start, len, k, v)?;
         cache.len = start + len;
         let block_q = match self.prefill_kind {
-            PrefillKernel::Cooperative | PrefillKernel::Tiled => 64,
+            PrefillKernel::Cooperative => self.options.coop_rows as usize,
+            PrefillKernel::Tiled => 64,
             _ => self.options.block_q as usize,
         };
         let tiles = len.div_ceil(block_q) as u32;

@@ -187,7 +187,7 @@ impl SpirvModule {
 
     fn reflect_words(image: &str, words: Vec<u32>) -> Result<SpirvModule> {
         let version = version_of(&words);
-        let module = rspirv::dr::load_words(without_rspirv_unknowns(&words).as_ref())
+        let module = rspirv::dr::load_words(for_rspirv(&words).as_ref())
             .map_err(|e| invalid(image, e.to_string()))?;
         let r = Reflector::new(&module);
         let spec_constants = r.spec_constants();
@@ -315,35 +315,40 @@ pub fn words_from_bytes(image: &str, bytes: &[u8]) -> Result<Vec<u32>> {
     }
 }
 
-/// `words` without the declarations rspirv 0.12's loader cannot place: it does not class
-/// OpTypeCooperativeMatrixKHR as a type, and rejects it outside a block. Reflection never needs
-/// those types (they are not interface types), and what refers to them keeps its ids, which the
-/// loader does not resolve. The module that is built keeps every word.
-fn without_rspirv_unknowns(words: &[u32]) -> std::borrow::Cow<'_, [u32]> {
-    const TYPE_COOPERATIVE_MATRIX_KHR: u32 = 4456;
+/// `words` as rspirv 0.12's loader can take them. Its loader places neither
+/// OpTypeCooperativeMatrixKHR (it does not class it as a type) nor OpExecutionModeId (SPIR-V 1.2+,
+/// how glslang declares a specialized workgroup size in SPIR-V 1.6) and rejects both. Reflection
+/// never needs the matrix types (they are not interface types, and what refers to them keeps its
+/// ids, which the loader does not resolve), so they are dropped; OpExecutionModeId is read as
+/// OpExecutionMode, whose operands the loader decodes by the mode, as ids for LocalSizeId. The module
+/// that is built keeps every word as it was.
+fn for_rspirv(words: &[u32]) -> std::borrow::Cow<'_, [u32]> {
+    const OP_EXECUTION_MODE: u32 = 16;
+    const OP_EXECUTION_MODE_ID: u32 = 331;
+    const OP_TYPE_COOPERATIVE_MATRIX_KHR: u32 = 4456;
     let mut at = 5;
-    let mut keep = Vec::new();
-    let mut dropped = false;
+    let mut out: Option<Vec<u32>> = None;
     while at < words.len() {
         let count = (words[at] >> 16) as usize;
         if count == 0 || at + count > words.len() {
             // Malformed: let the loader report it on the untouched words.
             return std::borrow::Cow::Borrowed(words);
         }
-        if words[at] & 0xffff == TYPE_COOPERATIVE_MATRIX_KHR {
-            if !dropped {
-                keep.extend_from_slice(&words[..at]);
-                dropped = true;
+        let op = words[at] & 0xffff;
+        if op == OP_TYPE_COOPERATIVE_MATRIX_KHR || op == OP_EXECUTION_MODE_ID {
+            let o = out.get_or_insert_with(|| words[..at].to_vec());
+            if op == OP_EXECUTION_MODE_ID {
+                o.push((words[at] & 0xffff_0000) | OP_EXECUTION_MODE);
+                o.extend_from_slice(&words[at + 1..at + count]);
             }
-        } else if dropped {
-            keep.extend_from_slice(&words[at..at + count]);
+        } else if let Some(o) = out.as_mut() {
+            o.extend_from_slice(&words[at..at + count]);
         }
         at += count;
     }
-    if dropped {
-        std::borrow::Cow::Owned(keep)
-    } else {
-        std::borrow::Cow::Borrowed(words)
+    match out {
+        Some(o) => std::borrow::Cow::Owned(o),
+        None => std::borrow::Cow::Borrowed(words),
     }
 }
 

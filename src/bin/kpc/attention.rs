@@ -70,6 +70,9 @@ pub struct Args {
     /// Prefill kernel.
     #[arg(long, value_enum, default_value = "auto")]
     prefill_kernel: PrefillArg,
+    /// Query rows per workgroup of the cooperative-matrix prefill (AttentionOptions::coop_rows).
+    #[arg(long)]
+    coop_rows: Option<u32>,
     /// Times the prefill runs (the cache is rolled back in between); the bench line reports the
     /// median.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -241,6 +244,9 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             "--q-scale {} is not a finite number",
             args.q_scale
         )));
+    }
+    if let Some(r) = args.coop_rows {
+        options.coop_rows = r;
     }
     if let Some(w) = args.workgroups {
         options.decode_workgroups = w;
