@@ -51,6 +51,7 @@
 #define NQ (SPREAD ? 1 : GROUP)
 #define PER_X (SPREAD ? GROUP : 1)
 #define W_CACHED 1024
+#define COMBINE_UNROLL 8  // splits in flight per slice when combining
 #define SLICES (LOCAL_SIZE / 32)
 #define PER_LANE ((HEAD_DIM + 31) / 32)
 
@@ -388,13 +389,28 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
         total = red2[0];
         barrier(CLK_LOCAL_MEM_FENCE);
         float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        for (uint s = slice; s < splits; s += SLICES) {
-            float wt = s < W_CACHED ? w[s] : exp(part_ml[(first + s) * 2] - mx);
+        // COMBINE_UNROLL splits per slice at a time, all loaded before any is used: the partials
+        // are volatile (read from L2), and one split per trip cost an L2 round trip each, which
+        // made the combination the largest fixed cost of a step (BENCHMARKS.md, issue 7).
+        for (uint s0 = slice; s0 < splits; s0 += SLICES * COMBINE_UNROLL) {
+            float wt[COMBINE_UNROLL];
+            float x[COMBINE_UNROLL * 8];
 #pragma unroll
-            for (uint i = 0; i < PER_LANE; i++) {
-                uint d = sl + 32 * i;
-                if (d < HEAD_DIM) {
-                    sum[i] += wt * part_o[(first + s) * HEAD_DIM + d];
+            for (uint u = 0; u < COMBINE_UNROLL; u++) {
+                uint s = s0 + u * SLICES;
+                uint at = min(s, splits - 1);  // a valid split to load; weighted 0 past the end
+                wt[u] = s >= splits ? 0.0f : s < W_CACHED ? w[s] : exp(part_ml[(first + s) * 2] - mx);
+#pragma unroll
+                for (uint i = 0; i < PER_LANE; i++) {
+                    uint d = min(sl + 32 * i, (uint)HEAD_DIM - 1);
+                    x[u * 8 + i] = part_o[(first + at) * HEAD_DIM + d];
+                }
+            }
+#pragma unroll
+            for (uint u = 0; u < COMBINE_UNROLL; u++) {
+#pragma unroll
+                for (uint i = 0; i < PER_LANE; i++) {
+                    sum[i] += wt[u] * x[u * 8 + i];
                 }
             }
         }

@@ -57,6 +57,7 @@ const uint MAX_U_CPL = 64u;                           // U * CPL, with CPL = VAL
 const uint W_CACHED = 1024u;                          // split weights the combination keeps shared
 const uint SLICES = gl_WorkGroupSize.x / 32u;
 const uint PER_LANE = (HEAD_DIM + 31u) / 32u;         // at most 8
+const uint COMBINE_UNROLL = 8u;                       // splits in flight per slice when combining
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };                // [B][Hq][D]
 layout(std430, set = 0, binding = 1) buffer K { uvec4 k[]; };                         // [B][Hkv][cap][D]
@@ -338,12 +339,24 @@ void main() {
         [[unroll]] for (uint i = 0u; i < 8u; i++) {
             sum[i] = 0.0;
         }
-        for (uint s = slice; s < splits; s += SLICES) {
-            float wt = s < W_CACHED ? w[s] : exp(part_ml[(first + s) * 2u] - mx);
-            [[unroll]] for (uint i = 0u; i < PER_LANE; i++) {
-                uint d = sl + 32u * i;
-                if (d < HEAD_DIM) {
-                    sum[i] += wt * part_o[(first + s) * HEAD_DIM + d];
+        // COMBINE_UNROLL splits per slice at a time, all loaded before any is used: the partials
+        // are coherent (read from L2), and one split per trip cost an L2 round trip each, which
+        // made the combination the largest fixed cost of a step (BENCHMARKS.md, issue 7).
+        for (uint s0 = slice; s0 < splits; s0 += SLICES * COMBINE_UNROLL) {
+            float wt[COMBINE_UNROLL];
+            float x[COMBINE_UNROLL * 8u];
+            [[unroll]] for (uint u = 0u; u < COMBINE_UNROLL; u++) {
+                uint s = s0 + u * SLICES;
+                uint at = min(s, splits - 1u);  // a valid split to load; weighted 0 past the end
+                wt[u] = s >= splits ? 0.0 : s < W_CACHED ? w[s] : exp(part_ml[(first + s) * 2u] - mx);
+                [[unroll]] for (uint i = 0u; i < PER_LANE; i++) {
+                    uint d = min(sl + 32u * i, HEAD_DIM - 1u);
+                    x[u * 8u + i] = part_o[(first + at) * HEAD_DIM + d];
+                }
+            }
+            [[unroll]] for (uint u = 0u; u < COMBINE_UNROLL; u++) {
+                [[unroll]] for (uint i = 0u; i < PER_LANE; i++) {
+                    sum[i] += wt[u] * x[u * 8u + i];
                 }
             }
         }

@@ -33,6 +33,7 @@
 layout(local_size_x = 128, local_size_x_id = 0) in;  // 32 * subgroups: 128 or 256
 layout(constant_id = 3) const uint HEAD_DIM = 128;  // a multiple of 8 * SG (whole fetches), at most 128
 layout(constant_id = 6) const uint PREFETCH = 1;    // 1: the next K/V tile is loaded during this one
+layout(constant_id = 7) const uint Q_SHARED = 0;    // 1: Q stays in shared memory, not registers
 
 const uint SG = gl_WorkGroupSize.x / 32u;  // subgroups, 16 query rows each
 const uint BQ = 16u * SG;          // query rows per workgroup
@@ -42,8 +43,10 @@ const uint RS = HEAD_DIM / 8u + 1u;  // uvec4s per staged row of Q, K or V (8 ha
 const uint SS = 9u;                // uvec4s per row of a score block: 32 f32 + 4 of padding
 const uint KV = 0u;                // where K rows [0, 32) and V rows [32, 64) of a tile are staged
 const uint SC = 2u * BK * RS;      // where the subgroups' score blocks start
-// The Q tile needs BQ * RS, which is less for up to 8 subgroups and HEAD_DIM up to 128.
-const uint SMEM = SC + SG * 16u * SS;
+// Where the Q tile is staged: from 0 when it is only staged (it needs BQ * RS, which is less than
+// the rest for up to 8 subgroups and HEAD_DIM up to 128), past the score blocks when it stays.
+const uint QOFF = Q_SHARED * (SC + SG * 16u * SS);
+const uint SMEM = SC + SG * 16u * SS + Q_SHARED * BQ * RS;
 const uint CHUNKS = BK * (HEAD_DIM / 8u) / gl_WorkGroupSize.x;  // uvec4s of K (and of V) per invocation per tile
 const float TAU = 8.0;             // lazy-rescale threshold (log2 of the largest weight)
 const float NONE = -1.0e30;        // reference max of a row that has seen no key yet
@@ -115,12 +118,16 @@ void main() {
             vec4 z = q4[at + 1u] * qs;
             w = uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw), packHalf2x16(z.xy), packHalf2x16(z.zw));
         }
-        kvq[r * RS + c] = w;
+        kvq[QOFF + r * RS + c] = w;
     }
     barrier();
+    // Q's matrices: held for the whole walk (registers), or loaded from shared memory where used.
     MatA qa[DM];
-    [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
-        coopMatLoad(qa[kk], kvq, sg * 16u * RS + 2u * kk, RS, gl_CooperativeMatrixLayoutRowMajor);
+    if (Q_SHARED == 0u) {
+        [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
+            coopMatLoad(qa[kk], kvq, QOFF + sg * 16u * RS + 2u * kk, RS,
+                        gl_CooperativeMatrixLayoutRowMajor);
+        }
     }
     MatC acc[DM];
     [[unroll]] for (uint c = 0u; c < DM; c++) {
@@ -167,11 +174,18 @@ void main() {
             s[0] = MatC(0.0);
             s[1] = MatC(0.0);
             [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
+                MatA qk;
+                if (Q_SHARED != 0u) {
+                    coopMatLoad(qk, kvq, QOFF + sg * 16u * RS + 2u * kk, RS,
+                                gl_CooperativeMatrixLayoutRowMajor);
+                } else {
+                    qk = qa[kk];
+                }
                 [[unroll]] for (uint n = 0u; n < 2u; n++) {
                     MatB kb;
                     coopMatLoad(kb, kvq, KV + n * 16u * RS + 2u * kk, RS,
                                 gl_CooperativeMatrixLayoutColumnMajor);
-                    s[n] = coopMatMulAdd(qa[kk], kb, s[n]);
+                    s[n] = coopMatMulAdd(qk, kb, s[n]);
                 }
             }
             [[unroll]] for (uint n = 0u; n < 2u; n++) {

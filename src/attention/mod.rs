@@ -381,8 +381,15 @@ pub enum PrefillKernel {
 /// `subgroups` subgroups: a 32-key tile of K and of V (rows padded by 8 halves) and a 16 x 36 f32
 /// score block per subgroup (the Q tile, staged first, fits in the same space).
 const fn coop_prefill_shared(d: usize, subgroups: usize) -> usize {
-    2 * 32 * (d / 8 + 1) * 16 + subgroups * 16 * 9 * 16
+    2 * 32 * (d / 8 + 1) * 16
+        + subgroups * 16 * 9 * 16
+        + COOP_Q_SHARED as usize * subgroups * 16 * (d / 8 + 1) * 16
 }
+
+/// Cooperative prefill: whether each subgroup's Q matrices stay in shared memory (1) rather than
+/// registers (0), and whether the next K/V tile is fetched while the current one is computed.
+const COOP_Q_SHARED: u32 = 0;
+const COOP_PREFETCH: u32 = 1;
 
 /// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype`; the
 /// error says why not.
@@ -715,7 +722,9 @@ impl Attention {
         };
         let prefill_kind = match options.prefill {
             PrefillKernel::Generic => PrefillKernel::Generic,
-            PrefillKernel::Auto if coop_prefill_fits(device, shape, dtype, options.coop_rows).is_ok() => {
+            PrefillKernel::Auto
+                if coop_prefill_fits(device, shape, dtype, options.coop_rows).is_ok() =>
+            {
                 PrefillKernel::Cooperative
             }
             PrefillKernel::Auto if tiled_prefill_fits(device, shape).is_ok() => {
@@ -832,7 +841,8 @@ impl Attention {
                 SpecConstants::new()
                     .with(0, SpecValue::U32(2 * options.coop_rows))
                     .with(3, d)
-                    .with(6, SpecValue::U32(1)),
+                    .with(6, SpecValue::U32(COOP_PREFETCH))
+                    .with(7, SpecValue::U32(COOP_Q_SHARED)),
             ),
             PrefillKernel::Tiled => (
                 "attn_prefill_tiled",

@@ -243,6 +243,10 @@ pub struct KernelInfo {
     /// handed it (VK_EXT_pipeline_creation_feedback's APPLICATION_PIPELINE_CACHE_HIT). `None` where
     /// the driver does not say.
     pub driver_cache_hit: Option<bool>,
+    /// What the driver reports about the compiled kernel, as (name, value) pairs: registers per
+    /// invocation, shared memory, instruction counts and the like (Vulkan:
+    /// VK_KHR_pipeline_executable_properties). Empty where the driver reports nothing.
+    pub driver_stats: Vec<(String, String)>,
 }
 
 /// Counters a compute backend keeps about itself (the cache layer keeps its own).

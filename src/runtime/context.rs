@@ -380,6 +380,12 @@ impl Kernel {
         self.obj.info().driver_cache_hit
     }
 
+    /// What the driver reports about the compiled kernel (registers, shared memory, ...), as
+    /// (name, value) pairs; empty where it reports nothing.
+    pub fn driver_stats(&self) -> &[(String, String)] {
+        &self.obj.info().driver_stats
+    }
+
     /// The workgroup counts that cover `global` work-items per dimension with this kernel's local
     /// size (rounded up; the kernel bounds-checks the tail).
     ///

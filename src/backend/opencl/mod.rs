@@ -311,6 +311,7 @@ impl OpenClBackend {
                 push_constant_bytes: push as u32,
                 local_size: meta.reqd_local_size,
                 driver_cache_hit: None,
+                driver_stats: Vec::new(),
             },
             slots,
         ))

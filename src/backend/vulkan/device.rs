@@ -44,6 +44,8 @@ pub(crate) struct Device {
     pub(crate) timestamp_valid_bits: u32,
     pub(crate) feedback: bool,
     pub(crate) spirv_1_4_ext: bool,
+    /// Where the driver reports statistics about compiled kernels: its entry points.
+    pub(crate) executable_stats: Option<ash::khr::pipeline_executable_properties::Device>,
     pub(crate) identity: CacheIdentity,
     /// Per-batch objects of finished batches, kept for the next ones (see [`Recycled`]).
     pub(crate) recycled: parking_lot::Mutex<Recycled>,
@@ -121,7 +123,12 @@ impl Device {
             .cooperative_matrix(pd.cooperative_matrix);
         let mut memory_model = vk::PhysicalDeviceVulkanMemoryModelFeatures::default()
             .vulkan_memory_model(pd.cooperative_matrix);
+        let mut stats = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
+            .pipeline_executable_info(pd.executable_stats);
         let mut extensions = Vec::new();
+        if pd.executable_stats {
+            extensions.push(vk::KHR_PIPELINE_EXECUTABLE_PROPERTIES_NAME.as_ptr());
+        }
         if pd.cooperative_matrix {
             extensions.push(vk::KHR_COOPERATIVE_MATRIX_NAME.as_ptr());
         }
@@ -144,6 +151,9 @@ impl Device {
             // Discovery set `cooperative_matrix` only for a 1.2+ device reporting both features.
             info = info.push_next(&mut coop).push_next(&mut memory_model);
         }
+        if pd.executable_stats {
+            info = info.push_next(&mut stats);
+        }
         // SAFETY: `info` and its chain live across the call; every feature enabled was reported
         // supported above (by discovery, for the cooperative-matrix pair); the extensions were
         // enumerated on this device.
@@ -153,6 +163,9 @@ impl Device {
         let queue = unsafe { raw.get_device_queue(queue_family, 0) };
         // SAFETY: `pd.raw` belongs to this live instance.
         let memory = unsafe { inst.get_physical_device_memory_properties(pd.raw) };
+        let executable_stats = pd
+            .executable_stats
+            .then(|| ash::khr::pipeline_executable_properties::Device::new(inst, &raw));
         Ok(Device {
             _instance: instance.clone(),
             raw,
@@ -164,6 +177,7 @@ impl Device {
             timestamp_valid_bits: pd.timestamp_valid_bits,
             feedback: pd.feedback,
             spirv_1_4_ext: pd.spirv_1_4_ext,
+            executable_stats,
             identity: CacheIdentity {
                 vendor_id: pd.vendor_id,
                 device_id: pd.device_id,

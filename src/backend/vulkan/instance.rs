@@ -111,7 +111,7 @@ fn driver_version_string(vendor_id: u32, v: u32) -> String {
     }
 }
 
-fn c_chars(s: &[std::ffi::c_char]) -> String {
+pub(crate) fn c_chars(s: &[std::ffi::c_char]) -> String {
     let bytes: Vec<u8> = s
         .iter()
         .take_while(|c| **c != 0)
@@ -145,6 +145,9 @@ pub(crate) struct PhysicalDevice {
     /// Whether VK_KHR_cooperative_matrix is to be enabled, with the Vulkan memory model its
     /// kernels declare (see `DeviceLimits::cooperative_matrix_f16`).
     pub(crate) cooperative_matrix: bool,
+    /// Whether VK_KHR_pipeline_executable_properties is to be enabled: the driver's statistics
+    /// about each compiled kernel (registers, shared memory, ...), reported in `KernelInfo`.
+    pub(crate) executable_stats: bool,
 }
 
 fn has_extension(exts: &[vk::ExtensionProperties], name: &CStr) -> bool {
@@ -190,6 +193,8 @@ fn describe(
     let coop_ext = has_extension(&exts, vk::KHR_COOPERATIVE_MATRIX_NAME);
     let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
     let mut memory_model = vk::PhysicalDeviceVulkanMemoryModelFeatures::default();
+    let stats_ext = has_extension(&exts, vk::KHR_PIPELINE_EXECUTABLE_PROPERTIES_NAME);
+    let mut stats = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
     if at_least(vk::API_VERSION_1_1) {
         let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut subgroup);
         if driver_known {
@@ -205,8 +210,11 @@ fn describe(
         if coop_ext {
             f2 = f2.push_next(&mut coop);
         }
-        // SAFETY: as above, for vkGetPhysicalDeviceFeatures2; the cooperative-matrix struct is
-        // chained only where the device lists its extension.
+        if stats_ext {
+            f2 = f2.push_next(&mut stats);
+        }
+        // SAFETY: as above, for vkGetPhysicalDeviceFeatures2; the extension structs are chained
+        // only where the device lists their extensions.
         unsafe { inst.get_physical_device_features2(raw, &mut f2) };
     }
     let cooperative_matrix_f16 = coop_ext
@@ -332,6 +340,7 @@ fn describe(
         feedback_ext: feedback && api_version < vk::API_VERSION_1_3,
         spirv_1_4_ext: has_extension(&exts, vk::KHR_SPIRV_1_4_NAME),
         cooperative_matrix: cooperative_matrix_f16,
+        executable_stats: stats_ext && stats.pipeline_executable_info == vk::TRUE,
     })
 }
 

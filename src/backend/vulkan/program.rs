@@ -340,6 +340,7 @@ fn create_pipeline(
             push_constant_bytes: entry.push_constant_bytes,
             local_size: entry.local_size_with(spec),
             driver_cache_hit: None,
+            driver_stats: Vec::new(),
         },
         create_time: Duration::ZERO,
     };
@@ -395,6 +396,9 @@ fn create_pipeline(
     if dev.feedback {
         info = info.push_next(&mut fb_info);
     }
+    if dev.executable_stats.is_some() {
+        info = info.flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
+    }
     let start = Instant::now();
     // SAFETY: every handle in `info` is alive; the specialization data matches the module's declared
     // constants (checked by `specialization`); the workgroup size and push constants are within the
@@ -427,5 +431,50 @@ fn create_pipeline(
             .contains(vk::PipelineCreationFeedbackFlags::APPLICATION_PIPELINE_CACHE_HIT)
     });
     p.info.driver_cache_hit = hit;
+    p.info.driver_stats = executable_stats(dev, p.raw);
     Ok((p, hit))
+}
+
+/// The driver's statistics about `pipeline`'s compiled code, "name" or "executable: name" where it
+/// has several executables; empty where the extension is off or a query fails (they only inform).
+fn executable_stats(dev: &Device, pipeline: vk::Pipeline) -> Vec<(String, String)> {
+    use super::instance::c_chars;
+    let Some(ext) = dev.executable_stats.as_ref() else {
+        return Vec::new();
+    };
+    let info = vk::PipelineInfoKHR::default().pipeline(pipeline);
+    // SAFETY: `pipeline` is alive and was created with CAPTURE_STATISTICS on a device with the
+    // extension enabled.
+    let executables = unsafe { ext.get_pipeline_executable_properties(&info) }.unwrap_or_default();
+    let several = executables.len() > 1;
+    let mut out = Vec::new();
+    for (i, e) in executables.iter().enumerate() {
+        let exec = vk::PipelineExecutableInfoKHR::default()
+            .pipeline(pipeline)
+            .executable_index(i as u32);
+        // SAFETY: as above; `i` indexes the executables the driver listed.
+        let stats = unsafe { ext.get_pipeline_executable_statistics(&exec) }.unwrap_or_default();
+        for s in stats {
+            // SAFETY: `format` says which member of the union the driver wrote.
+            let value = unsafe {
+                match s.format {
+                    vk::PipelineExecutableStatisticFormatKHR::BOOL32 => {
+                        (s.value.b32 != 0).to_string()
+                    }
+                    vk::PipelineExecutableStatisticFormatKHR::INT64 => s.value.i64.to_string(),
+                    vk::PipelineExecutableStatisticFormatKHR::UINT64 => s.value.u64.to_string(),
+                    vk::PipelineExecutableStatisticFormatKHR::FLOAT64 => s.value.f64.to_string(),
+                    _ => continue,
+                }
+            };
+            let name = c_chars(&s.name);
+            let name = if several {
+                format!("{}: {name}", c_chars(&e.name))
+            } else {
+                name
+            };
+            out.push((name, value));
+        }
+    }
+    out
 }

@@ -274,6 +274,14 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             k.source().to_string(),
             k.acquire_time().as_secs_f64() * 1e3
         );
+        if !k.driver_stats().is_empty() {
+            let stats: Vec<String> = k
+                .driver_stats()
+                .iter()
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect();
+            println!("    driver: {}", stats.join(", "));
+        }
     }
 
     let rows_q = shape.batch * shape.q_heads;
