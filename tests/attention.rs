@@ -271,6 +271,9 @@ fn prefill_case(
     let attn = Attention::new(ctx, &s, dtype, len + 5, options).unwrap();
     let expect = match options.prefill {
         // Every shape prefill_shapes runs has a head dimension of 64 or 128.
+        PrefillKernel::Auto if coop_capable(ctx) && dtype == KvDtype::F16 => {
+            PrefillKernel::Cooperative
+        }
         PrefillKernel::Auto => PrefillKernel::Tiled,
         k => k,
     };
@@ -498,6 +501,65 @@ fn decode_kernel_choice(ctx: &Context) {
     }
 }
 
+/// Whether the device multiplies fp16 matrices the way the cooperative-matrix prefill needs.
+fn coop_capable(ctx: &Context) -> bool {
+    let l = &ctx.device().limits;
+    l.cooperative_matrix_f16 && l.subgroup_size == Some(32)
+}
+
+/// The cooperative-matrix prefill: where the device has no such matrices (lavapipe, PoCL), asking
+/// for it is a typed error naming what is missing and Auto never picks it; where it has them, it
+/// matches the reference, with 128 and 64 rows per workgroup, head dimensions 128, 64 and 96, and
+/// lengths that end mid-tile. Wrong row counts and f32 K/V are typed errors everywhere.
+fn coop_prefill_choice(ctx: &Context) {
+    let forced = |rows: u32| AttentionOptions {
+        prefill: PrefillKernel::Cooperative,
+        coop_rows: rows,
+        ..AttentionOptions::default()
+    };
+    let s = shape(1, 4, 2, 64);
+    let e = Attention::new(ctx, &s, KvDtype::F32, 64, forced(128)).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("cooperative-matrix")),
+        "{e}"
+    );
+    let e = Attention::new(ctx, &s, KvDtype::F16, 64, forced(100)).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("cooperative-matrix")),
+        "{e}"
+    );
+    if !coop_capable(ctx) {
+        let e = Attention::new(ctx, &s, KvDtype::F16, 64, forced(128)).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("VK_KHR_cooperative_matrix")
+                || m.contains("subgroups of 32")),
+            "{e}"
+        );
+        let auto = Attention::new(ctx, &s, KvDtype::F16, 64, AttentionOptions::default()).unwrap();
+        assert_ne!(auto.prefill_kernel(), PrefillKernel::Cooperative);
+        return;
+    }
+    for (s, rows, len) in [
+        (shape(1, 4, 2, 128), 128, 200),
+        (shape(2, 4, 4, 64), 128, 129),
+        (shape(1, 2, 1, 96), 64, 77),
+        (shape(1, 4, 1, 128), 64, 64),
+    ] {
+        let err = prefill_case(ctx, s, KvDtype::F16, forced(rows), len);
+        assert!(err <= 2e-3, "{s:?} rows {rows} len {len}: error {err:e}");
+    }
+    // D = 96 fits only 64 rows per workgroup: Auto takes those rather than giving up the kernel.
+    let auto = Attention::new(
+        ctx,
+        &shape(1, 2, 1, 96),
+        KvDtype::F16,
+        64,
+        AttentionOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(auto.prefill_kernel(), PrefillKernel::Cooperative);
+}
+
 /// A prompt prefilled in two chunks (the second attending the first's K/V in the cache) gives the
 /// rows of one causal attention, with each prefill kernel.
 fn chunked_prefill(ctx: &Context, dtype: KvDtype, tolerance: f64) {
@@ -607,6 +669,14 @@ macro_rules! backend_tests {
                     return;
                 };
                 decode_kernel_choice(&ctx);
+            }
+
+            #[test]
+            fn coop_prefill_is_chosen_per_device() {
+                let Some(ctx) = $context(concat!(stringify!($backend), "_coop_prefill")) else {
+                    return;
+                };
+                coop_prefill_choice(&ctx);
             }
 
             #[test]

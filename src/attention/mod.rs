@@ -520,6 +520,8 @@ pub struct AttentionOptions {
     /// or one workgroup per KV head serving all of its query heads (`false`).
     pub decode_spread: bool,
     /// Query rows per workgroup of the cooperative-matrix prefill, 16 per subgroup: 64 or 128.
+    /// 128 (the default) was 11 to 28% faster on an H200 at L = 2k to 16k (BENCHMARKS.md); with
+    /// [`PrefillKernel::Auto`], 64 is used where only it fits the head dimension.
     pub coop_rows: u32,
     /// Query rows per workgroup of the generic prefill.
     pub block_q: u32,
@@ -538,7 +540,7 @@ impl Default for AttentionOptions {
             decode_local_size: 128,
             decode_rows: 4,
             decode_spread: false,
-            coop_rows: 64,
+            coop_rows: 128,
             block_q: 8,
             block_k: 32,
         }
@@ -720,6 +722,14 @@ impl Attention {
                 })?,
             ),
         };
+        let mut options = options;
+        if options.prefill == PrefillKernel::Auto
+            && coop_prefill_fits(device, shape, dtype, options.coop_rows).is_err()
+            && coop_prefill_fits(device, shape, dtype, 64).is_ok()
+        {
+            // 64 rows per workgroup also take head dimensions that are multiples of 32 only.
+            options.coop_rows = 64;
+        }
         let prefill_kind = match options.prefill {
             PrefillKernel::Generic => PrefillKernel::Generic,
             PrefillKernel::Auto
