@@ -17,6 +17,7 @@
 // kpc-spec-constant 8 NV_SHUFFLE
 // kpc-spec-constant 9 ROWS
 // kpc-spec-constant 10 SPREAD
+// kpc-spec-constant 11 PREFETCH
 #ifndef LOCAL_SIZE
 #define LOCAL_SIZE 128
 #endif
@@ -38,6 +39,9 @@
 #ifndef SPREAD
 #define SPREAD 0
 #endif
+#ifndef PREFETCH
+#define PREFETCH 1
+#endif
 #ifndef NV_SHUFFLE
 #define NV_SHUFFLE 0
 #endif
@@ -49,6 +53,21 @@
 #define RG (LOCAL_SIZE / LANES)
 #define U ROWS
 #define NQ (SPREAD ? 1 : GROUP)
+
+// Rows base + u * RG + rg (u < U) of this KV head into KW/VW, as this lane's chunks; rows past jc
+// load row jc - 1 (they are masked out of the softmax). Needs base < jc. A macro, not a function,
+// so that the private arrays stay in registers.
+#define LOAD_ROWS(KW, VW, BASE)                                         \
+    do {                                                                \
+        _Pragma("unroll") for (uint u_ = 0; u_ < U; u_++) {             \
+            uint j_ = min((BASE) + u_ * RG + rg, jc - 1);               \
+            uint r_ = (row_base + j_) * ROW_CHUNKS + lane;              \
+            _Pragma("unroll") for (uint i_ = 0; i_ < CPL; i_++) {       \
+                KW[u_ * CPL + i_] = k[r_ + i_ * LANES];                 \
+                VW[u_ * CPL + i_] = v[r_ + i_ * LANES];                 \
+            }                                                           \
+        }                                                               \
+    } while (0)
 #define PER_X (SPREAD ? GROUP : 1)
 #define W_CACHED 1024
 #define COMBINE_UNROLL 8  // splits in flight per slice when combining
@@ -136,18 +155,19 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
         l[g] = 0.0f;
     }
 
+    uint4 kw[U * CPL];
+    uint4 vw[U * CPL];
+    uint4 kp[U * CPL];
+    uint4 vp[U * CPL];
+    if (PREFETCH && j0 < jc) {
+        LOAD_ROWS(kw, vw, j0);
+    }
     for (uint base = j0; base < jc; base += RG * U) {
-        uint4 kw[U * CPL];
-        uint4 vw[U * CPL];
-        #pragma unroll
-        for (uint u = 0; u < U; u++) {
-            uint j = min(base + u * RG + rg, jc - 1);
-            uint r = (row_base + j) * ROW_CHUNKS + lane;
-            #pragma unroll
-            for (uint i = 0; i < CPL; i++) {
-                kw[u * CPL + i] = k[r + i * LANES];
-                vw[u * CPL + i] = v[r + i * LANES];
-            }
+        if (!PREFETCH) {
+            LOAD_ROWS(kw, vw, base);
+        } else if (base + RG * U < jc) {
+            // The next rows are in flight while these are used.
+            LOAD_ROWS(kp, vp, base + RG * U);
         }
         float s[U * NQ];
         #pragma unroll
@@ -218,6 +238,13 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
                 }
             }
             m[g] = mx;
+        }
+        if (PREFETCH) {
+            #pragma unroll
+            for (uint c = 0; c < U * CPL; c++) {
+                kw[c] = kp[c];
+                vw[c] = vp[c];
+            }
         }
     }
 

@@ -39,6 +39,8 @@ layout(constant_id = 10) const uint SPREAD = 0;
 // Id 8 is the OpenCL twin's NV_SHUFFLE (how a row's lanes are summed there); declared here so that
 // both images take the same ids. Subgroup shuffles are core in Vulkan, so it changes nothing.
 layout(constant_id = 8) const uint NV_SHUFFLE = 0;
+// 1: each lane group loads its next U rows before using the current ones (twice the row registers).
+layout(constant_id = 11) const uint PREFETCH = 1;
 
 const uint E = 4u << KV_F16;                          // elements per 16-byte chunk
 const uint ROW_CHUNKS = HEAD_DIM / E;                 // 16-byte chunks per row
@@ -139,6 +141,20 @@ float group_sum(float x, uint tid) {
     return r;
 }
 
+// Rows base + u * RG + rg (u < U) of this KV head, as this lane's chunks; rows past jc load row
+// jc - 1 (they are masked out of the softmax). Needs base < jc.
+void load_rows(out uvec4 kw[MAX_U_CPL], out uvec4 vw[MAX_U_CPL], uint base, uint jc,
+               uint row_base, uint rg, uint lane) {
+    [[unroll]] for (uint u = 0u; u < U; u++) {
+        uint j = min(base + u * RG + rg, jc - 1u);
+        uint r = (row_base + j) * ROW_CHUNKS + lane;
+        [[unroll]] for (uint i = 0u; i < CPL; i++) {
+            kw[u * CPL + i] = k[r + i * LANES];
+            vw[u * CPL + i] = v[r + i * LANES];
+        }
+    }
+}
+
 void main() {
     const uint WG = gl_WorkGroupSize.x;
     uint tid = gl_LocalInvocationID.x;
@@ -178,16 +194,19 @@ void main() {
 
     // The trip count is the same for every invocation, so the shuffles run in uniform control flow;
     // rows past jc load the last valid row and are masked out of the softmax.
+    uvec4 kw[MAX_U_CPL];
+    uvec4 vw[MAX_U_CPL];
+    uvec4 kp[MAX_U_CPL];
+    uvec4 vp[MAX_U_CPL];
+    if (PREFETCH != 0u && j0 < jc) {
+        load_rows(kw, vw, j0, jc, row_base, rg, lane);
+    }
     for (uint base = j0; base < jc; base += RG * U) {
-        uvec4 kw[MAX_U_CPL];
-        uvec4 vw[MAX_U_CPL];
-        [[unroll]] for (uint u = 0u; u < U; u++) {
-            uint j = min(base + u * RG + rg, jc - 1u);
-            uint r = (row_base + j) * ROW_CHUNKS + lane;
-            [[unroll]] for (uint i = 0u; i < CPL; i++) {
-                kw[u * CPL + i] = k[r + i * LANES];
-                vw[u * CPL + i] = v[r + i * LANES];
-            }
+        if (PREFETCH == 0u) {
+            load_rows(kw, vw, base, jc, row_base, rg, lane);
+        } else if (base + RG * U < jc) {
+            // The next rows are in flight while these are used.
+            load_rows(kp, vp, base + RG * U, jc, row_base, rg, lane);
         }
         float s[MAX_U * MAX_GROUP];
         [[unroll]] for (uint u = 0u; u < U; u++) {
@@ -226,6 +245,12 @@ void main() {
                 }
             }
             m[g] = mx;
+        }
+        if (PREFETCH != 0u) {
+            [[unroll]] for (uint c = 0u; c < U * CPL; c++) {
+                kw[c] = kp[c];
+                vw[c] = vp[c];
+            }
         }
     }
 

@@ -86,14 +86,16 @@ fn decode_case(
 }
 
 /// The shapes every backend runs, with each decode kernel: MHA at D = 64 and 128, GQA, B > 1,
-/// L = 1, 7, 33, 1000, with the default chunk and with a small one that makes many splits.
+/// L = 1, 7, 33, 1000, with the default chunk and with a small one that makes many splits; the
+/// vectorized kernel with and without prefetching the next rows, and spread over query heads.
 fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
-    for (kernel, spread) in [
-        (DecodeKernel::Generic, false),
-        (DecodeKernel::Auto, false),
-        (DecodeKernel::Auto, true),
+    for (kernel, spread, prefetch) in [
+        (DecodeKernel::Generic, false, true),
+        (DecodeKernel::Auto, false, true),
+        (DecodeKernel::Auto, false, false),
+        (DecodeKernel::Auto, true, true),
     ] {
-        decode_shapes_with(ctx, dtype, tolerance, kernel, spread);
+        decode_shapes_with(ctx, dtype, tolerance, kernel, spread, prefetch);
     }
 }
 
@@ -103,10 +105,12 @@ fn decode_shapes_with(
     tolerance: f64,
     kernel: DecodeKernel,
     spread: bool,
+    prefetch: bool,
 ) {
     let default = AttentionOptions {
         decode: kernel,
         decode_spread: spread,
+        decode_prefetch: prefetch,
         ..AttentionOptions::default()
     };
     let small = AttentionOptions {
@@ -116,6 +120,7 @@ fn decode_shapes_with(
         block_k: 8,
         decode: kernel,
         decode_spread: spread,
+        decode_prefetch: prefetch,
         ..AttentionOptions::default()
     };
     // Few workgroups: long splits, each row group of the vectorized kernel looping many times.

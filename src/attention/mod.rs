@@ -381,15 +381,8 @@ pub enum PrefillKernel {
 /// `subgroups` subgroups: a 32-key tile of K and of V (rows padded by 8 halves) and a 16 x 36 f32
 /// score block per subgroup (the Q tile, staged first, fits in the same space).
 const fn coop_prefill_shared(d: usize, subgroups: usize) -> usize {
-    2 * 32 * (d / 8 + 1) * 16
-        + subgroups * 16 * 9 * 16
-        + COOP_Q_SHARED as usize * subgroups * 16 * (d / 8 + 1) * 16
+    2 * 32 * (d / 8 + 1) * 16 + subgroups * 16 * 9 * 16
 }
-
-/// Cooperative prefill: whether each subgroup's Q matrices stay in shared memory (1) rather than
-/// registers (0), and whether the next K/V tile is fetched while the current one is computed.
-const COOP_Q_SHARED: u32 = 0;
-const COOP_PREFETCH: u32 = 1;
 
 /// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype`; the
 /// error says why not.
@@ -519,6 +512,9 @@ pub struct AttentionOptions {
     /// the workgroups of one KV head adjacent so that they reread its rows mostly from L2 (`true`),
     /// or one workgroup per KV head serving all of its query heads (`false`).
     pub decode_spread: bool,
+    /// Whether each lane group of the vectorized decode kernel loads its next rows while it uses
+    /// the current ones (twice the registers for rows).
+    pub decode_prefetch: bool,
     /// Query rows per workgroup of the cooperative-matrix prefill, 16 per subgroup: 64 or 128.
     /// 128 (the default) was 11 to 28% faster on an H200 at L = 2k to 16k (BENCHMARKS.md); with
     /// [`PrefillKernel::Auto`], 64 is used where only it fits the head dimension.
@@ -540,6 +536,7 @@ impl Default for AttentionOptions {
             decode_local_size: 128,
             decode_rows: 4,
             decode_spread: false,
+            decode_prefetch: true,
             coop_rows: 128,
             block_q: 8,
             block_k: 32,
@@ -810,7 +807,8 @@ impl Attention {
                     .with(6, SpecValue::U32(v.lanes))
                     .with(7, SpecValue::U32((shape.q_heads / shape.kv_heads) as u32))
                     .with(9, SpecValue::U32(options.decode_rows))
-                    .with(10, SpecValue::U32(u32::from(options.decode_spread)));
+                    .with(10, SpecValue::U32(u32::from(options.decode_spread)))
+                    .with(11, SpecValue::U32(u32::from(options.decode_prefetch)));
                 if ctx.backend() == BackendKind::OpenCl {
                     spec = spec.with(8, SpecValue::U32(u32::from(v.nv_shuffle)));
                 }
@@ -850,9 +848,7 @@ impl Attention {
                 "attn_prefill_coop",
                 SpecConstants::new()
                     .with(0, SpecValue::U32(2 * options.coop_rows))
-                    .with(3, d)
-                    .with(6, SpecValue::U32(COOP_PREFETCH))
-                    .with(7, SpecValue::U32(COOP_Q_SHARED)),
+                    .with(3, d),
             ),
             PrefillKernel::Tiled => (
                 "attn_prefill_tiled",

@@ -94,6 +94,10 @@ pub struct Args {
     /// `true` or `false`; without it, the default.
     #[arg(long)]
     decode_spread: Option<bool>,
+    /// Vectorized decode loads the next rows while using the current ones
+    /// (AttentionOptions::decode_prefetch): `true` or `false`; without it, the default.
+    #[arg(long)]
+    decode_prefetch: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -259,6 +263,9 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     }
     if let Some(s) = args.decode_spread {
         options.decode_spread = s;
+    }
+    if let Some(p) = args.decode_prefetch {
+        options.decode_prefetch = p;
     }
     let attn = Attention::new(&ctx, &shape, dtype, total, options)?;
     let (copy_bw, copy_kernel) = copy_bandwidth(&ctx)?;
