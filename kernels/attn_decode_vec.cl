@@ -40,7 +40,7 @@
 #define SPREAD 0
 #endif
 #ifndef PREFETCH
-#define PREFETCH 1
+#define PREFETCH 0
 #endif
 #ifndef NV_SHUFFLE
 #define NV_SHUFFLE 0

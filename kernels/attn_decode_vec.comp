@@ -40,7 +40,7 @@ layout(constant_id = 10) const uint SPREAD = 0;
 // both images take the same ids. Subgroup shuffles are core in Vulkan, so it changes nothing.
 layout(constant_id = 8) const uint NV_SHUFFLE = 0;
 // 1: each lane group loads its next U rows before using the current ones (twice the row registers).
-layout(constant_id = 11) const uint PREFETCH = 1;
+layout(constant_id = 11) const uint PREFETCH = 0;
 
 const uint E = 4u << KV_F16;                          // elements per 16-byte chunk
 const uint ROW_CHUNKS = HEAD_DIM / E;                 // 16-byte chunks per row
@@ -99,14 +99,42 @@ float elem(uvec4 c, uint t) {
 }
 
 // The 16-byte chunk that stores 8 (f16) or 4 (f32) consecutive floats of `src` from `at`.
+// x as an f16 bit pattern, rounded to nearest even. Integer operations, not packHalf2x16: NVIDIA's
+// compiler folded unpackHalf2x16(packHalf2x16(x)) back to x, so the appended position was attended
+// unrounded while the cache stored it rounded (found by the attention tests on an H200).
+uint half_rne(float x) {
+    uint b = floatBitsToUint(x);
+    uint sign = (b >> 16u) & 0x8000u;
+    uint a = b & 0x7fffffffu;
+    if (a >= 0x7f800000u) {  // infinity, NaN (kept quiet)
+        return sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u);
+    }
+    if (a >= 0x477ff000u) {  // 65520 and up round to infinity
+        return sign | 0x7c00u;
+    }
+    if (a < 0x38800000u) {  // below 2^-14: a subnormal half, x * 2^24 rounded (exact in f32)
+        return sign | uint(roundEven(uintBitsToFloat(a) * 16777216.0));
+    }
+    uint h = (a - 0x38000000u) >> 13u;  // rebias the exponent, keep 10 mantissa bits
+    uint rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u) != 0u)) {
+        h += 1u;
+    }
+    return sign | h;
+}
+
+uint pack_rne(float lo, float hi) {
+    return half_rne(lo) | (half_rne(hi) << 16u);
+}
+
 uvec4 pack_new(bool is_k, uint at) {
     float x[8];
     [[unroll]] for (uint t = 0u; t < E; t++) {
         x[t] = is_k ? new_k[at + t] : new_v[at + t];
     }
     if (KV_F16 != 0u) {
-        return uvec4(packHalf2x16(vec2(x[0], x[1])), packHalf2x16(vec2(x[2], x[3])),
-                     packHalf2x16(vec2(x[4], x[5])), packHalf2x16(vec2(x[6], x[7])));
+        return uvec4(pack_rne(x[0], x[1]), pack_rne(x[2], x[3]), pack_rne(x[4], x[5]),
+                     pack_rne(x[6], x[7]));
     }
     return uvec4(floatBitsToUint(x[0]), floatBitsToUint(x[1]), floatBitsToUint(x[2]),
                  floatBitsToUint(x[3]));

@@ -276,7 +276,7 @@ fn prefill_case(
     let attn = Attention::new(ctx, &s, dtype, len + 5, options).unwrap();
     let expect = match options.prefill {
         // Every shape prefill_shapes runs has a head dimension of 64 or 128.
-        PrefillKernel::Auto if coop_capable(ctx) && dtype == KvDtype::F16 => {
+        PrefillKernel::Auto if picks_coop(ctx, dtype, options.prefill) => {
             PrefillKernel::Cooperative
         }
         PrefillKernel::Auto => PrefillKernel::Tiled,
@@ -330,8 +330,14 @@ fn prefill_shapes_with(ctx: &Context, dtype: KvDtype, kernel: PrefillKernel) {
         (shape(1, 2, 1, 64), default, 1000),
     ] {
         let err = prefill_case(ctx, s, dtype, options, len);
+        // Against K/V as stored; the cooperative-matrix kernel also rounds Q and P to fp16.
+        let tolerance = if picks_coop(ctx, dtype, options.prefill) {
+            2e-3
+        } else {
+            1e-5
+        };
         assert!(
-            err <= 1e-5,
+            err <= tolerance,
             "{dtype:?} {s:?} {options:?} L={len}: prefill error {err:e}"
         );
     }
@@ -506,6 +512,14 @@ fn decode_kernel_choice(ctx: &Context) {
     }
 }
 
+/// Whether `kernel` resolves to the cooperative-matrix prefill here, for the head dimensions 64
+/// and 128 these tests use.
+fn picks_coop(ctx: &Context, dtype: KvDtype, kernel: PrefillKernel) -> bool {
+    matches!(kernel, PrefillKernel::Auto | PrefillKernel::Cooperative)
+        && coop_capable(ctx)
+        && dtype == KvDtype::F16
+}
+
 /// Whether the device multiplies fp16 matrices the way the cooperative-matrix prefill needs.
 fn coop_capable(ctx: &Context) -> bool {
     let l = &ctx.device().limits;
@@ -613,6 +627,11 @@ fn chunked_prefill(ctx: &Context, dtype: KvDtype, tolerance: f64) {
             }
         }
         let err = relative_error(&got, &want);
+        let tolerance = if picks_coop(ctx, dtype, kernel) {
+            tolerance.max(2e-3)
+        } else {
+            tolerance
+        };
         assert!(
             err <= tolerance,
             "{dtype:?} {kernel:?}: chunked prefill error {err:e}"

@@ -513,7 +513,9 @@ pub struct AttentionOptions {
     /// or one workgroup per KV head serving all of its query heads (`false`).
     pub decode_spread: bool,
     /// Whether each lane group of the vectorized decode kernel loads its next rows while it uses
-    /// the current ones (twice the registers for rows).
+    /// the current ones (twice the registers for rows). Off by default: on an H200 it cost 3 to
+    /// 11% at MHA shapes and 25 to 42% at Hkv=8 (74 -> 102 and 127 -> 168 registers;
+    /// BENCHMARKS.md).
     pub decode_prefetch: bool,
     /// Query rows per workgroup of the cooperative-matrix prefill, 16 per subgroup: 64 or 128.
     /// 128 (the default) was 11 to 28% faster on an H200 at L = 2k to 16k (BENCHMARKS.md); with
@@ -536,7 +538,7 @@ impl Default for AttentionOptions {
             decode_local_size: 128,
             decode_rows: 4,
             decode_spread: false,
-            decode_prefetch: true,
+            decode_prefetch: false,
             coop_rows: 128,
             block_q: 8,
             block_k: 32,
