@@ -86,6 +86,11 @@ pub fn spirv_image(name: &str) -> Result<DeviceImage> {
     DeviceImage::spirv(k.name, k.spirv)
 }
 
+/// SPIR-V kernels with no OpenCL twin: they need a feature OpenCL C has no portable form of
+/// (`attn_prefill_coop`: cooperative matrices). Every other SPIR-V kernel has an OpenCL C image of
+/// the same name and interface.
+pub const VULKAN_ONLY: &[&str] = &["attn_prefill_coop"];
+
 /// A shipped OpenCL C kernel image.
 #[derive(Debug, Clone, Copy)]
 pub struct ShippedOpenCl {
