@@ -83,12 +83,38 @@ inline float shfl_xor(float x, int off)
 }
 #endif
 
+// x as an f16 bit pattern, rounded to nearest even, with integer operations: the step must attend
+// the appended position as the cache stores it, and NVIDIA's Vulkan compiler folded a
+// pack-then-unpack pair back to the unrounded value (the GLSL twin says more); this keeps both
+// backends on one conversion that no compiler folds.
+inline uint half_rne(float x)
+{
+    uint b = as_uint(x);
+    uint sign = (b >> 16) & 0x8000u;
+    uint a = b & 0x7fffffffu;
+    if (a >= 0x7f800000u) {  // infinity, NaN (kept quiet)
+        return sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u);
+    }
+    if (a >= 0x477ff000u) {  // 65520 and up round to infinity
+        return sign | 0x7c00u;
+    }
+    if (a < 0x38800000u) {  // below 2^-14: a subnormal half, x * 2^24 rounded (exact in f32)
+        return sign | (uint)rint(as_float(a) * 16777216.0f);
+    }
+    uint h = (a - 0x38000000u) >> 13;  // rebias the exponent, keep 10 mantissa bits
+    uint rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u) != 0u)) {
+        h += 1u;
+    }
+    return sign | h;
+}
+
 inline uint4 pack_new(global const float *src, uint at)
 {
 #if KV_F16
-    uint4 c;
-    vstore_half8_rte(vload8(0, src + at), 0, (private half *)&c);
-    return c;
+    float8 x = vload8(0, src + at);
+    return (uint4)(half_rne(x.s0) | (half_rne(x.s1) << 16), half_rne(x.s2) | (half_rne(x.s3) << 16),
+                   half_rne(x.s4) | (half_rne(x.s5) << 16), half_rne(x.s6) | (half_rne(x.s7) << 16));
 #else
     return as_uint4(vload4(0, src + at));
 #endif

@@ -20,6 +20,10 @@ pub struct ShippedSpirv {
     pub source: &'static str,
     /// The committed SPIR-V.
     pub spirv: &'static [u8],
+    /// Whether it multiplies cooperative matrices: it runs only where
+    /// [`DeviceLimits::cooperative_matrix_f16`](crate::backend::DeviceLimits) holds, and it has no
+    /// OpenCL C twin (OpenCL C has no portable form of them).
+    pub cooperative_matrix: bool,
 }
 
 /// Every shipped SPIR-V kernel.
@@ -28,46 +32,55 @@ pub const SPIRV: &[ShippedSpirv] = &[
         name: "saxpy",
         source: "kernels/saxpy.comp",
         spirv: include_bytes!("../kernels/saxpy.spv"),
+        cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "copy",
         source: "kernels/copy.comp",
         spirv: include_bytes!("../kernels/copy.spv"),
+        cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_decode",
         source: "kernels/attn_decode.comp",
         spirv: include_bytes!("../kernels/attn_decode.spv"),
+        cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_decode_vec",
         source: "kernels/attn_decode_vec.comp",
         spirv: include_bytes!("../kernels/attn_decode_vec.spv"),
+        cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_append",
         source: "kernels/attn_append.comp",
         spirv: include_bytes!("../kernels/attn_append.spv"),
+        cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_reduce",
         source: "kernels/attn_reduce.comp",
         spirv: include_bytes!("../kernels/attn_reduce.spv"),
+        cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_prefill_tiled",
         source: "kernels/attn_prefill_tiled.comp",
         spirv: include_bytes!("../kernels/attn_prefill_tiled.spv"),
+        cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_prefill_coop",
         source: "kernels/attn_prefill_coop.comp",
         spirv: include_bytes!("../kernels/attn_prefill_coop.spv"),
+        cooperative_matrix: true,
     },
     ShippedSpirv {
         name: "attn_prefill",
         source: "kernels/attn_prefill.comp",
         spirv: include_bytes!("../kernels/attn_prefill.spv"),
+        cooperative_matrix: false,
     },
 ];
 
@@ -85,11 +98,6 @@ pub fn spirv_image(name: &str) -> Result<DeviceImage> {
     })?;
     DeviceImage::spirv(k.name, k.spirv)
 }
-
-/// SPIR-V kernels with no OpenCL twin: they need a feature OpenCL C has no portable form of
-/// (`attn_prefill_coop`: cooperative matrices). Every other SPIR-V kernel has an OpenCL C image of
-/// the same name and interface.
-pub const VULKAN_ONLY: &[&str] = &["attn_prefill_coop"];
 
 /// A shipped OpenCL C kernel image.
 #[derive(Debug, Clone, Copy)]

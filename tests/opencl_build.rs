@@ -157,23 +157,17 @@ fn kernels_and_images_kpc_cannot_use_are_typed_errors() {
 fn both_backends_ship_the_same_kernels() {
     // Each shipped OpenCL image mirrors its SPIR-V twin: the same entry point, buffers (count and
     // read-only-ness, in order), push-constant bytes, default workgroup size and spec-constant ids.
-    // Only the kernels in VULKAN_ONLY have no twin.
+    // Only the cooperative-matrix kernels have no twin.
     let Some(ctx) = opencl_context("both_backends_ship_the_same_kernels") else {
         return;
     };
     let names: Vec<&str> = kpc::kernels::OPENCL.iter().map(|k| k.name).collect();
     let spirv: Vec<&str> = kpc::kernels::SPIRV
         .iter()
+        .filter(|k| !k.cooperative_matrix)
         .map(|k| k.name)
-        .filter(|n| !kpc::kernels::VULKAN_ONLY.contains(n))
         .collect();
     assert_eq!(names, spirv);
-    for only in kpc::kernels::VULKAN_ONLY {
-        assert!(
-            kpc::kernels::SPIRV.iter().any(|k| k.name == *only),
-            "{only} is listed as Vulkan-only but not shipped"
-        );
-    }
     for name in names {
         let image = opencl_image(name).unwrap();
         let k = ctx

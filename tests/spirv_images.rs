@@ -194,7 +194,13 @@ fn committed_spirv_is_fresh() {
     std::fs::create_dir_all(&out).unwrap();
     for k in SPIRV {
         let source = std::fs::read_to_string(root.join(k.source)).unwrap();
-        if source.contains("GL_KHR_cooperative_matrix") {
+        assert_eq!(
+            source.contains("GL_KHR_cooperative_matrix"),
+            k.cooperative_matrix,
+            "{}: ShippedSpirv::cooperative_matrix disagrees with its source",
+            k.name
+        );
+        if k.cooperative_matrix {
             coopmat_kernel_is_fresh(&dir, k.name, k.source);
             continue;
         }

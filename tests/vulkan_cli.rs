@@ -91,5 +91,12 @@ fn kpc_bench_build_prints_a_row_per_kernel() {
             .find(|l| l.starts_with(k.name))
             .unwrap_or_else(|| panic!("no row for {}:\n{text}", k.name));
         assert!(!row.contains("failed"), "{row}");
+        // Only a kernel the device cannot run may be skipped, and only for that reason.
+        if row.contains("skipped") {
+            assert!(
+                k.cooperative_matrix && row.contains("cooperative matrices"),
+                "{row}"
+            );
+        }
     }
 }

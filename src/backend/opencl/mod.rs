@@ -497,6 +497,24 @@ impl Backend for OpenClBackend {
         if info.local_size == [0, 0, 0] {
             info.local_size = [DEFAULT_LOCAL_SIZE.min(max_wg as u32).max(1), 1, 1];
         }
+        // What the driver says about the compiled kernel, as Vulkan's executable statistics do;
+        // a query the driver refuses is left out (they only inform).
+        let dev = self.shared.device.id();
+        info.driver_stats = [
+            (
+                "work-group size limit",
+                first.get_work_group_size(dev).map(|v| v as u64),
+            ),
+            (
+                "work-group size multiple",
+                first.get_work_group_size_multiple(dev).map(|v| v as u64),
+            ),
+            ("private memory bytes", first.get_private_mem_size(dev)),
+            ("local memory bytes", first.get_local_mem_size(dev)),
+        ]
+        .into_iter()
+        .filter_map(|(name, v)| v.ok().map(|v| (name.to_string(), v.to_string())))
+        .collect();
         let invocations: u64 = info.local_size.iter().map(|&s| u64::from(s)).product();
         if invocations > max_wg as u64 {
             return Err(Error::Build {
