@@ -14,14 +14,16 @@
 //! - Decode is flash-decoding: the sequence is split into chunks, each attended by its own
 //!   workgroups, and the chunks are combined with a log-sum-exp. Kernels are chosen per device and
 //!   shape ([`DecodeKernel`], [`PrefillKernel`]): where the device allows, one fused launch
-//!   (`attn_decode_vec`: append, 16-byte loads, subgroup sums, combination by the last workgroup)
-//!   and a register-tiled prefill (`attn_prefill_tiled`); elsewhere the generic kernels
-//!   (`attn_append`, `attn_decode`, `attn_reduce`, `attn_prefill`). Each variant is its own cached
-//!   program.
+//!   (`attn_decode_vec`: append, 16-byte loads, subgroup sums, combination by the last workgroup);
+//!   a prefill on the matrix units where the device has fp16 cooperative matrices
+//!   (`attn_prefill_coop`, Vulkan, fp16 K/V), else a register-tiled one (`attn_prefill_tiled`);
+//!   elsewhere the generic kernels (`attn_append`, `attn_decode`, `attn_reduce`, `attn_prefill`).
+//!   Each variant is its own cached program.
 //! - [`reference`] is the float64 CPU reference the kernels are tested against.
 //!
 //! Q and O are f32, `[batch][q_head][head_dim]` per decode step. K and V are f32 or f16
-//! ([`KvDtype`]); computation is f32. The scale is `1 / sqrt(head_dim)`.
+//! ([`KvDtype`]); computation is f32, except that the cooperative-matrix prefill multiplies Q and
+//! the softmax weights as fp16 (accumulating in f32). The scale is `1 / sqrt(head_dim)`.
 
 pub mod reference;
 
