@@ -204,3 +204,32 @@ fn both_backends_ship_the_same_kernels() {
         assert_eq!(cl_ids, spv_ids, "{name}");
     }
 }
+
+/// What the driver says about a built kernel is reported with it: the work-group limit (at least
+/// the kernel's own workgroup), its multiple, and the private and local memory it uses (the decode
+/// kernel declares local arrays, so its local memory is not zero).
+#[test]
+fn kernels_carry_the_driver_figures() {
+    let Some(ctx) = opencl_context("kernels_carry_the_driver_figures") else {
+        return;
+    };
+    let (spec, options) = none();
+    let image = opencl_image("attn_decode_vec").unwrap();
+    let k = ctx
+        .kernel(&image, "attn_decode_vec", &spec, &options)
+        .unwrap();
+    let stat = |name: &str| -> u64 {
+        k.driver_stats()
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no {name:?} in {:?}", k.driver_stats()))
+            .1
+            .parse()
+            .unwrap()
+    };
+    let local: u64 = k.info().local_size.iter().map(|&s| u64::from(s)).product();
+    assert!(stat("work-group size limit") >= local);
+    assert!(stat("work-group size multiple") >= 1);
+    assert!(stat("local memory bytes") > 0);
+    let _ = stat("private memory bytes");
+}
