@@ -11,8 +11,9 @@
 // 16 x D output block in cooperative matrices for the whole walk, so per tile it issues
 // 2 * D/16 products for S = Q K^T and as many for O += P V.
 //
-// The cooperative-matrix extension does not say which invocation holds which element, so the row
-// softmax goes through shared memory: S is stored (fp32), two lanes per row take its max and
+// The cooperative-matrix extension does not say which invocation holds which element. Where the
+// host's probe (coop_layout.comp) found the layout below, QUAD = 1 and the softmax stays in registers
+// (see QUAD); otherwise the row softmax goes through shared memory: S is stored (fp32), two lanes per row take its max and
 // exponentials, and P is written back in place as fp16 for the P V product. The output's rows cannot
 // be rescaled inside its matrices either, so the running max is lazy (as in FlashAttention-4): a
 // row's reference max moves only when the new max exceeds it by more than TAU (base 2), which bounds
@@ -36,19 +37,34 @@
 
 layout(local_size_x = 128, local_size_x_id = 0) in;  // 32 * subgroups: 128 or 256
 layout(constant_id = 3) const uint HEAD_DIM = 128;  // a multiple of 8 * SG (whole fetches), at most 128
+// 1: the device's 16x16 fp16 A matrices and fp32 accumulators both give invocation l, as its element e,
+// row (l >> 2) + 8 * (e >> 2) and column 2 * (l & 3) + (e & 1) + 8 * ((e >> 1) & 1) (the host checks
+// this with coop_layout before it sets QUAD). Then a row's scores sit in the 4 invocations of a quad,
+// so its max and sum take two shuffles, the output's rows are rescaled element by element, and P is
+// converted to an A matrix element by element: S and P never leave registers, which frees the shared
+// memory of the score blocks for 64-key tiles (fewer barriers per product).
+layout(constant_id = 4) const uint QUAD = 0;
 
 const uint SG = gl_WorkGroupSize.x / 32u;  // subgroups, 16 query rows each
 const uint BQ = 16u * SG;          // query rows per workgroup
-const uint BK = 32u;               // keys per tile
+const uint BK = QUAD != 0u ? 64u : 32u;  // keys per tile
+const uint NT = BK / 16u;          // 16-key blocks per tile
 const uint DM = HEAD_DIM / 16u;    // 16-wide matrices across the head dimension
 const uint RS = HEAD_DIM / 8u + 1u;  // uvec4s per staged row of Q, K or V (8 halves of padding)
 const uint SS = 9u;                // uvec4s per row of a score block: 32 f32 + 4 of padding
 const uint KV = 0u;                // where K rows [0, 32) and V rows [32, 64) of a tile are staged
-const uint SC = 2u * BK * RS;      // where the subgroups' score blocks start
-// The Q tile, staged first from 0, needs BQ * RS: less than this for up to 8 subgroups and
-// HEAD_DIM up to 128.
-const uint SMEM = SC + SG * 16u * SS;
+// Where the subgroups' score blocks start (QUAD: they only stage the output, after the walk, from 0).
+const uint SC = QUAD != 0u ? 0u : 2u * BK * RS;
+const uint KV_SMEM = 2u * BK * RS;
+const uint SC_SMEM = SC + SG * 16u * SS;
+// The Q tile, staged first from 0, needs BQ * RS: no more than the K/V tile for up to 8 subgroups.
+const uint SMEM = KV_SMEM > SC_SMEM ? KV_SMEM : SC_SMEM;
 const uint CHUNKS = BK * (HEAD_DIM / 8u) / gl_WorkGroupSize.x;  // uvec4s of K (and of V) per invocation per tile
+// Register arrays get fixed bounds (as in attn_decode_vec); the loops index them with constants
+// once unrolled. The output's accumulators are separate variables, not an array (see EACH_ACC).
+const uint MAX_DM = 8u;            // DM for HEAD_DIM 128
+const uint MAX_NT = 4u;            // NT for 64-key tiles
+const uint MAX_CHUNKS = 8u;        // CHUNKS for 64-key tiles, HEAD_DIM 128, 128 invocations
 const float TAU = 8.0;             // lazy-rescale threshold (log2 of the largest weight)
 const float NONE = -1.0e30;        // reference max of a row that has seen no key yet
 const float MASKED = -3.0e38;      // score of a key a row may not see
@@ -76,8 +92,61 @@ shared uvec4 kvq[SMEM];
 #define MatB coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 #define MatC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
+// The output block's DM accumulators, acc0 .. acc7 (those past DM unused): X(c, acc_c) for each, or
+// X(c, acc_c, acc_c+1) for each pair. Separate variables rather than an array of matrices: with
+// an array, NVIDIA's driver kept the products of P V through local memory (BENCHMARKS.md).
+#define EACH_ACC(X) X(0u, acc0) X(1u, acc1) X(2u, acc2) X(3u, acc3) X(4u, acc4) X(5u, acc5) \
+    X(6u, acc6) X(7u, acc7)
+#define EACH_ACC_PAIR(X) X(0u, acc0, acc1) X(2u, acc2, acc3) X(4u, acc4, acc5) X(6u, acc6, acc7)
+// acc_c *= f1 in rows 8..15 of the block and f0 in rows 0..7 (QUAD layout: element e >= 4 is in
+// row 8 + lane / 4).
+#define SCALE_ROWS(C, A) \
+    if (C < DM) { \
+        [[unroll]] for (uint e = 0u; e < 8u; e++) { \
+            A[e] *= e >= 4u ? f1 : f0; \
+        } \
+    }
+// acc_c += P (16 x 16 keys, pa[kb]) times V rows kb * 16 .. of the tile, columns c * 16 ...
+#define PV(C, A) \
+    if (C < DM) { \
+        MatB vb; \
+        coopMatLoad(vb, kvq, KV + (BK + 16u * kb) * RS + 2u * C, RS, \
+                    gl_CooperativeMatrixLayoutRowMajor); \
+        A = coopMatMulAdd(pa[kb], vb, A); \
+    }
+#define ZERO(C, A) MatC A = MatC(0.0);
+// Shared-memory softmax: acc_c and acc_c+1 through the score block, their rows times alpha.
+#define RESCALE_PAIR(C, A, B) \
+    if (C < DM) { \
+        coopMatStore(A, kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor); \
+        coopMatStore(B, kvq, sbase + 4u, SS, gl_CooperativeMatrixLayoutRowMajor); \
+        subgroupBarrier(); \
+        [[unroll]] for (uint e = 0u; e < 4u; e++) { \
+            vec4 v = uintBitsToFloat(kvq[mine + 4u * half_ + e]) * alpha; \
+            kvq[mine + 4u * half_ + e] = floatBitsToUint(v); \
+        } \
+        subgroupBarrier(); \
+        coopMatLoad(A, kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor); \
+        coopMatLoad(B, kvq, sbase + 4u, SS, gl_CooperativeMatrixLayoutRowMajor); \
+        subgroupBarrier(); \
+    }
+// Output columns c * 16 .. c * 16 + 31 (acc_c, acc_c+1) through the score block, times inv.
+#define STORE_PAIR(C, A, B) \
+    if (C < DM) { \
+        coopMatStore(A, kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor); \
+        coopMatStore(B, kvq, sbase + 4u, SS, gl_CooperativeMatrixLayoutRowMajor); \
+        subgroupBarrier(); \
+        if (row_ok) { \
+            [[unroll]] for (uint e = 0u; e < 4u; e++) { \
+                o4[out_row + 4u * C + 4u * half_ + e] = \
+                    uintBitsToFloat(kvq[mine + 4u * half_ + e]) * inv; \
+            } \
+        } \
+        subgroupBarrier(); \
+    }
+
 // K and V rows j0 .. j0+BK of this head, as the invocation's share of the tile; zero past `visible`.
-void fetch(out uvec4 kn[CHUNKS], out uvec4 vn[CHUNKS], uint j0, uint head_row, uint visible) {
+void fetch(out uvec4 kn[MAX_CHUNKS], out uvec4 vn[MAX_CHUNKS], uint j0, uint head_row, uint visible) {
     [[unroll]] for (uint e = 0u; e < CHUNKS; e++) {
         uint i = gl_LocalInvocationID.x + e * gl_WorkGroupSize.x;
         uint j = j0 + i / (HEAD_DIM / 8u);
@@ -124,14 +193,11 @@ void main() {
     barrier();
     // Q's matrices stay in registers for the whole walk (keeping them in shared memory instead
     // saved registers but no time: BENCHMARKS.md).
-    MatA qa[DM];
+    MatA qa[MAX_DM];
     [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
         coopMatLoad(qa[kk], kvq, sg * 16u * RS + 2u * kk, RS, gl_CooperativeMatrixLayoutRowMajor);
     }
-    MatC acc[DM];
-    [[unroll]] for (uint c = 0u; c < DM; c++) {
-        acc[c] = MatC(0.0);
-    }
+    EACH_ACC(ZERO)
     barrier();
 
     // Lanes 2r and 2r+1 own row r of the subgroup's block, 16 of each tile's 32 keys each.
@@ -150,121 +216,207 @@ void main() {
 
     // Each tile's K and V are fetched into registers while the previous tile is computed
     // (10 to 17% faster than fetching after the barrier, at 128 rows: BENCHMARKS.md).
-    uvec4 kn[CHUNKS];
-    uvec4 vn[CHUNKS];
+    uvec4 kn[MAX_CHUNKS];
+    uvec4 vn[MAX_CHUNKS];
     fetch(kn, vn, 0u, head_row, visible);
-    for (uint j0 = 0u; j0 < visible; j0 += BK) {
-        [[unroll]] for (uint e = 0u; e < CHUNKS; e++) {
-            uint i = tid + e * gl_WorkGroupSize.x;
-            uint key = i / (HEAD_DIM / 8u);
-            uint c = i % (HEAD_DIM / 8u);
-            kvq[KV + key * RS + c] = kn[e];
-            kvq[KV + (BK + key) * RS + c] = vn[e];
-        }
-        barrier();
-        if (j0 + BK < visible) {
-            fetch(kn, vn, j0 + BK, head_row, visible);  // in flight while this tile is computed
-        }
-        if (has_rows && j0 <= sg_last) {
-            MatC s[2];
-            s[0] = MatC(0.0);
-            s[1] = MatC(0.0);
-            [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
-                [[unroll]] for (uint n = 0u; n < 2u; n++) {
-                    MatB kb;
-                    coopMatLoad(kb, kvq, KV + n * 16u * RS + 2u * kk, RS,
-                                gl_CooperativeMatrixLayoutColumnMajor);
-                    s[n] = coopMatMulAdd(qa[kk], kb, s[n]);
+    if (QUAD != 0u) {
+        // Invocation `lane` holds rows lr and lr + 8 of the subgroup's block, and of each 16-key
+        // block the keys lc, lc + 1, lc + 8 and lc + 9.
+        uint lr = lane >> 2u;
+        uint lc = 2u * (lane & 3u);
+        uint sg_first = offset + q0 + sg * 16u;
+        uint pos0 = sg_first + lr;  // position of row lr; row lr + 8 is 8 further
+        float m0 = NONE;
+        float m1 = NONE;
+        float l0 = 0.0;
+        float l1 = 0.0;
+        for (uint j0 = 0u; j0 < visible; j0 += BK) {
+            [[unroll]] for (uint e = 0u; e < CHUNKS; e++) {
+                uint i = tid + e * gl_WorkGroupSize.x;
+                uint key = i / (HEAD_DIM / 8u);
+                uint c = i % (HEAD_DIM / 8u);
+                kvq[KV + key * RS + c] = kn[e];
+                kvq[KV + (BK + key) * RS + c] = vn[e];
+            }
+            barrier();
+            if (j0 + BK < visible) {
+                fetch(kn, vn, j0 + BK, head_row, visible);
+            }
+            if (has_rows && j0 <= sg_last) {
+                MatC s[MAX_NT];
+                [[unroll]] for (uint n = 0u; n < NT; n++) {
+                    s[n] = MatC(0.0);
                 }
-            }
-            [[unroll]] for (uint n = 0u; n < 2u; n++) {
-                coopMatStore(s[n], kvq, sbase + 4u * n, SS, gl_CooperativeMatrixLayoutRowMajor);
-            }
-            subgroupBarrier();
-
-            float x[16];
-            float mx = MASKED;
-            [[unroll]] for (uint e = 0u; e < 4u; e++) {
-                uvec4 w = kvq[mine + 4u * half_ + e];
-                [[unroll]] for (uint c = 0u; c < 4u; c++) {
-                    uint j = j0 + 16u * half_ + 4u * e + c;
-                    bool ok = row_ok && j <= qpos;
-                    x[4u * e + c] = ok ? uintBitsToFloat(w[c]) : MASKED;
-                    mx = max(mx, x[4u * e + c]);
-                }
-            }
-            mx = max(mx, subgroupShuffleXor(mx, 1u));
-            float alpha = 1.0;
-            if (m_ref == NONE) {
-                m_ref = max(m_ref, mx);  // nothing accumulated yet: no rescale needed
-            } else if (mx > m_ref + TAU) {
-                alpha = exp2(m_ref - mx);
-                m_ref = mx;
-            }
-            subgroupBarrier();  // every lane has read S before the block is reused
-
-            if (subgroupAny(alpha != 1.0)) {
-                lsum *= alpha;
-                [[unroll]] for (uint c = 0u; c < DM; c += 2u) {
-                    coopMatStore(acc[c], kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
-                    coopMatStore(acc[c + 1u], kvq, sbase + 4u, SS,
-                                 gl_CooperativeMatrixLayoutRowMajor);
-                    subgroupBarrier();
-                    [[unroll]] for (uint e = 0u; e < 4u; e++) {
-                        vec4 v = uintBitsToFloat(kvq[mine + 4u * half_ + e]) * alpha;
-                        kvq[mine + 4u * half_ + e] = floatBitsToUint(v);
+                [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
+                    [[unroll]] for (uint n = 0u; n < NT; n++) {
+                        MatB kb;
+                        coopMatLoad(kb, kvq, KV + n * 16u * RS + 2u * kk, RS,
+                                    gl_CooperativeMatrixLayoutColumnMajor);
+                        s[n] = coopMatMulAdd(qa[kk], kb, s[n]);
                     }
-                    subgroupBarrier();
-                    coopMatLoad(acc[c], kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
-                    coopMatLoad(acc[c + 1u], kvq, sbase + 4u, SS,
-                                gl_CooperativeMatrixLayoutRowMajor);
-                    subgroupBarrier();
+                }
+                // Only tiles that reach past the block's first row need the causal mask.
+                bool edge = j0 + BK > sg_first + 1u;
+                float mx0 = MASKED;
+                float mx1 = MASKED;
+                [[unroll]] for (uint n = 0u; n < NT; n++) {
+                    [[unroll]] for (uint e = 0u; e < 8u; e++) {
+                        uint hi = e >> 2u;
+                        float x = s[n][e];
+                        if (edge) {
+                            uint j = j0 + 16u * n + lc + (e & 1u) + 8u * ((e >> 1u) & 1u);
+                            if (j > pos0 + 8u * hi) {
+                                x = MASKED;
+                                s[n][e] = x;
+                            }
+                        }
+                        if (hi == 0u) {
+                            mx0 = max(mx0, x);
+                        } else {
+                            mx1 = max(mx1, x);
+                        }
+                    }
+                }
+                mx0 = max(mx0, subgroupShuffleXor(mx0, 1u));
+                mx0 = max(mx0, subgroupShuffleXor(mx0, 2u));
+                mx1 = max(mx1, subgroupShuffleXor(mx1, 1u));
+                mx1 = max(mx1, subgroupShuffleXor(mx1, 2u));
+                float a0 = 1.0;
+                float a1 = 1.0;
+                if (m0 == NONE) {
+                    m0 = mx0;  // nothing accumulated yet: no rescale needed
+                } else if (mx0 > m0 + TAU) {
+                    a0 = exp2(m0 - mx0);
+                    m0 = mx0;
+                }
+                if (m1 == NONE) {
+                    m1 = mx1;
+                } else if (mx1 > m1 + TAU) {
+                    a1 = exp2(m1 - mx1);
+                    m1 = mx1;
+                }
+                if (subgroupAny(a0 != 1.0 || a1 != 1.0)) {
+                    l0 *= a0;
+                    l1 *= a1;
+                    float f0 = a0;
+                    float f1 = a1;
+                    EACH_ACC(SCALE_ROWS)
+                }
+                // P = exp2(S - m), at most 2^TAU, converted element by element (same layout).
+                MatA pa[MAX_NT];
+                [[unroll]] for (uint n = 0u; n < NT; n++) {
+                    [[unroll]] for (uint e = 0u; e < 8u; e++) {
+                        bool hi = e >= 4u;
+                        float pv = exp2(s[n][e] - (hi ? m1 : m0));
+                        if (hi) {
+                            l1 += pv;
+                        } else {
+                            l0 += pv;
+                        }
+                        pa[n][e] = float16_t(pv);
+                    }
+                }
+                [[unroll]] for (uint kb = 0u; kb < NT; kb++) {
+                    EACH_ACC(PV)
                 }
             }
-
-            // P = exp2(S - m_ref), at most 2^TAU, written over the row as f16.
-            uint packed[8];
-            [[unroll]] for (uint e = 0u; e < 8u; e++) {
-                vec2 pe = exp2(vec2(x[2u * e], x[2u * e + 1u]) - m_ref);
-                lsum += pe.x + pe.y;
-                packed[e] = packHalf2x16(pe);
-            }
-            kvq[mine + 2u * half_] = uvec4(packed[0], packed[1], packed[2], packed[3]);
-            kvq[mine + 2u * half_ + 1u] = uvec4(packed[4], packed[5], packed[6], packed[7]);
-            subgroupBarrier();
-
-            MatA pa[2];
-            coopMatLoad(pa[0], kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
-            coopMatLoad(pa[1], kvq, sbase + 2u, SS, gl_CooperativeMatrixLayoutRowMajor);
-            [[unroll]] for (uint c = 0u; c < DM; c++) {
-                [[unroll]] for (uint kb = 0u; kb < 2u; kb++) {
-                    MatB vb;
-                    coopMatLoad(vb, kvq, KV + (BK + 16u * kb) * RS + 2u * c, RS,
-                                gl_CooperativeMatrixLayoutRowMajor);
-                    acc[c] = coopMatMulAdd(pa[kb], vb, acc[c]);
-                }
-            }
-            subgroupBarrier();  // P is read before the next tile's S overwrites it
+            barrier();
         }
-        barrier();
+        // O = acc / l, scaled in place; written below through the (now free) shared memory.
+        l0 += subgroupShuffleXor(l0, 1u);
+        l0 += subgroupShuffleXor(l0, 2u);
+        l1 += subgroupShuffleXor(l1, 1u);
+        l1 += subgroupShuffleXor(l1, 2u);
+        float f0 = 1.0 / l0;
+        float f1 = 1.0 / l1;
+        EACH_ACC(SCALE_ROWS)
+    } else {
+        for (uint j0 = 0u; j0 < visible; j0 += BK) {
+            [[unroll]] for (uint e = 0u; e < CHUNKS; e++) {
+                uint i = tid + e * gl_WorkGroupSize.x;
+                uint key = i / (HEAD_DIM / 8u);
+                uint c = i % (HEAD_DIM / 8u);
+                kvq[KV + key * RS + c] = kn[e];
+                kvq[KV + (BK + key) * RS + c] = vn[e];
+            }
+            barrier();
+            if (j0 + BK < visible) {
+                fetch(kn, vn, j0 + BK, head_row, visible);  // in flight while this tile is computed
+            }
+            if (has_rows && j0 <= sg_last) {
+                MatC s[2];
+                s[0] = MatC(0.0);
+                s[1] = MatC(0.0);
+                [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
+                    [[unroll]] for (uint n = 0u; n < 2u; n++) {
+                        MatB kb;
+                        coopMatLoad(kb, kvq, KV + n * 16u * RS + 2u * kk, RS,
+                                    gl_CooperativeMatrixLayoutColumnMajor);
+                        s[n] = coopMatMulAdd(qa[kk], kb, s[n]);
+                    }
+                }
+                [[unroll]] for (uint n = 0u; n < 2u; n++) {
+                    coopMatStore(s[n], kvq, sbase + 4u * n, SS, gl_CooperativeMatrixLayoutRowMajor);
+                }
+                subgroupBarrier();
+
+                float x[16];
+                float mx = MASKED;
+                [[unroll]] for (uint e = 0u; e < 4u; e++) {
+                    uvec4 w = kvq[mine + 4u * half_ + e];
+                    [[unroll]] for (uint c = 0u; c < 4u; c++) {
+                        uint j = j0 + 16u * half_ + 4u * e + c;
+                        bool ok = row_ok && j <= qpos;
+                        x[4u * e + c] = ok ? uintBitsToFloat(w[c]) : MASKED;
+                        mx = max(mx, x[4u * e + c]);
+                    }
+                }
+                mx = max(mx, subgroupShuffleXor(mx, 1u));
+                float alpha = 1.0;
+                if (m_ref == NONE) {
+                    m_ref = max(m_ref, mx);  // nothing accumulated yet: no rescale needed
+                } else if (mx > m_ref + TAU) {
+                    alpha = exp2(m_ref - mx);
+                    m_ref = mx;
+                }
+                subgroupBarrier();  // every lane has read S before the block is reused
+
+                if (subgroupAny(alpha != 1.0)) {
+                    lsum *= alpha;
+                    EACH_ACC_PAIR(RESCALE_PAIR)
+                }
+
+                // P = exp2(S - m_ref), at most 2^TAU, written over the row as f16.
+                uint packed[8];
+                [[unroll]] for (uint e = 0u; e < 8u; e++) {
+                    vec2 pe = exp2(vec2(x[2u * e], x[2u * e + 1u]) - m_ref);
+                    lsum += pe.x + pe.y;
+                    packed[e] = packHalf2x16(pe);
+                }
+                kvq[mine + 2u * half_] = uvec4(packed[0], packed[1], packed[2], packed[3]);
+                kvq[mine + 2u * half_ + 1u] = uvec4(packed[4], packed[5], packed[6], packed[7]);
+                subgroupBarrier();
+
+                MatA pa[2];
+                coopMatLoad(pa[0], kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
+                coopMatLoad(pa[1], kvq, sbase + 2u, SS, gl_CooperativeMatrixLayoutRowMajor);
+                [[unroll]] for (uint kb = 0u; kb < 2u; kb++) {
+                    EACH_ACC(PV)
+                }
+                subgroupBarrier();  // P is read before the next tile's S overwrites it
+            }
+            barrier();
+        }
+
     }
 
-    // O = acc / l, 32 columns at a time through the score block.
-    float l = lsum + subgroupShuffleXor(lsum, 1u);
-    float inv = 1.0 / l;
+    // O = acc / l (QUAD: acc), 32 columns at a time through the score block.
+    float inv = 1.0;
+    if (QUAD == 0u) {
+        inv = 1.0 / (lsum + subgroupShuffleXor(lsum, 1u));
+    }
     uint out_row = (q_base + qrow * HEAD_DIM) / 4u;
     if (has_rows) {
-        [[unroll]] for (uint c = 0u; c < DM; c += 2u) {
-            coopMatStore(acc[c], kvq, sbase, SS, gl_CooperativeMatrixLayoutRowMajor);
-            coopMatStore(acc[c + 1u], kvq, sbase + 4u, SS, gl_CooperativeMatrixLayoutRowMajor);
-            subgroupBarrier();
-            if (row_ok) {
-                [[unroll]] for (uint e = 0u; e < 4u; e++) {
-                    o4[out_row + 4u * c + 4u * half_ + e] =
-                        uintBitsToFloat(kvq[mine + 4u * half_ + e]) * inv;
-                }
-            }
-            subgroupBarrier();
-        }
+        EACH_ACC_PAIR(STORE_PAIR)
     }
 }

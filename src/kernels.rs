@@ -77,6 +77,12 @@ pub const SPIRV: &[ShippedSpirv] = &[
         cooperative_matrix: true,
     },
     ShippedSpirv {
+        name: "coop_layout",
+        source: "kernels/coop_layout.comp",
+        spirv: include_bytes!("../kernels/coop_layout.spv"),
+        cooperative_matrix: true,
+    },
+    ShippedSpirv {
         name: "attn_prefill",
         source: "kernels/attn_prefill.comp",
         spirv: include_bytes!("../kernels/attn_prefill.spv"),

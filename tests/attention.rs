@@ -270,9 +270,25 @@ fn prefill_case(
     options: AttentionOptions,
     len: usize,
 ) -> f64 {
+    prefill_case_scaled(ctx, s, dtype, options, len, 1.0)
+}
+
+/// [`prefill_case`] with the queries multiplied by `q_scale`: larger scores move each row's
+/// running max, which exercises the softmax's rescaling.
+fn prefill_case_scaled(
+    ctx: &Context,
+    s: AttentionShape,
+    dtype: KvDtype,
+    options: AttentionOptions,
+    len: usize,
+    q_scale: f32,
+) -> f64 {
     let k = random_f32(s.kv_step_elems() * len);
     let v = random_f32(s.kv_step_elems() * len);
-    let q = random_f32(s.q_elems() * len);
+    let q: Vec<f32> = random_f32(s.q_elems() * len)
+        .into_iter()
+        .map(|x| x * q_scale)
+        .collect();
     let attn = Attention::new(ctx, &s, dtype, len + 5, options).unwrap();
     let expect = match options.prefill {
         // Every shape prefill_shapes runs has a head dimension of 64 or 128.
@@ -528,8 +544,9 @@ fn coop_capable(ctx: &Context) -> bool {
 
 /// The cooperative-matrix prefill: where the device has no such matrices (lavapipe, PoCL), asking
 /// for it is a typed error naming what is missing and Auto never picks it; where it has them, it
-/// matches the reference, with 128 and 64 rows per workgroup, head dimensions 128, 64 and 96, and
-/// lengths that end mid-tile. Wrong row counts and f32 K/V are typed errors everywhere.
+/// matches the reference, with 128 and 64 rows per workgroup, head dimensions 128, 64 and 96,
+/// lengths that end mid-tile, scaled queries, and the softmax in registers (where the layout probe
+/// allows) and in shared memory. Wrong row counts and f32 K/V are typed errors everywhere.
 fn coop_prefill_choice(ctx: &Context) {
     let forced = |rows: u32| AttentionOptions {
         prefill: PrefillKernel::Cooperative,
@@ -558,14 +575,35 @@ fn coop_prefill_choice(ctx: &Context) {
         assert_ne!(auto.prefill_kernel(), PrefillKernel::Cooperative);
         return;
     }
-    for (s, rows, len) in [
-        (shape(1, 4, 2, 128), 128, 200),
-        (shape(2, 4, 4, 64), 128, 129),
-        (shape(1, 2, 1, 96), 64, 77),
-        (shape(1, 4, 1, 128), 64, 64),
-    ] {
-        let err = prefill_case(ctx, s, KvDtype::F16, forced(rows), len);
-        assert!(err <= 2e-3, "{s:?} rows {rows} len {len}: error {err:e}");
+    let shared = AttentionOptions {
+        coop_registers: false,
+        ..forced(128)
+    };
+    let attn = Attention::new(ctx, &s, KvDtype::F16, 64, shared).unwrap();
+    assert!(!attn.coop_register_softmax());
+    let registers = Attention::new(ctx, &s, KvDtype::F16, 64, forced(128))
+        .unwrap()
+        .coop_register_softmax();
+    eprintln!("cooperative-matrix prefill: softmax in registers here: {registers}");
+    for coop_registers in [true, false] {
+        for (s, rows, len, q_scale) in [
+            (shape(1, 4, 2, 128), 128, 200, 1.0),
+            (shape(2, 4, 4, 64), 128, 129, 1.0),
+            (shape(1, 2, 1, 96), 64, 77, 1.0),
+            (shape(1, 4, 1, 128), 64, 64, 1.0),
+            (shape(1, 2, 2, 128), 128, 333, 30.0),
+            (shape(1, 2, 1, 64), 64, 300, 30.0),
+        ] {
+            let options = AttentionOptions {
+                coop_registers,
+                ..forced(rows)
+            };
+            let err = prefill_case_scaled(ctx, s, KvDtype::F16, options, len, q_scale);
+            assert!(
+                err <= 2e-3,
+                "{s:?} rows {rows} len {len} q x{q_scale} registers {coop_registers}: error {err:e}"
+            );
+        }
     }
     // D = 96 fits only 64 rows per workgroup: Auto takes those rather than giving up the kernel.
     let auto = Attention::new(

@@ -115,9 +115,17 @@ fn coopmat_prefill_is_reflected_from_its_spirv() {
     assert_eq!(e.bindings.len(), 4);
     assert!(e.bindings[..3].iter().all(|b| b.read_only) && !e.bindings[3].read_only);
     let ids: Vec<u32> = m.spec_constants.iter().map(|c| c.id).collect();
-    for id in [0, 3] {
+    for id in [0, 3, 4] {
         assert!(ids.contains(&id), "spec constant {id} missing from {ids:?}");
     }
+    // The layout probe: one subgroup, one output buffer, no push constants.
+    let probe = spirv_image("coop_layout").unwrap();
+    let m = probe.spirv_module().unwrap();
+    let e = m.entry("coop_layout", "coop_layout").unwrap();
+    assert_eq!(e.local_size[0].default, 32);
+    assert_eq!(e.push_constant_bytes, 0);
+    assert_eq!(e.bindings.len(), 1);
+    assert!(!e.bindings[0].read_only);
 }
 
 #[test]

@@ -380,10 +380,72 @@ pub enum PrefillKernel {
 }
 
 /// Shared memory the cooperative-matrix prefill kernel declares for head dimension `d` and
-/// `subgroups` subgroups: a 32-key tile of K and of V (rows padded by 8 halves) and a 16 x 36 f32
-/// score block per subgroup (the Q tile, staged first, fits in the same space).
-const fn coop_prefill_shared(d: usize, subgroups: usize) -> usize {
-    2 * 32 * (d / 8 + 1) * 16 + subgroups * 16 * 9 * 16
+/// `subgroups` subgroups. With the softmax in shared memory: a 32-key tile of K and of V (rows
+/// padded by 8 halves) and a 16 x 36 f32 score block per subgroup (the Q tile, staged first, fits
+/// in the same space). With it in registers (`quad`): a 64-key tile of K and of V, which the score
+/// blocks reuse to stage the output.
+const fn coop_prefill_shared(d: usize, subgroups: usize, quad: bool) -> usize {
+    let blocks = subgroups * 16 * 9 * 16;
+    if quad {
+        let tile = 2 * 64 * (d / 8 + 1) * 16;
+        if tile > blocks { tile } else { blocks }
+    } else {
+        2 * 32 * (d / 8 + 1) * 16 + blocks
+    }
+}
+
+/// Whether invocation `l`'s element `e` is row `(l >> 2) + 8 * (e >> 2)`, column
+/// `2 * (l & 3) + (e & 1) + 8 * ((e >> 1) & 1)` in both the A matrix and the accumulator that the
+/// `coop_layout` probe wrote (`probe`, its output; see kernels/coop_layout.comp): the layout in
+/// which `attn_prefill_coop` keeps its softmax in registers.
+fn quad_layout(probe: &[u32]) -> bool {
+    probe.len() >= 1026
+        && probe[1024] == 8
+        && probe[1025] == 8
+        && (0..2).all(|m| {
+            (0..32).all(|l| {
+                (0..8).all(|e| {
+                    let row = (l >> 2) + 8 * (e >> 2);
+                    let col = 2 * (l & 3) + (e & 1) + 8 * ((e >> 1) & 1);
+                    probe[m * 512 + l * 16 + e] == (row * 16 + col) as u32
+                })
+            })
+        })
+}
+
+/// Runs the `coop_layout` probe on `ctx`'s device and says whether its cooperative matrices have
+/// the layout [`quad_layout`] checks. Only for devices with cooperative matrices and subgroups of
+/// 32 (the prefill's own conditions).
+fn coop_quad_layout(ctx: &Context) -> Result<bool> {
+    let kernel = ctx.kernel(
+        &image(ctx, "coop_layout")?,
+        "coop_layout",
+        &SpecConstants::new(),
+        &BuildOptions::default(),
+    )?;
+    let out = ctx.buffer::<u32>(1026)?;
+    ctx.queue()
+        .launch(&kernel, [1, 1, 1], &[&out], &[])?
+        .wait()?;
+    let probe = out.read()?;
+    let quad = quad_layout(&probe);
+    if !quad {
+        // Row * 16 + column of invocations 0 to 3, A then accumulator: enough to see the layout.
+        let head = |m: usize| -> Vec<u32> {
+            (0..4)
+                .flat_map(|l| probe[m * 512 + l * 16..][..8].to_vec())
+                .collect()
+        };
+        tracing::debug!(
+            "cooperative matrices are not in the quad layout (counts {} and {}; A {:?}, \
+             accumulator {:?}): the cooperative-matrix prefill keeps its softmax in shared memory",
+            probe[1024],
+            probe[1025],
+            head(0),
+            head(1)
+        );
+    }
+    Ok(quad)
 }
 
 /// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype`; the
@@ -432,7 +494,12 @@ fn coop_prefill_fits(
             l.max_workgroup_invocations
         ));
     }
-    let need = coop_prefill_shared(shape.head_dim, subgroups);
+    // Either softmax (the probe that picks one runs later, in Attention::new).
+    let need = coop_prefill_shared(shape.head_dim, subgroups, false).max(coop_prefill_shared(
+        shape.head_dim,
+        subgroups,
+        true,
+    ));
     if (l.max_shared_memory_bytes as usize) < need {
         return Err(format!(
             "it needs {need} bytes of shared memory; the device has {}",
@@ -523,6 +590,10 @@ pub struct AttentionOptions {
     /// 128 (the default) was 11 to 28% faster on an H200 at L = 2k to 16k (BENCHMARKS.md); with
     /// [`PrefillKernel::Auto`], 64 is used where only it fits the head dimension.
     pub coop_rows: u32,
+    /// Whether the cooperative-matrix prefill keeps its softmax in registers (64-key tiles) where
+    /// the device's matrix layout allows it (a probe kernel checks, once per [`Attention`]), rather
+    /// than in shared memory (32-key tiles). On by default; off only to compare the two.
+    pub coop_registers: bool,
     /// Query rows per workgroup of the generic prefill.
     pub block_q: u32,
     /// Key positions per prefill tile.
@@ -542,6 +613,7 @@ impl Default for AttentionOptions {
             decode_spread: false,
             decode_prefetch: false,
             coop_rows: 128,
+            coop_registers: true,
             block_q: 8,
             block_k: 32,
         }
@@ -641,6 +713,8 @@ pub struct Attention {
     vec: Option<VecLayout>,
     /// The prefill kernel chosen (never `Auto`).
     prefill_kind: PrefillKernel,
+    /// Whether the cooperative-matrix prefill keeps its softmax in registers.
+    coop_quad: bool,
     /// The generic path's append and reduce; the vectorized decode kernel does both itself.
     append: Option<Kernel>,
     decode: Kernel,
@@ -759,6 +833,9 @@ impl Attention {
                 PrefillKernel::Cooperative
             }
         };
+        let coop_quad = prefill_kind == PrefillKernel::Cooperative
+            && options.coop_registers
+            && coop_quad_layout(ctx)?;
         let (bq, bk) = (options.block_q as usize, options.block_k as usize);
         let decode_shared = match vec {
             None => 4 * (shape.head_dim + options.chunk as usize + options.local_size as usize),
@@ -776,7 +853,7 @@ impl Attention {
         };
         let prefill_shared = match prefill_kind {
             PrefillKernel::Cooperative => {
-                coop_prefill_shared(shape.head_dim, options.coop_rows as usize / 16)
+                coop_prefill_shared(shape.head_dim, options.coop_rows as usize / 16, coop_quad)
             }
             PrefillKernel::Tiled => tiled_prefill_shared(tiled_prefill_slice(device) as usize),
             _ => 4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq),
@@ -852,7 +929,8 @@ impl Attention {
                 "attn_prefill_coop",
                 SpecConstants::new()
                     .with(0, SpecValue::U32(2 * options.coop_rows))
-                    .with(3, d),
+                    .with(3, d)
+                    .with(4, SpecValue::U32(u32::from(coop_quad))),
             ),
             PrefillKernel::Tiled => (
                 "attn_prefill_tiled",
@@ -891,6 +969,7 @@ impl Attention {
             options,
             vec,
             prefill_kind,
+            coop_quad,
             append,
             decode,
             reduce,
@@ -946,6 +1025,12 @@ impl Attention {
     /// [`PrefillKernel::Cooperative`].
     pub fn prefill_kernel(&self) -> PrefillKernel {
         self.prefill_kind
+    }
+
+    /// Whether the prefill is the cooperative-matrix kernel with its softmax in registers: asked
+    /// for ([`AttentionOptions::coop_registers`]) and found possible by the layout probe.
+    pub fn coop_register_softmax(&self) -> bool {
+        self.coop_quad
     }
 
     /// Every kernel it holds, for reporting where each came from and how long it took to acquire.
@@ -1282,5 +1367,60 @@ impl Attention {
         self.new_k.write(k_new)?;
         self.new_v.write(v_new)?;
         self.append_and_submit(cache, q, &self.new_k, &self.new_v, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quad_layout;
+
+    /// A probe output for the layout `at(invocation, element) -> (row, column)`, counts 8.
+    fn probe(at: impl Fn(usize, usize) -> (usize, usize)) -> Vec<u32> {
+        let mut o = vec![u32::MAX; 1026];
+        for m in 0..2 {
+            for l in 0..32 {
+                for e in 0..8 {
+                    let (r, c) = at(l, e);
+                    o[m * 512 + l * 16 + e] = (r * 16 + c) as u32;
+                }
+            }
+        }
+        o[1024] = 8;
+        o[1025] = 8;
+        o
+    }
+
+    fn quad(l: usize, e: usize) -> (usize, usize) {
+        (
+            (l >> 2) + 8 * (e >> 2),
+            2 * (l & 3) + (e & 1) + 8 * ((e >> 1) & 1),
+        )
+    }
+
+    #[test]
+    fn quad_layout_accepts_only_that_layout() {
+        assert!(quad_layout(&probe(quad)));
+        // Transposed, row-major by invocation, or with other counts: the shared-memory softmax.
+        assert!(!quad_layout(&probe(|l, e| {
+            let (r, c) = quad(l, e);
+            (c, r)
+        })));
+        assert!(!quad_layout(&probe(|l, e| (l / 2, 8 * (l % 2) + e))));
+        // Bits 1 and 2 of the element index swapped (the layout first assumed, before the probe
+        // ran on an H200).
+        assert!(!quad_layout(&probe(|l, e| {
+            (
+                (l >> 2) + 8 * ((e >> 1) & 1),
+                2 * (l & 3) + (e & 1) + 8 * (e >> 2),
+            )
+        })));
+        let mut counts = probe(quad);
+        counts[1025] = 16;
+        assert!(!quad_layout(&counts));
+        // A and the accumulator disagreeing in one element.
+        let mut one = probe(quad);
+        one[512 + 5 * 16 + 3] += 1;
+        assert!(!quad_layout(&one));
+        assert!(!quad_layout(&probe(quad)[..1000]));
     }
 }
