@@ -47,7 +47,7 @@ for L in $prefill_l; do
     all=$("$kpc" attention "${base[@]}" --prompt "$L" --steps 0 --prefill-kernel "$k" --prefill-runs 3 \
       "$@" 2>/dev/null)
     out=$(grep '^bench: phase=prefill' <<<"$all")
-    chosen=$(grep -o 'prefill: [A-Za-z]*)' <<<"$all" | head -1 | cut -d' ' -f2 | tr -d ')')
+    chosen=$(grep -o 'prefill: [A-Z][A-Za-z]*' <<<"$all" | head -1 | cut -d' ' -f2)
     echo "| prefill | $chosen | 1 | ${HEADS:-32} | $L | $(val ms "$out") | $(val tflops "$out") |"
   done
 done
