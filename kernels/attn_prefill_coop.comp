@@ -4,21 +4,22 @@
 // up to 128 (see Attention::prefill_kernel).
 //
 // Layout of the work: a workgroup of SG subgroups (4 or 8) owns 16 * SG query rows, 16 per
-// subgroup, and walks 32-key tiles up to the last key its last row may see. The workgroup stages
-// each K and V tile in shared memory, fetching the next tile into registers while the current one is
-// computed (zero past the visible keys, so nothing beyond the cache is read and no stale value meets
-// a zero weight). Each subgroup keeps its Q block (scaled by log2(e)/sqrt(D), as fp16) and its
-// 16 x D output block in cooperative matrices for the whole walk, so per tile it issues
-// 2 * D/16 products for S = Q K^T and as many for O += P V.
+// subgroup, and walks key tiles (BK: 64 keys with QUAD, else 32) up to the last key its last row may
+// see. The workgroup stages each K and V tile in shared memory, fetching the next tile into registers
+// while the current one is computed (zero past the visible keys, so nothing beyond the cache is read
+// and no stale value meets a zero weight). Each subgroup keeps its Q block (scaled by
+// log2(e)/sqrt(D), as fp16) and its 16 x D output block in cooperative matrices for the whole walk, so
+// per 16 keys it issues D/16 products for S = Q K^T and as many for O += P V.
 //
 // The cooperative-matrix extension does not say which invocation holds which element. Where the
-// host's probe (coop_layout.comp) found the layout below, QUAD = 1 and the softmax stays in registers
-// (see QUAD); otherwise the row softmax goes through shared memory: S is stored (fp32), two lanes per row take its max and
-// exponentials, and P is written back in place as fp16 for the P V product. The output's rows cannot
-// be rescaled inside its matrices either, so the running max is lazy (as in FlashAttention-4): a
-// row's reference max moves only when the new max exceeds it by more than TAU (base 2), which bounds
-// every weight by 2^TAU (fine in fp16), and only then does the subgroup round-trip its output
-// through shared memory to rescale it. Past the first tiles that is rare.
+// host's probe (coop_layout.comp) found the layout that QUAD describes, the softmax stays in
+// registers. Otherwise it goes through shared memory: S is stored (fp32), two lanes per row take its
+// max and exponentials, and P is written back in place as fp16 for the P V product; the output's rows
+// cannot be rescaled inside its matrices either, so the subgroup round-trips its output through
+// shared memory to rescale it. Either way the running max is lazy (as in FlashAttention-4): a row's
+// reference max moves only when the new max exceeds it by more than TAU (base 2), which bounds every
+// weight by 2^TAU (fine in fp16), and only then is the output rescaled. Past the first tiles that is
+// rare.
 //
 // Lanes hand each other values through the score blocks with subgroupBarrier() alone: it orders
 // memory as well as execution for coherent data, and shared memory is implicitly coherent.

@@ -16,7 +16,8 @@
 //!   shape ([`DecodeKernel`], [`PrefillKernel`]): where the device allows, one fused launch
 //!   (`attn_decode_vec`: append, 16-byte loads, subgroup sums, combination by the last workgroup);
 //!   a prefill on the matrix units where the device has fp16 cooperative matrices
-//!   (`attn_prefill_coop`, Vulkan, fp16 K/V), else a register-tiled one (`attn_prefill_tiled`);
+//!   (`attn_prefill_coop`, Vulkan, fp16 K/V; its softmax in registers where the `coop_layout`
+//!   probe finds a layout it knows), else a register-tiled one (`attn_prefill_tiled`);
 //!   elsewhere the generic kernels (`attn_append`, `attn_decode`, `attn_reduce`, `attn_prefill`).
 //!   Each variant is its own cached program.
 //! - [`reference`] is the float64 CPU reference the kernels are tested against.
@@ -372,7 +373,10 @@ pub enum PrefillKernel {
     Tiled,
     /// `attn_prefill_coop`: the products S = Q K^T and O += P V on the device's matrix units
     /// (Vulkan cooperative matrices, 16x16 fp16 into fp32), `coop_rows` query rows per workgroup
-    /// (16 per 32-wide subgroup), 32-key tiles. Needs a Vulkan device with
+    /// (16 per 32-wide subgroup). Where a probe kernel finds the matrices' element layout that it
+    /// knows (NVIDIA's), the softmax stays in registers and tiles are 64 keys
+    /// ([`AttentionOptions::coop_registers`]); elsewhere it goes through shared memory with
+    /// 32-key tiles. Needs a Vulkan device with
     /// [`DeviceLimits::cooperative_matrix_f16`](crate::backend::DeviceLimits), subgroups of 32,
     /// fp16 K/V, and a head dimension up to 128 that is a multiple of `coop_rows / 2` (32 or 64).
     /// Q and P are rounded to fp16 for the products; sums are fp32.
