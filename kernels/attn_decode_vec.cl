@@ -413,8 +413,8 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
         // SLICES), all in parallel. One after another, each with work-group-wide reductions, they
         // cost 11 to 13 us per step at Hkv = 8 on an H200 (BENCHMARKS.md). The trip count is the
         // same for every work-item, so every one reaches the barriers. The Vulkan twin keeps the
-        // heads one after another: there, this layout measured 5 to 6 us slower per step (the
-        // partials are `coherent`), here 6 to 7 us faster; both compute the same function.
+        // heads one after another: there, this layout measured 5.5 to 6.6 us slower per step (the
+        // partials are `coherent`), here 4 to 5 us faster; both compute the same function.
         for (uint g0 = 0; g0 < GROUP; g0 += SLICES) {
             uint g = g0 + slice;
             bool mine = g < GROUP;
