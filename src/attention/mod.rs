@@ -417,10 +417,26 @@ fn quad_layout(probe: &[u32]) -> bool {
         })
 }
 
-/// Runs the `coop_layout` probe on `ctx`'s device and says whether its cooperative matrices have
-/// the layout [`quad_layout`] checks. Only for devices with cooperative matrices and subgroups of
-/// 32 (the prefill's own conditions).
+/// The layout probe's verdicts by device fingerprint: the layout belongs to the device and driver,
+/// so one probe per process serves every [`Attention`] built on them (a model builds one per layer).
+static QUAD_LAYOUT: std::sync::LazyLock<dashmap::DashMap<[u8; 32], bool>> =
+    std::sync::LazyLock::new(dashmap::DashMap::new);
+
+/// Whether `ctx`'s device's cooperative matrices have the layout [`quad_layout`] checks: the
+/// `coop_layout` probe's verdict, run on the first call for a device and remembered. Only for
+/// devices with cooperative matrices and subgroups of 32 (the prefill's own conditions).
 fn coop_quad_layout(ctx: &Context) -> Result<bool> {
+    let key = ctx.device().fingerprint.digest.0;
+    if let Some(quad) = QUAD_LAYOUT.get(&key) {
+        return Ok(*quad);
+    }
+    let quad = probe_quad_layout(ctx)?;
+    QUAD_LAYOUT.insert(key, quad);
+    Ok(quad)
+}
+
+/// Runs the `coop_layout` probe on `ctx`'s device: see [`coop_quad_layout`].
+fn probe_quad_layout(ctx: &Context) -> Result<bool> {
     let kernel = ctx.kernel(
         &image(ctx, "coop_layout")?,
         "coop_layout",
@@ -591,11 +607,12 @@ pub struct AttentionOptions {
     /// BENCHMARKS.md).
     pub decode_prefetch: bool,
     /// Query rows per workgroup of the cooperative-matrix prefill, 16 per subgroup: 64 or 128.
-    /// 128 (the default) was 11 to 28% faster on an H200 at L = 2k to 16k (BENCHMARKS.md); with
+    /// 128 (the default) was 11 to 28% faster on an H200 at L = 2k to 16k with either softmax, as
+    /// measured before the kernel's accumulators moved out of local memory (BENCHMARKS.md); with
     /// [`PrefillKernel::Auto`], 64 is used where only it fits the head dimension.
     pub coop_rows: u32,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers (64-key tiles) where
-    /// the device's matrix layout allows it (a probe kernel checks, once per [`Attention`]), rather
+    /// the device's matrix layout allows it (a probe kernel checks, once per device), rather
     /// than in shared memory (32-key tiles). On by default; off only to compare the two.
     pub coop_registers: bool,
     /// Query rows per workgroup of the generic prefill.
