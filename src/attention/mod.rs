@@ -607,7 +607,7 @@ pub struct AttentionOptions {
     /// BENCHMARKS.md).
     pub decode_prefetch: bool,
     /// Query rows per workgroup of the cooperative-matrix prefill, 16 per subgroup: 64 or 128.
-    /// 128 (the default) was 11 to 28% faster on an H200 at L = 2k to 16k with either softmax, as
+    /// 128 (the default) was 11 to 33% faster on an H200 at L = 2k to 16k with either softmax, as
     /// measured before the kernel's accumulators moved out of local memory (BENCHMARKS.md); with
     /// [`PrefillKernel::Auto`], 64 is used where only it fits the head dimension.
     pub coop_rows: u32,
