@@ -437,12 +437,7 @@ fn coop_quad_layout(ctx: &Context) -> Result<bool> {
 
 /// Runs the `coop_layout` probe on `ctx`'s device: see [`coop_quad_layout`].
 fn probe_quad_layout(ctx: &Context) -> Result<bool> {
-    let kernel = ctx.kernel(
-        &image(ctx, "coop_layout")?,
-        "coop_layout",
-        &SpecConstants::new(),
-        &BuildOptions::default(),
-    )?;
+    let kernel = shipped_kernel(ctx, "coop_layout", &SpecConstants::new())?;
     let out = ctx.buffer::<u32>(1026)?;
     ctx.queue()
         .launch(&kernel, [1, 1, 1], &[&out], &[])?
@@ -764,11 +759,14 @@ impl std::fmt::Debug for Attention {
     }
 }
 
-fn image(ctx: &Context, name: &str) -> Result<crate::backend::DeviceImage> {
-    match ctx.backend() {
-        BackendKind::Vulkan => crate::kernels::spirv_image(name),
-        BackendKind::OpenCl => crate::kernels::opencl_image(name),
-    }
+/// The shipped kernel `name` on `ctx`'s backend, specialized by `spec`: built, or served by the
+/// context's memory or disk cache.
+fn shipped_kernel(ctx: &Context, name: &str, spec: &SpecConstants) -> Result<Kernel> {
+    let image = match ctx.backend() {
+        BackendKind::Vulkan => crate::kernels::spirv_image(name)?,
+        BackendKind::OpenCl => crate::kernels::opencl_image(name)?,
+    };
+    ctx.kernel(&image, name, spec, &BuildOptions::default())
 }
 
 impl Attention {
@@ -891,7 +889,6 @@ impl Attention {
         let d = SpecValue::U32(shape.head_dim as u32);
         let local = SpecValue::U32(options.local_size);
         let f16 = SpecValue::U32(u32::from(dtype == KvDtype::F16));
-        let none = BuildOptions::default();
         let (decode_name, decode_spec) = match vec {
             None => (
                 "attn_decode",
@@ -917,7 +914,7 @@ impl Attention {
                 ("attn_decode_vec", spec)
             }
         };
-        let decode = ctx.kernel(&image(ctx, decode_name)?, decode_name, &decode_spec, &none)?;
+        let decode = shipped_kernel(ctx, decode_name, &decode_spec)?;
         let (append, reduce) = if vec.is_some() {
             (None, None)
         } else {
@@ -930,19 +927,9 @@ impl Attention {
             let reduce_spec = SpecConstants::new()
                 .with(0, SpecValue::U32(reduce_local))
                 .with(3, d);
-            let reduce = ctx.kernel(
-                &image(ctx, "attn_reduce")?,
-                "attn_reduce",
-                &reduce_spec,
-                &none,
-            )?;
+            let reduce = shipped_kernel(ctx, "attn_reduce", &reduce_spec)?;
             let append_spec = SpecConstants::new().with(0, local).with(2, f16).with(3, d);
-            let append = ctx.kernel(
-                &image(ctx, "attn_append")?,
-                "attn_append",
-                &append_spec,
-                &none,
-            )?;
+            let append = shipped_kernel(ctx, "attn_append", &append_spec)?;
             (Some(append), Some(reduce))
         };
         let (prefill_name, prefill_spec) = match prefill_kind {
@@ -970,12 +957,7 @@ impl Attention {
                     .with(5, SpecValue::U32(options.block_k)),
             ),
         };
-        let prefill = ctx.kernel(
-            &image(ctx, prefill_name)?,
-            prefill_name,
-            &prefill_spec,
-            &none,
-        )?;
+        let prefill = shipped_kernel(ctx, prefill_name, &prefill_spec)?;
         let most_splits = capacity.div_ceil(options.chunk as usize);
         let splits = match vec {
             None => most_splits,
