@@ -70,8 +70,7 @@
     } while (0)
 #define PER_X (SPREAD ? GROUP : 1)
 #define W_CACHED 1024
-#define COMBINE_UNROLL 8  // splits in flight per slice when combining
-#define HEAD_UNROLL 8     // the same, when each slice combines a head
+#define COMBINE_UNROLL 8  // splits in flight per slice when combining (16 lost in the per-head one, H200)
 #define SLICES (LOCAL_SIZE / 32)
 #define PER_LANE ((HEAD_DIM + 31) / 32)
 
@@ -445,13 +444,13 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
             }
             if (mine) {
                 float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-                // HEAD_UNROLL splits loaded before any is used (volatile: each load is an L2
+                // COMBINE_UNROLL splits loaded before any is used (volatile: each load is an L2
                 // round trip).
-                for (uint s0 = 0; s0 < splits; s0 += HEAD_UNROLL) {
-                    float wt[HEAD_UNROLL];
-                    float x[HEAD_UNROLL * 8];
+                for (uint s0 = 0; s0 < splits; s0 += COMBINE_UNROLL) {
+                    float wt[COMBINE_UNROLL];
+                    float x[COMBINE_UNROLL * 8];
 #pragma unroll
-                    for (uint u = 0; u < HEAD_UNROLL; u++) {
+                    for (uint u = 0; u < COMBINE_UNROLL; u++) {
                         uint s = s0 + u;
                         uint at = min(s, splits - 1);  // a valid split; weighted 0 past the end
                         wt[u] = s < splits ? exp(part_ml[(first + at) * 2] - gm) : 0.0f;
@@ -462,7 +461,7 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
                         }
                     }
 #pragma unroll
-                    for (uint u = 0; u < HEAD_UNROLL; u++) {
+                    for (uint u = 0; u < COMBINE_UNROLL; u++) {
 #pragma unroll
                         for (uint i = 0; i < PER_LANE; i++) {
                             sum[i] += wt[u] * x[u * 8 + i];
