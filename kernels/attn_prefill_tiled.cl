@@ -4,6 +4,7 @@
 // kpc-spec-constant 2 KV_F16
 // kpc-spec-constant 3 HEAD_DIM
 // kpc-spec-constant 6 SLICE
+// kpc-spec-constant 7 PREFETCH
 #ifndef KV_F16
 #define KV_F16 0
 #endif
@@ -13,21 +14,152 @@
 #ifndef SLICE
 #define SLICE 16
 #endif
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
 
 #define BQ 64
 #define BK 64
 #define DC SLICE
 #define KC (SLICE * 128 / HEAD_DIM)
-#define KOFF (SLICE * 16)
+#define QS 17
+#define KOFF (SLICE * QS)
 #define DV4 (HEAD_DIM / 64)
 #define D4 (HEAD_DIM / 4)
+#define QCH (DC / 4)
+#define QE (64 * QCH / 256)
+#define KWR (KV_F16 ? DC / 2 : DC)
+#define KCH (KWR / 4)
+#define KE ((64 * KCH + 255) / 256)
+#define KROW (KV_F16 ? HEAD_DIM / 8 : HEAD_DIM / 4)
+
+// Chunk e of this work-item in a slice of 64 rows of `per_row` 16-byte chunks: (row, chunk in row).
+// A sub-group covers 8 rows of (up to) 4 chunks (the twin's chunk_at says why).
+inline uint2 chunk_at(uint tid, uint e, uint per_row)
+{
+    uint c = tid + 256 * e;
+    uint lane = c % 32;
+    uint w = c / 32;
+    uint across = max(per_row / 4, 1u);
+    uint in_row = min(per_row, 4u);
+    return (uint2)(8 * (w / across) + lane % 8, lane / 8 + in_row * (w % across));
+}
+
+// Loads the Q and K chunks of head-dimension slice dc of the tile at key j0 into pf.
+inline void fetch_s(uint *pf, global const float4 *q, global const uint4 *k, uint tid, uint j0,
+                    uint dc, uint rows, uint q_base, uint head_row, uint visible)
+{
+#pragma unroll
+    for (uint e = 0; e < QE; e++) {
+        uint2 rc = chunk_at(tid, e, QCH);
+        float4 x = (float4)(0.0f);
+        if (rc.x < rows) {
+            x = q[(q_base + rc.x * HEAD_DIM + dc) / 4 + rc.y];
+        }
+        pf[4 * e] = as_uint(x.x);
+        pf[4 * e + 1] = as_uint(x.y);
+        pf[4 * e + 2] = as_uint(x.z);
+        pf[4 * e + 3] = as_uint(x.w);
+    }
+#pragma unroll
+    for (uint e = 0; e < KE; e++) {
+        uint2 rc = chunk_at(tid, e, KCH);
+        uint j = j0 + rc.x;
+        uint4 x = (uint4)(0u);
+        if (rc.x < 64 && rc.y < KCH && j < visible) {
+            x = k[(head_row + j) * KROW + dc / (4 << KV_F16) + rc.y];
+        }
+        pf[8 + 4 * e] = x.x;
+        pf[8 + 4 * e + 1] = x.y;
+        pf[8 + 4 * e + 2] = x.z;
+        pf[8 + 4 * e + 3] = x.w;
+    }
+}
+
+// Stores the chunks fetch_s loaded: the Q slice as [d][row/4], the K slice as [d][key/4].
+inline void store_s(const uint *pf, local float *bf, uint tid)
+{
+#pragma unroll
+    for (uint e = 0; e < QE; e++) {
+        uint2 rc = chunk_at(tid, e, QCH);
+#pragma unroll
+        for (uint t = 0; t < 4; t++) {
+            uint d = 4 * rc.y + t;
+            bf[(d * QS + rc.x / 4) * 4 + rc.x % 4] = as_float(pf[4 * e + t]);
+        }
+    }
+#pragma unroll
+    for (uint e = 0; e < KE; e++) {
+        uint2 rc = chunk_at(tid, e, KCH);
+        uint key = rc.x;
+        if (key < 64 && rc.y < KCH) {
+#pragma unroll
+            for (uint t = 0; t < 4; t++) {
+#if KV_F16
+                uint d = 8 * rc.y + 2 * t;
+                float2 kk = vload_half2(0, (const private half *)&pf[8 + 4 * e + t]);
+                bf[(KOFF + d * 16 + key / 4) * 4 + key % 4] = kk.x;
+                bf[(KOFF + (d + 1) * 16 + key / 4) * 4 + key % 4] = kk.y;
+#else
+                uint d = 4 * rc.y + t;
+                bf[(KOFF + d * 16 + key / 4) * 4 + key % 4] = as_float(pf[8 + 4 * e + t]);
+#endif
+            }
+        }
+    }
+}
+
+// Loads the V words of keys j0 + k0 .. + KC into pf.
+inline void fetch_v(uint *pf, global const uint *v, uint tid, uint j0, uint k0, uint head_row,
+                    uint visible)
+{
+#if KV_F16
+#pragma unroll
+    for (uint e = 0; e < DC / 4; e++) {
+        uint i = tid + 256 * e;
+        uint j = j0 + k0 + i / (HEAD_DIM / 2);
+        pf[e] = j < visible ? v[(head_row + j) * (HEAD_DIM / 2) + i % (HEAD_DIM / 2)] : 0u;
+    }
+#else
+#pragma unroll
+    for (uint e = 0; e < DC / 2; e++) {
+        uint i = tid + 256 * e;
+        uint j = j0 + k0 + i / HEAD_DIM;
+        pf[e] = j < visible ? v[(head_row + j) * HEAD_DIM + i % HEAD_DIM] : 0u;
+    }
+#endif
+}
+
+// Stores the words fetch_v loaded as [key][d/4].
+inline void store_v(const uint *pf, local float *bf, uint tid)
+{
+#if KV_F16
+#pragma unroll
+    for (uint e = 0; e < DC / 4; e++) {
+        uint i = tid + 256 * e;
+        uint key = i / (HEAD_DIM / 2);
+        uint d = 2 * (i % (HEAD_DIM / 2));
+        float2 vv = vload_half2(0, (const private half *)&pf[e]);
+        bf[(key * D4 + d / 4) * 4 + d % 4] = vv.x;
+        bf[(key * D4 + d / 4) * 4 + d % 4 + 1] = vv.y;
+    }
+#else
+#pragma unroll
+    for (uint e = 0; e < DC / 2; e++) {
+        uint i = tid + 256 * e;
+        uint key = i / HEAD_DIM;
+        uint d = i % HEAD_DIM;
+        bf[(key * D4 + d / 4) * 4 + d % 4] = as_float(pf[e]);
+    }
+#endif
+}
 
 __attribute__((reqd_work_group_size(256, 1, 1)))
-kernel void attn_prefill_tiled(global const float *q, global const uint *k, global const uint *v,
+kernel void attn_prefill_tiled(global const float4 *q, global const uint4 *k, global const uint *v,
                                global float *o, uint q_len, uint kv_len, uint capacity,
                                uint q_heads, uint group, float scale)
 {
-    local float4 buf[SLICE * 32];
+    local float4 buf[SLICE * 33];
     local float4 pt[BK * 16];
     local float red[BQ * 16];
     local float *bf = (local float *)buf;
@@ -59,6 +191,11 @@ kernel void attn_prefill_tiled(global const float *q, global const uint *k, glob
         l[r] = 0.0f;
     }
 
+    // The next staging step's global words (see the twin's PREFETCH).
+    uint pf[16];
+#if PREFETCH
+    fetch_s(pf, q, k, tid, 0, 0, rows, q_base, head_row, visible);
+#endif
     for (uint j0 = 0; j0 < visible; j0 += BK) {
         float s[16];
 #pragma unroll
@@ -66,41 +203,21 @@ kernel void attn_prefill_tiled(global const float *q, global const uint *k, glob
             s[i] = 0.0f;
         }
         for (uint dc = 0; dc < HEAD_DIM; dc += DC) {
-            uint row = tid % 64;
-#pragma unroll
-            for (uint e = 0; e < DC / 4; e++) {
-                uint d = tid / 64 + 4 * e;
-                float x = row < rows ? q[q_base + row * HEAD_DIM + dc + d] : 0.0f;
-                bf[(d * 16 + row / 4) * 4 + row % 4] = x;
-            }
-            uint key = tid % 64;
-            uint j = j0 + key;
-#if KV_F16
-#pragma unroll
-            for (uint e = 0; e < DC / 8; e++) {
-                uint pr = tid / 64 + 4 * e;
-                float2 kk = (float2)(0.0f, 0.0f);
-                if (j < visible) {
-                    kk = vload_half2(((head_row + j) * HEAD_DIM + dc) / 2 + pr, (global const half *)k);
-                }
-                bf[(KOFF + (2 * pr) * 16 + key / 4) * 4 + key % 4] = kk.x;
-                bf[(KOFF + (2 * pr + 1) * 16 + key / 4) * 4 + key % 4] = kk.y;
-            }
-#else
-#pragma unroll
-            for (uint e = 0; e < DC / 4; e++) {
-                uint d = tid / 64 + 4 * e;
-                float x = 0.0f;
-                if (j < visible) {
-                    x = as_float(k[(head_row + j) * HEAD_DIM + dc + d]);
-                }
-                bf[(KOFF + d * 16 + key / 4) * 4 + key % 4] = x;
+#if !PREFETCH
+            fetch_s(pf, q, k, tid, j0, dc, rows, q_base, head_row, visible);
+#endif
+            store_s(pf, bf, tid);
+            barrier(CLK_LOCAL_MEM_FENCE);
+#if PREFETCH
+            if (dc + DC < HEAD_DIM) {
+                fetch_s(pf, q, k, tid, j0, dc + DC, rows, q_base, head_row, visible);
+            } else {
+                fetch_v(pf, v, tid, j0, 0, head_row, visible);
             }
 #endif
-            barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
             for (uint d = 0; d < DC; d++) {
-                float4 a = buf[d * 16 + rg];
+                float4 a = buf[d * QS + rg];
                 float4 bk = buf[KOFF + d * 16 + cg];
                 float av[4] = {a.x, a.y, a.z, a.w};
                 float bv[4] = {bk.x, bk.y, bk.z, bk.w};
@@ -162,36 +279,18 @@ kernel void attn_prefill_tiled(global const float *q, global const uint *k, glob
         barrier(CLK_LOCAL_MEM_FENCE);
 
         for (uint k0 = 0; k0 < BK; k0 += KC) {
-#if KV_F16
-#pragma unroll
-            for (uint e = 0; e < DC / 4; e++) {
-                uint i = tid + 256 * e;
-                uint key = i / (HEAD_DIM / 2);
-                uint pr = i % (HEAD_DIM / 2);
-                uint j = j0 + k0 + key;
-                float2 vv = (float2)(0.0f, 0.0f);
-                if (j < visible) {
-                    vv = vload_half2((head_row + j) * (HEAD_DIM / 2) + pr, (global const half *)v);
-                }
-                uint d = 2 * pr;
-                bf[(key * D4 + d / 4) * 4 + d % 4] = vv.x;
-                bf[(key * D4 + d / 4) * 4 + d % 4 + 1] = vv.y;
-            }
-#else
-#pragma unroll
-            for (uint e = 0; e < DC / 2; e++) {
-                uint i = tid + 256 * e;
-                uint key = i / HEAD_DIM;
-                uint d = i % HEAD_DIM;
-                uint j = j0 + k0 + key;
-                float x = 0.0f;
-                if (j < visible) {
-                    x = as_float(v[(head_row + j) * HEAD_DIM + d]);
-                }
-                bf[(key * D4 + d / 4) * 4 + d % 4] = x;
+#if !PREFETCH
+            fetch_v(pf, v, tid, j0, k0, head_row, visible);
+#endif
+            store_v(pf, bf, tid);
+            barrier(CLK_LOCAL_MEM_FENCE);
+#if PREFETCH
+            if (k0 + KC < BK) {
+                fetch_v(pf, v, tid, j0, k0 + KC, head_row, visible);
+            } else if (j0 + BK < visible) {
+                fetch_s(pf, q, k, tid, j0 + BK, 0, rows, q_base, head_row, visible);
             }
 #endif
-            barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
             for (uint kk = 0; kk < KC; kk++) {
                 float4 pp = pt[(k0 + kk) * 16 + rg];

@@ -4,12 +4,19 @@
 // Why this shape: prefill is compute-bound, so the work is arranged for FMA throughput. A workgroup
 // of 256 invocations owns 64 query rows and walks 64-key tiles up to the last key its last row may
 // see. Invocation t owns rows 4*(t/16)..+3 and, per tile, keys 4*(t%16)..+3 of S = Q K^T (16 scores
-// in registers) and D/16 columns of the output (in registers). S is accumulated over 16-wide slices
-// of the head dimension staged in shared memory as vec4s, so each step is two 16-byte shared loads
+// in registers) and D/16 columns of the output (in registers). S is accumulated over SLICE-wide
+// slices of the head dimension staged in shared memory as vec4s, so each step is two 16-byte shared loads
 // (one broadcast across the warp) for 16 FMAs; O += P V reads P as a broadcast vec4 and V as vec4s.
 // The row max is combined across the 16 owners of a row through shared memory; the row sum is kept
 // per invocation and combined once at the end. Query tiles are taken last first, so the longest
 // (causal) ones start first.
+//
+// Q and K slices are read from global memory in 16-byte chunks along their rows and transposed as
+// they are stored: read one row per invocation, each load touched a cache line per invocation, and
+// the loads took 44% of the kernel's time on an H200 (knock-outs, BENCHMARKS.md). With PREFETCH = 1
+// the global words of the next staging step (the next Q and K slice, or the next
+// V keys) are loaded into registers before the current step's arithmetic, and stored to shared
+// memory after it: the L2 round trip overlaps the FMAs instead of stalling between two barriers.
 //
 // Q and O are [batch][q_head][q_len][head_dim] (f32). K and V are the KV cache's
 // [batch][kv_head][capacity][head_dim], f32 or (KV_F16 = 1) packed f16 pairs. Query i of the launch
@@ -21,18 +28,28 @@ layout(local_size_x = 256) in;
 layout(constant_id = 2) const uint KV_F16 = 0;
 layout(constant_id = 3) const uint HEAD_DIM = 128;  // a multiple of 64, at most 256
 layout(constant_id = 6) const uint SLICE = 16;      // 16 or 32: head-dimension slice staged per step
+layout(constant_id = 7) const uint PREFETCH = 0;    // 1: load the next step's words during this one
 
 const uint BQ = 64u;                 // query rows per workgroup
 const uint BK = 64u;                 // keys per tile
 const uint DC = SLICE;               // head-dimension slice staged per step of S
 const uint KC = SLICE * 128u / HEAD_DIM;  // keys of V staged per step of O += P V
-const uint KOFF = SLICE * 16u;       // where the K slice starts in buf
+const uint QS = 17u;                 // vec4s per d of the Q slice in buf (padded: fewer bank conflicts)
+const uint KOFF = SLICE * QS;       // where the K slice starts in buf
 const uint DV4 = HEAD_DIM / 64u;     // output vec4s per row per invocation
 const uint D4 = HEAD_DIM / 4u;       // vec4s per row of V
+// Q and K slices are loaded as 16-byte chunks, consecutive invocations along a row, and transposed
+// into buf when stored (consecutive invocations on different rows would touch a cache line each).
+const uint QCH = DC / 4u;                          // chunks per row of a Q slice
+const uint QE = 64u * QCH / 256u;                  // Q chunks per invocation: 1 or 2
+const uint KWR = KV_F16 != 0u ? DC / 2u : DC;      // words per key of a K slice
+const uint KCH = KWR / 4u;                         // chunks per key of a K slice
+const uint KE = (64u * KCH + 255u) / 256u;         // K chunks per invocation (the last may be idle)
+const uint KROW = KV_F16 != 0u ? HEAD_DIM / 8u : HEAD_DIM / 4u;  // chunks per cache row
 
-layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
-layout(std430, set = 0, binding = 1) readonly buffer K { uint k[]; };
-layout(std430, set = 0, binding = 2) readonly buffer V { uint v[]; };
+layout(std430, set = 0, binding = 0) readonly buffer Q { vec4 q[]; };
+layout(std430, set = 0, binding = 1) readonly buffer K { uvec4 k[]; };
+layout(std430, set = 0, binding = 2) readonly buffer V { uvec4 v[]; };
 layout(std430, set = 0, binding = 3) writeonly buffer Out { float o[]; };
 
 layout(push_constant) uniform Params {
@@ -44,12 +61,123 @@ layout(push_constant) uniform Params {
     float scale;    // 1 / sqrt(D)
 } p;
 
-// Staging, SLICE / 2 KiB: a Q slice ([d][row/4]) and a K slice ([d][key/4]) while computing S, then
+// Staging, SLICE * 528 bytes: a Q slice ([d][row/4], padded to 17 vec4s per d so that the
+// transposing stores meet fewer bank conflicts) and a K slice ([d][key/4]) while computing S, then
 // a V slice ([key][d/4]) while computing O. A wider slice halves the barriers per tile; the host
-// picks 32 where the device has the shared memory (36 KiB in all), else 16 (28 KiB).
-shared vec4 buf[SLICE * 32u];
+// picks 32 where the device has the shared memory (36.5 KiB in all), else 16 (28.25 KiB).
+shared vec4 buf[SLICE * 33u];
 shared vec4 pt[BK * 16u];      // P transposed: [key][row/4]
 shared float red[BQ * 16u];    // per-row partials of the 16 owners of each row
+
+// The next staging step's global words: DC/4 Q words then K words (S steps), or V words.
+uint pf[16];
+
+// Chunk e of this invocation in a slice of 64 rows of `per_row` chunks: its row and chunk in the
+// row. A subgroup covers 8 rows of (up to) 4 chunks, so each row's run is contiguous in memory and
+// the stores into buf fall in at most 4 invocations per bank.
+uvec2 chunk_at(uint tid, uint e, uint per_row) {
+    uint c = tid + 256u * e;
+    uint lane = c % 32u;
+    uint w = c / 32u;
+    uint across = max(per_row / 4u, 1u);  // subgroup-chunks per 8 rows
+    uint in_row = min(per_row, 4u);
+    return uvec2(8u * (w / across) + lane % 8u, lane / 8u + in_row * (w % across));
+}
+
+// Loads the Q and K chunks of head-dimension slice dc of the tile at key j0 into pf.
+void fetch_s(uint tid, uint j0, uint dc, uint rows, uint q_base, uint head_row, uint visible) {
+    [[unroll]] for (uint e = 0u; e < QE; e++) {
+        uvec2 rc = chunk_at(tid, e, QCH);
+        vec4 x = vec4(0.0);
+        if (rc.x < rows) {
+            x = q[(q_base + rc.x * HEAD_DIM + dc) / 4u + rc.y];
+        }
+        [[unroll]] for (uint t = 0u; t < 4u; t++) {
+            pf[4u * e + t] = floatBitsToUint(x[t]);
+        }
+    }
+    [[unroll]] for (uint e = 0u; e < KE; e++) {
+        uvec2 rc = chunk_at(tid, e, KCH);
+        uint j = j0 + rc.x;
+        uvec4 x = uvec4(0u);
+        if (rc.x < 64u && rc.y < KCH && j < visible) {
+            x = k[(head_row + j) * KROW + dc / (4u << KV_F16) + rc.y];
+        }
+        [[unroll]] for (uint t = 0u; t < 4u; t++) {
+            pf[8u + 4u * e + t] = x[t];
+        }
+    }
+}
+
+// Stores the chunks fetch_s loaded: the Q slice as [d][row/4], the K slice as [d][key/4].
+void store_s(uint tid) {
+    [[unroll]] for (uint e = 0u; e < QE; e++) {
+        uvec2 rc = chunk_at(tid, e, QCH);
+        [[unroll]] for (uint t = 0u; t < 4u; t++) {
+            uint d = 4u * rc.y + t;
+            buf[d * QS + rc.x / 4u][rc.x % 4u] = uintBitsToFloat(pf[4u * e + t]);
+        }
+    }
+    [[unroll]] for (uint e = 0u; e < KE; e++) {
+        uvec2 rc = chunk_at(tid, e, KCH);
+        uint key = rc.x;
+        if (key < 64u && rc.y < KCH) {
+            if (KV_F16 != 0u) {
+                [[unroll]] for (uint t = 0u; t < 4u; t++) {
+                    uint d = 8u * rc.y + 2u * t;
+                    vec2 kk = unpackHalf2x16(pf[8u + 4u * e + t]);
+                    buf[KOFF + d * 16u + key / 4u][key % 4u] = kk.x;
+                    buf[KOFF + (d + 1u) * 16u + key / 4u][key % 4u] = kk.y;
+                }
+            } else {
+                [[unroll]] for (uint t = 0u; t < 4u; t++) {
+                    uint d = 4u * rc.y + t;
+                    buf[KOFF + d * 16u + key / 4u][key % 4u] = uintBitsToFloat(pf[8u + 4u * e + t]);
+                }
+            }
+        }
+    }
+}
+
+// Loads the V words of keys j0 + k0 .. + KC into pf.
+void fetch_v(uint tid, uint j0, uint k0, uint head_row, uint visible) {
+    if (KV_F16 != 0u) {
+        [[unroll]] for (uint e = 0u; e < DC / 4u; e++) {
+            uint i = tid + 256u * e;
+            uint j = j0 + k0 + i / (HEAD_DIM / 2u);
+            uint w = (head_row + j) * (HEAD_DIM / 2u) + i % (HEAD_DIM / 2u);
+            pf[e] = j < visible ? v[w / 4u][w % 4u] : 0u;
+        }
+    } else {
+        [[unroll]] for (uint e = 0u; e < DC / 2u; e++) {
+            uint i = tid + 256u * e;
+            uint j = j0 + k0 + i / HEAD_DIM;
+            uint w = (head_row + j) * HEAD_DIM + i % HEAD_DIM;
+            pf[e] = j < visible ? v[w / 4u][w % 4u] : 0u;
+        }
+    }
+}
+
+// Stores the words fetch_v loaded as [key][d/4].
+void store_v(uint tid) {
+    if (KV_F16 != 0u) {
+        [[unroll]] for (uint e = 0u; e < DC / 4u; e++) {
+            uint i = tid + 256u * e;
+            uint key = i / (HEAD_DIM / 2u);
+            uint d = 2u * (i % (HEAD_DIM / 2u));
+            vec2 vv = unpackHalf2x16(pf[e]);
+            buf[key * D4 + d / 4u][d % 4u] = vv.x;
+            buf[key * D4 + d / 4u][d % 4u + 1u] = vv.y;
+        }
+    } else {
+        [[unroll]] for (uint e = 0u; e < DC / 2u; e++) {
+            uint i = tid + 256u * e;
+            uint key = i / HEAD_DIM;
+            uint d = i % HEAD_DIM;
+            buf[key * D4 + d / 4u][d % 4u] = uintBitsToFloat(pf[e]);
+        }
+    }
+}
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -78,43 +206,29 @@ void main() {
         l[r] = 0.0;
     }
 
+    if (PREFETCH != 0u) {
+        fetch_s(tid, 0u, 0u, rows, q_base, head_row, visible);
+    }
     for (uint j0 = 0u; j0 < visible; j0 += BK) {
         float s[16];
         [[unroll]] for (uint i = 0u; i < 16u; i++) {
             s[i] = 0.0;
         }
         for (uint dc = 0u; dc < HEAD_DIM; dc += DC) {
-            uint row = tid % 64u;
-            [[unroll]] for (uint e = 0u; e < DC / 4u; e++) {
-                uint d = tid / 64u + 4u * e;
-                float x = row < rows ? q[q_base + row * HEAD_DIM + dc + d] : 0.0;
-                buf[d * 16u + row / 4u][row % 4u] = x;
+            if (PREFETCH == 0u) {
+                fetch_s(tid, j0, dc, rows, q_base, head_row, visible);
             }
-            uint key = tid % 64u;
-            uint j = j0 + key;
-            if (KV_F16 != 0u) {
-                [[unroll]] for (uint e = 0u; e < DC / 8u; e++) {
-                    uint pr = tid / 64u + 4u * e;
-                    vec2 kk = vec2(0.0);
-                    if (j < visible) {
-                        kk = unpackHalf2x16(k[((head_row + j) * HEAD_DIM + dc) / 2u + pr]);
-                    }
-                    buf[KOFF + (2u * pr) * 16u + key / 4u][key % 4u] = kk.x;
-                    buf[KOFF + (2u * pr + 1u) * 16u + key / 4u][key % 4u] = kk.y;
-                }
-            } else {
-                [[unroll]] for (uint e = 0u; e < DC / 4u; e++) {
-                    uint d = tid / 64u + 4u * e;
-                    float x = 0.0;
-                    if (j < visible) {
-                        x = uintBitsToFloat(k[(head_row + j) * HEAD_DIM + dc + d]);
-                    }
-                    buf[KOFF + d * 16u + key / 4u][key % 4u] = x;
-                }
-            }
+            store_s(tid);
             barrier();
+            if (PREFETCH != 0u) {
+                if (dc + DC < HEAD_DIM) {
+                    fetch_s(tid, j0, dc + DC, rows, q_base, head_row, visible);
+                } else {
+                    fetch_v(tid, j0, 0u, head_row, visible);
+                }
+            }
             [[unroll]] for (uint d = 0u; d < DC; d++) {
-                vec4 a = buf[d * 16u + rg];
+                vec4 a = buf[d * QS + rg];
                 vec4 bk = buf[KOFF + d * 16u + cg];
                 [[unroll]] for (uint r = 0u; r < 4u; r++) {
                     [[unroll]] for (uint c = 0u; c < 4u; c++) {
@@ -166,34 +280,18 @@ void main() {
         barrier();
 
         for (uint k0 = 0u; k0 < BK; k0 += KC) {
-            if (KV_F16 != 0u) {
-                [[unroll]] for (uint e = 0u; e < DC / 4u; e++) {
-                    uint i = tid + 256u * e;
-                    uint key = i / (HEAD_DIM / 2u);
-                    uint pr = i % (HEAD_DIM / 2u);
-                    uint j = j0 + k0 + key;
-                    vec2 vv = vec2(0.0);
-                    if (j < visible) {
-                        vv = unpackHalf2x16(v[(head_row + j) * (HEAD_DIM / 2u) + pr]);
-                    }
-                    uint d = 2u * pr;
-                    buf[key * D4 + d / 4u][d % 4u] = vv.x;
-                    buf[key * D4 + d / 4u][d % 4u + 1u] = vv.y;
-                }
-            } else {
-                [[unroll]] for (uint e = 0u; e < DC / 2u; e++) {
-                    uint i = tid + 256u * e;
-                    uint key = i / HEAD_DIM;
-                    uint d = i % HEAD_DIM;
-                    uint j = j0 + k0 + key;
-                    float x = 0.0;
-                    if (j < visible) {
-                        x = uintBitsToFloat(v[(head_row + j) * HEAD_DIM + d]);
-                    }
-                    buf[key * D4 + d / 4u][d % 4u] = x;
+            if (PREFETCH == 0u) {
+                fetch_v(tid, j0, k0, head_row, visible);
+            }
+            store_v(tid);
+            barrier();
+            if (PREFETCH != 0u) {
+                if (k0 + KC < BK) {
+                    fetch_v(tid, j0, k0 + KC, head_row, visible);
+                } else if (j0 + BK < visible) {
+                    fetch_s(tid, j0 + BK, 0u, rows, q_base, head_row, visible);
                 }
             }
-            barrier();
             [[unroll]] for (uint kk = 0u; kk < KC; kk++) {
                 vec4 pp = pt[(k0 + kk) * 16u + rg];
                 [[unroll]] for (uint jv = 0u; jv < DV4; jv++) {

@@ -316,21 +316,30 @@ fn prefill_case_scaled(
 }
 
 fn prefill_shapes(ctx: &Context, dtype: KvDtype) {
+    let prefetch = AttentionOptions::default().tiled_prefetch;
     for kernel in [PrefillKernel::Generic, PrefillKernel::Auto] {
-        prefill_shapes_with(ctx, dtype, kernel);
+        prefill_shapes_with(ctx, dtype, kernel, prefetch);
+    }
+    // The tiled kernel with its staging prefetch switched the other way, and as it runs by default
+    // where Auto picked the cooperative kernel.
+    prefill_shapes_with(ctx, dtype, PrefillKernel::Tiled, !prefetch);
+    if picks_coop(ctx, dtype, PrefillKernel::Auto) {
+        prefill_shapes_with(ctx, dtype, PrefillKernel::Tiled, prefetch);
     }
 }
 
-fn prefill_shapes_with(ctx: &Context, dtype: KvDtype, kernel: PrefillKernel) {
+fn prefill_shapes_with(ctx: &Context, dtype: KvDtype, kernel: PrefillKernel, tiled_prefetch: bool) {
     let small = AttentionOptions {
         local_size: 16,
         block_q: 3,
         block_k: 5,
         prefill: kernel,
+        tiled_prefetch,
         ..AttentionOptions::default()
     };
     let default = AttentionOptions {
         prefill: kernel,
+        tiled_prefetch,
         ..AttentionOptions::default()
     };
     for (s, options, len) in [

@@ -526,7 +526,7 @@ fn coop_prefill_fits(
 
 /// Shared memory the tiled prefill kernel declares with a head-dimension slice of `slice`.
 const fn tiled_prefill_shared(slice: usize) -> usize {
-    slice * 512 + 16384 + 4096
+    slice * 528 + 16384 + 4096
 }
 
 /// The head-dimension slice the tiled prefill stages per step on `device`: 32 where the shared
@@ -610,6 +610,12 @@ pub struct AttentionOptions {
     /// the device's matrix layout allows it (a probe kernel checks, once per device), rather
     /// than in shared memory (32-key tiles). On by default; off only to compare the two.
     pub coop_registers: bool,
+    /// Whether the tiled prefill loads the next staging step's Q, K or V words into registers
+    /// before the current step's arithmetic, so that their round trip overlaps it, rather than
+    /// loading them between two barriers. On by default: on an H200 it was 6 to 8% faster on
+    /// Vulkan (145 registers instead of 109) and 1 to 3% on OpenCL, at L = 2k to 8k
+    /// (BENCHMARKS.md).
+    pub tiled_prefetch: bool,
     /// Query rows per workgroup of the generic prefill.
     pub block_q: u32,
     /// Key positions per prefill tile.
@@ -630,6 +636,7 @@ impl Default for AttentionOptions {
             decode_prefetch: false,
             coop_rows: 128,
             coop_registers: true,
+            tiled_prefetch: true,
             block_q: 8,
             block_k: 32,
         }
@@ -945,7 +952,8 @@ impl Attention {
                 SpecConstants::new()
                     .with(2, f16)
                     .with(3, d)
-                    .with(6, SpecValue::U32(tiled_prefill_slice(device))),
+                    .with(6, SpecValue::U32(tiled_prefill_slice(device)))
+                    .with(7, SpecValue::U32(u32::from(options.tiled_prefetch))),
             ),
             _ => (
                 "attn_prefill",

@@ -78,6 +78,10 @@ pub struct Args {
     /// default.
     #[arg(long)]
     coop_registers: Option<bool>,
+    /// Whether the tiled prefill loads its next staging step during the current one
+    /// (AttentionOptions::tiled_prefetch): `true` or `false`; without it, the default.
+    #[arg(long)]
+    tiled_prefetch: Option<bool>,
     /// Times the prefill runs (the cache is rolled back in between); the bench line reports the
     /// median. Above 1, untimed runs for at least 300 ms come first (the GPU leaves its idle
     /// clocks only under sustained load).
@@ -183,28 +187,33 @@ fn copy_bandwidth(ctx: &Context) -> kpc::Result<(f64, kpc::Kernel)> {
     } else {
         1usize << 20
     };
+    let time = copy_time(ctx, &k, n)?;
+    Ok((2.0 * (16 * n) as f64 / time.as_secs_f64(), k))
+}
+
+/// Median time of one copy of `n` 16-byte elements (each launch waited for; device time where
+/// the backend has timestamps): ten warm-up copies (clocks leave idle under load), then the median
+/// of twenty.
+fn copy_time(ctx: &Context, k: &kpc::Kernel, n: usize) -> kpc::Result<Duration> {
+    let n = n.max(1);
     let src = ctx.buffer::<u32>(4 * n)?;
     let dst = ctx.buffer::<u32>(4 * n)?;
     let mut groups = k.groups_for([n as u64, 1, 1])?;
     groups[0] = groups[0].min(ctx.device().limits.max_workgroup_count[0]);
     let push = PushConstants::new().u32(n as u32);
-    // Ten warm-up copies (clocks leave idle under load), then the median of twenty.
     let mut times = Vec::with_capacity(20);
     for i in 0..30 {
         let t = Instant::now();
         let ev = ctx
             .queue()
-            .launch(&k, groups, &[&src, &dst], push.as_bytes())?;
+            .launch(k, groups, &[&src, &dst], push.as_bytes())?;
         ev.wait()?;
         if i >= 10 {
             times.push(ev.device_time()?.unwrap_or_else(|| t.elapsed()));
         }
     }
     times.sort();
-    Ok((
-        2.0 * (16 * n) as f64 / times[times.len() / 2].as_secs_f64(),
-        k,
-    ))
+    Ok(times[times.len() / 2])
 }
 
 pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
@@ -261,6 +270,9 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     if let Some(r) = args.coop_registers {
         options.coop_registers = r;
     }
+    if let Some(p) = args.tiled_prefetch {
+        options.tiled_prefetch = p;
+    }
     if let Some(w) = args.workgroups {
         options.decode_workgroups = w;
     }
@@ -285,6 +297,8 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         match (attn.prefill_kernel(), attn.coop_register_softmax()) {
             (PrefillKernel::Cooperative, true) => ", softmax in registers",
             (PrefillKernel::Cooperative, false) => ", softmax in shared memory",
+            (PrefillKernel::Tiled, _) if options.tiled_prefetch => ", next step prefetched",
+            (PrefillKernel::Tiled, _) => ", no prefetch",
             _ => "",
         }
     );
@@ -535,14 +549,28 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             100.0 * gbs_dev * 1e9 / copy_bw,
             100.0 * gbs_wall * 1e9 / copy_bw
         );
+        // The floor at this size: the copy kernel moving a step's bytes (half read, half
+        // written), so the fixed cost of one launch and the ramp of a short stream show.
+        let step_bytes = bytes / n;
+        let same_us = copy_time(&ctx, &copy_kernel, (step_bytes / 32.0).round() as usize)?
+            .as_secs_f64()
+            * 1e6;
+        println!(
+            "copy:    {same_us:.1} us for a copy moving one step's {:.1} MB: decode/that copy = \
+             {:.1}% on the device",
+            step_bytes / 1e6,
+            100.0 * same_us / dev_us
+        );
         println!(
             "bench: phase=decode L={prompt} wall_us={wall_us:.2} device_us={dev_us:.2} \
              host_us={host_us:.1} launches_us={per_launch} \
-             splits={} gbs={gbs_dev:.1} copy_gbs={:.1} pct_device={:.1} pct_wall={:.1}",
+             splits={} gbs={gbs_dev:.1} copy_gbs={:.1} pct_device={:.1} pct_wall={:.1} \
+             copy_same_us={same_us:.2} pct_same={:.1}",
             attn.splits(prompt + 1),
             copy_bw / 1e9,
             100.0 * gbs_dev * 1e9 / copy_bw,
-            100.0 * gbs_wall * 1e9 / copy_bw
+            100.0 * gbs_wall * 1e9 / copy_bw,
+            100.0 * same_us / dev_us
         );
     } else {
         println!("copy:    {:.2} GB/s (copy kernel, same run)", copy_bw / 1e9);
