@@ -165,12 +165,14 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint sg = gl_SubgroupID;
     uint lane = gl_SubgroupInvocationID;
-    uint bh = gl_WorkGroupID.y;
+    uint bh = gl_WorkGroupID.x;
     uint b = bh / p.q_heads;
     uint hq = bh % p.q_heads;
     uint kv_heads = p.q_heads / p.group;
     uint head_row = (b * kv_heads + hq / p.group) * p.capacity;  // cache row of position 0
-    uint tile = gl_NumWorkGroups.x - 1u - gl_WorkGroupID.x;       // longest (causal) tiles first
+    // Grid y is the query tile, last first: every head's longest (causal) tiles are dispatched
+    // before any shorter one (x runs fastest in dispatch order).
+    uint tile = gl_NumWorkGroups.y - 1u - gl_WorkGroupID.y;
     uint q0 = tile * BQ;
     uint rows = min(BQ, p.q_len - q0);
     uint offset = p.kv_len - p.q_len;

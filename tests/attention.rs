@@ -235,6 +235,13 @@ fn bad_shapes(ctx: &Context) {
         .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     assert_eq!(cache.len(), 2);
+    // Attending over the cache: 0 positions, or more than it holds.
+    for len in [0, 3] {
+        let e = attn.prefill_cached(&cache, &q, len, &out).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "len {len}: {e}");
+    }
+    let e = attn.prefill_cached(&cache, &short_q, 1, &out).unwrap_err();
+    assert!(matches!(e, Error::Size { .. }), "{e}");
     let e = cache
         .fill(
             &vec![0.0; 3 * s.kv_step_elems()],
@@ -307,12 +314,26 @@ fn prefill_case_scaled(
         .wait()
         .unwrap();
     assert_eq!(cache.len(), len);
+    // Again over the K/V the prefill wrote, nothing uploaded: the same output, bit for bit.
+    let again = ctx.buffer_from(&vec![f32::NAN; q.len()]).unwrap();
+    attn.prefill_cached(&cache, &qb, len, &again)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let first = out.read().unwrap();
+    assert!(
+        first
+            .iter()
+            .zip(again.read().unwrap())
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{s:?} L={len}: prefill_cached differs from the prefill"
+    );
     let (k, v) = match dtype {
         KvDtype::F32 => (k, v),
         KvDtype::F16 => (round_to_f16(&k), round_to_f16(&v)),
     };
     let want = attention(&s, &q, &k, &v, len, len, true).unwrap();
-    relative_error(&out.read().unwrap(), &want)
+    relative_error(&first, &want)
 }
 
 fn prefill_shapes(ctx: &Context, dtype: KvDtype) {

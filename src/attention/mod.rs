@@ -526,7 +526,7 @@ fn coop_prefill_fits(
 
 /// Shared memory the tiled prefill kernel declares with a head-dimension slice of `slice`.
 const fn tiled_prefill_shared(slice: usize) -> usize {
-    slice * 528 + 16384 + 4096
+    slice * 784 + 16384
 }
 
 /// The head-dimension slice the tiled prefill stages per step on `device`: 32 where the shared
@@ -612,9 +612,9 @@ pub struct AttentionOptions {
     pub coop_registers: bool,
     /// Whether the tiled prefill loads the next staging step's Q, K or V words into registers
     /// before the current step's arithmetic, so that their round trip overlaps it, rather than
-    /// loading them between two barriers. On by default: on an H200 it was 6 to 8% faster on
-    /// Vulkan (145 registers instead of 109) and 1 to 3% on OpenCL, at L = 2k to 8k
-    /// (BENCHMARKS.md).
+    /// loading them between two barriers. On by default; [`AttentionOptions::for_device`] turns
+    /// it off on OpenCL. On an H200 it was 6% faster on Vulkan (177 registers instead of 163)
+    /// and 15 to 20% slower on OpenCL, at L = 4k and 8k (BENCHMARKS.md).
     pub tiled_prefetch: bool,
     /// Query rows per workgroup of the generic prefill.
     pub block_q: u32,
@@ -644,9 +644,13 @@ impl Default for AttentionOptions {
 }
 
 impl AttentionOptions {
-    /// Sizes suited to `device`: the defaults, with the workgroup capped at the device's limit.
+    /// Sizes suited to `device`: the defaults, with the workgroup capped at the device's limit,
+    /// and the tiled prefill's prefetch off on OpenCL (measured slower there).
     pub fn for_device(device: &DeviceInfo) -> AttentionOptions {
-        let mut o = AttentionOptions::default();
+        let mut o = AttentionOptions {
+            tiled_prefetch: device.backend == BackendKind::Vulkan,
+            ..AttentionOptions::default()
+        };
         let max = device.limits.max_workgroup_invocations.max(1);
         while o.local_size > max {
             o.local_size /= 2;
@@ -1334,6 +1338,34 @@ impl Attention {
         }
         cache.write_rows(start, len, k, v)?;
         cache.len = start + len;
+        self.prefill_cached(cache, q, len, out)
+    }
+
+    /// The attention half of [`Attention::prefill`], for K and V already in the cache: its last
+    /// `len` positions are the queries' own (written by [`KvCache::write`], [`KvCache::fill`] or
+    /// an earlier prefill), and `q` (`[batch][q_head][len][head_dim]`) attends over the whole
+    /// cache, query `i` seeing every position up to its own; `out` is written in `q`'s layout.
+    /// Nothing is uploaded, so running it again over the same cache gives the same output.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for `len == 0`, `len` past the cache's length, or a cache
+    /// of another shape or type; [`Error::Size`] for buffers of the wrong length (nothing is
+    /// launched then).
+    pub fn prefill_cached(
+        &self,
+        cache: &KvCache,
+        q: &Buffer<f32>,
+        len: usize,
+        out: &Buffer<f32>,
+    ) -> Result<Event> {
+        self.check_cache(cache)?;
+        if len == 0 || len > cache.len() {
+            return Err(Error::InvalidArgument(format!(
+                "prefill over the cache needs 1 to {} positions (the cache's length); got {len}",
+                cache.len()
+            )));
+        }
+        check_len("prefill q", q.len(), self.shape.q_elems() * len)?;
+        check_len("prefill out", out.len(), self.shape.q_elems() * len)?;
         let block_q = match self.prefill_kind {
             PrefillKernel::Cooperative => self.options.coop_rows as usize,
             PrefillKernel::Tiled => 64,
@@ -1348,13 +1380,18 @@ impl Attention {
             .u32(self.shape.q_heads as u32)
             .u32((self.shape.q_heads / self.shape.kv_heads) as u32)
             .f32(1.0 / (self.shape.head_dim as f32).sqrt());
+        // The tiled and cooperative kernels take the query tile from y, last first, so that every
+        // head's longest (causal) tiles are dispatched first: with the tile in x, one head's
+        // tiles went out longest to shortest before the next head's, and the last heads' long
+        // tiles started near the end.
+        let groups = match self.prefill_kind {
+            PrefillKernel::Tiled | PrefillKernel::Cooperative => [rows, tiles, 1],
+            _ => [tiles, rows, 1],
+        };
         let (kb, vb) = cache.buffers();
-        self.ctx.queue().launch(
-            &self.prefill,
-            [tiles, rows, 1],
-            &[q, kb, vb, out],
-            push.as_bytes(),
-        )
+        self.ctx
+            .queue()
+            .launch(&self.prefill, groups, &[q, kb, vb, out], push.as_bytes())
     }
 
     /// [`Attention::decode`] with the new position's K and V given on the host
