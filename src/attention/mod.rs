@@ -367,9 +367,10 @@ pub enum PrefillKernel {
     /// `attn_prefill`: `block_q` by `block_k` tiles, one score per invocation, any even head
     /// dimension.
     Generic,
-    /// `attn_prefill_tiled`: 64 by 64 tiles, 256 invocations each holding a 4 by 4 block of scores
-    /// and a slice of the output in registers. Needs a head dimension that is a multiple of 64 (at
-    /// most 256), workgroups of 256 and 28 KiB of shared memory (36 KiB for its wider staging).
+    /// `attn_prefill_tiled`: 64 query rows by 128 keys per tile, 256 invocations each holding a 4
+    /// by 8 block of scores and a slice of the output in registers (f32 arithmetic). Needs a head
+    /// dimension that is a multiple of 64 (at most 256), workgroups of 256 and 28.25 KiB of shared
+    /// memory (40.5 KiB for its wider staging).
     Tiled,
     /// `attn_prefill_coop`: the products S = Q K^T and O += P V on the device's matrix units
     /// (Vulkan cooperative matrices, 16x16 fp16 into fp32), `coop_rows` query rows per workgroup
@@ -613,8 +614,8 @@ pub struct AttentionOptions {
     /// Whether the tiled prefill loads the next staging step's Q, K or V words into registers
     /// before the current step's arithmetic, so that their round trip overlaps it, rather than
     /// loading them between two barriers. On by default; [`AttentionOptions::for_device`] turns
-    /// it off on OpenCL. On an H200 it was 6% faster on Vulkan (177 registers instead of 163)
-    /// and 15 to 20% slower on OpenCL, at L = 4k and 8k (BENCHMARKS.md).
+    /// it off on OpenCL. On an H200 it was 4 to 7% faster on Vulkan (177 registers instead of
+    /// 163) and 14 to 16% slower on OpenCL, at L = 2k to 8k (BENCHMARKS.md).
     pub tiled_prefetch: bool,
     /// Query rows per workgroup of the generic prefill.
     pub block_q: u32,
