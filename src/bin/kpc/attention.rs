@@ -14,7 +14,7 @@ use kpc::attention::{
 use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::config::{BackendKind, DeviceSelector};
 use kpc::runtime::device::select_device;
-use kpc::{Config, Context, Error, PushConstants};
+use kpc::{Config, Context, Error, Event, PushConstants};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum BackendArg {
@@ -204,17 +204,25 @@ fn copy_time(ctx: &Context, k: &kpc::Kernel, n: usize) -> kpc::Result<Duration> 
     let push = PushConstants::new().u32(n as u32);
     let mut times = Vec::with_capacity(20);
     for i in 0..30 {
-        let t = Instant::now();
-        let ev = ctx
-            .queue()
-            .launch(k, groups, &[&src, &dst], push.as_bytes())?;
-        ev.wait()?;
+        let time = timed(|| {
+            ctx.queue()
+                .launch(k, groups, &[&src, &dst], push.as_bytes())
+        })?;
         if i >= 10 {
-            times.push(ev.device_time()?.unwrap_or_else(|| t.elapsed()));
+            times.push(time);
         }
     }
     times.sort();
     Ok(times[times.len() / 2])
+}
+
+/// Runs `launch` and waits for it: its device time, or the wall time where the backend has no
+/// timestamps.
+fn timed(launch: impl FnOnce() -> kpc::Result<Event>) -> kpc::Result<Duration> {
+    let t = Instant::now();
+    let ev = launch()?;
+    ev.wait()?;
+    Ok(ev.device_time()?.unwrap_or_else(|| t.elapsed()))
 }
 
 pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
@@ -360,27 +368,20 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         let v = rng.vec(rows_kv * prompt * d);
         let qb = ctx.buffer_from(&q)?;
         let out = ctx.buffer_from(&vec![f32::NAN; rows_q * prompt * d])?;
-        let mut times = Vec::new();
-        let t = Instant::now();
-        let ev = attn.prefill(&mut cache, &qb, &k, &v, prompt, &out)?;
-        ev.wait()?;
-        times.push(ev.device_time()?.unwrap_or_else(|| t.elapsed()));
+        let first = timed(|| attn.prefill(&mut cache, &qb, &k, &v, prompt, &out))?;
+        let mut times = vec![first];
         if args.prefill_runs > 1 {
             // Later runs attend over the K/V the first one wrote: re-uploading them each time
             // left the GPU idle for most of each run, and its clocks fell between short
             // prefills (an L = 2k prefill measured 3x slower in some runs on an H200). Untimed
             // runs for at least 300 ms come first, as before the decode steps.
-            times.clear();
             let warm = Instant::now();
             while warm.elapsed() < Duration::from_millis(300) {
                 attn.prefill_cached(&cache, &qb, prompt, &out)?.wait()?;
             }
-            for _ in 0..args.prefill_runs {
-                let t = Instant::now();
-                let ev = attn.prefill_cached(&cache, &qb, prompt, &out)?;
-                ev.wait()?;
-                times.push(ev.device_time()?.unwrap_or_else(|| t.elapsed()));
-            }
+            times = (0..args.prefill_runs)
+                .map(|_| timed(|| attn.prefill_cached(&cache, &qb, prompt, &out)))
+                .collect::<kpc::Result<_>>()?;
         }
         times.sort();
         let prefill_time = times[times.len() / 2];
