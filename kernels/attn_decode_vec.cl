@@ -129,6 +129,39 @@ inline void widen(uint4 w, float *out)
 #endif
 }
 
+// Adds COMBINE_UNROLL splits s0, s0 + stride, ... of one query head (its partials from `first`),
+// each weighted exp(max - m), into this lane's PER_LANE columns sl, sl + 32, ...: all loaded before
+// any is used, since the partials are volatile (each load an L2 round trip; one split per trip made
+// the combination the largest fixed cost of a step, BENCHMARKS.md, issue 7). Splits past the end
+// load a valid one and weigh 0. With `cached`, the weights of splits below W_CACHED come from w.
+inline void add_splits(float *sum, volatile global const float *part_o,
+                       volatile global const float *part_ml, local const float *w, bool cached,
+                       uint first, uint s0, uint stride, uint splits, uint sl, float m)
+{
+    float wt[COMBINE_UNROLL];
+    float x[COMBINE_UNROLL * 8];
+#pragma unroll
+    for (uint u = 0; u < COMBINE_UNROLL; u++) {
+        uint s = s0 + u * stride;
+        uint at = min(s, splits - 1);
+        wt[u] = s >= splits ? 0.0f
+                : cached && s < W_CACHED ? w[s]
+                                         : exp(part_ml[(first + s) * 2] - m);
+#pragma unroll
+        for (uint i = 0; i < PER_LANE; i++) {
+            uint d = min(sl + 32 * i, (uint)HEAD_DIM - 1);
+            x[u * 8 + i] = part_o[(first + at) * HEAD_DIM + d];
+        }
+    }
+#pragma unroll
+    for (uint u = 0; u < COMBINE_UNROLL; u++) {
+#pragma unroll
+        for (uint i = 0; i < PER_LANE; i++) {
+            sum[i] += wt[u] * x[u * 8 + i];
+        }
+    }
+}
+
 __attribute__((reqd_work_group_size(LOCAL_SIZE, 1, 1)))
 kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4 *v,
                             volatile global float *part_o, volatile global float *part_ml,
@@ -444,29 +477,8 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
             }
             if (mine) {
                 float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-                // COMBINE_UNROLL splits loaded before any is used (volatile: each load is an L2
-                // round trip).
                 for (uint s0 = 0; s0 < splits; s0 += COMBINE_UNROLL) {
-                    float wt[COMBINE_UNROLL];
-                    float x[COMBINE_UNROLL * 8];
-#pragma unroll
-                    for (uint u = 0; u < COMBINE_UNROLL; u++) {
-                        uint s = s0 + u;
-                        uint at = min(s, splits - 1);  // a valid split; weighted 0 past the end
-                        wt[u] = s < splits ? exp(part_ml[(first + at) * 2] - gm) : 0.0f;
-#pragma unroll
-                        for (uint i = 0; i < PER_LANE; i++) {
-                            uint d = min(sl + 32 * i, (uint)HEAD_DIM - 1);
-                            x[u * 8 + i] = part_o[(first + at) * HEAD_DIM + d];
-                        }
-                    }
-#pragma unroll
-                    for (uint u = 0; u < COMBINE_UNROLL; u++) {
-#pragma unroll
-                        for (uint i = 0; i < PER_LANE; i++) {
-                            sum[i] += wt[u] * x[u * 8 + i];
-                        }
-                    }
+                    add_splits(sum, part_o, part_ml, w, false, first, s0, 1, splits, sl, gm);
                 }
 #pragma unroll
                 for (uint i = 0; i < PER_LANE; i++) {
@@ -514,30 +526,8 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
         total = red2[0];
         barrier(CLK_LOCAL_MEM_FENCE);
         float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        // COMBINE_UNROLL splits per slice at a time, all loaded before any is used: the partials
-        // are volatile (read from L2), and one split per trip cost an L2 round trip each, which
-        // made the combination the largest fixed cost of a step (BENCHMARKS.md, issue 7).
         for (uint s0 = slice; s0 < splits; s0 += SLICES * COMBINE_UNROLL) {
-            float wt[COMBINE_UNROLL];
-            float x[COMBINE_UNROLL * 8];
-#pragma unroll
-            for (uint u = 0; u < COMBINE_UNROLL; u++) {
-                uint s = s0 + u * SLICES;
-                uint at = min(s, splits - 1);  // a valid split to load; weighted 0 past the end
-                wt[u] = s >= splits ? 0.0f : s < W_CACHED ? w[s] : exp(part_ml[(first + s) * 2] - mx);
-#pragma unroll
-                for (uint i = 0; i < PER_LANE; i++) {
-                    uint d = min(sl + 32 * i, (uint)HEAD_DIM - 1);
-                    x[u * 8 + i] = part_o[(first + at) * HEAD_DIM + d];
-                }
-            }
-#pragma unroll
-            for (uint u = 0; u < COMBINE_UNROLL; u++) {
-#pragma unroll
-                for (uint i = 0; i < PER_LANE; i++) {
-                    sum[i] += wt[u] * x[u * 8 + i];
-                }
-            }
+            add_splits(sum, part_o, part_ml, w, true, first, s0, SLICES, splits, sl, mx);
         }
 #pragma unroll
         for (uint i = 0; i < PER_LANE; i++) {
