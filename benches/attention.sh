@@ -4,9 +4,9 @@
 #
 # Decode: fp16 K/V, H=32 (HEADS), D=128, shapes B:Hkv in DECODE_SHAPES (default 1:32 1:8 4:32 16:32) at each L
 # in DECODE_L; the prompt's K/V are uploaded (--fill), then 100 steps of append + split + reduce run
-# back to back; the last two columns time the copy kernel moving one step's bytes (the floor at that
-# size). Shapes whose K or V would pass 4 GiB are skipped. Prefill: causal, B=1, H=32, D=128 at
-# each L in PREFILL_L, with each kernel in PREFILL_KERNELS (default: auto tiled; auto is the
+# back to back; the last four columns time the copy kernel moving one step's bytes and the read
+# kernel reading them (the floors at that size). Shapes whose K or V would pass 4 GiB are skipped.
+# Prefill: causal, B=1, H=32, D=128 at each L in PREFILL_L, with each kernel in PREFILL_KERNELS (default: auto tiled; auto is the
 # cooperative-matrix kernel where the device has one), the median of 3 runs.
 #   benches/attention.sh [--backend vulkan|opencl] [kpc attention args]  (KPC=path/to/kpc)
 set -euo pipefail
@@ -25,8 +25,8 @@ val() { grep -o " $1=[^ ]*" <<<"$2" | cut -d= -f2; }
   grep -E '^(kernels|check)'
 "$kpc" attention "${base[@]}" --prompt 777 --steps 2 --check --q-scale 30 "$@" | grep -E '^(kernels|check)'
 echo
-echo "| phase | B | Hkv | L | splits | wall µs/step | host µs/step | device µs/step | µs per launch | GB/s (device) | copy GB/s | device / copy | wall / copy | copy of a step's bytes µs | device / that copy |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| phase | B | Hkv | L | splits | wall µs/step | host µs/step | device µs/step | µs per launch | GB/s (device) | copy GB/s | device / copy | wall / copy | copy of a step's bytes µs | device / that copy | read of a step's bytes µs | device / that read |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for sh in $decode_shapes; do
   b=${sh%%:*} hkv=${sh##*:}
   for L in $decode_l; do
@@ -37,7 +37,8 @@ for sh in $decode_shapes; do
       "$(val host_us "$out") | $(val device_us "$out") |" \
       "$(val launches_us "$out") |" \
       "$(val gbs "$out") | $(val copy_gbs "$out") | $(val pct_device "$out")% |" \
-      "$(val pct_wall "$out")% | $(val copy_same_us "$out") | $(val pct_same "$out")% |"
+      "$(val pct_wall "$out")% | $(val copy_same_us "$out") | $(val pct_same "$out")% |" \
+      "$(val read_same_us "$out") | $(val pct_read "$out")% |"
   done
 done
 echo

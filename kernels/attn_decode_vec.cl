@@ -18,6 +18,8 @@
 // kpc-spec-constant 9 ROWS
 // kpc-spec-constant 10 SPREAD
 // kpc-spec-constant 11 PREFETCH
+// kpc-spec-constant 12 CYCLIC
+// kpc-spec-constant 13 COMBINE
 #ifndef LOCAL_SIZE
 #define LOCAL_SIZE 128
 #endif
@@ -45,6 +47,15 @@
 #ifndef NV_SHUFFLE
 #define NV_SHUFFLE 0
 #endif
+#ifndef CYCLIC
+#define CYCLIC 0
+#endif
+// Id 13 is the GLSL twin's COMBINE (all query heads combined at once); declared so that both
+// images take the same ids. This kernel keeps its per-head combination below, which measured
+// faster here (BENCHMARKS.md, issue 7), so it changes nothing.
+#ifndef COMBINE
+#define COMBINE 0
+#endif
 
 #define E (KV_F16 ? 8 : 4)
 #define ROW_CHUNKS (HEAD_DIM / E)
@@ -54,13 +65,13 @@
 #define U ROWS
 #define NQ (SPREAD ? 1 : GROUP)
 
-// Rows base + u * RG + rg (u < U) of this KV head into KW/VW, as this lane's chunks; rows past jc
-// load row jc - 1 (they are masked out of the softmax). Needs base < jc. A macro, not a function,
+// Rows base + u * RG + rg (u < U) of this KV head into KW/VW, as this lane's chunks; rows past lim
+// load row lim - 1 (they are masked out of the softmax). Needs base < lim. A macro, not a function,
 // so that the private arrays stay in registers.
 #define LOAD_ROWS(KW, VW, BASE)                                         \
     do {                                                                \
         _Pragma("unroll") for (uint u_ = 0; u_ < U; u_++) {             \
-            uint j_ = min((BASE) + u_ * RG + rg, jc - 1);               \
+            uint j_ = min((BASE) + u_ * RG + rg, lim - 1);              \
             uint r_ = (row_base + j_) * ROW_CHUNKS + lane;              \
             _Pragma("unroll") for (uint i_ = 0; i_ < CPL; i_++) {       \
                 KW[u_ * CPL + i_] = k[r_ + i_ * LANES];                 \
@@ -194,6 +205,11 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
     uint j1 = min(j0 + per_split, kv_len);
     uint jc = min(j1, kv_len - append);
     uint row_base = bkv * capacity;
+    // The rows this work-group reads: one trip of RG * U rows from `first`, then every `step`
+    // rows, all below `lim` (the GLSL twin's CYCLIC says why).
+    uint first = CYCLIC ? split * RG * U : j0;
+    uint step = CYCLIC ? splits * RG * U : RG * U;
+    uint lim = CYCLIC ? kv_len - append : jc;
 
     float qv[NQ * VALS];
     float acc[NQ * VALS];
@@ -218,15 +234,15 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
     uint4 vw[U * CPL];
     uint4 kp[U * CPL];
     uint4 vp[U * CPL];
-    if (PREFETCH && j0 < jc) {
-        LOAD_ROWS(kw, vw, j0);
+    if (PREFETCH && first < lim) {
+        LOAD_ROWS(kw, vw, first);
     }
-    for (uint base = j0; base < jc; base += RG * U) {
+    for (uint base = first; base < lim; base += step) {
         if (!PREFETCH) {
             LOAD_ROWS(kw, vw, base);
-        } else if (base + RG * U < jc) {
+        } else if (base + step < lim) {
             // The next rows are in flight while these are used.
-            LOAD_ROWS(kp, vp, base + RG * U);
+            LOAD_ROWS(kp, vp, base + step);
         }
         float s[U * NQ];
         #pragma unroll
@@ -272,7 +288,7 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
             float mx = m[g];
             #pragma unroll
             for (uint u = 0; u < U; u++) {
-                if (base + u * RG + rg < jc) {
+                if (base + u * RG + rg < lim) {
                     mx = fmax(mx, s[u * NQ + g]);
                 }
             }
@@ -284,7 +300,7 @@ kernel void attn_decode_vec(global const float *q, global uint4 *k, global uint4
             }
             #pragma unroll
             for (uint u = 0; u < U; u++) {
-                float pr = base + u * RG + rg < jc ? exp(s[u * NQ + g] - mx) : 0.0f;
+                float pr = base + u * RG + rg < lim ? exp(s[u * NQ + g] - mx) : 0.0f;
                 l[g] += pr;
                 #pragma unroll
                 for (uint i = 0; i < CPL; i++) {

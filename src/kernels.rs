@@ -41,6 +41,12 @@ pub const SPIRV: &[ShippedSpirv] = &[
         cooperative_matrix: false,
     },
     ShippedSpirv {
+        name: "read",
+        source: "kernels/read.comp",
+        spirv: include_bytes!("../kernels/read.spv"),
+        cooperative_matrix: false,
+    },
+    ShippedSpirv {
         name: "attn_decode",
         source: "kernels/attn_decode.comp",
         spirv: include_bytes!("../kernels/attn_decode.spv"),
@@ -128,6 +134,11 @@ pub const OPENCL: &[ShippedOpenCl] = &[
         name: "copy",
         path: "kernels/copy.cl",
         source: include_str!("../kernels/copy.cl"),
+    },
+    ShippedOpenCl {
+        name: "read",
+        path: "kernels/read.cl",
+        source: include_str!("../kernels/read.cl"),
     },
     ShippedOpenCl {
         name: "attn_decode",

@@ -9,6 +9,7 @@ use kpc::attention::{
     Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
     round_to_f16,
 };
+use kpc::config::BackendKind;
 use kpc::{Context, Error};
 
 use common::drivers::{opencl_context, random_f32, vulkan_context};
@@ -85,17 +86,35 @@ fn decode_case(
     (relative_error(&got, &exact), relative_error(&got, &stored))
 }
 
+/// Vectorized decode variants: spread over query heads, next rows prefetched, block-cyclic
+/// splits, all query heads combined at once.
+#[derive(Clone, Copy)]
+struct VecVariant {
+    spread: bool,
+    prefetch: bool,
+    cyclic: bool,
+    combine_all: bool,
+}
+
 /// The shapes every backend runs, with each decode kernel: MHA at D = 64 and 128, GQA, B > 1,
 /// L = 1, 7, 33, 1000, with the default chunk and with a small one that makes many splits; the
-/// vectorized kernel with and without prefetching the next rows, and spread over query heads.
+/// vectorized kernel with each of its variants on and off.
 fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
-    for (kernel, spread, prefetch) in [
-        (DecodeKernel::Generic, false, true),
-        (DecodeKernel::Auto, false, true),
-        (DecodeKernel::Auto, false, false),
-        (DecodeKernel::Auto, true, true),
+    let v = |spread, prefetch, cyclic, combine_all| VecVariant {
+        spread,
+        prefetch,
+        cyclic,
+        combine_all,
+    };
+    for (kernel, variant) in [
+        (DecodeKernel::Generic, v(false, true, false, true)),
+        (DecodeKernel::Auto, v(false, false, false, true)),
+        (DecodeKernel::Auto, v(false, true, true, true)),
+        (DecodeKernel::Auto, v(false, false, true, false)),
+        (DecodeKernel::Auto, v(true, true, false, false)),
+        (DecodeKernel::Auto, v(true, false, true, true)),
     ] {
-        decode_shapes_with(ctx, dtype, tolerance, kernel, spread, prefetch);
+        decode_shapes_with(ctx, dtype, tolerance, kernel, variant);
     }
 }
 
@@ -104,13 +123,14 @@ fn decode_shapes_with(
     dtype: KvDtype,
     tolerance: f64,
     kernel: DecodeKernel,
-    spread: bool,
-    prefetch: bool,
+    variant: VecVariant,
 ) {
     let default = AttentionOptions {
         decode: kernel,
-        decode_spread: spread,
-        decode_prefetch: prefetch,
+        decode_spread: variant.spread,
+        decode_prefetch: variant.prefetch,
+        decode_cyclic: variant.cyclic,
+        decode_combine_all: variant.combine_all,
         ..AttentionOptions::default()
     };
     let small = AttentionOptions {
@@ -118,10 +138,7 @@ fn decode_shapes_with(
         chunk: 16,
         block_q: 4,
         block_k: 8,
-        decode: kernel,
-        decode_spread: spread,
-        decode_prefetch: prefetch,
-        ..AttentionOptions::default()
+        ..default
     };
     // Few workgroups: long splits, each row group of the vectorized kernel looping many times.
     let long = AttentionOptions {
@@ -521,6 +538,27 @@ fn back_to_back_decode(ctx: &Context, dtype: KvDtype, tolerance: f64) {
 /// Auto picks the generic kernel where the vectorized one cannot run; asking for the vectorized one
 /// there is a typed error that says why.
 fn decode_kernel_choice(ctx: &Context) {
+    // All query heads are combined at once on Vulkan where asked for and where every split's max
+    // and sum fit the kernel's 1024 (8 query heads per KV head, up to 512 splits: 4096 do not).
+    let vulkan = ctx.backend() == BackendKind::Vulkan;
+    for (s, capacity, asked, expect) in [
+        (shape(1, 8, 2, 128), 64, true, vulkan),
+        (shape(1, 8, 2, 128), 64, false, false),
+        (shape(1, 8, 1, 128), 64 * 512, true, false),
+        (shape(1, 4, 4, 64), 1000, true, vulkan),
+    ] {
+        let options = AttentionOptions {
+            decode_combine_all: asked,
+            ..AttentionOptions::for_device(ctx.device())
+        };
+        let a = Attention::new(ctx, &s, KvDtype::F16, capacity, options).unwrap();
+        assert_eq!(a.decode_kernel(), DecodeKernel::Vectorized, "{s:?}");
+        assert_eq!(
+            a.decode_combines_all_heads(),
+            expect,
+            "{s:?} capacity {capacity}, asked {asked}"
+        );
+    }
     // D = 6 does not split into 16-byte loads; 16 query heads per KV head exceed the kernel's 8.
     for (s, dtype) in [
         (shape(1, 2, 2, 6), KvDtype::F32),

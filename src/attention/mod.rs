@@ -602,6 +602,21 @@ pub struct AttentionOptions {
     /// 11% at MHA shapes and 25 to 42% at Hkv=8 (74 -> 102 and 127 -> 168 registers;
     /// BENCHMARKS.md).
     pub decode_prefetch: bool,
+    /// Whether the splits of the vectorized decode take the positions block-cyclically (one
+    /// trip of rows at a time, split `s` taking trips `s`, `s + splits`, ...), so that the
+    /// workgroups read one window of K and V at a time as a copy does, rather than each a
+    /// contiguous range of its own. Off by default; [`AttentionOptions::for_device`] turns it on
+    /// on OpenCL. On an H200 it was 0.7 to 1.6 µs faster per step on OpenCL at every shape but
+    /// MHA L=1k (within 0.1 µs), and on Vulkan mixed: up to 1 µs faster at L <= 4k, up to 1.2 µs
+    /// slower at Hkv=8 L=16k and 32k (BENCHMARKS.md).
+    pub decode_cyclic: bool,
+    /// Whether the Vulkan vectorized decode combines all query heads of a KV head at once, where
+    /// they fit (`group * splits` at most 1024 and at most the kernel's row-merge buffer): every
+    /// split's max and sum in one round trip, an invocation per 16-byte output column. Otherwise
+    /// the heads are combined one after another. On by default: on an H200 it took 3.6 to
+    /// 4.6 µs off each step at Hkv=8 and up to 1.8 µs at MHA shapes (BENCHMARKS.md). OpenCL
+    /// keeps its own per-head combination either way.
+    pub decode_combine_all: bool,
     /// Query rows per workgroup of the cooperative-matrix prefill, 16 per subgroup: 64 or 128.
     /// 128 (the default) was 11 to 33% faster on an H200 at L = 2k to 16k with either softmax, as
     /// measured before the kernel's accumulators moved out of local memory (BENCHMARKS.md); with
@@ -635,6 +650,8 @@ impl Default for AttentionOptions {
             decode_rows: 4,
             decode_spread: false,
             decode_prefetch: false,
+            decode_cyclic: false,
+            decode_combine_all: true,
             coop_rows: 128,
             coop_registers: true,
             tiled_prefetch: true,
@@ -645,11 +662,14 @@ impl Default for AttentionOptions {
 }
 
 impl AttentionOptions {
-    /// Sizes suited to `device`: the defaults, with the workgroup capped at the device's limit,
-    /// and the tiled prefill's prefetch off on OpenCL (measured slower there).
+    /// Sizes suited to `device`: the defaults, with the workgroup capped at the device's limit;
+    /// on OpenCL the tiled prefill's prefetch off and the decode's block-cyclic splits on (each
+    /// measured faster that way there).
     pub fn for_device(device: &DeviceInfo) -> AttentionOptions {
+        let opencl = device.backend == BackendKind::OpenCl;
         let mut o = AttentionOptions {
-            tiled_prefetch: device.backend == BackendKind::Vulkan,
+            tiled_prefetch: !opencl,
+            decode_cyclic: opencl,
             ..AttentionOptions::default()
         };
         let max = device.limits.max_workgroup_invocations.max(1);
@@ -743,6 +763,8 @@ pub struct Attention {
     prefill_kind: PrefillKernel,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers.
     coop_quad: bool,
+    /// The vectorized decode combines all query heads of a KV head at once (`COMBINE`).
+    combine_all: bool,
     /// The generic path's append and reduce; the vectorized decode kernel does both itself.
     append: Option<Kernel>,
     decode: Kernel,
@@ -901,6 +923,11 @@ impl Attention {
         let d = SpecValue::U32(shape.head_dim as u32);
         let local = SpecValue::U32(options.local_size);
         let f16 = SpecValue::U32(u32::from(dtype == KvDtype::F16));
+        let combine_all = vec.is_some_and(|v| {
+            options.decode_combine_all
+                && ctx.backend() == BackendKind::Vulkan
+                && Self::combine_all_fits(shape, options, capacity, v.lanes)
+        });
         let (decode_name, decode_spec) = match vec {
             None => (
                 "attn_decode",
@@ -919,7 +946,11 @@ impl Attention {
                     .with(7, SpecValue::U32((shape.q_heads / shape.kv_heads) as u32))
                     .with(9, SpecValue::U32(options.decode_rows))
                     .with(10, SpecValue::U32(u32::from(options.decode_spread)))
-                    .with(11, SpecValue::U32(u32::from(options.decode_prefetch)));
+                    .with(11, SpecValue::U32(u32::from(options.decode_prefetch)))
+                    .with(12, SpecValue::U32(u32::from(options.decode_cyclic)));
+                if combine_all {
+                    spec = spec.with(13, SpecValue::U32(1));
+                }
                 if ctx.backend() == BackendKind::OpenCl {
                     spec = spec.with(8, SpecValue::U32(u32::from(v.nv_shuffle)));
                 }
@@ -986,6 +1017,7 @@ impl Attention {
             vec,
             prefill_kind,
             coop_quad,
+            combine_all,
             append,
             decode,
             reduce,
@@ -1019,6 +1051,23 @@ impl Attention {
             .max(1)
     }
 
+    /// Whether the vectorized decode's all-heads combination fits (its `COMBINE` constant): every
+    /// split's max and sum of a KV head's query heads, at the most splits this attention uses,
+    /// must fit the kernel's 1024 cached weights and its row-merge buffer (row groups × D).
+    fn combine_all_fits(
+        shape: &AttentionShape,
+        options: AttentionOptions,
+        capacity: usize,
+        lanes: u32,
+    ) -> bool {
+        let most = capacity
+            .div_ceil(options.chunk as usize)
+            .min(Self::vec_target(shape, options));
+        let entries = shape.q_heads / shape.kv_heads * most;
+        let row_groups = (options.decode_local_size / lanes) as usize;
+        entries <= 1024 && entries <= row_groups * shape.head_dim
+    }
+
     /// The shape.
     pub fn shape(&self) -> &AttentionShape {
         &self.shape
@@ -1041,6 +1090,13 @@ impl Attention {
     /// [`PrefillKernel::Cooperative`].
     pub fn prefill_kernel(&self) -> PrefillKernel {
         self.prefill_kind
+    }
+
+    /// Whether the vectorized decode combines all query heads of a KV head at once: asked for
+    /// ([`AttentionOptions::decode_combine_all`]), on Vulkan, and fitting at this shape and
+    /// capacity. Otherwise it combines them one after another.
+    pub fn decode_combines_all_heads(&self) -> bool {
+        self.combine_all
     }
 
     /// Whether the prefill is the cooperative-matrix kernel with its softmax in registers: asked

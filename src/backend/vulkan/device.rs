@@ -42,6 +42,10 @@ pub(crate) struct Device {
     pub(crate) limits: vk::PhysicalDeviceLimits,
     pub(crate) api_version: u32,
     pub(crate) timestamp_valid_bits: u32,
+    /// Whether timestamp pools are reset from the host (`hostQueryReset`, core in Vulkan 1.2)
+    /// rather than by a command in each batch: the command cost about 4 µs of device time per
+    /// submission on an H200 (BENCHMARKS.md, issue 7).
+    pub(crate) host_query_reset: bool,
     pub(crate) feedback: bool,
     pub(crate) spirv_1_4_ext: bool,
     /// Where the driver reports statistics about compiled kernels: its entry points.
@@ -92,15 +96,21 @@ impl Device {
         let mut s16 = vk::PhysicalDevice16BitStorageFeatures::default();
         let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
         let mut s8 = vk::PhysicalDevice8BitStorageFeatures::default();
+        let mut hqr = vk::PhysicalDeviceHostQueryResetFeatures::default();
         let v12 =
             pd.api_version >= vk::API_VERSION_1_2 && instance.api_version >= vk::API_VERSION_1_2;
         let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut s16);
         if v12 {
-            f2 = f2.push_next(&mut f16).push_next(&mut s8);
+            f2 = f2
+                .push_next(&mut f16)
+                .push_next(&mut s8)
+                .push_next(&mut hqr);
         }
         // SAFETY: the chain lives across the call; the device is 1.1+ (checked by discovery).
         unsafe { inst.get_physical_device_features2(pd.raw, &mut f2) };
         let have = f2.features;
+        let host_query_reset = v12 && hqr.host_query_reset == vk::TRUE;
+        let mut ehqr = vk::PhysicalDeviceHostQueryResetFeatures::default().host_query_reset(true);
         let core = vk::PhysicalDeviceFeatures::default()
             .shader_int64(have.shader_int64 == vk::TRUE)
             .shader_float64(have.shader_float64 == vk::TRUE)
@@ -147,6 +157,9 @@ impl Device {
         if v12 {
             info = info.push_next(&mut ef16).push_next(&mut e8);
         }
+        if host_query_reset {
+            info = info.push_next(&mut ehqr);
+        }
         if pd.cooperative_matrix {
             // Discovery set `cooperative_matrix` only for a 1.2+ device reporting both features.
             info = info.push_next(&mut coop).push_next(&mut memory_model);
@@ -175,6 +188,7 @@ impl Device {
             limits: pd.limits,
             api_version: pd.api_version,
             timestamp_valid_bits: pd.timestamp_valid_bits,
+            host_query_reset,
             feedback: pd.feedback,
             spirv_1_4_ext: pd.spirv_1_4_ext,
             executable_stats,

@@ -40,7 +40,7 @@ pub use instance::devices;
 pub use pipeline_cache::CacheIdentity;
 pub use program::{VulkanKernel, VulkanProgram};
 pub use submit::Record as VulkanEvent;
-use submit::{Record, Submitter, full_barrier};
+use submit::{Record, Submitter, in_order_barrier};
 
 /// Where buffers live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -250,7 +250,7 @@ impl VulkanBackend {
             } else {
                 (buffer.raw, staging.raw, offset + done, 0)
             };
-            let rec = self.submitter.submit(rec, |d, cmd| {
+            let rec = self.submitter.submit(rec, !upload, |d, cmd| {
                 let region = vk::BufferCopy {
                     src_offset: src_off,
                     dst_offset: dst_off,
@@ -535,7 +535,9 @@ impl ComputeBackend for VulkanBackend {
         }
         let timed = rec.timed > 0;
         let query_pool = rec.query_pool;
-        let rec = self.submitter.submit(rec, |d, cmd| {
+        // Launches write buffers the host reads directly only where they are mapped.
+        let host_reads = self.place == BufferPlace::HostVisible;
+        let rec = self.submitter.submit(rec, host_reads, |d, cmd| {
             for (i, l) in launches.iter().enumerate() {
                 let p = &l.kernel.pipeline;
                 // SAFETY: recording state; the pipeline, layout and set are alive (kept by the
@@ -544,7 +546,7 @@ impl ComputeBackend for VulkanBackend {
                 // query index is below 2 * launches.
                 unsafe {
                     if i > 0 {
-                        full_barrier(d, cmd, vk::PipelineStageFlags::COMPUTE_SHADER);
+                        in_order_barrier(d, cmd);
                     }
                     d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, p.raw);
                     if sets[i] != vk::DescriptorSet::null() {

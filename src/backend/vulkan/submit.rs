@@ -1,10 +1,12 @@
 //! Submissions: command buffers, fences, per-batch descriptor and timestamp pools, and the in-order
 //! queue discipline.
 //!
-//! Every command buffer starts with a full memory barrier, so a submission begins only after
-//! everything submitted before it has finished writing: the queue behaves in order, as SYCL's
-//! in-order queue and OpenCL's default queue do. Every command buffer ends with a barrier that makes
-//! device writes visible to the host, so a signaled fence means the results can be read.
+//! Every command buffer starts with a memory barrier over kernels and copies, so a submission
+//! begins only after everything submitted before it has finished writing: the queue behaves in
+//! order, as SYCL's in-order queue and OpenCL's default queue do. A command buffer whose writes
+//! the host reads through a mapping (a download's staging copy; any launch where buffers are
+//! mapped, on CPU devices) ends with a barrier that makes them visible to the host, so a signaled
+//! fence means the results can be read.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -26,6 +28,8 @@ pub struct Record {
     pub(crate) query_pool: vk::QueryPool,
     /// Whether `query_pool` has the standard size and returns to the device's spares.
     query_pool_kept: bool,
+    /// Whether `query_pool` was reset from the host, so the batch need not reset it.
+    query_pool_reset: bool,
     /// Launches timed by the query pool (two timestamps each).
     pub(crate) timed: u32,
     submitted: bool,
@@ -65,12 +69,15 @@ impl Record {
             descriptor_pool_kept: false,
             query_pool: vk::QueryPool::null(),
             query_pool_kept: false,
+            query_pool_reset: false,
             timed: 0,
             submitted: false,
             finished: Mutex::new(Finished::default()),
             keep_alive: Vec::new(),
         };
         let want_queries = timed > 0 && dev.timestamp_valid_bits > 0;
+        // Spares were reset from the host when they were handed back, where the device can.
+        let host_reset = dev.host_query_reset;
         let kept = want_queries && timed <= Recycled::QUERY_LAUNCHES;
         {
             let mut spare = dev.recycled.lock();
@@ -97,7 +104,13 @@ impl Record {
                 // SAFETY: as above.
                 r.query_pool = unsafe { dev.raw.create_query_pool(&info, None) }
                     .map_err(|e| vk_err("vkCreateQueryPool", e))?;
+                if host_reset {
+                    // SAFETY: the pool is new, so no batch uses it; hostQueryReset was enabled
+                    // (Device::host_query_reset).
+                    unsafe { dev.raw.reset_query_pool(r.query_pool, 0, 2 * count) };
+                }
             }
+            r.query_pool_reset = host_reset;
             r.query_pool_kept = kept;
             r.timed = timed;
         }
@@ -201,6 +214,11 @@ impl Record {
         unsafe {
             let mut spare = self.dev.recycled.lock();
             if self.query_pool_kept && spare.query_pools.len() < Recycled::KEEP {
+                if self.dev.host_query_reset {
+                    // hostQueryReset was enabled (Device::host_query_reset); the batch finished
+                    // and its timestamps were read.
+                    d.reset_query_pool(self.query_pool, 0, 2 * Recycled::QUERY_LAUNCHES);
+                }
                 spare.query_pools.push(self.query_pool);
             } else {
                 d.destroy_query_pool(self.query_pool, None);
@@ -316,11 +334,14 @@ impl Submitter {
         })
     }
 
-    /// Records commands with `record` into a command buffer framed by the in-order barriers, and
-    /// submits it with `rec`'s fence. Returns the record, which the caller may wait on.
+    /// Records commands with `record` into a command buffer that starts with the in-order barrier
+    /// and, with `host_reads` (the host will read what it writes through a mapping), ends with a
+    /// barrier that makes its writes visible to the host; submits it with `rec`'s fence. Returns
+    /// the record, which the caller may wait on.
     pub(crate) fn submit(
         &self,
         mut rec: Record,
+        host_reads: bool,
         record: impl FnOnce(&ash::Device, vk::CommandBuffer) -> Result<()>,
     ) -> Result<Arc<Record>> {
         let d = &self.dev.raw;
@@ -345,27 +366,29 @@ impl Submitter {
             // implicitly resets it (the pool allows resetting single buffers).
             unsafe { d.begin_command_buffer(cmd, &begin) }
                 .map_err(|e| vk_err("vkBeginCommandBuffer", e))?;
-            if rec.timed > 0 {
+            if rec.timed > 0 && !rec.query_pool_reset {
                 // SAFETY: the pool holds exactly 2*timed queries; resetting outside a render pass.
                 unsafe { d.cmd_reset_query_pool(cmd, rec.query_pool, 0, 2 * rec.timed) };
             }
             // SAFETY: recording into a command buffer in the recording state.
-            unsafe { full_barrier(d, cmd, vk::PipelineStageFlags::ALL_COMMANDS) };
+            unsafe { in_order_barrier(d, cmd) };
             record(d, cmd)?;
-            // SAFETY: as above; makes every device write available and visible to host reads.
-            unsafe {
-                d.cmd_pipeline_barrier(
-                    cmd,
-                    vk::PipelineStageFlags::ALL_COMMANDS,
-                    vk::PipelineStageFlags::HOST,
-                    vk::DependencyFlags::empty(),
-                    &[vk::MemoryBarrier::default()
-                        .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
-                        .dst_access_mask(vk::AccessFlags::HOST_READ)],
-                    &[],
-                    &[],
-                )
-            };
+            if host_reads {
+                // SAFETY: as above; makes every device write available and visible to host reads.
+                unsafe {
+                    d.cmd_pipeline_barrier(
+                        cmd,
+                        vk::PipelineStageFlags::ALL_COMMANDS,
+                        vk::PipelineStageFlags::HOST,
+                        vk::DependencyFlags::empty(),
+                        &[vk::MemoryBarrier::default()
+                            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                            .dst_access_mask(vk::AccessFlags::HOST_READ)],
+                        &[],
+                        &[],
+                    )
+                };
+            }
             // SAFETY: `cmd` is in the recording state.
             unsafe { d.end_command_buffer(cmd) }.map_err(|e| vk_err("vkEndCommandBuffer", e))?;
             let cmds = [cmd];
@@ -430,25 +453,31 @@ impl Drop for Submitter {
     }
 }
 
-/// Records a barrier that orders every earlier memory access before every later one: the in-order
-/// queue rule between submissions and between launches of one batch.
+/// Records a barrier that orders the device's earlier reads and writes of buffers (kernels and
+/// copies) before its later ones: the in-order queue rule between submissions and between launches
+/// of one batch. Host writes need no stage here: a submission already makes the host's earlier
+/// writes to (coherent) mapped memory visible to the device. On an H200 the wider barrier that
+/// named every stage and the host cost about 2 µs of device time per submission (BENCHMARKS.md,
+/// issue 7).
 ///
 /// # Safety
 /// `cmd` must be in the recording state, outside a render pass.
-pub(crate) unsafe fn full_barrier(
-    d: &ash::Device,
-    cmd: vk::CommandBuffer,
-    src: vk::PipelineStageFlags,
-) {
+pub(crate) unsafe fn in_order_barrier(d: &ash::Device, cmd: vk::CommandBuffer) {
+    let stages = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
     let b = vk::MemoryBarrier::default()
-        .src_access_mask(vk::AccessFlags::MEMORY_WRITE | vk::AccessFlags::HOST_WRITE)
-        .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE);
+        .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
+        .dst_access_mask(
+            vk::AccessFlags::SHADER_READ
+                | vk::AccessFlags::SHADER_WRITE
+                | vk::AccessFlags::TRANSFER_READ
+                | vk::AccessFlags::TRANSFER_WRITE,
+        );
     // SAFETY: guaranteed by the caller.
     unsafe {
         d.cmd_pipeline_barrier(
             cmd,
-            src | vk::PipelineStageFlags::HOST,
-            vk::PipelineStageFlags::ALL_COMMANDS,
+            stages,
+            stages,
             vk::DependencyFlags::empty(),
             &[b],
             &[],

@@ -109,6 +109,14 @@ pub struct Args {
     /// (AttentionOptions::decode_prefetch): `true` or `false`; without it, the default.
     #[arg(long)]
     decode_prefetch: Option<bool>,
+    /// Vectorized decode splits take the positions block-cyclically
+    /// (AttentionOptions::decode_cyclic): `true` or `false`; without it, the device's default.
+    #[arg(long)]
+    decode_cyclic: Option<bool>,
+    /// Vectorized decode on Vulkan combines all query heads at once where they fit
+    /// (AttentionOptions::decode_combine_all): `true` or `false`; without it, the default.
+    #[arg(long)]
+    decode_combine_all: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -171,36 +179,44 @@ fn prefix(x: &[f32], heads: usize, len: usize, d: usize, n: usize) -> Vec<f32> {
 }
 
 /// The device's copy bandwidth in bytes per second (read + write), from the copy kernel.
-fn copy_bandwidth(ctx: &Context) -> kpc::Result<(f64, kpc::Kernel)> {
+/// A shipped kernel of the context's backend, with its default spec constants.
+fn shipped(ctx: &Context, name: &str) -> kpc::Result<kpc::Kernel> {
     let image = match ctx.backend() {
-        BackendKind::Vulkan => kpc::kernels::spirv_image("copy")?,
-        BackendKind::OpenCl => kpc::kernels::opencl_image("copy")?,
+        BackendKind::Vulkan => kpc::kernels::spirv_image(name)?,
+        BackendKind::OpenCl => kpc::kernels::opencl_image(name)?,
     };
-    let k = ctx.kernel(
+    ctx.kernel(
         &image,
-        "copy",
+        name,
         &SpecConstants::new(),
         &BuildOptions::default(),
-    )?;
+    )
+}
+
+fn copy_bandwidth(ctx: &Context) -> kpc::Result<(f64, kpc::Kernel)> {
+    let k = shipped(ctx, "copy")?;
     // 256 MiB each way on a GPU, well past its L2, so the copy measures device memory; 16 MiB on a CPU.
     let n = if ctx.device().device_type.is_gpu() {
         1usize << 24
     } else {
         1usize << 20
     };
-    let time = copy_time(ctx, &k, n)?;
+    let time = stream_time(ctx, &k, n, false)?;
     Ok((2.0 * (16 * n) as f64 / time.as_secs_f64(), k))
 }
 
-/// Median time of one copy of `n` 16-byte elements (each launch waited for; device time where
-/// the backend has timestamps): ten warm-up copies (clocks leave idle under load), then the median
-/// of twenty.
-fn copy_time(ctx: &Context, k: &kpc::Kernel, n: usize) -> kpc::Result<Duration> {
+/// Median time of one copy (`read_only` false: the copy kernel) or one read (`read_only`: the
+/// read kernel, which writes one element per workgroup) of `n` 16-byte elements, each launch
+/// waited for; device time where the backend has timestamps. Ten warm-up launches (clocks leave
+/// idle under load), then the median of twenty.
+fn stream_time(ctx: &Context, k: &kpc::Kernel, n: usize, read_only: bool) -> kpc::Result<Duration> {
     let n = n.max(1);
-    let src = ctx.buffer::<u32>(4 * n)?;
-    let dst = ctx.buffer::<u32>(4 * n)?;
-    let mut groups = k.groups_for([n as u64, 1, 1])?;
+    // The read kernel keeps four loads in flight per invocation.
+    let per = if read_only { 4 } else { 1 };
+    let mut groups = k.groups_for([n.div_ceil(per) as u64, 1, 1])?;
     groups[0] = groups[0].min(ctx.device().limits.max_workgroup_count[0]);
+    let src = ctx.buffer::<u32>(4 * n)?;
+    let dst = ctx.buffer::<u32>(4 * if read_only { groups[0] as usize } else { n })?;
     let push = PushConstants::new().u32(n as u32);
     let mut times = Vec::with_capacity(20);
     for i in 0..30 {
@@ -297,10 +313,32 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     if let Some(p) = args.decode_prefetch {
         options.decode_prefetch = p;
     }
+    if let Some(c) = args.decode_cyclic {
+        options.decode_cyclic = c;
+    }
+    if let Some(c) = args.decode_combine_all {
+        options.decode_combine_all = c;
+    }
     let attn = Attention::new(&ctx, &shape, dtype, total, options)?;
     let (copy_bw, copy_kernel) = copy_bandwidth(&ctx)?;
+    let decode_how = match attn.decode_kernel() {
+        DecodeKernel::Vectorized => format!(
+            ", {} splits, {}",
+            if options.decode_cyclic {
+                "block-cyclic"
+            } else {
+                "contiguous"
+            },
+            if attn.decode_combines_all_heads() {
+                "heads combined at once"
+            } else {
+                "heads combined one by one"
+            }
+        ),
+        _ => String::new(),
+    };
     println!(
-        "kernels (decode: {:?}, prefill: {:?}{}):",
+        "kernels (decode: {:?}{decode_how}, prefill: {:?}{}):",
         attn.decode_kernel(),
         attn.prefill_kernel(),
         match (attn.prefill_kernel(), attn.coop_register_softmax()) {
@@ -555,8 +593,13 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         // The floor at this size: the copy kernel moving a step's bytes (half read, half
         // written), so the fixed cost of one launch and the ramp of a short stream show.
         let step_bytes = bytes / n;
-        let same_us = copy_time(&ctx, &copy_kernel, (step_bytes / 32.0).round() as usize)?
-            .as_secs_f64()
+        let same_us = stream_time(
+            &ctx,
+            &copy_kernel,
+            (step_bytes / 32.0).round() as usize,
+            false,
+        )?
+        .as_secs_f64()
             * 1e6;
         println!(
             "copy:    {same_us:.1} us for a copy moving one step's {:.1} MB: decode/that copy = \
@@ -564,16 +607,32 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             step_bytes / 1e6,
             100.0 * same_us / dev_us
         );
+        // The floor of a kernel that only reads a step's bytes, as a decode step does.
+        let read_us = stream_time(
+            &ctx,
+            &shipped(&ctx, "read")?,
+            (step_bytes / 16.0).round() as usize,
+            true,
+        )?
+        .as_secs_f64()
+            * 1e6;
+        println!(
+            "read:    {read_us:.1} us for a read of one step's {:.1} MB: decode/that read = \
+             {:.1}% on the device",
+            step_bytes / 1e6,
+            100.0 * read_us / dev_us
+        );
         println!(
             "bench: phase=decode L={prompt} wall_us={wall_us:.2} device_us={dev_us:.2} \
              host_us={host_us:.1} launches_us={per_launch} \
              splits={} gbs={gbs_dev:.1} copy_gbs={:.1} pct_device={:.1} pct_wall={:.1} \
-             copy_same_us={same_us:.2} pct_same={:.1}",
+             copy_same_us={same_us:.2} pct_same={:.1} read_same_us={read_us:.2} pct_read={:.1}",
             attn.splits(prompt + 1),
             copy_bw / 1e9,
             100.0 * gbs_dev * 1e9 / copy_bw,
             100.0 * gbs_wall * 1e9 / copy_bw,
-            100.0 * same_us / dev_us
+            100.0 * same_us / dev_us,
+            100.0 * read_us / dev_us
         );
     } else {
         println!("copy:    {:.2} GB/s (copy kernel, same run)", copy_bw / 1e9);
