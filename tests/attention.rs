@@ -136,6 +136,7 @@ fn decode_shapes_with(
     let small = AttentionOptions {
         local_size: 32,
         chunk: 16,
+        decode_split_min: 16,
         block_q: 4,
         block_k: 8,
         ..default
@@ -420,6 +421,7 @@ fn prefill_then_decode(ctx: &Context, dtype: KvDtype, tolerance: f64) {
     let v = random_f32(rows_kv * total * d);
     let options = AttentionOptions {
         chunk: 32,
+        decode_split_min: 32,
         ..AttentionOptions::default()
     };
     let attn = Attention::new(ctx, &s, dtype, total, options).unwrap();

@@ -578,10 +578,14 @@ pub struct AttentionOptions {
     /// Invocations per workgroup of the generic decode and prefill kernels and of the append: a
     /// power of two.
     pub local_size: u32,
-    /// Positions per decode split (flash-decoding chunk): exactly, for the generic kernel; at least,
-    /// for the vectorized one, which lengthens its splits so that a decode launches about
-    /// `decode_workgroups` workgroups.
+    /// Positions per decode split of the generic kernel (flash-decoding chunk).
     pub chunk: u32,
+    /// Fewest positions per split of the vectorized decode, which lengthens its splits beyond
+    /// this so that a decode launches about `decode_workgroups` workgroups. 64 by default;
+    /// [`AttentionOptions::for_device`] makes it 128 on Vulkan, where on an H200 it was up to
+    /// 4.3 µs faster per step at L = 1k and 4k (Hkv = 8, L = 4k: 22.2 -> 17.9 µs) and the same
+    /// elsewhere, while on OpenCL it was mixed (BENCHMARKS.md).
+    pub decode_split_min: u32,
     /// Workgroups a vectorized decode aims to launch (enough to fill a large GPU several times).
     pub decode_workgroups: u32,
     /// Which decode kernel to run.
@@ -643,6 +647,7 @@ impl Default for AttentionOptions {
         AttentionOptions {
             local_size: 64,
             chunk: 64,
+            decode_split_min: 64,
             decode_workgroups: 1024,
             decode: DecodeKernel::Auto,
             prefill: PrefillKernel::Auto,
@@ -663,13 +668,14 @@ impl Default for AttentionOptions {
 
 impl AttentionOptions {
     /// Sizes suited to `device`: the defaults, with the workgroup capped at the device's limit;
-    /// on OpenCL the tiled prefill's prefetch off and the decode's block-cyclic splits on (each
-    /// measured faster that way there).
+    /// on Vulkan splits of at least 128 positions, on OpenCL the tiled prefill's prefetch off and
+    /// the decode's block-cyclic splits on (each measured faster that way there).
     pub fn for_device(device: &DeviceInfo) -> AttentionOptions {
         let opencl = device.backend == BackendKind::OpenCl;
         let mut o = AttentionOptions {
             tiled_prefetch: !opencl,
             decode_cyclic: opencl,
+            decode_split_min: if opencl { 64 } else { 128 },
             ..AttentionOptions::default()
         };
         let max = device.limits.max_workgroup_invocations.max(1);
@@ -827,6 +833,7 @@ impl Attention {
         }
         if !options.local_size.is_power_of_two()
             || options.chunk == 0
+            || options.decode_split_min == 0
             || options.decode_workgroups == 0
             || !options.decode_local_size.is_power_of_two()
             || !(1..=8).contains(&options.decode_rows)
@@ -834,8 +841,8 @@ impl Attention {
             || options.block_k == 0
         {
             return Err(Error::InvalidArgument(format!(
-                "local sizes must be powers of two, decode rows 1 to 8, and chunk, decode \
-                 workgroups and blocks positive: {options:?}"
+                "local sizes must be powers of two, decode rows 1 to 8, and chunk, decode split \
+                 minimum, decode workgroups and blocks positive: {options:?}"
             )));
         }
         let device = ctx.device();
@@ -1002,10 +1009,9 @@ impl Attention {
             ),
         };
         let prefill = shipped_kernel(ctx, prefill_name, &prefill_spec)?;
-        let most_splits = capacity.div_ceil(options.chunk as usize);
         let splits = match vec {
-            None => most_splits,
-            Some(_) => most_splits.min(Self::vec_target(shape, options)),
+            None => capacity.div_ceil(options.chunk as usize),
+            Some(_) => Self::vec_most_splits(shape, options, capacity),
         };
         let rows = shape.batch * shape.q_heads * splits;
         Ok(Attention {
@@ -1060,9 +1066,7 @@ impl Attention {
         capacity: usize,
         lanes: u32,
     ) -> bool {
-        let most = capacity
-            .div_ceil(options.chunk as usize)
-            .min(Self::vec_target(shape, options));
+        let most = Self::vec_most_splits(shape, options, capacity);
         let entries = shape.q_heads / shape.kv_heads * most;
         let row_groups = (options.decode_local_size / lanes) as usize;
         entries <= 1024 && entries <= row_groups * shape.head_dim
@@ -1125,13 +1129,23 @@ impl Attention {
 
     /// Positions per split for a decode over `len` positions.
     fn per_split(&self, len: usize) -> usize {
-        let chunk = self.options.chunk as usize;
         match self.vec {
-            None => chunk,
+            None => self.options.chunk as usize,
             Some(_) => len
                 .div_ceil(Self::vec_target(&self.shape, self.options))
-                .max(chunk),
+                .max(self.options.decode_split_min as usize),
         }
+    }
+
+    /// The most splits the vectorized decode uses over at most `capacity` positions.
+    fn vec_most_splits(
+        shape: &AttentionShape,
+        options: AttentionOptions,
+        capacity: usize,
+    ) -> usize {
+        capacity
+            .div_ceil(options.decode_split_min as usize)
+            .min(Self::vec_target(shape, options))
     }
 
     fn check_cache(&self, cache: &KvCache) -> Result<()> {

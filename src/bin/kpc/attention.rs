@@ -98,6 +98,10 @@ pub struct Args {
     /// Invocations per workgroup of the vectorized decode (AttentionOptions::decode_local_size).
     #[arg(long)]
     decode_local: Option<u32>,
+    /// Fewest positions per split of the vectorized decode (AttentionOptions::decode_split_min);
+    /// without it, the device's default.
+    #[arg(long)]
+    decode_split_min: Option<u32>,
     /// Rows in flight per lane group of the vectorized decode (AttentionOptions::decode_rows).
     #[arg(long)]
     decode_rows: Option<u32>,
@@ -303,6 +307,9 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     }
     if let Some(l) = args.decode_local {
         options.decode_local_size = l;
+    }
+    if let Some(c) = args.decode_split_min {
+        options.decode_split_min = c;
     }
     if let Some(r) = args.decode_rows {
         options.decode_rows = r;
