@@ -19,20 +19,21 @@ for s in $sections; do
       echo "($s: $(( $(date +%s) - start )) s)"
       ;;
     sweep)
-      # Decode variants at a few shapes: workgroup target, workgroup size, rows in flight.
+      # Decode variants at a few shapes: workgroup target, workgroup size, rows in flight, spread
+      # over query heads, and (optional fifth field) the fewest positions per split.
       echo "## kpc ${SWEEP_DEVICE:-vulkan:gpu} decode sweep"
-      echo "| B | Hkv | L | workgroups | local | rows | spread | splits | device µs | µs per launch | device / copy |"
-      echo "|---|---|---|---|---|---|---|---|---|---|---|"
+      echo "| B | Hkv | L | workgroups | local | rows | spread | split min | splits | device µs | µs per launch | device / copy |"
+      echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
       for shp in ${SWEEP_SHAPES:-1:32:4096 1:8:16384 4:32:16384 16:32:4096}; do
         IFS=: read -r b hkv L <<<"$shp"
         for v in ${SWEEP_VARIANTS:-1024:128:4:false 2048:128:4:false 1024:128:8:false 1024:128:4:true 2048:128:4:true}; do
-          IFS=: read -r w loc rows spread <<<"$v"
+          IFS=: read -r w loc rows spread split <<<"$v"
           all=$("$KPC" attention --device "${SWEEP_DEVICE:-vulkan:gpu}" --heads 32 --head-dim 128 --batch "$b" \
             --kv-heads "$hkv" --prompt "$L" --steps 50 --fill --workgroups "$w" --decode-local "$loc" \
-            --decode-rows "$rows" --decode-spread "$spread" 2>&1)
+            --decode-rows "$rows" --decode-spread "$spread" ${split:+--decode-split-min "$split"} 2>&1)
           o=$(grep '^bench: phase=decode' <<<"$all") || echo "failed: $(tail -1 <<<"$all")" >&2
           v1() { grep -o " $1=[^ ]*" <<<"$o" | cut -d= -f2; }
-          echo "| $b | $hkv | $L | $w | $loc | $rows | $spread | $(v1 splits) | $(v1 device_us) |" \
+          echo "| $b | $hkv | $L | $w | $loc | $rows | $spread | ${split:-default} | $(v1 splits) | $(v1 device_us) |" \
             "$(v1 launches_us) | $(v1 pct_device)% |"
         done
       done 2>&1 | tee "$out/attention-sweep.txt"
