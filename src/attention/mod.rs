@@ -611,8 +611,8 @@ pub struct AttentionOptions {
     /// workgroups read one window of K and V at a time as a copy does, rather than each a
     /// contiguous range of its own. Off by default; [`AttentionOptions::for_device`] turns it on
     /// on OpenCL. On an H200 it was 0.7 to 1.6 µs faster per step on OpenCL at every shape but
-    /// MHA L=1k (within 0.1 µs), and on Vulkan mixed: up to 1 µs faster at L <= 4k, up to 1.2 µs
-    /// slower at Hkv=8 L=16k and 32k (BENCHMARKS.md).
+    /// MHA L=1k (0.13 µs slower), and on Vulkan mixed: up to 1.1 µs faster at L <= 4k, 0.9 and
+    /// 1.1 µs slower at Hkv=8 L=16k and 32k (BENCHMARKS.md).
     pub decode_cyclic: bool,
     /// Whether the Vulkan vectorized decode combines all query heads of a KV head at once, where
     /// they fit (`group * splits` at most 1024 and at most the kernel's row-merge buffer): every
