@@ -182,7 +182,6 @@ fn prefix(x: &[f32], heads: usize, len: usize, d: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The device's copy bandwidth in bytes per second (read + write), from the copy kernel.
 /// A shipped kernel of the context's backend, with its default spec constants.
 fn shipped(ctx: &Context, name: &str) -> kpc::Result<kpc::Kernel> {
     let image = match ctx.backend() {
@@ -197,6 +196,7 @@ fn shipped(ctx: &Context, name: &str) -> kpc::Result<kpc::Kernel> {
     )
 }
 
+/// The device's copy bandwidth in bytes per second (read + write), from the copy kernel.
 fn copy_bandwidth(ctx: &Context) -> kpc::Result<(f64, kpc::Kernel)> {
     let k = shipped(ctx, "copy")?;
     // 256 MiB each way on a GPU, well past its L2, so the copy measures device memory; 16 MiB on a CPU.
