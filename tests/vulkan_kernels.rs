@@ -9,7 +9,7 @@ use kpc::kernels::spirv_image;
 use kpc::runtime::Source;
 use kpc::{Buffer, Context, Error, PushConstants};
 
-use common::drivers::{random_f32, test_config, vulkan_backend, vulkan_context};
+use common::drivers::{check_read_kernel, random_f32, test_config, vulkan_backend, vulkan_context};
 
 fn saxpy(ctx: &Context, spec: &SpecConstants) -> kpc::Kernel {
     ctx.kernel(
@@ -96,65 +96,7 @@ fn read_kernel_xors_what_it_reads() {
     let Some(ctx) = vulkan_context("read_kernel_xors_what_it_reads") else {
         return;
     };
-    let k = ctx
-        .kernel(
-            &spirv_image("read").unwrap(),
-            "read",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap();
-    assert_eq!(k.info().push_constant_bytes, 4);
-    let n = 100_003usize; // 16-byte elements
-    let src: Vec<u32> = (0..4 * n as u32)
-        .map(|i| i.wrapping_mul(2_654_435_761) ^ (i >> 3))
-        .collect();
-    let mut want = [0u32; 4];
-    for (i, x) in src.iter().enumerate() {
-        want[i % 4] ^= x;
-    }
-    assert_ne!(want, [0; 4]);
-    let groups = 5;
-    let bsrc = ctx.buffer_from(&src).unwrap();
-    let bdst: Buffer<u32> = ctx.buffer_from(&vec![0xdead_beef; 4 * groups]).unwrap();
-    // Far fewer groups than elements: the loop must cover the rest, and each group writes one.
-    ctx.queue()
-        .launch(
-            &k,
-            [groups as u32, 1, 1],
-            &[&bsrc, &bdst],
-            PushConstants::new().u32(n as u32).as_bytes(),
-        )
-        .unwrap()
-        .wait()
-        .unwrap();
-    let out = bdst.read().unwrap();
-    let mut got = [0u32; 4];
-    for (i, x) in out.iter().enumerate() {
-        got[i % 4] ^= x;
-    }
-    assert_eq!(got, want);
-    // Every element counts: one flipped bit anywhere changes the result.
-    let mut flipped = src.clone();
-    flipped[4 * (n - 1) + 2] ^= 1 << 17;
-    bsrc.write(&flipped).unwrap();
-    ctx.queue()
-        .launch(
-            &k,
-            [groups as u32, 1, 1],
-            &[&bsrc, &bdst],
-            PushConstants::new().u32(n as u32).as_bytes(),
-        )
-        .unwrap()
-        .wait()
-        .unwrap();
-    let out = bdst.read().unwrap();
-    let mut got = [0u32; 4];
-    for (i, x) in out.iter().enumerate() {
-        got[i % 4] ^= x;
-    }
-    want[2] ^= 1 << 17;
-    assert_eq!(got, want);
+    check_read_kernel(&ctx, &spirv_image("read").unwrap());
 }
 
 #[test]

@@ -118,3 +118,55 @@ pub fn random_f32(n: usize) -> Vec<f32> {
     let mut r = rand::rng();
     (0..n).map(|_| r.random_range(-1.0f32..1.0)).collect()
 }
+
+/// Runs the shipped read kernel on `ctx` (`image` is its image for the context's backend) with
+/// far fewer workgroups than elements, and checks that the XOR of its per-workgroup outputs is the
+/// XOR of its input, also after one bit of the last element is flipped.
+pub fn check_read_kernel(ctx: &Context, image: &kpc::backend::DeviceImage) {
+    use kpc::cache::{BuildOptions, SpecConstants};
+    use kpc::{Buffer, PushConstants};
+    let k = ctx
+        .kernel(
+            image,
+            "read",
+            &SpecConstants::new(),
+            &BuildOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(k.info().push_constant_bytes, 4);
+    let n = 100_003usize; // 16-byte elements
+    let groups = 5;
+    let xor4 = |x: &[u32]| {
+        let mut r = [0u32; 4];
+        for (i, w) in x.iter().enumerate() {
+            r[i % 4] ^= w;
+        }
+        r
+    };
+    let mut src: Vec<u32> = (0..4 * n as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) ^ (i >> 3))
+        .collect();
+    let bsrc = ctx.buffer_from(&src).unwrap();
+    let bdst: Buffer<u32> = ctx.buffer_from(&vec![0xdead_beef; 4 * groups]).unwrap();
+    // Far fewer groups than elements: the loop must cover the rest, and each group writes one.
+    let run = || {
+        ctx.queue()
+            .launch(
+                &k,
+                [groups as u32, 1, 1],
+                &[&bsrc, &bdst],
+                PushConstants::new().u32(n as u32).as_bytes(),
+            )
+            .unwrap()
+            .wait()
+            .unwrap();
+        xor4(&bdst.read().unwrap())
+    };
+    let want = xor4(&src);
+    assert_ne!(want, [0; 4]);
+    assert_eq!(run(), want);
+    // Every element counts: one flipped bit anywhere changes the result.
+    src[4 * (n - 1) + 2] ^= 1 << 17;
+    bsrc.write(&src).unwrap();
+    assert_eq!(run(), xor4(&src));
+}
