@@ -34,8 +34,8 @@ use crate::cache::{BuildOptions, SpecConstants};
 use crate::config::{BackendKind, Config, TraceFlags};
 use crate::error::{Error, Result};
 
-pub use device::VulkanBuffer;
 use device::{BufferPlace, Device, vk_err};
+pub use device::{VulkanBuffer, devices_created};
 pub use instance::devices;
 pub use pipeline_cache::CacheIdentity;
 pub use program::{VulkanKernel, VulkanProgram};
@@ -136,7 +136,7 @@ impl VulkanBackend {
         options: &VulkanOptions,
     ) -> Result<VulkanBackend> {
         let inst = instance::instance()?;
-        let mut pds = instance::physical_devices(&inst)?;
+        let pds = instance::physical_devices(&inst)?;
         if index >= pds.len() {
             return Err(Error::NoSuchDevice {
                 selector: format!("vulkan:{index}"),
@@ -147,7 +147,7 @@ impl VulkanBackend {
                     .join("\n"),
             });
         }
-        let pd = pds.swap_remove(index);
+        let pd = pds[index].clone();
         if let Some(why) = &pd.info.unusable {
             return Err(instance::unavailable(format!(
                 "device {index} ({}): {why}",
