@@ -31,10 +31,13 @@ pub(crate) fn vk_err(call: &'static str, r: vk::Result) -> Error {
     }
 }
 
-/// One VkDevice with its compute queue. Shared (`Arc`) by every object made on it, so it is destroyed
-/// only after all of them.
+/// One VkDevice with its compute queue. Shared (`Arc`) by every object made on it, so it is released
+/// only after all of them; released, it is kept for the next context rather than destroyed (see
+/// [`IDLE_DEVICES`]).
 pub(crate) struct Device {
     pub(crate) _instance: Arc<VkInstance>,
+    /// The physical device it was created on: where it goes back to when dropped.
+    pub(crate) physical: vk::PhysicalDevice,
     pub(crate) raw: ash::Device,
     pub(crate) queue_family: u32,
     pub(crate) queue: vk::Queue,
@@ -54,7 +57,8 @@ pub(crate) struct Device {
     /// Per-batch objects of finished batches, kept for the next ones (see [`Recycled`]).
     pub(crate) recycled: parking_lot::Mutex<Recycled>,
     /// `Some` for an embedder's device (interop): the optional features it says it enabled. kpc
-    /// never waits on or destroys a borrowed device, only its own objects on it.
+    /// never waits on, keeps for reuse or destroys a borrowed device; it destroys only its own
+    /// objects on it.
     pub(crate) borrowed: Option<super::interop::VulkanFeatures>,
 }
 
@@ -78,6 +82,36 @@ impl Recycled {
     pub(crate) const SETS: u32 = 16;
     pub(crate) const STORAGE: u32 = 128;
     pub(crate) const UNIFORM: u32 = 32;
+}
+
+/// A VkDevice whose last user was dropped, with its queue and the spare per-batch objects it had.
+struct IdleDevice {
+    physical: vk::PhysicalDevice,
+    raw: ash::Device,
+    queue: vk::Queue,
+    recycled: Recycled,
+}
+
+/// VkDevices kpc created and no context uses any more, kept for the next context on the same
+/// physical device instead of destroyed: kpc never calls vkDestroyDevice.
+///
+/// Why: NVIDIA's driver 580.159.04 deadlocks in vkDestroyDevice when other threads are inside the
+/// driver on other devices at the same time (issue 21: the destroying thread waits inside the
+/// driver while every other thread, kpc's and the driver's own, waits on a driver-wide lock; seen in
+/// 9 of 9 runs of tests/vulkan_kernels.rs with 16 test threads on an H100, also with
+/// vkCreateDevice/vkDestroyDevice serialized process-wide). No lock of kpc's can keep the driver's own
+/// threads out, so kpc does not destroy devices at all. The pool holds at most as many devices per
+/// physical device as contexts were ever open on it at once; each is an idle queue and its spare
+/// fences and pools, and the process's exit releases them. Reuse also saves a vkCreateDevice per
+/// context open.
+static IDLE_DEVICES: parking_lot::Mutex<Vec<IdleDevice>> = parking_lot::Mutex::new(Vec::new());
+
+static DEVICES_CREATED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many VkDevices kpc has created in this process (each context open either creates one or
+/// reuses one a dropped context left; see `Device`). For tests and diagnostics.
+pub fn devices_created() -> u64 {
+    DEVICES_CREATED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Device {
@@ -170,13 +204,32 @@ impl Device {
         if pd.executable_stats {
             info = info.push_next(&mut stats);
         }
-        // SAFETY: `info` and its chain live across the call; every feature enabled was reported
-        // supported above (by discovery, for the cooperative-matrix pair); the extensions were
-        // enumerated on this device.
-        let raw = unsafe { inst.create_device(pd.raw, &info, None) }
-            .map_err(|e| super::instance::unavailable(format!("vkCreateDevice failed: {e}")))?;
-        // SAFETY: queue 0 of `queue_family` was requested in `info`.
-        let queue = unsafe { raw.get_device_queue(queue_family, 0) };
+        let idle = {
+            let mut idle = IDLE_DEVICES.lock();
+            let found = idle.iter().position(|d| d.physical == pd.raw);
+            found.map(|i| idle.swap_remove(i))
+        };
+        // A kept device was created from this same physical device with this same `info` (every
+        // choice above depends on the physical device alone), so it is what a new one would be.
+        let (raw, queue, recycled) = match idle {
+            Some(d) => (d.raw, d.queue, d.recycled),
+            None => {
+                let created = {
+                    let _serial = super::instance::DEVICE_LIFECYCLE.lock();
+                    // SAFETY: `info` and its chain live across the call; every feature enabled was
+                    // reported supported above (by discovery, for the cooperative-matrix pair); the
+                    // extensions were enumerated on this device.
+                    unsafe { inst.create_device(pd.raw, &info, None) }
+                };
+                let raw = created.map_err(|e| {
+                    super::instance::unavailable(format!("vkCreateDevice failed: {e}"))
+                })?;
+                DEVICES_CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // SAFETY: queue 0 of `queue_family` was requested in `info`.
+                let queue = unsafe { raw.get_device_queue(queue_family, 0) };
+                (raw, queue, Recycled::default())
+            }
+        };
         // SAFETY: `pd.raw` belongs to this live instance.
         let memory = unsafe { inst.get_physical_device_memory_properties(pd.raw) };
         let executable_stats = pd
@@ -184,6 +237,7 @@ impl Device {
             .then(|| ash::khr::pipeline_executable_properties::Device::new(inst, &raw));
         Ok(Device {
             _instance: instance.clone(),
+            physical: pd.raw,
             raw,
             queue_family,
             queue,
@@ -200,7 +254,7 @@ impl Device {
                 device_id: pd.device_id,
                 uuid: pd.pipeline_cache_uuid,
             },
-            recycled: parking_lot::Mutex::new(Recycled::default()),
+            recycled: parking_lot::Mutex::new(recycled),
             borrowed: None,
         })
     }
@@ -226,29 +280,37 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
-        // SAFETY: every object made on this device holds an Arc to it, so none is left; waiting idle
-        // first makes sure no submitted work still runs. A borrowed device is neither waited on
-        // (vkDeviceWaitIdle would need every queue, the embedder's too, externally synchronized)
-        // nor destroyed: every batch kpc submitted held an Arc to this device and waited for its
-        // fence when it went, so kpc's own objects are idle and only they are destroyed.
-        unsafe {
-            if self.borrowed.is_none() {
-                let _ = self.raw.device_wait_idle();
-            }
+        if self.borrowed.is_some() {
+            // An embedder's device is neither waited on (vkDeviceWaitIdle would need every queue,
+            // the embedder's too, externally synchronized), nor kept for reuse, nor destroyed: it
+            // is not kpc's. Every batch kpc submitted held an Arc to this device and waited for its
+            // fence when it went, so kpc's spare objects are idle; only they are destroyed.
             let r = self.recycled.get_mut();
-            for f in r.fences.drain(..) {
-                self.raw.destroy_fence(f, None);
+            // SAFETY: as above: no submitted work uses them; the device is alive (the embedder's
+            // contract keeps it so until every kpc object over it is gone).
+            unsafe {
+                for f in r.fences.drain(..) {
+                    self.raw.destroy_fence(f, None);
+                }
+                for q in r.query_pools.drain(..) {
+                    self.raw.destroy_query_pool(q, None);
+                }
+                for p in r.descriptor_pools.drain(..) {
+                    self.raw.destroy_descriptor_pool(p, None);
+                }
             }
-            for q in r.query_pools.drain(..) {
-                self.raw.destroy_query_pool(q, None);
-            }
-            for p in r.descriptor_pools.drain(..) {
-                self.raw.destroy_descriptor_pool(p, None);
-            }
-            if self.borrowed.is_none() {
-                self.raw.destroy_device(None);
-            }
+            return;
         }
+        // SAFETY: every object made on this device holds an Arc to it, so none is left and no other
+        // thread uses the device or its queue; waiting idle makes sure no submitted work still runs
+        // before the device is handed to the next context.
+        let _ = unsafe { self.raw.device_wait_idle() };
+        IDLE_DEVICES.lock().push(IdleDevice {
+            physical: self.physical,
+            raw: self.raw.clone(),
+            queue: self.queue,
+            recycled: std::mem::take(self.recycled.get_mut()),
+        });
     }
 }
 

@@ -127,6 +127,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// What the backend needs to know about one physical device beyond its [`DeviceInfo`].
+#[derive(Clone)]
 pub(crate) struct PhysicalDevice {
     pub(crate) raw: vk::PhysicalDevice,
     pub(crate) info: DeviceInfo,
@@ -157,10 +158,24 @@ fn has_extension(exts: &[vk::ExtensionProperties], name: &CStr) -> bool {
         .any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name))
 }
 
-/// Every physical device, in the driver's enumeration order (what `vulkan:N` indexes).
+static PHYSICAL_DEVICES: OnceLock<Result<Arc<[PhysicalDevice]>>> = OnceLock::new();
+
+/// Every physical device, in the driver's enumeration order (what `vulkan:N` indexes), enumerated
+/// and described once per process.
+///
+/// Once, because the physical devices of an instance do not change while it lives, and because
+/// enumerating them while other threads create and destroy devices is one of the interleavings under
+/// which NVIDIA's driver hung (issue 21): an open no longer calls into the driver before
+/// vkCreateDevice, and discovery costs one enumeration per process instead of one per open.
 ///
 /// Errors: [`Error::Unavailable`] when there is no loader, no driver, or no device at all.
-pub(crate) fn physical_devices(instance: &VkInstance) -> Result<Vec<PhysicalDevice>> {
+pub(crate) fn physical_devices(instance: &VkInstance) -> Result<Arc<[PhysicalDevice]>> {
+    PHYSICAL_DEVICES
+        .get_or_init(|| enumerate_physical_devices(instance).map(Arc::from))
+        .clone()
+}
+
+fn enumerate_physical_devices(instance: &VkInstance) -> Result<Vec<PhysicalDevice>> {
     // SAFETY: the instance is alive (never destroyed).
     let raws = unsafe { instance.raw.enumerate_physical_devices() }
         .map_err(|e| unavailable(format!("vkEnumeratePhysicalDevices failed: {e}")))?;
@@ -172,6 +187,14 @@ pub(crate) fn physical_devices(instance: &VkInstance) -> Result<Vec<PhysicalDevi
         .map(|(i, raw)| describe(instance, i, raw))
         .collect()
 }
+
+/// Held around every vkCreateDevice of the process.
+///
+/// The Vulkan spec asks for no such lock, but creating devices is rare (kept devices are reused, see
+/// `device::IDLE_DEVICES`) and slow (milliseconds), and NVIDIA's driver has shown it does not take
+/// concurrent device lifetimes well (issue 21), so kpc does not ask it to. Nothing on a kernel lookup
+/// or a launch takes this lock.
+pub(crate) static DEVICE_LIFECYCLE: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 /// Describes `raw`, device `index` of `instance`'s enumeration: what discovery reports, and what
 /// interop reuses so that an embedder's device gets the same fingerprint as an owned one.
@@ -380,7 +403,7 @@ fn is_f16_16x16x16(p: &vk::CooperativeMatrixPropertiesKHR) -> bool {
 pub fn devices() -> Result<Vec<DeviceInfo>> {
     let inst = instance()?;
     Ok(physical_devices(&inst)?
-        .into_iter()
-        .map(|p| p.info)
+        .iter()
+        .map(|p| p.info.clone())
         .collect())
 }

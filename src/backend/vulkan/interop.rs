@@ -271,6 +271,7 @@ impl VulkanBackend {
         info.unusable = None;
         let dev = Arc::new(Device {
             _instance: instance.clone(),
+            physical: pd.raw,
             raw,
             queue_family: h.queue_family_index,
             queue: h.queue,

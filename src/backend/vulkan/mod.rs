@@ -36,8 +36,8 @@ use crate::cache::{BuildOptions, SpecConstants};
 use crate::config::{BackendKind, Config, TraceFlags};
 use crate::error::{Error, Result};
 
-pub use device::VulkanBuffer;
 use device::{BufferPlace, Device, vk_err};
+pub use device::{VulkanBuffer, devices_created};
 pub use instance::devices;
 pub use interop::{VulkanFeatures, VulkanHandles, VulkanKernelHandles};
 pub use pipeline_cache::CacheIdentity;
@@ -139,7 +139,7 @@ impl VulkanBackend {
         options: &VulkanOptions,
     ) -> Result<VulkanBackend> {
         let inst = instance::instance()?;
-        let mut pds = instance::physical_devices(&inst)?;
+        let pds = instance::physical_devices(&inst)?;
         if index >= pds.len() {
             return Err(Error::NoSuchDevice {
                 selector: format!("vulkan:{index}"),
@@ -150,7 +150,7 @@ impl VulkanBackend {
                     .join("\n"),
             });
         }
-        let pd = pds.swap_remove(index);
+        let pd = pds[index].clone();
         if let Some(why) = &pd.info.unusable {
             return Err(instance::unavailable(format!(
                 "device {index} ({}): {why}",

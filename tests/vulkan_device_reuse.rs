@@ -1,0 +1,50 @@
+//! A dropped context's VkDevice is kept and reused by the next context on the same device, never
+//! destroyed (issue 21: NVIDIA's driver deadlocks in vkDestroyDevice under concurrency). One test in
+//! its own binary, so no other test opens devices meanwhile.
+
+mod common;
+
+use common::drivers::{test_config, vulkan_device};
+use kpc::Context;
+use kpc::backend::vulkan::devices_created;
+use kpc::cache::{BuildOptions, SpecConstants};
+
+#[test]
+fn dropped_contexts_leave_their_device_to_the_next() {
+    let Some(d) = vulkan_device("dropped_contexts_leave_their_device_to_the_next") else {
+        return;
+    };
+    let before = devices_created();
+    let image = kpc::kernels::spirv_image("saxpy").unwrap();
+    for round in 0..3 {
+        let ctx = Context::with_device(&d, &test_config()).unwrap();
+        // Used, so that the kept device carries spare fences and pools into the next round.
+        let k = ctx
+            .kernel(
+                &image,
+                "saxpy",
+                &SpecConstants::new(),
+                &BuildOptions::default(),
+            )
+            .unwrap();
+        let x = ctx.buffer_from(&[1.0f32, 2.0, 3.0]).unwrap();
+        let y = ctx.buffer_from(&[10.0f32, 20.0, 30.0]).unwrap();
+        let out = ctx.buffer_from(&[0.0f32; 3]).unwrap();
+        let push = kpc::PushConstants::new().u32(3).f32(2.0);
+        ctx.queue()
+            .launch(&k, [1, 1, 1], &[&x, &y, &out], push.as_bytes())
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(out.read().unwrap(), vec![12.0, 24.0, 36.0], "round {round}");
+        assert_eq!(devices_created() - before, 1, "round {round}");
+    }
+    // Two at once need two devices; both are kept afterwards.
+    let a = Context::with_device(&d, &test_config()).unwrap();
+    let b = Context::with_device(&d, &test_config()).unwrap();
+    assert_eq!(devices_created() - before, 2);
+    drop((a, b));
+    let _c = Context::with_device(&d, &test_config()).unwrap();
+    let _d = Context::with_device(&d, &test_config()).unwrap();
+    assert_eq!(devices_created() - before, 2);
+}
