@@ -75,7 +75,21 @@ impl PersistentCache {
             bump(&i.counters.skipped, 1);
             return None;
         }
-        let r = i.find(&i.leaf(key), key, true);
+        let r = i.find(&i.leaf(key), key, true, true);
+        i.count_lookup(key, r.as_ref(), None);
+        r
+    }
+
+    /// Looks `key` up changing nothing on disk: no access time is recorded and a defective entry is
+    /// counted and warned about but left in place (no lock file is created either). What a read-only
+    /// layer does. `None` on a miss or any disk problem.
+    pub fn get_read_only(&self, key: &DiskKey) -> Option<DiskHit> {
+        let i = &self.inner;
+        if !self.persists_image_of_size(key.image_len()) {
+            bump(&i.counters.skipped, 1);
+            return None;
+        }
+        let r = i.find(&i.leaf(key), key, false, false);
         i.count_lookup(key, r.as_ref(), None);
         r
     }
@@ -86,23 +100,67 @@ impl PersistentCache {
     /// (unwritable cache), the guard holds no lock and the caller builds anyway.
     pub fn get_or_lock(&self, key: &DiskKey) -> Lookup {
         let i = &self.inner;
-        let miss = |lock: Option<HeldLock>, persist: bool| {
-            Lookup::Miss(BuildGuard {
-                cache: self.clone(),
-                key: Box::new(key.clone()),
-                lock,
-                persist,
-            })
-        };
         if !self.persists_image_of_size(key.image_len()) {
             bump(&i.counters.skipped, 1);
-            return miss(None, false);
+            return self.miss(key, None, false);
         }
-        let leaf = i.leaf(key);
-        if let Some(hit) = i.find(&leaf, key, true) {
+        if let Some(hit) = i.find(&i.leaf(key), key, true, true) {
             i.count_lookup(key, Some(&hit), None);
             return Lookup::Hit(hit);
         }
+        match self.lock_and_look(key) {
+            Ok((lock, wait, r)) => {
+                i.count_lookup(key, r.as_ref(), wait);
+                match r {
+                    Some(hit) => Lookup::Hit(hit),
+                    None => self.miss(key, lock, true),
+                }
+            }
+            Err(()) => {
+                i.count_lookup(key, None, None);
+                self.miss(key, None, true)
+            }
+        }
+    }
+
+    /// The second half of [`PersistentCache::get_or_lock`], for a caller whose [`PersistentCache::get`]
+    /// just missed (the store chain, which looks in every store before it locks): takes the key's
+    /// build lock, waiting as `get_or_lock` does, and reads again. A hit found then is counted as a hit;
+    /// a miss is not counted again (the `get` counted it). Images outside the size limits are not
+    /// locked: the guard then persists nothing.
+    pub fn lock_for_build(&self, key: &DiskKey) -> Lookup {
+        if !self.persists_image_of_size(key.image_len()) {
+            return self.miss(key, None, false);
+        }
+        match self.lock_and_look(key) {
+            Ok((_, wait, Some(hit))) => {
+                self.inner.count_lookup(key, Some(&hit), wait);
+                Lookup::Hit(hit)
+            }
+            Ok((lock, _, None)) => self.miss(key, lock, true),
+            Err(()) => self.miss(key, None, true),
+        }
+    }
+
+    fn miss(&self, key: &DiskKey, lock: Option<HeldLock>, persist: bool) -> Lookup {
+        Lookup::Miss(BuildGuard {
+            cache: self.clone(),
+            key: Box::new(key.clone()),
+            lock,
+            persist,
+        })
+    }
+
+    /// Takes `key`'s build lock (bounded wait; `None` after a timeout) and looks again. Returns the lock,
+    /// how long it waited when it had to, and what the second look found; `Err` when the lock could not
+    /// be taken at all (warned).
+    #[allow(clippy::type_complexity)]
+    fn lock_and_look(
+        &self,
+        key: &DiskKey,
+    ) -> Result<(Option<HeldLock>, Option<Duration>, Option<DiskHit>), ()> {
+        let i = &self.inner;
+        let leaf = i.leaf(key);
         let lock_path = leaf.join("key.lock");
         let start = Instant::now();
         let waited = match i.ensure_leaf(key).and_then(|_| {
@@ -113,8 +171,7 @@ impl PersistentCache {
             Ok(w) => w,
             Err(e) => {
                 i.warn_io(&e, &leaf, "cannot take the build lock");
-                i.count_lookup(key, None, None);
-                return miss(None, true);
+                return Err(());
             }
         };
         let (lock, wait) = match waited {
@@ -138,12 +195,7 @@ impl PersistentCache {
         }
         // Someone may have published between our first look and the lock: that is the whole point of
         // waiting, and cheap when they did not.
-        let r = i.find(&leaf, key, true);
-        i.count_lookup(key, r.as_ref(), wait);
-        match r {
-            Some(hit) => Lookup::Hit(hit),
-            None => miss(lock, true),
-        }
+        Ok((lock, wait, i.find(&leaf, key, true, true)))
     }
 
     /// Reports that the backend refused `hit` (`reason` says why): counts it, warns once, and removes the
@@ -170,6 +222,40 @@ impl PersistentCache {
             }
         }
     }
+    /// Removes `key`'s entry: every slot holding it, or only those whose binary is exactly `only` when
+    /// given, each under its slot lock (a slot being written is left alone). Returns whether any went.
+    pub fn remove(&self, key: &DiskKey, only: Option<&[u8]>) -> bool {
+        let i = &self.inner;
+        let leaf = i.leaf(key);
+        let Ok(slots) = list_slots(&leaf) else {
+            return false;
+        };
+        let mut removed = false;
+        for n in slots {
+            let Ok(Some(_l)) = lock::try_lock(&slot_file(&leaf, n, "lock"), true) else {
+                continue;
+            };
+            let ours = match read_src(&slot_file(&leaf, n, "src")) {
+                Ok(Ok((_, rec))) => rec.matches(key),
+                _ => false,
+            };
+            let wanted = ours
+                && only.is_none_or(|want| {
+                    fs::read(slot_file(&leaf, n, "bin")).ok().is_some_and(|b| {
+                        entry::verify_bytes(&b, FileKind::Bin)
+                            .is_ok_and(|(_, payload)| payload == want)
+                    })
+                });
+            if !wanted {
+                continue;
+            }
+            if let Ok(freed) = remove_slot_files(&leaf, n) {
+                i.add_size(-(freed as i64));
+                removed = true;
+            }
+        }
+        removed
+    }
 }
 
 impl Inner {
@@ -195,8 +281,15 @@ impl Inner {
         }
     }
 
-    /// The first valid entry for `key` in `leaf`. Defective entries met on the way are dealt with.
-    pub(super) fn find(&self, leaf: &Path, key: &DiskKey, touch: bool) -> Option<DiskHit> {
+    /// The first valid entry for `key` in `leaf`. With `touch`, a hit records its access; with
+    /// `repair`, defective entries met on the way are removed (else only counted and warned about).
+    pub(super) fn find(
+        &self,
+        leaf: &Path,
+        key: &DiskKey,
+        touch: bool,
+        repair: bool,
+    ) -> Option<DiskHit> {
         let slots = match list_slots(leaf) {
             Ok(s) => s,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
@@ -209,7 +302,7 @@ impl Inner {
             match self.read_slot(leaf, n, key, touch) {
                 SlotRead::Hit(h) => return Some(h),
                 SlotRead::OtherKey | SlotRead::Gone => {}
-                SlotRead::Defect(kind, d) => self.on_defect(leaf, n, kind, &d),
+                SlotRead::Defect(kind, d) => self.on_defect(leaf, n, kind, &d, repair),
                 SlotRead::Io(e, path) => self.read_error(&e, &path),
             }
         }
@@ -273,9 +366,10 @@ impl Inner {
     }
 
     /// A reader met a defective slot. Under the slot lock (so no writer or evictor is mid-way through it)
-    /// the slot is checked again and removed if still defective. Without the lock (read-only directory)
-    /// the defect is counted and left in place.
-    fn on_defect(&self, leaf: &Path, n: u32, kind: FileKind, d: &Defect) {
+    /// the slot is checked again and removed if still defective. Without the lock (read-only directory),
+    /// or without `repair` (a read-only layer, which must not even create the lock file), the defect is
+    /// counted and left in place.
+    fn on_defect(&self, leaf: &Path, n: u32, kind: FileKind, d: &Defect, repair: bool) {
         let path = slot_file(leaf, n, kind.ext());
         let report = |removed: bool| {
             bump(&self.counters.corruptions, 1);
@@ -290,6 +384,10 @@ impl Inner {
             );
             self.trace(|| tracing::debug!(target: "kpc::cache::disk", path = %path.display(), defect = %d, removed, "corrupt"));
         };
+        if !repair {
+            report(false);
+            return;
+        }
         match lock::try_lock(&slot_file(leaf, n, "lock"), true) {
             Ok(Some(_l)) => {
                 if let SlotCheck::Defective(..) = check_slot(leaf, n) {

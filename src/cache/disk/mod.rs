@@ -1,5 +1,7 @@
 //! `PersistentCache`: verified program binaries on disk, shared by every process that uses the same
 //! cache directory. It knows nothing of Vulkan or OpenCL: it stores opaque bytes under a [`DiskKey`].
+//! It is the first [`Store`](crate::cache::Store) (`store.rs`): the local, read-write level of the
+//! store chain, and, opened read-only, each layer of `KPC_CACHE_READONLY_DIRS`.
 //!
 //! # Layout
 //! ```text
@@ -34,6 +36,9 @@
 //!   first, so readers stop finding the entry before its binary goes; the lock file goes last.
 //! - Locks are `flock`s (see `lock.rs`): a killed process never leaves a lock behind.
 //!
+//! - **Read-only lookups** ([`PersistentCache::get_read_only`], what a read-only layer does) change
+//!   nothing: no access time, no lock file, a defective entry counted and left in place.
+//!
 //! # Failures
 //! Every failure of the disk layer (missing or unwritable directories, a full disk, a read-only root,
 //! corrupt entries, a lock timeout) is a miss or a skipped put, never an error for the caller, and is
@@ -58,6 +63,7 @@ mod put;
 mod settings;
 mod slot;
 pub mod stats;
+mod store;
 
 pub use entry::{Defect, FileKind};
 pub use evict::EvictReport;

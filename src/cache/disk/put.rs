@@ -159,7 +159,7 @@ impl Inner {
                 Ok(l) => l,
                 Err(e) => return fail(&e, &self.leaf(key)),
             };
-            if self.find(&leaf, key, false).is_some() {
+            if self.find(&leaf, key, false, true).is_some() {
                 return PutOutcome::AlreadyPresent;
             }
             match self.put_in_leaf(&leaf, key, bytes, &src, total) {

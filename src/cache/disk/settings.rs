@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::config::{Config, TraceFlags};
 
-/// Settings of one [`PersistentCache`].
+/// Settings of one [`PersistentCache`](super::PersistentCache).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DiskCacheSettings {
     /// The cache root (`KPC_CACHE_DIR`). Created on the first put.
@@ -52,14 +52,19 @@ impl DiskCacheSettings {
     /// The settings `config` implies, rooted at its cache directory even when `KPC_CACHE_PERSISTENT=0`
     /// (the `kpc cache` commands inspect a disabled cache too); `None` when no directory is resolved.
     pub fn from_config_dir(c: &Config) -> Option<Self> {
-        let root = c.cache_dir.clone()?;
-        Some(DiskCacheSettings {
+        Some(DiskCacheSettings::from_config_at(c, c.cache_dir.as_ref()?))
+    }
+
+    /// The settings `config` implies (limits, lock timeout, tracing) for a cache rooted at `root`: how
+    /// the read-only layers of `KPC_CACHE_READONLY_DIRS` are opened.
+    pub fn from_config_at(c: &Config, root: impl Into<PathBuf>) -> Self {
+        DiskCacheSettings {
             max_size: c.max_size,
             min_image_size: c.min_device_image_size,
             max_image_size: c.max_device_image_size,
             lock_timeout: c.lock_timeout,
             trace: c.trace.contains(TraceFlags::DISK),
             ..DiskCacheSettings::new(root)
-        })
+        }
     }
 }
