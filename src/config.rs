@@ -6,9 +6,9 @@
 //! variable, the value and what is accepted, because a cache setting silently ignored is a cache that
 //! silently does something else.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Names of every environment variable kpc reads. ENVIRONMENT.md documents each of them.
@@ -17,6 +17,8 @@ pub mod vars {
     pub const CACHE_PERSISTENT: &str = "KPC_CACHE_PERSISTENT";
     /// Root directory of the on-disk cache.
     pub const CACHE_DIR: &str = "KPC_CACHE_DIR";
+    /// Read-only cache roots searched after the local one (colon-separated, like PATH).
+    pub const CACHE_READONLY_DIRS: &str = "KPC_CACHE_READONLY_DIRS";
     /// Disk cache size limit.
     pub const CACHE_MAX_SIZE: &str = "KPC_CACHE_MAX_SIZE";
     /// Smallest device image that is persisted.
@@ -44,6 +46,7 @@ const SIZE_ACCEPTED: &str = "a byte count with an optional suffix K, M, G, T (po
 const DURATION_ACCEPTED: &str = "a duration: a number with unit ms, s, m or h (e.g. 500ms, 30s, 2m); a bare number means seconds";
 const TRACE_ACCEPTED: &str =
     "a bitmask 0..=7 (1 = disk cache, 2 = memory cache, 4 = builds), decimal or 0x-hex";
+const DIRS_ACCEPTED: &str = "a colon-separated list of absolute directory paths, like PATH, with no empty element (unset it for none), e.g. /opt/kpc-cache:/mnt/shared/kpc";
 const DEVICE_ACCEPTED: &str = "auto, or BACKEND:INDEX or BACKEND:TYPE where BACKEND is vulkan|opencl|any and TYPE is gpu|discrete|integrated|cpu (e.g. vulkan:0, vulkan:gpu, opencl:1, any:cpu)";
 
 /// A configuration value that could not be accepted.
@@ -56,6 +59,24 @@ pub enum ConfigError {
         var: &'static str,
         /// The value as given.
         value: String,
+        /// What would have been accepted.
+        accepted: &'static str,
+    },
+    /// One element of a list variable is not valid.
+    #[error(
+        "{var}={value:?} is not valid: element {index} ({element:?}) {problem}; expected {accepted}"
+    )]
+    InvalidListElement {
+        /// The variable (or builder field) name.
+        var: &'static str,
+        /// The whole value as given.
+        value: String,
+        /// The element at fault, 1-based.
+        index: usize,
+        /// The element as given.
+        element: String,
+        /// What is wrong with it.
+        problem: &'static str,
         /// What would have been accepted.
         accepted: &'static str,
     },
@@ -220,6 +241,9 @@ pub struct Config {
     pub cache_dir: Option<PathBuf>,
     /// Where `cache_dir` came from.
     pub cache_dir_source: CacheDirSource,
+    /// Read-only cache roots searched, in order, after the local cache (`KPC_CACHE_READONLY_DIRS`,
+    /// default none): never written, locked or evicted. Each must be absolute.
+    pub readonly_dirs: Vec<PathBuf>,
     /// Disk limit in bytes (`KPC_CACHE_MAX_SIZE`, default 1 GiB); 0 = unlimited.
     pub max_size: u64,
     /// Device images smaller than this are not persisted (`KPC_CACHE_MIN_DEVICE_IMAGE_SIZE`, default 0).
@@ -249,6 +273,7 @@ impl Default for Config {
             persistent: true,
             cache_dir: None,
             cache_dir_source: CacheDirSource::Unresolved,
+            readonly_dirs: Vec::new(),
             max_size: GIB,
             min_device_image_size: 0,
             max_device_image_size: GIB,
@@ -309,7 +334,10 @@ impl Config {
         if let Some(v) = get(vars::DEVICE)? {
             b = b.device(DeviceSelector::parse(&v)?);
         }
-        // A path is bytes on Unix, so the cache root is the one variable not required to be UTF-8.
+        // Paths are bytes on Unix, so the cache roots are the variables not required to be UTF-8.
+        if let Some(v) = lookup(vars::CACHE_READONLY_DIRS) {
+            b = b.readonly_dirs(parse_dir_list(vars::CACHE_READONLY_DIRS, &v)?);
+        }
         match lookup(vars::CACHE_DIR) {
             Some(dir) if dir.to_string_lossy().trim().is_empty() => {
                 return Err(invalid(
@@ -388,6 +416,12 @@ impl ConfigBuilder {
         self.config.min_device_image_size = bytes;
         self
     }
+    /// Sets the read-only cache roots, searched in order after the local cache. [`ConfigBuilder::build`]
+    /// rejects an empty or relative path.
+    pub fn readonly_dirs(mut self, dirs: impl IntoIterator<Item = impl Into<PathBuf>>) -> Self {
+        self.config.readonly_dirs = dirs.into_iter().map(Into::into).collect();
+        self
+    }
     /// Sets the largest persisted image.
     pub fn max_device_image_size(mut self, bytes: u64) -> Self {
         self.config.max_device_image_size = bytes;
@@ -421,6 +455,26 @@ impl ConfigBuilder {
     /// Checks cross-field invariants and returns the configuration.
     pub fn build(self) -> Result<Config, ConfigError> {
         let c = self.config;
+        let joined = || {
+            let v: Vec<_> = c
+                .readonly_dirs
+                .iter()
+                .map(|p| p.to_string_lossy())
+                .collect();
+            v.join(":")
+        };
+        for (i, d) in c.readonly_dirs.iter().enumerate() {
+            if let Some(problem) = dir_problem(d.as_os_str()) {
+                return Err(ConfigError::InvalidListElement {
+                    var: vars::CACHE_READONLY_DIRS,
+                    value: joined(),
+                    index: i + 1,
+                    element: d.to_string_lossy().into_owned(),
+                    problem,
+                    accepted: DIRS_ACCEPTED,
+                });
+            }
+        }
         if c.min_device_image_size > c.max_device_image_size {
             return Err(ConfigError::Inconsistent(format!(
                 "{}={} is larger than {}={}: no device image could ever be persisted; \
@@ -487,6 +541,36 @@ pub fn parse_duration(var: &'static str, v: &str) -> Result<Duration, ConfigErro
     Duration::try_from_secs_f64(secs).map_err(|_| err())
 }
 
+/// What is wrong with `d` as a cache root in a list, if anything.
+fn dir_problem(d: &OsStr) -> Option<&'static str> {
+    if d.is_empty() {
+        Some("is empty")
+    } else if !Path::new(d).is_absolute() {
+        Some("is a relative path")
+    } else {
+        None
+    }
+}
+
+/// Parses a colon-separated list of absolute directory paths (any bytes but `:`; no empty element,
+/// which PATH would read as the working directory).
+pub fn parse_dir_list(var: &'static str, v: &OsStr) -> Result<Vec<PathBuf>, ConfigError> {
+    let dirs: Vec<PathBuf> = std::env::split_paths(v).collect();
+    for (i, d) in dirs.iter().enumerate() {
+        if let Some(problem) = dir_problem(d.as_os_str()) {
+            return Err(ConfigError::InvalidListElement {
+                var,
+                value: v.to_string_lossy().into_owned(),
+                index: i + 1,
+                element: d.to_string_lossy().into_owned(),
+                problem,
+                accepted: DIRS_ACCEPTED,
+            });
+        }
+    }
+    Ok(dirs)
+}
+
 fn parse_trace(v: &str) -> Result<TraceFlags, ConfigError> {
     let t = v.trim();
     let bits = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
@@ -501,189 +585,4 @@ fn parse_trace(v: &str) -> Result<TraceFlags, ConfigError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
-        let pairs: Vec<(String, String)> = pairs
-            .iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect();
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| n == k)
-                .map(|(_, v)| OsString::from(v))
-        }
-    }
-
-    #[test]
-    fn defaults_match_design() {
-        let c = Config::from_lookup(env(&[("HOME", "/home/u")])).unwrap();
-        assert!(c.persistent && c.in_mem);
-        assert_eq!(c.max_size, GIB);
-        assert_eq!(c.min_device_image_size, 0);
-        assert_eq!(c.max_device_image_size, GIB);
-        assert_eq!(c.in_mem_eviction_threshold, 0);
-        assert_eq!(c.lock_timeout, Duration::from_secs(30));
-        assert_eq!(c.trace.bits(), 0);
-        assert_eq!(c.device, DeviceSelector::Auto);
-        assert_eq!(c.cache_dir, Some(PathBuf::from("/home/u/.cache/kpc")));
-        assert_eq!(c.cache_dir_source, CacheDirSource::Home);
-    }
-
-    #[test]
-    fn cache_dir_resolution_order() {
-        let c = Config::from_lookup(env(&[
-            ("KPC_CACHE_DIR", "/x/kpc"),
-            ("XDG_CACHE_HOME", "/xdg"),
-            ("HOME", "/h"),
-        ]))
-        .unwrap();
-        assert_eq!(c.cache_dir, Some(PathBuf::from("/x/kpc")));
-        let c = Config::from_lookup(env(&[("XDG_CACHE_HOME", "/xdg"), ("HOME", "/h")])).unwrap();
-        assert_eq!(c.cache_dir, Some(PathBuf::from("/xdg/kpc")));
-        // A relative XDG_CACHE_HOME is ignored, per the XDG spec.
-        let c = Config::from_lookup(env(&[("XDG_CACHE_HOME", "rel"), ("HOME", "/h")])).unwrap();
-        assert_eq!(c.cache_dir, Some(PathBuf::from("/h/.cache/kpc")));
-        let c = Config::from_lookup(env(&[])).unwrap();
-        assert_eq!(c.cache_dir, None);
-        assert_eq!(c.disk_cache_root(), None);
-        let c = Config::from_lookup(env(&[("HOME", "/h"), ("KPC_CACHE_PERSISTENT", "0")])).unwrap();
-        assert_eq!(c.disk_cache_root(), None);
-        let e = Config::from_lookup(env(&[("KPC_CACHE_DIR", " ")])).unwrap_err();
-        assert!(e.to_string().contains("KPC_CACHE_DIR"), "{e}");
-    }
-
-    #[test]
-    fn sizes() {
-        let p = |s| parse_size("V", s);
-        assert_eq!(p("0").unwrap(), 0);
-        assert_eq!(p("4096").unwrap(), 4096);
-        assert_eq!(p("512K").unwrap(), 512 << 10);
-        assert_eq!(p("512k").unwrap(), 512 << 10);
-        assert_eq!(p("3M").unwrap(), 3 << 20);
-        assert_eq!(p("1G").unwrap(), GIB);
-        assert_eq!(p("1GiB").unwrap(), GIB);
-        assert_eq!(p("2 MiB").unwrap(), 2 << 20);
-        assert_eq!(p("1T").unwrap(), 1 << 40);
-        for bad in [
-            "",
-            "G",
-            "-1",
-            "1.5G",
-            "1X",
-            "99999999999999999999",
-            "16777216T",
-        ] {
-            let e = p(bad).unwrap_err();
-            let msg = e.to_string();
-            assert!(
-                msg.contains("V=") && msg.contains("expected"),
-                "{bad}: {msg}"
-            );
-        }
-    }
-
-    #[test]
-    fn durations() {
-        let p = |s| parse_duration("V", s);
-        assert_eq!(p("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(p("30").unwrap(), Duration::from_secs(30));
-        assert_eq!(p("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(p("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(p("0").unwrap(), Duration::ZERO);
-        for bad in ["", "s", "-1s", "3 weeks", "1e999", "nan"] {
-            assert!(p(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn every_malformed_variable_is_named_in_its_error() {
-        for (var, bad) in [
-            ("KPC_CACHE_PERSISTENT", "maybe"),
-            ("KPC_CACHE_IN_MEM", "2"),
-            ("KPC_CACHE_MAX_SIZE", "lots"),
-            ("KPC_CACHE_MIN_DEVICE_IMAGE_SIZE", "1Q"),
-            ("KPC_CACHE_MAX_DEVICE_IMAGE_SIZE", "-5"),
-            ("KPC_IN_MEM_CACHE_EVICTION_THRESHOLD", "1.5M"),
-            ("KPC_CACHE_LOCK_TIMEOUT", "forever"),
-            ("KPC_CACHE_TRACE", "8"),
-            ("KPC_CACHE_TRACE", "disk"),
-            ("KPC_DEVICE", "cuda:0"),
-            ("KPC_DEVICE", "vulkan:fast"),
-        ] {
-            let e = Config::from_lookup(env(&[(var, bad)])).unwrap_err();
-            let msg = e.to_string();
-            assert!(
-                msg.contains(var) && msg.contains(bad) && msg.contains("expected"),
-                "{var}={bad}: {msg}"
-            );
-        }
-    }
-
-    #[test]
-    fn min_above_max_is_rejected() {
-        let e = Config::from_lookup(env(&[
-            ("KPC_CACHE_MIN_DEVICE_IMAGE_SIZE", "2M"),
-            ("KPC_CACHE_MAX_DEVICE_IMAGE_SIZE", "1M"),
-        ]))
-        .unwrap_err();
-        assert!(matches!(e, ConfigError::Inconsistent(_)));
-        assert!(e.to_string().contains("KPC_CACHE_MIN_DEVICE_IMAGE_SIZE"));
-    }
-
-    #[test]
-    fn values_are_applied() {
-        let c = Config::from_lookup(env(&[
-            ("KPC_CACHE_PERSISTENT", "off"),
-            ("KPC_CACHE_IN_MEM", "0"),
-            ("KPC_CACHE_MAX_SIZE", "0"),
-            ("KPC_IN_MEM_CACHE_EVICTION_THRESHOLD", "64K"),
-            ("KPC_CACHE_LOCK_TIMEOUT", "250ms"),
-            ("KPC_CACHE_TRACE", "0x5"),
-            ("KPC_DEVICE", "opencl:1"),
-        ]))
-        .unwrap();
-        assert!(!c.persistent && !c.in_mem);
-        assert_eq!(c.max_size, 0);
-        assert_eq!(c.in_mem_eviction_threshold, 64 << 10);
-        assert_eq!(c.lock_timeout, Duration::from_millis(250));
-        assert!(c.trace.contains(TraceFlags::DISK) && c.trace.contains(TraceFlags::BUILDS));
-        assert!(!c.trace.contains(TraceFlags::MEMORY));
-        assert_eq!(
-            c.device,
-            DeviceSelector::Index(Some(BackendKind::OpenCl), 1)
-        );
-    }
-
-    #[test]
-    fn device_selectors_round_trip() {
-        for s in [
-            "auto",
-            "vulkan:0",
-            "vulkan:gpu",
-            "opencl:1",
-            "any:cpu",
-            "vulkan:discrete",
-        ] {
-            assert_eq!(DeviceSelector::parse(s).unwrap().to_string(), s);
-        }
-    }
-
-    #[test]
-    fn non_utf8_value_is_an_error() {
-        use std::os::unix::ffi::OsStringExt;
-        let e = Config::from_lookup(|k| {
-            (k == "KPC_CACHE_MAX_SIZE").then(|| OsString::from_vec(vec![0x31, 0xff]))
-        })
-        .unwrap_err();
-        assert!(e.to_string().contains("KPC_CACHE_MAX_SIZE"));
-        // A cache root is a path, and paths may be any bytes.
-        let c = Config::from_lookup(|k| {
-            (k == "KPC_CACHE_DIR").then(|| OsString::from_vec(vec![b'/', 0x66, 0xff]))
-        })
-        .unwrap();
-        assert!(c.cache_dir.is_some());
-    }
-}
+mod tests;

@@ -1,11 +1,17 @@
 //! The cache layer. It knows nothing of Vulkan or OpenCL: it stores built objects under opaque keys
-//! in memory (`KernelProgramCache`) and opaque binaries on disk (`PersistentCache`).
+//! in memory (`KernelProgramCache`) and opaque binaries in persistent stores.
+//!
+//! The persistent layer is a seam: a [`StoreChain`] of [`Store`]s (get, lock-for-build, put, remove,
+//! list), looked up in order after memory. The on-disk `PersistentCache` (`disk/`) is the first
+//! implementation and the local, read-write level; `KPC_CACHE_READONLY_DIRS` adds disk caches wrapped
+//! in a [`ReadOnlyStore`]; an embedder adds its own stores (see `store/`).
 
 pub mod build_result;
 pub mod counters;
 pub mod disk;
 pub mod kernel_program_cache;
 pub mod keys;
+pub mod store;
 pub mod sync;
 
 pub use build_result::{
@@ -20,4 +26,7 @@ pub use kernel_program_cache::{CacheCost, KernelProgramCache, MemCacheSettings};
 pub use keys::{
     BuildOptions, Digest, KernelKey, KernelKeyParts, KernelKeyRef, ProgramKey, SpecConstants,
     SpecValue,
+};
+pub use store::{
+    Access, BuildLock, ReadOnlyStore, Removal, Store, StoreChain, StoreHit, StoreKind, StoreStats,
 };

@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::backend::{
     BackendStats, ComputeBackend, DeviceImage, DeviceInfo, KernelInfo, KernelObject, Launch, Pod,
 };
-use crate::cache::{BuildOptions, CacheStats, SpecConstants};
+use crate::cache::{BuildOptions, CacheStats, SpecConstants, StoreChain};
 use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
 
@@ -223,14 +223,28 @@ impl Context {
     ///
     /// Errors: [`Error::Unavailable`] when the device cannot be opened.
     pub fn with_device(device: &DeviceInfo, config: &Config) -> Result<Context> {
+        Context::with_device_and_stores(device, config, StoreChain::from_config(config))
+    }
+
+    /// A context on `device` whose persistent layer is exactly `stores` (see
+    /// [`Context::from_backend_with_stores`]).
+    ///
+    /// Errors: [`Error::Unavailable`] when the device cannot be opened.
+    pub fn with_device_and_stores(
+        device: &DeviceInfo,
+        config: &Config,
+        stores: StoreChain,
+    ) -> Result<Context> {
         match device.backend {
-            BackendKind::Vulkan => Ok(Context::from_backend(
+            BackendKind::Vulkan => Ok(Context::from_backend_with_stores(
                 crate::backend::vulkan::VulkanBackend::open(device.index, config)?,
                 config,
+                stores,
             )),
-            BackendKind::OpenCl => Ok(Context::from_backend(
+            BackendKind::OpenCl => Ok(Context::from_backend_with_stores(
                 crate::backend::opencl::OpenClBackend::open(device.index, config)?,
                 config,
+                stores,
             )),
         }
     }
@@ -238,10 +252,23 @@ impl Context {
     /// A context on a backend device opened by the caller (for example with backend-specific
     /// options).
     pub fn from_backend<B: ComputeBackend>(backend: B, config: &Config) -> Context {
+        Context::from_backend_with_stores(backend, config, StoreChain::from_config(config))
+    }
+
+    /// A context on a backend device opened by the caller whose persistent layer is exactly `stores`,
+    /// looked up in order after the context's memory cache: for an embedder that keeps binaries in its
+    /// own storage. `StoreChain::from_config(config).with_store(mine)` keeps kpc's disk cache and
+    /// read-only layers in front of the embedder's store (hits from it are copied to the local disk);
+    /// `StoreChain::new().with_store(mine)` uses the embedder's store alone.
+    pub fn from_backend_with_stores<B: ComputeBackend>(
+        backend: B,
+        config: &Config,
+        stores: StoreChain,
+    ) -> Context {
         Context {
             inner: Arc::new(Inner {
                 id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
-                programs: ProgramManager::new(Arc::new(backend), config),
+                programs: ProgramManager::with_stores(Arc::new(backend), config, stores),
             }),
         }
     }
@@ -391,7 +418,8 @@ impl Kernel {
         &self.obj.info().name
     }
 
-    /// Which layer served this request for it: memory, disk, or a fresh build.
+    /// Which layer served this request for it: memory, a store (disk, read-only layer, an embedder's),
+    /// or a fresh build.
     pub fn source(&self) -> Source {
         self.source
     }

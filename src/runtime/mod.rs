@@ -1,5 +1,6 @@
-//! The runtime layer: cache keys from device images, the orchestration of memory cache, disk cache
-//! and backend on a miss, and the SYCL-like surface on top (platforms and devices, `Context`,
+//! The runtime layer: cache keys from device images, the orchestration of memory cache, persistent
+//! stores (local disk, read-only layers, an embedder's) and backend on a miss, and the SYCL-like
+//! surface on top (platforms and devices, `Context`,
 //! `Queue`, `Buffer<T>`, kernels and events).
 //!
 //! ```no_run

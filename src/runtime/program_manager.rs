@@ -1,6 +1,7 @@
 //! `ProgramManager`: turns (image, entry, spec constants, options) into cache keys and, on a miss,
-//! orchestrates the build path: memory cache, then (with the disk cache) a persisted binary, then the
-//! backend's build.
+//! orchestrates the build path: memory cache, then the persistent stores in order (a [`StoreChain`]:
+//! local disk, read-only layers, an embedder's own stores), then the backend's build, which is stored
+//! back into every writable store.
 
 use std::cell::Cell;
 use std::fmt;
@@ -8,9 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, DeviceImage};
+use crate::cache::store::{LevelStats, Turn};
 use crate::cache::{
     BuildOptions, CacheStats, DiskKey, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
-    Lookup, MemCacheSettings, PersistentCache, ProgramKey, SpecConstants,
+    MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain, StoreKind,
 };
 use crate::config::{Config, TraceFlags};
 use crate::error::Result;
@@ -20,12 +22,28 @@ use crate::error::Result;
 pub enum Source {
     /// The in-memory cache (including waiting for another thread's build).
     Memory,
-    /// A persisted binary from the disk cache.
+    /// A persisted binary from the local disk cache.
     Disk,
+    /// A persisted binary from a read-only layer (`KPC_CACHE_READONLY_DIRS`), copied to the local disk.
+    ReadOnly,
+    /// A persisted binary from another store (an embedder's own), copied to the first writable store
+    /// above it.
+    Store,
     /// Built from the device image.
     Built,
     /// Loaded from a cache blob the caller supplied (`Context::kernel_from_blob`).
     Blob,
+}
+
+impl Source {
+    /// What a hit from a store of `kind` reports.
+    pub fn of_store(kind: StoreKind) -> Source {
+        match kind {
+            StoreKind::Disk => Source::Disk,
+            StoreKind::ReadOnly => Source::ReadOnly,
+            StoreKind::Other => Source::Store,
+        }
+    }
 }
 
 impl fmt::Display for Source {
@@ -33,6 +51,8 @@ impl fmt::Display for Source {
         f.write_str(match self {
             Source::Memory => "memory",
             Source::Disk => "disk",
+            Source::ReadOnly => "readonly",
+            Source::Store => "store",
             Source::Built => "built",
             Source::Blob => "blob",
         })
@@ -53,20 +73,22 @@ pub struct Acquired<T> {
 /// One context's programs and kernels on one backend device.
 ///
 /// Guarantees: a program or kernel is built at most once per context while cached; every caller gets
-/// the same `Arc`; a failed build returns the same error again without rebuilding. With the disk cache
-/// on, a program missing from memory is loaded from a verified persisted binary when one exists, and a
-/// freshly built one is persisted; no disk problem ever fails a request.
+/// the same `Arc`; a failed build returns the same error again without rebuilding. With stores (the disk
+/// cache, read-only layers, an embedder's), a program missing from memory is loaded from a verified
+/// persisted binary when one exists, and a freshly built one is persisted; no store's problem ever
+/// fails a request.
 pub struct ProgramManager<B: Backend> {
     backend: Arc<B>,
     config: Config,
     cache: KernelProgramCache<B::Program, B::Kernel, crate::Error>,
-    disk: Option<PersistentCache>,
+    stores: StoreChain,
     /// The fingerprint's `describe()`, computed once: part of every disk key.
     device_description: String,
 }
 
 /// How many persisted binaries in a row the backend may refuse for one request before it is built
-/// without consulting the disk again (each refusal removes the entry, so this only bounds a storm).
+/// without consulting the stores again (each refusal removes the entry from a writable store and takes
+/// a read-only one out of the request, so this only bounds a storm).
 const MAX_REJECTED_BINARIES: usize = 3;
 
 impl<B: Backend> fmt::Debug for ProgramManager<B> {
@@ -79,37 +101,65 @@ impl<B: Backend> fmt::Debug for ProgramManager<B> {
 }
 
 impl<B: Backend> ProgramManager<B> {
-    /// A manager with an empty in-memory cache configured by `config`, and its own disk cache at
-    /// `config`'s directory (none when `KPC_CACHE_PERSISTENT=0` or no directory resolves).
+    /// A manager with an empty in-memory cache configured by `config`, and the stores `config` asks
+    /// for: its own disk cache at `config`'s directory (none when `KPC_CACHE_PERSISTENT=0` or no
+    /// directory resolves), then the read-only layers of `KPC_CACHE_READONLY_DIRS`.
     pub fn new(backend: Arc<B>, config: &Config) -> Self {
-        Self::with_disk_cache(backend, config, PersistentCache::from_config(config))
+        Self::with_stores(backend, config, StoreChain::from_config(config))
     }
 
-    /// A manager that uses `disk` (shared with other managers, or `None` for none) instead of opening
-    /// its own.
+    /// A manager that uses `disk` (shared with other managers, or `None` for none) as its local disk
+    /// cache instead of opening its own, followed by `config`'s read-only layers.
     pub fn with_disk_cache(
         backend: Arc<B>,
         config: &Config,
         disk: Option<PersistentCache>,
     ) -> Self {
+        Self::with_stores(backend, config, StoreChain::with_local_disk(disk, config))
+    }
+
+    /// A manager with the stores `config` asks for (as [`ProgramManager::new`]) followed by `store`,
+    /// the embedder's own: looked up after them, written after them, and a hit from it copied to the
+    /// local disk.
+    pub fn with_store(backend: Arc<B>, config: &Config, store: Arc<dyn Store>) -> Self {
+        Self::with_stores(
+            backend,
+            config,
+            StoreChain::from_config(config).with_store(store),
+        )
+    }
+
+    /// A manager with exactly the stores of `stores`, in its order (nothing from `config` is added;
+    /// [`StoreChain::from_config`] gives what it would add).
+    pub fn with_stores(backend: Arc<B>, config: &Config, stores: StoreChain) -> Self {
         let device_description = backend.fingerprint().describe();
         ProgramManager {
             backend,
             config: config.clone(),
             cache: KernelProgramCache::new(MemCacheSettings::from(config)),
-            disk,
+            stores,
             device_description,
         }
     }
 
-    /// The disk cache, if on.
+    /// The local disk cache, if on.
     pub fn disk_cache(&self) -> Option<&PersistentCache> {
-        self.disk.as_ref()
+        self.stores.local_disk()
     }
 
-    /// The disk cache's counters, or `None` when it is off.
+    /// The local disk cache's counters, or `None` when it is off.
     pub fn disk_stats(&self) -> Option<DiskStats> {
-        self.disk.as_ref().map(PersistentCache::stats)
+        self.stores.local_disk().map(PersistentCache::stats)
+    }
+
+    /// The persistent stores, in lookup order.
+    pub fn stores(&self) -> &StoreChain {
+        &self.stores
+    }
+
+    /// What each store did for this manager, in lookup order.
+    pub fn store_stats(&self) -> Vec<LevelStats> {
+        self.stores.stats()
     }
 
     /// The disk key of `image` built with `spec` and `options` on this device.
@@ -155,7 +205,8 @@ impl<B: Backend> ProgramManager<B> {
         }
     }
 
-    /// The built program for `image`, from memory, disk or a fresh build.
+    /// The built program for `image`, from memory, a store (disk, read-only layer, an embedder's) or
+    /// a fresh build.
     pub fn program(
         &self,
         image: &DeviceImage,
@@ -268,51 +319,57 @@ impl<B: Backend> ProgramManager<B> {
         self.cache.stats()
     }
 
-    /// A memory miss: a persisted binary if there is a usable one, else a build (persisted afterwards).
+    /// A memory miss: a persisted binary if a store has a usable one, else a build (stored afterwards).
     fn build_program(
         &self,
         image: &DeviceImage,
         spec: &SpecConstants,
         options: &BuildOptions,
     ) -> Result<(B::Program, Source)> {
-        let Some(disk) = &self.disk else {
+        if self.stores.is_empty() {
             return Ok((self.build_fresh(image, spec, options)?.0, Source::Built));
-        };
+        }
         let key = self.disk_key(image, spec, options);
-        let mut guard = None;
+        // Levels whose binary the backend refused and which would serve it again (read-only ones).
+        let mut skip = Vec::new();
+        let mut lock = None;
         for _ in 0..MAX_REJECTED_BINARIES {
-            match disk.get_or_lock(&key) {
-                Lookup::Hit(hit) => {
-                    match self
-                        .backend
-                        .program_from_binary(image, spec, options, hit.bytes())
-                    {
-                        Ok(p) => {
-                            self.trace_build(image, "loaded from disk", true, None);
-                            return Ok((p, Source::Disk));
-                        }
-                        // Verified bytes the driver will not take (a driver change the fingerprint
-                        // missed): remove them and look again, which now misses and takes the lock.
-                        Err(e) => disk.reject(hit, &e),
+            let hit = match self.stores.get(&key, &skip) {
+                Some(hit) => hit,
+                None => match self.stores.lock_for_build(&key, &skip) {
+                    Turn::Published(hit) => hit,
+                    Turn::Build(l) => {
+                        lock = l;
+                        break;
                     }
+                },
+            };
+            match self
+                .backend
+                .program_from_binary(image, spec, options, hit.bytes())
+            {
+                Ok(p) => {
+                    // Copied up only now that the backend took it: refused bytes never spread.
+                    self.stores.backfill(&key, &hit);
+                    let source = Source::of_store(hit.kind());
+                    self.trace_build(image, &format!("loaded from {source}"), true, None);
+                    return Ok((p, source));
                 }
-                Lookup::Miss(g) => {
-                    guard = Some(g);
-                    break;
+                // Verified bytes the driver will not take (a driver change the fingerprint missed):
+                // the store removes them and we look again, which now misses and takes the lock.
+                Err(e) => {
+                    if !self.stores.reject(&key, &hit, &e) {
+                        skip.push(hit.level());
+                    }
                 }
             }
         }
-        // A failed build drops the guard here, releasing the build lock for a waiting process.
+        // A failed build drops the lock here, releasing it for a waiting process.
         let (program, took) = self.build_fresh(image, spec, options)?;
         match self.backend.program_binary(&program) {
-            Ok(Some(bytes)) => {
-                match guard {
-                    Some(g) => g.put(&bytes, took),
-                    None => disk.put(&key, &bytes, took),
-                };
-            }
+            Ok(Some(bytes)) => self.stores.put(&key, &bytes, took, lock),
             Ok(None) => {}
-            Err(e) => disk.note_serialize_failure(&e),
+            Err(e) => self.stores.note_serialize_failure(&e),
         }
         Ok((program, Source::Built))
     }

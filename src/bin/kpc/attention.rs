@@ -1,7 +1,7 @@
 //! `kpc attention`: a prompt's causal prefill and N decode steps with a KV cache, on the selected
-//! device. Prints where each kernel came from (built, memory, disk) and how long it took to acquire,
-//! prefill time and TFLOP/s, decode µs per step and GB/s next to the device's copy bandwidth measured
-//! in the same run, and with `--check` the error against the float64 reference.
+//! device. Prints where each kernel came from (built, memory, disk, readonly, store) and how long it
+//! took to acquire, prefill time and TFLOP/s, decode µs per step and GB/s next to the device's copy
+//! bandwidth measured in the same run, and with `--check` the error against the float64 reference.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -358,7 +358,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     );
     for k in attn.kernels().into_iter().chain([&copy_kernel]) {
         println!(
-            "  {:<16} {:<6} {:>10.3} ms",
+            "  {:<16} {:<8} {:>10.3} ms",
             k.name(),
             k.source().to_string(),
             k.acquire_time().as_secs_f64() * 1e3

@@ -1,4 +1,5 @@
-//! `kpc status`: the resolved configuration, where it came from, and whether the disk cache is usable.
+//! `kpc status`: the resolved configuration, where it came from, and whether the disk cache and the
+//! read-only layers are usable.
 
 use std::process::ExitCode;
 
@@ -35,6 +36,19 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
         ),
         None => println!("  KPC_CACHE_DIR                       = - ({src})"),
     }
+    let ro: Vec<String> = c
+        .readonly_dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
+    println!(
+        "  KPC_CACHE_READONLY_DIRS             = {}",
+        if ro.is_empty() {
+            "- (none)".to_string()
+        } else {
+            ro.join(":")
+        }
+    );
     let max = if c.max_size == 0 {
         "unlimited".to_string()
     } else {
@@ -81,6 +95,16 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
             };
             println!("disk cache: on at {} ({state})", root.display());
         }
+    }
+    for (i, d) in c.readonly_dirs.iter().enumerate() {
+        // Searched after the local cache, in this order; never written, so no state but presence.
+        let state = match (c.persistent, d.join(kpc::cache::disk::VERSION_DIR).is_dir()) {
+            (false, _) => "off (KPC_CACHE_PERSISTENT=0)",
+            (true, true) => "searched",
+            (true, false) if d.is_dir() => "searched, holds no cache yet",
+            (true, false) => "searched, missing: every lookup misses",
+        };
+        println!("read-only layer {}: {} ({state})", i + 1, d.display());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -11,14 +11,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use filetime::FileTime;
 
+use super::Inner;
 use super::key::DIR_HEX_BYTES;
 use super::lock::{self, Waited};
+use super::slot::{remove_slot_files, slot_file};
 use super::stats::bump;
-use super::{Inner, remove_slot_files, slot_file};
 
 pub(crate) const SIZE_FILE: &str = "size";
 pub(crate) const EVICT_LOCK: &str = "evict.lock";
@@ -436,5 +439,44 @@ impl Inner {
                 stale = report.stale_removed, busy = report.busy, remaining = total, "eviction pass")
         });
         Ok(report)
+    }
+
+    pub(super) fn maybe_evict(self: &Arc<Inner>, total: u64) {
+        if self.s.max_size == 0 || total <= self.s.max_size {
+            return;
+        }
+        // One pass per instance at a time; the evict.lock file does the same across processes.
+        if self.evicting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let plan = Plan {
+            target: Some(self.low_watermark()),
+            older_than: None,
+            wait: false,
+        };
+        let run = move |me: &Inner| {
+            if let Err(e) = me.evict(plan) {
+                me.warn_io(&e, &me.v1, "eviction failed");
+            }
+            me.evicting.store(false, Ordering::Release);
+        };
+        if self.s.background_eviction {
+            let me = Arc::clone(self);
+            let spawned = std::thread::Builder::new()
+                .name("kpc-disk-evict".into())
+                .spawn(move || run(&me));
+            match spawned {
+                // A previous pass's handle is dropped (detached): it has finished, or it would still hold
+                // `evicting`.
+                Ok(h) => drop(self.evict_thread.lock().replace(h)),
+                Err(_) => run(self),
+            }
+        } else {
+            run(self);
+        }
+    }
+
+    fn low_watermark(&self) -> u64 {
+        (self.s.max_size as u128 * self.s.low_watermark_percent.min(100) as u128 / 100) as u64
     }
 }

@@ -6,10 +6,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::PersistentCache;
 use super::evict::{Plan, scan};
 use super::key::KeyRecord;
 use super::lock;
-use super::{PersistentCache, SlotCheck, check_slot, read_src, remove_slot_files, slot_file};
+use super::slot::{SlotCheck, check_slot, read_src, remove_slot_files, slot_file};
 
 /// One complete entry, as `kpc cache ls` shows it.
 #[derive(Debug, Clone)]

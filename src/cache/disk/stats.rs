@@ -1,4 +1,4 @@
-//! Counters of one `PersistentCache` and its warn-once bookkeeping.
+//! Counters of one `PersistentCache`, and the warn-once bookkeeping it shares with the other stores.
 //!
 //! Everything here is counted on the disk path, which costs tens of microseconds at least, so plain
 //! relaxed atomics are cheap enough; nothing needs the striping the in-memory hit counter uses.
@@ -15,7 +15,9 @@ use std::time::Duration;
 pub struct DiskStats {
     /// Lookups that returned a verified binary.
     pub hits: u64,
-    /// Lookups that found no usable entry (the caller builds).
+    /// Lookups that found no usable entry (the caller builds). Through the store chain, which looks in
+    /// every store before it locks, a lookup that then waited for another builder and found its entry
+    /// counts here and as a hit.
     pub misses: u64,
     /// Entries this instance published.
     pub puts: u64,
@@ -187,8 +189,7 @@ pub(crate) struct Warned(AtomicU32);
 impl Warned {
     /// Emits the warning for `cause` unless this instance already did.
     pub fn warn(&self, cause: WarnCause, path: &Path, detail: &dyn fmt::Display) {
-        let prev = self.0.fetch_or(cause.bit(), Ordering::Relaxed);
-        if prev & cause.bit() == 0 {
+        if self.first(cause) {
             tracing::warn!(
                 target: "kpc::cache::disk",
                 cause = cause.name(),
@@ -196,6 +197,12 @@ impl Warned {
                 "disk cache: {detail}; building instead (further {cause} problems are not reported)"
             );
         }
+    }
+
+    /// Marks `cause` as warned about; true the first time only (the caller then logs it).
+    pub fn first(&self, cause: WarnCause) -> bool {
+        let prev = self.0.fetch_or(cause.bit(), Ordering::Relaxed);
+        prev & cause.bit() == 0
     }
 
     pub fn causes(&self) -> Vec<WarnCause> {

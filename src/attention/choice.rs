@@ -1,0 +1,318 @@
+//! Which kernel variant runs on which device: what each variant needs (shared memory, subgroups,
+//! cooperative matrices, head dimensions), the cooperative-matrix layout probe, and the vectorized
+//! decode's layout.
+
+use crate::backend::DeviceInfo;
+use crate::cache::SpecConstants;
+use crate::config::BackendKind;
+use crate::error::Result;
+use crate::runtime::Context;
+
+use super::{AttentionShape, KvDtype, shipped_kernel};
+
+/// Shared memory the cooperative-matrix prefill kernel declares for head dimension `d` and
+/// `subgroups` subgroups. With the softmax in shared memory: a 32-key tile of K and of V (rows
+/// padded by 8 halves) and a 16 x 36 f32 score block per subgroup (the Q tile, staged first, fits
+/// in the same space). With it in registers (`quad`): a 64-key tile of K and of V, which the score
+/// blocks reuse to stage the output.
+pub(super) const fn coop_prefill_shared(d: usize, subgroups: usize, quad: bool) -> usize {
+    let blocks = subgroups * 16 * 9 * 16;
+    if quad {
+        let tile = 2 * 64 * (d / 8 + 1) * 16;
+        if tile > blocks { tile } else { blocks }
+    } else {
+        2 * 32 * (d / 8 + 1) * 16 + blocks
+    }
+}
+
+/// Whether invocation `l`'s element `e` is row `(l >> 2) + 8 * (e >> 2)`, column
+/// `2 * (l & 3) + (e & 1) + 8 * ((e >> 1) & 1)` in both the A matrix and the accumulator that the
+/// `coop_layout` probe wrote (`probe`, its output; see kernels/coop_layout.comp): the layout in
+/// which `attn_prefill_coop` keeps its softmax in registers.
+fn quad_layout(probe: &[u32]) -> bool {
+    probe.len() >= 1026
+        && probe[1024] == 8
+        && probe[1025] == 8
+        && (0..2).all(|m| {
+            (0..32).all(|l| {
+                (0..8).all(|e| {
+                    let row = (l >> 2) + 8 * (e >> 2);
+                    let col = 2 * (l & 3) + (e & 1) + 8 * ((e >> 1) & 1);
+                    probe[m * 512 + l * 16 + e] == (row * 16 + col) as u32
+                })
+            })
+        })
+}
+
+/// The layout probe's verdicts by device fingerprint: the layout belongs to the device and driver,
+/// so one probe per process serves every [`Attention`] built on them (a model builds one per layer).
+static QUAD_LAYOUT: std::sync::LazyLock<dashmap::DashMap<[u8; 32], bool>> =
+    std::sync::LazyLock::new(dashmap::DashMap::new);
+
+/// Whether `ctx`'s device's cooperative matrices have the layout [`quad_layout`] checks: the
+/// `coop_layout` probe's verdict, run on the first call for a device and remembered. Only for
+/// devices with cooperative matrices and subgroups of 32 (the prefill's own conditions).
+pub(super) fn coop_quad_layout(ctx: &Context) -> Result<bool> {
+    let key = ctx.device().fingerprint.digest.0;
+    if let Some(quad) = QUAD_LAYOUT.get(&key) {
+        return Ok(*quad);
+    }
+    let quad = probe_quad_layout(ctx)?;
+    QUAD_LAYOUT.insert(key, quad);
+    Ok(quad)
+}
+
+/// Runs the `coop_layout` probe on `ctx`'s device: see [`coop_quad_layout`].
+fn probe_quad_layout(ctx: &Context) -> Result<bool> {
+    let kernel = shipped_kernel(ctx, "coop_layout", &SpecConstants::new())?;
+    let out = ctx.buffer::<u32>(1026)?;
+    ctx.queue()
+        .launch(&kernel, [1, 1, 1], &[&out], &[])?
+        .wait()?;
+    let probe = out.read()?;
+    let quad = quad_layout(&probe);
+    if !quad {
+        // Row * 16 + column of invocations 0 to 3, A then accumulator: enough to see the layout.
+        let head = |m: usize| -> Vec<u32> {
+            (0..4)
+                .flat_map(|l| probe[m * 512 + l * 16..][..8].to_vec())
+                .collect()
+        };
+        tracing::debug!(
+            "cooperative matrices are not in the quad layout (counts {} and {}; A {:?}, \
+             accumulator {:?}): the cooperative-matrix prefill keeps its softmax in shared memory",
+            probe[1024],
+            probe[1025],
+            head(0),
+            head(1)
+        );
+    }
+    Ok(quad)
+}
+
+/// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype`; the
+/// error says why not.
+pub(super) fn coop_prefill_fits(
+    device: &DeviceInfo,
+    shape: &AttentionShape,
+    dtype: KvDtype,
+    rows: u32,
+) -> std::result::Result<(), String> {
+    let l = &device.limits;
+    if rows != 64 && rows != 128 {
+        return Err(format!(
+            "coop_rows {rows} is not one of 64 and 128 (query rows per workgroup)"
+        ));
+    }
+    let subgroups = rows as usize / 16;
+    if device.backend != BackendKind::Vulkan || !l.cooperative_matrix_f16 {
+        return Err(
+            "the device has no 16x16 fp16 cooperative matrices with fp32 accumulation \
+             (VK_KHR_cooperative_matrix)"
+                .into(),
+        );
+    }
+    if l.subgroup_size != Some(32) {
+        return Err(format!(
+            "it needs subgroups of 32; the device's are {:?}",
+            l.subgroup_size
+        ));
+    }
+    if dtype != KvDtype::F16 {
+        return Err("it needs fp16 K/V".into());
+    }
+    // Each invocation stages whole 16-byte pieces of a 32-key tile.
+    let step = 8 * subgroups;
+    if shape.head_dim % step != 0 || shape.head_dim > 128 {
+        return Err(format!(
+            "head dimension {} is not a multiple of {step} up to 128 (with coop_rows {rows})",
+            shape.head_dim
+        ));
+    }
+    if l.max_workgroup_invocations < 2 * rows {
+        return Err(format!(
+            "it needs workgroups of {} invocations; the device allows {}",
+            2 * rows,
+            l.max_workgroup_invocations
+        ));
+    }
+    // Either softmax (the probe that picks one runs later, in Attention::new).
+    let need = coop_prefill_shared(shape.head_dim, subgroups, false).max(coop_prefill_shared(
+        shape.head_dim,
+        subgroups,
+        true,
+    ));
+    if (l.max_shared_memory_bytes as usize) < need {
+        return Err(format!(
+            "it needs {need} bytes of shared memory; the device has {}",
+            l.max_shared_memory_bytes
+        ));
+    }
+    Ok(())
+}
+
+/// Shared memory the tiled prefill kernel declares with a head-dimension slice of `slice`.
+pub(super) const fn tiled_prefill_shared(slice: usize) -> usize {
+    slice * 784 + 16384
+}
+
+/// The head-dimension slice the tiled prefill stages per step on `device`: 32 where the shared
+/// memory allows (half the barriers), else 16.
+pub(super) fn tiled_prefill_slice(device: &DeviceInfo) -> u32 {
+    if device.limits.max_shared_memory_bytes as usize >= tiled_prefill_shared(32) {
+        32
+    } else {
+        16
+    }
+}
+
+/// Whether the tiled prefill kernel runs on `device` for `shape`; the error says why not.
+pub(super) fn tiled_prefill_fits(
+    device: &DeviceInfo,
+    shape: &AttentionShape,
+) -> std::result::Result<(), String> {
+    if shape.head_dim % 64 != 0 || shape.head_dim > 256 {
+        return Err(format!(
+            "head dimension {} is not a multiple of 64 up to 256",
+            shape.head_dim
+        ));
+    }
+    if device.limits.max_workgroup_invocations < 256 {
+        return Err(format!(
+            "it needs workgroups of 256 invocations; the device allows {}",
+            device.limits.max_workgroup_invocations
+        ));
+    }
+    let need = tiled_prefill_shared(16);
+    if (device.limits.max_shared_memory_bytes as usize) < need {
+        return Err(format!(
+            "it needs {need} bytes of shared memory; the device has {}",
+            device.limits.max_shared_memory_bytes
+        ));
+    }
+    Ok(())
+}
+
+/// Most query heads per KV head the vectorized decode kernel serves in one workgroup.
+const VEC_MAX_GROUP: usize = 8;
+/// Most head elements one lane of the vectorized decode kernel holds (`MAX_VALS` in the kernel).
+const VEC_MAX_VALS: usize = 32;
+
+/// How the vectorized decode kernel is laid out on one device for one shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct VecLayout {
+    /// Invocations per K/V row.
+    pub(super) lanes: u32,
+    /// OpenCL on NVIDIA: sum a row's lanes with the PTX warp shuffle instead of local memory.
+    pub(super) nv_shuffle: bool,
+}
+
+/// Whether the vectorized decode kernel runs on `device` for `shape` and `dtype`, and how; the error
+/// says why not.
+pub(super) fn vec_layout(
+    device: &DeviceInfo,
+    shape: &AttentionShape,
+    dtype: KvDtype,
+    local_size: u32,
+) -> std::result::Result<VecLayout, String> {
+    let elems = 16 / dtype.bytes();
+    if shape.head_dim % elems != 0 {
+        return Err(format!(
+            "head dimension {} is not a multiple of {elems} ({dtype:?} elements per 16-byte load)",
+            shape.head_dim
+        ));
+    }
+    let group = shape.q_heads / shape.kv_heads;
+    if group > VEC_MAX_GROUP {
+        return Err(format!(
+            "{group} query heads per KV head; the vectorized kernel serves at most {VEC_MAX_GROUP}"
+        ));
+    }
+    if local_size > device.limits.max_workgroup_invocations {
+        return Err(format!(
+            "it needs workgroups of {local_size} invocations; the device allows {}",
+            device.limits.max_workgroup_invocations
+        ));
+    }
+    let (most, nv_shuffle) = match device.backend {
+        BackendKind::Vulkan => {
+            if !device.limits.subgroup_shuffle {
+                return Err("the device has no subgroup shuffles in compute shaders".into());
+            }
+            let sg = device
+                .limits
+                .subgroup_size
+                .ok_or("the device reports no subgroup size")?;
+            (sg.min(16), false)
+        }
+        BackendKind::OpenCl => (16, device.driver.contains("NVIDIA")),
+    };
+    let chunks = (shape.head_dim / elems) as u32;
+    let mut lanes = 1;
+    while lanes * 2 <= most && chunks % (lanes * 2) == 0 && local_size % (lanes * 2) == 0 {
+        lanes *= 2;
+    }
+    let vals = shape.head_dim / lanes as usize;
+    if vals > VEC_MAX_VALS {
+        return Err(format!(
+            "{lanes} lanes per row leave {vals} elements per lane; the kernel holds at most \
+             {VEC_MAX_VALS}"
+        ));
+    }
+    Ok(VecLayout { lanes, nv_shuffle })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quad_layout;
+
+    /// A probe output for the layout `at(invocation, element) -> (row, column)`, counts 8.
+    fn probe(at: impl Fn(usize, usize) -> (usize, usize)) -> Vec<u32> {
+        let mut o = vec![u32::MAX; 1026];
+        for m in 0..2 {
+            for l in 0..32 {
+                for e in 0..8 {
+                    let (r, c) = at(l, e);
+                    o[m * 512 + l * 16 + e] = (r * 16 + c) as u32;
+                }
+            }
+        }
+        o[1024] = 8;
+        o[1025] = 8;
+        o
+    }
+
+    fn quad(l: usize, e: usize) -> (usize, usize) {
+        (
+            (l >> 2) + 8 * (e >> 2),
+            2 * (l & 3) + (e & 1) + 8 * ((e >> 1) & 1),
+        )
+    }
+
+    #[test]
+    fn quad_layout_accepts_only_that_layout() {
+        assert!(quad_layout(&probe(quad)));
+        // Transposed, row-major by invocation, or with other counts: the shared-memory softmax.
+        assert!(!quad_layout(&probe(|l, e| {
+            let (r, c) = quad(l, e);
+            (c, r)
+        })));
+        assert!(!quad_layout(&probe(|l, e| (l / 2, 8 * (l % 2) + e))));
+        // Bits 1 and 2 of the element index swapped (the layout first assumed, before the probe
+        // ran on an H200).
+        assert!(!quad_layout(&probe(|l, e| {
+            (
+                (l >> 2) + 8 * ((e >> 1) & 1),
+                2 * (l & 3) + (e & 1) + 8 * (e >> 2),
+            )
+        })));
+        let mut counts = probe(quad);
+        counts[1025] = 16;
+        assert!(!quad_layout(&counts));
+        // A and the accumulator disagreeing in one element.
+        let mut one = probe(quad);
+        one[512 + 5 * 16 + 3] += 1;
+        assert!(!quad_layout(&one));
+        assert!(!quad_layout(&probe(quad)[..1000]));
+    }
+}

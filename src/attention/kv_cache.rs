@@ -1,0 +1,230 @@
+//! [`KvCache`]: one layer's K and V on the device, appended in place, one position at a time or a
+//! prompt at a time.
+
+use crate::error::{Error, Result};
+use crate::runtime::{Buffer, BufferArg, Context};
+
+use super::{AttentionShape, KvDtype, check_len};
+
+enum KvStore {
+    F32 { k: Buffer<f32>, v: Buffer<f32> },
+    F16 { k: Buffer<u16>, v: Buffer<u16> },
+}
+
+/// One layer's K and V on the device: `[batch][kv_head][position][head_dim]`, `capacity` positions
+/// per head, of which the first [`KvCache::len`] are filled.
+pub struct KvCache {
+    shape: AttentionShape,
+    capacity: usize,
+    pub(super) len: usize,
+    store: KvStore,
+}
+
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvCache")
+            .field("shape", &self.shape)
+            .field("capacity", &self.capacity)
+            .field("len", &self.len)
+            .field("dtype", &self.dtype())
+            .finish()
+    }
+}
+
+impl KvCache {
+    /// An empty cache for `capacity` positions, allocated on `ctx`'s device.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for an invalid shape or a zero capacity; the context's
+    /// allocation errors.
+    pub fn new(
+        ctx: &Context,
+        shape: &AttentionShape,
+        capacity: usize,
+        dtype: KvDtype,
+    ) -> Result<KvCache> {
+        shape.validate()?;
+        if capacity == 0 {
+            return Err(Error::InvalidArgument(
+                "a KV cache needs a capacity of at least one position".into(),
+            ));
+        }
+        let elems = shape.kv_step_elems() * capacity;
+        if elems
+            .checked_mul(dtype.bytes())
+            .is_none_or(|b| b > u32::MAX as usize)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "a KV cache of {capacity} positions for {shape:?} exceeds 4 GiB per buffer"
+            )));
+        }
+        let store = match dtype {
+            KvDtype::F32 => KvStore::F32 {
+                k: ctx.buffer(elems)?,
+                v: ctx.buffer(elems)?,
+            },
+            KvDtype::F16 => KvStore::F16 {
+                k: ctx.buffer(elems)?,
+                v: ctx.buffer(elems)?,
+            },
+        };
+        Ok(KvCache {
+            shape: *shape,
+            capacity,
+            len: 0,
+            store,
+        })
+    }
+
+    /// The shape it was made for.
+    pub fn shape(&self) -> &AttentionShape {
+        &self.shape
+    }
+
+    /// Positions filled.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is filled.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions it can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The storage type of K and V.
+    pub fn dtype(&self) -> KvDtype {
+        match self.store {
+            KvStore::F32 { .. } => KvDtype::F32,
+            KvStore::F16 { .. } => KvDtype::F16,
+        }
+    }
+
+    /// [`Error::Size`] when the cache has no room for one more position.
+    pub(super) fn check_room(&self) -> Result<()> {
+        if self.len >= self.capacity {
+            return Err(Error::Size {
+                what: "KV cache append".into(),
+                got: format!("position {}", self.len),
+                expected: format!("a position below the capacity {}", self.capacity),
+            });
+        }
+        Ok(())
+    }
+
+    /// Forgets every position (the buffers are kept; nothing is written).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Forgets every position from `len` on (a rollback, as after rejected speculative tokens); a
+    /// `len` at or past [`KvCache::len`] changes nothing. Nothing is written.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Writes `rows` positions starting at `pos`, overwriting or extending: `k` and `v` are
+    /// `[batch][kv_head][rows][head_dim]`, and afterwards [`KvCache::len`] is at least `pos + rows`.
+    /// Lets a long context be uploaded in pieces.
+    ///
+    /// Errors: [`Error::Size`] when `pos` is past [`KvCache::len`] (that would leave a gap), the rows
+    /// do not fit in the capacity, or a slice has the wrong length (nothing is written then); the
+    /// buffer's write errors.
+    pub fn write(&mut self, pos: usize, rows: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        if pos > self.len || pos + rows > self.capacity {
+            return Err(Error::Size {
+                what: "KV cache write".into(),
+                got: format!("{rows} positions at {pos}"),
+                expected: format!(
+                    "a start at most the length {} and an end at most the capacity {}",
+                    self.len, self.capacity
+                ),
+            });
+        }
+        let n = self.shape.kv_step_elems() * rows;
+        check_len("written k", k.len(), n)?;
+        check_len("written v", v.len(), n)?;
+        self.write_rows(pos, rows, k, v)?;
+        self.len = self.len.max(pos + rows);
+        Ok(())
+    }
+
+    /// The device buffers, K then V, as kernel arguments.
+    pub fn buffers(&self) -> (&dyn BufferArg, &dyn BufferArg) {
+        match &self.store {
+            KvStore::F32 { k, v } => (k, v),
+            KvStore::F16 { k, v } => (k, v),
+        }
+    }
+
+    /// Writes `rows` positions starting at `pos` for every (batch, KV head); `k` and `v` are
+    /// `[batch][kv_head][rows][head_dim]`. One write per (batch, KV head) of `rows` positions.
+    pub(super) fn write_rows(&self, pos: usize, rows: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        let d = self.shape.head_dim;
+        let run = rows * d;
+        for bh in 0..self.shape.batch * self.shape.kv_heads {
+            let at = (bh * self.capacity + pos) * d;
+            let (ks, vs) = (&k[bh * run..][..run], &v[bh * run..][..run]);
+            match &self.store {
+                KvStore::F32 { k, v } => {
+                    k.write_at(at, ks)?;
+                    v.write_at(at, vs)?;
+                }
+                KvStore::F16 { k, v } => {
+                    k.write_at(at, &to_f16_bits(ks))?;
+                    v.write_at(at, &to_f16_bits(vs))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends one position: `k_new` and `v_new` are `[batch][kv_head][head_dim]`. Writes that
+    /// position in place (O(1); the past is not touched) and increments [`KvCache::len`].
+    ///
+    /// Errors: [`Error::Size`] when a slice has the wrong length or the cache is full (nothing is
+    /// written then); the buffer's write errors.
+    pub fn append(&mut self, k_new: &[f32], v_new: &[f32]) -> Result<()> {
+        let n = self.shape.kv_step_elems();
+        check_len("appended k", k_new.len(), n)?;
+        check_len("appended v", v_new.len(), n)?;
+        self.check_room()?;
+        self.write_rows(self.len, 1, k_new, v_new)?;
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Replaces the contents with `len` positions: `k` and `v` are `[batch][kv_head][len][head_dim]`.
+    /// Used for a prompt's K and V and for a static cross-attention set.
+    ///
+    /// Errors: [`Error::Size`] when `len` exceeds the capacity or a slice has the wrong length.
+    pub fn fill(&mut self, k: &[f32], v: &[f32], len: usize) -> Result<()> {
+        if len > self.capacity {
+            return Err(Error::Size {
+                what: "KV cache fill".into(),
+                got: format!("{len} positions"),
+                expected: format!("at most the capacity {}", self.capacity),
+            });
+        }
+        let n = self.shape.kv_step_elems() * len;
+        check_len("filled k", k.len(), n)?;
+        check_len("filled v", v.len(), n)?;
+        self.write_rows(0, len, k, v)?;
+        self.len = len;
+        Ok(())
+    }
+}
+
+fn to_f16_bits(x: &[f32]) -> Vec<u16> {
+    x.iter()
+        .map(|&v| half::f16::from_f32(v).to_bits())
+        .collect()
+}
+
+/// Rounds `x` to f16 and back: what an f16 cache holds for it.
+pub fn round_to_f16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+}

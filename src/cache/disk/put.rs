@@ -1,0 +1,260 @@
+//! The write side of the protocol: the build guard a miss hands out, creating the leaf directories,
+//! picking a free slot under its lock, and publishing an entry atomically.
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::entry::{FileKind, HEADER_LEN, encode_header};
+use super::lock::{self, HeldLock};
+use super::slot::{remove_slot_files, slot_file, sync_dir, write_file};
+use super::stats::{WarnCause, bump};
+use super::{DiskKey, Inner, MAX_SLOTS, PersistentCache};
+
+/// What a put did. None of these is an error for the caller: the disk cache is an optimization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// Published in slot `n`.
+    Published(u32),
+    /// A valid entry for the key was already there (another process published it first).
+    AlreadyPresent,
+    /// Not attempted: image size outside the limits, entry larger than `max_size`, or every slot of the
+    /// leaf taken.
+    Skipped,
+    /// Attempted and failed (warned once per cause).
+    Failed,
+}
+
+/// The right, and the duty, to build one key. Holds the key's cross-process build lock (when it could be
+/// taken) until [`BuildGuard::put`] or drop; dropping it without a put (the build failed) lets a waiting
+/// process take over.
+pub struct BuildGuard {
+    pub(super) cache: PersistentCache,
+    // Boxed: a key is a few hundred bytes and a miss is the rare case, so `Lookup` stays small.
+    pub(super) key: Box<DiskKey>,
+    pub(super) lock: Option<HeldLock>,
+    pub(super) persist: bool,
+}
+
+impl fmt::Debug for BuildGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BuildGuard")
+            .field("key", &self.key.digest())
+            .field("holds_lock", &self.lock.is_some())
+            .field("persist", &self.persist)
+            .finish()
+    }
+}
+
+impl BuildGuard {
+    /// Whether this guard holds the key's build lock (false after a lock timeout, on an unwritable cache,
+    /// or when the key is not persisted at all).
+    pub fn holds_lock(&self) -> bool {
+        self.lock.is_some()
+    }
+
+    /// Whether a put would be attempted at all (false when the image size is outside the limits).
+    pub fn persists(&self) -> bool {
+        self.persist
+    }
+
+    /// Publishes `bytes` built in `build_time` for the key, then releases the build lock.
+    pub fn put(self, bytes: &[u8], build_time: Duration) -> PutOutcome {
+        if !self.persist {
+            return PutOutcome::Skipped;
+        }
+        let r = self.cache.inner.put(&self.key, bytes, build_time);
+        drop(self.lock);
+        r
+    }
+}
+
+impl PersistentCache {
+    /// Stores `bytes` (built in `build_time`) under `key` without taking the build lock. Never fails the
+    /// caller; see [`PutOutcome`].
+    pub fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
+        if !self.persists_image_of_size(key.image_len()) {
+            bump(&self.inner.counters.skipped, 1);
+            return PutOutcome::Skipped;
+        }
+        self.inner.put(key, bytes, build_time)
+    }
+}
+
+impl Inner {
+    /// Creates the leaf directory of `key` (and its parents). Retries a few times because an evictor may
+    /// remove an emptied parent between our mkdir calls.
+    pub(super) fn ensure_leaf(&self, key: &DiskKey) -> io::Result<PathBuf> {
+        let leaf = self.leaf(key);
+        if leaf.is_dir() {
+            return Ok(leaf);
+        }
+        let mut last = None;
+        for _ in 0..4 {
+            match self.create_chain(key) {
+                Ok(()) => return Ok(leaf),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::NotFound)))
+    }
+
+    fn create_chain(&self, key: &DiskKey) -> io::Result<()> {
+        if !self.s.root.is_dir() {
+            fs::create_dir_all(&self.s.root)?;
+        }
+        let mut dir = self.v1.clone();
+        let mut created = Vec::new();
+        let mut make = |d: &Path| match fs::create_dir(d) {
+            Ok(()) => {
+                created.push(d.to_owned());
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(e),
+        };
+        make(&dir)?;
+        for name in key.dir_names() {
+            dir.push(name);
+            make(&dir)?;
+        }
+        if self.s.sync {
+            // A new directory's own entry must reach the disk too, or a crash could lose the whole leaf.
+            for d in &created {
+                if let Some(p) = d.parent() {
+                    sync_dir(p)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn put(self: &Arc<Inner>, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
+        let src = key.record_json(build_time, bytes.len() as u64);
+        let total = (2 * HEADER_LEN + src.len() + bytes.len()) as u64;
+        if self.s.max_size > 0 && total > self.s.max_size {
+            bump(&self.counters.skipped, 1);
+            self.warned.warn(
+                WarnCause::TooLarge,
+                &self.s.root,
+                &format_args!(
+                    "an entry of {total} bytes cannot fit in KPC_CACHE_MAX_SIZE={}",
+                    self.s.max_size
+                ),
+            );
+            return PutOutcome::Skipped;
+        }
+        let fail = |e: &io::Error, path: &Path| {
+            bump(&self.counters.failed_puts, 1);
+            self.warn_io(e, path, "cannot store an entry");
+            PutOutcome::Failed
+        };
+        let mut tries = 0;
+        loop {
+            let leaf = match self.ensure_leaf(key) {
+                Ok(l) => l,
+                Err(e) => return fail(&e, &self.leaf(key)),
+            };
+            if self.find(&leaf, key, false, true).is_some() {
+                return PutOutcome::AlreadyPresent;
+            }
+            match self.put_in_leaf(&leaf, key, bytes, &src, total) {
+                Ok(Some(n)) => return PutOutcome::Published(n),
+                Ok(None) => return PutOutcome::Skipped,
+                // The leaf was removed by an evictor under us: make it again.
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 3 => tries += 1,
+                Err(e) => return fail(&e, &leaf),
+            }
+        }
+    }
+
+    fn put_in_leaf(
+        self: &Arc<Inner>,
+        leaf: &Path,
+        key: &DiskKey,
+        bytes: &[u8],
+        src: &[u8],
+        total: u64,
+    ) -> io::Result<Option<u32>> {
+        for n in 0..MAX_SLOTS {
+            if slot_file(leaf, n, "src").exists() {
+                continue;
+            }
+            // The lock file stays with the published entry (removers unlink it with the entry), so an
+            // evictor opens it instead of creating one: half the metadata writes of a removal.
+            let Some(_slot) = lock::try_lock(&slot_file(leaf, n, "lock"), false)? else {
+                // Another writer is filling this slot (or an evictor emptying it): take the next one.
+                continue;
+            };
+            if slot_file(leaf, n, "src").exists() {
+                continue;
+            }
+            // Leftovers of a writer killed mid-way; the slot lock says nobody is working on them.
+            remove_slot_files(leaf, n)?;
+            self.publish(leaf, n, key, bytes, src)?;
+            bump(&self.counters.puts, 1);
+            bump(&self.counters.bytes_written, total);
+            self.trace(|| {
+                tracing::debug!(target: "kpc::cache::disk", key = %key.digest(), label = key.label(),
+                    slot = n, bytes = total, "put")
+            });
+            drop(_slot);
+            let now = self.add_size(total as i64);
+            if let Some(t) = now {
+                self.maybe_evict(t);
+            }
+            return Ok(Some(n));
+        }
+        bump(&self.counters.skipped, 1);
+        self.warned.warn(
+            WarnCause::Io,
+            leaf,
+            &format_args!("all {MAX_SLOTS} slots of a leaf directory are taken"),
+        );
+        Ok(None)
+    }
+
+    fn publish(
+        &self,
+        leaf: &Path,
+        n: u32,
+        key: &DiskKey,
+        bytes: &[u8],
+        src: &[u8],
+    ) -> io::Result<()> {
+        let digest = key.digest().0;
+        let (bin_tmp, src_tmp) = (slot_file(leaf, n, "bin.tmp"), slot_file(leaf, n, "src.tmp"));
+        let (bin, srcp) = (slot_file(leaf, n, "bin"), slot_file(leaf, n, "src"));
+        let r = (|| {
+            write_file(
+                &bin_tmp,
+                &encode_header(FileKind::Bin, &digest, bytes),
+                bytes,
+                self.s.sync,
+            )?;
+            write_file(
+                &src_tmp,
+                &encode_header(FileKind::Src, &digest, src),
+                src,
+                self.s.sync,
+            )?;
+            // .bin first: a reader goes through .src, so once .src is visible its .bin already is.
+            fs::rename(&bin_tmp, &bin)?;
+            fs::rename(&src_tmp, &srcp)?;
+            if self.s.sync {
+                sync_dir(leaf)?;
+            }
+            Ok(())
+        })();
+        if r.is_err() {
+            for p in [&src_tmp, &bin_tmp, &srcp, &bin] {
+                let _ = fs::remove_file(p);
+            }
+        }
+        r
+    }
+}

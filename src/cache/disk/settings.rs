@@ -1,0 +1,70 @@
+//! The settings of one `PersistentCache`, and how a [`Config`] maps onto them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::config::{Config, TraceFlags};
+
+/// Settings of one [`PersistentCache`](super::PersistentCache).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiskCacheSettings {
+    /// The cache root (`KPC_CACHE_DIR`). Created on the first put.
+    pub root: PathBuf,
+    /// Size limit in bytes over both files of every entry; 0 = unlimited (`KPC_CACHE_MAX_SIZE`).
+    pub max_size: u64,
+    /// Entries whose device image is shorter are neither looked up nor stored.
+    pub min_image_size: u64,
+    /// Entries whose device image is longer are neither looked up nor stored.
+    pub max_image_size: u64,
+    /// How long a miss waits for another process building the same key (`KPC_CACHE_LOCK_TIMEOUT`).
+    pub lock_timeout: Duration,
+    /// Emit `tracing` events on target `kpc::cache::disk` (`KPC_CACHE_TRACE` bit 1).
+    pub trace: bool,
+    /// A hit refreshes the entry's access time only when it is older than this (default 60 s).
+    pub touch_interval: Duration,
+    /// An eviction pass stops when the total is at or under this percentage of `max_size` (default 75).
+    pub low_watermark_percent: u8,
+    /// Run the eviction a put triggers on a background thread (default), so the put returns at once;
+    /// `false` runs it inside the put.
+    pub background_eviction: bool,
+    /// fsync files and directories when publishing (default). `false` gives up durability across power
+    /// loss (never atomicity); for benchmarks and throwaway caches only.
+    pub sync: bool,
+}
+
+impl DiskCacheSettings {
+    /// The defaults DESIGN.md gives, rooted at `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        DiskCacheSettings {
+            root: root.into(),
+            max_size: crate::config::GIB,
+            min_image_size: 0,
+            max_image_size: crate::config::GIB,
+            lock_timeout: Duration::from_secs(30),
+            trace: false,
+            touch_interval: Duration::from_secs(60),
+            low_watermark_percent: 75,
+            background_eviction: true,
+            sync: true,
+        }
+    }
+
+    /// The settings `config` implies, rooted at its cache directory even when `KPC_CACHE_PERSISTENT=0`
+    /// (the `kpc cache` commands inspect a disabled cache too); `None` when no directory is resolved.
+    pub fn from_config_dir(c: &Config) -> Option<Self> {
+        Some(DiskCacheSettings::from_config_at(c, c.cache_dir.as_ref()?))
+    }
+
+    /// The settings `config` implies (limits, lock timeout, tracing) for a cache rooted at `root`: how
+    /// the read-only layers of `KPC_CACHE_READONLY_DIRS` are opened.
+    pub fn from_config_at(c: &Config, root: impl Into<PathBuf>) -> Self {
+        DiskCacheSettings {
+            max_size: c.max_size,
+            min_image_size: c.min_device_image_size,
+            max_image_size: c.max_device_image_size,
+            lock_timeout: c.lock_timeout,
+            trace: c.trace.contains(TraceFlags::DISK),
+            ..DiskCacheSettings::new(root)
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! [`StoreChain`]: the persistent layer as `ProgramManager` sees it, an ordered list of stores.
+//!
+//! - **Lookup** asks each store in order (local disk first) and stops at the first verified hit.
+//! - **Backfill**: once the backend has accepted a hit from a lower store, it is copied to the first
+//!   writable store above it, so the next process finds it locally.
+//! - **Single flight**: when every store missed, the build lock is taken from the first store that
+//!   offers one (the local disk's `flock`); that store looks again after waiting, so a key another
+//!   process just built is loaded, not rebuilt.
+//! - **Put**: a fresh build goes to every writable store in order. The build lock is released as soon
+//!   as the store it came from holds the entry (that is where waiters look), so they never wait on a
+//!   slower store further down.
+//!
+//! The chain holds no lock of its own while it calls a store, and counts per level (atomics), so a slow
+//! store delays only the request that is asking it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::{
+    BuildLock, LockGuard, PutOutcome, ReadOnlyStore, Removal, Store, StoreHit, StoreKind,
+    StoreStats, StoreWarnings, WarnCause,
+};
+use crate::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache};
+use crate::config::{Config, TraceFlags};
+
+/// A verified hit and the level of the chain it came from.
+#[derive(Debug)]
+pub struct ChainHit {
+    level: usize,
+    kind: StoreKind,
+    hit: StoreHit,
+}
+
+impl ChainHit {
+    /// The binary.
+    pub fn bytes(&self) -> &[u8] {
+        self.hit.bytes()
+    }
+    /// How long the build that produced it took.
+    pub fn build_time(&self) -> Duration {
+        self.hit.build_time()
+    }
+    /// The index of the store that served it (0 = first).
+    pub fn level(&self) -> usize {
+        self.level
+    }
+    /// The kind of that store.
+    pub fn kind(&self) -> StoreKind {
+        self.kind
+    }
+}
+
+/// The build lock of one key, taken from one level of the chain; released on drop, or by
+/// [`StoreChain::put`] once that level holds the entry.
+#[derive(Debug)]
+pub struct ChainLock {
+    level: usize,
+    _guard: LockGuard,
+}
+
+impl ChainLock {
+    /// The index of the store the lock came from.
+    pub fn level(&self) -> usize {
+        self.level
+    }
+}
+
+/// What [`StoreChain::lock_for_build`] came to.
+#[derive(Debug)]
+pub enum Turn {
+    /// Another builder published the key while this caller waited: use it.
+    Published(ChainHit),
+    /// Build it, holding this lock if one could be had.
+    Build(Option<ChainLock>),
+}
+
+/// What the chain did with one level, in this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LevelStats {
+    /// The store's name.
+    pub name: String,
+    /// The store's kind.
+    pub kind: StoreKind,
+    /// Requests this level served (including hits found after waiting for a build lock).
+    pub hits: u64,
+    /// Requests that asked this level and found nothing.
+    pub misses: u64,
+    /// Entries copied into this level from a lower one.
+    pub backfills: u64,
+    /// Fresh builds stored in this level.
+    pub puts: u64,
+    /// Binaries from this level that the backend refused.
+    pub rejected: u64,
+    /// The store's own counters.
+    pub store: StoreStats,
+}
+
+#[derive(Default)]
+struct LevelCounters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    backfills: AtomicU64,
+    puts: AtomicU64,
+    rejected: AtomicU64,
+}
+
+fn bump(a: &AtomicU64) {
+    a.fetch_add(1, Ordering::Relaxed);
+}
+
+struct Level {
+    store: Arc<dyn Store>,
+    kind: StoreKind,
+    name: String,
+    counters: LevelCounters,
+}
+
+/// Stores looked up in order after the in-memory cache. Cheap to share behind the `ProgramManager`
+/// that owns it; every method takes `&self`.
+///
+/// Guarantees: a hit is verified (see [`StoreHit`]); no method fails the caller or panics on a store's
+/// failure; a read-only store is never written, locked or repaired through the chain.
+pub struct StoreChain {
+    levels: Vec<Level>,
+    local: Option<PersistentCache>,
+    trace: bool,
+    warnings: StoreWarnings,
+}
+
+impl fmt::Debug for StoreChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.levels.iter().map(|l| &l.name))
+            .finish()
+    }
+}
+
+impl Default for StoreChain {
+    fn default() -> Self {
+        StoreChain::new()
+    }
+}
+
+impl StoreChain {
+    /// No stores: nothing is persisted.
+    pub fn new() -> StoreChain {
+        StoreChain {
+            levels: Vec::new(),
+            local: None,
+            trace: false,
+            warnings: StoreWarnings::new("store chain"),
+        }
+    }
+
+    /// What `config` asks for: the local disk cache (unless `KPC_CACHE_PERSISTENT=0` or no directory
+    /// resolves), then the read-only layers of `KPC_CACHE_READONLY_DIRS` in order.
+    pub fn from_config(config: &Config) -> StoreChain {
+        StoreChain::with_local_disk(PersistentCache::from_config(config), config)
+    }
+
+    /// `disk` as the local cache (none for none), then `config`'s read-only layers.
+    pub fn with_local_disk(disk: Option<PersistentCache>, config: &Config) -> StoreChain {
+        let mut chain = StoreChain::new();
+        chain.trace = config.trace.contains(TraceFlags::DISK);
+        if let Some(d) = disk {
+            chain = chain.with_disk(d);
+        }
+        chain.with_read_only_dirs(config)
+    }
+
+    /// Appends `disk` as the next level; the first disk cache appended this way is the local one
+    /// ([`StoreChain::local_disk`]).
+    pub fn with_disk(mut self, disk: PersistentCache) -> StoreChain {
+        if self.local.is_none() {
+            self.local = Some(disk.clone());
+        }
+        self.with_store(Arc::new(disk))
+    }
+
+    /// Appends a read-only disk cache for each of `config.readonly_dirs`, with `config`'s image size
+    /// limits. None when `KPC_CACHE_PERSISTENT=0`: that switch turns off every on-disk layer.
+    pub fn with_read_only_dirs(mut self, config: &Config) -> StoreChain {
+        if !config.persistent {
+            return self;
+        }
+        for dir in &config.readonly_dirs {
+            let disk = PersistentCache::new(DiskCacheSettings::from_config_at(config, dir));
+            self = self.with_store(Arc::new(ReadOnlyStore::new(Arc::new(disk))));
+        }
+        self
+    }
+
+    /// Appends `store` as the next level (looked up after every level before it).
+    pub fn with_store(mut self, store: Arc<dyn Store>) -> StoreChain {
+        self.levels.push(Level {
+            kind: store.kind(),
+            name: store.name(),
+            store,
+            counters: LevelCounters::default(),
+        });
+        self
+    }
+
+    /// Whether the chain has no store.
+    pub fn is_empty(&self) -> bool {
+        self.levels.is_empty()
+    }
+
+    /// How many stores it has.
+    pub fn len(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// The stores, in lookup order.
+    pub fn stores(&self) -> impl Iterator<Item = &Arc<dyn Store>> {
+        self.levels.iter().map(|l| &l.store)
+    }
+
+    /// The local disk cache, if one was added with [`StoreChain::with_disk`].
+    pub fn local_disk(&self) -> Option<&PersistentCache> {
+        self.local.as_ref()
+    }
+
+    fn trace(&self, f: impl FnOnce()) {
+        if self.trace {
+            f();
+        }
+    }
+
+    /// The first verified hit for `key`, asking the levels in order except those in `skip` (levels
+    /// whose binary the backend refused earlier in this request).
+    pub fn get(&self, key: &DiskKey, skip: &[usize]) -> Option<ChainHit> {
+        for (i, l) in self.levels.iter().enumerate() {
+            if skip.contains(&i) {
+                continue;
+            }
+            // A writable store may record the access and repair what it finds broken; a read-only one
+            // is asked for a pure read (ReadOnlyStore enforces it whatever is asked).
+            let access = if l.kind.writable() {
+                super::Access::ReadWrite
+            } else {
+                super::Access::ReadOnly
+            };
+            match l.store.get(key, access) {
+                Some(hit) => {
+                    bump(&l.counters.hits);
+                    self.trace(|| {
+                        tracing::debug!(target: "kpc::cache::store", store = %l.name, key = %key.digest(),
+                            bytes = hit.bytes().len(), "hit")
+                    });
+                    return Some(ChainHit {
+                        level: i,
+                        kind: l.kind,
+                        hit,
+                    });
+                }
+                None => bump(&l.counters.misses),
+            }
+        }
+        None
+    }
+
+    /// After every level missed: the build lock from the first level that offers one (skipping
+    /// `skip`). That level waits (bounded) for another builder and looks again; what it found then is
+    /// [`Turn::Published`].
+    pub fn lock_for_build(&self, key: &DiskKey, skip: &[usize]) -> Turn {
+        for (i, l) in self.levels.iter().enumerate() {
+            if skip.contains(&i) {
+                continue;
+            }
+            match l.store.lock_for_build(key) {
+                BuildLock::NotOffered => continue,
+                BuildLock::Unavailable => return Turn::Build(None),
+                BuildLock::Held(g) => {
+                    return Turn::Build(Some(ChainLock {
+                        level: i,
+                        _guard: g,
+                    }));
+                }
+                BuildLock::Published(hit) => {
+                    bump(&l.counters.hits);
+                    return Turn::Published(ChainHit {
+                        level: i,
+                        kind: l.kind,
+                        hit,
+                    });
+                }
+            }
+        }
+        Turn::Build(None)
+    }
+
+    /// The backend accepted `hit`: copies it to the first writable level above the one it came from
+    /// (none when it came from the first writable level).
+    pub fn backfill(&self, key: &DiskKey, hit: &ChainHit) {
+        let Some((i, l)) = self.levels[..hit.level]
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.kind.writable())
+        else {
+            return;
+        };
+        let outcome = l.store.put(key, hit.bytes(), hit.build_time());
+        if let PutOutcome::Published(_) = outcome {
+            bump(&l.counters.backfills);
+        }
+        self.trace(|| {
+            tracing::debug!(target: "kpc::cache::store", from = %self.levels[hit.level].name,
+                to = %l.name, level = i, ?outcome, key = %key.digest(), "backfill")
+        });
+    }
+
+    /// The backend refused `hit` (`reason` says why): the level it came from removes it if it can.
+    /// Returns whether that level may be asked again in this request: a writable one removed the bytes
+    /// (or a replacement took their place), a read-only one would return them again.
+    pub fn reject(&self, key: &DiskKey, hit: &ChainHit, reason: &dyn fmt::Display) -> bool {
+        let l = &self.levels[hit.level];
+        bump(&l.counters.rejected);
+        l.store.remove(
+            key,
+            Removal::Refused {
+                bytes: hit.bytes(),
+                reason,
+            },
+        );
+        l.kind.writable()
+    }
+
+    /// Stores a fresh build in every writable level, in order, releasing `lock` as soon as the level
+    /// it came from holds the entry.
+    pub fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration, lock: Option<ChainLock>) {
+        let mut lock = lock;
+        for (i, l) in self.levels.iter().enumerate() {
+            if l.kind.writable() {
+                let outcome = l.store.put(key, bytes, build_time);
+                if let PutOutcome::Published(_) = outcome {
+                    bump(&l.counters.puts);
+                }
+                self.trace(|| {
+                    tracing::debug!(target: "kpc::cache::store", store = %l.name, ?outcome,
+                        key = %key.digest(), "put")
+                });
+            }
+            if lock.as_ref().is_some_and(|g| g.level == i) {
+                lock = None;
+            }
+        }
+    }
+
+    /// Records that the backend could not serialize a built program, so nothing was stored: warned
+    /// once by the local disk cache if there is one, else by the chain.
+    pub fn note_serialize_failure(&self, reason: &dyn fmt::Display) {
+        match &self.local {
+            Some(d) => d.note_serialize_failure(reason),
+            None => self.warnings.warn(
+                WarnCause::Serialize,
+                &format_args!("could not serialize a built program ({reason})"),
+            ),
+        }
+    }
+
+    /// Per-level counters, in lookup order.
+    pub fn stats(&self) -> Vec<LevelStats> {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.levels
+            .iter()
+            .map(|lv| LevelStats {
+                name: lv.name.clone(),
+                kind: lv.kind,
+                hits: l(&lv.counters.hits),
+                misses: l(&lv.counters.misses),
+                backfills: l(&lv.counters.backfills),
+                puts: l(&lv.counters.puts),
+                rejected: l(&lv.counters.rejected),
+                store: lv.store.stats(),
+            })
+            .collect()
+    }
+}
