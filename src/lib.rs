@@ -10,6 +10,8 @@
 pub mod attention;
 pub mod backend;
 pub mod cache;
+#[cfg(not(loom))]
+pub mod capi;
 pub mod config;
 pub mod error;
 pub mod kernels;
