@@ -1,0 +1,193 @@
+//! The C API tested from C: programs in tests/c/ are compiled with the system's `cc` against
+//! include/kpc.h and the cdylib cargo built for this test run, and run as child processes on the real
+//! drivers (lavapipe, PoCL). Each program prints what it does and exits non-zero on a failed check;
+//! this harness asserts on exit codes and output.
+//!
+//! A missing `cc` or driver is a skip (a failure under `KPC_TEST_REQUIRE_DRIVERS=1`, hence in CI).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::disk::TempDir;
+use common::drivers;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The directory holding this test's executable: `target/<profile>/deps`, where cargo also writes
+/// the library's cdylib (`libkpc.so`) when it builds the library for this test run. (Only
+/// `cargo build` copies it up to `target/<profile>/`, so that copy may be stale here.)
+fn deps_dir() -> PathBuf {
+    std::env::current_exe()
+        .expect("the test executable's path")
+        .parent()
+        .expect("its directory")
+        .to_path_buf()
+}
+
+/// The cdylib built for this run, checked to be from the same rustc invocation as the rlib this test
+/// links (both are written together; an older `.so` means the crate type was dropped and a stale
+/// library would be tested).
+fn cdylib() -> PathBuf {
+    let dir = deps_dir();
+    let so = dir.join("libkpc.so");
+    let rlib = dir.join("libkpc.rlib");
+    let mtime = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}; is crate-type cdylib still in Cargo.toml?",
+                    p.display()
+                )
+            })
+    };
+    let (so_t, rlib_t) = (mtime(&so), mtime(&rlib));
+    let lag = rlib_t.duration_since(so_t).unwrap_or_default();
+    assert!(
+        lag.as_secs() < 120,
+        "{} is {lag:?} older than {}: not built with it",
+        so.display(),
+        rlib.display()
+    );
+    so
+}
+
+/// Whether `cc` runs; the reason it does not otherwise.
+fn cc_available() -> Result<(), String> {
+    match Command::new("cc").arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "cc --version failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        )),
+        Err(e) => Err(format!("no C compiler `cc`: {e}")),
+    }
+}
+
+/// Compiles tests/c/`name`.c against include/kpc.h and the cdylib, plus `libs` (`-lvulkan`, ...),
+/// into `out`. `None` (a reported skip) when there is no `cc`.
+fn compile(name: &str, libs: &[&str], out: &Path, backend: &str, test: &str) -> Option<PathBuf> {
+    if let Err(why) = cc_available() {
+        return drivers::skip(backend, test, &why);
+    }
+    let so = cdylib();
+    let exe = out.join(name);
+    let src = repo().join("tests/c").join(format!("{name}.c"));
+    let output = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g"])
+        .arg("-I")
+        .arg(repo().join("include"))
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", so.parent().unwrap().display()))
+        .arg(format!("-Wl,-rpath,{}", so.parent().unwrap().display()))
+        .arg("-lkpc")
+        .args(libs)
+        .output()
+        .expect("run cc");
+    assert!(
+        output.status.success(),
+        "cc {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(exe)
+}
+
+/// Runs `exe` with `args` and the extra environment `env` (everything `KPC_*` of this process is
+/// removed first, so the program sees only what the test sets). Returns its stdout; panics with
+/// both streams when it fails.
+fn run(exe: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
+    let mut cmd = Command::new(exe);
+    cmd.args(args);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("KPC_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let o = cmd.output().expect("run the C program");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    println!("--- {} {}\n{stdout}{stderr}", exe.display(), args.join(" "));
+    assert!(
+        o.status.success(),
+        "{} exited with {}:\n{stdout}\n{stderr}",
+        exe.display(),
+        o.status
+    );
+    stdout
+}
+
+fn kernel_file(name: &str) -> String {
+    repo().join("kernels").join(name).display().to_string()
+}
+
+/// e: NULL and garbage into every entry point: error codes and messages, never a crash.
+#[test]
+fn c_bad_arguments() {
+    let test = "c_bad_arguments";
+    let Some(dev) = drivers::vulkan_device(test) else {
+        return;
+    };
+    let dir = TempDir::new("capi-bad");
+    let Some(exe) = compile("bad_args", &[], dir.path(), "vulkan", test) else {
+        return;
+    };
+    let selector = format!("vulkan:{}", dev.index);
+    let out = run(
+        &exe,
+        &[
+            &selector,
+            &kernel_file("saxpy.spv"),
+            &kernel_file("saxpy.cl"),
+        ],
+        &[],
+    );
+    assert!(
+        out.contains("saxpy: first from built, second from memory"),
+        "{out}"
+    );
+    for status in [
+        "KPC_STATUS_INVALID_ARGUMENT",
+        "KPC_STATUS_CONFIG",
+        "KPC_STATUS_NO_SUCH_DEVICE",
+        "KPC_STATUS_BUFFER_TOO_SMALL",
+        "KPC_STATUS_INVALID_SPIRV",
+        "KPC_STATUS_UNKNOWN_KERNEL",
+    ] {
+        assert!(
+            out.contains(&format!("ok {status}")),
+            "no {status} check ran:\n{out}"
+        );
+    }
+    // The messages say what was wrong.
+    for msg in [
+        "is not a live kpc_context",
+        "is a kpc_config, not a kpc_context",
+        "is NULL",
+        "not valid UTF-8",
+        "expected 0 or 1",
+        "repeats id 1",
+        "not aligned",
+    ] {
+        assert!(out.contains(msg), "no message with {msg:?}:\n{out}");
+    }
+    let checks: usize = out
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("bad_args: ")?
+                .strip_suffix(" checks passed")?
+                .parse()
+                .ok()
+        })
+        .expect("the summary line");
+    assert!(checks > 100, "{checks} checks");
+}
