@@ -129,6 +129,39 @@ pub enum Error {
     /// A build panicked on another thread; this caller gave up waiting for a retry.
     #[error("{0}")]
     Panicked(String),
+
+    /// A cache blob made for another key: another device or driver, kpc format, image, spec
+    /// constants or build options. It was refused before anything of it reached the driver.
+    #[error("cache blob refused: its {field} is {found:?}, but this context and key need {expected:?}")]
+    BlobMismatch {
+        /// The key field that differs (a device fingerprint field such as `driver_version`, or
+        /// `kpc_format`, `backend`, `image_digest`, `image_len`, `spec`, `options`).
+        field: String,
+        /// Its value for this context and key.
+        expected: String,
+        /// Its value in the blob (`(absent)` where the blob lacks the field).
+        found: String,
+    },
+
+    /// Bytes that are not an intact kpc cache blob: truncated, tampered with, another format or
+    /// format version. Nothing of them reached the driver.
+    #[error("not an intact kpc cache blob: {reason}")]
+    CorruptBlob {
+        /// What is wrong, with what is accepted.
+        reason: String,
+    },
+
+    /// An operation of one backend asked of another backend's object (Vulkan handles of an OpenCL
+    /// kernel, say).
+    #[error("{operation} needs a {} kernel; this one is {}", api(expected), found.as_ref().map_or("from a backend outside kpc", api))]
+    WrongBackend {
+        /// The operation, as the API names it.
+        operation: &'static str,
+        /// The backend it needs.
+        expected: BackendKind,
+        /// The backend of the object passed; `None` for a backend outside kpc.
+        found: Option<BackendKind>,
+    },
 }
 
 /// The API's own spelling, for messages a person reads ("Vulkan unavailable: ...").

@@ -20,4 +20,7 @@ pub mod runtime;
 pub use config::{Config, ConfigError};
 pub use error::{Error, Result};
 #[cfg(not(loom))]
-pub use runtime::{Buffer, Context, Event, Kernel, PushConstants, Queue};
+pub use runtime::{
+    Buffer, CacheBlob, Context, Event, Kernel, OpenClHandles, OpenClKernelLease, PushConstants,
+    Queue, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
+};

@@ -268,6 +268,44 @@ pub struct BackendStats {
     pub launches: u64,
 }
 
+/// What a program was built from: every part of its persistent key. kpc's backends record it when
+/// they build or load a program (a cold path), so that a kernel can later say what it is and be
+/// serialized into a cache blob without the image, and without costing the hit path anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgramOrigin {
+    /// The device and driver it was built for.
+    pub device: DeviceFingerprint,
+    /// The image's name (informational; not part of the key).
+    pub image_name: String,
+    /// Digest of the image bytes.
+    pub image_digest: Digest,
+    /// Length of the image in bytes.
+    pub image_len: u64,
+    /// Its specialization constants.
+    pub spec: SpecConstants,
+    /// Its normalized build options.
+    pub options: BuildOptions,
+}
+
+impl ProgramOrigin {
+    /// The origin of `image` built with `spec` and `options` on the device `device` describes.
+    pub fn new(
+        device: &DeviceFingerprint,
+        image: &DeviceImage,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+    ) -> Self {
+        ProgramOrigin {
+            device: device.clone(),
+            image_name: image.name().to_string(),
+            image_digest: image.digest(),
+            image_len: image.bytes().len() as u64,
+            spec: spec.clone(),
+            options: options.clone(),
+        }
+    }
+}
+
 /// A kernel as the runtime holds it: whatever the backend's kernel type is, it can describe itself
 /// and be recognized again when launched.
 pub trait KernelObject: Any + Send + Sync {
@@ -275,6 +313,15 @@ pub trait KernelObject: Any + Send + Sync {
     fn info(&self) -> &KernelInfo;
     /// Itself, for the backend to recover its own type at launch.
     fn as_any(&self) -> &dyn Any;
+    /// What its program was built from, where the backend keeps it (kpc's backends do).
+    fn origin(&self) -> Option<&ProgramOrigin> {
+        None
+    }
+    /// Its program serialized exactly as [`Backend::program_binary`] does (what a cache blob
+    /// carries); `Ok(None)` where the backend persists nothing or does not keep the program.
+    fn program_binary(&self) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
 }
 
 /// One kernel launch: a grid of `groups` workgroups of the kernel's local size, with buffer arguments

@@ -48,6 +48,14 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
         spec: &SpecConstants,
         options: &BuildOptions,
     ) -> Result<(Arc<dyn KernelObject>, Source, Duration)>;
+    fn kernel_from_binary(
+        &self,
+        image: &DeviceImage,
+        entry: &str,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+        binary: &[u8],
+    ) -> Result<(Arc<dyn KernelObject>, Source, Duration)>;
     fn create_buffer(&self, bytes: u64) -> Result<AnyBuffer>;
     fn write(&self, buffer: &AnyBuffer, offset: u64, data: &[u8]) -> Result<()>;
     fn read(&self, buffer: &AnyBuffer, offset: u64, out: &mut [u8]) -> Result<()>;
@@ -108,6 +116,19 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
         options: &BuildOptions,
     ) -> Result<(Arc<dyn KernelObject>, Source, Duration)> {
         let a = self.programs.kernel(image, entry, spec, options)?;
+        Ok((a.value as Arc<dyn KernelObject>, a.source, a.elapsed))
+    }
+    fn kernel_from_binary(
+        &self,
+        image: &DeviceImage,
+        entry: &str,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+        binary: &[u8],
+    ) -> Result<(Arc<dyn KernelObject>, Source, Duration)> {
+        let a = self
+            .programs
+            .kernel_from_binary(image, entry, spec, options, binary)?;
         Ok((a.value as Arc<dyn KernelObject>, a.source, a.elapsed))
     }
     fn create_buffer(&self, bytes: u64) -> Result<AnyBuffer> {
@@ -262,6 +283,18 @@ impl Context {
         spec: &SpecConstants,
         options: &BuildOptions,
     ) -> Result<Kernel> {
+        self.check_entry(image, entry)?;
+        let (obj, source, elapsed) = self.inner.kernel(image, entry, spec, options)?;
+        Ok(Kernel {
+            obj,
+            context: self.inner.id(),
+            source,
+            elapsed,
+        })
+    }
+
+    /// Answers an unknown entry point of a Vulkan image without building or caching anything.
+    pub(crate) fn check_entry(&self, image: &DeviceImage, entry: &str) -> Result<()> {
         if self.backend() == BackendKind::Vulkan {
             // Reflection only: validation belongs to the build path (the backend validates before a
             // cold build, and an invalid image's failure is never cached), so a kernel served from memory
@@ -271,13 +304,7 @@ impl Context {
             // building or caching anything.
             module.entry(image.name(), entry)?;
         }
-        let (obj, source, elapsed) = self.inner.kernel(image, entry, spec, options)?;
-        Ok(Kernel {
-            obj,
-            context: self.inner.id(),
-            source,
-            elapsed,
-        })
+        Ok(())
     }
 
     /// The context's queue. Every queue handle of a context is the same in-order queue.
@@ -339,8 +366,8 @@ impl Context {
 pub struct Kernel {
     pub(crate) obj: Arc<dyn KernelObject>,
     pub(crate) context: u64,
-    source: Source,
-    elapsed: Duration,
+    pub(crate) source: Source,
+    pub(crate) elapsed: Duration,
 }
 
 impl fmt::Debug for Kernel {

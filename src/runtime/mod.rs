@@ -21,11 +21,15 @@
 //! ```
 
 #[cfg(not(loom))]
+pub mod blob;
+#[cfg(not(loom))]
 pub mod buffer;
 #[cfg(not(loom))]
 pub mod context;
 #[cfg(not(loom))]
 pub mod device;
+#[cfg(not(loom))]
+pub mod interop;
 pub mod program_manager;
 #[cfg(not(loom))]
 pub mod queue;
@@ -35,7 +39,13 @@ pub use buffer::{Buffer, BufferArg, RawBuffer};
 #[cfg(not(loom))]
 pub use context::{Context, Kernel};
 #[cfg(not(loom))]
+pub use blob::CacheBlob;
+#[cfg(not(loom))]
 pub use device::{Platform, platforms, select_device};
+#[cfg(not(loom))]
+pub use interop::{
+    OpenClHandles, OpenClKernelLease, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
+};
 pub use program_manager::{Acquired, ProgramManager, Source};
 #[cfg(not(loom))]
 pub use queue::{Event, LaunchDesc, PushConstants, Queue};

@@ -24,6 +24,8 @@ pub enum Source {
     Disk,
     /// Built from the device image.
     Built,
+    /// Loaded from a cache blob the caller supplied (`Context::kernel_from_blob`).
+    Blob,
 }
 
 impl fmt::Display for Source {
@@ -32,6 +34,7 @@ impl fmt::Display for Source {
             Source::Memory => "memory",
             Source::Disk => "disk",
             Source::Built => "built",
+            Source::Blob => "blob",
         })
     }
 }
@@ -204,6 +207,52 @@ impl<B: Backend> ProgramManager<B> {
             let p = self.program(image, spec, options)?;
             source.set(p.source);
             self.backend.create_kernel(&p.value, entry)
+        })?;
+        Ok(Acquired {
+            value,
+            source: source.get(),
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// The kernel `entry` of a program recreated from `binary` (bytes [`Backend::program_binary`]
+    /// made for this key, already verified by the caller), which then serves later requests from
+    /// memory. When the program is in memory already, that one serves and `binary` is not used
+    /// ([`Source::Memory`]); otherwise the source is [`Source::Blob`]. The binary is loaded before
+    /// the cache is touched, so one the backend refuses leaves no cached failure behind.
+    pub fn kernel_from_binary(
+        &self,
+        image: &DeviceImage,
+        entry: &str,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+        binary: &[u8],
+    ) -> Result<Acquired<B::Kernel>> {
+        let start = Instant::now();
+        let key = self.program_key(image, spec, options);
+        let mut loaded = if self.cache.contains_program(&key) {
+            None
+        } else {
+            Some(
+                self.backend
+                    .program_from_binary(image, spec, options, binary)?,
+            )
+        };
+        let source = Cell::new(Source::Memory);
+        let program = self.cache.get_or_build_program(&key, || match loaded.take() {
+            Some(p) => {
+                source.set(Source::Blob);
+                Ok(p)
+            }
+            // Evicted between the check and here: what any request for the key would do.
+            None => self.build_program(image, spec, options).map(|(p, s)| {
+                source.set(s);
+                p
+            }),
+        })?;
+        let kernel_key = KernelKey::new(key, entry);
+        let value = self.cache.get_or_build_kernel(&kernel_key, || {
+            self.backend.create_kernel(&program, entry)
         })?;
         Ok(Acquired {
             value,

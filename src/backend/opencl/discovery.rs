@@ -118,7 +118,9 @@ pub(crate) fn parse_version(s: &str) -> Option<(u32, u32)> {
     Some((maj.parse().ok()?, min.parse().ok()?))
 }
 
-fn describe(p: &Platform, id: cl_device_id, index: usize) -> Result<Found> {
+/// Describes device `id` of platform `p` as discovery reports it (index `index`): also what interop
+/// reuses, so that an embedder's device gets the same fingerprint as an owned one.
+pub(crate) fn describe(p: &Platform, id: cl_device_id, index: usize) -> Result<Found> {
     let d = Device::new(id);
     let q = |call: &'static str| move |e: ClError| cl_err(call, e);
     let platform_name = clean(p.name().map_err(q("clGetPlatformInfo"))?);

@@ -15,7 +15,7 @@ use opencl3::memory::{Buffer as ClBuffer, ClMem};
 use opencl3::types::{cl_event, cl_kernel, cl_mem};
 use parking_lot::Mutex;
 
-use crate::backend::{KernelInfo, KernelObject};
+use crate::backend::{KernelInfo, KernelObject, ProgramOrigin};
 use crate::config::BackendKind;
 use crate::error::{Error, Result};
 
@@ -129,6 +129,12 @@ impl KernelObject for OpenClKernel {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+    fn origin(&self) -> Option<&ProgramOrigin> {
+        Some(&self.program.built_from)
+    }
+    fn program_binary(&self) -> Result<Option<Vec<u8>>> {
+        Ok(Some(self.program.binary()?.to_vec()))
+    }
 }
 
 impl OpenClKernel {
@@ -182,6 +188,30 @@ impl OpenClKernel {
         let k = opencl3::kernel::create_kernel(self.program.program.get(), &self.entry)
             .map_err(|e| cl_err("clCreateKernel", e))?;
         Ok(Kernel::new(k))
+    }
+
+    /// A kernel object for one holder's exclusive use (an interop lease): an idle one of the pool,
+    /// else a new one. `Lock` and `ClonePerLaunch` have no idle objects to lend, so they always
+    /// create one; their launches never see it.
+    pub(crate) fn lend_object(&self) -> Result<Kernel> {
+        if let Objects::Pool(p) = &self.objects
+            && let Some(k) = p.lock().pop()
+        {
+            return Ok(k);
+        }
+        self.create_object()
+    }
+
+    /// Takes back an object [`OpenClKernel::lend_object`] lent: into the pool where launches share
+    /// one (every launch sets every argument, so what the holder set does not leak into it),
+    /// released otherwise.
+    pub(crate) fn return_object(&self, k: Kernel) {
+        if let Objects::Pool(p) = &self.objects {
+            let mut idle = p.lock();
+            if idle.len() < POOL_MAX_IDLE {
+                idle.push(k);
+            }
+        }
     }
 
     /// Runs `f` with a kernel object no other thread is setting arguments on.

@@ -33,6 +33,7 @@
 
 mod container;
 mod discovery;
+mod interop;
 mod launch;
 mod program;
 mod source;
@@ -61,6 +62,7 @@ use crate::error::{Error, Result};
 
 pub use container::{CONTAINER_VERSION, OpenClBinary};
 pub use discovery::devices;
+pub use interop::{OpenClHandles, OpenClKernelLease};
 pub use launch::{KernelSharing, OpenClBuffer, OpenClEvent, OpenClKernel};
 pub use program::{KernelMeta, OpenClProgram, Origin, Param, ParamKind};
 pub use source::{ARG_INFO_OPTION, SPEC_CONSTANT_MARKER, SpecDecl};
@@ -422,7 +424,7 @@ impl Backend for OpenClBackend {
         let start = Instant::now();
         let r = program::build(
             &self.shared,
-            self.info.fingerprint.digest,
+            &self.info.fingerprint,
             image,
             spec,
             options,
@@ -452,7 +454,7 @@ impl Backend for OpenClBackend {
         let start = Instant::now();
         let r = program::load(
             &self.shared,
-            self.info.fingerprint.digest,
+            &self.info.fingerprint,
             image,
             spec,
             options,

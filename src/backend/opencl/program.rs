@@ -15,7 +15,7 @@ use opencl3::program::Program;
 use opencl3::types::cl_device_id;
 use parking_lot::Mutex;
 
-use crate::backend::DeviceImage;
+use crate::backend::{DeviceFingerprint, DeviceImage, ProgramOrigin};
 use crate::cache::{BuildOptions, CacheCost, Digest, SpecConstants};
 use crate::config::BackendKind;
 use crate::error::{Error, Result};
@@ -224,6 +224,8 @@ pub struct OpenClProgram {
     /// Serializes the first query so that two callers do not both pay for it.
     binary_lock: Mutex<()>,
     binary_time: OnceLock<Duration>,
+    /// What it was built from (for cache blobs).
+    pub(crate) built_from: ProgramOrigin,
     // Released after `program`: the context outlives every program built in it.
     _device: Arc<super::Shared>,
 }
@@ -361,11 +363,12 @@ fn build_error(
 /// Builds `image` from source.
 pub(crate) fn build(
     shared: &Arc<super::Shared>,
-    device_digest: Digest,
+    device: &DeviceFingerprint,
     image: &DeviceImage,
     spec: &SpecConstants,
     options: &BuildOptions,
 ) -> Result<OpenClProgram> {
+    let (device_digest, built_from) = (device.digest, ProgramOrigin::new(device, image, spec, options));
     let (context, device) = (&shared.context, shared.device.id());
     let source = super::source::OpenClSource::parse(image)?;
     let full_options = source.build_options(image, spec, options)?;
@@ -395,6 +398,7 @@ pub(crate) fn build(
         binary: OnceLock::new(),
         binary_lock: Mutex::new(()),
         binary_time: OnceLock::new(),
+        built_from,
         _device: shared.clone(),
     })
 }
@@ -403,12 +407,13 @@ pub(crate) fn build(
 /// string: the caller turns it into `Error::BinaryRejected` (a miss).
 pub(crate) fn load(
     shared: &Arc<super::Shared>,
-    device_digest: Digest,
+    device: &DeviceFingerprint,
     image: &DeviceImage,
     spec: &SpecConstants,
     options: &BuildOptions,
     bytes: &[u8],
 ) -> std::result::Result<OpenClProgram, String> {
+    let (device_digest, built_from) = (device.digest, ProgramOrigin::new(device, image, spec, options));
     let (context, device) = (&shared.context, shared.device.id());
     let c = OpenClBinary::decode(bytes)?;
     if c.device != device_digest {
@@ -461,6 +466,7 @@ pub(crate) fn load(
         binary: OnceLock::from(bytes),
         binary_lock: Mutex::new(()),
         binary_time: OnceLock::from(Duration::ZERO),
+        built_from,
         _device: shared.clone(),
     })
 }

@@ -53,6 +53,9 @@ pub(crate) struct Device {
     pub(crate) identity: CacheIdentity,
     /// Per-batch objects of finished batches, kept for the next ones (see [`Recycled`]).
     pub(crate) recycled: parking_lot::Mutex<Recycled>,
+    /// `Some` for an embedder's device (interop): the optional features it says it enabled. kpc
+    /// never waits on or destroys a borrowed device, only its own objects on it.
+    pub(crate) borrowed: Option<super::interop::VulkanFeatures>,
 }
 
 /// Fences, timestamp pools and descriptor pools of finished batches, reset and kept for reuse:
@@ -198,6 +201,7 @@ impl Device {
                 uuid: pd.pipeline_cache_uuid,
             },
             recycled: parking_lot::Mutex::new(Recycled::default()),
+            borrowed: None,
         })
     }
 
@@ -223,9 +227,14 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         // SAFETY: every object made on this device holds an Arc to it, so none is left; waiting idle
-        // first makes sure no submitted work still runs.
+        // first makes sure no submitted work still runs. A borrowed device is neither waited on
+        // (vkDeviceWaitIdle would need every queue, the embedder's too, externally synchronized)
+        // nor destroyed: every batch kpc submitted held an Arc to this device and waited for its
+        // fence when it went, so kpc's own objects are idle and only they are destroyed.
         unsafe {
-            let _ = self.raw.device_wait_idle();
+            if self.borrowed.is_none() {
+                let _ = self.raw.device_wait_idle();
+            }
             let r = self.recycled.get_mut();
             for f in r.fences.drain(..) {
                 self.raw.destroy_fence(f, None);
@@ -236,7 +245,9 @@ impl Drop for Device {
             for p in r.descriptor_pools.drain(..) {
                 self.raw.destroy_descriptor_pool(p, None);
             }
-            self.raw.destroy_device(None);
+            if self.borrowed.is_none() {
+                self.raw.destroy_device(None);
+            }
         }
     }
 }

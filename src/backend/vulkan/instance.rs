@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use super::pipeline_cache::BLOB_FORMAT_VERSION;
 
 /// The newest Vulkan API version kpc asks for; it uses nothing beyond 1.3.
-const MAX_API: u32 = vk::API_VERSION_1_3;
+pub(crate) const MAX_API: u32 = vk::API_VERSION_1_3;
 
 /// The loader and one instance, shared by every device of the process. Never destroyed: devices
 /// created from it may live until exit, and a process has no use for a second one.
@@ -171,7 +171,9 @@ pub(crate) fn physical_devices(instance: &VkInstance) -> Result<Vec<PhysicalDevi
         .collect()
 }
 
-fn describe(
+/// Describes `raw`, device `index` of `instance`'s enumeration: what discovery reports, and what
+/// interop reuses so that an embedder's device gets the same fingerprint as an owned one.
+pub(crate) fn describe(
     instance: &VkInstance,
     index: usize,
     raw: vk::PhysicalDevice,

@@ -17,6 +17,7 @@
 
 mod device;
 mod instance;
+mod interop;
 pub mod pipeline_cache;
 mod program;
 mod submit;
@@ -29,6 +30,7 @@ use ash::vk;
 
 use crate::backend::{
     Backend, BackendStats, ComputeBackend, DeviceFingerprint, DeviceImage, DeviceInfo, Launch,
+    ProgramOrigin,
 };
 use crate::cache::{BuildOptions, SpecConstants};
 use crate::config::{BackendKind, Config, TraceFlags};
@@ -37,6 +39,7 @@ use crate::error::{Error, Result};
 pub use device::VulkanBuffer;
 use device::{BufferPlace, Device, vk_err};
 pub use instance::devices;
+pub use interop::{VulkanFeatures, VulkanHandles, VulkanKernelHandles};
 pub use pipeline_cache::CacheIdentity;
 pub use program::{VulkanKernel, VulkanProgram};
 pub use submit::Record as VulkanEvent;
@@ -307,6 +310,7 @@ impl Backend for VulkanBackend {
             optimized.is_some(),
             spec,
             &[],
+            ProgramOrigin::new(&self.info.fingerprint, image, spec, options),
         )?;
         self.counters.programs_built.fetch_add(1, Ordering::Relaxed);
         self.record_feedback(image.name(), &built.program, &built.feedback, "built");
@@ -314,13 +318,7 @@ impl Backend for VulkanBackend {
     }
 
     fn program_binary(&self, program: &VulkanProgram) -> Result<Option<Vec<u8>>> {
-        // SAFETY: the cache is alive (owned by `program`) and no pipeline is created through it now.
-        let data = unsafe { self.dev.raw.get_pipeline_cache_data(program.cache) }
-            .map_err(|e| vk_err("vkGetPipelineCacheData", e))?;
-        Ok(Some(pipeline_cache::encode(
-            program.optimized.as_deref(),
-            &data,
-        )))
+        program.binary().map(Some)
     }
 
     fn program_from_binary(
@@ -379,6 +377,7 @@ impl Backend for VulkanBackend {
             optimized.is_some(),
             spec,
             blob.pipeline_cache,
+            ProgramOrigin::new(&self.info.fingerprint, image, spec, options),
         )?;
         self.counters
             .programs_loaded
@@ -399,6 +398,7 @@ impl Backend for VulkanBackend {
             .find(|p| p.info.name == entry)
             .map(|p| VulkanKernel {
                 pipeline: p.clone(),
+                program: program.clone(),
             })
             .ok_or_else(|| Error::UnknownKernel {
                 image: program.image.clone(),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ash::vk;
 
 use crate::backend::spirv::{DescriptorKind, SpirvModule, required_vulkan};
-use crate::backend::{BufferParam, KernelInfo};
+use crate::backend::{BufferParam, KernelInfo, ProgramOrigin};
 use crate::cache::{CacheCost, SpecConstants};
 use crate::config::BackendKind;
 use crate::error::{Error, Result};
@@ -66,6 +66,8 @@ pub struct VulkanProgram {
     pub(crate) optimized: Option<Vec<u32>>,
     /// Bytes of the pipeline cache data right after the build (what persisting it costs).
     pub(crate) cache_data_bytes: u64,
+    /// What it was built from (for cache blobs).
+    pub(crate) origin: ProgramOrigin,
 }
 
 impl std::fmt::Debug for VulkanProgram {
@@ -95,6 +97,18 @@ impl VulkanProgram {
     pub fn pipeline_create_time(&self) -> Duration {
         self.pipelines.iter().map(|p| p.create_time).sum()
     }
+
+    /// What persisting it stores: its pipeline cache data (and optimized SPIR-V) in kpc's container.
+    pub fn binary(&self) -> Result<Vec<u8>> {
+        // SAFETY: the cache is alive (owned by `self`); reading its data needs no external
+        // synchronization, also while pipelines are created through it.
+        let data = unsafe { self.dev.raw.get_pipeline_cache_data(self.cache) }
+            .map_err(|e| vk_err("vkGetPipelineCacheData", e))?;
+        Ok(super::pipeline_cache::encode(
+            self.optimized.as_deref(),
+            &data,
+        ))
+    }
 }
 
 impl CacheCost for VulkanProgram {
@@ -112,10 +126,13 @@ impl Drop for VulkanProgram {
     }
 }
 
-/// A kernel: one entry point's pipeline.
+/// A kernel: one entry point's pipeline, and the program it belongs to. Holding the program keeps
+/// its pipeline cache (what a cache blob serializes) alive with the kernel, after in-memory eviction
+/// too; the pipeline is shared with the program, so this costs only the pipeline cache's memory.
 #[derive(Debug, Clone)]
 pub struct VulkanKernel {
     pub(crate) pipeline: Arc<Pipeline>,
+    pub(crate) program: Arc<VulkanProgram>,
 }
 
 impl crate::backend::KernelObject for VulkanKernel {
@@ -124,6 +141,12 @@ impl crate::backend::KernelObject for VulkanKernel {
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+    fn origin(&self) -> Option<&ProgramOrigin> {
+        Some(&self.program.origin)
+    }
+    fn program_binary(&self) -> Result<Option<Vec<u8>>> {
+        self.program.binary().map(Some)
     }
 }
 
@@ -160,6 +183,9 @@ fn check_against_device(
                 super::instance::version_string(dev.api_version)
             ),
         ));
+    }
+    if let Some(enabled) = &dev.borrowed {
+        super::interop::check_capabilities(enabled, image, &module.words)?;
     }
     let l = &dev.limits;
     for e in &module.entry_points {
@@ -229,6 +255,7 @@ pub(crate) struct Built {
 
 /// Builds `module` (already validated; `words` is what to compile: the module itself or its
 /// optimized form) into a program whose pipeline cache starts from `initial_cache`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn build(
     dev: &Arc<Device>,
     image: &str,
@@ -237,6 +264,7 @@ pub(crate) fn build(
     optimized: bool,
     spec: &SpecConstants,
     initial_cache: &[u8],
+    origin: ProgramOrigin,
 ) -> Result<Built> {
     check_against_device(dev, image, module, spec)?;
     let specialization = module.specialization(image, spec)?;
@@ -261,6 +289,7 @@ pub(crate) fn build(
         pipelines: Vec::new(),
         optimized: optimized.then(|| words.to_vec()),
         cache_data_bytes: 0,
+        origin,
     };
     let cache_info = vk::PipelineCacheCreateInfo::default().initial_data(initial_cache);
     // SAFETY: the initial data passed check_pipeline_cache_header against this device (or is empty);
