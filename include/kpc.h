@@ -27,6 +27,86 @@
 #define KPC_ABI_VERSION 1
 
 /**
+ * `shaderInt16` was enabled on the device.
+ */
+#define KPC_VULKAN_FEATURE_SHADER_INT16 (1 << 0)
+
+/**
+ * `shaderInt64`.
+ */
+#define KPC_VULKAN_FEATURE_SHADER_INT64 (1 << 1)
+
+/**
+ * `shaderFloat64`.
+ */
+#define KPC_VULKAN_FEATURE_SHADER_FLOAT64 (1 << 2)
+
+/**
+ * `storageBuffer16BitAccess`.
+ */
+#define KPC_VULKAN_FEATURE_STORAGE_BUFFER_16BIT_ACCESS (1 << 3)
+
+/**
+ * `uniformAndStorageBuffer16BitAccess`.
+ */
+#define KPC_VULKAN_FEATURE_UNIFORM_AND_STORAGE_BUFFER_16BIT_ACCESS (1 << 4)
+
+/**
+ * `storagePushConstant16`.
+ */
+#define KPC_VULKAN_FEATURE_STORAGE_PUSH_CONSTANT16 (1 << 5)
+
+/**
+ * `shaderFloat16` (Vulkan 1.2).
+ */
+#define KPC_VULKAN_FEATURE_SHADER_FLOAT16 (1 << 6)
+
+/**
+ * `shaderInt8` (Vulkan 1.2).
+ */
+#define KPC_VULKAN_FEATURE_SHADER_INT8 (1 << 7)
+
+/**
+ * `storageBuffer8BitAccess` (Vulkan 1.2).
+ */
+#define KPC_VULKAN_FEATURE_STORAGE_BUFFER_8BIT_ACCESS (1 << 8)
+
+/**
+ * `uniformAndStorageBuffer8BitAccess` (Vulkan 1.2).
+ */
+#define KPC_VULKAN_FEATURE_UNIFORM_AND_STORAGE_BUFFER_8BIT_ACCESS (1 << 9)
+
+/**
+ * `hostQueryReset` (Vulkan 1.2).
+ */
+#define KPC_VULKAN_FEATURE_HOST_QUERY_RESET (1 << 10)
+
+/**
+ * `vulkanMemoryModel` (Vulkan 1.2).
+ */
+#define KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL (1 << 11)
+
+/**
+ * VK_KHR_cooperative_matrix with `cooperativeMatrix`.
+ */
+#define KPC_VULKAN_FEATURE_COOPERATIVE_MATRIX (1 << 12)
+
+/**
+ * VK_EXT_pipeline_creation_feedback (implied from Vulkan 1.3).
+ */
+#define KPC_VULKAN_FEATURE_PIPELINE_CREATION_FEEDBACK (1 << 13)
+
+/**
+ * VK_KHR_spirv_1_4 (implied from Vulkan 1.2).
+ */
+#define KPC_VULKAN_FEATURE_SPIRV_1_4 (1 << 14)
+
+/**
+ * VK_KHR_pipeline_executable_properties with `pipelineExecutableInfo`.
+ */
+#define KPC_VULKAN_FEATURE_PIPELINE_EXECUTABLE_INFO (1 << 15)
+
+/**
  * What every kpc C function returns. `KPC_STATUS_OK` is 0; every other value is an error, with
  * details in `kpc_last_error()`. Values are stable across releases; new ones may be added.
  */
@@ -60,6 +140,20 @@ typedef enum kpc_status {
    * The image has no entry point of that name; the message lists those it has.
    */
   KPC_STATUS_UNKNOWN_KERNEL = 6,
+  /**
+   * A cache blob made for another device, driver, kpc format or key; the message names the field
+   * that differs, with both values. Nothing reached the driver.
+   */
+  KPC_STATUS_BLOB_MISMATCH = 7,
+  /**
+   * Bytes that are not an intact cache blob (truncated, damaged, another format).
+   */
+  KPC_STATUS_CORRUPT_BLOB = 8,
+  /**
+   * An operation of one backend on another backend's object (Vulkan handles of an OpenCL
+   * kernel, a lease of a Vulkan kernel).
+   */
+  KPC_STATUS_WRONG_BACKEND = 9,
   /**
    * The device or driver ran out of something; the same call may succeed later.
    */
@@ -129,6 +223,10 @@ typedef enum kpc_source {
    * Compiled from the device image.
    */
   KPC_SOURCE_BUILT = 3,
+  /**
+   * Loaded from a cache blob the caller passed (`kpc_kernel_create_from_blob`), not compiled.
+   */
+  KPC_SOURCE_BLOB = 4,
 } kpc_source;
 
 /**
@@ -203,6 +301,62 @@ typedef struct kpc_image kpc_image;
  * `kpc_kernel_destroy`, even if the context's cache evicts it or the context is destroyed first.
  */
 typedef struct kpc_kernel kpc_kernel;
+
+/**
+ * An exclusive `cl_kernel` of a kernel (opaque), for the caller's own clSetKernelArg and
+ * clEnqueueNDRangeKernel: no kpc launch and no other lease uses that kernel object until
+ * `kpc_lease_release`, when it goes back to kpc's pool. Use a lease from one thread at a time.
+ */
+typedef struct kpc_lease kpc_lease;
+
+/**
+ * A specialization constant's value; the member read is the one `kpc_spec_constant.kind` names.
+ */
+typedef union kpc_spec_value {
+  /**
+   * For `KPC_SPEC_BOOL` (0 or 1) and `KPC_SPEC_U32`.
+   */
+  uint32_t u32;
+  /**
+   * For `KPC_SPEC_I32`.
+   */
+  int32_t i32;
+  /**
+   * For `KPC_SPEC_F32`.
+   */
+  float f32;
+  /**
+   * For `KPC_SPEC_U64`.
+   */
+  uint64_t u64;
+  /**
+   * For `KPC_SPEC_I64`.
+   */
+  int64_t i64;
+  /**
+   * For `KPC_SPEC_F64`.
+   */
+  double f64;
+} kpc_spec_value;
+
+/**
+ * One specialization constant: its id (Vulkan `constant_id`; for OpenCL C, the id the source's
+ * `// kpc-spec-constant <id> <NAME>` line declares), its type and value.
+ */
+typedef struct kpc_spec_constant {
+  /**
+   * The constant's id.
+   */
+  uint32_t id;
+  /**
+   * A `kpc_spec_type` value (a plain integer, so that any value a caller passes can be checked).
+   */
+  uint32_t kind;
+  /**
+   * The value.
+   */
+  union kpc_spec_value value;
+} kpc_spec_constant;
 
 /**
  * Counters of a context's in-memory cache (all its programs and kernels together).
@@ -387,53 +541,153 @@ typedef struct kpc_stats {
 } kpc_stats;
 
 /**
- * A specialization constant's value; the member read is the one `kpc_spec_constant.kind` names.
+ * The caller's Vulkan objects, which kpc borrows and never destroys. Set `struct_size =
+ * sizeof(kpc_vulkan_handles)`.
  */
-typedef union kpc_spec_value {
+typedef struct kpc_vulkan_handles {
   /**
-   * For `KPC_SPEC_BOOL` (0 or 1) and `KPC_SPEC_U32`.
+   * The caller's `sizeof(kpc_vulkan_handles)`.
    */
-  uint32_t u32;
+  uint32_t struct_size;
   /**
-   * For `KPC_SPEC_I32`.
+   * `VkApplicationInfo::apiVersion` the instance was created with; 1.1 or later.
    */
-  int32_t i32;
+  uint32_t instance_api_version;
   /**
-   * For `KPC_SPEC_F32`.
+   * `PFN_vkGetInstanceProcAddr`: the one the instance was created through (the loader's, or a
+   * layer's).
    */
-  float f32;
+  void *get_instance_proc_addr;
   /**
-   * For `KPC_SPEC_U64`.
+   * `VkInstance`.
    */
-  uint64_t u64;
+  void *instance;
   /**
-   * For `KPC_SPEC_I64`.
+   * `VkPhysicalDevice`: the instance's, the one `device` was created from.
    */
-  int64_t i64;
+  void *physical_device;
   /**
-   * For `KPC_SPEC_F64`.
+   * `VkDevice`.
    */
-  double f64;
-} kpc_spec_value;
+  void *device;
+  /**
+   * `VkQueue`: kpc submits its own work (launches, copies) to it.
+   */
+  void *queue;
+  /**
+   * The family of `queue`; it must support compute.
+   */
+  uint32_t queue_family_index;
+  /**
+   * Unused; set to 0.
+   */
+  uint32_t reserved;
+  /**
+   * `KPC_VULKAN_FEATURE_*` bits: the optional features and extensions enabled on `device` (0 for
+   * none). kpc uses only these, and refuses a bit the device cannot support.
+   */
+  uint64_t enabled_features;
+} kpc_vulkan_handles;
 
 /**
- * One specialization constant: its id (Vulkan `constant_id`; for OpenCL C, the id the source's
- * `// kpc-spec-constant <id> <NAME>` line declares), its type and value.
+ * The caller's OpenCL objects. kpc retains the context and the queue (releasing them when its last
+ * object goes); the caller may release its own references whenever it likes. Set `struct_size =
+ * sizeof(kpc_opencl_handles)`.
  */
-typedef struct kpc_spec_constant {
+typedef struct kpc_opencl_handles {
   /**
-   * The constant's id.
+   * The caller's `sizeof(kpc_opencl_handles)`.
    */
-  uint32_t id;
+  uint32_t struct_size;
   /**
-   * A `kpc_spec_type` value (a plain integer, so that any value a caller passes can be checked).
+   * Unused; set to 0.
    */
-  uint32_t kind;
+  uint32_t reserved;
   /**
-   * The value.
+   * `cl_context`.
    */
-  union kpc_spec_value value;
-} kpc_spec_constant;
+  void *context;
+  /**
+   * `cl_device_id`: one of the context's devices.
+   */
+  void *device;
+  /**
+   * `cl_command_queue`: an in-order queue of that context and device.
+   */
+  void *queue;
+} kpc_opencl_handles;
+
+/**
+ * One descriptor binding of set 0.
+ */
+typedef struct kpc_vulkan_binding {
+  /**
+   * The binding number.
+   */
+  uint32_t binding;
+  /**
+   * Its `VkDescriptorType` (storage buffers for kpc's kernels).
+   */
+  uint32_t descriptor_type;
+} kpc_vulkan_binding;
+
+/**
+ * The raw Vulkan handles of a kernel, for recording a dispatch in the caller's own command buffer.
+ * They belong to kpc: never destroy them. They stay valid until `kpc_kernel_destroy` of the kernel
+ * handle they came from (also after the context evicted the kernel or was destroyed); keep that
+ * handle until every command buffer recorded with them has finished. Versioned: set `struct_size =
+ * sizeof(kpc_vulkan_kernel_handles)` first.
+ */
+typedef struct kpc_vulkan_kernel_handles {
+  /**
+   * In: the caller's `sizeof(kpc_vulkan_kernel_handles)`. Out: the bytes kpc wrote.
+   */
+  uint32_t struct_size;
+  /**
+   * Entries of `descriptor_set_layouts` (set numbers 0..count; kpc uses set 0 only).
+   */
+  uint32_t descriptor_set_layout_count;
+  /**
+   * `VkPipeline` (compute).
+   */
+  uint64_t pipeline;
+  /**
+   * `VkPipelineLayout`: bind descriptor sets and push constants with it.
+   */
+  uint64_t pipeline_layout;
+  /**
+   * `VkDescriptorSetLayout`s by set number; the array belongs to the kernel handle.
+   */
+  const uint64_t *descriptor_set_layouts;
+  /**
+   * Set 0's bindings in kpc's launch-argument order; the array belongs to the kernel handle.
+   */
+  const struct kpc_vulkan_binding *bindings;
+  /**
+   * Entries of `bindings`.
+   */
+  uint32_t binding_count;
+  /**
+   * `VkShaderStageFlags` of the push-constant range (0 when there is none).
+   */
+  uint32_t push_constant_stage_flags;
+  /**
+   * Offset of the push-constant range.
+   */
+  uint32_t push_constant_offset;
+  /**
+   * Size of the push-constant range in bytes; 0 when the kernel takes no push constants.
+   */
+  uint32_t push_constant_size;
+  /**
+   * The workgroup size after specialization: dispatch ceil(n / local_size) groups.
+   */
+  uint32_t local_size[3];
+  /**
+   * Unused; written as 0.
+   */
+  uint32_t reserved;
+} kpc_vulkan_kernel_handles;
 
 /**
  * What a kernel is and where it came from. Versioned: set `struct_size = sizeof(kpc_kernel_info)`
@@ -506,6 +760,78 @@ const char *kpc_status_name(int32_t status);
  * compiled against another header version should refuse to run.
  */
 uint32_t kpc_abi_version(void);
+
+/**
+ * Copies the cache-blob id of `image` with `spec_count` spec constants at `spec` and
+ * `build_options` (NULL for none) on `context`'s device into `buffer`: stable bytes covering the
+ * whole key (device fingerprint, kpc format, image digest and length, spec constants, options).
+ * Equal ids mean interchangeable blobs: store blobs under their id. `*size` receives the id's
+ * length; call with `buffer` NULL and `capacity` 0 to ask it.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (bad handles or spec constants, NULL `size`, a NULL
+ * `buffer` with a non-zero capacity, an image of the other backend's format);
+ * `KPC_STATUS_BUFFER_TOO_SMALL` when `capacity < *size` (nothing is copied).
+ *
+ * # Safety
+ * `spec` is NULL or has `spec_count` elements; `build_options` is NULL or a NUL-terminated
+ * string; `buffer` is NULL or has `capacity` writable bytes; `size` is NULL or writable.
+ */
+enum kpc_status kpc_cache_blob_id(const struct kpc_context *context,
+                                  const struct kpc_image *image,
+                                  const struct kpc_spec_constant *spec,
+                                  size_t spec_count,
+                                  const char *build_options,
+                                  uint8_t *buffer,
+                                  size_t capacity,
+                                  size_t *size);
+
+/**
+ * Copies `kernel`'s cache blob into `buffer`: a self-describing, checksummed container of its
+ * compiled program and key, which `kpc_kernel_create_from_blob` accepts on any context whose blob
+ * id for the key is the same. `*size` receives its length; call with `buffer` NULL and `capacity` 0
+ * to ask it (the blob is made once per kernel handle, so both calls see the same bytes).
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (bad handle, NULL `size`, a NULL `buffer` with a non-zero
+ * capacity); `KPC_STATUS_BUFFER_TOO_SMALL` when `capacity < *size`; `KPC_STATUS_BACKEND` when the
+ * driver cannot serialize the program.
+ *
+ * # Safety
+ * `buffer` is NULL or has `capacity` writable bytes; `size` is NULL or writable.
+ */
+enum kpc_status kpc_kernel_cache_blob(const struct kpc_kernel *kernel,
+                                      uint8_t *buffer,
+                                      size_t capacity,
+                                      size_t *size);
+
+/**
+ * Creates the kernel `entry` of `image` (with `spec` and `build_options`, as for
+ * `kpc_kernel_create`) from the `blob_size` bytes at `blob`, without compiling: the blob is
+ * checksummed, every key field is compared with this context's and the call's, and only then does
+ * its program reach the driver. The program then sits in the context's memory cache (later
+ * `kpc_kernel_create` calls for the key are memory hits); nothing is written to the disk cache.
+ * `kpc_kernel_info` reports `KPC_SOURCE_BLOB` (or `KPC_SOURCE_MEMORY` when the program was in
+ * memory already).
+ *
+ * Ownership: `*out` receives a new kernel handle; destroy it with `kpc_kernel_destroy`. The blob is
+ * not kept.
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (as `kpc_kernel_create`, and a NULL `blob` or
+ * `blob_size` 0); `KPC_STATUS_CORRUPT_BLOB` (not an intact blob); `KPC_STATUS_BLOB_MISMATCH` (made
+ * for another device, driver, kpc format, image, spec constants or options: the message names the
+ * field and both values); `KPC_STATUS_BINARY_REJECTED` (the driver refused the program);
+ * `KPC_STATUS_UNKNOWN_KERNEL`.
+ *
+ * # Safety
+ * As `kpc_kernel_create`; `blob` is NULL or has `blob_size` readable bytes.
+ */
+enum kpc_status kpc_kernel_create_from_blob(const struct kpc_context *context,
+                                            const struct kpc_image *image,
+                                            const char *entry,
+                                            const struct kpc_spec_constant *spec,
+                                            size_t spec_count,
+                                            const char *build_options,
+                                            const uint8_t *blob,
+                                            size_t blob_size,
+                                            struct kpc_kernel **out);
 
 /**
  * Creates a configuration with kpc's defaults and no cache directory, which means no disk cache
@@ -716,6 +1042,104 @@ enum kpc_status kpc_context_device_name(const struct kpc_context *context,
 enum kpc_status kpc_context_stats(const struct kpc_context *context, struct kpc_stats *out);
 
 /**
+ * Creates a context over the caller's Vulkan instance, physical device, device and queue, which kpc
+ * borrows and never destroys (and never calls vkDeviceWaitIdle on). kpc needs Vulkan 1.1 and a
+ * compute queue; no optional feature is required. The device fingerprint is the one an owned
+ * context on the same device gets, so both share disk cache entries and blobs.
+ *
+ * External synchronization: kpc submits to `queue` only inside its own calls that run work, under
+ * its own lock; the caller must not use that queue at the same time (or pass a queue kpc alone
+ * uses).
+ *
+ * Ownership: `*out` receives a new context; destroy it with `kpc_context_destroy`. The caller's
+ * objects must stay alive until every kpc object made from this context (kernels, leases) is
+ * destroyed.
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL or misaligned `handles`, a `struct_size` that does
+ * not cover the struct, a NULL handle or function pointer, unknown feature bits, an instance API
+ * below 1.1, a physical device that is not the instance's, a queue family without compute, a
+ * declared feature the device lacks); `KPC_STATUS_UNAVAILABLE` (a device below Vulkan 1.1).
+ *
+ * # Safety
+ * The handles are live objects that belong together (the device was created from the physical
+ * device with a queue of `queue_family_index`; `queue` is one of them), `get_instance_proc_addr`
+ * is the function the instance was created through, and `enabled_features` tells the truth. kpc
+ * checks NULL and what it can ask Vulkan, but a dangling or invented handle cannot be detected.
+ */
+enum kpc_status kpc_context_create_vulkan(const struct kpc_config *config,
+                                          const struct kpc_vulkan_handles *handles,
+                                          struct kpc_context **out);
+
+/**
+ * Creates a context over the caller's OpenCL context, device and in-order queue. kpc retains the
+ * context and queue and releases them when its last object is destroyed; the caller may release
+ * its own references at any time and keep using the queue (OpenCL queues are thread-safe). The
+ * fingerprint is the one an owned context on the same device gets.
+ *
+ * Ownership: `*out` receives a new context; destroy it with `kpc_context_destroy`.
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL or misaligned `handles`, a `struct_size` that does
+ * not cover the struct, NULL handles, a device not in the context, a queue of another context or
+ * device, an out-of-order queue); `KPC_STATUS_UNAVAILABLE` (no OpenCL loader, a device below
+ * OpenCL 1.2 or without a compiler).
+ *
+ * # Safety
+ * The handles are live OpenCL objects; a dangling or invented one cannot be detected.
+ */
+enum kpc_status kpc_context_create_opencl(const struct kpc_config *config,
+                                          const struct kpc_opencl_handles *handles,
+                                          struct kpc_context **out);
+
+/**
+ * Writes the raw Vulkan handles of `kernel` (pipeline, pipeline layout, descriptor set layouts,
+ * bindings, push-constant range, local size) to `*out`. Set `out->struct_size` first.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (bad handle, NULL `out`, unset `struct_size`);
+ * `KPC_STATUS_WRONG_BACKEND` for a kernel that is not a Vulkan one.
+ *
+ * # Safety
+ * `out` is NULL or points to a writable `kpc_vulkan_kernel_handles` whose `struct_size` the caller
+ * set.
+ */
+enum kpc_status kpc_kernel_vulkan_handles(const struct kpc_kernel *kernel,
+                                          struct kpc_vulkan_kernel_handles *out);
+
+/**
+ * Leases one of `kernel`'s `cl_kernel` objects. Its arguments follow the kernel's parameters in
+ * order: the buffers, then the scalars (for saxpy: x, y, out, n, a). Set every argument before each
+ * enqueue; change nothing else about the object. Enqueued work has captured its arguments, so the
+ * lease may be released right after clEnqueueNDRangeKernel.
+ *
+ * Ownership: `*out` receives a new lease; give it back with `kpc_lease_release`. The lease keeps
+ * the kernel (and its program and context) alive.
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (bad handle, NULL `out`); `KPC_STATUS_WRONG_BACKEND` for a
+ * kernel that is not an OpenCL one; `KPC_STATUS_BACKEND` or `KPC_STATUS_OUT_OF_RESOURCES` when a
+ * new kernel object cannot be created.
+ *
+ * # Safety
+ * `out` is NULL or writable.
+ */
+enum kpc_status kpc_lease_acquire(const struct kpc_kernel *kernel, struct kpc_lease **out);
+
+/**
+ * Writes the leased `cl_kernel` to `*out`: valid until `kpc_lease_release`; never release it.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or a NULL `out`.
+ *
+ * # Safety
+ * `out` is NULL or writable.
+ */
+enum kpc_status kpc_lease_cl_kernel(const struct kpc_lease *lease, void **out);
+
+/**
+ * Gives a lease back: its `cl_kernel` returns to kpc's pool. NULL is accepted and does nothing.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` when `lease` is not a live lease; nothing is released then.
+ *
+ * # Safety
+ * None beyond the handle's (which is checked).
+ */
+enum kpc_status kpc_lease_release(struct kpc_lease *lease);
+
+/**
  * Creates a device image named `name` (used in messages and `kpc cache ls`; NULL for "c-image")
  * from `size` bytes at `bytes`, which kpc copies. A SPIR-V image is validated now.
  *
@@ -804,7 +1228,7 @@ enum kpc_status kpc_kernel_info_get(const struct kpc_kernel *kernel, struct kpc_
 enum kpc_status kpc_kernel_source(const struct kpc_kernel *kernel, enum kpc_source *out);
 
 /**
- * Writes the name of a `kpc_source` value ("memory", "disk", "built"), or "unknown", as a static
+ * Writes the name of a `kpc_source` value ("memory", "disk", "built", "blob"), or "unknown", as a static
  * string the caller must not free. Takes an `int` so that any value is accepted.
  */
 const char *kpc_source_name(int32_t source);

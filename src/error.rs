@@ -132,7 +132,9 @@ pub enum Error {
 
     /// A cache blob made for another key: another device or driver, kpc format, image, spec
     /// constants or build options. It was refused before anything of it reached the driver.
-    #[error("cache blob refused: its {field} is {found:?}, but this context and key need {expected:?}")]
+    #[error(
+        "cache blob refused: its {field} is {found:?}, but this context and key need {expected:?}"
+    )]
     BlobMismatch {
         /// The key field that differs (a device fingerprint field such as `driver_version`, or
         /// `kpc_format`, `backend`, `image_digest`, `image_len`, `spec`, `options`).

@@ -81,7 +81,10 @@ fn check_saxpy(ctx: &Context, k: &Kernel, bias: f32) {
         .unwrap();
     for (i, v) in out.read().unwrap().iter().enumerate() {
         let want = 2.0 * x[i] + y[i] + bias;
-        assert!((v - want).abs() <= 1e-5 * (1.0 + want.abs()), "out[{i}] = {v}, want {want}");
+        assert!(
+            (v - want).abs() <= 1e-5 * (1.0 + want.abs()),
+            "out[{i}] = {v}, want {want}"
+        );
     }
 }
 
@@ -154,11 +157,17 @@ fn round_trip(kind: BackendKind, test: &str) {
     check_saxpy(&ctx2, &k2, 7.0);
     // Now in the context's memory cache: a plain request hits it, and the blob is not loaded twice.
     assert_eq!(saxpy(&ctx2, &spec).source(), Source::Memory);
-    assert_eq!(from_blob(&ctx2, &spec, &blob).unwrap().source(), Source::Memory);
+    assert_eq!(
+        from_blob(&ctx2, &spec, &blob).unwrap().source(),
+        Source::Memory
+    );
     let s = ctx2.backend_stats();
     assert_eq!((s.programs_built, s.programs_loaded), (0, 1));
     // The recreated kernel's blob carries the same key.
-    assert_eq!(CacheBlob::parse(&k2.cache_blob().unwrap()).unwrap().fields, parsed.fields);
+    assert_eq!(
+        CacheBlob::parse(&k2.cache_blob().unwrap()).unwrap().fields,
+        parsed.fields
+    );
 }
 
 #[test]
@@ -188,13 +197,22 @@ fn other_keys(kind: BackendKind, test: &str) {
         ctx.cache_blob_id(img, spec, o).unwrap()
     };
     // Equal ids exactly for equal keys.
-    assert_eq!(id(&saxpy_image, &bias(1), &plain), id(&saxpy_image, &bias(1), &plain));
-    assert_ne!(id(&saxpy_image, &bias(1), &plain), id(&saxpy_image, &bias(2), &plain));
+    assert_eq!(
+        id(&saxpy_image, &bias(1), &plain),
+        id(&saxpy_image, &bias(1), &plain)
+    );
+    assert_ne!(
+        id(&saxpy_image, &bias(1), &plain),
+        id(&saxpy_image, &bias(2), &plain)
+    );
     assert_ne!(
         id(&saxpy_image, &bias(1), &plain),
         id(&saxpy_image, &bias(1), &other_options(kind))
     );
-    assert_ne!(id(&saxpy_image, &bias(1), &plain), id(&copy_image, &bias(1), &plain));
+    assert_ne!(
+        id(&saxpy_image, &bias(1), &plain),
+        id(&copy_image, &bias(1), &plain)
+    );
 
     let blob = saxpy(&ctx, &bias(1)).cache_blob().unwrap();
     let fresh = context(kind, test).unwrap();
@@ -209,7 +227,10 @@ fn other_keys(kind: BackendKind, test: &str) {
     assert_eq!((s.programs_built, s.programs_loaded), (0, 0));
     assert_eq!(fresh.memory_stats().programs, 0);
     // The right key is accepted by the same context.
-    assert_eq!(from_blob(&fresh, &bias(1), &blob).unwrap().source(), Source::Blob);
+    assert_eq!(
+        from_blob(&fresh, &bias(1), &blob).unwrap().source(),
+        Source::Blob
+    );
 }
 
 #[test]
@@ -242,15 +263,23 @@ fn damaged(kind: BackendKind, test: &str) {
     for at in [blob.len() - 1, blob.len() / 2, 60, 20, 3] {
         let mut t = blob.clone();
         t[at] ^= 0x04;
-        assert_corrupt(from_blob(&fresh, &bias(3), &t), &format!("bit flipped at {at}"));
+        assert_corrupt(
+            from_blob(&fresh, &bias(3), &t),
+            &format!("bit flipped at {at}"),
+        );
     }
     for n in [0, 7, 55, 56, blob.len() - 1] {
-        assert_corrupt(from_blob(&fresh, &bias(3), &blob[..n]), &format!("cut to {n}"));
+        assert_corrupt(
+            from_blob(&fresh, &bias(3), &blob[..n]),
+            &format!("cut to {n}"),
+        );
     }
     let mut longer = blob.clone();
     longer.extend_from_slice(b"tail");
     assert_corrupt(from_blob(&fresh, &bias(3), &longer), "extended");
-    let garbage: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let garbage: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
     assert_corrupt(from_blob(&fresh, &bias(3), &garbage), "garbage");
     let mut v2 = blob.clone();
     v2[8] = 2;
@@ -264,7 +293,9 @@ fn damaged(kind: BackendKind, test: &str) {
         slot.1 = value.to_string();
         let edited = encode(&fields, &parsed.payload);
         match from_blob(&fresh, &bias(3), &edited) {
-            Err(Error::BlobMismatch { field: f, found, .. }) => {
+            Err(Error::BlobMismatch {
+                field: f, found, ..
+            }) => {
                 assert_eq!((f.as_str(), found.as_str()), (field, value))
             }
             other => panic!("{field} edited: expected Error::BlobMismatch, got {other:?}"),
@@ -277,7 +308,10 @@ fn damaged(kind: BackendKind, test: &str) {
     // refuses it before its driver sees it, and the key is not poisoned.
     let forged = encode(&parsed.fields, b"not a program binary at all");
     assert!(
-        matches!(from_blob(&fresh, &bias(3), &forged), Err(Error::BinaryRejected { .. })),
+        matches!(
+            from_blob(&fresh, &bias(3), &forged),
+            Err(Error::BinaryRejected { .. })
+        ),
         "forged payload"
     );
     assert_eq!(fresh.backend_stats().binaries_rejected, 1);
@@ -289,12 +323,18 @@ fn damaged(kind: BackendKind, test: &str) {
 
 #[test]
 fn vulkan_damaged_and_edited_blobs_are_refused() {
-    damaged(BackendKind::Vulkan, "vulkan_damaged_and_edited_blobs_are_refused");
+    damaged(
+        BackendKind::Vulkan,
+        "vulkan_damaged_and_edited_blobs_are_refused",
+    );
 }
 
 #[test]
 fn opencl_damaged_and_edited_blobs_are_refused() {
-    damaged(BackendKind::OpenCl, "opencl_damaged_and_edited_blobs_are_refused");
+    damaged(
+        BackendKind::OpenCl,
+        "opencl_damaged_and_edited_blobs_are_refused",
+    );
 }
 
 #[test]
@@ -307,9 +347,15 @@ fn a_blob_of_the_other_backend_is_refused() {
         return;
     };
     let vk_blob = saxpy(&vk, &bias(1)).cache_blob().unwrap();
-    assert_eq!(mismatch_field(from_blob(&cl, &bias(1), &vk_blob)), "backend");
+    assert_eq!(
+        mismatch_field(from_blob(&cl, &bias(1), &vk_blob)),
+        "backend"
+    );
     let cl_blob = saxpy(&cl, &bias(1)).cache_blob().unwrap();
-    assert_eq!(mismatch_field(from_blob(&vk, &bias(1), &cl_blob)), "backend");
+    assert_eq!(
+        mismatch_field(from_blob(&vk, &bias(1), &cl_blob)),
+        "backend"
+    );
     // An image of the other backend's format is a typed error too.
     let r = cl.kernel_from_blob(
         &spirv_image("saxpy").unwrap(),

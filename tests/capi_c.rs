@@ -79,6 +79,8 @@ fn compile(name: &str, libs: &[&str], out: &Path, backend: &str, test: &str) -> 
     let src = repo().join("tests/c").join(format!("{name}.c"));
     let output = Command::new("cc")
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g"])
+        // `VkFooInfo x = {VK_STRUCTURE_TYPE_FOO}` (the rest zeroed) is the Vulkan C idiom.
+        .arg("-Wno-missing-field-initializers")
         .arg("-I")
         .arg(repo().join("include"))
         .arg(&src)
@@ -113,6 +115,14 @@ fn run(exe: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
     for (k, v) in env {
         cmd.env(k, v);
     }
+    // cargo runs tests with LD_LIBRARY_PATH naming target/<profile>, whose libkpc.so only
+    // `cargo build` refreshes; it would win over the program's RUNPATH. Put this run's first.
+    let mut paths = vec![deps_dir()];
+    paths.extend(
+        std::env::var_os("LD_LIBRARY_PATH")
+            .map_or_else(Vec::new, |p| std::env::split_paths(&p).collect::<Vec<_>>()),
+    );
+    cmd.env("LD_LIBRARY_PATH", std::env::join_paths(paths).unwrap());
     let o = cmd.output().expect("run the C program");
     let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -190,4 +200,105 @@ fn c_bad_arguments() {
         })
         .expect("the summary line");
     assert!(checks > 100, "{checks} checks");
+}
+
+/// a, c, d on one backend: `exe` runs as the embedder three times, each a new process: `build` on
+/// an empty cache directory (the kernel is compiled, and the program records its own dispatch),
+/// `disk` on the same directory (the kernel comes from disk; the program saves its cache blob),
+/// and `blob` on a fresh, empty directory (the kernel comes from the blob with no build).
+fn build_disk_blob(exe: &Path, index: usize, kernel: &str, dir: &TempDir) -> [String; 3] {
+    let cache = dir.join("cache");
+    let fresh = dir.join("fresh-cache");
+    let blob = dir.join("saxpy.blob").display().to_string();
+    let index = index.to_string();
+    let kernel = kernel_file(kernel);
+    let args = |mode| [mode, index.as_str(), kernel.as_str(), blob.as_str()];
+    let build = run(exe, &args("build"), &[("KPC_CACHE_DIR", &cache)]);
+    let disk = run(exe, &args("disk"), &[("KPC_CACHE_DIR", &cache)]);
+    // d: a cache directory with nothing in it; the blob file is all the program has.
+    std::fs::create_dir_all(&fresh).unwrap();
+    let from_blob = run(exe, &args("blob"), &[("KPC_CACHE_DIR", &fresh)]);
+    let entries = walk_files(&fresh);
+    assert!(
+        entries.is_empty(),
+        "a kernel made from a blob wrote to the disk cache: {entries:?}"
+    );
+    [build, disk, from_blob]
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk_files(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn assert_runs(out: &[String; 3], mode_lines: [&str; 3], checked: &str) {
+    for ((o, source), mode) in out.iter().zip(mode_lines).zip(["build", "disk", "blob"]) {
+        assert!(o.contains(source), "{mode}: no {source:?} in:\n{o}");
+        assert!(o.contains(checked), "{mode}: output not checked:\n{o}");
+        assert!(o.contains(": passed ("), "{mode}: no summary:\n{o}");
+    }
+    assert!(out[1].contains("saved the cache blob"), "{}", out[1]);
+    assert!(
+        out[2].contains("stats: programs built 0, loaded 1"),
+        "the blob run built something:\n{}",
+        out[2]
+    );
+}
+
+/// a (+ c, d): the C program owns its VkInstance and VkDevice on lavapipe, records and submits its
+/// own command buffer with kpc's saxpy pipeline.
+#[test]
+fn c_vulkan_embedder() {
+    let test = "c_vulkan_embedder";
+    let Some(dev) = drivers::vulkan_device(test) else {
+        return;
+    };
+    let dir = TempDir::new("capi-vk");
+    let Some(exe) = compile("vulkan_interop", &["-lvulkan"], dir.path(), "vulkan", test) else {
+        return;
+    };
+    let out = build_disk_blob(&exe, dev.index, "saxpy.spv", &dir);
+    assert_runs(
+        &out,
+        ["saxpy from built", "saxpy from disk", "saxpy from blob"],
+        "own command buffer: saxpy of 1000 elements checked",
+    );
+    assert!(out[0].contains("raw handles: pipeline 0x"), "{}", out[0]);
+    for o in &out {
+        assert!(o.contains("ok KPC_STATUS_WRONG_BACKEND"), "{o}");
+    }
+    assert!(out[2].contains("ok KPC_STATUS_BLOB_MISMATCH"), "{}", out[2]);
+    assert!(out[2].contains("ok KPC_STATUS_CORRUPT_BLOB"), "{}", out[2]);
+}
+
+/// b (+ c, d): the C program owns its cl_context and queue on PoCL and enqueues kpc's saxpy through
+/// a cl_kernel lease.
+#[test]
+fn c_opencl_embedder() {
+    let test = "c_opencl_embedder";
+    let Some(dev) = drivers::opencl_device(test) else {
+        return;
+    };
+    let dir = TempDir::new("capi-cl");
+    let Some(exe) = compile("opencl_interop", &["-lOpenCL"], dir.path(), "opencl", test) else {
+        return;
+    };
+    let out = build_disk_blob(&exe, dev.index, "saxpy.cl", &dir);
+    assert_runs(
+        &out,
+        ["saxpy from built", "saxpy from disk", "saxpy from blob"],
+        "own queue: saxpy of 1000 elements checked",
+    );
+    assert!(out[0].contains("leased cl_kernel"), "{}", out[0]);
+    assert!(out[2].contains("ok KPC_STATUS_BLOB_MISMATCH"), "{}", out[2]);
 }

@@ -66,7 +66,8 @@ impl Embedder {
     fn context(&self, config: &Config) -> Context {
         // SAFETY: the handles are this embedder's live objects, a root device of the context and an
         // in-order queue of both.
-        unsafe { Context::from_opencl_handles(&self.handles(), config) }.expect("an interop context")
+        unsafe { Context::from_opencl_handles(&self.handles(), config) }
+            .expect("an interop context")
     }
 
     fn buffer(&self, data: &[f32]) -> Buffer<f32> {
@@ -81,7 +82,11 @@ impl Embedder {
         }
         .unwrap();
         // SAFETY: a blocking write of `data`, which fits the buffer.
-        unsafe { self.queue.enqueue_write_buffer(&mut b, CL_BLOCKING, 0, data, &[]) }.unwrap();
+        unsafe {
+            self.queue
+                .enqueue_write_buffer(&mut b, CL_BLOCKING, 0, data, &[])
+        }
+        .unwrap();
         b
     }
 
@@ -221,7 +226,11 @@ fn an_embedder_enqueues_kpcs_saxpy_through_a_lease() {
     unsafe { retain_kernel(first) }.unwrap();
     assert_eq!(kernel_refs(first), 2);
     drop(lease);
-    assert_eq!(kernel_refs(first), 2, "kpc released the object of a returned lease");
+    assert_eq!(
+        kernel_refs(first),
+        2,
+        "kpc released the object of a returned lease"
+    );
     let again = k.opencl_lease().unwrap();
     assert_eq!(again.raw(), first);
     // SAFETY: the test's own reference, taken above.
@@ -240,7 +249,11 @@ fn an_embedder_enqueues_kpcs_saxpy_through_a_lease() {
     let b = e.buffer(&[7.0; 16]);
     let mut back = [0f32; 16];
     // SAFETY: a blocking read of 16 floats from a 16-float buffer.
-    unsafe { e.queue.enqueue_read_buffer(&b, CL_BLOCKING, 0, &mut back, &[]) }.unwrap();
+    unsafe {
+        e.queue
+            .enqueue_read_buffer(&b, CL_BLOCKING, 0, &mut back, &[])
+    }
+    .unwrap();
     assert_eq!(back, [7.0; 16]);
 }
 

@@ -184,7 +184,9 @@ impl Embedder {
                 &[],
             );
             d.end_command_buffer(cmd).unwrap();
-            let fence = d.create_fence(&vk::FenceCreateInfo::default(), None).unwrap();
+            let fence = d
+                .create_fence(&vk::FenceCreateInfo::default(), None)
+                .unwrap();
             let cmds = [cmd];
             d.queue_submit(
                 self.queue,
@@ -387,10 +389,7 @@ fn an_embedder_records_kpcs_saxpy_pipeline_in_its_own_command_buffer() {
             &k,
             k.groups_for([n as u64, 1, 1]).unwrap(),
             &[&bx, &by, &out],
-            kpc::PushConstants::new()
-                .u32(n as u32)
-                .f32(-1.0)
-                .as_bytes(),
+            kpc::PushConstants::new().u32(n as u32).f32(-1.0).as_bytes(),
         )
         .unwrap()
         .wait()
@@ -486,11 +485,16 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
     assert!(!ctx.device().limits.float16_arithmetic);
     assert!(!ctx.device().limits.cooperative_matrix_f16);
     let coop = spirv_image("attn_prefill_coop").unwrap();
-    let entry = coop.spirv_reflection().unwrap().entry_points[0].name.clone();
+    let entry = coop.spirv_reflection().unwrap().entry_points[0]
+        .name
+        .clone();
     let spec = SpecConstants::new();
     match ctx.kernel(&coop, &entry, &spec, &BuildOptions::default()) {
         Err(Error::Build { message, .. }) => {
-            assert!(message.contains("VulkanFeatures::shader_float16"), "{message}")
+            assert!(
+                message.contains("VulkanFeatures::shader_float16"),
+                "{message}"
+            )
         }
         other => panic!("expected a refusal, got {other:?}"),
     }

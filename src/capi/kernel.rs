@@ -2,7 +2,7 @@
 //! through a context's caches), with spec constants, build options and where the kernel came from.
 
 use std::ffi::c_char;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::context::{c_backend, kpc_context};
 use super::registry::{self, Object};
@@ -96,6 +96,8 @@ pub enum kpc_source {
     KPC_SOURCE_DISK = 2,
     /// Compiled from the device image.
     KPC_SOURCE_BUILT = 3,
+    /// Loaded from a cache blob the caller passed (`kpc_kernel_create_from_blob`), not compiled.
+    KPC_SOURCE_BLOB = 4,
 }
 
 fn c_source(s: Source) -> kpc_source {
@@ -103,6 +105,7 @@ fn c_source(s: Source) -> kpc_source {
         Source::Memory => kpc_source::KPC_SOURCE_MEMORY,
         Source::Disk => kpc_source::KPC_SOURCE_DISK,
         Source::Built => kpc_source::KPC_SOURCE_BUILT,
+        Source::Blob => kpc_source::KPC_SOURCE_BLOB,
     }
 }
 
@@ -112,10 +115,27 @@ pub struct kpc_kernel {
     _opaque: [u8; 0],
 }
 
-/// What a `kpc_kernel` handle holds: the kernel and the backend it runs on.
+/// What a `kpc_kernel` handle holds: the kernel, the backend it runs on, and what C was handed by
+/// pointer from it (kept here so the pointers stay valid until the handle is destroyed).
 pub(crate) struct KernelObject {
     pub(crate) kernel: Kernel,
     pub(crate) backend: BackendKind,
+    /// The arrays `kpc_kernel_vulkan_handles` points into, made on first request.
+    pub(crate) vulkan: OnceLock<super::interop::VulkanArrays>,
+    /// The cache blob, made on first request, so that the two calls of the size-then-copy pattern
+    /// see the same bytes.
+    pub(crate) blob: OnceLock<Vec<u8>>,
+}
+
+impl KernelObject {
+    pub(crate) fn new(kernel: Kernel, backend: BackendKind) -> KernelObject {
+        KernelObject {
+            kernel,
+            backend,
+            vulkan: OnceLock::new(),
+            blob: OnceLock::new(),
+        }
+    }
 }
 
 impl Object for KernelObject {
@@ -308,10 +328,7 @@ pub unsafe extern "C" fn kpc_kernel_create(
         let entry = unsafe { str_arg(entry, "entry")? };
         check_format(&k.context, &k.image)?;
         let kernel = k.context.kernel(&k.image, entry, &k.spec, &k.options)?;
-        let h = registry::insert(KernelObject {
-            kernel,
-            backend: k.context.backend(),
-        });
+        let h = registry::insert(KernelObject::new(kernel, k.context.backend()));
         // SAFETY: checked above; writable by the caller's promise.
         unsafe { write_out(out, h, "out") }
     })
@@ -418,7 +435,7 @@ pub unsafe extern "C" fn kpc_kernel_source(
     })
 }
 
-/// Writes the name of a `kpc_source` value ("memory", "disk", "built"), or "unknown", as a static
+/// Writes the name of a `kpc_source` value ("memory", "disk", "built", "blob"), or "unknown", as a static
 /// string the caller must not free. Takes an `int` so that any value is accepted.
 #[unsafe(no_mangle)]
 pub extern "C" fn kpc_source_name(source: i32) -> *const c_char {
@@ -426,6 +443,7 @@ pub extern "C" fn kpc_source_name(source: i32) -> *const c_char {
         x if x == kpc_source::KPC_SOURCE_MEMORY as i32 => b"memory\0",
         x if x == kpc_source::KPC_SOURCE_DISK as i32 => b"disk\0",
         x if x == kpc_source::KPC_SOURCE_BUILT as i32 => b"built\0",
+        x if x == kpc_source::KPC_SOURCE_BLOB as i32 => b"blob\0",
         _ => b"unknown\0",
     };
     s.as_ptr().cast()

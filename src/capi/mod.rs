@@ -23,14 +23,18 @@
 
 #![allow(non_camel_case_types)]
 
+mod blob;
 mod config;
 mod context;
+mod interop;
 mod kernel;
 mod registry;
 mod util;
 
+pub use blob::*;
 pub use config::*;
 pub use context::*;
+pub use interop::*;
 pub use kernel::*;
 
 use std::cell::RefCell;
@@ -63,6 +67,14 @@ pub enum kpc_status {
     KPC_STATUS_INVALID_SPIRV = 5,
     /// The image has no entry point of that name; the message lists those it has.
     KPC_STATUS_UNKNOWN_KERNEL = 6,
+    /// A cache blob made for another device, driver, kpc format or key; the message names the field
+    /// that differs, with both values. Nothing reached the driver.
+    KPC_STATUS_BLOB_MISMATCH = 7,
+    /// Bytes that are not an intact cache blob (truncated, damaged, another format).
+    KPC_STATUS_CORRUPT_BLOB = 8,
+    /// An operation of one backend on another backend's object (Vulkan handles of an OpenCL
+    /// kernel, a lease of a Vulkan kernel).
+    KPC_STATUS_WRONG_BACKEND = 9,
     /// The device or driver ran out of something; the same call may succeed later.
     KPC_STATUS_OUT_OF_RESOURCES = 10,
     /// A configuration value was malformed or inconsistent.
@@ -118,6 +130,9 @@ pub(crate) fn status_of(e: &Error) -> kpc_status {
         Error::OutOfResources { .. } => KPC_STATUS_OUT_OF_RESOURCES,
         Error::Backend { .. } => KPC_STATUS_BACKEND,
         Error::Io(_) => KPC_STATUS_IO,
+        Error::BlobMismatch { .. } => KPC_STATUS_BLOB_MISMATCH,
+        Error::CorruptBlob { .. } => KPC_STATUS_CORRUPT_BLOB,
+        Error::WrongBackend { .. } => KPC_STATUS_WRONG_BACKEND,
         // A build that panicked on another thread: the same condition a caught panic reports.
         Error::Panicked(_) => KPC_STATUS_PANIC,
     }
@@ -247,6 +262,9 @@ pub extern "C" fn kpc_status_name(status: i32) -> *const c_char {
         KPC_STATUS_BUILD_FAILED,
         KPC_STATUS_INVALID_SPIRV,
         KPC_STATUS_UNKNOWN_KERNEL,
+        KPC_STATUS_BLOB_MISMATCH,
+        KPC_STATUS_CORRUPT_BLOB,
+        KPC_STATUS_WRONG_BACKEND,
         KPC_STATUS_OUT_OF_RESOURCES,
         KPC_STATUS_CONFIG,
         KPC_STATUS_BUFFER_TOO_SMALL,
@@ -274,6 +292,9 @@ fn status_name(s: kpc_status) -> &'static [u8] {
         KPC_STATUS_BUILD_FAILED => b"KPC_STATUS_BUILD_FAILED\0",
         KPC_STATUS_INVALID_SPIRV => b"KPC_STATUS_INVALID_SPIRV\0",
         KPC_STATUS_UNKNOWN_KERNEL => b"KPC_STATUS_UNKNOWN_KERNEL\0",
+        KPC_STATUS_BLOB_MISMATCH => b"KPC_STATUS_BLOB_MISMATCH\0",
+        KPC_STATUS_CORRUPT_BLOB => b"KPC_STATUS_CORRUPT_BLOB\0",
+        KPC_STATUS_WRONG_BACKEND => b"KPC_STATUS_WRONG_BACKEND\0",
         KPC_STATUS_OUT_OF_RESOURCES => b"KPC_STATUS_OUT_OF_RESOURCES\0",
         KPC_STATUS_CONFIG => b"KPC_STATUS_CONFIG\0",
         KPC_STATUS_BUFFER_TOO_SMALL => b"KPC_STATUS_BUFFER_TOO_SMALL\0",

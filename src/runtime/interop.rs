@@ -26,10 +26,10 @@
 //! and the other way round.
 
 use crate::backend::KernelObject;
-pub use crate::backend::opencl::{OpenClHandles, OpenClKernelLease};
-pub use crate::backend::vulkan::{VulkanFeatures, VulkanHandles, VulkanKernelHandles};
 use crate::backend::opencl::{OpenClBackend, OpenClKernel};
+pub use crate::backend::opencl::{OpenClHandles, OpenClKernelLease};
 use crate::backend::vulkan::{VulkanBackend, VulkanKernel};
+pub use crate::backend::vulkan::{VulkanFeatures, VulkanHandles, VulkanKernelHandles};
 use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
 

@@ -35,11 +35,11 @@ pub mod program_manager;
 pub mod queue;
 
 #[cfg(not(loom))]
+pub use blob::CacheBlob;
+#[cfg(not(loom))]
 pub use buffer::{Buffer, BufferArg, RawBuffer};
 #[cfg(not(loom))]
 pub use context::{Context, Kernel};
-#[cfg(not(loom))]
-pub use blob::CacheBlob;
 #[cfg(not(loom))]
 pub use device::{Platform, platforms, select_device};
 #[cfg(not(loom))]

@@ -239,21 +239,23 @@ impl<B: Backend> ProgramManager<B> {
             )
         };
         let source = Cell::new(Source::Memory);
-        let program = self.cache.get_or_build_program(&key, || match loaded.take() {
-            Some(p) => {
-                source.set(Source::Blob);
-                Ok(p)
-            }
-            // Evicted between the check and here: what any request for the key would do.
-            None => self.build_program(image, spec, options).map(|(p, s)| {
-                source.set(s);
-                p
-            }),
-        })?;
+        let program = self
+            .cache
+            .get_or_build_program(&key, || match loaded.take() {
+                Some(p) => {
+                    source.set(Source::Blob);
+                    Ok(p)
+                }
+                // Evicted between the check and here: what any request for the key would do.
+                None => self.build_program(image, spec, options).map(|(p, s)| {
+                    source.set(s);
+                    p
+                }),
+            })?;
         let kernel_key = KernelKey::new(key, entry);
-        let value = self.cache.get_or_build_kernel(&kernel_key, || {
-            self.backend.create_kernel(&program, entry)
-        })?;
+        let value = self
+            .cache
+            .get_or_build_kernel(&kernel_key, || self.backend.create_kernel(&program, entry))?;
         Ok(Acquired {
             value,
             source: source.get(),

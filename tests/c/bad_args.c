@@ -218,6 +218,83 @@ int main(int argc, char **argv) {
     ASSERT(st.memory.hits >= 1 && st.backend_counters.programs_built == 1, "stats");
     ASSERT(st.disk.enabled == 0, "no disk cache was configured");
 
+    /* --- interop constructors --- */
+    kpc_context *ictx = NULL;
+    kpc_vulkan_handles vh;
+    memset(&vh, 0, sizeof vh);
+    EXPECT(INVALID, kpc_context_create_vulkan(cfg, NULL, &ictx));
+    EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx)); /* struct_size not set */
+    vh.struct_size = sizeof vh - 8;
+    EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx));
+    vh.struct_size = sizeof vh;
+    vh.instance_api_version = (1u << 22) | (3u << 12); /* 1.3 */
+    EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx)); /* NULL vkGetInstanceProcAddr */
+    /* Never called: kpc refuses the NULL instance, device and queue before it loads anything. */
+    vh.get_instance_proc_addr = unmapped;
+    EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx));
+    vh.enabled_features = 1ull << 40;
+    EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx));
+    EXPECT(INVALID, kpc_context_create_vulkan(NULL, &vh, &ictx));
+    EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, NULL));
+    EXPECT(INVALID, kpc_context_create_vulkan(cfg, (kpc_vulkan_handles *)odd, &ictx));
+    kpc_opencl_handles oh;
+    memset(&oh, 0, sizeof oh);
+    EXPECT(INVALID, kpc_context_create_opencl(cfg, NULL, &ictx));
+    EXPECT(INVALID, kpc_context_create_opencl(cfg, &oh, &ictx)); /* struct_size not set */
+    oh.struct_size = sizeof oh;
+    EXPECT(INVALID, kpc_context_create_opencl(cfg, &oh, &ictx)); /* NULL handles */
+    EXPECT(INVALID, kpc_context_create_opencl((kpc_config *)garbage, &oh, &ictx));
+    ASSERT(ictx == NULL, "a failed create leaves *out alone");
+
+    /* --- raw handles and leases --- */
+    kpc_vulkan_kernel_handles kh;
+    memset(&kh, 0, sizeof kh);
+    EXPECT(INVALID, kpc_kernel_vulkan_handles(k, &kh)); /* struct_size not set */
+    EXPECT(INVALID, kpc_kernel_vulkan_handles(k, NULL));
+    kh.struct_size = sizeof kh;
+    kpc_lease *lease = NULL;
+    void *clk = NULL;
+    for (int i = 0; i < 3; i++) {
+        printf("-- %s kernel/lease handles\n", bad_name[i]);
+        EXPECT(INVALID, kpc_kernel_vulkan_handles((kpc_kernel *)bad[i], &kh));
+        EXPECT(INVALID, kpc_lease_acquire((kpc_kernel *)bad[i], &lease));
+        EXPECT(INVALID, kpc_lease_cl_kernel((kpc_lease *)bad[i], &clk));
+        EXPECT(INVALID, kpc_lease_release((kpc_lease *)bad[i]));
+        EXPECT(INVALID, kpc_kernel_cache_blob((kpc_kernel *)bad[i], NULL, 0, &size));
+    }
+    EXPECT(INVALID, kpc_lease_acquire(k, NULL));
+    EXPECT(KPC_STATUS_WRONG_BACKEND, kpc_lease_acquire(k, &lease)); /* a Vulkan kernel */
+    EXPECT(INVALID, kpc_lease_release((kpc_lease *)k));
+    CHECK(kpc_lease_release(NULL));
+    CHECK(kpc_kernel_vulkan_handles(k, &kh));
+    ASSERT(kh.pipeline != 0 && kh.binding_count == 3 && kh.local_size[0] == 64, "handles");
+
+    /* --- blobs --- */
+    EXPECT(INVALID, kpc_cache_blob_id(ctx, img, spec, 1, NULL, NULL, 0, NULL));
+    EXPECT(INVALID, kpc_cache_blob_id(ctx, img, spec, 1, NULL, NULL, 64, &size));
+    EXPECT(INVALID, kpc_cache_blob_id(NULL, img, spec, 1, NULL, NULL, 0, &size));
+    EXPECT(INVALID, kpc_cache_blob_id(ctx, (kpc_image *)garbage, spec, 1, NULL, NULL, 0, &size));
+    EXPECT(INVALID, kpc_cache_blob_id(ctx, climg, spec, 1, NULL, NULL, 0, &size)); /* wrong format */
+    EXPECT(KPC_STATUS_BUFFER_TOO_SMALL,
+           kpc_cache_blob_id(ctx, img, spec, 1, NULL, (uint8_t *)small, sizeof small, &size));
+    ASSERT(size > sizeof small, "the id's size (%zu) was reported", size);
+    EXPECT(INVALID, kpc_kernel_cache_blob(k, NULL, 0, NULL));
+    EXPECT(INVALID, kpc_kernel_cache_blob(k, NULL, 1, &size));
+    EXPECT(KPC_STATUS_BUFFER_TOO_SMALL, kpc_kernel_cache_blob(k, (uint8_t *)small, 1, &size));
+    kpc_kernel *kb = NULL;
+    EXPECT(INVALID, kpc_kernel_create_from_blob(ctx, img, "saxpy", spec, 1, NULL, NULL, 16, &kb));
+    EXPECT(INVALID, kpc_kernel_create_from_blob(ctx, img, "saxpy", spec, 1, NULL, spv, 0, &kb));
+    EXPECT(INVALID, kpc_kernel_create_from_blob(ctx, img, "saxpy", spec, 1, NULL, spv, 16, NULL));
+    EXPECT(INVALID, kpc_kernel_create_from_blob(ctx, img, NULL, spec, 1, NULL, spv, 16, &kb));
+    EXPECT(INVALID, kpc_kernel_create_from_blob((kpc_context *)img, img, "saxpy", spec, 1, NULL,
+                                                spv, 16, &kb));
+    EXPECT(KPC_STATUS_CORRUPT_BLOB, /* SPIR-V is not a blob */
+           kpc_kernel_create_from_blob(ctx, img, "saxpy", spec, 1, NULL, spv, spv_len, &kb));
+    EXPECT(KPC_STATUS_CORRUPT_BLOB,
+           kpc_kernel_create_from_blob(ctx, img, "saxpy", spec, 1, NULL, (uint8_t *)junk,
+                                       sizeof junk, &kb));
+    ASSERT(kb == NULL, "a failed create leaves *out alone");
+
     /* Destroyed kernel handles are refused; the other handle is unaffected. */
     CHECK(kpc_kernel_destroy(k));
     EXPECT(INVALID, kpc_kernel_destroy(k));

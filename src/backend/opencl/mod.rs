@@ -422,13 +422,7 @@ impl Backend for OpenClBackend {
         options: &BuildOptions,
     ) -> Result<OpenClProgram> {
         let start = Instant::now();
-        let r = program::build(
-            &self.shared,
-            &self.info.fingerprint,
-            image,
-            spec,
-            options,
-        );
+        let r = program::build(&self.shared, &self.info.fingerprint, image, spec, options);
         self.trace_program(image.name(), "from source", start.elapsed(), r.is_ok());
         if r.is_ok() {
             self.counters.programs_built.fetch_add(1, Ordering::Relaxed);

@@ -368,7 +368,10 @@ pub(crate) fn build(
     spec: &SpecConstants,
     options: &BuildOptions,
 ) -> Result<OpenClProgram> {
-    let (device_digest, built_from) = (device.digest, ProgramOrigin::new(device, image, spec, options));
+    let (device_digest, built_from) = (
+        device.digest,
+        ProgramOrigin::new(device, image, spec, options),
+    );
     let (context, device) = (&shared.context, shared.device.id());
     let source = super::source::OpenClSource::parse(image)?;
     let full_options = source.build_options(image, spec, options)?;
@@ -413,7 +416,10 @@ pub(crate) fn load(
     options: &BuildOptions,
     bytes: &[u8],
 ) -> std::result::Result<OpenClProgram, String> {
-    let (device_digest, built_from) = (device.digest, ProgramOrigin::new(device, image, spec, options));
+    let (device_digest, built_from) = (
+        device.digest,
+        ProgramOrigin::new(device, image, spec, options),
+    );
     let (context, device) = (&shared.context, shared.device.id());
     let c = OpenClBinary::decode(bytes)?;
     if c.device != device_digest {

@@ -434,17 +434,14 @@ fn feature_for(cap: Capability, f: &VulkanFeatures) -> Result<Option<(&'static s
         Capability::Float64 => ("shader_float64", f.shader_float64),
         Capability::Float16 => ("shader_float16", f.shader_float16),
         Capability::Int8 => ("shader_int8", f.shader_int8),
-        Capability::StorageBuffer16BitAccess => (
-            "storage_buffer_16bit_access",
-            f.storage_buffer_16bit_access,
-        ),
+        Capability::StorageBuffer16BitAccess => {
+            ("storage_buffer_16bit_access", f.storage_buffer_16bit_access)
+        }
         Capability::UniformAndStorageBuffer16BitAccess => (
             "uniform_and_storage_buffer_16bit_access",
             f.uniform_and_storage_buffer_16bit_access,
         ),
-        Capability::StoragePushConstant16 => {
-            ("storage_push_constant16", f.storage_push_constant16)
-        }
+        Capability::StoragePushConstant16 => ("storage_push_constant16", f.storage_push_constant16),
         Capability::StorageBuffer8BitAccess => {
             ("storage_buffer_8bit_access", f.storage_buffer_8bit_access)
         }
@@ -537,10 +534,7 @@ mod tests {
             Capability::StorageBuffer16BitAccess as u32,
         ]);
         let e = check_capabilities(&none, "m", &fp16).unwrap_err();
-        assert!(
-            e.to_string().contains("storage_buffer_16bit_access"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("storage_buffer_16bit_access"), "{e}");
         let on = VulkanFeatures {
             storage_buffer_16bit_access: true,
             ..VulkanFeatures::default()
