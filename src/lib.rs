@@ -3,6 +3,12 @@
 //! Layers, top to bottom (see DESIGN.md): `runtime` (keys, orchestration), `cache` (in-memory
 //! `KernelProgramCache`, on-disk persistent cache), `backend` (Vulkan, OpenCL), `attention` (the
 //! built-in workload). The cache layer knows nothing of any backend.
+//!
+//! Embedding: a [`Context`] can also run over a device the embedder owns
+//! ([`Context::from_vulkan_handles`], [`Context::from_opencl_handles`]); kpc then borrows the
+//! instance, device, context and queue and never destroys them, and owns only the objects it creates
+//! on them. [`runtime::interop`] states the whole contract; cached kernels hand out their raw handles
+//! ([`Kernel::vulkan_handles`], [`Kernel::opencl_lease`]) and cache blobs ([`runtime::blob`]).
 
 #![warn(missing_docs)]
 

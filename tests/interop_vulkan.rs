@@ -535,3 +535,50 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
     let r = unsafe { Context::from_vulkan_handles(&family, &test_config()) };
     assert!(matches!(r, Err(Error::InvalidArgument(m)) if m.contains("queue family 1000")));
 }
+
+#[test]
+fn handles_and_blobs_outlive_in_memory_eviction() {
+    let test = "handles_and_blobs_outlive_in_memory_eviction";
+    let Some(d) = vulkan_device(test) else {
+        return;
+    };
+    let e = Embedder::new(d.index);
+    // A one-byte threshold: every new program evicts the ones before it.
+    let config = Config::builder()
+        .persistent(false)
+        .in_mem_eviction_threshold(1)
+        .build()
+        .unwrap();
+    let ctx = e.context(&config);
+    let image = spirv_image("saxpy").unwrap();
+    let opts = BuildOptions::default();
+    let get = |bias: i32| {
+        let spec = SpecConstants::new().with(1, SpecValue::I32(bias));
+        ctx.kernel(&image, "saxpy", &spec, &opts).unwrap()
+    };
+    let first = get(11);
+    let h = first.vulkan_handles().unwrap();
+    let _second = get(12);
+    assert!(ctx.memory_stats().evictions >= 1);
+    // The evicted kernel's pipeline is still alive and computes, and its blob is still there.
+    let n = 200;
+    let (x, y) = (random_f32(n), random_f32(n));
+    check(&e.saxpy(&h, 1.0, &x, &y), 1.0, &x, &y, 11.0);
+    let blob = first.cache_blob().unwrap();
+    // It was evicted indeed: asking the context again builds it anew.
+    assert_eq!(get(11).source(), Source::Built);
+    let other = e.context(&test_config());
+    let spec = SpecConstants::new().with(1, SpecValue::I32(11));
+    let again = other
+        .kernel_from_blob(&image, "saxpy", &spec, &opts, &blob)
+        .unwrap();
+    assert_eq!(again.source(), Source::Blob);
+    assert_eq!(other.backend_stats().programs_built, 0);
+    check(
+        &e.saxpy(&again.vulkan_handles().unwrap(), 2.0, &x, &y),
+        2.0,
+        &x,
+        &y,
+        11.0,
+    );
+}

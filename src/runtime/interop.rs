@@ -99,8 +99,10 @@ impl Kernel {
 
     /// An exclusive `cl_kernel` of this kernel for the embedder's own clSetKernelArg and
     /// clEnqueueNDRangeKernel: no kpc launch uses that kernel object until the lease is dropped,
-    /// when it returns to kpc's pool. Arguments follow the kernel's parameters in order
-    /// ([`Kernel::info`]: buffers, then the push-constant scalars). See [`OpenClKernelLease`].
+    /// when it returns to kpc's pool. Set every argument of the kernel's OpenCL C signature before
+    /// each enqueue: the buffer parameters sit at the argument indices
+    /// `info().buffers[i].binding`, the scalars at the others, in declaration order; enqueue with
+    /// `info().local_size` as the local size. See [`OpenClKernelLease`].
     ///
     /// Errors: [`Error::WrongBackend`] for a kernel that is not an OpenCL one; [`Error::Backend`]
     /// or [`Error::OutOfResources`] when a new kernel object cannot be created.

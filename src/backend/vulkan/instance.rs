@@ -18,7 +18,9 @@ use super::pipeline_cache::BLOB_FORMAT_VERSION;
 pub(crate) const MAX_API: u32 = vk::API_VERSION_1_3;
 
 /// The loader and one instance, shared by every device of the process. Never destroyed: devices
-/// created from it may live until exit, and a process has no use for a second one.
+/// created from it may live until exit, and a process has no use for a second one. Interop also
+/// wraps an embedder's instance in one (`interop.rs`), which is one more reason this type must
+/// never destroy its instance.
 pub(crate) struct VkInstance {
     /// The loader; also keeps its library mapped for as long as the instance is used.
     pub(crate) entry: ash::Entry,

@@ -128,7 +128,7 @@ impl VulkanKernel {
                 .zip(&p.descriptor_types)
                 .map(|(b, t)| (b.binding, *t))
                 .collect(),
-            push_constant_range: (push > 0).then(|| vk::PushConstantRange {
+            push_constant_range: (push > 0).then_some(vk::PushConstantRange {
                 stage_flags: vk::ShaderStageFlags::COMPUTE,
                 offset: 0,
                 size: push,
