@@ -56,24 +56,26 @@ fn cdylib() -> PathBuf {
     so
 }
 
-/// Whether `cc` runs; the reason it does not otherwise.
-fn cc_available() -> Result<(), String> {
+/// `Some` when `cc` runs; a reported skip (a failure in CI) otherwise. Checked before the driver, so
+/// that a skipped test is not also logged as run.
+fn cc_available(backend: &str, test: &str) -> Option<()> {
     match Command::new("cc").arg("--version").output() {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(format!(
-            "cc --version failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        )),
-        Err(e) => Err(format!("no C compiler `cc`: {e}")),
+        Ok(o) if o.status.success() => Some(()),
+        Ok(o) => drivers::skip(
+            backend,
+            test,
+            &format!(
+                "cc --version failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        ),
+        Err(e) => drivers::skip(backend, test, &format!("no C compiler `cc`: {e}")),
     }
 }
 
 /// Compiles tests/c/`name`.c against include/kpc.h and the cdylib, plus `libs` (`-lvulkan`, ...),
-/// into `out`. `None` (a reported skip) when there is no `cc`.
-fn compile(name: &str, libs: &[&str], out: &Path, backend: &str, test: &str) -> Option<PathBuf> {
-    if let Err(why) = cc_available() {
-        return drivers::skip(backend, test, &why);
-    }
+/// into `out`.
+fn compile(name: &str, libs: &[&str], out: &Path) -> PathBuf {
     let so = cdylib();
     let exe = out.join(name);
     let src = repo().join("tests/c").join(format!("{name}.c"));
@@ -98,7 +100,7 @@ fn compile(name: &str, libs: &[&str], out: &Path, backend: &str, test: &str) -> 
         src.display(),
         String::from_utf8_lossy(&output.stderr)
     );
-    Some(exe)
+    exe
 }
 
 /// Runs `exe` with `args` and the extra environment `env` (everything `KPC_*` of this process is
@@ -144,13 +146,14 @@ fn kernel_file(name: &str) -> String {
 #[test]
 fn c_bad_arguments() {
     let test = "c_bad_arguments";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
     let Some(dev) = drivers::vulkan_device(test) else {
         return;
     };
     let dir = TempDir::new("capi-bad");
-    let Some(exe) = compile("bad_args", &[], dir.path(), "vulkan", test) else {
-        return;
-    };
+    let exe = compile("bad_args", &[], dir.path());
     let selector = format!("vulkan:{}", dev.index);
     let out = run(
         &exe,
@@ -260,13 +263,14 @@ fn assert_runs(out: &[String; 3], mode_lines: [&str; 3], checked: &str) {
 #[test]
 fn c_vulkan_embedder() {
     let test = "c_vulkan_embedder";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
     let Some(dev) = drivers::vulkan_device(test) else {
         return;
     };
     let dir = TempDir::new("capi-vk");
-    let Some(exe) = compile("vulkan_interop", &["-lvulkan"], dir.path(), "vulkan", test) else {
-        return;
-    };
+    let exe = compile("vulkan_interop", &["-lvulkan"], dir.path());
     let out = build_disk_blob(&exe, dev.index, "saxpy.spv", &dir);
     assert_runs(
         &out,
@@ -286,13 +290,14 @@ fn c_vulkan_embedder() {
 #[test]
 fn c_opencl_embedder() {
     let test = "c_opencl_embedder";
+    let Some(()) = cc_available("opencl", test) else {
+        return;
+    };
     let Some(dev) = drivers::opencl_device(test) else {
         return;
     };
     let dir = TempDir::new("capi-cl");
-    let Some(exe) = compile("opencl_interop", &["-lOpenCL"], dir.path(), "opencl", test) else {
-        return;
-    };
+    let exe = compile("opencl_interop", &["-lOpenCL"], dir.path());
     let out = build_disk_blob(&exe, dev.index, "saxpy.cl", &dir);
     assert_runs(
         &out,

@@ -230,10 +230,16 @@ pub(crate) unsafe fn spec_arg(
                 c.id
             )));
         }
-        // SAFETY (every union read below): the caller set the member its `kind` names, and every
-        // bit pattern is a valid value of that member's type.
+        // SAFETY: union members all start at offset 0 and are at least 4 bytes, so the first 4
+        // bytes are initialized whichever member the caller set; any bits are a valid u32.
+        let low = unsafe { c.value.u32 };
+        let wide = || {
+            // SAFETY: called only for the 64-bit kinds, whose 8-byte member the caller set; any
+            // bits are a valid u64.
+            unsafe { c.value.u64 }
+        };
         let v = match c.kind {
-            t if t == kpc_spec_type::KPC_SPEC_BOOL as u32 => match unsafe { c.value.u32 } {
+            t if t == kpc_spec_type::KPC_SPEC_BOOL as u32 => match low {
                 0 => SpecValue::Bool(false),
                 1 => SpecValue::Bool(true),
                 b => {
@@ -242,14 +248,12 @@ pub(crate) unsafe fn spec_arg(
                     )));
                 }
             },
-            t if t == kpc_spec_type::KPC_SPEC_I32 as u32 => SpecValue::I32(unsafe { c.value.i32 }),
-            t if t == kpc_spec_type::KPC_SPEC_U32 as u32 => SpecValue::U32(unsafe { c.value.u32 }),
-            t if t == kpc_spec_type::KPC_SPEC_F32 as u32 => SpecValue::f32(unsafe { c.value.f32 }),
-            t if t == kpc_spec_type::KPC_SPEC_I64 as u32 => SpecValue::I64(unsafe { c.value.i64 }),
-            t if t == kpc_spec_type::KPC_SPEC_U64 as u32 => SpecValue::U64(unsafe { c.value.u64 }),
-            t if t == kpc_spec_type::KPC_SPEC_F64 as u32 => {
-                SpecValue::F64Bits(unsafe { c.value.f64 }.to_bits())
-            }
+            t if t == kpc_spec_type::KPC_SPEC_I32 as u32 => SpecValue::I32(low as i32),
+            t if t == kpc_spec_type::KPC_SPEC_U32 as u32 => SpecValue::U32(low),
+            t if t == kpc_spec_type::KPC_SPEC_F32 as u32 => SpecValue::F32Bits(low),
+            t if t == kpc_spec_type::KPC_SPEC_I64 as u32 => SpecValue::I64(wide() as i64),
+            t if t == kpc_spec_type::KPC_SPEC_U64 as u32 => SpecValue::U64(wide()),
+            t if t == kpc_spec_type::KPC_SPEC_F64 as u32 => SpecValue::F64Bits(wide()),
             t => {
                 return Err(Failure::invalid(format!(
                     "spec_constants[{i}].kind is {t}: expected a kpc_spec_type value (1..=7)"

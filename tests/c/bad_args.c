@@ -300,13 +300,17 @@ int main(int argc, char **argv) {
     EXPECT(INVALID, kpc_kernel_destroy(k));
     EXPECT(INVALID, kpc_kernel_source(k, &s1));
     CHECK(kpc_kernel_source(k2, &s2));
-    CHECK(kpc_kernel_destroy(k2));
-    CHECK(kpc_kernel_destroy(NULL));
+    /* A kernel outlives its context and image: it holds what it needs. */
     CHECK(kpc_image_destroy(img));
     CHECK(kpc_image_destroy(climg));
     EXPECT(INVALID, kpc_image_destroy(img));
     CHECK(kpc_context_destroy(ctx));
     EXPECT(INVALID, kpc_context_destroy(ctx));
+    EXPECT(INVALID, kpc_context_stats(ctx, &st));
+    CHECK(kpc_kernel_vulkan_handles(k2, &kh));
+    ASSERT(kh.pipeline != 0, "handles after the context is gone");
+    CHECK(kpc_kernel_destroy(k2));
+    CHECK(kpc_kernel_destroy(NULL));
     CHECK(kpc_config_destroy(cfg));
     /* A success clears the last error. */
     ASSERT(kpc_last_error()[0] == '\0', "last error after a success: %s", kpc_last_error());
