@@ -579,7 +579,7 @@ typedef struct kpc_vulkan_handles {
    */
   uint32_t queue_family_index;
   /**
-   * Unused; set to 0.
+   * Must be 0.
    */
   uint32_t reserved;
   /**
@@ -600,7 +600,7 @@ typedef struct kpc_opencl_handles {
    */
   uint32_t struct_size;
   /**
-   * Unused; set to 0.
+   * Must be 0.
    */
   uint32_t reserved;
   /**
@@ -1055,7 +1055,7 @@ enum kpc_status kpc_context_stats(const struct kpc_context *context, struct kpc_
  * objects must stay alive until every kpc object made from this context (kernels, leases) is
  * destroyed.
  * Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL or misaligned `handles`, a `struct_size` that does
- * not cover the struct, a NULL handle or function pointer, unknown feature bits, an instance API
+ * not cover the struct, a non-zero `reserved`, a NULL handle or function pointer, unknown feature bits, an instance API
  * below 1.1, a physical device that is not the instance's, a queue family without compute, a
  * declared feature the device lacks); `KPC_STATUS_UNAVAILABLE` (a device below Vulkan 1.1).
  *
@@ -1077,7 +1077,7 @@ enum kpc_status kpc_context_create_vulkan(const struct kpc_config *config,
  *
  * Ownership: `*out` receives a new context; destroy it with `kpc_context_destroy`.
  * Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL or misaligned `handles`, a `struct_size` that does
- * not cover the struct, NULL handles, a device not in the context, a queue of another context or
+ * not cover the struct, a non-zero `reserved`, NULL handles, a device not in the context, a queue of another context or
  * device, an out-of-order queue); `KPC_STATUS_UNAVAILABLE` (no OpenCL loader, a device below
  * OpenCL 1.2 or without a compiler).
  *

@@ -106,7 +106,7 @@ pub struct kpc_vulkan_handles {
     pub queue: *mut c_void,
     /// The family of `queue`; it must support compute.
     pub queue_family_index: u32,
-    /// Unused; set to 0.
+    /// Must be 0.
     pub reserved: u32,
     /// `KPC_VULKAN_FEATURE_*` bits: the optional features and extensions enabled on `device` (0 for
     /// none). kpc uses only these, and refuses a bit the device cannot support.
@@ -121,7 +121,7 @@ pub struct kpc_vulkan_handles {
 pub struct kpc_opencl_handles {
     /// The caller's `sizeof(kpc_opencl_handles)`.
     pub struct_size: u32,
-    /// Unused; set to 0.
+    /// Must be 0.
     pub reserved: u32,
     /// `cl_context`.
     pub context: *mut c_void,
@@ -160,6 +160,16 @@ unsafe fn read_versioned<T: Copy>(p: *const T, name: &str) -> Result<T, Failure>
     Ok(unsafe { p.read() })
 }
 
+/// A reserved field must be 0, so that a later version can give it a meaning.
+fn reserved_is_zero(v: u32, name: &str) -> Result<(), Failure> {
+    if v != 0 {
+        return Err(Failure::invalid(format!(
+            "{name}.reserved is {v}: expected 0 (zero the struct before filling it)"
+        )));
+    }
+    Ok(())
+}
+
 /// Creates a context over the caller's Vulkan instance, physical device, device and queue, which kpc
 /// borrows and never destroys (and never calls vkDeviceWaitIdle on). kpc needs Vulkan 1.1 and a
 /// compute queue; no optional feature is required. The device fingerprint is the one an owned
@@ -173,7 +183,7 @@ unsafe fn read_versioned<T: Copy>(p: *const T, name: &str) -> Result<T, Failure>
 /// objects must stay alive until every kpc object made from this context (kernels, leases) is
 /// destroyed.
 /// Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL or misaligned `handles`, a `struct_size` that does
-/// not cover the struct, a NULL handle or function pointer, unknown feature bits, an instance API
+/// not cover the struct, a non-zero `reserved`, a NULL handle or function pointer, unknown feature bits, an instance API
 /// below 1.1, a physical device that is not the instance's, a queue family without compute, a
 /// declared feature the device lacks); `KPC_STATUS_UNAVAILABLE` (a device below Vulkan 1.1).
 ///
@@ -193,6 +203,7 @@ pub unsafe extern "C" fn kpc_context_create_vulkan(
         let c = resolved(config)?;
         // SAFETY: forwarded to the caller.
         let h = unsafe { read_versioned(handles, "kpc_vulkan_handles")? };
+        reserved_is_zero(h.reserved, "kpc_vulkan_handles")?;
         if h.get_instance_proc_addr.is_null() {
             return Err(Failure::invalid(
                 "kpc_vulkan_handles.get_instance_proc_addr is NULL: expected the \
@@ -233,7 +244,7 @@ pub unsafe extern "C" fn kpc_context_create_vulkan(
 ///
 /// Ownership: `*out` receives a new context; destroy it with `kpc_context_destroy`.
 /// Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL or misaligned `handles`, a `struct_size` that does
-/// not cover the struct, NULL handles, a device not in the context, a queue of another context or
+/// not cover the struct, a non-zero `reserved`, NULL handles, a device not in the context, a queue of another context or
 /// device, an out-of-order queue); `KPC_STATUS_UNAVAILABLE` (no OpenCL loader, a device below
 /// OpenCL 1.2 or without a compiler).
 ///
@@ -250,6 +261,7 @@ pub unsafe extern "C" fn kpc_context_create_opencl(
         let c = resolved(config)?;
         // SAFETY: forwarded to the caller.
         let h = unsafe { read_versioned(handles, "kpc_opencl_handles")? };
+        reserved_is_zero(h.reserved, "kpc_opencl_handles")?;
         for (p, name) in [
             (h.context, "context"),
             (h.device, "device"),

@@ -234,6 +234,9 @@ int main(int argc, char **argv) {
     EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx));
     vh.enabled_features = 1ull << 40;
     EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx));
+    vh.enabled_features = 0;
+    vh.reserved = 7;
+    EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx));
     EXPECT(INVALID, kpc_context_create_vulkan(NULL, &vh, &ictx));
     EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, NULL));
     EXPECT(INVALID, kpc_context_create_vulkan(cfg, (kpc_vulkan_handles *)odd, &ictx));
@@ -243,6 +246,8 @@ int main(int argc, char **argv) {
     EXPECT(INVALID, kpc_context_create_opencl(cfg, &oh, &ictx)); /* struct_size not set */
     oh.struct_size = sizeof oh;
     EXPECT(INVALID, kpc_context_create_opencl(cfg, &oh, &ictx)); /* NULL handles */
+    oh.reserved = 1;
+    EXPECT(INVALID, kpc_context_create_opencl(cfg, &oh, &ictx));
     EXPECT(INVALID, kpc_context_create_opencl((kpc_config *)garbage, &oh, &ictx));
     ASSERT(ictx == NULL, "a failed create leaves *out alone");
 
