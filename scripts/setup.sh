@@ -3,7 +3,10 @@
 # kpc's tests run on (Mesa lavapipe for Vulkan, PoCL for OpenCL), their loaders, and glslangValidator.
 # Idempotent; sourced by main.sh and test.sh.
 set -euo pipefail
+# libvulkan-dev, ocl-icd-opencl-dev and opencl-c-headers: the C API tests (tests/c/) are embedders that
+# call Vulkan and OpenCL themselves, so they need the headers and the -lvulkan/-lOpenCL link names.
 pkgs=(mesa-vulkan-drivers libvulkan1 vulkan-tools pocl-opencl-icd ocl-icd-libopencl1 clinfo glslang-tools
+      libvulkan-dev ocl-icd-opencl-dev opencl-c-headers
       build-essential cmake python3 pkg-config curl ca-certificates)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

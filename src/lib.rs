@@ -9,6 +9,9 @@
 //! instance, device, context and queue and never destroys them, and owns only the objects it creates
 //! on them. [`runtime::interop`] states the whole contract; cached kernels hand out their raw handles
 //! ([`Kernel::vulkan_handles`], [`Kernel::opencl_lease`]) and cache blobs ([`runtime::blob`]).
+//!
+//! From C: [`capi`] is the same surface as `include/kpc.h` (cdylib `libkpc.so`, staticlib `libkpc.a`),
+//! with status codes, a thread-local last error, and handles checked on every call.
 
 #![warn(missing_docs)]
 
@@ -16,6 +19,8 @@
 pub mod attention;
 pub mod backend;
 pub mod cache;
+#[cfg(not(loom))]
+pub mod capi;
 pub mod config;
 pub mod error;
 pub mod kernels;

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds kpc's C library and installs it the way cargo-c does, for C and C++ programs:
+#   PREFIX/include/kpc.h
+#   PREFIX/lib/libkpc.so.0 (soname libkpc.so.0) and the link libkpc.so -> libkpc.so.0
+#   PREFIX/lib/libkpc.a
+#   PREFIX/lib/pkgconfig/kpc.pc
+# Then: cc app.c $(pkg-config --cflags --libs kpc); statically:
+#   cc app.c $(pkg-config --cflags kpc) "$(pkg-config --variable=libdir kpc)/libkpc.a" \
+#      $(pkg-config --variable=static_libs kpc)
+#
+# usage: scripts/install-capi.sh PREFIX [PROFILE]
+#   PROFILE is a cargo profile, release by default (dev for a quick debug build).
+# The header is the committed include/kpc.h, which `cargo test --test capi_header` keeps current.
+set -euo pipefail
+prefix=${1:?usage: scripts/install-capi.sh PREFIX [PROFILE]}
+profile=${2:-release}
+cd "$(dirname "$0")/.."
+case "$profile" in
+  dev) outdir=target/debug ;;
+  *) outdir=target/$profile ;;
+esac
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
+major=${version%%.*}
+
+echo "install-capi: building kpc $version ($profile)" >&2
+# The soname goes into the cdylib only (it is a link argument); the staticlib and rlib ignore it.
+# --print native-static-libs names what a static link of libkpc.a needs besides it (cargo replays the
+# note when the library is already built).
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo rustc --lib --profile "$profile" -- \
+  -C "link-arg=-Wl,-soname,libkpc.so.$major" --print native-static-libs 2>&1 | tee "$log" >&2
+static_libs=$(sed -n 's/.*native-static-libs: //p' "$log" | tail -n1)
+if [ -z "$static_libs" ]; then
+  echo "install-capi: rustc did not print the native static libraries (see above)" >&2
+  exit 1
+fi
+
+install -d "$prefix/include" "$prefix/lib/pkgconfig"
+install -m 644 include/kpc.h "$prefix/include/kpc.h"
+install -m 755 "$outdir/libkpc.so" "$prefix/lib/libkpc.so.$major"
+ln -sf "libkpc.so.$major" "$prefix/lib/libkpc.so"
+install -m 644 "$outdir/libkpc.a" "$prefix/lib/libkpc.a"
+cat > "$prefix/lib/pkgconfig/kpc.pc" <<EOF
+prefix=$prefix
+libdir=\${prefix}/lib
+includedir=\${prefix}/include
+static_libs=$static_libs
+
+Name: kpc
+Description: GPU kernel cache with Vulkan and OpenCL backends (C API)
+Version: $version
+Libs: -L\${libdir} -lkpc
+Libs.private: \${static_libs}
+Cflags: -I\${includedir}
+EOF
+echo "install-capi: installed kpc $version into $prefix (pkg-config: PKG_CONFIG_PATH=$prefix/lib/pkgconfig)" >&2

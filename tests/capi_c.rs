@@ -1,0 +1,309 @@
+//! The C API tested from C: programs in tests/c/ are compiled with the system's `cc` against
+//! include/kpc.h and the cdylib cargo built for this test run, and run as child processes on the real
+//! drivers (lavapipe, PoCL). Each program prints what it does and exits non-zero on a failed check;
+//! this harness asserts on exit codes and output.
+//!
+//! A missing `cc` or driver is a skip (a failure under `KPC_TEST_REQUIRE_DRIVERS=1`, hence in CI).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::disk::TempDir;
+use common::drivers;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The directory holding this test's executable: `target/<profile>/deps`, where cargo also writes
+/// the library's cdylib (`libkpc.so`) when it builds the library for this test run. (Only
+/// `cargo build` copies it up to `target/<profile>/`, so that copy may be stale here.)
+fn deps_dir() -> PathBuf {
+    std::env::current_exe()
+        .expect("the test executable's path")
+        .parent()
+        .expect("its directory")
+        .to_path_buf()
+}
+
+/// The cdylib built for this run, checked to be from the same rustc invocation as the rlib this test
+/// links (both are written together; an older `.so` means the crate type was dropped and a stale
+/// library would be tested).
+fn cdylib() -> PathBuf {
+    let dir = deps_dir();
+    let so = dir.join("libkpc.so");
+    let rlib = dir.join("libkpc.rlib");
+    let mtime = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}; is crate-type cdylib still in Cargo.toml?",
+                    p.display()
+                )
+            })
+    };
+    let (so_t, rlib_t) = (mtime(&so), mtime(&rlib));
+    let lag = rlib_t.duration_since(so_t).unwrap_or_default();
+    assert!(
+        lag.as_secs() < 120,
+        "{} is {lag:?} older than {}: not built with it",
+        so.display(),
+        rlib.display()
+    );
+    so
+}
+
+/// `Some` when `cc` runs; a reported skip (a failure in CI) otherwise. Checked before the driver, so
+/// that a skipped test is not also logged as run.
+fn cc_available(backend: &str, test: &str) -> Option<()> {
+    match Command::new("cc").arg("--version").output() {
+        Ok(o) if o.status.success() => Some(()),
+        Ok(o) => drivers::skip(
+            backend,
+            test,
+            &format!(
+                "cc --version failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        ),
+        Err(e) => drivers::skip(backend, test, &format!("no C compiler `cc`: {e}")),
+    }
+}
+
+/// Compiles tests/c/`name`.c against include/kpc.h and the cdylib, plus `libs` (`-lvulkan`, ...),
+/// into `out`.
+fn compile(name: &str, libs: &[&str], out: &Path) -> PathBuf {
+    let so = cdylib();
+    let exe = out.join(name);
+    let src = repo().join("tests/c").join(format!("{name}.c"));
+    let output = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g"])
+        // `VkFooInfo x = {VK_STRUCTURE_TYPE_FOO}` (the rest zeroed) is the Vulkan C idiom.
+        .arg("-Wno-missing-field-initializers")
+        .arg("-I")
+        .arg(repo().join("include"))
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", so.parent().unwrap().display()))
+        .arg(format!("-Wl,-rpath,{}", so.parent().unwrap().display()))
+        .arg("-lkpc")
+        .args(libs)
+        .output()
+        .expect("run cc");
+    assert!(
+        output.status.success(),
+        "cc {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    exe
+}
+
+/// Runs `exe` with `args` and the extra environment `env` (everything `KPC_*` of this process is
+/// removed first, so the program sees only what the test sets). Returns its stdout; panics with
+/// both streams when it fails.
+fn run(exe: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
+    let mut cmd = Command::new(exe);
+    cmd.args(args);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("KPC_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    // cargo runs tests with LD_LIBRARY_PATH naming target/<profile>, whose libkpc.so only
+    // `cargo build` refreshes; it would win over the program's RUNPATH. Put this run's first.
+    let mut paths = vec![deps_dir()];
+    paths.extend(
+        std::env::var_os("LD_LIBRARY_PATH")
+            .map_or_else(Vec::new, |p| std::env::split_paths(&p).collect::<Vec<_>>()),
+    );
+    cmd.env("LD_LIBRARY_PATH", std::env::join_paths(paths).unwrap());
+    let o = cmd.output().expect("run the C program");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    println!("--- {} {}\n{stdout}{stderr}", exe.display(), args.join(" "));
+    assert!(
+        o.status.success(),
+        "{} exited with {}:\n{stdout}\n{stderr}",
+        exe.display(),
+        o.status
+    );
+    stdout
+}
+
+fn kernel_file(name: &str) -> String {
+    repo().join("kernels").join(name).display().to_string()
+}
+
+/// e: NULL and garbage into every entry point: error codes and messages, never a crash.
+#[test]
+fn c_bad_arguments() {
+    let test = "c_bad_arguments";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
+    let Some(dev) = drivers::vulkan_device(test) else {
+        return;
+    };
+    let dir = TempDir::new("capi-bad");
+    let exe = compile("bad_args", &[], dir.path());
+    let selector = format!("vulkan:{}", dev.index);
+    let out = run(
+        &exe,
+        &[
+            &selector,
+            &kernel_file("saxpy.spv"),
+            &kernel_file("saxpy.cl"),
+        ],
+        &[],
+    );
+    assert!(
+        out.contains("saxpy: first from built, second from memory"),
+        "{out}"
+    );
+    for status in [
+        "KPC_STATUS_INVALID_ARGUMENT",
+        "KPC_STATUS_CONFIG",
+        "KPC_STATUS_NO_SUCH_DEVICE",
+        "KPC_STATUS_BUFFER_TOO_SMALL",
+        "KPC_STATUS_INVALID_SPIRV",
+        "KPC_STATUS_UNKNOWN_KERNEL",
+    ] {
+        assert!(
+            out.contains(&format!("ok {status}")),
+            "no {status} check ran:\n{out}"
+        );
+    }
+    // The messages say what was wrong.
+    for msg in [
+        "is not a live kpc_context",
+        "is a kpc_config, not a kpc_context",
+        "is NULL",
+        "not valid UTF-8",
+        "expected 0 or 1",
+        "repeats id 1",
+        "not aligned",
+    ] {
+        assert!(out.contains(msg), "no message with {msg:?}:\n{out}");
+    }
+    let checks: usize = out
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("bad_args: ")?
+                .strip_suffix(" checks passed")?
+                .parse()
+                .ok()
+        })
+        .expect("the summary line");
+    assert!(checks > 100, "{checks} checks");
+}
+
+/// a, c, d on one backend: `exe` runs as the embedder three times, each a new process: `build` on
+/// an empty cache directory (the kernel is compiled, and the program records its own dispatch),
+/// `disk` on the same directory (the kernel comes from disk; the program saves its cache blob),
+/// and `blob` on a fresh, empty directory (the kernel comes from the blob with no build).
+fn build_disk_blob(exe: &Path, index: usize, kernel: &str, dir: &TempDir) -> [String; 3] {
+    let cache = dir.join("cache");
+    let fresh = dir.join("fresh-cache");
+    let blob = dir.join("saxpy.blob").display().to_string();
+    let index = index.to_string();
+    let kernel = kernel_file(kernel);
+    let args = |mode| [mode, index.as_str(), kernel.as_str(), blob.as_str()];
+    let build = run(exe, &args("build"), &[("KPC_CACHE_DIR", &cache)]);
+    let disk = run(exe, &args("disk"), &[("KPC_CACHE_DIR", &cache)]);
+    // d: a cache directory with nothing in it; the blob file is all the program has.
+    std::fs::create_dir_all(&fresh).unwrap();
+    let from_blob = run(exe, &args("blob"), &[("KPC_CACHE_DIR", &fresh)]);
+    let entries = walk_files(&fresh);
+    assert!(
+        entries.is_empty(),
+        "a kernel made from a blob wrote to the disk cache: {entries:?}"
+    );
+    [build, disk, from_blob]
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk_files(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn assert_runs(out: &[String; 3], mode_lines: [&str; 3], checked: &str) {
+    for ((o, source), mode) in out.iter().zip(mode_lines).zip(["build", "disk", "blob"]) {
+        assert!(o.contains(source), "{mode}: no {source:?} in:\n{o}");
+        assert!(o.contains(checked), "{mode}: output not checked:\n{o}");
+        assert!(o.contains(": passed ("), "{mode}: no summary:\n{o}");
+    }
+    assert!(out[1].contains("saved the cache blob"), "{}", out[1]);
+    assert!(
+        out[2].contains("stats: programs built 0, loaded 1"),
+        "the blob run built something:\n{}",
+        out[2]
+    );
+}
+
+/// a (+ c, d): the C program owns its VkInstance and VkDevice on lavapipe, records and submits its
+/// own command buffer with kpc's saxpy pipeline.
+#[test]
+fn c_vulkan_embedder() {
+    let test = "c_vulkan_embedder";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
+    let Some(dev) = drivers::vulkan_device(test) else {
+        return;
+    };
+    let dir = TempDir::new("capi-vk");
+    let exe = compile("vulkan_interop", &["-lvulkan"], dir.path());
+    let out = build_disk_blob(&exe, dev.index, "saxpy.spv", &dir);
+    assert_runs(
+        &out,
+        ["saxpy from built", "saxpy from disk", "saxpy from blob"],
+        "own command buffer: saxpy of 1000 elements checked",
+    );
+    assert!(out[0].contains("raw handles: pipeline 0x"), "{}", out[0]);
+    for o in &out {
+        assert!(o.contains("ok KPC_STATUS_WRONG_BACKEND"), "{o}");
+    }
+    assert!(out[2].contains("ok KPC_STATUS_BLOB_MISMATCH"), "{}", out[2]);
+    assert!(out[2].contains("ok KPC_STATUS_CORRUPT_BLOB"), "{}", out[2]);
+}
+
+/// b (+ c, d): the C program owns its cl_context and queue on PoCL and enqueues kpc's saxpy through
+/// a cl_kernel lease.
+#[test]
+fn c_opencl_embedder() {
+    let test = "c_opencl_embedder";
+    let Some(()) = cc_available("opencl", test) else {
+        return;
+    };
+    let Some(dev) = drivers::opencl_device(test) else {
+        return;
+    };
+    let dir = TempDir::new("capi-cl");
+    let exe = compile("opencl_interop", &["-lOpenCL"], dir.path());
+    let out = build_disk_blob(&exe, dev.index, "saxpy.cl", &dir);
+    assert_runs(
+        &out,
+        ["saxpy from built", "saxpy from disk", "saxpy from blob"],
+        "own queue: saxpy of 1000 elements checked",
+    );
+    assert!(out[0].contains("leased cl_kernel"), "{}", out[0]);
+    assert!(out[2].contains("ok KPC_STATUS_BLOB_MISMATCH"), "{}", out[2]);
+}
