@@ -63,10 +63,20 @@ fn request(
     (r.result, r.served)
 }
 
+/// Runs `f` under loom: every interleaving of two threads, and of three with at most two
+/// preemptions.
+///
+/// Two preemptions are enough for what the three-thread models check: each of their races needs at
+/// most two forced switches (a waiter arriving while the builder is between `Initial -> InProgress`
+/// and publishing, and a third caller arriving between the publish and the waiters' wake-up or the
+/// reset of a failed entry); every other switch is a thread blocking, which loom explores at any
+/// bound. Loom's own guidance puts most concurrency bugs within a bound of 2 or 3 (CHESS), and the
+/// two-thread models, unbounded, still cover every ordering of each pair. Bound 3 took most of the
+/// 397 s loom run on a 2-core machine (BENCHMARKS.md, "Fresh-machine build").
 fn model(threads: usize, f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     if threads > 2 {
-        b.preemption_bound = Some(3);
+        b.preemption_bound = Some(2);
     }
     b.check(f);
 }

@@ -99,6 +99,14 @@ struct VecVariant {
 /// The shapes every backend runs, with each decode kernel: MHA at D = 64 and 128, GQA, B > 1,
 /// L = 1, 7, 33, 1000, with the default chunk and with a small one that makes many splits; the
 /// vectorized kernel with each of its variants on and off.
+///
+/// Every shape runs with the generic kernel and with the vectorized kernel's first variant. The
+/// other variants change how a KV head's splits are assigned, fetched and combined, not what a
+/// shape selects (head dimension, group size, batch), so they run the shapes that have many
+/// splits, a group, a batch and long splits: [`VARIANT_CASES`]. Each (variant, head dimension,
+/// group) is a kernel the driver compiles at first use, and compiling the full cross product of
+/// variants and shapes was most of this file's 10 minutes on CPU drivers (BENCHMARKS.md,
+/// "Fresh-machine build").
 fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
     let v = |spread, prefetch, cyclic, combine_all| VecVariant {
         spread,
@@ -106,17 +114,55 @@ fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
         cyclic,
         combine_all,
     };
-    for (kernel, variant) in [
-        (DecodeKernel::Generic, v(false, true, false, true)),
-        (DecodeKernel::Auto, v(false, false, false, true)),
-        (DecodeKernel::Auto, v(false, true, true, true)),
-        (DecodeKernel::Auto, v(false, false, true, false)),
-        (DecodeKernel::Auto, v(true, true, false, false)),
-        (DecodeKernel::Auto, v(true, false, true, true)),
+    for (kernel, variant, cases) in [
+        (DecodeKernel::Generic, v(false, true, false, true), ALL_CASES),
+        (DecodeKernel::Auto, v(false, false, false, true), ALL_CASES),
+        (DecodeKernel::Auto, v(false, true, true, true), VARIANT_CASES),
+        (DecodeKernel::Auto, v(false, false, true, false), VARIANT_CASES),
+        (DecodeKernel::Auto, v(true, true, false, false), VARIANT_CASES),
+        (DecodeKernel::Auto, v(true, false, true, true), VARIANT_CASES),
     ] {
-        decode_shapes_with(ctx, dtype, tolerance, kernel, variant);
+        decode_shapes_with(ctx, dtype, tolerance, kernel, variant, cases);
     }
 }
+
+/// Which option set a decode case runs with.
+#[derive(Clone, Copy)]
+enum Opts {
+    Default,
+    /// Small splits: many per KV head.
+    Small,
+    /// Two workgroups: long splits, each row group looping many times.
+    Long,
+}
+
+/// (batch, query heads, KV heads, head dimension), options, length.
+type DecodeCase = ((usize, usize, usize, usize), Opts, usize);
+
+const ALL_CASES: &[DecodeCase] = &[
+    ((1, 4, 4, 64), Opts::Default, 1),
+    ((1, 4, 4, 64), Opts::Small, 1),
+    ((1, 4, 4, 64), Opts::Small, 7),
+    ((1, 4, 4, 64), Opts::Small, 33),
+    ((1, 2, 2, 128), Opts::Default, 33),
+    ((2, 8, 2, 64), Opts::Small, 33),
+    ((3, 4, 1, 128), Opts::Small, 7),
+    ((1, 4, 2, 128), Opts::Default, 1000),
+    ((2, 4, 2, 64), Opts::Small, 1000),
+    ((1, 8, 1, 128), Opts::Long, 1000),
+    ((2, 4, 4, 64), Opts::Long, 77),
+];
+
+/// For the vectorized kernel's other variants: MHA with many splits and a partial last one, a
+/// group of 4 over a batch of 2 with many splits (the all-heads combination, spread over query
+/// heads), a group of 8 at D = 128 with long splits (prefetch and cyclic order across many trips),
+/// and MHA with long splits at L = 77 (a tail inside a trip).
+const VARIANT_CASES: &[DecodeCase] = &[
+    ((1, 4, 4, 64), Opts::Small, 33),
+    ((2, 8, 2, 64), Opts::Small, 33),
+    ((1, 8, 1, 128), Opts::Long, 1000),
+    ((2, 4, 4, 64), Opts::Long, 77),
+];
 
 fn decode_shapes_with(
     ctx: &Context,
@@ -124,6 +170,7 @@ fn decode_shapes_with(
     tolerance: f64,
     kernel: DecodeKernel,
     variant: VecVariant,
+    cases: &[DecodeCase],
 ) {
     let default = AttentionOptions {
         decode: kernel,
@@ -146,20 +193,13 @@ fn decode_shapes_with(
         decode_workgroups: 2,
         ..default
     };
-    let cases = [
-        (shape(1, 4, 4, 64), default, 1),
-        (shape(1, 4, 4, 64), small, 1),
-        (shape(1, 4, 4, 64), small, 7),
-        (shape(1, 4, 4, 64), small, 33),
-        (shape(1, 2, 2, 128), default, 33),
-        (shape(2, 8, 2, 64), small, 33),
-        (shape(3, 4, 1, 128), small, 7),
-        (shape(1, 4, 2, 128), default, 1000),
-        (shape(2, 4, 2, 64), small, 1000),
-        (shape(1, 8, 1, 128), long, 1000),
-        (shape(2, 4, 4, 64), long, 77),
-    ];
-    for (s, options, len) in cases {
+    for &((b, hq, hkv, d), opts, len) in cases {
+        let s = shape(b, hq, hkv, d);
+        let options = match opts {
+            Opts::Default => default,
+            Opts::Small => small,
+            Opts::Long => long,
+        };
         // Every shape here fits the vectorized kernel, and both CI drivers can run it (lavapipe has
         // subgroup shuffles; OpenCL sums a row's lanes through local memory).
         let expect = match kernel {
