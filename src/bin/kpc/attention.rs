@@ -262,6 +262,23 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     };
     let device = select_device(&selector(args, config)?)?;
     let ctx = Context::with_device(&device, config)?;
+    let code = workload(config, args, &device, &ctx, shape, dtype)?;
+    if config.cache_debug {
+        // KPC_CACHE_DEBUG: every program above was built fresh and compared with the cached binary.
+        println!("cache debug: {}", ctx.cache_debug_stats());
+    }
+    Ok(code)
+}
+
+/// Everything `kpc attention` runs on `ctx`, up to its exit status.
+fn workload(
+    config: &Config,
+    args: &Args,
+    device: &kpc::backend::DeviceInfo,
+    ctx: &Context,
+    shape: AttentionShape,
+    dtype: KvDtype,
+) -> kpc::Result<ExitCode> {
     let (prompt, steps) = (args.prompt, args.steps);
     let total = prompt + steps;
     let d = shape.head_dim;

@@ -55,6 +55,7 @@
 
 pub mod entry;
 mod evict;
+pub mod explain;
 mod inventory;
 pub mod key;
 mod lock;
@@ -67,6 +68,7 @@ mod store;
 
 pub use entry::{Defect, FileKind};
 pub use evict::EvictReport;
+pub use explain::{FieldDiff, MissCause, MissExplanation};
 pub use inventory::{BadEntry, ClearReport, EntryInfo, VerifyReport};
 pub use key::{DiskKey, KeyRecord};
 pub use lookup::{DiskHit, Lookup};
