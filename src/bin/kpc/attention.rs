@@ -245,7 +245,17 @@ fn timed(launch: impl FnOnce() -> kpc::Result<Event>) -> kpc::Result<Duration> {
     Ok(ev.device_time()?.unwrap_or_else(|| t.elapsed()))
 }
 
-pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
+/// What `kpc attention` runs with: the device, shape, K/V type and attention options its arguments
+/// select. `kpc cache explain` takes the same arguments and so looks at the same kernels.
+pub struct Plan {
+    pub device: kpc::backend::DeviceInfo,
+    pub shape: AttentionShape,
+    pub dtype: KvDtype,
+    pub options: AttentionOptions,
+}
+
+/// The [`Plan`] `args` select under `config`.
+pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     let shape = AttentionShape {
         batch: args.batch,
         q_heads: args.heads,
@@ -261,36 +271,6 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         KvArg::F32 => KvDtype::F32,
     };
     let device = select_device(&selector(args, config)?)?;
-    let ctx = Context::with_device(&device, config)?;
-    let code = workload(config, args, &device, &ctx, shape, dtype)?;
-    if config.cache_debug {
-        // KPC_CACHE_DEBUG: every program above was built fresh and compared with the cached binary.
-        println!("cache debug: {}", ctx.cache_debug_stats());
-    }
-    Ok(code)
-}
-
-/// Everything `kpc attention` runs on `ctx`, up to its exit status.
-fn workload(
-    config: &Config,
-    args: &Args,
-    device: &kpc::backend::DeviceInfo,
-    ctx: &Context,
-    shape: AttentionShape,
-    dtype: KvDtype,
-) -> kpc::Result<ExitCode> {
-    let (prompt, steps) = (args.prompt, args.steps);
-    let total = prompt + steps;
-    let d = shape.head_dim;
-    println!(
-        "kpc attention: B={} Hq={} Hkv={} D={} prompt={} steps={} kv={:?}",
-        shape.batch, shape.q_heads, shape.kv_heads, d, prompt, steps, dtype
-    );
-    println!(
-        "device: {}:{} {} [{}], driver {}",
-        device.backend, device.index, device.name, device.device_type, device.driver
-    );
-
     let mut options = AttentionOptions::for_device(&device);
     // Explicit sizes are taken as given: Attention::new rejects what the device cannot run.
     options.decode = match args.decode_kernel {
@@ -343,6 +323,61 @@ fn workload(
     if let Some(c) = args.decode_combine_all {
         options.decode_combine_all = c;
     }
+    Ok(Plan {
+        device,
+        shape,
+        dtype,
+        options,
+    })
+}
+
+/// The kernels `kpc attention` uses, as [`Attention::new`] and the copy-bandwidth measurement
+/// acquire them on `ctx`.
+pub fn acquire_kernels(ctx: &Context, plan: &Plan, args: &Args) -> kpc::Result<Vec<kpc::Kernel>> {
+    let total = args.prompt + args.steps;
+    let attn = Attention::new(ctx, &plan.shape, plan.dtype, total, plan.options)?;
+    let mut v: Vec<kpc::Kernel> = attn.kernels().into_iter().cloned().collect();
+    v.push(shipped(ctx, "copy")?);
+    Ok(v)
+}
+
+pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
+    let Plan {
+        device,
+        shape,
+        dtype,
+        options,
+    } = plan(config, args)?;
+    let ctx = Context::with_device(&device, config)?;
+    let code = workload(args, &device, &ctx, shape, dtype, options)?;
+    if config.cache_debug {
+        // KPC_CACHE_DEBUG: every program above was built fresh and compared with the cached binary.
+        println!("cache debug: {}", ctx.cache_debug_stats());
+    }
+    Ok(code)
+}
+
+/// Everything `kpc attention` runs on `ctx`, up to its exit status.
+fn workload(
+    args: &Args,
+    device: &kpc::backend::DeviceInfo,
+    ctx: &Context,
+    shape: AttentionShape,
+    dtype: KvDtype,
+    options: AttentionOptions,
+) -> kpc::Result<ExitCode> {
+    let (prompt, steps) = (args.prompt, args.steps);
+    let total = prompt + steps;
+    let d = shape.head_dim;
+    println!(
+        "kpc attention: B={} Hq={} Hkv={} D={} prompt={} steps={} kv={:?}",
+        shape.batch, shape.q_heads, shape.kv_heads, d, prompt, steps, dtype
+    );
+    println!(
+        "device: {}:{} {} [{}], driver {}",
+        device.backend, device.index, device.name, device.device_type, device.driver
+    );
+
     let attn = Attention::new(&ctx, &shape, dtype, total, options)?;
     let (copy_bw, copy_kernel) = copy_bandwidth(&ctx)?;
     let decode_how = match attn.decode_kernel() {

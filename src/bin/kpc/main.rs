@@ -25,6 +25,8 @@ mod bench_launch;
 #[cfg(not(loom))]
 mod cache;
 #[cfg(not(loom))]
+mod cache_explain;
+#[cfg(not(loom))]
 mod devices;
 #[cfg(not(loom))]
 mod status;
