@@ -71,7 +71,11 @@ fn acquire_all(ctx: &Context, with_uncached: bool) -> Vec<Source> {
     }
     wanted
         .into_iter()
-        .map(|(name, spec)| ctx.kernel(&image(name), name, &spec, &none).unwrap().source())
+        .map(|(name, spec)| {
+            ctx.kernel(&image(name), name, &spec, &none)
+                .unwrap()
+                .source()
+        })
         .collect()
 }
 
@@ -147,11 +151,23 @@ fn kpc_attention_prints_the_debug_report() {
         let o = c
             .env("KPC_CACHE_DIR", &root)
             .env("KPC_CACHE_DEBUG", debug)
-            .args(["attention", "--device", &sel, "--prompt", "8", "--steps", "2"])
+            .args([
+                "attention",
+                "--device",
+                &sel,
+                "--prompt",
+                "8",
+                "--steps",
+                "2",
+            ])
             .output()
             .unwrap();
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         out
     };
     let cold = run("0");
@@ -162,8 +178,15 @@ fn kpc_attention_prints_the_debug_report() {
         .lines()
         .find(|l| l.starts_with("cache debug: "))
         .unwrap_or_else(|| panic!("no report: {out}"));
-    assert!(line.contains("programs built fresh") && line.contains(", 0 not cached"), "{line}");
-    assert_eq!(before, snapshot(&root), "debug mode changed the cache directory");
+    assert!(
+        line.contains("programs built fresh") && line.contains(", 0 not cached"),
+        "{line}"
+    );
+    assert_eq!(
+        before,
+        snapshot(&root),
+        "debug mode changed the cache directory"
+    );
     // A malformed value is a configuration error naming the variable.
     let o = Command::new(env!("CARGO_BIN_EXE_kpc"))
         .env("KPC_CACHE_DEBUG", "2")
@@ -171,5 +194,8 @@ fn kpc_attention_prints_the_debug_report() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("KPC_CACHE_DEBUG"), "{err}");
+    assert!(
+        !o.status.success() && err.contains("KPC_CACHE_DEBUG"),
+        "{err}"
+    );
 }

@@ -97,10 +97,7 @@ fn each_field_is_named(d: &DeviceInfo) {
     assert_eq!(disk_stats(&ctx).misses_options_changed, 1);
 
     let spec8 = SpecConstants::new().with(1, SpecValue::I32(8));
-    assert_eq!(
-        acquire(&base, &spec8, &none),
-        ["spec constant 1: 7 → 8"]
-    );
+    assert_eq!(acquire(&base, &spec8, &none), ["spec constant 1: 7 → 8"]);
     assert_eq!(disk_stats(&ctx).misses_spec_changed, 1);
 
     let changed = changed_image(&base);
@@ -179,15 +176,16 @@ fn a_changed_device_fingerprint_is_named() {
     );
     let (r, ev) = capture(|| new.program(&img, &spec, &opts));
     assert_eq!(r.unwrap().source, kpc::runtime::Source::Built);
-    assert_eq!(
-        miss_lines(&ev),
-        ["driverVersion 580.159.03 → 580.159.04"]
-    );
+    assert_eq!(miss_lines(&ev), ["driverVersion 580.159.03 → 580.159.04"]);
     let s = new.disk_stats().unwrap();
     assert_eq!((s.misses, s.misses_device_changed), (1, 1));
     let cause = ev
         .iter()
-        .find_map(|e| e.fields.get("cause").filter(|_| e.target == "kpc::cache::disk"))
+        .find_map(|e| {
+            e.fields
+                .get("cause")
+                .filter(|_| e.target == "kpc::cache::disk")
+        })
         .cloned();
     assert_eq!(cause.as_deref(), Some("device-changed"));
     // A hit is not explained: the old device looks its key up again.
@@ -215,7 +213,8 @@ fn kpc(root: &Path, args: &[&str]) -> Output {
 }
 
 fn json(o: &Output) -> Value {
-    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    let text =
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{text}");
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
@@ -229,22 +228,41 @@ fn cli_explain_names_a_changed_spec_constant() {
     let root = t.join("cache");
     let sel = format!("opencl:{}", d.index);
     // Cold: nothing similar cached, and explaining writes nothing.
-    let v = json(&kpc(&root, &["cache", "explain", "--json", "--device", &sel]));
+    let v = json(&kpc(
+        &root,
+        &["cache", "explain", "--json", "--device", &sel],
+    ));
     let kernels = v["kernels"].as_array().unwrap();
     assert!(kernels.len() >= 2, "{v}");
     for k in kernels {
         assert_eq!(k["cached"], false, "{k}");
         assert_eq!(k["stores"][0]["cause"], "new-key", "{k}");
     }
-    assert!(!root.exists(), "kpc cache explain created the cache directory");
+    assert!(
+        !root.exists(),
+        "kpc cache explain created the cache directory"
+    );
     // kpc attention with head dimension 32 populates the cache; explaining the default (64) shows the
     // decode kernel's head-dimension constant changed.
     let o = kpc(
         &root,
-        &["attention", "--device", &sel, "--head-dim", "32", "--prompt", "8", "--steps", "2"],
+        &[
+            "attention",
+            "--device",
+            &sel,
+            "--head-dim",
+            "32",
+            "--prompt",
+            "8",
+            "--steps",
+            "2",
+        ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v = json(&kpc(&root, &["cache", "explain", "--json", "--device", &sel]));
+    let v = json(&kpc(
+        &root,
+        &["cache", "explain", "--json", "--device", &sel],
+    ));
     let kernels = v["kernels"].as_array().unwrap();
     let copy = kernels.iter().find(|k| k["label"] == "copy").unwrap();
     assert_eq!(copy["cached"], true, "{copy}");
@@ -256,7 +274,8 @@ fn cli_explain_names_a_changed_spec_constant() {
     for k in &spec_changed {
         let diffs = k["stores"][0]["diffs"].as_array().unwrap();
         assert!(
-            diffs.iter().any(|d| d["old"] == "32" && d["new"] == "64"
+            diffs.iter().any(|d| d["old"] == "32"
+                && d["new"] == "64"
                 && d["field"].as_str().unwrap().starts_with("spec constant ")),
             "{k}"
         );
@@ -264,7 +283,10 @@ fn cli_explain_names_a_changed_spec_constant() {
     // The same run for people.
     let o = kpc(&root, &["cache", "explain", "--device", &sel]);
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success() && text.contains("[spec-changed]: spec constant"), "{text}");
+    assert!(
+        o.status.success() && text.contains("[spec-changed]: spec constant"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -277,25 +299,63 @@ fn cli_explain_takes_a_blob_id() {
     let ctx = Context::with_device(&d, &disk_config(&root)).unwrap();
     let img = opencl_image("saxpy").unwrap();
     let opts = BuildOptions::default();
-    ctx.kernel(&img, "saxpy", &SpecConstants::new().with(1, SpecValue::I32(7)), &opts)
-        .unwrap();
+    ctx.kernel(
+        &img,
+        "saxpy",
+        &SpecConstants::new().with(1, SpecValue::I32(7)),
+        &opts,
+    )
+    .unwrap();
     let hex = |b: Vec<u8>| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     let sel = format!("opencl:{}", d.index);
     let cached = hex(ctx
-        .cache_blob_id(&img, &SpecConstants::new().with(1, SpecValue::I32(7)), &opts)
+        .cache_blob_id(
+            &img,
+            &SpecConstants::new().with(1, SpecValue::I32(7)),
+            &opts,
+        )
         .unwrap());
-    let v = json(&kpc(&root, &["cache", "explain", "--json", "--device", &sel, "--blob-id", &cached]));
+    let v = json(&kpc(
+        &root,
+        &[
+            "cache",
+            "explain",
+            "--json",
+            "--device",
+            &sel,
+            "--blob-id",
+            &cached,
+        ],
+    ));
     assert_eq!(v["kernels"][0]["cached"], true, "{v}");
     assert_eq!(v["kernels"][0]["label"], "saxpy", "{v}");
     let other = hex(ctx
-        .cache_blob_id(&img, &SpecConstants::new().with(1, SpecValue::I32(8)), &opts)
+        .cache_blob_id(
+            &img,
+            &SpecConstants::new().with(1, SpecValue::I32(8)),
+            &opts,
+        )
         .unwrap());
-    let v = json(&kpc(&root, &["cache", "explain", "--json", "--device", &sel, "--blob-id", &other]));
+    let v = json(&kpc(
+        &root,
+        &[
+            "cache",
+            "explain",
+            "--json",
+            "--device",
+            &sel,
+            "--blob-id",
+            &other,
+        ],
+    ));
     let s = &v["kernels"][0]["stores"][0];
     assert_eq!(s["cause"], "spec-changed", "{v}");
     assert_eq!(s["explanation"], "spec constant 1: 7 → 8", "{v}");
     // Not a blob id: a clear error, no panic.
-    let o = kpc(&root, &["cache", "explain", "--device", &sel, "--blob-id", "abc"]);
+    let o = kpc(
+        &root,
+        &["cache", "explain", "--device", &sel, "--blob-id", "abc"],
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("hex digits"), "{err}");
 }

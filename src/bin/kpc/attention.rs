@@ -378,8 +378,8 @@ fn workload(
         device.backend, device.index, device.name, device.device_type, device.driver
     );
 
-    let attn = Attention::new(&ctx, &shape, dtype, total, options)?;
-    let (copy_bw, copy_kernel) = copy_bandwidth(&ctx)?;
+    let attn = Attention::new(ctx, &shape, dtype, total, options)?;
+    let (copy_bw, copy_kernel) = copy_bandwidth(ctx)?;
     let decode_how = match attn.decode_kernel() {
         DecodeKernel::Vectorized => format!(
             ", {} splits, {}",
@@ -428,7 +428,7 @@ fn workload(
     let rows_q = shape.batch * shape.q_heads;
     let rows_kv = shape.batch * shape.kv_heads;
     let mut rng = Rng::new();
-    let mut cache = KvCache::new(&ctx, &shape, total, dtype)?;
+    let mut cache = KvCache::new(ctx, &shape, total, dtype)?;
     // What the check compares: every K/V row `[rows_kv][total][d]`, and the prompt's outputs.
     let keep = args.check;
     let mut all_k = Vec::new();
@@ -653,7 +653,7 @@ fn workload(
         // written), so the fixed cost of one launch and the ramp of a short stream show.
         let step_bytes = bytes / n;
         let same_us = stream_time(
-            &ctx,
+            ctx,
             &copy_kernel,
             (step_bytes / 32.0).round() as usize,
             false,
@@ -668,8 +668,8 @@ fn workload(
         );
         // The floor of a kernel that only reads a step's bytes, as a decode step does.
         let read_us = stream_time(
-            &ctx,
-            &shipped(&ctx, "read")?,
+            ctx,
+            &shipped(ctx, "read")?,
             (step_bytes / 16.0).round() as usize,
             true,
         )?

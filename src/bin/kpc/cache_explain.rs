@@ -16,8 +16,8 @@ use std::time::Duration;
 use kpc::cache::disk::{DiskCacheSettings, DiskKey, MissExplanation, PersistentCache};
 use kpc::cache::store::{Access, PutOutcome, Removal, Store, StoreEntry, StoreHit, StoreStats};
 use kpc::cache::{Digest, StoreChain};
-use kpc::runtime::blob::{BLOB_ID_MAGIC, CACHE_BLOB_VERSION};
 use kpc::config::BackendKind;
+use kpc::runtime::blob::{BLOB_ID_MAGIC, CACHE_BLOB_VERSION};
 use kpc::{Config, Context, Error};
 use serde_json::{Value, json};
 
@@ -246,8 +246,7 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             let chain = StoreChain::new().with_store(recorder.clone());
             let ctx = Context::with_device_and_stores(device, &quiet, chain)?;
             attention::acquire_kernels(&ctx, &plan, &args.attention)?;
-            let keys = recorder.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            keys
+            recorder.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
         }
     };
     let rows: Vec<(DiskKey, Vec<Verdict>)> = keys
@@ -283,10 +282,18 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             device.fingerprint.digest.short_hex(8)
         );
         for (k, v) in &rows {
-            let label = if k.label().is_empty() { "(unnamed)" } else { k.label() };
+            let label = if k.label().is_empty() {
+                "(unnamed)"
+            } else {
+                k.label()
+            };
             let first = v.iter().position(|v| v.cached);
             match first {
-                Some(i) => println!("{label} [{}]: {}", k.digest().short_hex(6), verdict_text(&v[i])),
+                Some(i) => println!(
+                    "{label} [{}]: {}",
+                    k.digest().short_hex(6),
+                    verdict_text(&v[i])
+                ),
                 None => {
                     println!("{label} [{}]: not cached", k.digest().short_hex(6));
                     for v in v {

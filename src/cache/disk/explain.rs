@@ -129,7 +129,9 @@ impl FieldDiff {
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "(unset)".into());
         match self {
             FieldDiff::Device { field, old, new } => (field.clone(), opt(old), opt(new)),
-            FieldDiff::DeviceDigest { old, new } => ("device_digest".into(), old.clone(), new.clone()),
+            FieldDiff::DeviceDigest { old, new } => {
+                ("device_digest".into(), old.clone(), new.clone())
+            }
             FieldDiff::Image { old, new, .. } => ("image_digest".into(), old.clone(), new.clone()),
             FieldDiff::SpecConstant { id, old, new } => {
                 (format!("spec constant {id}"), opt(old), opt(new))
@@ -144,9 +146,16 @@ impl fmt::Display for FieldDiff {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "(unset)".into());
         match self {
-            FieldDiff::Device { field, old, new } => write!(f, "{field} {} → {}", opt(old), opt(new)),
+            FieldDiff::Device { field, old, new } => {
+                write!(f, "{field} {} → {}", opt(old), opt(new))
+            }
             FieldDiff::DeviceDigest { old, new } => {
-                write!(f, "device digest {} → {}", &old[..16.min(old.len())], &new[..16.min(new.len())])
+                write!(
+                    f,
+                    "device digest {} → {}",
+                    &old[..16.min(old.len())],
+                    &new[..16.min(new.len())]
+                )
             }
             FieldDiff::Image { name, len, .. } => {
                 f.write_str("image digest changed")?;
@@ -492,7 +501,10 @@ mod tests {
         let text: Vec<String> = d.iter().map(ToString::to_string).collect();
         assert_eq!(
             text,
-            ["spec constant 3: 64 → 128", "spec constant 7: (unset) → true"]
+            [
+                "spec constant 3: 64 → 128",
+                "spec constant 7: (unset) → true"
+            ]
         );
         let raw = spec_diffs(&[1, 2], &[3]);
         assert_eq!(raw[0].to_string(), "spec constants \"0102\" → \"03\"");
