@@ -30,13 +30,13 @@ fn disk_config(root: &Path) -> Config {
         .unwrap()
 }
 
-/// The explanations of the disk misses among `events` (the trace line's message).
+/// The explanations of the disk misses among `events` (the trace line's `why` field).
 fn miss_lines(events: &[common::disk::Ev]) -> Vec<String> {
     events
         .iter()
         .filter(|e| e.target == "kpc::cache::disk")
-        .filter_map(|e| e.fields.get("message"))
-        .filter_map(|m| m.strip_prefix("miss: ").map(str::to_owned))
+        .filter(|e| e.fields.get("message").is_some_and(|m| m == "miss"))
+        .filter_map(|e| e.fields.get("why").cloned())
         .collect()
 }
 

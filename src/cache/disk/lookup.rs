@@ -280,7 +280,7 @@ impl Inner {
                 self.trace(|| {
                     tracing::debug!(target: "kpc::cache::disk", key = %key.digest(), label = key.label(),
                         waited_ms = waited.map(|w| w.as_secs_f64() * 1e3), cause = why.cause.name(),
-                        "miss: {why}")
+                        why = %why, "miss")
                 });
             }
         }
