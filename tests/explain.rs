@@ -359,3 +359,32 @@ fn cli_explain_takes_a_blob_id() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("hex digits"), "{err}");
 }
+
+#[test]
+fn read_only_layers_explain_their_misses_too() {
+    let t = TempDir::new("explain-ro");
+    let (layer, local) = (t.join("layer"), t.join("local"));
+    let img = fake_image("k.cl", &["k"]);
+    let opts = BuildOptions::default();
+    let spec = |v| SpecConstants::new().with(0, SpecValue::U32(v));
+    ProgramManager::new(Arc::new(FakeBackend::new()), &disk_config(&layer))
+        .program(&img, &spec(64), &opts)
+        .unwrap();
+    let config = Config::builder()
+        .persistent(true)
+        .cache_dir(&local)
+        .readonly_dirs(vec![layer.clone()])
+        .trace(TraceFlags::DISK)
+        .build()
+        .unwrap();
+    let pm = ProgramManager::new(Arc::new(FakeBackend::new()), &config);
+    let before = common::disk::files_under(&layer);
+    let (r, ev) = capture(|| pm.program(&img, &spec(128), &opts));
+    r.unwrap();
+    // The local cache, then the layer: each explains its own miss.
+    assert_eq!(
+        miss_lines(&ev),
+        ["nothing similar cached", "spec constant 0: 64 → 128"]
+    );
+    assert_eq!(before, common::disk::files_under(&layer));
+}
