@@ -17,6 +17,8 @@ use kpc::Config;
 #[cfg(not(loom))]
 mod attention;
 #[cfg(not(loom))]
+mod attention_args;
+#[cfg(not(loom))]
 mod bench_build;
 #[cfg(not(loom))]
 mod bench_build_cl;
