@@ -52,7 +52,7 @@ pub struct DiskStats {
     pub failed_puts: u64,
     /// I/O errors on the read path that were treated as a miss (permission denied, ...).
     pub read_errors: u64,
-    /// Misses by cause ([`MissCause`](super::MissCause), see `explain.rs`): nothing similar cached.
+    /// Misses by cause ([`MissCause`], see `explain.rs`): nothing similar cached.
     pub misses_new_key: u64,
     /// Misses whose nearest entry was built for another device fingerprint (driver update, ...).
     pub misses_device_changed: u64,
