@@ -33,6 +33,8 @@ pub mod vars {
     pub const CACHE_LOCK_TIMEOUT: &str = "KPC_CACHE_LOCK_TIMEOUT";
     /// Trace bitmask: 1 disk, 2 memory, 4 builds.
     pub const CACHE_TRACE: &str = "KPC_CACHE_TRACE";
+    /// 0/1: debug mode, every program built fresh and compared with the cached binary.
+    pub const CACHE_DEBUG: &str = "KPC_CACHE_DEBUG";
     /// Device selector.
     pub const DEVICE: &str = "KPC_DEVICE";
     /// Fallback cache root base (XDG base directory spec).
@@ -259,6 +261,10 @@ pub struct Config {
     pub lock_timeout: Duration,
     /// Which layers trace (`KPC_CACHE_TRACE`, default none).
     pub trace: TraceFlags,
+    /// Cache debug mode (`KPC_CACHE_DEBUG`, default off): lookups run and are counted as usual, but
+    /// every program is built fresh, its binary compared with the cached one, and nothing is written
+    /// to any store.
+    pub cache_debug: bool,
     /// Device selector (`KPC_DEVICE`, default auto).
     pub device: DeviceSelector,
 }
@@ -281,6 +287,7 @@ impl Default for Config {
             in_mem_eviction_threshold: 0,
             lock_timeout: Duration::from_secs(30),
             trace: TraceFlags::default(),
+            cache_debug: false,
             device: DeviceSelector::Auto,
         }
     }
@@ -330,6 +337,9 @@ impl Config {
         }
         if let Some(v) = get(vars::CACHE_TRACE)? {
             b = b.trace(parse_trace(&v)?);
+        }
+        if let Some(v) = get(vars::CACHE_DEBUG)? {
+            b = b.cache_debug(parse_bool(vars::CACHE_DEBUG, &v)?);
         }
         if let Some(v) = get(vars::DEVICE)? {
             b = b.device(DeviceSelector::parse(&v)?);
@@ -445,6 +455,11 @@ impl ConfigBuilder {
     /// Sets the trace mask.
     pub fn trace(mut self, t: TraceFlags) -> Self {
         self.config.trace = t;
+        self
+    }
+    /// Sets cache debug mode (see [`Config::cache_debug`]).
+    pub fn cache_debug(mut self, on: bool) -> Self {
+        self.config.cache_debug = on;
         self
     }
     /// Sets the device selector.

@@ -108,6 +108,8 @@ fn every_malformed_variable_is_named_in_its_error() {
         ("KPC_CACHE_LOCK_TIMEOUT", "forever"),
         ("KPC_CACHE_TRACE", "8"),
         ("KPC_CACHE_TRACE", "disk"),
+        ("KPC_CACHE_DEBUG", "2"),
+        ("KPC_CACHE_DEBUG", "verbose"),
         ("KPC_DEVICE", "cuda:0"),
         ("KPC_DEVICE", "vulkan:fast"),
     ] {
@@ -140,9 +142,11 @@ fn values_are_applied() {
         ("KPC_IN_MEM_CACHE_EVICTION_THRESHOLD", "64K"),
         ("KPC_CACHE_LOCK_TIMEOUT", "250ms"),
         ("KPC_CACHE_TRACE", "0x5"),
+        ("KPC_CACHE_DEBUG", "1"),
         ("KPC_DEVICE", "opencl:1"),
     ]))
     .unwrap();
+    assert!(c.cache_debug);
     assert!(!c.persistent && !c.in_mem);
     assert_eq!(c.max_size, 0);
     assert_eq!(c.in_mem_eviction_threshold, 64 << 10);

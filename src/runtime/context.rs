@@ -20,6 +20,7 @@ use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
 
 use super::buffer::{Buffer, RawBuffer};
+use super::cache_debug::CacheDebugStats;
 use super::program_manager::{ProgramManager, Source};
 use super::queue::{EventImpl, Queue};
 
@@ -63,6 +64,7 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
     fn finish(&self) -> Result<()>;
     fn memory_stats(&self) -> CacheStats;
     fn backend_stats(&self) -> BackendStats;
+    fn debug_stats(&self) -> CacheDebugStats;
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -180,6 +182,9 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
     }
     fn backend_stats(&self) -> BackendStats {
         self.programs.backend().stats()
+    }
+    fn debug_stats(&self) -> CacheDebugStats {
+        self.programs.debug_stats()
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -385,6 +390,12 @@ impl Context {
     /// The backend's counters (programs built and loaded, driver pipeline-cache hits, launches).
     pub fn backend_stats(&self) -> BackendStats {
         self.inner.backend_stats()
+    }
+
+    /// Cache debug mode's comparisons of fresh builds with cached binaries (all zero unless
+    /// `KPC_CACHE_DEBUG=1`).
+    pub fn cache_debug_stats(&self) -> CacheDebugStats {
+        self.inner.debug_stats()
     }
 }
 

@@ -25,6 +25,7 @@
 pub mod blob;
 #[cfg(not(loom))]
 pub mod buffer;
+pub mod cache_debug;
 #[cfg(not(loom))]
 pub mod context;
 #[cfg(not(loom))]

@@ -8,6 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::cache_debug::{CacheDebugStats, DebugCounters, DebugOutcome};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::store::{LevelStats, Turn};
 use crate::cache::{
@@ -84,6 +85,8 @@ pub struct ProgramManager<B: Backend> {
     stores: StoreChain,
     /// The fingerprint's `describe()`, computed once: part of every disk key.
     device_description: String,
+    /// Cache debug mode's comparisons (`KPC_CACHE_DEBUG`).
+    debug: DebugCounters,
 }
 
 /// How many persisted binaries in a row the backend may refuse for one request before it is built
@@ -139,6 +142,7 @@ impl<B: Backend> ProgramManager<B> {
             cache: KernelProgramCache::new(MemCacheSettings::from(config)),
             stores,
             device_description,
+            debug: DebugCounters::default(),
         }
     }
 
@@ -319,6 +323,11 @@ impl<B: Backend> ProgramManager<B> {
         self.cache.stats()
     }
 
+    /// Cache debug mode's comparisons so far (all zero unless `KPC_CACHE_DEBUG=1`).
+    pub fn debug_stats(&self) -> CacheDebugStats {
+        self.debug.snapshot()
+    }
+
     /// A memory miss: a persisted binary if a store has a usable one, else a build (stored afterwards).
     fn build_program(
         &self,
@@ -330,6 +339,9 @@ impl<B: Backend> ProgramManager<B> {
             return Ok((self.build_fresh(image, spec, options)?.0, Source::Built));
         }
         let key = self.disk_key(image, spec, options);
+        if self.config.cache_debug {
+            return self.build_debug(image, spec, options, &key);
+        }
         // Levels whose binary the backend refused and which would serve it again (read-only ones).
         let mut skip = Vec::new();
         let mut lock = None;
@@ -370,6 +382,36 @@ impl<B: Backend> ProgramManager<B> {
             Ok(Some(bytes)) => self.stores.put(&key, &bytes, took, lock),
             Ok(None) => {}
             Err(e) => self.stores.note_serialize_failure(&e),
+        }
+        Ok((program, Source::Built))
+    }
+
+    /// Debug mode: looks `key` up without changing any store, builds anyway, and compares the fresh
+    /// binary with the cached one. Writes nothing to any store (no put, backfill, lock or repair).
+    fn build_debug(
+        &self,
+        image: &DeviceImage,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+        key: &DiskKey,
+    ) -> Result<(B::Program, Source)> {
+        let cached = self.stores.peek(key);
+        let (program, _) = self.build_fresh(image, spec, options)?;
+        let outcome = match (&cached, self.backend.program_binary(&program)) {
+            (None, _) => DebugOutcome::Missing,
+            (Some(hit), Ok(Some(fresh))) if fresh == hit.bytes() => {
+                DebugOutcome::Equal { len: fresh.len() }
+            }
+            (Some(hit), Ok(Some(fresh))) => DebugOutcome::Different {
+                cached: hit.bytes().len(),
+                fresh: fresh.len(),
+            },
+            (Some(_), Ok(None) | Err(_)) => DebugOutcome::NoFreshBinary,
+        };
+        self.debug.record(image.name(), &outcome);
+        if self.config.trace.contains(TraceFlags::DISK) {
+            tracing::debug!(target: "kpc::cache::debug", image = image.name(), key = %key.digest(),
+                cached = cached.is_some(), "{outcome}");
         }
         Ok((program, Source::Built))
     }

@@ -90,6 +90,19 @@ impl FakeBackend {
             binary_error: AtomicBool::new(false),
         }
     }
+    /// A fake device named `name` whose fingerprint reports driver version `driver` (the default is
+    /// "1"): what a driver update looks like to the cache.
+    pub fn with_driver_version(name: &str, driver: &str) -> Self {
+        let mut b = Self::with_device(name);
+        b.fingerprint = DeviceFingerprint::new(
+            BackendKind::Vulkan,
+            vec![
+                ("deviceName".into(), name.into()),
+                ("driverVersion".into(), driver.into()),
+            ],
+        );
+        b
+    }
     pub fn binary_size(mut self, n: usize) -> Self {
         self.binary_size = n.max(MAGIC.len() + 8);
         self

@@ -6,152 +6,14 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::Args as ClapArgs;
+pub use crate::attention_args::{Args, Plan, plan};
 use kpc::attention::reference::{attention, relative_error};
 use kpc::attention::{
     Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
 };
 use kpc::cache::{BuildOptions, SpecConstants};
-use kpc::config::{BackendKind, DeviceSelector};
-use kpc::runtime::device::select_device;
-use kpc::{Config, Context, Error, Event, PushConstants};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum BackendArg {
-    Vulkan,
-    Opencl,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum KvArg {
-    F16,
-    F32,
-}
-
-#[derive(ClapArgs, Debug)]
-pub struct Args {
-    /// Backend; without it (and without --device) KPC_DEVICE decides.
-    #[arg(long, value_enum)]
-    backend: Option<BackendArg>,
-    /// Device: an index on the backend, or a KPC_DEVICE selector such as `vulkan:gpu`.
-    #[arg(long)]
-    device: Option<String>,
-    /// Sequences (B).
-    #[arg(long, default_value_t = 1)]
-    batch: usize,
-    /// Query heads (Hq).
-    #[arg(long, default_value_t = 8)]
-    heads: usize,
-    /// Key/value heads (Hkv); defaults to --heads.
-    #[arg(long)]
-    kv_heads: Option<usize>,
-    /// Head dimension (D).
-    #[arg(long, default_value_t = 64)]
-    head_dim: usize,
-    /// Prompt length prefilled.
-    #[arg(long, default_value_t = 128)]
-    prompt: usize,
-    /// Decode steps after the prompt.
-    #[arg(long, default_value_t = 32)]
-    steps: usize,
-    /// K/V storage type.
-    #[arg(long, value_enum, default_value = "f16")]
-    kv: KvArg,
-    /// Compare every output with the float64 reference (fails above 1e-5 for f32, 2e-3 for f16).
-    #[arg(long)]
-    check: bool,
-    /// Upload the prompt's K/V into the cache instead of running the prefill kernel: decode
-    /// benchmarks at long L without waiting for a prefill.
-    #[arg(long)]
-    fill: bool,
-    /// Decode split kernel.
-    #[arg(long, value_enum, default_value = "auto")]
-    decode_kernel: DecodeArg,
-    /// Prefill kernel.
-    #[arg(long, value_enum, default_value = "auto")]
-    prefill_kernel: PrefillArg,
-    /// Query rows per workgroup of the cooperative-matrix prefill (AttentionOptions::coop_rows).
-    #[arg(long)]
-    coop_rows: Option<u32>,
-    /// Whether the cooperative-matrix prefill keeps its softmax in registers where the device's
-    /// matrix layout allows (AttentionOptions::coop_registers): `true` or `false`; without it, the
-    /// default.
-    #[arg(long)]
-    coop_registers: Option<bool>,
-    /// Whether the tiled prefill loads its next staging step during the current one
-    /// (AttentionOptions::tiled_prefetch): `true` or `false`; without it, the default.
-    #[arg(long)]
-    tiled_prefetch: Option<bool>,
-    /// Times the prefill runs; the bench line reports the median. Above 1, the runs after the
-    /// first attend over the K/V it wrote (Attention::prefill_cached), untimed ones for at
-    /// least 300 ms first (the GPU leaves its idle clocks only under sustained load), then
-    /// these timed ones.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
-    prefill_runs: u32,
-    /// Multiplies the random queries (uniform in [-1, 1)): larger scores make the softmax's running
-    /// max move, which exercises its rescaling.
-    #[arg(long, default_value_t = 1.0)]
-    q_scale: f32,
-    /// Workgroups a vectorized decode aims for (AttentionOptions::decode_workgroups).
-    #[arg(long)]
-    workgroups: Option<u32>,
-    /// Invocations per workgroup of the vectorized decode (AttentionOptions::decode_local_size).
-    #[arg(long)]
-    decode_local: Option<u32>,
-    /// Fewest positions per split of the vectorized decode (AttentionOptions::decode_split_min);
-    /// without it, the device's default.
-    #[arg(long)]
-    decode_split_min: Option<u32>,
-    /// Rows in flight per lane group of the vectorized decode (AttentionOptions::decode_rows).
-    #[arg(long)]
-    decode_rows: Option<u32>,
-    /// Grouped-query decode with one workgroup per query head (AttentionOptions::decode_spread):
-    /// `true` or `false`; without it, the default.
-    #[arg(long)]
-    decode_spread: Option<bool>,
-    /// Vectorized decode loads the next rows while using the current ones
-    /// (AttentionOptions::decode_prefetch): `true` or `false`; without it, the default.
-    #[arg(long)]
-    decode_prefetch: Option<bool>,
-    /// Vectorized decode splits take the positions block-cyclically
-    /// (AttentionOptions::decode_cyclic): `true` or `false`; without it, the device's default.
-    #[arg(long)]
-    decode_cyclic: Option<bool>,
-    /// Vectorized decode on Vulkan combines all query heads at once where they fit
-    /// (AttentionOptions::decode_combine_all): `true` or `false`; without it, the default.
-    #[arg(long)]
-    decode_combine_all: Option<bool>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum PrefillArg {
-    Auto,
-    Generic,
-    Tiled,
-    Cooperative,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum DecodeArg {
-    Auto,
-    Generic,
-    Vectorized,
-}
-
-fn selector(args: &Args, config: &Config) -> kpc::Result<DeviceSelector> {
-    let backend = args.backend.map(|b| match b {
-        BackendArg::Vulkan => "vulkan",
-        BackendArg::Opencl => "opencl",
-    });
-    let text = match (backend, args.device.as_deref()) {
-        (_, Some(d)) if d.contains(':') => d.to_string(),
-        (Some(b), Some(d)) => format!("{b}:{d}"),
-        (None, Some(d)) => format!("any:{d}"),
-        (Some(b), None) => format!("{b}:0"),
-        (None, None) => return Ok(config.device),
-    };
-    Ok(DeviceSelector::parse(&text)?)
-}
+use kpc::config::BackendKind;
+use kpc::{Config, Context, Event, PushConstants};
 
 /// Uniform numbers in [-1, 1) from a xorshift generator seeded by the clock: fresh inputs each run.
 struct Rng(u64);
@@ -245,23 +107,41 @@ fn timed(launch: impl FnOnce() -> kpc::Result<Event>) -> kpc::Result<Duration> {
     Ok(ev.device_time()?.unwrap_or_else(|| t.elapsed()))
 }
 
+/// The kernels `kpc attention` uses, as [`Attention::new`] and the copy-bandwidth measurement
+/// acquire them on `ctx`.
+pub fn acquire_kernels(ctx: &Context, plan: &Plan, args: &Args) -> kpc::Result<Vec<kpc::Kernel>> {
+    let total = args.prompt + args.steps;
+    let attn = Attention::new(ctx, &plan.shape, plan.dtype, total, plan.options)?;
+    let mut v: Vec<kpc::Kernel> = attn.kernels().into_iter().cloned().collect();
+    v.push(shipped(ctx, "copy")?);
+    Ok(v)
+}
+
 pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
-    let shape = AttentionShape {
-        batch: args.batch,
-        q_heads: args.heads,
-        kv_heads: args.kv_heads.unwrap_or(args.heads),
-        head_dim: args.head_dim,
-    };
-    shape.validate()?;
-    if args.prompt == 0 {
-        return Err(Error::InvalidArgument("--prompt must be at least 1".into()));
-    }
-    let dtype = match args.kv {
-        KvArg::F16 => KvDtype::F16,
-        KvArg::F32 => KvDtype::F32,
-    };
-    let device = select_device(&selector(args, config)?)?;
+    let Plan {
+        device,
+        shape,
+        dtype,
+        options,
+    } = plan(config, args)?;
     let ctx = Context::with_device(&device, config)?;
+    let code = workload(args, &device, &ctx, shape, dtype, options)?;
+    if config.cache_debug {
+        // KPC_CACHE_DEBUG: every program above was built fresh and compared with the cached binary.
+        println!("cache debug: {}", ctx.cache_debug_stats());
+    }
+    Ok(code)
+}
+
+/// Everything `kpc attention` runs on `ctx`, up to its exit status.
+fn workload(
+    args: &Args,
+    device: &kpc::backend::DeviceInfo,
+    ctx: &Context,
+    shape: AttentionShape,
+    dtype: KvDtype,
+    options: AttentionOptions,
+) -> kpc::Result<ExitCode> {
     let (prompt, steps) = (args.prompt, args.steps);
     let total = prompt + steps;
     let d = shape.head_dim;
@@ -274,60 +154,8 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         device.backend, device.index, device.name, device.device_type, device.driver
     );
 
-    let mut options = AttentionOptions::for_device(&device);
-    // Explicit sizes are taken as given: Attention::new rejects what the device cannot run.
-    options.decode = match args.decode_kernel {
-        DecodeArg::Auto => DecodeKernel::Auto,
-        DecodeArg::Generic => DecodeKernel::Generic,
-        DecodeArg::Vectorized => DecodeKernel::Vectorized,
-    };
-    options.prefill = match args.prefill_kernel {
-        PrefillArg::Auto => PrefillKernel::Auto,
-        PrefillArg::Generic => PrefillKernel::Generic,
-        PrefillArg::Tiled => PrefillKernel::Tiled,
-        PrefillArg::Cooperative => PrefillKernel::Cooperative,
-    };
-    if !args.q_scale.is_finite() {
-        return Err(kpc::Error::InvalidArgument(format!(
-            "--q-scale {} is not a finite number",
-            args.q_scale
-        )));
-    }
-    if let Some(r) = args.coop_rows {
-        options.coop_rows = r;
-    }
-    if let Some(r) = args.coop_registers {
-        options.coop_registers = r;
-    }
-    if let Some(p) = args.tiled_prefetch {
-        options.tiled_prefetch = p;
-    }
-    if let Some(w) = args.workgroups {
-        options.decode_workgroups = w;
-    }
-    if let Some(l) = args.decode_local {
-        options.decode_local_size = l;
-    }
-    if let Some(c) = args.decode_split_min {
-        options.decode_split_min = c;
-    }
-    if let Some(r) = args.decode_rows {
-        options.decode_rows = r;
-    }
-    if let Some(s) = args.decode_spread {
-        options.decode_spread = s;
-    }
-    if let Some(p) = args.decode_prefetch {
-        options.decode_prefetch = p;
-    }
-    if let Some(c) = args.decode_cyclic {
-        options.decode_cyclic = c;
-    }
-    if let Some(c) = args.decode_combine_all {
-        options.decode_combine_all = c;
-    }
-    let attn = Attention::new(&ctx, &shape, dtype, total, options)?;
-    let (copy_bw, copy_kernel) = copy_bandwidth(&ctx)?;
+    let attn = Attention::new(ctx, &shape, dtype, total, options)?;
+    let (copy_bw, copy_kernel) = copy_bandwidth(ctx)?;
     let decode_how = match attn.decode_kernel() {
         DecodeKernel::Vectorized => format!(
             ", {} splits, {}",
@@ -376,7 +204,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     let rows_q = shape.batch * shape.q_heads;
     let rows_kv = shape.batch * shape.kv_heads;
     let mut rng = Rng::new();
-    let mut cache = KvCache::new(&ctx, &shape, total, dtype)?;
+    let mut cache = KvCache::new(ctx, &shape, total, dtype)?;
     // What the check compares: every K/V row `[rows_kv][total][d]`, and the prompt's outputs.
     let keep = args.check;
     let mut all_k = Vec::new();
@@ -601,7 +429,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         // written), so the fixed cost of one launch and the ramp of a short stream show.
         let step_bytes = bytes / n;
         let same_us = stream_time(
-            &ctx,
+            ctx,
             &copy_kernel,
             (step_bytes / 32.0).round() as usize,
             false,
@@ -616,8 +444,8 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         );
         // The floor of a kernel that only reads a step's bytes, as a decode step does.
         let read_us = stream_time(
-            &ctx,
-            &shipped(&ctx, "read")?,
+            ctx,
+            &shipped(ctx, "read")?,
             (step_bytes / 16.0).round() as usize,
             true,
         )?

@@ -1,4 +1,4 @@
-//! `kpc cache path|stats|ls|verify|prune|clear`: inspect and maintain the on-disk cache.
+//! `kpc cache path|stats|ls|verify|prune|clear` (`explain` lives in `cache_explain.rs`): inspect and maintain the on-disk cache.
 //!
 //! The commands work on the configured cache directory even when `KPC_CACHE_PERSISTENT=0` (a disabled
 //! cache can still be inspected or cleared). Output is for people by default; `--json` prints one JSON
@@ -52,6 +52,9 @@ pub enum CacheCommand {
         #[arg(long)]
         json: bool,
     },
+    /// For each kernel `kpc attention` would use (same arguments), whether it is cached and if not,
+    /// why: the nearest cached entry and the key fields that differ. Or one key, given as a blob id.
+    Explain(crate::cache_explain::ExplainArgs),
     /// Remove every entry and the quarantine directory.
     Clear {
         /// Machine-readable output.
@@ -131,7 +134,7 @@ fn ago(t: SystemTime) -> String {
     }
 }
 
-fn print_json(v: &Value) {
+pub(crate) fn print_json(v: &Value) {
     println!(
         "{}",
         serde_json::to_string_pretty(v).expect("a JSON value always serializes")
@@ -164,6 +167,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
     let cache = PersistentCache::new(settings);
     let io = |e: std::io::Error| kpc::Error::Io(format!("{}: {e}", cache.root().display()));
     match cmd {
+        CacheCommand::Explain(args) => crate::cache_explain::run(config, cache, &args),
         CacheCommand::Path => {
             println!("{}", cache.root().display());
             Ok(ExitCode::SUCCESS)

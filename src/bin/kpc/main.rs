@@ -17,6 +17,8 @@ use kpc::Config;
 #[cfg(not(loom))]
 mod attention;
 #[cfg(not(loom))]
+mod attention_args;
+#[cfg(not(loom))]
 mod bench_build;
 #[cfg(not(loom))]
 mod bench_build_cl;
@@ -24,6 +26,8 @@ mod bench_build_cl;
 mod bench_launch;
 #[cfg(not(loom))]
 mod cache;
+#[cfg(not(loom))]
+mod cache_explain;
 #[cfg(not(loom))]
 mod devices;
 #[cfg(not(loom))]

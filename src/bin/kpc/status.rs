@@ -78,6 +78,10 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
         c.lock_timeout
     );
     println!("  KPC_CACHE_TRACE                     = {}", c.trace.bits());
+    println!(
+        "  KPC_CACHE_DEBUG                     = {}",
+        u8::from(c.cache_debug)
+    );
     println!("  KPC_DEVICE                          = {}", c.device);
     println!();
     match c.disk_cache_root() {

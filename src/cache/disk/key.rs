@@ -109,6 +109,31 @@ impl DiskKey {
         &self.label
     }
 
+    /// The device description (name=value lines).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// The device digest.
+    pub fn device_digest(&self) -> Digest {
+        self.device_digest
+    }
+
+    /// The image digest.
+    pub fn image_digest(&self) -> Digest {
+        self.image_digest
+    }
+
+    /// The canonical spec constant bytes.
+    pub fn spec(&self) -> &[u8] {
+        &self.spec
+    }
+
+    /// The build options.
+    pub fn options(&self) -> &str {
+        &self.options
+    }
+
     /// The `.src` payload: the full key values plus what `kpc cache ls` shows.
     pub(crate) fn record_json(&self, build_time: Duration, bin_len: u64) -> Vec<u8> {
         let created = SystemTime::now()

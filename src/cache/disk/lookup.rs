@@ -273,9 +273,14 @@ impl Inner {
             }
             None => {
                 bump(&self.counters.misses, 1);
+                // Explained on every miss (not only when tracing) so the counters by cause are
+                // complete: a bounded read of nearby key records, on a path about to build anyway.
+                let why = self.explain_miss(key);
+                bump(&self.counters.misses_by_cause[why.cause as usize], 1);
                 self.trace(|| {
                     tracing::debug!(target: "kpc::cache::disk", key = %key.digest(), label = key.label(),
-                        waited_ms = waited.map(|w| w.as_secs_f64() * 1e3), "miss")
+                        waited_ms = waited.map(|w| w.as_secs_f64() * 1e3), cause = why.cause.name(),
+                        why = %why, "miss")
                 });
             }
         }

@@ -39,6 +39,13 @@
 //! - **Read-only lookups** ([`PersistentCache::get_read_only`], what a read-only layer does) change
 //!   nothing: no access time, no lock file, a defective entry counted and left in place.
 //!
+//! # Misses
+//! Every miss this cache counts is explained (`explain.rs`): the key records near the key (its image
+//! under its device and under every other device, then the rest of its device directory; at most
+//! [`explain::MAX_EXPLAIN_RECORDS`] records) are compared with it, the nearest one's differing fields
+//! named ([`MissExplanation`]), the cause counted in [`DiskStats`] and traced on the `miss` line. A hit
+//! never pays for it.
+//!
 //! # Failures
 //! Every failure of the disk layer (missing or unwritable directories, a full disk, a read-only root,
 //! corrupt entries, a lock timeout) is a miss or a skipped put, never an error for the caller, and is
@@ -55,6 +62,7 @@
 
 pub mod entry;
 mod evict;
+pub mod explain;
 mod inventory;
 pub mod key;
 mod lock;
@@ -67,6 +75,7 @@ mod store;
 
 pub use entry::{Defect, FileKind};
 pub use evict::EvictReport;
+pub use explain::{FieldDiff, MissCause, MissExplanation};
 pub use inventory::{BadEntry, ClearReport, EntryInfo, VerifyReport};
 pub use key::{DiskKey, KeyRecord};
 pub use lookup::{DiskHit, Lookup};

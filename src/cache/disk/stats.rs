@@ -9,6 +9,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::MissCause;
+
 /// A snapshot of one disk cache instance's counters (this process only; other processes sharing the
 /// directory keep their own).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,6 +52,19 @@ pub struct DiskStats {
     pub failed_puts: u64,
     /// I/O errors on the read path that were treated as a miss (permission denied, ...).
     pub read_errors: u64,
+    /// Misses by cause ([`MissCause`], see `explain.rs`): nothing similar cached.
+    pub misses_new_key: u64,
+    /// Misses whose nearest entry was built for another device fingerprint (driver update, ...).
+    pub misses_device_changed: u64,
+    /// Misses whose nearest entry has an image of the same name with other bytes.
+    pub misses_image_changed: u64,
+    /// Misses whose nearest entry differs in spec constants only.
+    pub misses_spec_changed: u64,
+    /// Misses whose nearest entry differs in build options only.
+    pub misses_options_changed: u64,
+    /// Misses where an entry with exactly the key was there but not usable (corrupt, unreadable, or
+    /// published after the lookup).
+    pub misses_entry_unusable: u64,
 }
 
 #[derive(Debug, Default)]
@@ -70,6 +85,7 @@ pub(crate) struct DiskCounters {
     pub skipped: AtomicU64,
     pub failed_puts: AtomicU64,
     pub read_errors: AtomicU64,
+    pub misses_by_cause: [AtomicU64; 6],
 }
 
 pub(crate) fn bump(a: &AtomicU64, by: u64) {
@@ -100,6 +116,12 @@ impl DiskCounters {
             skipped: l(&self.skipped),
             failed_puts: l(&self.failed_puts),
             read_errors: l(&self.read_errors),
+            misses_new_key: l(&self.misses_by_cause[MissCause::NewKey as usize]),
+            misses_device_changed: l(&self.misses_by_cause[MissCause::DeviceChanged as usize]),
+            misses_image_changed: l(&self.misses_by_cause[MissCause::ImageChanged as usize]),
+            misses_spec_changed: l(&self.misses_by_cause[MissCause::SpecChanged as usize]),
+            misses_options_changed: l(&self.misses_by_cause[MissCause::OptionsChanged as usize]),
+            misses_entry_unusable: l(&self.misses_by_cause[MissCause::EntryUnusable as usize]),
         }
     }
 }

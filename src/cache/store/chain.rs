@@ -262,6 +262,30 @@ impl StoreChain {
         None
     }
 
+    /// The first verified hit for `key`, asking every level for a pure read ([`super::Access::ReadOnly`]),
+    /// writable ones included: no access time recorded, nothing repaired, no lock file. What cache
+    /// debug mode looks up with, since it must leave every store as it was. Counted as [`Self::get`].
+    pub fn peek(&self, key: &DiskKey) -> Option<ChainHit> {
+        for (i, l) in self.levels.iter().enumerate() {
+            match l.store.get(key, super::Access::ReadOnly) {
+                Some(hit) => {
+                    bump(&l.counters.hits);
+                    self.trace(|| {
+                        tracing::debug!(target: "kpc::cache::store", store = %l.name, key = %key.digest(),
+                            bytes = hit.bytes().len(), "hit (debug mode, read only)")
+                    });
+                    return Some(ChainHit {
+                        level: i,
+                        kind: l.kind,
+                        hit,
+                    });
+                }
+                None => bump(&l.counters.misses),
+            }
+        }
+        None
+    }
+
     /// After every level missed: the build lock from the first level that offers one (skipping
     /// `skip`). That level waits (bounded) for another builder and looks again; what it found then is
     /// [`Turn::Published`].

@@ -1,0 +1,232 @@
+//! `kpc attention`'s arguments and what they select ([`Plan`]): the device, shape, K/V type and
+//! attention options. Shared with `kpc cache explain`, which looks at the kernels the same arguments
+//! make `kpc attention` use.
+
+use clap::Args as ClapArgs;
+use kpc::attention::{AttentionOptions, AttentionShape, DecodeKernel, KvDtype, PrefillKernel};
+use kpc::config::DeviceSelector;
+use kpc::runtime::device::select_device;
+use kpc::{Config, Error};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum BackendArg {
+    Vulkan,
+    Opencl,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum KvArg {
+    F16,
+    F32,
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Backend; without it (and without --device) KPC_DEVICE decides.
+    #[arg(long, value_enum)]
+    pub(crate) backend: Option<BackendArg>,
+    /// Device: an index on the backend, or a KPC_DEVICE selector such as `vulkan:gpu`.
+    #[arg(long)]
+    pub(crate) device: Option<String>,
+    /// Sequences (B).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) batch: usize,
+    /// Query heads (Hq).
+    #[arg(long, default_value_t = 8)]
+    pub(crate) heads: usize,
+    /// Key/value heads (Hkv); defaults to --heads.
+    #[arg(long)]
+    pub(crate) kv_heads: Option<usize>,
+    /// Head dimension (D).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) head_dim: usize,
+    /// Prompt length prefilled.
+    #[arg(long, default_value_t = 128)]
+    pub(crate) prompt: usize,
+    /// Decode steps after the prompt.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) steps: usize,
+    /// K/V storage type.
+    #[arg(long, value_enum, default_value = "f16")]
+    pub(crate) kv: KvArg,
+    /// Compare every output with the float64 reference (fails above 1e-5 for f32, 2e-3 for f16).
+    #[arg(long)]
+    pub(crate) check: bool,
+    /// Upload the prompt's K/V into the cache instead of running the prefill kernel: decode
+    /// benchmarks at long L without waiting for a prefill.
+    #[arg(long)]
+    pub(crate) fill: bool,
+    /// Decode split kernel.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) decode_kernel: DecodeArg,
+    /// Prefill kernel.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) prefill_kernel: PrefillArg,
+    /// Query rows per workgroup of the cooperative-matrix prefill (AttentionOptions::coop_rows).
+    #[arg(long)]
+    pub(crate) coop_rows: Option<u32>,
+    /// Whether the cooperative-matrix prefill keeps its softmax in registers where the device's
+    /// matrix layout allows (AttentionOptions::coop_registers): `true` or `false`; without it, the
+    /// default.
+    #[arg(long)]
+    pub(crate) coop_registers: Option<bool>,
+    /// Whether the tiled prefill loads its next staging step during the current one
+    /// (AttentionOptions::tiled_prefetch): `true` or `false`; without it, the default.
+    #[arg(long)]
+    pub(crate) tiled_prefetch: Option<bool>,
+    /// Times the prefill runs; the bench line reports the median. Above 1, the runs after the
+    /// first attend over the K/V it wrote (Attention::prefill_cached), untimed ones for at
+    /// least 300 ms first (the GPU leaves its idle clocks only under sustained load), then
+    /// these timed ones.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) prefill_runs: u32,
+    /// Multiplies the random queries (uniform in [-1, 1)): larger scores make the softmax's running
+    /// max move, which exercises its rescaling.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) q_scale: f32,
+    /// Workgroups a vectorized decode aims for (AttentionOptions::decode_workgroups).
+    #[arg(long)]
+    pub(crate) workgroups: Option<u32>,
+    /// Invocations per workgroup of the vectorized decode (AttentionOptions::decode_local_size).
+    #[arg(long)]
+    pub(crate) decode_local: Option<u32>,
+    /// Fewest positions per split of the vectorized decode (AttentionOptions::decode_split_min);
+    /// without it, the device's default.
+    #[arg(long)]
+    pub(crate) decode_split_min: Option<u32>,
+    /// Rows in flight per lane group of the vectorized decode (AttentionOptions::decode_rows).
+    #[arg(long)]
+    pub(crate) decode_rows: Option<u32>,
+    /// Grouped-query decode with one workgroup per query head (AttentionOptions::decode_spread):
+    /// `true` or `false`; without it, the default.
+    #[arg(long)]
+    pub(crate) decode_spread: Option<bool>,
+    /// Vectorized decode loads the next rows while using the current ones
+    /// (AttentionOptions::decode_prefetch): `true` or `false`; without it, the default.
+    #[arg(long)]
+    pub(crate) decode_prefetch: Option<bool>,
+    /// Vectorized decode splits take the positions block-cyclically
+    /// (AttentionOptions::decode_cyclic): `true` or `false`; without it, the device's default.
+    #[arg(long)]
+    pub(crate) decode_cyclic: Option<bool>,
+    /// Vectorized decode on Vulkan combines all query heads at once where they fit
+    /// (AttentionOptions::decode_combine_all): `true` or `false`; without it, the default.
+    #[arg(long)]
+    pub(crate) decode_combine_all: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum PrefillArg {
+    Auto,
+    Generic,
+    Tiled,
+    Cooperative,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum DecodeArg {
+    Auto,
+    Generic,
+    Vectorized,
+}
+
+fn selector(args: &Args, config: &Config) -> kpc::Result<DeviceSelector> {
+    let backend = args.backend.map(|b| match b {
+        BackendArg::Vulkan => "vulkan",
+        BackendArg::Opencl => "opencl",
+    });
+    let text = match (backend, args.device.as_deref()) {
+        (_, Some(d)) if d.contains(':') => d.to_string(),
+        (Some(b), Some(d)) => format!("{b}:{d}"),
+        (None, Some(d)) => format!("any:{d}"),
+        (Some(b), None) => format!("{b}:0"),
+        (None, None) => return Ok(config.device),
+    };
+    Ok(DeviceSelector::parse(&text)?)
+}
+
+/// What `kpc attention` runs with: the device, shape, K/V type and attention options its arguments
+/// select. `kpc cache explain` takes the same arguments and so looks at the same kernels.
+pub struct Plan {
+    pub device: kpc::backend::DeviceInfo,
+    pub shape: AttentionShape,
+    pub dtype: KvDtype,
+    pub options: AttentionOptions,
+}
+
+/// The [`Plan`] `args` select under `config`.
+pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
+    let shape = AttentionShape {
+        batch: args.batch,
+        q_heads: args.heads,
+        kv_heads: args.kv_heads.unwrap_or(args.heads),
+        head_dim: args.head_dim,
+    };
+    shape.validate()?;
+    if args.prompt == 0 {
+        return Err(Error::InvalidArgument("--prompt must be at least 1".into()));
+    }
+    let dtype = match args.kv {
+        KvArg::F16 => KvDtype::F16,
+        KvArg::F32 => KvDtype::F32,
+    };
+    let device = select_device(&selector(args, config)?)?;
+    let mut options = AttentionOptions::for_device(&device);
+    // Explicit sizes are taken as given: Attention::new rejects what the device cannot run.
+    options.decode = match args.decode_kernel {
+        DecodeArg::Auto => DecodeKernel::Auto,
+        DecodeArg::Generic => DecodeKernel::Generic,
+        DecodeArg::Vectorized => DecodeKernel::Vectorized,
+    };
+    options.prefill = match args.prefill_kernel {
+        PrefillArg::Auto => PrefillKernel::Auto,
+        PrefillArg::Generic => PrefillKernel::Generic,
+        PrefillArg::Tiled => PrefillKernel::Tiled,
+        PrefillArg::Cooperative => PrefillKernel::Cooperative,
+    };
+    if !args.q_scale.is_finite() {
+        return Err(kpc::Error::InvalidArgument(format!(
+            "--q-scale {} is not a finite number",
+            args.q_scale
+        )));
+    }
+    if let Some(r) = args.coop_rows {
+        options.coop_rows = r;
+    }
+    if let Some(r) = args.coop_registers {
+        options.coop_registers = r;
+    }
+    if let Some(p) = args.tiled_prefetch {
+        options.tiled_prefetch = p;
+    }
+    if let Some(w) = args.workgroups {
+        options.decode_workgroups = w;
+    }
+    if let Some(l) = args.decode_local {
+        options.decode_local_size = l;
+    }
+    if let Some(c) = args.decode_split_min {
+        options.decode_split_min = c;
+    }
+    if let Some(r) = args.decode_rows {
+        options.decode_rows = r;
+    }
+    if let Some(s) = args.decode_spread {
+        options.decode_spread = s;
+    }
+    if let Some(p) = args.decode_prefetch {
+        options.decode_prefetch = p;
+    }
+    if let Some(c) = args.decode_cyclic {
+        options.decode_cyclic = c;
+    }
+    if let Some(c) = args.decode_combine_all {
+        options.decode_combine_all = c;
+    }
+    Ok(Plan {
+        device,
+        shape,
+        dtype,
+        options,
+    })
+}

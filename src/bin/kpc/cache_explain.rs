@@ -1,0 +1,307 @@
+//! `kpc cache explain`: for each kernel `kpc attention` would use on the selected device (same
+//! arguments), whether the disk cache (and each read-only layer) holds it, and if not, why: the
+//! nearest cached entry and the key fields that differ (see `kpc::cache::disk::explain`).
+//! `--blob-id HEX` explains one key given as a cache blob id instead.
+//!
+//! To learn the exact keys `kpc attention` looks up, the kernels are acquired on a context whose only
+//! store records the keys it is asked for and holds nothing: every kernel is built in memory (what
+//! `kpc attention` does on a cold cache), and nothing is written to any cache directory. The lookups
+//! that follow are read-only ([`PersistentCache::get_read_only`]), so the command changes nothing.
+
+use std::io;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kpc::cache::disk::{DiskCacheSettings, DiskKey, MissExplanation, PersistentCache};
+use kpc::cache::store::{Access, PutOutcome, Removal, Store, StoreEntry, StoreHit, StoreStats};
+use kpc::cache::{Digest, StoreChain};
+use kpc::config::BackendKind;
+use kpc::runtime::blob::{BLOB_ID_MAGIC, CACHE_BLOB_VERSION};
+use kpc::{Config, Context, Error};
+use serde_json::{Value, json};
+
+use crate::attention;
+
+/// Arguments of `kpc cache explain`.
+#[derive(clap::Args, Debug)]
+pub struct ExplainArgs {
+    /// Explain the key of this cache blob id (hex, as `Context::cache_blob_id` makes it) instead of
+    /// the kernels of `kpc attention`.
+    #[arg(long)]
+    blob_id: Option<String>,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+    /// The `kpc attention` arguments whose kernels are explained.
+    #[command(flatten)]
+    attention: attention::Args,
+}
+
+/// A store that records every key it is asked for and holds nothing.
+#[derive(Debug, Default)]
+struct KeyRecorder(Mutex<Vec<DiskKey>>);
+
+impl Store for KeyRecorder {
+    fn name(&self) -> String {
+        "key-recorder".into()
+    }
+    fn get(&self, key: &DiskKey, _: Access) -> Option<StoreHit> {
+        let mut keys = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !keys.iter().any(|k| k.digest() == key.digest()) {
+            keys.push(key.clone());
+        }
+        None
+    }
+    fn put(&self, _: &DiskKey, _: &[u8], _: Duration) -> PutOutcome {
+        PutOutcome::Skipped
+    }
+    fn remove(&self, _: &DiskKey, _: Removal<'_>) -> bool {
+        false
+    }
+    fn list(&self) -> io::Result<Vec<StoreEntry>> {
+        Ok(Vec::new())
+    }
+    fn stats(&self) -> StoreStats {
+        StoreStats::default()
+    }
+}
+
+/// What one store says about one key.
+struct Verdict {
+    store: String,
+    cached: bool,
+    why: Option<MissExplanation>,
+}
+
+fn parse_hex(s: &str) -> kpc::Result<Vec<u8>> {
+    let s = s.trim();
+    let bad = || {
+        Error::InvalidArgument(format!(
+            "--blob-id {s:?} is not a blob id: expected an even number of hex digits (0-9, a-f)"
+        ))
+    };
+    if s.len() % 2 != 0 {
+        return Err(bad());
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            s.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .ok_or_else(bad)
+        })
+        .collect()
+}
+
+/// The parts of a blob id (layout in `src/runtime/blob.rs`).
+struct BlobIdParts {
+    device: Digest,
+    image: Digest,
+    image_len: u64,
+    spec: Vec<u8>,
+    options: String,
+}
+
+fn parse_blob_id(id: &[u8]) -> kpc::Result<BlobIdParts> {
+    let bad = |why: &str| {
+        Error::InvalidArgument(format!(
+            "--blob-id is not a kpc cache blob id ({why}); expected the bytes Context::cache_blob_id returns, in hex"
+        ))
+    };
+    let mut rest = id;
+    let mut take = |n: usize| -> kpc::Result<&[u8]> {
+        if rest.len() < n {
+            return Err(bad("too short"));
+        }
+        let (a, b) = rest.split_at(n);
+        rest = b;
+        Ok(a)
+    };
+    if take(8)? != BLOB_ID_MAGIC {
+        return Err(bad("wrong magic"));
+    }
+    let version = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
+    if version != CACHE_BLOB_VERSION {
+        return Err(bad(&format!(
+            "blob format version {version}; this kpc reads {CACHE_BLOB_VERSION}"
+        )));
+    }
+    take(4)?; // the kpc format version, which the device digest covers
+    let device = Digest(take(32)?.try_into().expect("32 bytes"));
+    let image = Digest(take(32)?.try_into().expect("32 bytes"));
+    let image_len = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes"));
+    let mut part = || -> kpc::Result<Vec<u8>> {
+        let n = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
+        Ok(take(n)?.to_vec())
+    };
+    let spec = part()?;
+    let options = String::from_utf8(part()?).map_err(|_| bad("options are not UTF-8"))?;
+    if !rest.is_empty() {
+        return Err(bad("trailing bytes"));
+    }
+    Ok(BlobIdParts {
+        device,
+        image,
+        image_len,
+        spec,
+        options,
+    })
+}
+
+fn verdicts(stores: &[(String, PersistentCache)], key: &DiskKey) -> Vec<Verdict> {
+    stores
+        .iter()
+        .map(|(name, c)| {
+            let cached = c.get_read_only(key).is_some();
+            Verdict {
+                store: name.clone(),
+                cached,
+                why: (!cached).then(|| c.explain_miss(key)),
+            }
+        })
+        .collect()
+}
+
+fn verdict_json(v: &Verdict) -> Value {
+    let mut o = json!({"store": v.store, "cached": v.cached});
+    if let Some(why) = &v.why {
+        let diffs: Vec<Value> = why
+            .diffs
+            .iter()
+            .map(|d| {
+                let (field, old, new) = d.parts();
+                json!({"field": field, "old": old, "new": new, "text": d.to_string()})
+            })
+            .collect();
+        o["cause"] = json!(why.cause.name());
+        o["explanation"] = json!(why.to_string());
+        o["diffs"] = json!(diffs);
+        o["nearest"] = json!(why.nearest);
+        o["truncated"] = json!(why.truncated);
+    }
+    o
+}
+
+fn verdict_text(v: &Verdict) -> String {
+    match &v.why {
+        None => format!("cached ({})", v.store),
+        Some(why) => format!("miss in {} [{}]: {why}", v.store, why.cause),
+    }
+}
+
+pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::Result<ExitCode> {
+    let mut stores = vec![("disk".to_string(), local)];
+    for dir in &config.readonly_dirs {
+        stores.push((
+            format!("readonly:{}", dir.display()),
+            PersistentCache::new(DiskCacheSettings::from_config_at(config, dir)),
+        ));
+    }
+    let plan = attention::plan(config, &args.attention)?;
+    let device = &plan.device;
+    let description = device.fingerprint.describe();
+    let keys: Vec<DiskKey> = match &args.blob_id {
+        Some(hex) => {
+            let p = parse_blob_id(&parse_hex(hex)?)?;
+            if p.device != device.fingerprint.digest {
+                return Err(Error::InvalidArgument(format!(
+                    "--blob-id is for device fingerprint {}, but the selected device {}:{} ({}) has {}: select that device (--backend, --device or KPC_DEVICE)",
+                    p.device.short_hex(8),
+                    device.backend,
+                    device.index,
+                    device.name,
+                    device.fingerprint.digest.short_hex(8)
+                )));
+            }
+            let key = DiskKey::new(
+                &description,
+                p.device,
+                p.image,
+                p.image_len,
+                &p.spec,
+                &p.options,
+            );
+            // The blob id carries no image name: take it from a shipped kernel with that image.
+            let names: Vec<&str> = match device.backend {
+                BackendKind::Vulkan => kpc::kernels::SPIRV.iter().map(|k| k.name).collect(),
+                BackendKind::OpenCl => kpc::kernels::OPENCL.iter().map(|k| k.name).collect(),
+            };
+            let label = names
+                .into_iter()
+                .find(|n| {
+                    let img = match device.backend {
+                        BackendKind::Vulkan => kpc::kernels::spirv_image(n),
+                        BackendKind::OpenCl => kpc::kernels::opencl_image(n),
+                    };
+                    img.is_ok_and(|i| i.digest() == p.image)
+                })
+                .unwrap_or("");
+            vec![key.with_label(label)]
+        }
+        None => {
+            let recorder = Arc::new(KeyRecorder::default());
+            let mut quiet = config.clone();
+            quiet.cache_debug = false;
+            let chain = StoreChain::new().with_store(recorder.clone());
+            let ctx = Context::with_device_and_stores(device, &quiet, chain)?;
+            attention::acquire_kernels(&ctx, &plan, &args.attention)?;
+            recorder.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        }
+    };
+    let rows: Vec<(DiskKey, Vec<Verdict>)> = keys
+        .into_iter()
+        .map(|k| {
+            let v = verdicts(&stores, &k);
+            (k, v)
+        })
+        .collect();
+    if args.json {
+        let kernels: Vec<Value> = rows
+            .iter()
+            .map(|(k, v)| {
+                json!({
+                    "label": k.label(),
+                    "key": k.digest().to_hex(),
+                    "cached": v.iter().any(|v| v.cached),
+                    "stores": v.iter().map(verdict_json).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        crate::cache::print_json(&json!({
+            "device": format!("{}:{} {}", device.backend, device.index, device.name),
+            "fingerprint": device.fingerprint.digest.to_hex(),
+            "kernels": kernels,
+        }));
+    } else {
+        println!(
+            "device: {}:{} {} (fingerprint {})",
+            device.backend,
+            device.index,
+            device.name,
+            device.fingerprint.digest.short_hex(8)
+        );
+        for (k, v) in &rows {
+            let label = if k.label().is_empty() {
+                "(unnamed)"
+            } else {
+                k.label()
+            };
+            let first = v.iter().position(|v| v.cached);
+            match first {
+                Some(i) => println!(
+                    "{label} [{}]: {}",
+                    k.digest().short_hex(6),
+                    verdict_text(&v[i])
+                ),
+                None => {
+                    println!("{label} [{}]: not cached", k.digest().short_hex(6));
+                    for v in v {
+                        println!("  {}", verdict_text(v));
+                    }
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

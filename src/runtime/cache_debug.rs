@@ -1,0 +1,153 @@
+//! Cache debug mode (`KPC_CACHE_DEBUG=1`): every program is built fresh, and its binary compared
+//! with what the stores hold for the key. What is counted here; `ProgramManager` does the work.
+//!
+//! The comparison is byte for byte on what [`Backend::program_binary`](crate::backend::Backend)
+//! returns, the bytes the cache would store. A driver whose binaries embed a timestamp, a build id or
+//! randomized layout makes every comparison "different": that is reported as a note about the driver
+//! ("binaries differ (driver not deterministic?)"), never as an error, since the cached binary is still
+//! a valid build of the same key.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+/// Most differing programs kept for the report; the counters count them all.
+pub const MAX_DEBUG_DIFFS: usize = 64;
+
+/// What one debug-mode build found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DebugOutcome {
+    /// The fresh binary equals the cached one (`len` bytes).
+    Equal {
+        /// Binary length.
+        len: usize,
+    },
+    /// The fresh binary differs from the cached one.
+    Different {
+        /// The cached binary's length.
+        cached: usize,
+        /// The fresh binary's length.
+        fresh: usize,
+    },
+    /// No store holds the key: nothing to compare with.
+    Missing,
+    /// The backend gave no binary for the fresh program (it cannot serialize one), so nothing was
+    /// compared.
+    NoFreshBinary,
+}
+
+impl fmt::Display for DebugOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DebugOutcome::Equal { len } => write!(f, "binaries equal ({len} bytes)"),
+            DebugOutcome::Different { cached, fresh } => write!(
+                f,
+                "binaries differ (driver not deterministic?): cached {cached} bytes, fresh {fresh} bytes"
+            ),
+            DebugOutcome::Missing => f.write_str("not cached: nothing to compare"),
+            DebugOutcome::NoFreshBinary => {
+                f.write_str("the backend gave no binary for the fresh build: not compared")
+            }
+        }
+    }
+}
+
+/// One program whose fresh binary differed from the cached one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DebugDiff {
+    /// The image's name.
+    pub image: String,
+    /// The cached binary's length.
+    pub cached: usize,
+    /// The fresh binary's length.
+    pub fresh: usize,
+}
+
+/// Debug-mode counters of one `ProgramManager` (all zero when debug mode is off).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheDebugStats {
+    /// Programs built fresh whose binary equals the cached one.
+    pub equal: u64,
+    /// Programs built fresh whose binary differs from the cached one.
+    pub different: u64,
+    /// Programs built fresh that no store held.
+    pub missing: u64,
+    /// Programs built fresh for which the backend gave no binary.
+    pub no_fresh_binary: u64,
+    /// The first [`MAX_DEBUG_DIFFS`] differing programs, with both sizes.
+    pub diffs: Vec<DebugDiff>,
+}
+
+impl CacheDebugStats {
+    /// Programs built in debug mode.
+    pub fn built(&self) -> u64 {
+        self.equal + self.different + self.missing + self.no_fresh_binary
+    }
+}
+
+impl fmt::Display for CacheDebugStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} programs built fresh: {} equal to the cached binary, {} different, {} not cached",
+            self.built(),
+            self.equal,
+            self.different,
+            self.missing
+        )?;
+        if self.no_fresh_binary > 0 {
+            write!(f, ", {} without a binary to compare", self.no_fresh_binary)?;
+        }
+        for d in &self.diffs {
+            write!(
+                f,
+                "\n  {}: binaries differ (driver not deterministic?): cached {} bytes, fresh {} bytes",
+                d.image, d.cached, d.fresh
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct DebugCounters {
+    equal: AtomicU64,
+    different: AtomicU64,
+    missing: AtomicU64,
+    no_fresh_binary: AtomicU64,
+    diffs: Mutex<Vec<DebugDiff>>,
+}
+
+impl DebugCounters {
+    pub fn record(&self, image: &str, outcome: &DebugOutcome) {
+        let c = match outcome {
+            DebugOutcome::Equal { .. } => &self.equal,
+            DebugOutcome::Different { cached, fresh } => {
+                let mut d = self.diffs.lock();
+                if d.len() < MAX_DEBUG_DIFFS {
+                    d.push(DebugDiff {
+                        image: image.to_owned(),
+                        cached: *cached,
+                        fresh: *fresh,
+                    });
+                }
+                &self.different
+            }
+            DebugOutcome::Missing => &self.missing,
+            DebugOutcome::NoFreshBinary => &self.no_fresh_binary,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> CacheDebugStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CacheDebugStats {
+            equal: l(&self.equal),
+            different: l(&self.different),
+            missing: l(&self.missing),
+            no_fresh_binary: l(&self.no_fresh_binary),
+            diffs: self.diffs.lock().clone(),
+        }
+    }
+}
