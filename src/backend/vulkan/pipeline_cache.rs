@@ -62,11 +62,13 @@ pub fn check_pipeline_cache_header(data: &[u8], device: &CacheIdentity) -> Resul
             data.len()
         ));
     }
+    // VUID-VkPipelineCacheHeaderVersionOne-headerSize-04967: a version-one header is exactly 32
+    // bytes. NVIDIA's driver took a blob whose headerSize said 122 without complaint (found on an
+    // H100 by tests/vulkan_binary.rs), so kpc checks it rather than pass the driver invalid data.
     let header_size = u32_at(data, 0) as usize;
-    if header_size < PIPELINE_CACHE_HEADER_BYTES || header_size > data.len() {
+    if header_size != PIPELINE_CACHE_HEADER_BYTES {
         return Err(format!(
-            "pipeline cache headerSize {header_size} is outside {PIPELINE_CACHE_HEADER_BYTES}..={}",
-            data.len()
+            "pipeline cache headerSize {header_size}, expected {PIPELINE_CACHE_HEADER_BYTES}"
         ));
     }
     let version = u32_at(data, 4);
@@ -207,6 +209,11 @@ mod tests {
             let e = check_pipeline_cache_header(&h, &id).unwrap_err();
             assert!(e.contains(what), "{what}: {e}");
         }
+        // A headerSize other than 32 is refused even where the data is long enough to hold it.
+        let mut h = header(&id, 200);
+        h[0] ^= 0x5a;
+        let e = check_pipeline_cache_header(&h, &id).unwrap_err();
+        assert!(e.contains("headerSize 122"), "{e}");
     }
 
     #[test]
