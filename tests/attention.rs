@@ -115,12 +115,32 @@ fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
         combine_all,
     };
     for (kernel, variant, cases) in [
-        (DecodeKernel::Generic, v(false, true, false, true), ALL_CASES),
+        (
+            DecodeKernel::Generic,
+            v(false, true, false, true),
+            ALL_CASES,
+        ),
         (DecodeKernel::Auto, v(false, false, false, true), ALL_CASES),
-        (DecodeKernel::Auto, v(false, true, true, true), VARIANT_CASES),
-        (DecodeKernel::Auto, v(false, false, true, false), VARIANT_CASES),
-        (DecodeKernel::Auto, v(true, true, false, false), VARIANT_CASES),
-        (DecodeKernel::Auto, v(true, false, true, true), VARIANT_CASES),
+        (
+            DecodeKernel::Auto,
+            v(false, true, true, true),
+            VARIANT_CASES,
+        ),
+        (
+            DecodeKernel::Auto,
+            v(false, false, true, false),
+            VARIANT_CASES,
+        ),
+        (
+            DecodeKernel::Auto,
+            v(true, true, false, false),
+            VARIANT_CASES,
+        ),
+        (
+            DecodeKernel::Auto,
+            v(true, false, true, true),
+            VARIANT_CASES,
+        ),
     ] {
         decode_shapes_with(ctx, dtype, tolerance, kernel, variant, cases);
     }
