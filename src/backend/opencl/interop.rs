@@ -16,11 +16,11 @@ use opencl3::platform::Platform;
 use opencl3::types::{cl_command_queue, cl_context, cl_device_id, cl_kernel};
 
 use crate::backend::KernelObject;
-use crate::config::{Config, TraceFlags};
+use crate::config::Config;
 use crate::error::{Error, Result};
 
 use super::launch::OpenClKernel;
-use super::{Counters, OpenClBackend, OpenClOptions, Shared, cl_err, discovery};
+use super::{OpenClBackend, OpenClOptions, cl_err, discovery};
 
 /// OpenCL objects the embedder owns. kpc retains the context and the queue (clRetainContext,
 /// clRetainCommandQueue) and releases them when its last object made from them is dropped; the
@@ -129,21 +129,14 @@ impl OpenClBackend {
             retain_command_queue(h.queue).map_err(|e| cl_err("clRetainCommandQueue", e))?;
         }
         let queue = CommandQueue::new(h.queue, max_dims);
-        Ok(OpenClBackend {
-            shared: Arc::new(Shared {
-                queue,
-                context,
-                device: f.device,
-            }),
-            info: f.info,
-            max_alloc: f.max_alloc,
-            max_parameter_bytes: f.max_parameter_bytes,
-            max_global: f.max_global,
+        Ok(OpenClBackend::assemble(
+            f,
+            context,
+            queue,
             profiled,
-            options: OpenClOptions::default(),
-            trace: config.trace.contains(TraceFlags::BUILDS),
-            counters: Counters::default(),
-        })
+            OpenClOptions::default(),
+            config,
+        ))
     }
 }
 

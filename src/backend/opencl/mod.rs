@@ -224,7 +224,27 @@ impl OpenClBackend {
         // SAFETY: the device is the one the context was created for.
         let queue = unsafe { CommandQueue::create(&context, f.device.id(), props) }
             .map_err(|e| cl_err("clCreateCommandQueue", e))?;
-        Ok(OpenClBackend {
+        Ok(OpenClBackend::assemble(
+            f,
+            context,
+            queue,
+            profiled,
+            options.clone(),
+            config,
+        ))
+    }
+
+    /// A backend over a described device and its context and queue, whoever created them (kpc in
+    /// `open_with`, the embedder in `from_handles`).
+    pub(crate) fn assemble(
+        f: discovery::Found,
+        context: Context,
+        queue: CommandQueue,
+        profiled: bool,
+        options: OpenClOptions,
+        config: &Config,
+    ) -> OpenClBackend {
+        OpenClBackend {
             shared: Arc::new(Shared {
                 queue,
                 context,
@@ -235,10 +255,10 @@ impl OpenClBackend {
             max_parameter_bytes: f.max_parameter_bytes,
             max_global: f.max_global,
             profiled,
-            options: options.clone(),
+            options,
             trace: config.trace.contains(TraceFlags::BUILDS),
             counters: Counters::default(),
-        })
+        }
     }
 
     /// The options the device was opened with.

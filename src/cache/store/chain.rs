@@ -232,13 +232,24 @@ impl StoreChain {
     /// The first verified hit for `key`, asking the levels in order except those in `skip` (levels
     /// whose binary the backend refused earlier in this request).
     pub fn get(&self, key: &DiskKey, skip: &[usize]) -> Option<ChainHit> {
+        // A writable store may record the access and repair what it finds broken; a read-only one
+        // is asked for a pure read (ReadOnlyStore enforces it whatever is asked).
+        self.first_hit(key, skip, false)
+    }
+
+    /// The first verified hit for `key`, asking every level for a pure read ([`super::Access::ReadOnly`]),
+    /// writable ones included: no access time recorded, nothing repaired, no lock file. What cache
+    /// debug mode looks up with, since it must leave every store as it was. Counted as [`Self::get`].
+    pub fn peek(&self, key: &DiskKey) -> Option<ChainHit> {
+        self.first_hit(key, &[], true)
+    }
+
+    fn first_hit(&self, key: &DiskKey, skip: &[usize], read_only: bool) -> Option<ChainHit> {
         for (i, l) in self.levels.iter().enumerate() {
             if skip.contains(&i) {
                 continue;
             }
-            // A writable store may record the access and repair what it finds broken; a read-only one
-            // is asked for a pure read (ReadOnlyStore enforces it whatever is asked).
-            let access = if l.kind.writable() {
+            let access = if l.kind.writable() && !read_only {
                 super::Access::ReadWrite
             } else {
                 super::Access::ReadOnly
@@ -248,31 +259,7 @@ impl StoreChain {
                     bump(&l.counters.hits);
                     self.trace(|| {
                         tracing::debug!(target: "kpc::cache::store", store = %l.name, key = %key.digest(),
-                            bytes = hit.bytes().len(), "hit")
-                    });
-                    return Some(ChainHit {
-                        level: i,
-                        kind: l.kind,
-                        hit,
-                    });
-                }
-                None => bump(&l.counters.misses),
-            }
-        }
-        None
-    }
-
-    /// The first verified hit for `key`, asking every level for a pure read ([`super::Access::ReadOnly`]),
-    /// writable ones included: no access time recorded, nothing repaired, no lock file. What cache
-    /// debug mode looks up with, since it must leave every store as it was. Counted as [`Self::get`].
-    pub fn peek(&self, key: &DiskKey) -> Option<ChainHit> {
-        for (i, l) in self.levels.iter().enumerate() {
-            match l.store.get(key, super::Access::ReadOnly) {
-                Some(hit) => {
-                    bump(&l.counters.hits);
-                    self.trace(|| {
-                        tracing::debug!(target: "kpc::cache::store", store = %l.name, key = %key.digest(),
-                            bytes = hit.bytes().len(), "hit (debug mode, read only)")
+                            bytes = hit.bytes().len(), read_only, "hit")
                     });
                     return Some(ChainHit {
                         level: i,
