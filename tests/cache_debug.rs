@@ -43,15 +43,7 @@ fn config(root: &Path, debug: bool) -> Config {
 }
 
 fn disk_stats(ctx: &Context) -> DiskStats {
-    match ctx.backend() {
-        BackendKind::Vulkan => ctx
-            .program_manager::<kpc::backend::vulkan::VulkanBackend>()
-            .and_then(|p| p.disk_stats()),
-        BackendKind::OpenCl => ctx
-            .program_manager::<kpc::backend::opencl::OpenClBackend>()
-            .and_then(|p| p.disk_stats()),
-    }
-    .expect("a disk cache")
+    ctx.disk_stats().expect("a disk cache")
 }
 
 /// saxpy with two spec constant values and copy: the first two are cached before debug mode runs,

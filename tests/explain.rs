@@ -41,15 +41,7 @@ fn miss_lines(events: &[common::disk::Ev]) -> Vec<String> {
 }
 
 fn disk_stats(ctx: &Context) -> DiskStats {
-    match ctx.backend() {
-        BackendKind::Vulkan => ctx
-            .program_manager::<kpc::backend::vulkan::VulkanBackend>()
-            .and_then(|p| p.disk_stats()),
-        BackendKind::OpenCl => ctx
-            .program_manager::<kpc::backend::opencl::OpenClBackend>()
-            .and_then(|p| p.disk_stats()),
-    }
-    .expect("a disk cache")
+    ctx.disk_stats().expect("a disk cache")
 }
 
 /// The same shipped kernel with different bytes under the same name: a comment for OpenCL C, another

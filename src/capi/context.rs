@@ -7,8 +7,6 @@ use super::config::resolved;
 use super::registry::{self, Object};
 use super::util::{check_out, copy_out, opt_str_arg, write_out, write_versioned};
 use super::{guard, kpc_config, kpc_status};
-use crate::backend::opencl::OpenClBackend;
-use crate::backend::vulkan::VulkanBackend;
 use crate::config::{BackendKind, DeviceSelector};
 use crate::runtime::Context;
 
@@ -239,14 +237,7 @@ pub struct kpc_stats {
 fn stats_of(ctx: &Context) -> kpc_stats {
     let m = ctx.memory_stats();
     let b = ctx.backend_stats();
-    let disk = ctx
-        .program_manager::<VulkanBackend>()
-        .map(|p| p.disk_stats())
-        .or_else(|| {
-            ctx.program_manager::<OpenClBackend>()
-                .map(|p| p.disk_stats())
-        })
-        .flatten();
+    let disk = ctx.disk_stats();
     let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     kpc_stats {
         struct_size: 0,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::backend::{
     BackendStats, ComputeBackend, DeviceImage, DeviceInfo, KernelInfo, KernelObject, Launch, Pod,
 };
-use crate::cache::{BuildOptions, CacheStats, SpecConstants, StoreChain};
+use crate::cache::{BuildOptions, CacheStats, DiskStats, SpecConstants, StoreChain};
 use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
 
@@ -65,6 +65,7 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
     fn memory_stats(&self) -> CacheStats;
     fn backend_stats(&self) -> BackendStats;
     fn debug_stats(&self) -> CacheDebugStats;
+    fn disk_stats(&self) -> Option<DiskStats>;
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -185,6 +186,9 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
     }
     fn debug_stats(&self) -> CacheDebugStats {
         self.programs.debug_stats()
+    }
+    fn disk_stats(&self) -> Option<DiskStats> {
+        self.programs.disk_stats()
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -396,6 +400,11 @@ impl Context {
     /// `KPC_CACHE_DEBUG=1`).
     pub fn cache_debug_stats(&self) -> CacheDebugStats {
         self.inner.debug_stats()
+    }
+
+    /// The local disk cache's counters, or `None` when it is off.
+    pub fn disk_stats(&self) -> Option<DiskStats> {
+        self.inner.disk_stats()
     }
 }
 
