@@ -35,6 +35,8 @@ pub mod vars {
     pub const CACHE_TRACE: &str = "KPC_CACHE_TRACE";
     /// 0/1: debug mode, every program built fresh and compared with the cached binary.
     pub const CACHE_DEBUG: &str = "KPC_CACHE_DEBUG";
+    /// Shared secret for authenticated remote and bundle entries.
+    pub const CACHE_REMOTE_KEY: &str = "KPC_CACHE_REMOTE_KEY";
     /// Device selector.
     pub const DEVICE: &str = "KPC_DEVICE";
     /// Fallback cache root base (XDG base directory spec).
@@ -261,6 +263,9 @@ pub struct Config {
     pub cache_debug: bool,
     /// Device selector (`KPC_DEVICE`, default auto).
     pub device: DeviceSelector,
+    /// The fleet's MAC key (`KPC_CACHE_REMOTE_KEY`, default none): entries published to the remote
+    /// or exported to a bundle are signed with it, and entries read from them must be.
+    pub remote_key: Option<crate::cache::store::auth::EntryKey>,
 }
 
 /// 1 GiB, the default disk limit and largest persisted image.
@@ -283,6 +288,7 @@ impl Default for Config {
             trace: TraceFlags::default(),
             cache_debug: false,
             device: DeviceSelector::Auto,
+            remote_key: None,
         }
     }
 }
@@ -337,6 +343,12 @@ impl Config {
         }
         if let Some(v) = get(vars::DEVICE)? {
             b = b.device(DeviceSelector::parse(&v)?);
+        }
+        if let Some(v) = get(vars::CACHE_REMOTE_KEY)? {
+            b = b.remote_key(crate::cache::store::auth::EntryKey::from_secret(
+                vars::CACHE_REMOTE_KEY,
+                &v,
+            )?);
         }
         // Paths are bytes on Unix, so the cache roots are the variables not required to be UTF-8.
         if let Some(v) = lookup(vars::CACHE_READONLY_DIRS) {
@@ -454,6 +466,11 @@ impl ConfigBuilder {
     /// Sets cache debug mode (see [`Config::cache_debug`]).
     pub fn cache_debug(mut self, on: bool) -> Self {
         self.config.cache_debug = on;
+        self
+    }
+    /// Sets the fleet's MAC key (see [`Config::remote_key`]).
+    pub fn remote_key(mut self, key: crate::cache::store::auth::EntryKey) -> Self {
+        self.config.remote_key = Some(key);
         self
     }
     /// Sets the device selector.

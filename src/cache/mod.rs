@@ -7,6 +7,7 @@
 //! in a [`ReadOnlyStore`]; an embedder adds its own stores (see `store/`).
 
 pub mod build_result;
+pub mod bundle;
 pub mod counters;
 pub mod disk;
 pub mod kernel_program_cache;

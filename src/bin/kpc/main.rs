@@ -27,6 +27,7 @@ mod bench_launch;
 #[cfg(not(loom))]
 mod cache;
 #[cfg(not(loom))]
+mod cache_bundle;
 mod cache_explain;
 #[cfg(not(loom))]
 mod devices;
