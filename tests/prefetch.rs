@@ -132,12 +132,7 @@ fn an_empty_batch_and_a_dropped_handle() {
     let img = image("bg", &["k"]);
     drop(prefetch_kernels(&pm, vec![KernelRequest::new(&img, "k")]));
     let k = pm
-        .kernel(
-            &img,
-            "k",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
+        .kernel(&img, "k", &SpecConstants::new(), &BuildOptions::default())
         .unwrap();
     assert!(matches!(k.source, Source::Memory | Source::Built));
     assert_eq!(pm.backend().builds(), 1);
@@ -157,16 +152,19 @@ fn prefetch_on_driver(ctx: &Context, images: Vec<DeviceImage>, read: DeviceImage
         let ctx = ctx.clone();
         let read = read.clone();
         std::thread::spawn(move || {
-            ctx.kernel(&read, "read", &SpecConstants::new(), &BuildOptions::default())
-                .unwrap()
+            ctx.kernel(
+                &read,
+                "read",
+                &SpecConstants::new(),
+                &BuildOptions::default(),
+            )
+            .unwrap()
         })
     };
     let results = p.wait();
     caller.join().unwrap();
     for (img, r) in images.iter().zip(&results) {
-        let k = r
-            .as_ref()
-            .unwrap_or_else(|e| panic!("{}: {e}", img.name()));
+        let k = r.as_ref().unwrap_or_else(|e| panic!("{}: {e}", img.name()));
         assert_eq!(k.name(), img.name());
     }
     assert!(

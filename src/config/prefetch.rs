@@ -60,11 +60,25 @@ mod tests {
         assert_eq!(parse_prefetch("").unwrap(), None);
         assert_eq!(parse_prefetch("0").unwrap(), None);
         assert_eq!(parse_prefetch("Off").unwrap(), None);
-        assert_eq!(parse_prefetch("llm-server").unwrap(), Some("llm-server".into()));
-        assert_eq!(parse_prefetch(" app_1.v2 ").unwrap(), Some("app_1.v2".into()));
+        assert_eq!(
+            parse_prefetch("llm-server").unwrap(),
+            Some("llm-server".into())
+        );
+        assert_eq!(
+            parse_prefetch(" app_1.v2 ").unwrap(),
+            Some("app_1.v2".into())
+        );
         let d = parse_prefetch("1").unwrap().unwrap();
         assert!(valid_app_name(&d), "{d}");
-        for bad in ["../x", "a/b", ".hidden", "-x", "sp ace", &"x".repeat(65), "é"] {
+        for bad in [
+            "../x",
+            "a/b",
+            ".hidden",
+            "-x",
+            "sp ace",
+            &"x".repeat(65),
+            "é",
+        ] {
             let e = parse_prefetch(bad).unwrap_err();
             assert!(e.to_string().contains("KPC_CACHE_PREFETCH"), "{e}");
         }

@@ -6,6 +6,11 @@
 //! Layout: `<cache root>/warm/v1/<device fingerprint digest>/<app>.manifest` (format in
 //! `manifest.rs`) and `<app>.lock`, the advisory lock writers merge under.
 //!
+//! What is remembered is each program a context acquired from a store or a build, with the entry point
+//! asked for then (a request served from memory adds nothing, which keeps hits free of bookkeeping).
+//! A warm start loads each such program and that kernel; another entry point of a loaded program is
+//! created from the program in memory at its first request, as within one run.
+//!
 //! What it guarantees:
 //! - It never builds: a remembered key with no verified entry in any store is skipped silently (and
 //!   forgotten at the next write); a new build happens only when the application asks.
@@ -205,7 +210,10 @@ impl WarmStart {
     /// a pool (one worker per core) runs `load` on each kernel. `load` returns whether the kernel was
     /// loaded (`false`: no store holds it; it is skipped). [`WarmStart::wait`] gives the report.
     /// A second call while a load is running or done does nothing.
-    pub fn start(self: &Arc<Self>, load: impl Fn(&KernelRequest) -> Result<bool> + Send + Sync + 'static) {
+    pub fn start(
+        self: &Arc<Self>,
+        load: impl Fn(&KernelRequest) -> Result<bool> + Send + Sync + 'static,
+    ) {
         let mut loader = self.loader.lock();
         if loader.is_some() || self.report.lock().is_some() {
             return;

@@ -24,11 +24,11 @@ use std::time::Instant;
 use clap::{Args as ClapArgs, ValueEnum};
 use kpc::attention::{Attention, AttentionOptions, AttentionShape, KvDtype};
 use kpc::backend::DeviceImage;
+use kpc::backend::DeviceInfo;
 use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::config::{BackendKind, DeviceSelector};
-use kpc::runtime::warm_start::{WarmStart, manifest};
-use kpc::backend::DeviceInfo;
 use kpc::runtime::device::select_device;
+use kpc::runtime::warm_start::{WarmStart, manifest};
 use kpc::runtime::{KernelRequest, Source};
 use kpc::{Config, Context, Error};
 
@@ -123,12 +123,21 @@ fn record(ctx: &Context, args: &Args) -> kpc::Result<usize> {
     };
     let options = AttentionOptions::for_device(ctx.device());
     let attn = Attention::new(ctx, &shape, KvDtype::F16, 1024, options)?;
-    let mut names: Vec<String> = attn.kernels().iter().map(|k| k.name().to_string()).collect();
+    let mut names: Vec<String> = attn
+        .kernels()
+        .iter()
+        .map(|k| k.name().to_string())
+        .collect();
     let copy = match ctx.backend() {
         BackendKind::Vulkan => kpc::kernels::spirv_image("copy")?,
         BackendKind::OpenCl => kpc::kernels::opencl_image("copy")?,
     };
-    ctx.kernel(&copy, "copy", &SpecConstants::new(), &BuildOptions::default())?;
+    ctx.kernel(
+        &copy,
+        "copy",
+        &SpecConstants::new(),
+        &BuildOptions::default(),
+    )?;
     names.push("copy".into());
     drop(attn);
     let listed = ctx.save_warm_start()?;

@@ -141,7 +141,8 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(a))
     }
     fn text(&mut self, n: usize, what: &str) -> Result<&'a str, Corrupt> {
-        std::str::from_utf8(self.take(n, what)?).map_err(|_| corrupt(format!("{what} is not UTF-8")))
+        std::str::from_utf8(self.take(n, what)?)
+            .map_err(|_| corrupt(format!("{what} is not UTF-8")))
     }
 }
 
@@ -154,7 +155,9 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<KernelRequest>, Corrupt> {
         )));
     }
     if bytes.len() < HEADER + TRAILER || &bytes[..8] != MAGIC {
-        return Err(corrupt("not a kpc warm-start manifest (bad magic or too short)"));
+        return Err(corrupt(
+            "not a kpc warm-start manifest (bad magic or too short)",
+        ));
     }
     let (body, sum) = bytes.split_at(bytes.len() - TRAILER);
     if blake3::hash(body).as_bytes() != sum {
@@ -225,9 +228,17 @@ mod tests {
     use crate::cache::SpecValue;
 
     fn req(name: &str, entry: &str, spec: u32) -> KernelRequest {
-        let image = DeviceImage::new(name, ImageFormat::OpenClC, format!("kernel {name}").into_bytes());
+        let image = DeviceImage::new(
+            name,
+            ImageFormat::OpenClC,
+            format!("kernel {name}").into_bytes(),
+        );
         KernelRequest::new(&image, entry)
-            .spec(SpecConstants::new().with(0, SpecValue::U32(spec)).with(3, SpecValue::f32(1.5)))
+            .spec(
+                SpecConstants::new()
+                    .with(0, SpecValue::U32(spec))
+                    .with(3, SpecValue::f32(1.5)),
+            )
             .options(BuildOptions::new("-cl-fast-relaxed-math"))
     }
 
