@@ -211,8 +211,14 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             }
             if let Some(rep) = report {
                 eprintln!(
-                    "warm start: manifest {:?}, listed {}, loaded {}, not stored {}, failed {}",
-                    rep.state, rep.listed, rep.loaded, rep.not_stored, rep.failed
+                    "warm start: manifest {:?}, listed {}, loaded {}, not stored {}, failed {}, \
+                     {:.2} ms from context creation to the last kernel in memory",
+                    rep.state,
+                    rep.listed,
+                    rep.loaded,
+                    rep.not_stored,
+                    rep.failed,
+                    rep.elapsed.as_secs_f64() * 1e3
                 );
             }
         }
