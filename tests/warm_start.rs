@@ -14,7 +14,7 @@ use common::drivers::{opencl_device, vulkan_device};
 use common::fake_backend::{FakeBackend, image};
 use kpc::backend::{Backend, DeviceImage};
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
-use kpc::runtime::warm_start::{WarmStart, load_if_stored, manifest};
+use kpc::runtime::warm_start::{LoadOutcome, WarmStart, load_if_stored, manifest};
 use kpc::runtime::{KernelRequest, ManifestState, ProgramManager, Source};
 use kpc::{Config, Context};
 
@@ -112,7 +112,7 @@ fn keys_no_longer_on_disk_are_skipped_silently_and_forgotten() {
 
     // On this thread, where the capture sees it: a missing key is a plain `false`, no warning.
     let (r, events) = capture(|| load_if_stored(&pm, &reqs[2]));
-    assert!(!r.unwrap());
+    assert_eq!(r.unwrap(), LoadOutcome::NotStored);
     assert!(
         events.iter().all(|e| e.level != tracing::Level::WARN),
         "{events:?}"
@@ -368,4 +368,62 @@ fn a_corrupt_manifest_does_not_stop_a_context_on_lavapipe() {
     assert_eq!(ctx.save_warm_start().unwrap(), Some(1));
     let listed = manifest::decode(&std::fs::read(&rep.manifest).unwrap()).unwrap();
     assert_eq!(listed[0].entry, "read");
+}
+
+#[test]
+fn a_load_cut_short_by_a_dropped_context_forgets_nothing() {
+    let dir = TempDir::new("warm-cancel");
+    let reqs = requests();
+    drop(first_run(dir.path(), &reqs));
+    let pm = fake_manager(dir.path());
+    let ws = Arc::new(WarmStart::new(
+        dir.path(),
+        &pm.backend().fingerprint().digest,
+        APP,
+    ));
+    // What the context's loader answers once its context is gone.
+    ws.start(|_| Ok(LoadOutcome::Cancelled));
+    let rep = ws.wait().unwrap();
+    assert_eq!((rep.listed, rep.loaded, rep.not_stored), (3, 0, 0));
+    assert_eq!(ws.save().unwrap(), None, "nothing learned, nothing written");
+    drop(ws);
+    let (listed, _) =
+        WarmStart::new(dir.path(), &pm.backend().fingerprint().digest, APP).read_manifest();
+    assert_eq!(listed.len(), 3);
+}
+
+#[test]
+fn concurrent_writer_processes_merge() {
+    let digest = kpc::cache::Digest::of(b"fake device for writer processes");
+    if let Some(role) = child_role() {
+        if let Some(w) = role.strip_prefix("writer-") {
+            let root = std::env::var("KPC_TEST_ROOT").unwrap();
+            let ws = WarmStart::new(Path::new(&root), &digest, APP);
+            for i in 0..10 {
+                let img = image(&format!("p{w}"), &[&format!("k{i}")]);
+                ws.record(&KernelRequest::new(&img, &format!("k{i}")));
+                ws.save().unwrap();
+            }
+        }
+        return;
+    }
+    let dir = TempDir::new("warm-merge-proc");
+    let children: Vec<_> = (0..4)
+        .map(|w| {
+            child("concurrent_writer_processes_merge", &format!("writer-{w}"))
+                .env("KPC_TEST_ROOT", dir.path())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let (listed, state) = WarmStart::new(dir.path(), &digest, APP).read_manifest();
+    assert_eq!(state, ManifestState::Read);
+    assert_eq!(
+        listed.len(),
+        40,
+        "every process's kernels survive the merges"
+    );
 }

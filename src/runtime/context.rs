@@ -24,7 +24,7 @@ use super::cache_debug::CacheDebugStats;
 use super::prefetch::{KernelRequest, Prefetch};
 use super::program_manager::{ProgramManager, Source};
 use super::queue::{EventImpl, Queue};
-use super::warm_start::{WarmStart, WarmStartReport};
+use super::warm_start::{LoadOutcome, WarmStart, WarmStartReport};
 
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
@@ -70,7 +70,7 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
     fn disk_stats(&self) -> Option<DiskStats>;
     fn as_any(&self) -> &dyn Any;
     fn warm_start(&self) -> Option<&Arc<WarmStart>>;
-    fn load_if_stored(&self, request: &KernelRequest) -> Result<bool>;
+    fn load_if_stored(&self, request: &KernelRequest) -> Result<LoadOutcome>;
 }
 
 struct Inner<B: ComputeBackend> {
@@ -201,7 +201,7 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
     fn warm_start(&self) -> Option<&Arc<WarmStart>> {
         self.warm.as_ref()
     }
-    fn load_if_stored(&self, request: &KernelRequest) -> Result<bool> {
+    fn load_if_stored(&self, request: &KernelRequest) -> Result<LoadOutcome> {
         super::warm_start::load_if_stored(&self.programs, request)
     }
 }
@@ -294,7 +294,10 @@ impl Context {
         if let Some(w) = warm {
             // Weak: the loader must not keep a context alive that its owner dropped.
             let ctx = Arc::downgrade(&inner);
-            w.start(move |r| ctx.upgrade().map_or(Ok(false), |c| c.load_if_stored(r)));
+            w.start(move |r| {
+                ctx.upgrade()
+                    .map_or(Ok(LoadOutcome::Cancelled), |c| c.load_if_stored(r))
+            });
         }
         Context { inner }
     }

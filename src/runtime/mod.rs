@@ -58,4 +58,4 @@ pub use program_manager::{Acquired, ProgramManager, Source};
 #[cfg(not(loom))]
 pub use queue::{Event, LaunchDesc, PushConstants, Queue};
 #[cfg(not(loom))]
-pub use warm_start::{ManifestState, WarmStart, WarmStartReport};
+pub use warm_start::{LoadOutcome, ManifestState, WarmStart, WarmStartReport};

@@ -58,6 +58,17 @@ pub enum ManifestState {
     Unreadable(String),
 }
 
+/// What loading one remembered kernel came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadOutcome {
+    /// Loaded into memory from a store.
+    Loaded,
+    /// No store holds it any more: skipped, and forgotten at the next write.
+    NotStored,
+    /// Not attempted: the context was dropped before the load reached it (it stays remembered).
+    Cancelled,
+}
+
 /// What a background warm start did.
 #[derive(Debug, Clone)]
 pub struct WarmStartReport {
@@ -83,6 +94,9 @@ pub struct WarmStartReport {
 /// One context's warm-start state: the kernels it acquired, the manifest, the background load.
 pub struct WarmStart {
     app: String,
+    /// Image sizes the stores persist (`KPC_CACHE_MIN/MAX_DEVICE_IMAGE_SIZE`): others are not
+    /// remembered, since no store could serve them.
+    persisted: (u64, u64),
     dir: PathBuf,
     path: PathBuf,
     state: Mutex<State>,
@@ -128,7 +142,9 @@ impl WarmStart {
             return None;
         }
         let root = config.disk_cache_root()?;
-        Some(Arc::new(WarmStart::new(root, digest, app)))
+        let mut ws = WarmStart::new(root, digest, app);
+        ws.persisted = (config.min_device_image_size, config.max_device_image_size);
+        Some(Arc::new(ws))
     }
 
     /// Warm-start state for application `app` (a name [`crate::config::prefetch::valid_app_name`] accepts)
@@ -137,6 +153,7 @@ impl WarmStart {
         let dir = manifest_dir(root, digest);
         WarmStart {
             app: app.to_string(),
+            persisted: (0, u64::MAX),
             path: dir.join(format!("{app}.manifest")),
             dir,
             state: Mutex::new(State::default()),
@@ -165,7 +182,8 @@ impl WarmStart {
 
     /// Remembers that this process acquired `r` (a no-op for a kernel already remembered).
     pub fn record(&self, r: &KernelRequest) {
-        if !manifest::storable(r) {
+        let len = r.image.bytes().len() as u64;
+        if !manifest::storable(r) || len < self.persisted.0 || len > self.persisted.1 {
             return;
         }
         let id = manifest::id_of(r);
@@ -208,11 +226,11 @@ impl WarmStart {
 
     /// Starts loading the manifest's kernels in the background: one thread reads the manifest, then
     /// a pool (one worker per core) runs `load` on each kernel. `load` returns whether the kernel was
-    /// loaded (`false`: no store holds it; it is skipped). [`WarmStart::wait`] gives the report.
+    /// loaded, skipped (no store holds it) or not attempted. [`WarmStart::wait`] gives the report.
     /// A second call while a load is running or done does nothing.
     pub fn start(
         self: &Arc<Self>,
-        load: impl Fn(&KernelRequest) -> Result<bool> + Send + Sync + 'static,
+        load: impl Fn(&KernelRequest) -> Result<LoadOutcome> + Send + Sync + 'static,
     ) {
         let mut loader = self.loader.lock();
         if loader.is_some() || self.report.lock().is_some() {
@@ -233,7 +251,7 @@ impl WarmStart {
     fn load_all(
         self: Arc<Self>,
         started: Instant,
-        load: impl Fn(&KernelRequest) -> Result<bool> + Send + Sync + 'static,
+        load: impl Fn(&KernelRequest) -> Result<LoadOutcome> + Send + Sync + 'static,
     ) -> WarmStartReport {
         let (records, state) = self.read_manifest();
         {
@@ -254,8 +272,9 @@ impl WarmStart {
         let (mut loaded, mut not_stored, mut failed) = (0, 0, 0);
         for (r, id) in results.into_iter().zip(ids) {
             match r {
-                Ok(true) => loaded += 1,
-                Ok(false) => {
+                Ok(LoadOutcome::Loaded) => loaded += 1,
+                Ok(LoadOutcome::Cancelled) => {}
+                Ok(LoadOutcome::NotStored) => {
                     not_stored += 1;
                     let mut s = self.state.lock();
                     if s.missing.insert(id) {
@@ -389,22 +408,26 @@ impl Drop for WarmStart {
 }
 
 /// What a warm start runs per remembered kernel on a [`ProgramManager`]: loads it into memory from
-/// the first store holding a verified entry for its key, without building. Returns `Ok(false)` when
+/// the first store holding a verified entry for its key, without building. Returns
+/// [`LoadOutcome::NotStored`] when
 /// no store holds it.
 ///
 /// Errors: what the backend says when it refuses the stored binary (the request is then left to the
 /// normal path, which removes such an entry and rebuilds).
-pub fn load_if_stored<B: Backend>(manager: &ProgramManager<B>, r: &KernelRequest) -> Result<bool> {
+pub fn load_if_stored<B: Backend>(
+    manager: &ProgramManager<B>,
+    r: &KernelRequest,
+) -> Result<LoadOutcome> {
     if manager.stores().is_empty() {
-        return Ok(false);
+        return Ok(LoadOutcome::NotStored);
     }
     let key = manager.disk_key(&r.image, &r.spec, &r.options);
     // The store verified the entry (checksum, full key, MAC where configured) and its key covers the
     // image's digest: this image is the one a build validated before that entry was written.
     let Some(hit) = manager.stores().get(&key, &[]) else {
-        return Ok(false);
+        return Ok(LoadOutcome::NotStored);
     };
     manager.kernel_from_binary(&r.image, &r.entry, &r.spec, &r.options, hit.bytes())?;
     manager.stores().backfill(&key, &hit);
-    Ok(true)
+    Ok(LoadOutcome::Loaded)
 }
