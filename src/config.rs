@@ -39,6 +39,8 @@ pub mod vars {
     pub const CACHE_REMOTE_KEY: &str = "KPC_CACHE_REMOTE_KEY";
     /// Device selector.
     pub const DEVICE: &str = "KPC_DEVICE";
+    /// Warm start: off, on, or on under an application name.
+    pub const CACHE_PREFETCH: &str = "KPC_CACHE_PREFETCH";
     /// Fallback cache root base (XDG base directory spec).
     pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
     /// Last-resort cache root base.
@@ -266,6 +268,10 @@ pub struct Config {
     /// The fleet's MAC key (`KPC_CACHE_REMOTE_KEY`, default none): entries published to the remote
     /// or exported to a bundle are signed with it, and entries read from them must be.
     pub remote_key: Option<crate::cache::store::auth::EntryKey>,
+    /// Warm start (`KPC_CACHE_PREFETCH`, default off): the application name under which a context
+    /// remembers the kernels it acquires and, at creation, reloads those of the last run in the
+    /// background. `None` = off.
+    pub warm_start: Option<String>,
 }
 
 /// 1 GiB, the default disk limit and largest persisted image.
@@ -289,6 +295,7 @@ impl Default for Config {
             cache_debug: false,
             device: DeviceSelector::Auto,
             remote_key: None,
+            warm_start: None,
         }
     }
 }
@@ -349,6 +356,9 @@ impl Config {
                 vars::CACHE_REMOTE_KEY,
                 &v,
             )?);
+        }
+        if let Some(v) = get(vars::CACHE_PREFETCH)? {
+            b.config.warm_start = prefetch::parse_prefetch(&v)?;
         }
         // Paths are bytes on Unix, so the cache roots are the variables not required to be UTF-8.
         if let Some(v) = lookup(vars::CACHE_READONLY_DIRS) {
@@ -478,9 +488,24 @@ impl ConfigBuilder {
         self.config.device = d;
         self
     }
+    /// Turns warm start on under application `app` (`Some`), or off (`None`); see
+    /// [`Config::warm_start`]. [`ConfigBuilder::build`] rejects a name `KPC_CACHE_PREFETCH` would.
+    pub fn warm_start(mut self, app: Option<&str>) -> Self {
+        self.config.warm_start = app.map(str::to_string);
+        self
+    }
     /// Checks cross-field invariants and returns the configuration.
     pub fn build(self) -> Result<Config, ConfigError> {
         let c = self.config;
+        if let Some(app) = &c.warm_start
+            && !prefetch::valid_app_name(app)
+        {
+            return Err(invalid(
+                vars::CACHE_PREFETCH,
+                app,
+                prefetch::PREFETCH_ACCEPTED,
+            ));
+        }
         let joined = || {
             let v: Vec<_> = c
                 .readonly_dirs
@@ -516,6 +541,7 @@ impl ConfigBuilder {
 }
 
 mod parse;
+pub mod prefetch;
 use parse::{DIRS_ACCEPTED, TRACE_ACCEPTED, dir_problem, parse_trace};
 pub use parse::{parse_bool, parse_dir_list, parse_duration, parse_size};
 

@@ -21,8 +21,10 @@ use crate::error::{Error, Result};
 
 use super::buffer::{Buffer, RawBuffer};
 use super::cache_debug::CacheDebugStats;
+use super::prefetch::{KernelRequest, Prefetch};
 use super::program_manager::{ProgramManager, Source};
 use super::queue::{EventImpl, Queue};
+use super::warm_start::{LoadOutcome, WarmStart, WarmStartReport};
 
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
@@ -67,11 +69,14 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
     fn debug_stats(&self) -> CacheDebugStats;
     fn disk_stats(&self) -> Option<DiskStats>;
     fn as_any(&self) -> &dyn Any;
+    fn warm_start(&self) -> Option<&Arc<WarmStart>>;
+    fn load_if_stored(&self, request: &KernelRequest) -> Result<LoadOutcome>;
 }
 
 struct Inner<B: ComputeBackend> {
     id: u64,
     programs: ProgramManager<B>,
+    warm: Option<Arc<WarmStart>>,
 }
 
 fn foreign(what: &str) -> Error {
@@ -193,6 +198,12 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn warm_start(&self) -> Option<&Arc<WarmStart>> {
+        self.warm.as_ref()
+    }
+    fn load_if_stored(&self, request: &KernelRequest) -> Result<LoadOutcome> {
+        super::warm_start::load_if_stored(&self.programs, request)
+    }
 }
 
 /// A device with its own in-memory kernel and program cache (one `KernelProgramCache`, through one
@@ -274,12 +285,21 @@ impl Context {
         config: &Config,
         stores: StoreChain,
     ) -> Context {
-        Context {
-            inner: Arc::new(Inner {
-                id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
-                programs: ProgramManager::with_stores(Arc::new(backend), config, stores),
-            }),
+        let warm = WarmStart::from_config(config, &backend.fingerprint().digest);
+        let inner: Arc<dyn ContextImpl> = Arc::new(Inner {
+            id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
+            programs: ProgramManager::with_stores(Arc::new(backend), config, stores),
+            warm: warm.clone(),
+        });
+        if let Some(w) = warm {
+            // Weak: the loader must not keep a context alive that its owner dropped.
+            let ctx = Arc::downgrade(&inner);
+            w.start(move |r| {
+                ctx.upgrade()
+                    .map_or(Ok(LoadOutcome::Cancelled), |c| c.load_if_stored(r))
+            });
         }
+        Context { inner }
     }
 
     /// The device.
@@ -321,6 +341,17 @@ impl Context {
     ) -> Result<Kernel> {
         self.check_entry(image, entry)?;
         let (obj, source, elapsed) = self.inner.kernel(image, entry, spec, options)?;
+        // Only first acquisitions (a hit is Memory) pay for remembering, so hits cost one branch.
+        if source != Source::Memory
+            && let Some(w) = self.inner.warm_start()
+        {
+            w.record(&KernelRequest {
+                image: image.clone(),
+                entry: entry.to_string(),
+                spec: spec.clone(),
+                options: options.clone(),
+            });
+        }
         Ok(Kernel {
             obj,
             context: self.inner.id(),
@@ -405,6 +436,34 @@ impl Context {
     /// The local disk cache's counters, or `None` when it is off.
     pub fn disk_stats(&self) -> Option<DiskStats> {
         self.inner.disk_stats()
+    }
+
+    /// Acquires every request's kernel at once, on a pool of worker threads (one per core, at most
+    /// one per request): disk loads and cold builds of different programs overlap. Each request goes
+    /// through [`Context::kernel`], so single flight holds: a key also requested elsewhere meanwhile
+    /// is built once. [`Prefetch::wait`] gives one result per request, in order, each with its own
+    /// error; dropping the handle lets the workers finish in the background.
+    pub fn prefetch(&self, requests: impl IntoIterator<Item = KernelRequest>) -> Prefetch<Kernel> {
+        self.prefetch_impl(requests.into_iter().collect())
+    }
+
+    /// Blocks until the warm start begun at creation (`KPC_CACHE_PREFETCH`, [`Config::warm_start`])
+    /// has loaded every remembered kernel it could, and returns what it did; `None` when warm start
+    /// is off for this context.
+    pub fn wait_warm_start(&self) -> Option<WarmStartReport> {
+        self.inner.warm_start().and_then(|w| w.wait())
+    }
+
+    /// Writes the warm-start manifest now (it is also written when the last handle on the context is
+    /// dropped): returns how many kernels it lists, or `None` when warm start is off or there was
+    /// nothing new to write.
+    ///
+    /// Errors: [`Error::Io`] when the manifest cannot be written (the context is unaffected).
+    pub fn save_warm_start(&self) -> Result<Option<usize>> {
+        match self.inner.warm_start() {
+            Some(w) => w.save(),
+            None => Ok(None),
+        }
     }
 }
 

@@ -25,6 +25,8 @@ mod bench_build_cl;
 #[cfg(not(loom))]
 mod bench_launch;
 #[cfg(not(loom))]
+mod bench_start;
+#[cfg(not(loom))]
 mod cache;
 #[cfg(not(loom))]
 mod cache_bundle;
@@ -63,6 +65,9 @@ enum Command {
     BenchBuild(bench_build::Args),
     /// Time launches of one cached OpenCL kernel from many threads under each kernel-sharing strategy.
     BenchLaunch(bench_launch::Args),
+    /// One phase of the start-up measurement (floor, serial, prefetch, warm start, cold builds in
+    /// parallel or alone); benches/hot_path_gpu.sh runs them in fresh processes.
+    BenchStart(bench_start::Args),
 }
 
 #[cfg(not(loom))]
@@ -83,6 +88,7 @@ fn main() -> ExitCode {
         Command::Devices => devices::run(&config),
         Command::BenchBuild(args) => bench_build::run(&config, &args),
         Command::BenchLaunch(args) => bench_launch::run(&config, &args),
+        Command::BenchStart(args) => bench_start::run(&config, &args),
     };
     match r {
         Ok(code) => code,
