@@ -316,7 +316,11 @@ fn designs() -> Vec<(&'static str, &'static str, Arc<dyn HitPath>)> {
     if let Some(dev) = DeviceCall::open() {
         let name = dev.ctx.device().name.clone();
         println!("device column: Context::kernel on {name}");
-        d.push(("Context::kernel (device)", "context_kernel_device", Arc::new(dev)));
+        d.push((
+            "Context::kernel (device)",
+            "context_kernel_device",
+            Arc::new(dev),
+        ));
     }
     d
 }

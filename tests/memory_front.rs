@@ -55,7 +55,9 @@ fn cached(c: &Cache, id: u32) -> KernelKey {
 fn front_hits_are_the_shared_kernel_and_every_one_is_counted() {
     let c = Arc::new(cache(0));
     let k = cached(&c, 1);
-    let shared = c.get_or_build_kernel(&k, || panic!("hit expected")).unwrap();
+    let shared = c
+        .get_or_build_kernel(&k, || panic!("hit expected"))
+        .unwrap();
     let before = c.stats();
     let threads = 8;
     let per_thread = 1000;
@@ -140,7 +142,10 @@ fn front_hits_keep_their_program_recent() {
     // Program 1 is used only through its kernel, from the front; that use still counts.
     assert!(c.kernel_local(&k1).is_some());
     cached(&c, 3);
-    assert!(c.contains_program(&pkey(1)), "front hit refreshed program 1");
+    assert!(
+        c.contains_program(&pkey(1)),
+        "front hit refreshed program 1"
+    );
     assert!(!c.contains_program(&pkey(2)), "program 2 was the LRU");
 }
 

@@ -15,7 +15,8 @@ use std::time::Duration;
 use crate::backend::{
     BackendStats, ComputeBackend, DeviceImage, DeviceInfo, KernelInfo, KernelObject, Launch, Pod,
 };
-use crate::cache::{BuildOptions, CacheStats, DiskStats, Local, SpecConstants, StoreChain};
+use crate::cache::Local;
+use crate::cache::{BuildOptions, CacheStats, DiskStats, SpecConstants, StoreChain};
 use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
 

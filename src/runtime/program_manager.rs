@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use super::cache_debug::{CacheDebugStats, DebugCounters, DebugOutcome};
 use crate::backend::{Backend, DeviceImage};
+use crate::cache::Local;
 use crate::cache::store::{LevelStats, Turn};
 use crate::cache::{
-    BuildOptions, CacheStats, DiskKey, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache, Local,
+    BuildOptions, CacheStats, DiskKey, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
     MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain, StoreKind,
 };
 use crate::config::{Config, TraceFlags};
