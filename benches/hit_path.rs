@@ -337,22 +337,24 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-/// The side-by-side table: median of 7 runs of 2M hits per thread, for every design at each thread
-/// count, then each design's cost at its most threads over its cost at one.
+/// The side-by-side table: per design and thread count, the median of 7 runs of about 0.2 s each (at
+/// most 2M hits per thread), then each design's cost at its most threads over its cost at one.
 fn summary() {
-    const ITERS: u64 = 2_000_000;
+    const MAX_ITERS: u64 = 2_000_000;
     let ns = |target: &Arc<dyn HitPath>, t| {
-        run(target, t, ITERS / 10); // warm-up
+        // Calibrate (and warm up): a slow design at many threads gets fewer hits, not minutes.
+        let probe = run(target, t, 20_000).as_nanos() as f64 / 20_000.0;
+        let iters = ((2e8 / probe.max(1.0)) as u64).clamp(20_000, MAX_ITERS);
         let mut v: Vec<f64> = (0..7)
-            .map(|_| run(target, t, ITERS).as_nanos() as f64 / ITERS as f64)
+            .map(|_| run(target, t, iters).as_nanos() as f64 / iters as f64)
             .collect();
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[3]
     };
     let d = designs();
     println!(
-        "\nhit path, ns per hit per thread (median of 7 x {ITERS} hits per thread; {KEYS} keys for the \
-         cache and the maps, one kernel for the calls):"
+        "\nhit path, ns per hit per thread (median of 7 runs of ~0.2 s, at most {MAX_ITERS} hits per \
+         thread; {KEYS} keys for the cache and the maps, one kernel for the calls):"
     );
     let header: Vec<String> = d.iter().map(|(h, _, _)| format!("{h:>24}")).collect();
     println!("{:>7} | {}", "threads", header.join(" | "));
