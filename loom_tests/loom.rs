@@ -284,3 +284,27 @@ fn front_two_readers_on_their_own_stripes_never_serve_an_evicted_kernel() {
 fn front_two_readers_sharing_a_stripe_never_serve_an_evicted_kernel() {
     front_vs_eviction(&[0, 2]);
 }
+
+/// The LRU fold (`KernelProgramCache::fold_front_uses`): a hit marks its stripe entry used, a folder
+/// concurrently takes the marks. A use is never lost: it is either taken by the fold or still marked
+/// afterwards, and the fold never sees an entry half-inserted.
+#[test]
+fn front_uses_are_never_lost_by_a_concurrent_fold() {
+    model(2, || {
+        let front = Arc::new(Front::<u32, (u64, bool)>::new(1));
+        let f = front.clone();
+        let reader = thread::spawn(move || {
+            f.get(0, 7, &7u32, || Some((7, (70, false))), |v| v.1 = true)
+                .expect("filled");
+        });
+        let mut taken = 0;
+        front.for_each_mut(|v| {
+            assert_eq!(v.0, 70, "a whole entry");
+            taken += usize::from(std::mem::take(&mut v.1));
+        });
+        reader.join().unwrap();
+        let mut left = 0;
+        front.for_each_mut(|v| left += usize::from(v.1));
+        assert_eq!(taken + left, 1, "the one use is folded or still marked");
+    });
+}

@@ -119,7 +119,7 @@ impl<Key, V> Front<Key, V> {
         hash: u64,
         key: &Q,
         fill: impl FnOnce() -> Option<(Key, V)>,
-        with: impl FnOnce(&V) -> R,
+        with: impl FnOnce(&mut V) -> R,
     ) -> Option<R>
     where
         Q: ?Sized,
@@ -127,15 +127,15 @@ impl<Key, V> Front<Key, V> {
         Q: PartialEq,
     {
         let mut t = self.stripes[slot % self.stripes.len()].0.lock();
-        if let Some((k, v)) = t.entries.get(&hash) {
-            if k.borrow() == key {
+        if let Some((k, v)) = t.entries.get_mut(&hash) {
+            if (*k).borrow() == key {
                 let r = with(v);
                 t.hits += 1;
                 return Some(r);
             }
         }
-        let (k, v) = fill()?;
-        let r = with(&v);
+        let (k, mut v) = fill()?;
+        let r = with(&mut v);
         t.entries.insert(hash, (k, v));
         Some(r)
     }
@@ -147,6 +147,17 @@ impl<Key, V> Front<Key, V> {
             let mut t = s.0.lock();
             if !t.entries.is_empty() {
                 t.entries.retain(|_, (k, _)| !evicted(k));
+            }
+        }
+    }
+
+    /// Applies `f` to every entry of every stripe, one stripe locked at a time: how the owning cache
+    /// folds what threads recorded privately (LRU uses) into shared state, off the hit path.
+    pub fn for_each_mut(&self, mut f: impl FnMut(&mut V)) {
+        for s in self.stripes.iter() {
+            let mut t = s.0.lock();
+            for (_, v) in t.entries.values_mut() {
+                f(v);
             }
         }
     }

@@ -73,6 +73,10 @@ struct Maps<P, K, E> {
 struct FrontEntry<P, K, E> {
     handle: Arc<Local<K>>,
     program: Option<Arc<BuildResult<P, E>>>,
+    /// A hit since the last fold: recorded here, on this thread's own line, instead of writing the
+    /// shared LRU tick on every hit; [`KernelProgramCache::fold_front_uses`] turns it into a tick
+    /// before any program is stamped or evicted.
+    used: bool,
 }
 
 /// The per-context cache of built programs `P` and kernels `K`, with build errors `E`.
@@ -166,6 +170,9 @@ where
                 }
             },
             |e, v| {
+                if lru {
+                    self.fold_front_uses();
+                }
                 let bytes = v.cache_bytes();
                 e.set_cost(bytes);
                 // Counted before Done is published, so an evictor that sees Done also sees these bytes.
@@ -232,8 +239,9 @@ where
     ///
     /// The first hit of a thread on a kernel reads the shared map and keeps a [`Local`] handle in this
     /// thread's stripe of the front; later hits lock only that stripe and clone only that handle, so
-    /// they write no cache line another thread uses. With LRU eviction on, a hit refreshes the
-    /// program's recency as [`Self::get_or_build_kernel`] does. Once an eviction of the kernel's
+    /// they write no cache line another thread uses. With LRU eviction on, a hit marks its entry used,
+    /// and that use refreshes the program's recency before the next program is stamped or any is
+    /// evicted, so a program whose kernels are in use is not evicted. Once an eviction of the kernel's
     /// program has returned, no call returns the evicted kernel. Every hit is counted.
     #[inline]
     pub fn kernel_local(&self, key: &dyn KernelKeyParts) -> Option<Arc<Local<K>>> {
@@ -249,8 +257,8 @@ where
             key,
             || self.front_fill(key, lru),
             |e| {
-                if let Some(p) = &e.program {
-                    self.touch(p);
+                if lru {
+                    e.used = true;
                 }
                 e.handle.clone()
             },
@@ -286,8 +294,23 @@ where
             FrontEntry {
                 handle: Arc::new(Local::new(value)),
                 program,
+                used: false,
             },
         ))
+    }
+
+    /// Refreshes the recency of every program a kernel front hit used since the last fold. Runs before
+    /// a new program takes its tick and before eviction ranks programs, so a program used only through
+    /// its kernels' front hits is as recent as those hits: newer than every program stamped before
+    /// them. (Among programs used between two folds, the order of their hits is not kept.)
+    fn fold_front_uses(&self) {
+        self.front.for_each_mut(|e| {
+            if std::mem::take(&mut e.used) {
+                if let Some(p) = &e.program {
+                    self.touch(p);
+                }
+            }
+        });
     }
 
     /// A snapshot of the counters and current sizes.
@@ -378,6 +401,7 @@ where
         // One evictor at a time; a second one waits and then usually finds nothing left to do. Eviction is
         // off the hit path, so blocking here costs only builders.
         let _g = self.evict_lock.lock();
+        self.fold_front_uses();
         type Candidate<P, E> = (u64, ProgramKey, Arc<BuildResult<P, E>>);
         let mut candidates: Vec<Candidate<P, E>> = self
             .maps
