@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::backend::{
     BackendStats, ComputeBackend, DeviceImage, DeviceInfo, KernelInfo, KernelObject, Launch, Pod,
 };
+use crate::cache::Local;
 use crate::cache::{BuildOptions, CacheStats, DiskStats, SpecConstants, StoreChain};
 use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
@@ -92,6 +93,23 @@ impl<B: ComputeBackend> Inner<B> {
     }
 }
 
+/// A thread's own handle is the kernel to everything downstream: launches and interop recover the
+/// backend's type through `as_any`, which answers for the kernel inside.
+impl<K: KernelObject> KernelObject for Local<K> {
+    fn info(&self) -> &KernelInfo {
+        (**self).info()
+    }
+    fn as_any(&self) -> &dyn Any {
+        (**self).as_any()
+    }
+    fn origin(&self) -> Option<&crate::backend::ProgramOrigin> {
+        (**self).origin()
+    }
+    fn program_binary(&self) -> Result<Option<Vec<u8>>> {
+        (**self).program_binary()
+    }
+}
+
 struct BackendEvent<B: ComputeBackend> {
     backend: Arc<B>,
     event: B::Event,
@@ -123,7 +141,7 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
         spec: &SpecConstants,
         options: &BuildOptions,
     ) -> Result<(Arc<dyn KernelObject>, Source, Duration)> {
-        let a = self.programs.kernel(image, entry, spec, options)?;
+        let a = self.programs.kernel_local(image, entry, spec, options)?;
         Ok((a.value as Arc<dyn KernelObject>, a.source, a.elapsed))
     }
     fn kernel_from_binary(
