@@ -2,7 +2,9 @@
 //!
 //! Eviction is one pass: walk every leaf once (four levels of `read_dir` plus one `stat` per file),
 //! remove incomplete slots nobody is writing, then remove complete entries in order of their `.bin`'s
-//! access time until the total is at or under the target, then remove directories left empty. Every
+//! access time until the total is at or under the target, by renaming their files into the pass's
+//! trash (`trash.rs`: freeing blocks is what costs on ext4). A sweep then removes the directories left
+//! empty and deletes the trash: at once, or on a background thread when the caller asked to defer it. Every
 //! removal takes the slot's lock first (try-only), so an entry being written, or being removed by
 //! someone else, is skipped rather than waited for. Only one process evicts at a time: the pass holds
 //! `<root>/v1/evict.lock`, and a put that finds it taken skips eviction (the holder is doing the work).
@@ -22,6 +24,7 @@ use super::key::DIR_HEX_BYTES;
 use super::lock::{self, Waited};
 use super::slot::{remove_slot_files, slot_file};
 use super::stats::bump;
+use super::trash::{Sweep, Trash};
 
 pub(crate) const SIZE_FILE: &str = "size";
 pub(crate) const EVICT_LOCK: &str = "evict.lock";
@@ -38,6 +41,9 @@ pub(crate) struct Plan {
     pub older_than: Option<SystemTime>,
     /// Wait (up to the lock timeout) for another evictor instead of skipping.
     pub wait: bool,
+    /// Leave the sweep (emptied directories, trash) to a background thread, which keeps the eviction
+    /// lock until it is done, instead of doing it before returning.
+    pub defer_sweep: bool,
 }
 
 /// What one eviction pass did.
@@ -53,8 +59,12 @@ pub struct EvictReport {
     pub stale_removed: u64,
     /// Slots skipped because another process was writing or removing them.
     pub busy: u64,
-    /// Empty directories removed.
+    /// Empty directories removed (0 when the sweep was deferred: see `sweep_deferred`).
     pub dirs_removed: u64,
+    /// Whether removing emptied directories and deleting the removed files' trash was left to a
+    /// background thread ([`PersistentCache::wait_for_eviction`](super::PersistentCache::wait_for_eviction)
+    /// waits for it).
+    pub sweep_deferred: bool,
     /// Complete entries left.
     pub remaining_entries: u64,
     /// Bytes left (all files of every leaf), as measured by the walk.
@@ -177,37 +187,49 @@ fn scan_leaf(path: &Path, dirs: [String; 4]) -> LeafScan {
 
 /// Every leaf under `v1`, in path order.
 pub(crate) fn scan(v1: &Path) -> io::Result<Vec<LeafScan>> {
-    scan_tree(v1).map(|(leaves, _)| leaves)
+    scan_tree(v1).map(|(leaves, _, _)| leaves)
 }
 
-/// Every leaf under `v1`, plus how many subdirectories each non-leaf directory had: eviction uses the
-/// counts to remove a parent only once its last child went, instead of trying every parent.
-fn scan_tree(v1: &Path) -> io::Result<(Vec<LeafScan>, HashMap<PathBuf, usize>)> {
+/// What a walk found: every leaf under `v1`, how many subdirectories each non-leaf directory had
+/// (eviction uses the counts to remove a parent only once its last child went, instead of trying every
+/// parent), and the non-leaf directories that had none (a sweep killed half-way leaves them).
+type Tree = (Vec<LeafScan>, HashMap<PathBuf, usize>, Vec<PathBuf>);
+
+fn scan_tree(v1: &Path) -> io::Result<Tree> {
     match fs::metadata(v1) {
         Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), HashMap::new())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok((Vec::new(), HashMap::new(), Vec::new()));
+        }
         Err(e) => return Err(e),
     }
     // The root level is the one directory whose unreadability is an error rather than an empty subtree.
     fs::read_dir(v1)?;
     let mut out = Vec::new();
     let mut children = HashMap::new();
+    let mut bare = Vec::new();
+    let mut count = |dir: &PathBuf, n: usize| {
+        children.insert(dir.clone(), n);
+        if n == 0 {
+            bare.push(dir.clone());
+        }
+    };
     for (a, pa) in subdirs(v1) {
         let level_b = subdirs(&pa);
-        children.insert(pa.clone(), level_b.len());
+        count(&pa, level_b.len());
         for (b, pb) in level_b {
             let level_c = subdirs(&pb);
-            children.insert(pb.clone(), level_c.len());
+            count(&pb, level_c.len());
             for (c, pc) in level_c {
                 let level_d = subdirs(&pc);
-                children.insert(pc.clone(), level_d.len());
+                count(&pc, level_d.len());
                 for (d, pd) in level_d {
                     out.push(scan_leaf(&pd, [a.clone(), b.clone(), c.clone(), d]));
                 }
             }
         }
     }
-    Ok((out, children))
+    Ok((out, children, bare))
 }
 
 /// The total in the size file, if it exists and parses.
@@ -219,11 +241,17 @@ pub(crate) fn read_size_file(v1: &Path) -> Option<u64> {
         .ok()
 }
 
-/// Removes the files of published slot `n` (the caller holds its lock), `.src` first so readers stop
-/// finding it before the binary goes. The scan already knows which files exist and their sizes, so this
-/// is two unlinks, not a probe per possible file. `None` when the entry was removed meanwhile.
-fn remove_published(leaf: &Path, n: u32, f: &SlotFiles) -> io::Result<Option<u64>> {
-    match fs::remove_file(slot_file(leaf, n, "src")) {
+/// Moves the files of published slot `n` (the caller holds its lock) into the trash, `.src` first so
+/// readers stop finding it before the binary goes. The scan already knows which files exist and their
+/// sizes, so this is two renames, not a probe per possible file. `None` when the entry was removed
+/// meanwhile.
+fn remove_published(
+    trash: &mut Trash,
+    leaf: &Path,
+    n: u32,
+    f: &SlotFiles,
+) -> io::Result<Option<u64>> {
+    match trash.take(&slot_file(leaf, n, "src")) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
@@ -233,7 +261,7 @@ fn remove_published(leaf: &Path, n: u32, f: &SlotFiles) -> io::Result<Option<u64
         gone.extend(["src.tmp", "bin.tmp"]);
     }
     for ext in gone {
-        match fs::remove_file(slot_file(leaf, n, ext)) {
+        match trash.take(&slot_file(leaf, n, ext)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             // The entry is already invisible (no .src); what is left is an orphan a later pass removes.
@@ -303,7 +331,7 @@ impl Inner {
             return Ok(report);
         }
         let lock_path = self.v1.join(EVICT_LOCK);
-        let _evictor = if plan.wait {
+        let evictor = if plan.wait {
             match lock::lock_with_timeout(&lock_path, false, self.s.lock_timeout, || Ok(()))? {
                 Waited::Acquired { lock, .. } => lock,
                 Waited::TimedOut => return Ok(report),
@@ -315,8 +343,9 @@ impl Inner {
             }
         };
         report.ran = true;
+        let mut trash = Trash::new(&self.s.root);
         let tracked_before = read_size_file(&self.v1);
-        let (leaves, mut children) = scan_tree(&self.v1)?;
+        let (leaves, children, bare) = scan_tree(&self.v1)?;
         let mut total: u64 = leaves.iter().map(LeafScan::bytes).sum();
         // Slots (of any state) still present per leaf: a leaf at zero is removed with its emptied parents.
         let mut alive: Vec<usize> = leaves.iter().map(|l| l.slots.len()).collect();
@@ -375,7 +404,7 @@ impl Inner {
             // The writer's lock file usually still exists, so this opens rather than creates; dropping the
             // lock unlinks it, as the slot goes.
             match lock::try_lock(&slot_file(leaf, n, "lock"), true) {
-                Ok(Some(_slot)) => match remove_published(leaf, n, &leaves[li].slots[&n]) {
+                Ok(Some(_slot)) => match remove_published(&mut trash, leaf, n, &leaves[li].slots[&n]) {
                     Ok(Some(freed)) => {
                         total = total.saturating_sub(freed);
                         report.removed += 1;
@@ -400,30 +429,18 @@ impl Inner {
         }
 
         // Directories left empty, leaves found empty included (a killed process's, or emptied by
-        // readers). A directory that gained an entry meanwhile is not empty, and rmdir says so.
-        for (li, leaf) in leaves.iter().enumerate() {
-            if alive[li] > 0 {
-                continue;
-            }
-            if leaf.key_lock {
-                // A build lock left by a killed process; if it is held, the builder keeps the leaf alive.
-                drop(lock::try_lock(&leaf.path.join("key.lock"), true));
-            }
-            let mut dir = leaf.path.clone();
-            while fs::remove_dir(&dir).is_ok() {
-                report.dirs_removed += 1;
-                let Some(parent) = dir.parent() else { break };
-                match children.get_mut(parent) {
-                    Some(c) if *c > 1 => {
-                        *c -= 1;
-                        break;
-                    }
-                    Some(_) => dir = parent.to_owned(),
-                    // v1 itself (or something outside the tree): never removed.
-                    None => break,
-                }
-            }
-        }
+        // readers), are the sweep's, with the trash.
+        let sweep = Sweep {
+            root: self.s.root.clone(),
+            leaves: leaves
+                .iter()
+                .zip(&alive)
+                .filter(|&(_, &a)| a == 0)
+                .map(|(l, _)| (l.path.clone(), l.key_lock))
+                .chain(bare.into_iter().map(|d| (d, false)))
+                .collect(),
+            children,
+        };
 
         bump(&self.counters.evictions, report.removed);
         bump(&self.counters.evicted_bytes, report.removed_bytes);
@@ -438,6 +455,35 @@ impl Inner {
             tracing::debug!(target: "kpc::cache::disk", removed = report.removed, bytes = report.removed_bytes,
                 stale = report.stale_removed, busy = report.busy, remaining = total, "eviction pass")
         });
+        let trace = self.s.trace;
+        let sweep_now = move || {
+            let r = sweep.run();
+            if trace {
+                tracing::debug!(target: "kpc::cache::disk", dirs = r.dirs_removed, trash = r.trash_removed,
+                    "eviction sweep");
+            }
+            // The eviction lock is released only now: no other pass fills a trash directory while the
+            // sweep deletes them, and no two sweeps race.
+            drop(evictor);
+            r
+        };
+        if plan.defer_sweep {
+            let spawned = std::thread::Builder::new()
+                .name("kpc-disk-sweep".into())
+                .spawn(move || {
+                    sweep_now();
+                });
+            match spawned {
+                Ok(h) => {
+                    // A previous sweep's handle is finished: it held the lock this pass now holds.
+                    drop(self.evict_thread.lock().replace(h));
+                    report.sweep_deferred = true;
+                }
+                Err(e) => self.warn_io(&e, &self.v1, "cannot start the eviction sweep"),
+            }
+        } else {
+            report.dirs_removed = sweep_now().dirs_removed;
+        }
         Ok(report)
     }
 
@@ -453,6 +499,8 @@ impl Inner {
             target: Some(self.low_watermark()),
             older_than: None,
             wait: false,
+            // Already on a background thread when background_eviction is set.
+            defer_sweep: false,
         };
         let run = move |me: &Inner| {
             if let Err(e) = me.evict(plan) {

@@ -243,6 +243,7 @@ impl PersistentCache {
             target: Some(0),
             older_than: None,
             wait: true,
+            defer_sweep: false,
         })?;
         if !r.ran {
             return Err(io::Error::new(
