@@ -55,9 +55,11 @@ fn main() {
         let _ = std::process::Command::new("sync").status();
         std::thread::sleep(Duration::from_secs(settle));
     }
+    let sched0 = schedstat();
     let start = Instant::now();
     let r = cache.evict_deferred(Some(0), None).expect("eviction pass");
     let pass = start.elapsed();
+    let sched1 = schedstat();
     cache.wait_for_eviction();
     let sweep = start.elapsed() - pass;
     let trash_left = std::fs::read_dir(root.join("trash")).map_or(0, |d| d.count());
@@ -71,5 +73,20 @@ fn main() {
         r.removed,
         r.sweep_deferred
     );
+    if let (Some((run0, wait0)), Some((run1, wait1))) = (sched0, sched1) {
+        println!(
+            "            of which on a CPU {:.3?}, runnable but waiting for a CPU {:.3?} (/proc/thread-self/schedstat)",
+            Duration::from_nanos(run1 - run0),
+            Duration::from_nanos(wait1 - wait0)
+        );
+    }
     println!("sweep       {sweep:.3?} more in the background ({trash_left} trash directories left)");
+}
+
+/// This thread's time on a CPU and time spent runnable but waiting for one, in ns: on a shared machine
+/// the second is what other people's work cost the measurement.
+fn schedstat() -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let mut it = s.split_whitespace().map(|v| v.parse::<u64>().ok());
+    Some((it.next()??, it.next()??))
 }
