@@ -71,6 +71,15 @@ pub struct EvictReport {
     pub remaining_bytes: u64,
 }
 
+/// What became of one entry the pass tried to remove.
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Removed(u64),
+    Gone,
+    Busy,
+    Failed,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FileMeta {
     pub len: u64,
@@ -205,31 +214,74 @@ fn scan_tree(v1: &Path) -> io::Result<Tree> {
     }
     // The root level is the one directory whose unreadability is an error rather than an empty subtree.
     fs::read_dir(v1)?;
-    let mut out = Vec::new();
-    let mut children = HashMap::new();
-    let mut bare = Vec::new();
-    let mut count = |dir: &PathBuf, n: usize| {
-        children.insert(dir.clone(), n);
-        if n == 0 {
-            bare.push(dir.clone());
-        }
-    };
+    let mut tree: Tree = Default::default();
+    let mut images = Vec::new();
     for (a, pa) in subdirs(v1) {
         let level_b = subdirs(&pa);
-        count(&pa, level_b.len());
-        for (b, pb) in level_b {
-            let level_c = subdirs(&pb);
-            count(&pb, level_c.len());
-            for (c, pc) in level_c {
-                let level_d = subdirs(&pc);
-                count(&pc, level_d.len());
-                for (d, pd) in level_d {
-                    out.push(scan_leaf(&pd, [a.clone(), b.clone(), c.clone(), d]));
-                }
+        count(&mut tree, &pa, level_b.len());
+        images.extend(level_b.into_iter().map(|(b, pb)| (a.clone(), b, pb)));
+    }
+    // The image subtrees are independent, and a walk is system calls on a warm cache more than I/O:
+    // a few threads over contiguous chunks (so the leaves stay in path order) cut its wall time.
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_WALKERS)
+        .min(images.len().div_ceil(MIN_IMAGES_PER_WALKER))
+        .max(1);
+    if workers == 1 {
+        scan_images(&images, &mut tree);
+        return Ok(tree);
+    }
+    let parts: Vec<Tree> = std::thread::scope(|sc| {
+        let handles: Vec<_> = images
+            .chunks(images.len().div_ceil(workers))
+            .map(|chunk| {
+                sc.spawn(move || {
+                    let mut t: Tree = Default::default();
+                    scan_images(chunk, &mut t);
+                    t
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    for (leaves, children, bare) in parts {
+        tree.0.extend(leaves);
+        tree.1.extend(children);
+        tree.2.extend(bare);
+    }
+    Ok(tree)
+}
+
+/// At most this many threads walk the tree.
+const MAX_WALKERS: usize = 4;
+/// Below this many image directories per thread, a thread costs more than it saves.
+const MIN_IMAGES_PER_WALKER: usize = 512;
+
+fn count(tree: &mut Tree, dir: &Path, n: usize) {
+    tree.1.insert(dir.to_owned(), n);
+    if n == 0 {
+        tree.2.push(dir.to_owned());
+    }
+}
+
+/// Walks the `<image>` subtrees `images` (device name, image name, path) into `tree`.
+fn scan_images(images: &[(String, String, PathBuf)], tree: &mut Tree) {
+    for (a, b, pb) in images {
+        let level_c = subdirs(pb);
+        count(tree, pb, level_c.len());
+        for (c, pc) in level_c {
+            let level_d = subdirs(&pc);
+            count(tree, &pc, level_d.len());
+            for (d, pd) in level_d {
+                let leaf = scan_leaf(&pd, [a.clone(), b.clone(), c.clone(), d]);
+                tree.0.push(leaf);
             }
         }
     }
-    Ok((out, children, bare))
 }
 
 /// The total in the size file, if it exists and parses.
@@ -343,7 +395,7 @@ impl Inner {
             }
         };
         report.ran = true;
-        let mut trash = Trash::new(&self.s.root);
+        let mut trash = Trash::new(&self.s.root, 0);
         let tracked_before = read_size_file(&self.v1);
         let (leaves, children, bare) = scan_tree(&self.v1)?;
         let mut total: u64 = leaves.iter().map(LeafScan::bytes).sum();
@@ -391,41 +443,48 @@ impl Inner {
             .collect();
         cands.sort_unstable();
         let cutoff = plan.older_than.map(FileTime::from_system_time);
+        // Sorted by access time, so once an entry is neither needed for the target nor old, no later
+        // one is either.
+        let wanted = |atime: FileTime, total: u64| {
+            plan.target.is_some_and(|t| total > t) || cutoff.is_some_and(|c| atime < c)
+        };
         let mut remaining = cands.len() as u64;
-        for (atime, li, n) in cands {
-            let over = plan.target.is_some_and(|t| total > t);
-            let old = cutoff.is_some_and(|c| atime < c);
-            // Sorted by access time, so once an entry is neither needed for the target nor old, no later
-            // one is either.
-            if !over && !old {
+        let mut apply = |li: usize, o: Outcome, total: &mut u64, report: &mut EvictReport| match o {
+            Outcome::Removed(freed) => {
+                *total = total.saturating_sub(freed);
+                report.removed += 1;
+                report.removed_bytes += freed;
+                remaining -= 1;
+                alive[li] -= 1;
+            }
+            // Removed by someone else (a reader that found it corrupt) since the walk.
+            Outcome::Gone => {
+                remaining -= 1;
+                alive[li] -= 1;
+            }
+            Outcome::Busy => report.busy += 1,
+            Outcome::Failed => {}
+        };
+        // What the pass removes if no entry is busy: removed together, on a few threads when there
+        // are many (the removals are independent system calls).
+        let mut k = 0;
+        let mut t = total;
+        while k < cands.len() && wanted(cands[k].0, t) {
+            let (_, li, n) = cands[k];
+            t = t.saturating_sub(leaves[li].slots[&n].bytes());
+            k += 1;
+        }
+        let outcomes = self.remove_many(&cands[..k], &leaves, &mut trash);
+        for (&(_, li, _), o) in cands[..k].iter().zip(outcomes) {
+            apply(li, o, &mut total, &mut report);
+        }
+        // Busy entries can leave the total over the target: carry on down the list.
+        for &(atime, li, n) in &cands[k..] {
+            if !wanted(atime, total) {
                 break;
             }
-            let leaf = &leaves[li].path;
-            // The writer's lock file usually still exists, so this opens rather than creates; dropping the
-            // lock unlinks it, as the slot goes.
-            match lock::try_lock(&slot_file(leaf, n, "lock"), true) {
-                Ok(Some(_slot)) => match remove_published(&mut trash, leaf, n, &leaves[li].slots[&n]) {
-                    Ok(Some(freed)) => {
-                        total = total.saturating_sub(freed);
-                        report.removed += 1;
-                        report.removed_bytes += freed;
-                        remaining -= 1;
-                        alive[li] -= 1;
-                        self.trace(|| {
-                            tracing::debug!(target: "kpc::cache::disk", path = %leaf.display(), slot = n,
-                                bytes = freed, "evict")
-                        });
-                    }
-                    // Removed by someone else (a reader that found it corrupt) since the walk.
-                    Ok(None) => {
-                        remaining -= 1;
-                        alive[li] -= 1;
-                    }
-                    Err(e) => self.warn_io(&e, leaf, "cannot evict an entry"),
-                },
-                Ok(None) => report.busy += 1,
-                Err(e) => self.warn_io(&e, leaf, "cannot evict an entry"),
-            }
+            let o = self.remove_candidate(&mut trash, &leaves[li], n);
+            apply(li, o, &mut total, &mut report);
         }
 
         // Directories left empty, leaves found empty included (a killed process's, or emptied by
@@ -485,6 +544,77 @@ impl Inner {
             report.dirs_removed = sweep_now().dirs_removed;
         }
         Ok(report)
+    }
+
+    /// Removes the complete entries `cands` (access time, leaf index, slot) of `leaves`, returning what
+    /// became of each, in order.
+    fn remove_many(
+        &self,
+        cands: &[(FileTime, usize, u32)],
+        leaves: &[LeafScan],
+        trash: &mut Trash,
+    ) -> Vec<Outcome> {
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_WALKERS)
+            .min(cands.len().div_ceil(MIN_IMAGES_PER_WALKER))
+            .max(1);
+        let one = |trash: &mut Trash, chunk: &[(FileTime, usize, u32)]| -> Vec<Outcome> {
+            chunk
+                .iter()
+                .map(|&(_, li, n)| self.remove_candidate(trash, &leaves[li], n))
+                .collect()
+        };
+        if workers == 1 {
+            return one(trash, cands);
+        }
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = cands
+                .chunks(cands.len().div_ceil(workers))
+                .enumerate()
+                .map(|(i, chunk)| {
+                    // One trash directory per thread: renames into one directory serialize on its lock.
+                    let mut trash = Trash::new(&self.s.root, i);
+                    sc.spawn(move || one(&mut trash, chunk))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .zip(cands.chunks(cands.len().div_ceil(workers)))
+                .flat_map(|(h, chunk)| {
+                    h.join()
+                        .unwrap_or_else(|_| vec![Outcome::Failed; chunk.len()])
+                })
+                .collect()
+        })
+    }
+
+    /// Removes one complete entry under its slot lock.
+    fn remove_candidate(&self, trash: &mut Trash, leaf: &LeafScan, n: u32) -> Outcome {
+        let path = &leaf.path;
+        // The writer's lock file usually still exists, so this opens rather than creates; dropping the
+        // lock unlinks it, as the slot goes.
+        match lock::try_lock(&slot_file(path, n, "lock"), true) {
+            Ok(Some(_slot)) => match remove_published(trash, path, n, &leaf.slots[&n]) {
+                Ok(Some(freed)) => {
+                    self.trace(|| {
+                        tracing::debug!(target: "kpc::cache::disk", path = %path.display(), slot = n,
+                            bytes = freed, "evict")
+                    });
+                    Outcome::Removed(freed)
+                }
+                Ok(None) => Outcome::Gone,
+                Err(e) => {
+                    self.warn_io(&e, path, "cannot evict an entry");
+                    Outcome::Failed
+                }
+            },
+            Ok(None) => Outcome::Busy,
+            Err(e) => {
+                self.warn_io(&e, path, "cannot evict an entry");
+                Outcome::Failed
+            }
+        }
     }
 
     pub(super) fn maybe_evict(self: &Arc<Inner>, total: u64) {

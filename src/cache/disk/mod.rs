@@ -12,7 +12,7 @@
 //! <root>/v1/size                                        tracked total size (see "Size" below)
 //! <root>/v1/evict.lock                                  held by the one process evicting
 //! <root>/quarantine/                                    entries `kpc cache verify --fix` set aside
-//! <root>/trash/<pid>-<nanos>/                           files an eviction pass removed, until its sweep
+//! <root>/trash/<pid>-<nanos>-<i>/                       files an eviction pass removed, until its sweep
 //! ```
 //! Directory names are 16 hex characters of BLAKE3 ([`DiskKey::dir_names`]). Several keys can share a
 //! leaf directory only through a hash collision; their entries then take successive slots `n`, and a

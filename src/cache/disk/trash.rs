@@ -5,7 +5,7 @@
 //! costs 2-4 ms, while a `rename` costs 7-50 µs. An eviction pass that unlinks two files and removes
 //! three directories per entry therefore spent ~9 ms per entry (87 s for 10,000). So the pass only
 //! renames: each removed entry's files go into this pass's trash directory
-//! (`<root>/trash/<pid>-<nanos>/`, outside the versioned tree, so nothing reads or counts them), and
+//! (`<root>/trash/<pid>-<nanos>-<thread>/`, outside the versioned tree, so nothing reads or counts them), and
 //! directories the pass emptied are left for the sweep. Renaming `.src` away is as atomic for a reader
 //! as unlinking it: the entry is gone from the tree either way.
 //!
@@ -34,7 +34,8 @@ pub(crate) struct Trash {
 }
 
 impl Trash {
-    pub fn new(root: &Path) -> Trash {
+    /// A trash directory of its own for this pass's thread `tag`.
+    pub fn new(root: &Path, tag: usize) -> Trash {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -42,7 +43,7 @@ impl Trash {
         Trash {
             dir: root
                 .join(TRASH_DIR)
-                .join(format!("{}-{nanos}", std::process::id())),
+                .join(format!("{}-{nanos}-{tag}", std::process::id())),
             next: 0,
             created: false,
         }
