@@ -79,7 +79,9 @@ fn main() {
             Duration::from_millis((c1 - c0) * 10)
         );
     }
-    println!("sweep       {sweep:.3?} more in the background ({trash_left} trash directories left)");
+    println!(
+        "sweep       {sweep:.3?} more in the background ({trash_left} trash directories left)"
+    );
 }
 
 /// The process's user + system time in clock ticks (100 per second on Linux), threads that exited

@@ -77,6 +77,7 @@ mod slot;
 pub mod stats;
 mod store;
 mod trash;
+mod walk;
 
 pub use entry::{Defect, FileKind};
 pub use evict::EvictReport;
