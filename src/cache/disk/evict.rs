@@ -1,13 +1,15 @@
-//! Walking the tree, the size file, and eviction by last access.
+//! The size file, and eviction by last access.
 //!
-//! Eviction is one pass: walk every leaf once (four levels of `read_dir` plus one `stat` per file),
-//! remove incomplete slots nobody is writing, then remove complete entries in order of their `.bin`'s
-//! access time until the total is at or under the target, by renaming their files into the pass's
-//! trash (`trash.rs`: freeing blocks is what costs on ext4). A sweep then removes the directories left
-//! empty and deletes the trash: at once, or on a background thread when the caller asked to defer it. Every
-//! removal takes the slot's lock first (try-only), so an entry being written, or being removed by
-//! someone else, is skipped rather than waited for. Only one process evicts at a time: the pass holds
-//! `<root>/v1/evict.lock`, and a put that finds it taken skips eviction (the holder is doing the work).
+//! Eviction is one pass: walk every leaf once (`walk.rs`: four levels of `read_dir` plus one `stat` per
+//! file), remove incomplete slots nobody is writing, then remove complete entries in order of their
+//! `.bin`'s access time until the total is at or under the target, by renaming their files into the
+//! pass's trash (`trash.rs`: freeing blocks is what costs on ext4, and a rename frees none). The chosen
+//! entries are removed on a few threads when there are many. A sweep then removes the directories left
+//! empty and deletes the trash: before the pass returns, or on a background thread that keeps the
+//! eviction lock when the caller deferred it. Every removal takes the slot's lock first (try-only), so
+//! an entry being written, or being removed by someone else, is skipped rather than waited for. Only
+//! one process evicts (or sweeps) at a time: it holds `<root>/v1/evict.lock`, and a put that finds it
+//! taken skips eviction (the holder is doing the work).
 
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write};
