@@ -1,6 +1,7 @@
 //! Eviction by last access on real files: recency set by hits survives, the oldest goes, the total
-//! lands under the low watermark, leftovers and empty directories go, the size file stays right, and
-//! only one evictor runs at a time.
+//! lands under the low watermark, leftovers and empty directories go, the size file stays right, only
+//! one evictor runs at a time, and a deferred sweep hides nothing from readers, loses no entry written
+//! meanwhile, and is finished by the next pass when it was killed.
 
 mod common;
 
@@ -268,4 +269,113 @@ fn unlimited_cache_never_evicts() {
     }
     assert_eq!(c.stats().evictions, 0);
     assert_eq!(c.entries().unwrap().len(), 30);
+}
+
+/// Names under `dir`, sorted; empty when it does not exist.
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_deferred_sweep_hides_nothing_and_leaves_nothing_behind() {
+    let t = TempDir::new("evict");
+    let c = cache(t.path());
+    for i in 0..10 {
+        c.put(&key(i), b"x", Duration::ZERO);
+    }
+    let r = c.evict_deferred(Some(0), None).unwrap();
+    assert!(r.sweep_deferred);
+    assert_eq!((r.removed, r.remaining_entries), (10, 0));
+    // Gone for readers before the sweep has run, whether or not it has.
+    for i in 0..10 {
+        assert!(c.get(&key(i)).is_none(), "entry {i}");
+    }
+    assert!(c.entries().unwrap().is_empty());
+    assert_eq!(c.tracked_size(), Some(0));
+    c.wait_for_eviction();
+    assert_eq!(names(&t.join("v1")), ["evict.lock", "size"]);
+    assert_eq!(names(&t.join("trash")), Vec::<String>::new());
+}
+
+#[test]
+fn an_entry_written_during_a_deferred_sweep_survives_it() {
+    let t = TempDir::new("evict");
+    let c = cache(t.path());
+    for i in 0..20 {
+        c.put(&key(i), b"old", Duration::ZERO);
+    }
+    let r = c.evict_deferred(Some(0), None).unwrap();
+    assert_eq!(r.removed, 20);
+    // The sweep removes these keys' emptied directories while the puts recreate them: a directory is
+    // only removed by rmdir, which fails on a refilled one, and a put whose directory vanished makes it
+    // again.
+    for i in 0..20 {
+        let out = c.put(&key(i), &payload(i, 64), Duration::ZERO);
+        assert_eq!(out, PutOutcome::Published(0), "put {i}");
+    }
+    c.wait_for_eviction();
+    for i in 0..20 {
+        let hit = c.get(&key(i)).unwrap_or_else(|| panic!("entry {i} lost"));
+        assert_eq!(hit.bytes(), payload(i, 64));
+    }
+    assert_eq!(c.tracked_size(), Some(entry_bytes(t.path())));
+}
+
+#[test]
+fn a_killed_sweeps_leftovers_go_with_the_next_pass() {
+    let t = TempDir::new("evict");
+    let c = cache(t.path());
+    c.put(&key(0), b"kept", Duration::ZERO);
+    c.put(&key(1), b"x", Duration::ZERO);
+    // What a sweep killed half-way leaves: a trash directory with files in it, and an image directory
+    // whose leaf went but which itself did not.
+    let trash = t.join("trash").join("1-2-0");
+    std::fs::create_dir_all(&trash).unwrap();
+    std::fs::write(trash.join("0"), b"removed entry").unwrap();
+    let leaf = c.entry_dir(&key(1));
+    let spec = leaf.parent().unwrap().to_owned();
+    let image = spec.parent().unwrap().to_owned();
+    c.remove(&key(1), None);
+    std::fs::remove_dir(&leaf).unwrap();
+    std::fs::remove_dir(&spec).unwrap();
+    assert!(image.is_dir());
+    // A pass that removes nothing still sweeps.
+    let r = c.evict(None, None).unwrap();
+    assert_eq!((r.removed, r.remaining_entries), (0, 1));
+    assert_eq!(r.dirs_removed, 1);
+    assert!(!image.exists());
+    assert_eq!(names(&t.join("trash")), Vec::<String>::new());
+    assert_eq!(c.get(&key(0)).unwrap().bytes(), b"kept");
+}
+
+#[test]
+fn a_pass_over_many_entries_removes_exactly_the_old_ones() {
+    // Enough entries for the walk and the removals to be spread over threads (512 per thread).
+    let t = TempDir::new("evict");
+    let c = cache(t.path());
+    let n = 1040;
+    for i in 0..n {
+        c.put(&key(i), b"x", Duration::ZERO);
+    }
+    for i in (0..n).step_by(2) {
+        age(&c, &key(i), 3600);
+    }
+    let cutoff = SystemTime::now() - Duration::from_secs(1800);
+    let r = c.evict(None, Some(cutoff)).unwrap();
+    assert_eq!((r.removed, r.remaining_entries, r.busy), (n / 2, n / 2, 0));
+    // Each removed entry had its own leaf, spec and image directory.
+    assert_eq!(r.dirs_removed, 3 * n / 2);
+    assert_eq!(c.entries().unwrap().len() as u64, n / 2);
+    for i in 0..n {
+        assert_eq!(c.get(&key(i)).is_some(), i % 2 == 1, "entry {i}");
+    }
+    assert_eq!(c.tracked_size(), Some(entry_bytes(t.path())));
+    assert_eq!(names(&t.join("trash")), Vec::<String>::new());
 }

@@ -1,16 +1,19 @@
-//! Walking the tree, the size file, and eviction by last access.
+//! The size file, and eviction by last access.
 //!
-//! Eviction is one pass: walk every leaf once (four levels of `read_dir` plus one `stat` per file),
-//! remove incomplete slots nobody is writing, then remove complete entries in order of their `.bin`'s
-//! access time until the total is at or under the target, then remove directories left empty. Every
-//! removal takes the slot's lock first (try-only), so an entry being written, or being removed by
-//! someone else, is skipped rather than waited for. Only one process evicts at a time: the pass holds
-//! `<root>/v1/evict.lock`, and a put that finds it taken skips eviction (the holder is doing the work).
+//! Eviction is one pass: walk every leaf once (`walk.rs`: four levels of `read_dir` plus one `stat` per
+//! file), remove incomplete slots nobody is writing, then remove complete entries in order of their
+//! `.bin`'s access time until the total is at or under the target, by renaming their files into the
+//! pass's trash (`trash.rs`: freeing blocks is what costs on ext4, and a rename frees none). The chosen
+//! entries are removed on a few threads when there are many. A sweep then removes the directories left
+//! empty and deletes the trash: before the pass returns, or on a background thread that keeps the
+//! eviction lock when the caller deferred it. Every removal takes the slot's lock first (try-only), so
+//! an entry being written, or being removed by someone else, is skipped rather than waited for. Only
+//! one process evicts (or sweeps) at a time: it holds `<root>/v1/evict.lock`, and a put that finds it
+//! taken skips eviction (the holder is doing the work).
 
-use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
@@ -18,10 +21,11 @@ use std::time::{Duration, SystemTime};
 use filetime::FileTime;
 
 use super::Inner;
-use super::key::DIR_HEX_BYTES;
 use super::lock::{self, Waited};
 use super::slot::{remove_slot_files, slot_file};
 use super::stats::bump;
+use super::trash::{Sweep, Trash};
+use super::walk::{LeafScan, SlotFiles, scan, scan_tree, workers_for};
 
 pub(crate) const SIZE_FILE: &str = "size";
 pub(crate) const EVICT_LOCK: &str = "evict.lock";
@@ -38,6 +42,9 @@ pub(crate) struct Plan {
     pub older_than: Option<SystemTime>,
     /// Wait (up to the lock timeout) for another evictor instead of skipping.
     pub wait: bool,
+    /// Leave the sweep (emptied directories, trash) to a background thread, which keeps the eviction
+    /// lock until it is done, instead of doing it before returning.
+    pub defer_sweep: bool,
 }
 
 /// What one eviction pass did.
@@ -53,161 +60,25 @@ pub struct EvictReport {
     pub stale_removed: u64,
     /// Slots skipped because another process was writing or removing them.
     pub busy: u64,
-    /// Empty directories removed.
+    /// Empty directories removed (0 when the sweep was deferred: see `sweep_deferred`).
     pub dirs_removed: u64,
+    /// Whether removing emptied directories and deleting the removed files' trash was left to a
+    /// background thread ([`PersistentCache::wait_for_eviction`](super::PersistentCache::wait_for_eviction)
+    /// waits for it).
+    pub sweep_deferred: bool,
     /// Complete entries left.
     pub remaining_entries: u64,
     /// Bytes left (all files of every leaf), as measured by the walk.
     pub remaining_bytes: u64,
 }
 
+/// What became of one entry the pass tried to remove.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct FileMeta {
-    pub len: u64,
-    pub atime: FileTime,
-}
-
-/// The files of one slot found by a walk.
-#[derive(Debug, Default)]
-pub(crate) struct SlotFiles {
-    pub src: Option<FileMeta>,
-    pub bin: Option<FileMeta>,
-    pub tmp_bytes: u64,
-    pub tmp: bool,
-    pub lock: bool,
-}
-
-impl SlotFiles {
-    pub fn complete(&self) -> bool {
-        self.src.is_some() && self.bin.is_some()
-    }
-    pub fn bytes(&self) -> u64 {
-        self.src.map_or(0, |m| m.len) + self.bin.map_or(0, |m| m.len) + self.tmp_bytes
-    }
-}
-
-/// One leaf directory found by a walk.
-#[derive(Debug)]
-pub(crate) struct LeafScan {
-    pub path: PathBuf,
-    pub dirs: [String; 4],
-    pub slots: BTreeMap<u32, SlotFiles>,
-    pub key_lock: bool,
-}
-
-impl LeafScan {
-    pub fn bytes(&self) -> u64 {
-        self.slots.values().map(SlotFiles::bytes).sum()
-    }
-}
-
-fn is_dir_name(name: &str) -> bool {
-    name.len() == 2 * DIR_HEX_BYTES && name.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-/// The hash-named subdirectories of `dir`. A directory that vanished (removed by an evictor) or cannot
-/// be read is treated as empty: a walk is a best-effort census, not a transaction.
-fn subdirs(dir: &Path) -> Vec<(String, PathBuf)> {
-    let Ok(rd) = fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut v: Vec<(String, PathBuf)> = rd
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            is_dir_name(&name).then(|| (name, e.path()))
-        })
-        .collect();
-    v.sort();
-    v
-}
-
-fn scan_leaf(path: &Path, dirs: [String; 4]) -> LeafScan {
-    let mut leaf = LeafScan {
-        path: path.to_owned(),
-        dirs,
-        slots: BTreeMap::new(),
-        key_lock: false,
-    };
-    let Ok(rd) = fs::read_dir(path) else {
-        return leaf;
-    };
-    for e in rd.filter_map(Result::ok) {
-        let Ok(name) = e.file_name().into_string() else {
-            continue;
-        };
-        if name == "key.lock" {
-            leaf.key_lock = true;
-            continue;
-        }
-        let Some((num, ext)) = name.split_once('.') else {
-            continue;
-        };
-        let Ok(n) = num.parse::<u32>() else {
-            continue;
-        };
-        let meta = || {
-            e.metadata().ok().map(|m| FileMeta {
-                len: m.len(),
-                atime: FileTime::from_last_access_time(&m),
-            })
-        };
-        match ext {
-            "src" => {
-                let m = meta();
-                leaf.slots.entry(n).or_default().src = m;
-            }
-            "bin" => {
-                let m = meta();
-                leaf.slots.entry(n).or_default().bin = m;
-            }
-            "src.tmp" | "bin.tmp" => {
-                let len = meta().map_or(0, |m| m.len);
-                let s = leaf.slots.entry(n).or_default();
-                s.tmp = true;
-                s.tmp_bytes += len;
-            }
-            "lock" => leaf.slots.entry(n).or_default().lock = true,
-            _ => {}
-        }
-    }
-    leaf
-}
-
-/// Every leaf under `v1`, in path order.
-pub(crate) fn scan(v1: &Path) -> io::Result<Vec<LeafScan>> {
-    scan_tree(v1).map(|(leaves, _)| leaves)
-}
-
-/// Every leaf under `v1`, plus how many subdirectories each non-leaf directory had: eviction uses the
-/// counts to remove a parent only once its last child went, instead of trying every parent.
-fn scan_tree(v1: &Path) -> io::Result<(Vec<LeafScan>, HashMap<PathBuf, usize>)> {
-    match fs::metadata(v1) {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), HashMap::new())),
-        Err(e) => return Err(e),
-    }
-    // The root level is the one directory whose unreadability is an error rather than an empty subtree.
-    fs::read_dir(v1)?;
-    let mut out = Vec::new();
-    let mut children = HashMap::new();
-    for (a, pa) in subdirs(v1) {
-        let level_b = subdirs(&pa);
-        children.insert(pa.clone(), level_b.len());
-        for (b, pb) in level_b {
-            let level_c = subdirs(&pb);
-            children.insert(pb.clone(), level_c.len());
-            for (c, pc) in level_c {
-                let level_d = subdirs(&pc);
-                children.insert(pc.clone(), level_d.len());
-                for (d, pd) in level_d {
-                    out.push(scan_leaf(&pd, [a.clone(), b.clone(), c.clone(), d]));
-                }
-            }
-        }
-    }
-    Ok((out, children))
+enum Outcome {
+    Removed(u64),
+    Gone,
+    Busy,
+    Failed,
 }
 
 /// The total in the size file, if it exists and parses.
@@ -219,11 +90,17 @@ pub(crate) fn read_size_file(v1: &Path) -> Option<u64> {
         .ok()
 }
 
-/// Removes the files of published slot `n` (the caller holds its lock), `.src` first so readers stop
-/// finding it before the binary goes. The scan already knows which files exist and their sizes, so this
-/// is two unlinks, not a probe per possible file. `None` when the entry was removed meanwhile.
-fn remove_published(leaf: &Path, n: u32, f: &SlotFiles) -> io::Result<Option<u64>> {
-    match fs::remove_file(slot_file(leaf, n, "src")) {
+/// Moves the files of published slot `n` (the caller holds its lock) into the trash, `.src` first so
+/// readers stop finding it before the binary goes. The scan already knows which files exist and their
+/// sizes, so this is two renames, not a probe per possible file. `None` when the entry was removed
+/// meanwhile.
+fn remove_published(
+    trash: &mut Trash,
+    leaf: &Path,
+    n: u32,
+    f: &SlotFiles,
+) -> io::Result<Option<u64>> {
+    match trash.take(&slot_file(leaf, n, "src")) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
@@ -233,7 +110,7 @@ fn remove_published(leaf: &Path, n: u32, f: &SlotFiles) -> io::Result<Option<u64
         gone.extend(["src.tmp", "bin.tmp"]);
     }
     for ext in gone {
-        match fs::remove_file(slot_file(leaf, n, ext)) {
+        match trash.take(&slot_file(leaf, n, ext)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             // The entry is already invisible (no .src); what is left is an orphan a later pass removes.
@@ -303,7 +180,7 @@ impl Inner {
             return Ok(report);
         }
         let lock_path = self.v1.join(EVICT_LOCK);
-        let _evictor = if plan.wait {
+        let evictor = if plan.wait {
             match lock::lock_with_timeout(&lock_path, false, self.s.lock_timeout, || Ok(()))? {
                 Waited::Acquired { lock, .. } => lock,
                 Waited::TimedOut => return Ok(report),
@@ -315,8 +192,9 @@ impl Inner {
             }
         };
         report.ran = true;
+        let mut trash = Trash::new(&self.s.root, 0);
         let tracked_before = read_size_file(&self.v1);
-        let (leaves, mut children) = scan_tree(&self.v1)?;
+        let (leaves, children, bare) = scan_tree(&self.v1)?;
         let mut total: u64 = leaves.iter().map(LeafScan::bytes).sum();
         // Slots (of any state) still present per leaf: a leaf at zero is removed with its emptied parents.
         let mut alive: Vec<usize> = leaves.iter().map(|l| l.slots.len()).collect();
@@ -362,68 +240,63 @@ impl Inner {
             .collect();
         cands.sort_unstable();
         let cutoff = plan.older_than.map(FileTime::from_system_time);
+        // Sorted by access time, so once an entry is neither needed for the target nor old, no later
+        // one is either.
+        let wanted = |atime: FileTime, total: u64| {
+            plan.target.is_some_and(|t| total > t) || cutoff.is_some_and(|c| atime < c)
+        };
         let mut remaining = cands.len() as u64;
-        for (atime, li, n) in cands {
-            let over = plan.target.is_some_and(|t| total > t);
-            let old = cutoff.is_some_and(|c| atime < c);
-            // Sorted by access time, so once an entry is neither needed for the target nor old, no later
-            // one is either.
-            if !over && !old {
+        let mut apply = |li: usize, o: Outcome, total: &mut u64, report: &mut EvictReport| match o {
+            Outcome::Removed(freed) => {
+                *total = total.saturating_sub(freed);
+                report.removed += 1;
+                report.removed_bytes += freed;
+                remaining -= 1;
+                alive[li] -= 1;
+            }
+            // Removed by someone else (a reader that found it corrupt) since the walk.
+            Outcome::Gone => {
+                remaining -= 1;
+                alive[li] -= 1;
+            }
+            Outcome::Busy => report.busy += 1,
+            Outcome::Failed => {}
+        };
+        // What the pass removes if no entry is busy: removed together, on a few threads when there
+        // are many (the removals are independent system calls).
+        let mut k = 0;
+        let mut t = total;
+        while k < cands.len() && wanted(cands[k].0, t) {
+            let (_, li, n) = cands[k];
+            t = t.saturating_sub(leaves[li].slots[&n].bytes());
+            k += 1;
+        }
+        let outcomes = self.remove_many(&cands[..k], &leaves, &mut trash);
+        for (&(_, li, _), o) in cands[..k].iter().zip(outcomes) {
+            apply(li, o, &mut total, &mut report);
+        }
+        // Busy entries can leave the total over the target: carry on down the list.
+        for &(atime, li, n) in &cands[k..] {
+            if !wanted(atime, total) {
                 break;
             }
-            let leaf = &leaves[li].path;
-            // The writer's lock file usually still exists, so this opens rather than creates; dropping the
-            // lock unlinks it, as the slot goes.
-            match lock::try_lock(&slot_file(leaf, n, "lock"), true) {
-                Ok(Some(_slot)) => match remove_published(leaf, n, &leaves[li].slots[&n]) {
-                    Ok(Some(freed)) => {
-                        total = total.saturating_sub(freed);
-                        report.removed += 1;
-                        report.removed_bytes += freed;
-                        remaining -= 1;
-                        alive[li] -= 1;
-                        self.trace(|| {
-                            tracing::debug!(target: "kpc::cache::disk", path = %leaf.display(), slot = n,
-                                bytes = freed, "evict")
-                        });
-                    }
-                    // Removed by someone else (a reader that found it corrupt) since the walk.
-                    Ok(None) => {
-                        remaining -= 1;
-                        alive[li] -= 1;
-                    }
-                    Err(e) => self.warn_io(&e, leaf, "cannot evict an entry"),
-                },
-                Ok(None) => report.busy += 1,
-                Err(e) => self.warn_io(&e, leaf, "cannot evict an entry"),
-            }
+            let o = self.remove_candidate(&mut trash, &leaves[li], n);
+            apply(li, o, &mut total, &mut report);
         }
 
         // Directories left empty, leaves found empty included (a killed process's, or emptied by
-        // readers). A directory that gained an entry meanwhile is not empty, and rmdir says so.
-        for (li, leaf) in leaves.iter().enumerate() {
-            if alive[li] > 0 {
-                continue;
-            }
-            if leaf.key_lock {
-                // A build lock left by a killed process; if it is held, the builder keeps the leaf alive.
-                drop(lock::try_lock(&leaf.path.join("key.lock"), true));
-            }
-            let mut dir = leaf.path.clone();
-            while fs::remove_dir(&dir).is_ok() {
-                report.dirs_removed += 1;
-                let Some(parent) = dir.parent() else { break };
-                match children.get_mut(parent) {
-                    Some(c) if *c > 1 => {
-                        *c -= 1;
-                        break;
-                    }
-                    Some(_) => dir = parent.to_owned(),
-                    // v1 itself (or something outside the tree): never removed.
-                    None => break,
-                }
-            }
-        }
+        // readers), are the sweep's, with the trash.
+        let sweep = Sweep {
+            root: self.s.root.clone(),
+            leaves: leaves
+                .iter()
+                .zip(&alive)
+                .filter(|&(_, &a)| a == 0)
+                .map(|(l, _)| (l.path.clone(), l.key_lock))
+                .chain(bare.into_iter().map(|d| (d, false)))
+                .collect(),
+            children,
+        };
 
         bump(&self.counters.evictions, report.removed);
         bump(&self.counters.evicted_bytes, report.removed_bytes);
@@ -438,7 +311,103 @@ impl Inner {
             tracing::debug!(target: "kpc::cache::disk", removed = report.removed, bytes = report.removed_bytes,
                 stale = report.stale_removed, busy = report.busy, remaining = total, "eviction pass")
         });
+        let trace = self.s.trace;
+        let sweep_now = move || {
+            let r = sweep.run();
+            if trace {
+                tracing::debug!(target: "kpc::cache::disk", dirs = r.dirs_removed, trash = r.trash_removed,
+                    "eviction sweep");
+            }
+            // The eviction lock is released only now: no other pass fills a trash directory while the
+            // sweep deletes them, and no two sweeps race.
+            drop(evictor);
+            r
+        };
+        if plan.defer_sweep {
+            let spawned = std::thread::Builder::new()
+                .name("kpc-disk-sweep".into())
+                .spawn(move || {
+                    sweep_now();
+                });
+            match spawned {
+                Ok(h) => {
+                    // A previous sweep's handle is finished: it held the lock this pass now holds.
+                    drop(self.evict_thread.lock().replace(h));
+                    report.sweep_deferred = true;
+                }
+                Err(e) => self.warn_io(&e, &self.v1, "cannot start the eviction sweep"),
+            }
+        } else {
+            report.dirs_removed = sweep_now().dirs_removed;
+        }
         Ok(report)
+    }
+
+    /// Removes the complete entries `cands` (access time, leaf index, slot) of `leaves`, returning what
+    /// became of each, in order.
+    fn remove_many(
+        &self,
+        cands: &[(FileTime, usize, u32)],
+        leaves: &[LeafScan],
+        trash: &mut Trash,
+    ) -> Vec<Outcome> {
+        let workers = workers_for(cands.len());
+        let one = |trash: &mut Trash, chunk: &[(FileTime, usize, u32)]| -> Vec<Outcome> {
+            chunk
+                .iter()
+                .map(|&(_, li, n)| self.remove_candidate(trash, &leaves[li], n))
+                .collect()
+        };
+        if workers == 1 {
+            return one(trash, cands);
+        }
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = cands
+                .chunks(cands.len().div_ceil(workers))
+                .enumerate()
+                .map(|(i, chunk)| {
+                    // One trash directory per thread: renames into one directory serialize on its lock.
+                    let mut trash = Trash::new(&self.s.root, i);
+                    sc.spawn(move || one(&mut trash, chunk))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .zip(cands.chunks(cands.len().div_ceil(workers)))
+                .flat_map(|(h, chunk)| {
+                    h.join()
+                        .unwrap_or_else(|_| vec![Outcome::Failed; chunk.len()])
+                })
+                .collect()
+        })
+    }
+
+    /// Removes one complete entry under its slot lock.
+    fn remove_candidate(&self, trash: &mut Trash, leaf: &LeafScan, n: u32) -> Outcome {
+        let path = &leaf.path;
+        // The writer's lock file usually still exists, so this opens rather than creates; dropping the
+        // lock unlinks it, as the slot goes.
+        match lock::try_lock(&slot_file(path, n, "lock"), true) {
+            Ok(Some(_slot)) => match remove_published(trash, path, n, &leaf.slots[&n]) {
+                Ok(Some(freed)) => {
+                    self.trace(|| {
+                        tracing::debug!(target: "kpc::cache::disk", path = %path.display(), slot = n,
+                            bytes = freed, "evict")
+                    });
+                    Outcome::Removed(freed)
+                }
+                Ok(None) => Outcome::Gone,
+                Err(e) => {
+                    self.warn_io(&e, path, "cannot evict an entry");
+                    Outcome::Failed
+                }
+            },
+            Ok(None) => Outcome::Busy,
+            Err(e) => {
+                self.warn_io(&e, path, "cannot evict an entry");
+                Outcome::Failed
+            }
+        }
     }
 
     pub(super) fn maybe_evict(self: &Arc<Inner>, total: u64) {
@@ -453,6 +422,8 @@ impl Inner {
             target: Some(self.low_watermark()),
             older_than: None,
             wait: false,
+            // Already on a background thread when background_eviction is set.
+            defer_sweep: false,
         };
         let run = move |me: &Inner| {
             if let Err(e) = me.evict(plan) {

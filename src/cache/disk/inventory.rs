@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::PersistentCache;
-use super::evict::{Plan, scan};
+use super::evict::Plan;
 use super::key::KeyRecord;
 use super::lock;
 use super::slot::{SlotCheck, check_slot, read_src, remove_slot_files, slot_file};
+use super::walk::scan;
 
 /// One complete entry, as `kpc cache ls` shows it.
 #[derive(Debug, Clone)]
@@ -243,6 +244,7 @@ impl PersistentCache {
             target: Some(0),
             older_than: None,
             wait: true,
+            defer_sweep: false,
         })?;
         if !r.ran {
             return Err(io::Error::new(

@@ -12,6 +12,7 @@
 //! <root>/v1/size                                        tracked total size (see "Size" below)
 //! <root>/v1/evict.lock                                  held by the one process evicting
 //! <root>/quarantine/                                    entries `kpc cache verify --fix` set aside
+//! <root>/trash/<pid>-<nanos>-<i>/                       files an eviction pass removed, until its sweep
 //! ```
 //! Directory names are 16 hex characters of BLAKE3 ([`DiskKey::dir_names`]). Several keys can share a
 //! leaf directory only through a hash collision; their entries then take successive slots `n`, and a
@@ -33,7 +34,10 @@
 //!   the same key waits for that lock (up to `KPC_CACHE_LOCK_TIMEOUT`) and reads again, so a key is
 //!   built once however many processes start together. After the timeout it builds itself.
 //! - **Removal** (eviction, corruption, `prune`, `clear`) happens only under the slot lock, `.src`
-//!   first, so readers stop finding the entry before its binary goes; the lock file goes last.
+//!   first, so readers stop finding the entry before its binary goes; the lock file goes last. Eviction
+//!   renames the files into its trash instead of unlinking them, and removes emptied directories in a
+//!   sweep after the pass (`trash.rs` says why); a directory is only ever removed by `rmdir`, which
+//!   fails if a writer refilled it.
 //! - Locks are `flock`s (see `lock.rs`): a killed process never leaves a lock behind.
 //!
 //! - **Read-only lookups** ([`PersistentCache::get_read_only`], what a read-only layer does) change
@@ -72,6 +76,8 @@ mod settings;
 mod slot;
 pub mod stats;
 mod store;
+mod trash;
+mod walk;
 
 pub use entry::{Defect, FileKind};
 pub use evict::EvictReport;
@@ -207,7 +213,8 @@ impl PersistentCache {
         );
     }
 
-    /// Waits for a background eviction this instance started, if one is running.
+    /// Waits for a background eviction (or the sweep of [`PersistentCache::evict_deferred`]) this
+    /// instance started, if one is running.
     pub fn wait_for_eviction(&self) {
         let h = self.inner.evict_thread.lock().take();
         if let Some(h) = h {
@@ -227,6 +234,26 @@ impl PersistentCache {
             target,
             older_than,
             wait: true,
+            defer_sweep: false,
+        })
+    }
+
+    /// Like [`PersistentCache::evict`], but returns once the entries are removed from the tree (their
+    /// files renamed into `<root>/trash`) and the size file is updated, leaving the removal of emptied
+    /// directories and the deletion of the trash to a background thread that holds the eviction lock
+    /// until it is done ([`PersistentCache::wait_for_eviction`] waits for it). The removed entries are
+    /// gone for every reader when this returns; their disk space is freed by the sweep. If the process
+    /// exits first, the next eviction pass (of any process) finishes the job.
+    pub fn evict_deferred(
+        &self,
+        target: Option<u64>,
+        older_than: Option<std::time::SystemTime>,
+    ) -> io::Result<EvictReport> {
+        self.inner.evict(evict::Plan {
+            target,
+            older_than,
+            wait: true,
+            defer_sweep: true,
         })
     }
 
