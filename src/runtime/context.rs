@@ -23,6 +23,7 @@ use super::buffer::{Buffer, RawBuffer};
 use super::cache_debug::CacheDebugStats;
 use super::program_manager::{ProgramManager, Source};
 use super::queue::{EventImpl, Queue};
+use super::spirv_cache::{SpirvStats, SpirvStep};
 
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
@@ -67,6 +68,8 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
     fn debug_stats(&self) -> CacheDebugStats;
     fn disk_stats(&self) -> Option<DiskStats>;
     fn as_any(&self) -> &dyn Any;
+    fn glsl_spirv(&self, image: &DeviceImage) -> Result<Option<(DeviceImage, SpirvStep)>>;
+    fn spirv_stats(&self) -> SpirvStats;
 }
 
 struct Inner<B: ComputeBackend> {
@@ -110,6 +113,12 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
     }
     fn config(&self) -> &Config {
         self.programs.config()
+    }
+    fn glsl_spirv(&self, image: &DeviceImage) -> Result<Option<(DeviceImage, SpirvStep)>> {
+        self.programs.glsl_spirv(image)
+    }
+    fn spirv_stats(&self) -> SpirvStats {
+        self.programs.spirv_stats()
     }
     fn kernel(
         &self,
@@ -319,14 +328,33 @@ impl Context {
         spec: &SpecConstants,
         options: &BuildOptions,
     ) -> Result<Kernel> {
+        // A GLSL image becomes its SPIR-V image here, through the SPIR-V cache; from then on it is
+        // keyed, built and cached as that SPIR-V.
+        let resolved = self.glsl_spirv(image)?;
+        let (image, spirv) = match &resolved {
+            Some((spirv_image, step)) => (spirv_image, Some(*step)),
+            None => (image, None),
+        };
         self.check_entry(image, entry)?;
         let (obj, source, elapsed) = self.inner.kernel(image, entry, spec, options)?;
         Ok(Kernel {
             obj,
             context: self.inner.id(),
             source,
-            elapsed,
+            elapsed: elapsed + spirv.map_or(Duration::ZERO, |s| s.elapsed),
+            spirv,
         })
+    }
+
+    /// The SPIR-V image of a GLSL image through this context's SPIR-V cache; `None` for others.
+    pub(crate) fn glsl_spirv(&self, image: &DeviceImage) -> Result<Option<(DeviceImage, SpirvStep)>> {
+        self.inner.glsl_spirv(image)
+    }
+
+    /// What this context's SPIR-V cache did for GLSL images: compiles, compile errors, hits from
+    /// memory and from stores.
+    pub fn spirv_stats(&self) -> SpirvStats {
+        self.inner.spirv_stats()
     }
 
     /// Answers an unknown entry point of a Vulkan image without building or caching anything.
@@ -415,6 +443,8 @@ pub struct Kernel {
     pub(crate) context: u64,
     pub(crate) source: Source,
     pub(crate) elapsed: Duration,
+    /// For a kernel of a GLSL image: how its SPIR-V was obtained.
+    pub(crate) spirv: Option<SpirvStep>,
 }
 
 impl fmt::Debug for Kernel {
@@ -444,9 +474,15 @@ impl Kernel {
         self.source
     }
 
-    /// How long acquiring it took.
+    /// How long acquiring it took (for a GLSL image, the SPIR-V step included).
     pub fn acquire_time(&self) -> Duration {
         self.elapsed
+    }
+
+    /// For a kernel of a GLSL image, how this request got its SPIR-V: compiled
+    /// ([`Source::Built`]), or from memory or a store; `None` for other images.
+    pub fn spirv_step(&self) -> Option<SpirvStep> {
+        self.spirv
     }
 
     /// Whether the driver reported its pipeline as served from kpc's pipeline-cache data (`None`

@@ -35,6 +35,8 @@ pub mod interop;
 pub mod program_manager;
 #[cfg(not(loom))]
 pub mod queue;
+#[cfg(not(loom))]
+pub mod spirv_cache;
 
 #[cfg(not(loom))]
 pub use blob::CacheBlob;
@@ -51,3 +53,5 @@ pub use interop::{
 pub use program_manager::{Acquired, ProgramManager, Source};
 #[cfg(not(loom))]
 pub use queue::{Event, LaunchDesc, PushConstants, Queue};
+#[cfg(not(loom))]
+pub use spirv_cache::{SpirvStats, SpirvStep};

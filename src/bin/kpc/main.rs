@@ -23,6 +23,8 @@ mod bench_build;
 #[cfg(not(loom))]
 mod bench_build_cl;
 #[cfg(not(loom))]
+mod bench_glsl;
+#[cfg(not(loom))]
 mod bench_launch;
 #[cfg(not(loom))]
 mod cache;
@@ -62,6 +64,9 @@ enum Command {
     BenchBuild(bench_build::Args),
     /// Time launches of one cached OpenCL kernel from many threads under each kernel-sharing strategy.
     BenchLaunch(bench_launch::Args),
+    /// GLSL images: compile time per shipped kernel against SPIR-V cache hits, and the whole cold
+    /// path (GLSL -> SPIR-V -> pipeline) against the warm one.
+    BenchGlsl(bench_glsl::Args),
 }
 
 #[cfg(not(loom))]
@@ -82,6 +87,7 @@ fn main() -> ExitCode {
         Command::Devices => devices::run(&config),
         Command::BenchBuild(args) => bench_build::run(&config, &args),
         Command::BenchLaunch(args) => bench_launch::run(&config, &args),
+        Command::BenchGlsl(args) => bench_glsl::run(&config, &args),
     };
     match r {
         Ok(code) => code,
