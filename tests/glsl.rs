@@ -299,7 +299,9 @@ fn kpc_attention_from_source_checks_and_then_serves_every_step_from_disk() {
             .collect()
     };
     let s1 = spirv(&first);
-    assert!(s1.iter().filter(|s| *s == "compiled").count() >= 3, "{first}");
+    // Prefill and decode from GLSL (the copy kernel that measures bandwidth keeps its committed SPIR-V).
+    assert!(s1.iter().filter(|s| *s == "compiled").count() >= 2, "{first}");
+    assert!(s1.iter().all(|s| s == "compiled" || s == "committed"), "{first}");
     let second = run();
     let s2 = spirv(&second);
     assert_eq!(s1.len(), s2.len(), "{second}");

@@ -10,9 +10,11 @@
 //! options part the stage, entry point and optimization level. So editing one shader, one include
 //! or one define misses only the entries compiled from it.
 //!
-//! Whatever the source of the bytes, they are validated by spirv-tools before they are used, and the
-//! resulting SPIR-V image then takes the same path as a precompiled one (program cache, pipeline
-//! cache, stores).
+//! Freshly compiled SPIR-V is validated by spirv-tools before it is used or stored; SPIR-V from a store
+//! (checksummed, under its full key) was stored only after that validation, so it is parsed, not
+//! validated again, exactly as a persisted program's image is. The SPIR-V image then takes the same
+//! path as a precompiled one (program cache, pipeline cache, stores), and a cold pipeline build
+//! validates it before the driver sees it.
 
 use std::cell::Cell;
 use std::fmt;
@@ -204,8 +206,12 @@ impl SpirvCache {
                         }
                     },
                 };
-                match DeviceImage::spirv(src.name(), hit.bytes().to_vec()) {
-                    Ok(image) => {
+                // Verified bytes under the full key: they were stored only after an identical compile
+                // passed spirv-tools. So they are parsed, not validated again, as a persisted
+                // program's image is; a cold pipeline build still validates before the driver.
+                let image = DeviceImage::new(src.name(), ImageFormat::SpirV, hit.bytes().to_vec());
+                match image.spirv_reflection().map(|_| ()) {
+                    Ok(()) => {
                         stores.backfill(key, &hit);
                         bump(&self.counters.store_hits);
                         let source = Source::of_store(hit.kind());
