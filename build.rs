@@ -47,6 +47,15 @@ fn main() {
         println!("cargo:rustc-link-lib=static:+whole-archive,-bundle={lib}");
     }
     println!("cargo:rustc-link-lib=static:+whole-archive,-bundle=kpc_spirv_timer");
+    // libkpc.so: rustc's version script keeps only the C API global; these stay global too, for
+    // libshaderc.so to find when the library is loaded.
+    let map = out.join("kpc-glslang.map");
+    std::fs::write(
+        &map,
+        "{ global: extern \"C++\" { glslang::*; spv::*; spvtools::utils::*; vtable?for?glslang::*; vtable?for?spvtools::utils::*; typeinfo?for?glslang::*; }; };\n",
+    )
+    .expect("write the version script");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", map.display());
 }
 
 /// Where the system's shaderc lives: pkg-config's answer, else Debian's multiarch directory.
