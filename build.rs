@@ -55,7 +55,10 @@ fn main() {
         "{ global: extern \"C++\" { glslang::*; spv::*; spvtools::utils::*; vtable?for?glslang::*; vtable?for?spvtools::utils::*; typeinfo?for?glslang::*; }; };\n",
     )
     .expect("write the version script");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", map.display());
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        map.display()
+    );
 }
 
 /// Where the system's shaderc lives: pkg-config's answer, else Debian's multiarch directory.

@@ -307,7 +307,10 @@ fn c_vulkan_embedder_glsl() {
     let disk = run(&exe, &args("disk"), &[("KPC_CACHE_DIR", &cache)]);
     for (o, source) in [(&build, "saxpy from built"), (&disk, "saxpy from disk")] {
         assert!(o.contains(source), "no {source:?} in:\n{o}");
-        assert!(o.contains("own command buffer: saxpy of 1000 elements checked"), "{o}");
+        assert!(
+            o.contains("own command buffer: saxpy of 1000 elements checked"),
+            "{o}"
+        );
         assert!(o.contains("ok KPC_STATUS_GLSL_COMPILE"), "{o}");
         assert!(o.contains(": passed ("), "{o}");
     }

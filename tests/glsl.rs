@@ -52,7 +52,11 @@ fn temp_dir(tag: &str) -> PathBuf {
 }
 
 fn includes_with_offset(dir: &Path, offset: &str) -> Arc<DirIncludes> {
-    std::fs::write(dir.join("offset.glsl"), format!("const float OFFSET = {offset};\n")).unwrap();
+    std::fs::write(
+        dir.join("offset.glsl"),
+        format!("const float OFFSET = {offset};\n"),
+    )
+    .unwrap();
     Arc::new(DirIncludes::new(dir))
 }
 
@@ -82,7 +86,12 @@ fn disk_context(root: &Path) -> Context {
 /// Runs a two-buffer kernel of `image` on 1000 random floats and checks `f`.
 fn run_and_check(ctx: &Context, image: &DeviceImage, f: impl Fn(f32) -> f32) -> kpc::Kernel {
     let k = ctx
-        .kernel(image, image.name(), &SpecConstants::new(), &BuildOptions::default())
+        .kernel(
+            image,
+            image.name(),
+            &SpecConstants::new(),
+            &BuildOptions::default(),
+        )
         .unwrap();
     let n = 1000;
     let x = random_f32(n);
@@ -178,9 +187,18 @@ fn a_compile_error_carries_its_line_and_is_cached() {
     let bad = "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {\n    int x = 1;\n    x = y;\n}\n";
     let image = || DeviceImage::glsl(GlslSource::compute("broken", bad)).unwrap();
     let err = ctx
-        .kernel(&image(), "broken", &SpecConstants::new(), &BuildOptions::default())
+        .kernel(
+            &image(),
+            "broken",
+            &SpecConstants::new(),
+            &BuildOptions::default(),
+        )
         .unwrap_err();
-    let Error::GlslCompile { image: name, message } = &err else {
+    let Error::GlslCompile {
+        image: name,
+        message,
+    } = &err
+    else {
         panic!("expected a GLSL compile error, got {err:?}");
     };
     assert_eq!(name, "broken");
@@ -189,7 +207,12 @@ fn a_compile_error_carries_its_line_and_is_cached() {
     assert_eq!(ctx.spirv_stats().compiles, 1);
     // A new image of the same source: the cached failure, no second compile.
     let again = ctx
-        .kernel(&image(), "broken", &SpecConstants::new(), &BuildOptions::default())
+        .kernel(
+            &image(),
+            "broken",
+            &SpecConstants::new(),
+            &BuildOptions::default(),
+        )
         .unwrap_err();
     assert_eq!(again.to_string(), err.to_string());
     let s = ctx.spirv_stats();
@@ -216,12 +239,21 @@ fn child_acquires_a_glsl_kernel() {
 
 fn child(root: &Path) -> String {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_acquires_a_glsl_kernel", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_acquires_a_glsl_kernel",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD, root)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     text.lines()
         .find_map(|l| l.split_once("KPCGLSL ").map(|(_, r)| r.to_owned()))
         .unwrap_or_else(|| panic!("no result line:\n{text}"))
@@ -249,14 +281,34 @@ fn shipped_glsl_compiles_to_valid_spirv_that_computes_the_same() {
         let image = glsl_image(k.name).unwrap();
         // Building validates (spirv-tools) and reflects; the entry point is named as committed.
         let kernel = ctx
-            .kernel(&image, k.name, &SpecConstants::new(), &BuildOptions::default())
+            .kernel(
+                &image,
+                k.name,
+                &SpecConstants::new(),
+                &BuildOptions::default(),
+            )
             .unwrap_or_else(|e| panic!("{}: {e}", k.name));
         assert_eq!(kernel.name(), k.name);
         let committed = ctx
-            .kernel(&spirv_image(k.name).unwrap(), k.name, &SpecConstants::new(), &BuildOptions::default())
+            .kernel(
+                &spirv_image(k.name).unwrap(),
+                k.name,
+                &SpecConstants::new(),
+                &BuildOptions::default(),
+            )
             .unwrap();
-        assert_eq!(kernel.info().local_size, committed.info().local_size, "{}", k.name);
-        assert_eq!(kernel.info().buffers, committed.info().buffers, "{}", k.name);
+        assert_eq!(
+            kernel.info().local_size,
+            committed.info().local_size,
+            "{}",
+            k.name
+        );
+        assert_eq!(
+            kernel.info().buffers,
+            committed.info().buffers,
+            "{}",
+            k.name
+        );
         assert_eq!(
             kernel.info().push_constant_bytes,
             committed.info().push_constant_bytes,
@@ -273,22 +325,42 @@ fn shipped_glsl_compiles_to_valid_spirv_that_computes_the_same() {
 
 #[test]
 fn kpc_attention_from_source_checks_and_then_serves_every_step_from_disk() {
-    if vulkan_device("kpc_attention_from_source_checks_and_then_serves_every_step_from_disk").is_none()
+    if vulkan_device("kpc_attention_from_source_checks_and_then_serves_every_step_from_disk")
+        .is_none()
     {
         return;
     }
     let root = temp_dir("cli");
     let run = || {
         let out = Command::new(env!("CARGO_BIN_EXE_kpc"))
-            .args(["attention", "--backend", "vulkan", "--from-source", "--check"])
-            .args(["--prompt", "64", "--steps", "4", "--heads", "4", "--kv-heads", "2"])
+            .args([
+                "attention",
+                "--backend",
+                "vulkan",
+                "--from-source",
+                "--check",
+            ])
+            .args([
+                "--prompt",
+                "64",
+                "--steps",
+                "4",
+                "--heads",
+                "4",
+                "--kv-heads",
+                "2",
+            ])
             .env("KPC_CACHE_DIR", &root)
             .env("KPC_CACHE_PERSISTENT", "1")
             .env_remove("KPC_DEVICE")
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         text
     };
     let first = run();
@@ -300,12 +372,24 @@ fn kpc_attention_from_source_checks_and_then_serves_every_step_from_disk() {
     };
     let s1 = spirv(&first);
     // Prefill and decode from GLSL (the copy kernel that measures bandwidth keeps its committed SPIR-V).
-    assert!(s1.iter().filter(|s| *s == "compiled").count() >= 2, "{first}");
-    assert!(s1.iter().all(|s| s == "compiled" || s == "committed"), "{first}");
+    assert!(
+        s1.iter().filter(|s| *s == "compiled").count() >= 2,
+        "{first}"
+    );
+    assert!(
+        s1.iter().all(|s| s == "compiled" || s == "committed"),
+        "{first}"
+    );
     let second = run();
     let s2 = spirv(&second);
     assert_eq!(s1.len(), s2.len(), "{second}");
-    assert!(s2.iter().all(|s| s == "disk" || s == "committed"), "{second}");
-    assert!(!second.contains(" built "), "every program from disk:\n{second}");
+    assert!(
+        s2.iter().all(|s| s == "disk" || s == "committed"),
+        "{second}"
+    );
+    assert!(
+        !second.contains(" built "),
+        "every program from disk:\n{second}"
+    );
     let _ = std::fs::remove_dir_all(&root);
 }

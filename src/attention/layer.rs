@@ -183,9 +183,11 @@ impl Attention {
             let reduce_spec = SpecConstants::new()
                 .with(0, SpecValue::U32(reduce_local))
                 .with(3, d);
-            let reduce = shipped_kernel_from(ctx, "attn_reduce", &reduce_spec, options.from_source)?;
+            let reduce =
+                shipped_kernel_from(ctx, "attn_reduce", &reduce_spec, options.from_source)?;
             let append_spec = SpecConstants::new().with(0, local).with(2, f16).with(3, d);
-            let append = shipped_kernel_from(ctx, "attn_append", &append_spec, options.from_source)?;
+            let append =
+                shipped_kernel_from(ctx, "attn_append", &append_spec, options.from_source)?;
             (Some(append), Some(reduce))
         };
         let (prefill_name, prefill_spec) = match prefill_kind {

@@ -347,7 +347,10 @@ impl Context {
     }
 
     /// The SPIR-V image of a GLSL image through this context's SPIR-V cache; `None` for others.
-    pub(crate) fn glsl_spirv(&self, image: &DeviceImage) -> Result<Option<(DeviceImage, SpirvStep)>> {
+    pub(crate) fn glsl_spirv(
+        &self,
+        image: &DeviceImage,
+    ) -> Result<Option<(DeviceImage, SpirvStep)>> {
         self.inner.glsl_spirv(image)
     }
 

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 
 use super::program_manager::Source;
-use crate::backend::glsl::compile::{self, Preprocessed};
 use crate::backend::glsl::GlslSource;
+use crate::backend::glsl::compile::{self, Preprocessed};
 use crate::backend::{DeviceImage, ImageFormat};
 use crate::cache::store::Turn;
 use crate::cache::{BuildResult, Digest, DiskKey, StoreChain};

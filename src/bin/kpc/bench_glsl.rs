@@ -79,7 +79,9 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         device.driver,
         compile::compiler_identity()
     );
-    println!("| kernel | GLSL bytes | compile ms | SPIR-V disk hit ms | SPIR-V memory hit ms | cold: GLSL -> pipeline ms | warm: both from disk ms |");
+    println!(
+        "| kernel | GLSL bytes | compile ms | SPIR-V disk hit ms | SPIR-V memory hit ms | cold: GLSL -> pipeline ms | warm: both from disk ms |"
+    );
     println!("|---|---|---|---|---|---|---|");
     let base = std::env::temp_dir().join(format!("kpc-bench-glsl-{}", std::process::id()));
     let mut totals = [Duration::ZERO; 5];
@@ -159,7 +161,10 @@ fn one(
     let warm = k.acquire_time();
     let step = k.spirv_step().expect("a GLSL kernel");
     if step.source == kpc::runtime::Source::Built || k.source() == kpc::runtime::Source::Built {
-        eprintln!("bench-glsl: {name}: the warm run was not served from disk ({step}, program {})", k.source());
+        eprintln!(
+            "bench-glsl: {name}: the warm run was not served from disk ({step}, program {})",
+            k.source()
+        );
     }
     let disk_hit = step.elapsed;
     let k = ctx.kernel(&kpc::kernels::glsl_image(name)?, name, &spec, &opts)?;
