@@ -246,9 +246,12 @@ impl GlslSource {
     /// What besides the source, defines and target decides the SPIR-V: stage, entry point and
     /// optimization level. The options part of the SPIR-V cache key.
     pub(crate) fn options_string(&self) -> String {
+        // One line: `kpc cache ls` shows it in a column.
         format!(
-            "stage={:?}\nentry={}\noptimization={}",
-            self.stage,
+            "glsl stage={} entry={} optimization={}",
+            match self.stage {
+                GlslStage::Compute => "compute",
+            },
             self.entry_point_name(),
             self.optimization.name()
         )
