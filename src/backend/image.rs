@@ -30,7 +30,7 @@ struct SpirvMemo {
 }
 
 /// What a GLSL image holds besides its text: its options and resolver, and what became of it (the
-/// preprocessed text and the compiled SPIR-V image), shared by clones.
+/// resolved includes and the compiled SPIR-V image), shared by clones.
 #[cfg(not(loom))]
 #[derive(Debug)]
 struct GlslMemo {
@@ -73,7 +73,7 @@ impl DeviceImage {
     /// A GLSL image of `source`. Its bytes are the source text; its digest covers the text, defines,
     /// stage, entry point, target and optimization level (not the includes, which are read when it is
     /// first used). A kernel request compiles it to SPIR-V through the context's SPIR-V cache, keyed by
-    /// the preprocessed text (includes inlined), the defines, target, optimization level and compiler,
+    /// the source and its includes, the defines, target, optimization level and compiler,
     /// and then builds that SPIR-V like any SPIR-V image. Its includes are read once, on first use, and
     /// the SPIR-V it compiled to is kept by the image and its clones: make a new image to pick up an
     /// edited include.
@@ -104,8 +104,9 @@ impl DeviceImage {
         self.glsl.as_ref().map(|g| &g.source)
     }
 
-    /// The preprocessed text of a GLSL image, made (and its includes read) on first use; `None` for
-    /// other formats. A preprocessing error is kept too: the same image fails the same way.
+    /// A GLSL image's includes, resolved (read through its resolver) on first use, and the digest of
+    /// source and includes; `None` for other formats. An error is kept too: the same image fails the
+    /// same way.
     #[cfg(not(loom))]
     pub fn glsl_preprocessed(&self) -> Option<&Result<super::glsl::compile::Preprocessed>> {
         let g = self.glsl.as_ref()?;

@@ -6,7 +6,7 @@
 //! [`StoreChain`] the programs use: local disk, read-only layers, remote, an embedder's), then compiled
 //! and stored. The store key is a [`DiskKey`] whose device part describes the compile, not a GPU:
 //! `backend=glsl`, the compiler's identity and the target environment and SPIR-V version; its image
-//! part is the digest of the preprocessed source (includes inlined); its spec part the defines; its
+//! part is the digest of the source and its includes; its spec part the defines; its
 //! options part the stage, entry point and optimization level. So editing one shader, one include
 //! or one define misses only the entries compiled from it.
 //!
@@ -100,7 +100,7 @@ impl fmt::Debug for SpirvCache {
     }
 }
 
-/// The store key of `src` preprocessed to `pre`.
+/// The store key of `src` whose includes resolved to `pre`.
 pub fn spirv_key(src: &GlslSource, pre: &Preprocessed) -> DiskKey {
     let (major, minor) = src.spirv_target().spirv_version();
     let device = format!(
@@ -112,7 +112,7 @@ pub fn spirv_key(src: &GlslSource, pre: &Preprocessed) -> DiskKey {
         &device,
         Digest::of(device.as_bytes()),
         pre.digest,
-        pre.text.len() as u64,
+        pre.len,
         &src.defines_bytes(),
         &src.options_string(),
     )

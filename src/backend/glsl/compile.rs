@@ -1,9 +1,9 @@
-//! GLSL to SPIR-V through shaderc: preprocessing (which reads the includes and fixes the SPIR-V
-//! cache key), compiling, and naming the entry point.
+//! GLSL to SPIR-V through shaderc: resolving the includes (which fixes the SPIR-V cache key, without
+//! starting glslang), compiling, and naming the entry point.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
 use shaderc::{
     CompileOptions, Compiler, EnvVersion, IncludeType, OptimizationLevel, ShaderKind, SpirvVersion,
     TargetEnv,
@@ -13,14 +13,119 @@ use super::{GlslOptimization, GlslSource, GlslStage, SpirvTarget};
 use crate::cache::Digest;
 use crate::error::{Error, Result};
 
-/// A GLSL image after preprocessing: the text the compiler will see (includes inlined, macros
-/// expanded) and its digest, which is the source part of the SPIR-V cache key.
+/// Includes deeper than this are refused (a cycle without include guards, say).
+const MAX_INCLUDE_DEPTH: usize = 32;
+
+/// What one `#include` resolved to: its text, or the resolver's message.
+type Included = std::result::Result<super::ResolvedInclude, String>;
+
+/// A GLSL image with its includes resolved: the digest of its source and of every include it
+/// names (found by scanning `#include` lines, recursively, and read through its resolver once), the
+/// source part of the SPIR-V cache key. Computing it does not start the compiler, so a SPIR-V cache
+/// hit costs no glslang at all. The compile is served exactly these includes.
 #[derive(Debug, Clone)]
 pub struct Preprocessed {
-    /// The preprocessed text.
-    pub text: Arc<str>,
-    /// BLAKE3 of `text`.
+    /// BLAKE3 over the source and, in order, each include's request, includer, name and text.
     pub digest: Digest,
+    /// Bytes of source and include texts together.
+    pub len: u64,
+    includes: Arc<HashMap<(String, String, bool), Included>>,
+}
+
+/// `#include "x"` or `#include <x>` on one line: (x, relative).
+fn include_of(line: &str) -> Option<(&str, bool)> {
+    let rest = line.trim_start().strip_prefix('#')?.trim_start();
+    let rest = rest.strip_prefix("include")?.trim_start();
+    let (close, relative) = match rest.chars().next()? {
+        '"' => ('"', true),
+        '<' => ('>', false),
+        _ => return None,
+    };
+    let body = &rest[1..];
+    Some((&body[..body.find(close)?], relative))
+}
+
+struct Scan<'a> {
+    src: &'a GlslSource,
+    hasher: blake3::Hasher,
+    len: u64,
+    seen: HashSet<String>,
+    includes: HashMap<(String, String, bool), Included>,
+}
+
+impl Scan<'_> {
+    fn part(&mut self, p: &[u8]) {
+        self.hasher.update(&(p.len() as u64).to_le_bytes());
+        self.hasher.update(p);
+    }
+
+    fn text(&mut self, text: &str, from: &str, depth: usize) -> Result<()> {
+        for line in text.lines() {
+            let Some((requested, relative)) = include_of(line) else {
+                continue;
+            };
+            if depth >= MAX_INCLUDE_DEPTH {
+                return Err(compile_error(
+                    self.src,
+                    format!(
+                        "{from}: #include {requested:?} nests deeper than {MAX_INCLUDE_DEPTH} levels"
+                    ),
+                ));
+            }
+            let key = (requested.to_owned(), from.to_owned(), relative);
+            if self.includes.contains_key(&key) {
+                continue;
+            }
+            let got = match &self.src.includes {
+                Some(r) => r.resolve(requested, from, relative),
+                None => Err(format!(
+                    "#include {requested:?}: this GLSL image has no include resolver"
+                )),
+            };
+            self.part(requested.as_bytes());
+            self.part(from.as_bytes());
+            match &got {
+                Ok(inc) => {
+                    self.part(inc.name.as_bytes());
+                    self.part(inc.content.as_bytes());
+                    self.len += inc.content.len() as u64;
+                }
+                // Unresolved: part of the key as such; the compile reports it if the line is live.
+                Err(m) => self.part(format!("unresolved: {m}").as_bytes()),
+            }
+            self.includes.insert(key, got.clone());
+            if let Ok(inc) = got {
+                if self.seen.insert(inc.name.clone()) {
+                    self.text(&inc.content, &inc.name, depth + 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Resolves the includes of `src` through its resolver (each once, now) and digests source and
+/// includes: the source part of its SPIR-V cache key.
+///
+/// Errors: [`Error::GlslCompile`] for includes nested deeper than 32 levels;
+/// [`Error::InvalidArgument`] for a malformed define or entry point name.
+pub fn preprocess(src: &GlslSource) -> Result<Preprocessed> {
+    src.check()?;
+    let mut scan = Scan {
+        src,
+        hasher: blake3::Hasher::new(),
+        len: src.text.len() as u64,
+        seen: HashSet::new(),
+        includes: HashMap::new(),
+    };
+    scan.part(b"kpc-glsl-source-v1");
+    scan.part(src.text.as_bytes());
+    scan.text(&src.text, &src.name, 0)?;
+    Ok(Preprocessed {
+        digest: Digest(*scan.hasher.finalize().as_bytes()),
+        len: scan.len,
+        includes: Arc::new(scan.includes),
+    })
 }
 
 fn compile_error(src: &GlslSource, message: impl Into<String>) -> Error {
@@ -54,7 +159,7 @@ fn compiler() -> Result<&'static Compiler> {
         .map_err(|m| Error::Io(format!("libshaderc could not create a compiler: {m}")))
 }
 
-fn options(src: &GlslSource, includes: Arc<Mutex<Vec<String>>>) -> Result<CompileOptions<'static>> {
+fn options(src: &GlslSource, pre: &Preprocessed) -> Result<CompileOptions<'static>> {
     let mut o = CompileOptions::new().map_err(|e| shaderc_error(src, e))?;
     let (env, spv) = match src.target {
         SpirvTarget::Vulkan1_0 => (EnvVersion::Vulkan1_0, SpirvVersion::V1_0),
@@ -72,19 +177,26 @@ fn options(src: &GlslSource, includes: Arc<Mutex<Vec<String>>>) -> Result<Compil
     for (k, v) in &src.defines {
         o.add_macro_definition(k, (!v.is_empty()).then_some(v.as_str()));
     }
-    let resolver = src.includes.clone();
+    // Exactly what the key was computed from: an include the scan did not see (a computed
+    // `#include MACRO`) is refused rather than read unkeyed.
+    let includes = pre.includes.clone();
     o.set_include_callback(move |requested, kind, requesting, _depth| {
-        let Some(r) = &resolver else {
-            return Err(format!(
-                "#include {requested:?}: this GLSL image has no include resolver"
-            ));
-        };
-        let got = r.resolve(requested, requesting, kind == IncludeType::Relative)?;
-        includes.lock().push(got.name.clone());
-        Ok(shaderc::ResolvedInclude {
-            resolved_name: got.name,
-            content: got.content,
-        })
+        let key = (
+            requested.to_owned(),
+            requesting.to_owned(),
+            kind == IncludeType::Relative,
+        );
+        match includes.get(&key) {
+            Some(Ok(inc)) => Ok(shaderc::ResolvedInclude {
+                resolved_name: inc.name.clone(),
+                content: inc.content.clone(),
+            }),
+            Some(Err(m)) => Err(m.clone()),
+            None => Err(format!(
+                "#include {requested:?} was not found by kpc's include scan: only #include \"...\" \
+                 and #include <...> with a literal name are supported"
+            )),
+        }
     });
     Ok(o)
 }
@@ -95,34 +207,15 @@ fn kind(stage: GlslStage) -> ShaderKind {
     }
 }
 
-/// Preprocesses `src`: defines applied, includes read through its resolver (each once, now).
-///
-/// Errors: [`Error::GlslCompile`] with the preprocessor's message (an unresolvable include, `#error`);
-/// [`Error::InvalidArgument`] for a malformed define or entry point name.
-pub fn preprocess(src: &GlslSource) -> Result<Preprocessed> {
-    src.check()?;
-    let o = options(src, Arc::default())?;
-    let out = compiler()?
-        .preprocess(&src.text, &src.name, "main", Some(&o))
-        .map_err(|e| shaderc_error(src, e))?;
-    let text: Arc<str> = out.as_text().into();
-    Ok(Preprocessed {
-        digest: Digest::of(text.as_bytes()),
-        text,
-    })
-}
-
-/// Compiles the preprocessed text of `src` to SPIR-V bytes whose entry point is named
+/// Compiles `src` (its includes served from `pre`) to SPIR-V bytes whose entry point is named
 /// [`GlslSource::entry_point_name`]. The bytes are not validated here (the caller validates them
 /// as it would any SPIR-V image).
 ///
 /// Errors: [`Error::GlslCompile`] with the compiler's messages, each citing `name:line`.
 pub fn compile(src: &GlslSource, pre: &Preprocessed) -> Result<Vec<u8>> {
-    let o = options(src, Arc::default())?;
-    // The preprocessed text keeps the line numbering of the source (and `#line`s for includes), so
-    // messages cite the lines the author wrote.
+    let o = options(src, pre)?;
     let out = compiler()?
-        .compile_into_spirv(&pre.text, kind(src.stage), &src.name, "main", Some(&o))
+        .compile_into_spirv(&src.text, kind(src.stage), &src.name, "main", Some(&o))
         .map_err(|e| shaderc_error(src, e))?;
     let words = out.as_binary();
     rename_entry(src, words)
@@ -185,6 +278,11 @@ pub fn compiler_identity() -> &'static str {
                 format!("{path} len={len} mtime={mtime}")
             })
             .unwrap_or_else(|| "linked statically".to_owned());
-        format!("shaderc-rs 0.9; libshaderc spirv {v}.{r}; {lib}")
+        // SPIR-V's version word: 0x00MMmm00.
+        format!(
+            "shaderc-rs 0.9; libshaderc emits SPIR-V up to {}.{} rev {r}; {lib}",
+            v >> 16,
+            (v >> 8) & 0xff
+        )
     })
 }

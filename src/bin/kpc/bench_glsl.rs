@@ -1,8 +1,8 @@
 //! `kpc bench-glsl`: what GLSL images cost, per shipped kernel (the ones `kpc attention
 //! --from-source` compiles), on the selected Vulkan device:
-//! - `compile`: preprocessing and compiling the GLSL to SPIR-V (shaderc), nothing cached;
-//! - `spirv disk hit`: the SPIR-V step of a new context whose disk cache has the entry (preprocess,
-//!   key, lookup, verify, validate with spirv-tools);
+//! - `compile`: resolving includes and compiling the GLSL to SPIR-V (shaderc), nothing cached;
+//! - `spirv disk hit`: the SPIR-V step of a new context whose disk cache has the entry (includes,
+//!   key, lookup, checksum verification, parse; no glslang, no spirv-tools);
 //! - `spirv memory hit`: the same context asked again with a new image of the same source;
 //! - `cold`: a new context and an empty cache directory: GLSL -> SPIR-V -> pipeline (`Context::kernel`);
 //! - `warm`: a new context on that directory: SPIR-V and program both from disk.
