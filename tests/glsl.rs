@@ -217,6 +217,25 @@ fn a_compile_error_carries_its_line_and_is_cached() {
     assert_eq!(again.to_string(), err.to_string());
     let s = ctx.spirv_stats();
     assert_eq!((s.compiles, s.compile_errors), (1, 1), "{s:?}");
+
+    // An include without a resolver is a compile error that says so, at its line.
+    let inc = "#version 450\n#extension GL_GOOGLE_include_directive : require\n#include \"x.glsl\"\nlayout(local_size_x = 1) in;\nvoid main() {}\n";
+    let err = ctx
+        .kernel(
+            &DeviceImage::glsl(GlslSource::compute("needs_x", inc)).unwrap(),
+            "needs_x",
+            &SpecConstants::new(),
+            &BuildOptions::default(),
+        )
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("needs_x:3:") && msg.contains("no include resolver"),
+        "{msg}"
+    );
+    // A define that is not an identifier is refused before anything compiles.
+    let bad = DeviceImage::glsl(GlslSource::compute("d", PLUS_ONE).define("2X", "1")).unwrap_err();
+    assert!(matches!(bad, Error::InvalidArgument(_)), "{bad:?}");
 }
 
 #[test]

@@ -186,7 +186,9 @@ fn options(src: &GlslSource, pre: &Preprocessed) -> Result<CompileOptions<'stati
             requesting.to_owned(),
             kind == IncludeType::Relative,
         );
-        match includes.get(&key) {
+        // glslang asks again as a standard include when a relative one fails: the same answer.
+        let flipped = (key.0.clone(), key.1.clone(), !key.2);
+        match includes.get(&key).or_else(|| includes.get(&flipped)) {
             Some(Ok(inc)) => Ok(shaderc::ResolvedInclude {
                 resolved_name: inc.name.clone(),
                 content: inc.content.clone(),
