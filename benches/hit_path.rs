@@ -1,9 +1,16 @@
-//! The in-memory cache's hit path: ns per hit at 1, 2, 4, ... threads (up to the available cores),
-//! for kpc's sharded, lock-free-hit design and, in the same run, the classic design: one global
-//! `Mutex<HashMap>` (what the SYCL runtime's acquire-lock amounts to on a hit).
+//! The in-memory cache's hit path: ns per hit per thread at 1, 2, 4, ... N threads, for kpc's kernel
+//! cache, the whole `Context::kernel` call, and in the same run the classic design (one global
+//! `Mutex<HashMap>`, what the SYCL runtime's acquire-lock amounts to on a hit) and a control (a private
+//! map per thread: nothing shared, so its curve is the machine's own).
 //!
-//! Run: `cargo bench --bench hit_path`. Criterion reports each variant; a summary table with both
-//! designs' ns per hit and their ratio is printed at the end.
+//! Run: `cargo bench --bench hit_path`. Criterion reports each variant; then a table prints every
+//! design's ns per hit per thread and, per design, its cost at N threads over its cost at one. A
+//! criterion filter that matches nothing (`cargo bench --bench hit_path -- table`) prints the table
+//! alone. `KPC_BENCH_THREADS` sets N (default: the available parallelism) or, as a comma-separated
+//! list, the exact thread counts (ENVIRONMENT.md).
+//!
+//! The goal (issue 18): per-thread cost at 16 threads at most 1.5x the one-thread cost, for the kernel
+//! cache and the `Context::kernel` call alike.
 
 #[path = "../tests/common/fake_backend.rs"]
 #[allow(dead_code)]
@@ -17,13 +24,14 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group};
 use fake_backend::{FakeBackend, image};
-use kpc::Config;
 use kpc::backend::DeviceImage;
 use kpc::cache::{
     BuildError, BuildOptions, CacheCost, Digest, KernelKey, KernelProgramCache, MemCacheSettings,
     ProgramKey, SpecConstants, SpecValue,
 };
+use kpc::config::BackendKind;
 use kpc::runtime::ProgramManager;
+use kpc::{Config, Context};
 
 struct Prog;
 impl CacheCost for Prog {
@@ -68,14 +76,12 @@ impl Kpc {
 }
 
 impl HitPath for Kpc {
+    /// The cache's hit path as the runtime takes it: the thread's front, then (first hit of a thread
+    /// only) the shared map.
     #[inline]
     fn hit(&self, i: u32) {
         let k = &self.keys[(i % KEYS) as usize];
-        black_box(
-            self.cache
-                .get_or_build_kernel(k, || unreachable!("warm"))
-                .unwrap(),
-        );
+        black_box(self.cache.kernel_local(k).unwrap());
     }
 }
 
@@ -134,8 +140,10 @@ impl HitPath for PrivateMaps {
     }
 }
 
-/// The whole runtime call an application makes: key construction from (image, entry, spec, options)
-/// plus the kernel-map hit.
+/// The whole runtime call an application makes, as `Context::kernel` makes it on its backend: key
+/// construction from (image, entry, spec, options) plus the hit, on the counting fake backend (what the
+/// numbers of issue 18 measured), through the same `ProgramManager::kernel_local` that the context's
+/// backend-erased `kernel` calls.
 struct Runtime {
     pm: ProgramManager<FakeBackend>,
     image: DeviceImage,
@@ -164,7 +172,62 @@ impl HitPath for Runtime {
     fn hit(&self, _i: u32) {
         black_box(
             self.pm
-                .kernel(&self.image, "attention_decode", &self.spec, &self.options)
+                .kernel_local(&self.image, "attention_decode", &self.spec, &self.options)
+                .unwrap(),
+        );
+    }
+}
+
+/// `Context::kernel` itself on the real device `KPC_DEVICE` selects (lavapipe or PoCL on a CPU-only
+/// machine, the GPU on a GPU host): the same call plus the context's entry-point check, its
+/// backend-erased dispatch and the `Kernel` handle it returns.
+struct DeviceCall {
+    ctx: Context,
+    image: DeviceImage,
+    entry: &'static str,
+    spec: SpecConstants,
+    options: BuildOptions,
+}
+
+impl DeviceCall {
+    /// `None` (with the reason printed) where no device opens.
+    fn open() -> Option<Self> {
+        let config = Config::from_env()
+            .map(|c| Config {
+                persistent: false,
+                ..c
+            })
+            .map_err(|e| eprintln!("hit_path: no device column: {e}"))
+            .ok()?;
+        let ctx = Context::new(&config)
+            .map_err(|e| eprintln!("hit_path: no device column: {e}"))
+            .ok()?;
+        let image = match ctx.backend() {
+            BackendKind::Vulkan => kpc::kernels::spirv_image("copy"),
+            BackendKind::OpenCl => kpc::kernels::opencl_image("copy"),
+        }
+        .unwrap();
+        let d = DeviceCall {
+            ctx,
+            image,
+            entry: "copy",
+            spec: SpecConstants::new(),
+            options: BuildOptions::default(),
+        };
+        d.ctx
+            .kernel(&d.image, d.entry, &d.spec, &d.options)
+            .map_err(|e| eprintln!("hit_path: no device column: {e}"))
+            .ok()?;
+        Some(d)
+    }
+}
+
+impl HitPath for DeviceCall {
+    #[inline]
+    fn hit(&self, _i: u32) {
+        black_box(
+            self.ctx
+                .kernel(&self.image, self.entry, &self.spec, &self.options)
                 .unwrap(),
         );
     }
@@ -195,37 +258,78 @@ fn run(target: &Arc<dyn HitPath>, threads: usize, iters: u64) -> Duration {
         .unwrap()
 }
 
+/// 1, 2, 4, ... up to N, and N itself; N from `KPC_BENCH_THREADS`, else the available parallelism.
+/// A comma-separated `KPC_BENCH_THREADS` gives the counts exactly.
 fn thread_counts() -> Vec<usize> {
-    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    let var = std::env::var("KPC_BENCH_THREADS").unwrap_or_default();
+    let parse = |t: &str| match t.trim().parse::<usize>() {
+        Ok(n) if n > 0 => n,
+        _ => {
+            eprintln!(
+                "KPC_BENCH_THREADS={var:?} is not valid: expected a thread count above 0, or a \
+                 comma-separated list of them (e.g. 16 or 1,2,4,8,16)"
+            );
+            std::process::exit(2);
+        }
+    };
+    if var.contains(',') {
+        return var.split(',').map(parse).collect();
+    }
+    let max = if var.trim().is_empty() {
+        thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        parse(&var)
+    };
     let mut v = vec![1];
-    while *v.last().unwrap() * 2 <= cores {
+    while *v.last().unwrap() * 2 <= max {
         v.push(v.last().unwrap() * 2);
     }
-    if *v.last().unwrap() != cores {
-        v.push(cores);
+    if *v.last().unwrap() != max {
+        v.push(max);
     }
     v
 }
 
-fn designs() -> Vec<(&'static str, Arc<dyn HitPath>)> {
-    vec![
-        ("kpc_kernel_cache", Arc::new(Kpc::new()) as Arc<dyn HitPath>),
-        ("global_mutex_hashmap", Arc::new(MutexMap::new())),
-        ("kpc_runtime_call", Arc::new(Runtime::new())),
+/// The table's columns, in order: (header, criterion id, design); the device column only where a
+/// device opens.
+fn designs() -> Vec<(&'static str, &'static str, Arc<dyn HitPath>)> {
+    let mut d: Vec<(&'static str, &'static str, Arc<dyn HitPath>)> = vec![
+        ("kpc kernel cache", "kpc_kernel_cache", Arc::new(Kpc::new())),
         (
+            "Context::kernel call",
+            "kpc_runtime_call",
+            Arc::new(Runtime::new()),
+        ),
+        (
+            "global mutex",
+            "global_mutex_hashmap",
+            Arc::new(MutexMap::new()),
+        ),
+        (
+            "private maps (control)",
             "thread_private_hashmap",
             Arc::new(PrivateMaps {
                 keys: (0..KEYS).map(key).collect(),
             }),
         ),
-    ]
+    ];
+    if let Some(dev) = DeviceCall::open() {
+        let name = dev.ctx.device().name.clone();
+        println!("device column: Context::kernel on {name}");
+        d.push((
+            "Context::kernel (device)",
+            "context_kernel_device",
+            Arc::new(dev),
+        ));
+    }
+    d
 }
 
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("hit_path");
-    for (name, target) in designs() {
+    for (_, id, target) in designs() {
         for t in thread_counts() {
-            g.bench_with_input(BenchmarkId::new(name, format!("{t}t")), &t, |b, &t| {
+            g.bench_with_input(BenchmarkId::new(id, format!("{t}t")), &t, |b, &t| {
                 b.iter_custom(|iters| run(&target, t, iters))
             });
         }
@@ -233,44 +337,47 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-/// The side-by-side table: median of 7 runs of 2M hits per thread, for both designs at each thread count.
+/// The side-by-side table: per design and thread count, the median of 7 runs of about 0.2 s each (at
+/// most 2M hits per thread), then each design's cost at its most threads over its cost at one.
 fn summary() {
-    const ITERS: u64 = 2_000_000;
+    const MAX_ITERS: u64 = 2_000_000;
     let ns = |target: &Arc<dyn HitPath>, t| {
-        run(target, t, ITERS / 10); // warm-up
+        // Calibrate (and warm up): a slow design at many threads gets fewer hits, not minutes.
+        let probe = run(target, t, 20_000).as_nanos() as f64 / 20_000.0;
+        let iters = ((2e8 / probe.max(1.0)) as u64).clamp(20_000, MAX_ITERS);
         let mut v: Vec<f64> = (0..7)
-            .map(|_| run(target, t, ITERS).as_nanos() as f64 / ITERS as f64)
+            .map(|_| run(target, t, iters).as_nanos() as f64 / iters as f64)
             .collect();
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[3]
     };
     let d = designs();
     println!(
-        "\nhit path, ns per hit per thread (median of 7 x {ITERS} hits per thread, {KEYS} keys):"
+        "\nhit path, ns per hit per thread (median of 7 runs of ~0.2 s, at most {MAX_ITERS} hits per \
+         thread; {KEYS} keys for the cache and the maps, one kernel for the calls):"
     );
-    println!(
-        "{:>7} | {:>16} | {:>20} | {:>12} | {:>16} | {:>22}",
-        "threads",
-        "kpc kernel cache",
-        "global Mutex<HashMap>",
-        "mutex / kpc",
-        "kpc runtime call",
-        "control: private maps"
-    );
-    for t in thread_counts() {
-        let (k, m, r, c) = (
-            ns(&d[0].1, t),
-            ns(&d[1].1, t),
-            ns(&d[2].1, t),
-            ns(&d[3].1, t),
-        );
-        println!(
-            "{t:>7} | {k:>16.1} | {m:>20.1} | {:>11.2}x | {r:>16.1} | {c:>22.1}",
-            m / k
-        );
+    let header: Vec<String> = d.iter().map(|(h, _, _)| format!("{h:>24}")).collect();
+    println!("{:>7} | {}", "threads", header.join(" | "));
+    let counts = thread_counts();
+    let mut first = vec![0.0; d.len()];
+    let mut last = vec![0.0; d.len()];
+    for &t in &counts {
+        let row: Vec<f64> = d.iter().map(|(_, _, target)| ns(target, t)).collect();
+        if t == counts[0] {
+            first.clone_from(&row);
+        }
+        last.clone_from(&row);
+        let cells: Vec<String> = row.iter().map(|v| format!("{v:>24.1}")).collect();
+        println!("{t:>7} | {}", cells.join(" | "));
     }
+    let ratios: Vec<String> = first
+        .iter()
+        .zip(&last)
+        .map(|(a, b)| format!("{:>23.2}x", b / a))
+        .collect();
+    let label = format!("{}t/{}t", counts.last().unwrap(), counts[0]);
+    println!("{label:>7} | {}", ratios.join(" | "));
 }
-
 criterion_group!(benches, bench);
 
 fn main() {

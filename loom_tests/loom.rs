@@ -1,5 +1,6 @@
-//! Loom model checks of the real `get_or_build` and `BuildResult` (src/cache/build_result.rs), compiled
-//! against loom's primitives through src/cache/sync.rs.
+//! Loom model checks of the real `get_or_build` and `BuildResult` (src/cache/build_result.rs) and of the
+//! per-thread front's eviction protocol (src/cache/front.rs), compiled against loom's primitives through
+//! src/cache/sync.rs.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test --release --test loom`
 //! (scripts/test.sh uses a separate target dir so the normal build stays warm.)
@@ -11,9 +12,10 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
+use kpc::cache::front::Front;
 use kpc::cache::sync::Mutex;
 use kpc::cache::{BuildError, BuildMap, BuildResult, BuildState, Served, get_or_build};
-use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 
 type Entry = BuildResult<u64, BuildError>;
@@ -217,5 +219,92 @@ fn hits_after_done_take_the_lock_free_path() {
             assert_eq!(*r.unwrap(), 1);
         }
         assert_eq!(builds.load(Ordering::SeqCst), 1);
+    });
+}
+
+/// The front's eviction protocol, as `KernelProgramCache` runs it: readers look a key up in their
+/// stripe and fill it from the shared map (locked) on a miss; the evictor removes the key from the map,
+/// then purges every stripe. Once the eviction has returned (`evicted` is set after the purge), no
+/// lookup may return the evicted value, and no stripe may keep it. Hits served from the stripes plus
+/// fills account for every value returned.
+fn front_vs_eviction(slots: &'static [usize]) {
+    model(slots.len() + 1, move || {
+        let map = Arc::new(Mutex::new(HashMap::from([(7u32, Arc::new(70u64))])));
+        let front = Arc::new(Front::<u32, Arc<u64>>::new(2));
+        let evicted = Arc::new(AtomicBool::new(false));
+        let fills = Arc::new(AtomicUsize::new(0));
+        let readers: Vec<_> = slots
+            .iter()
+            .map(|&slot| {
+                let (map, front, evicted, fills) =
+                    (map.clone(), front.clone(), evicted.clone(), fills.clone());
+                thread::spawn(move || {
+                    let mut served = 0;
+                    for _ in 0..2 {
+                        let after_eviction = evicted.load(Ordering::Acquire);
+                        let fill = || {
+                            let v = map.lock().get(&7).cloned()?;
+                            fills.fetch_add(1, Ordering::SeqCst);
+                            Some((7, v))
+                        };
+                        let got = front.get(slot, 7, &7u32, fill, |v| **v);
+                        if after_eviction {
+                            assert_eq!(got, None, "served after its eviction returned");
+                        }
+                        served += usize::from(got.is_some());
+                    }
+                    served
+                })
+            })
+            .collect();
+        map.lock().remove(&7);
+        front.purge(|k| *k == 7);
+        evicted.store(true, Ordering::Release);
+        let served: usize = readers.into_iter().map(|h| h.join().unwrap()).sum();
+        assert!(front.is_empty(), "a stripe kept an evicted entry");
+        assert_eq!(
+            served as u64,
+            front.hits() + fills.load(Ordering::SeqCst) as u64,
+            "every value served is a stripe hit or a fill"
+        );
+    });
+}
+
+#[test]
+fn front_one_reader_never_serves_an_evicted_kernel() {
+    front_vs_eviction(&[0]);
+}
+
+#[test]
+fn front_two_readers_on_their_own_stripes_never_serve_an_evicted_kernel() {
+    front_vs_eviction(&[0, 1]);
+}
+
+#[test]
+fn front_two_readers_sharing_a_stripe_never_serve_an_evicted_kernel() {
+    front_vs_eviction(&[0, 2]);
+}
+
+/// The LRU fold (`KernelProgramCache::fold_front_uses`): a hit marks its stripe entry used, a folder
+/// concurrently takes the marks. A use is never lost: it is either taken by the fold or still marked
+/// afterwards, and the fold never sees an entry half-inserted.
+#[test]
+fn front_uses_are_never_lost_by_a_concurrent_fold() {
+    model(2, || {
+        let front = Arc::new(Front::<u32, (u64, bool)>::new(1));
+        let f = front.clone();
+        let reader = thread::spawn(move || {
+            f.get(0, 7, &7u32, || Some((7, (70, false))), |v| v.1 = true)
+                .expect("filled");
+        });
+        let mut taken = 0;
+        front.for_each_mut(|v| {
+            assert_eq!(v.0, 70, "a whole entry");
+            taken += usize::from(std::mem::take(&mut v.1));
+        });
+        reader.join().unwrap();
+        let mut left = 0;
+        front.for_each_mut(|v| left += usize::from(v.1));
+        assert_eq!(taken + left, 1, "the one use is folded or still marked");
     });
 }

@@ -35,8 +35,12 @@ pub mod vars {
     pub const CACHE_TRACE: &str = "KPC_CACHE_TRACE";
     /// 0/1: debug mode, every program built fresh and compared with the cached binary.
     pub const CACHE_DEBUG: &str = "KPC_CACHE_DEBUG";
+    /// Shared secret for authenticated remote and bundle entries.
+    pub const CACHE_REMOTE_KEY: &str = "KPC_CACHE_REMOTE_KEY";
     /// Device selector.
     pub const DEVICE: &str = "KPC_DEVICE";
+    /// Warm start: off, on, or on under an application name.
+    pub const CACHE_PREFETCH: &str = "KPC_CACHE_PREFETCH";
     /// Fallback cache root base (XDG base directory spec).
     pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
     /// Last-resort cache root base.
@@ -261,6 +265,13 @@ pub struct Config {
     pub cache_debug: bool,
     /// Device selector (`KPC_DEVICE`, default auto).
     pub device: DeviceSelector,
+    /// The fleet's MAC key (`KPC_CACHE_REMOTE_KEY`, default none): entries published to the remote
+    /// or exported to a bundle are signed with it, and entries read from them must be.
+    pub remote_key: Option<crate::cache::store::auth::EntryKey>,
+    /// Warm start (`KPC_CACHE_PREFETCH`, default off): the application name under which a context
+    /// remembers the kernels it acquires and, at creation, reloads those of the last run in the
+    /// background. `None` = off.
+    pub warm_start: Option<String>,
 }
 
 /// 1 GiB, the default disk limit and largest persisted image.
@@ -283,6 +294,8 @@ impl Default for Config {
             trace: TraceFlags::default(),
             cache_debug: false,
             device: DeviceSelector::Auto,
+            remote_key: None,
+            warm_start: None,
         }
     }
 }
@@ -337,6 +350,15 @@ impl Config {
         }
         if let Some(v) = get(vars::DEVICE)? {
             b = b.device(DeviceSelector::parse(&v)?);
+        }
+        if let Some(v) = get(vars::CACHE_REMOTE_KEY)? {
+            b = b.remote_key(crate::cache::store::auth::EntryKey::from_secret(
+                vars::CACHE_REMOTE_KEY,
+                &v,
+            )?);
+        }
+        if let Some(v) = get(vars::CACHE_PREFETCH)? {
+            b.config.warm_start = prefetch::parse_prefetch(&v)?;
         }
         // Paths are bytes on Unix, so the cache roots are the variables not required to be UTF-8.
         if let Some(v) = lookup(vars::CACHE_READONLY_DIRS) {
@@ -456,14 +478,34 @@ impl ConfigBuilder {
         self.config.cache_debug = on;
         self
     }
+    /// Sets the fleet's MAC key (see [`Config::remote_key`]).
+    pub fn remote_key(mut self, key: crate::cache::store::auth::EntryKey) -> Self {
+        self.config.remote_key = Some(key);
+        self
+    }
     /// Sets the device selector.
     pub fn device(mut self, d: DeviceSelector) -> Self {
         self.config.device = d;
         self
     }
+    /// Turns warm start on under application `app` (`Some`), or off (`None`); see
+    /// [`Config::warm_start`]. [`ConfigBuilder::build`] rejects a name `KPC_CACHE_PREFETCH` would.
+    pub fn warm_start(mut self, app: Option<&str>) -> Self {
+        self.config.warm_start = app.map(str::to_string);
+        self
+    }
     /// Checks cross-field invariants and returns the configuration.
     pub fn build(self) -> Result<Config, ConfigError> {
         let c = self.config;
+        if let Some(app) = &c.warm_start
+            && !prefetch::valid_app_name(app)
+        {
+            return Err(invalid(
+                vars::CACHE_PREFETCH,
+                app,
+                prefetch::PREFETCH_ACCEPTED,
+            ));
+        }
         let joined = || {
             let v: Vec<_> = c
                 .readonly_dirs
@@ -499,6 +541,7 @@ impl ConfigBuilder {
 }
 
 mod parse;
+pub mod prefetch;
 use parse::{DIRS_ACCEPTED, TRACE_ACCEPTED, dir_problem, parse_trace};
 pub use parse::{parse_bool, parse_dir_list, parse_duration, parse_size};
 

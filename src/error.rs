@@ -163,6 +163,18 @@ pub enum Error {
         reason: String,
     },
 
+    /// A file given as a bundle (`kpc cache import`) that is not one kpc can read: another file, an
+    /// unknown format, or damaged so that its entries cannot be located. Nothing of it was stored.
+    #[error(
+        "{path} is not a usable kpc bundle: {problem}; expected a file written by `kpc cache export`"
+    )]
+    Bundle {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+
     /// An operation of one backend asked of another backend's object (Vulkan handles of an OpenCL
     /// kernel, say).
     #[error("{operation} needs a {} kernel; this one is {}", api(expected), found.as_ref().map_or("from a backend outside kpc", api))]

@@ -2,7 +2,7 @@
 //! threads hitting the same entry do not all write one cache line; everything else is counted on slow
 //! paths, where one atomic is cheaper than the build it counts.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 const STRIPES: usize = 16;
@@ -23,12 +23,10 @@ impl std::fmt::Debug for StripedCounter {
     }
 }
 
+// Indices are distinct among live threads and reused after exits, so up to STRIPES live threads never
+// share a stripe, however many came and went before.
 fn thread_slot() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
-    }
-    SLOT.with(|s| *s)
+    super::front::thread_index() % STRIPES
 }
 
 impl StripedCounter {

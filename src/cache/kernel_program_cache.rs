@@ -4,7 +4,9 @@
 //! - the maps are sharded (`DashMap`), so a hit takes one shard read lock and no global mutex;
 //! - LRU recency is an atomic tick per entry, refreshed on the lock-free hit path too;
 //! - keys hash every field through `Hash`, not an XOR of partial hashes;
-//! - counters, with a striped hit counter so they cost nothing measurable on the hit path.
+//! - counters, with a striped hit counter so they cost nothing measurable on the hit path;
+//! - a per-thread front ([`super::front`]) in front of the kernel map, so a repeated kernel hit writes
+//!   no cache line that another thread uses (no shard reader count, no shared `Arc` count).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +17,7 @@ use parking_lot::Mutex;
 
 use super::build_result::{BuildFailure, BuildResult, Served, get_or_build};
 use super::counters::{CacheStats, MemCounters};
+use super::front::{self, Front, Local};
 use super::keys::{KernelKey, KernelKeyParts, ProgramKey};
 use crate::config::{Config, TraceFlags};
 
@@ -65,6 +68,17 @@ struct Maps<P, K, E> {
     kernels: DashMap<KernelKey, Arc<BuildResult<K, E>>, Hasher>,
 }
 
+/// What a thread's front keeps for one kernel: its own handle, and (with LRU eviction on) the program's
+/// entry, whose recency a hit refreshes.
+struct FrontEntry<P, K, E> {
+    handle: Arc<Local<K>>,
+    program: Option<Arc<BuildResult<P, E>>>,
+    /// A hit since the last fold: recorded here, on this thread's own line, instead of writing the
+    /// shared LRU tick on every hit; [`KernelProgramCache::fold_front_uses`] turns it into a tick
+    /// before any program is stamped or evicted.
+    used: bool,
+}
+
 /// The per-context cache of built programs `P` and kernels `K`, with build errors `E`.
 ///
 /// Guarantees: each key is built at most once at a time and, once built, every caller gets the same
@@ -78,6 +92,8 @@ pub struct KernelProgramCache<P, K, E> {
     program_bytes: AtomicU64,
     evict_lock: Mutex<()>,
     counters: MemCounters,
+    front: Front<KernelKey, FrontEntry<P, K, E>>,
+    front_hasher: Hasher,
 }
 
 impl<P, K, E> std::fmt::Debug for KernelProgramCache<P, K, E> {
@@ -121,6 +137,8 @@ where
             program_bytes: AtomicU64::new(0),
             evict_lock: Mutex::new(()),
             counters: MemCounters::default(),
+            front: Front::new(front::STRIPES),
+            front_hasher: Hasher::default(),
         }
     }
 
@@ -152,6 +170,9 @@ where
                 }
             },
             |e, v| {
+                if lru {
+                    self.fold_front_uses();
+                }
                 let bytes = v.cache_bytes();
                 e.set_cost(bytes);
                 // Counted before Done is published, so an evictor that sees Done also sees these bytes.
@@ -211,14 +232,97 @@ where
         Some(r)
     }
 
+    /// The hit path that scales with threads: the finished kernel for `key` behind a handle of this
+    /// thread's own, or `None` when the caller must take the building path
+    /// ([`Self::get_or_build_kernel`]): nothing finished is cached (or only a failure), or the cache is
+    /// off.
+    ///
+    /// The first hit of a thread on a kernel reads the shared map and keeps a [`Local`] handle in this
+    /// thread's stripe of the front; later hits lock only that stripe and clone only that handle, so
+    /// they write no cache line another thread uses. With LRU eviction on, a hit marks its entry used,
+    /// and that use refreshes the program's recency before the next program is stamped or any is
+    /// evicted, so a program whose kernels are in use is not evicted. Once an eviction of the kernel's
+    /// program has returned, no call returns the evicted kernel. Every hit is counted.
+    #[inline]
+    pub fn kernel_local(&self, key: &dyn KernelKeyParts) -> Option<Arc<Local<K>>> {
+        if !self.settings.enabled {
+            return None;
+        }
+        use std::hash::BuildHasher;
+        let hash = self.front_hasher.hash_one(key);
+        let lru = self.settings.eviction_threshold > 0;
+        let handle = self.front.get(
+            front::thread_index(),
+            hash,
+            key,
+            || self.front_fill(key, lru),
+            |e| {
+                if lru {
+                    e.used = true;
+                }
+                e.handle.clone()
+            },
+        )?;
+        if self.settings.trace {
+            tracing::debug!(target: "kpc::cache::memory", kind = "kernel", entry = key.entry(), "hit");
+        }
+        Some(handle)
+    }
+
+    /// A front miss: the finished kernel from the shared map, counted as a hit there. Runs with the
+    /// thread's stripe locked (see [`Front::get`]); takes shard read locks one at a time.
+    fn front_fill(
+        &self,
+        key: &dyn KernelKeyParts,
+        lru: bool,
+    ) -> Option<(KernelKey, FrontEntry<P, K, E>)> {
+        let (owned, value) = {
+            let e = self.maps.kernels.get(key)?;
+            // A cached failure is answered by the building path, which returns it again.
+            let value = e.value().try_final()?.ok()?;
+            (e.key().clone(), value)
+        };
+        let program = if lru {
+            let p = self.maps.programs.get(&owned.program)?.value().clone();
+            Some(p)
+        } else {
+            None
+        };
+        self.counters.hits.incr();
+        Some((
+            owned,
+            FrontEntry {
+                handle: Arc::new(Local::new(value)),
+                program,
+                used: false,
+            },
+        ))
+    }
+
+    /// Refreshes the recency of every program a kernel front hit used since the last fold. Runs before
+    /// a new program takes its tick and before eviction ranks programs, so a program used only through
+    /// its kernels' front hits is as recent as those hits: newer than every program stamped before
+    /// them. (Among programs used between two folds, the order of their hits is not kept.)
+    fn fold_front_uses(&self) {
+        self.front.for_each_mut(|e| {
+            if std::mem::take(&mut e.used) {
+                if let Some(p) = &e.program {
+                    self.touch(p);
+                }
+            }
+        });
+    }
+
     /// A snapshot of the counters and current sizes.
     pub fn stats(&self) -> CacheStats {
-        CacheStats {
+        let mut s = CacheStats {
             programs: self.maps.programs.len() as u64,
             kernels: self.maps.kernels.len() as u64,
             program_bytes: self.program_bytes.load(Ordering::Relaxed),
             ..self.counters.snapshot()
-        }
+        };
+        s.hits += self.front.hits();
+        s
     }
 
     /// Whether a program entry for `key` is present (in any state).
@@ -297,6 +401,7 @@ where
         // One evictor at a time; a second one waits and then usually finds nothing left to do. Eviction is
         // off the hit path, so blocking here costs only builders.
         let _g = self.evict_lock.lock();
+        self.fold_front_uses();
         type Candidate<P, E> = (u64, ProgramKey, Arc<BuildResult<P, E>>);
         let mut candidates: Vec<Candidate<P, E>> = self
             .maps
@@ -306,6 +411,7 @@ where
             .map(|e| (e.value().last_use(), e.key().clone(), e.value().clone()))
             .collect();
         candidates.sort_by_key(|c| c.0);
+        let mut evicted = Vec::new();
         for (_, key, entry) in candidates {
             if self.program_bytes.load(Ordering::Acquire) <= threshold {
                 break;
@@ -322,7 +428,12 @@ where
                 if self.settings.trace {
                     tracing::debug!(target: "kpc::cache::memory", key = ?key, bytes = entry.cost(), "evict");
                 }
+                evicted.push(key);
             }
+        }
+        // After the maps: a thread that fills its stripe from now on no longer finds these kernels.
+        if !evicted.is_empty() {
+            self.front.purge(|k| evicted.contains(&k.program));
         }
     }
 }

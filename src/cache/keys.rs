@@ -145,6 +145,37 @@ impl SpecConstants {
         }
         out
     }
+    /// The constants [`SpecConstants::canonical_bytes`] encoded, or `None` when `bytes` is not such an
+    /// encoding (a length not a multiple of 13, an unknown type tag, ids out of order or repeated).
+    pub fn from_canonical_bytes(bytes: &[u8]) -> Option<SpecConstants> {
+        if bytes.len() % 13 != 0 {
+            return None;
+        }
+        let mut out: Vec<(u32, SpecValue)> = Vec::with_capacity(bytes.len() / 13);
+        for c in bytes.chunks_exact(13) {
+            let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            let mut v = [0u8; 8];
+            v.copy_from_slice(&c[5..13]);
+            let lo = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+            let hi_zero = v[4..].iter().all(|&b| b == 0);
+            let value = match c[4] {
+                0 if hi_zero && lo <= 1 => SpecValue::Bool(lo == 1),
+                1 if hi_zero => SpecValue::I32(lo as i32),
+                2 if hi_zero => SpecValue::U32(lo),
+                3 if hi_zero => SpecValue::F32Bits(lo),
+                4 => SpecValue::I64(i64::from_le_bytes(v)),
+                5 => SpecValue::U64(u64::from_le_bytes(v)),
+                6 => SpecValue::F64Bits(u64::from_le_bytes(v)),
+                _ => return None,
+            };
+            // Sorted and unique, as `with` keeps them: anything else was not made by canonical_bytes.
+            if out.last().is_some_and(|(last, _)| *last >= id) {
+                return None;
+            }
+            out.push((id, value));
+        }
+        Some(SpecConstants(out))
+    }
 }
 
 /// Build options, whitespace-normalized: `"-a  -b"` and `" -a -b"` are the same program.

@@ -7,8 +7,10 @@
 //! in a [`ReadOnlyStore`]; an embedder adds its own stores (see `store/`).
 
 pub mod build_result;
+pub mod bundle;
 pub mod counters;
 pub mod disk;
+pub mod front;
 pub mod kernel_program_cache;
 pub mod keys;
 pub mod store;
@@ -22,6 +24,7 @@ pub use counters::CacheStats;
 pub use disk::{
     BuildGuard, DiskCacheSettings, DiskHit, DiskKey, DiskStats, Lookup, PersistentCache, PutOutcome,
 };
+pub use front::Local;
 pub use kernel_program_cache::{CacheCost, KernelProgramCache, MemCacheSettings};
 pub use keys::{
     BuildOptions, Digest, KernelKey, KernelKeyParts, KernelKeyRef, ProgramKey, SpecConstants,

@@ -137,7 +137,7 @@ pub(crate) fn status_of(e: &Error) -> kpc_status {
         Error::Backend { .. } => KPC_STATUS_BACKEND,
         Error::Io(_) => KPC_STATUS_IO,
         Error::BlobMismatch { .. } => KPC_STATUS_BLOB_MISMATCH,
-        Error::CorruptBlob { .. } => KPC_STATUS_CORRUPT_BLOB,
+        Error::CorruptBlob { .. } | Error::Bundle { .. } => KPC_STATUS_CORRUPT_BLOB,
         Error::WrongBackend { .. } => KPC_STATUS_WRONG_BACKEND,
         // A build that panicked on another thread: the same condition a caught panic reports.
         Error::Panicked(_) => KPC_STATUS_PANIC,

@@ -15,15 +15,18 @@ use std::time::Duration;
 use crate::backend::{
     BackendStats, ComputeBackend, DeviceImage, DeviceInfo, KernelInfo, KernelObject, Launch, Pod,
 };
+use crate::cache::Local;
 use crate::cache::{BuildOptions, CacheStats, DiskStats, SpecConstants, StoreChain};
 use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
 
 use super::buffer::{Buffer, RawBuffer};
 use super::cache_debug::CacheDebugStats;
+use super::prefetch::{KernelRequest, Prefetch};
 use super::program_manager::{ProgramManager, Source};
 use super::queue::{EventImpl, Queue};
 use super::spirv_cache::{SpirvStats, SpirvStep};
+use super::warm_start::{LoadOutcome, WarmStart, WarmStartReport};
 
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
@@ -68,6 +71,8 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
     fn debug_stats(&self) -> CacheDebugStats;
     fn disk_stats(&self) -> Option<DiskStats>;
     fn as_any(&self) -> &dyn Any;
+    fn warm_start(&self) -> Option<&Arc<WarmStart>>;
+    fn load_if_stored(&self, request: &KernelRequest) -> Result<LoadOutcome>;
     fn glsl_spirv(&self, image: &DeviceImage) -> Result<Option<(DeviceImage, SpirvStep)>>;
     fn spirv_stats(&self) -> SpirvStats;
 }
@@ -75,6 +80,7 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
 struct Inner<B: ComputeBackend> {
     id: u64,
     programs: ProgramManager<B>,
+    warm: Option<Arc<WarmStart>>,
 }
 
 fn foreign(what: &str) -> Error {
@@ -87,6 +93,23 @@ impl<B: ComputeBackend> Inner<B> {
     fn buffer<'a>(&self, b: &'a AnyBuffer) -> Result<&'a B::Buffer> {
         b.downcast_ref::<B::Buffer>()
             .ok_or_else(|| foreign("a buffer"))
+    }
+}
+
+/// A thread's own handle is the kernel to everything downstream: launches and interop recover the
+/// backend's type through `as_any`, which answers for the kernel inside.
+impl<K: KernelObject> KernelObject for Local<K> {
+    fn info(&self) -> &KernelInfo {
+        (**self).info()
+    }
+    fn as_any(&self) -> &dyn Any {
+        (**self).as_any()
+    }
+    fn origin(&self) -> Option<&crate::backend::ProgramOrigin> {
+        (**self).origin()
+    }
+    fn program_binary(&self) -> Result<Option<Vec<u8>>> {
+        (**self).program_binary()
     }
 }
 
@@ -127,7 +150,7 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
         spec: &SpecConstants,
         options: &BuildOptions,
     ) -> Result<(Arc<dyn KernelObject>, Source, Duration)> {
-        let a = self.programs.kernel(image, entry, spec, options)?;
+        let a = self.programs.kernel_local(image, entry, spec, options)?;
         Ok((a.value as Arc<dyn KernelObject>, a.source, a.elapsed))
     }
     fn kernel_from_binary(
@@ -201,6 +224,12 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+    fn warm_start(&self) -> Option<&Arc<WarmStart>> {
+        self.warm.as_ref()
+    }
+    fn load_if_stored(&self, request: &KernelRequest) -> Result<LoadOutcome> {
+        super::warm_start::load_if_stored(&self.programs, request)
     }
 }
 
@@ -283,12 +312,21 @@ impl Context {
         config: &Config,
         stores: StoreChain,
     ) -> Context {
-        Context {
-            inner: Arc::new(Inner {
-                id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
-                programs: ProgramManager::with_stores(Arc::new(backend), config, stores),
-            }),
+        let warm = WarmStart::from_config(config, &backend.fingerprint().digest);
+        let inner: Arc<dyn ContextImpl> = Arc::new(Inner {
+            id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
+            programs: ProgramManager::with_stores(Arc::new(backend), config, stores),
+            warm: warm.clone(),
+        });
+        if let Some(w) = warm {
+            // Weak: the loader must not keep a context alive that its owner dropped.
+            let ctx = Arc::downgrade(&inner);
+            w.start(move |r| {
+                ctx.upgrade()
+                    .map_or(Ok(LoadOutcome::Cancelled), |c| c.load_if_stored(r))
+            });
         }
+        Context { inner }
     }
 
     /// The device.
@@ -337,6 +375,17 @@ impl Context {
         };
         self.check_entry(image, entry)?;
         let (obj, source, elapsed) = self.inner.kernel(image, entry, spec, options)?;
+        // Only first acquisitions (a hit is Memory) pay for remembering, so hits cost one branch.
+        if source != Source::Memory
+            && let Some(w) = self.inner.warm_start()
+        {
+            w.record(&KernelRequest {
+                image: image.clone(),
+                entry: entry.to_string(),
+                spec: spec.clone(),
+                options: options.clone(),
+            });
+        }
         Ok(Kernel {
             obj,
             context: self.inner.id(),
@@ -436,6 +485,34 @@ impl Context {
     /// The local disk cache's counters, or `None` when it is off.
     pub fn disk_stats(&self) -> Option<DiskStats> {
         self.inner.disk_stats()
+    }
+
+    /// Acquires every request's kernel at once, on a pool of worker threads (one per core, at most
+    /// one per request): disk loads and cold builds of different programs overlap. Each request goes
+    /// through [`Context::kernel`], so single flight holds: a key also requested elsewhere meanwhile
+    /// is built once. [`Prefetch::wait`] gives one result per request, in order, each with its own
+    /// error; dropping the handle lets the workers finish in the background.
+    pub fn prefetch(&self, requests: impl IntoIterator<Item = KernelRequest>) -> Prefetch<Kernel> {
+        self.prefetch_impl(requests.into_iter().collect())
+    }
+
+    /// Blocks until the warm start begun at creation (`KPC_CACHE_PREFETCH`, [`Config::warm_start`])
+    /// has loaded every remembered kernel it could, and returns what it did; `None` when warm start
+    /// is off for this context.
+    pub fn wait_warm_start(&self) -> Option<WarmStartReport> {
+        self.inner.warm_start().and_then(|w| w.wait())
+    }
+
+    /// Writes the warm-start manifest now (it is also written when the last handle on the context is
+    /// dropped): returns how many kernels it lists, or `None` when warm start is off or there was
+    /// nothing new to write.
+    ///
+    /// Errors: [`Error::Io`] when the manifest cannot be written (the context is unaffected).
+    pub fn save_warm_start(&self) -> Result<Option<usize>> {
+        match self.inner.warm_start() {
+            Some(w) => w.save(),
+            None => Ok(None),
+        }
     }
 }
 

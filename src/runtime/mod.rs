@@ -32,11 +32,14 @@ pub mod context;
 pub mod device;
 #[cfg(not(loom))]
 pub mod interop;
+#[cfg(not(loom))]
+pub mod prefetch;
 pub mod program_manager;
 #[cfg(not(loom))]
 pub mod queue;
-#[cfg(not(loom))]
 pub mod spirv_cache;
+#[cfg(not(loom))]
+pub mod warm_start;
 
 #[cfg(not(loom))]
 pub use blob::CacheBlob;
@@ -50,8 +53,11 @@ pub use device::{Platform, platforms, select_device};
 pub use interop::{
     OpenClHandles, OpenClKernelLease, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
 };
+#[cfg(not(loom))]
+pub use prefetch::{KernelRequest, Prefetch, prefetch_kernels};
 pub use program_manager::{Acquired, ProgramManager, Source};
 #[cfg(not(loom))]
 pub use queue::{Event, LaunchDesc, PushConstants, Queue};
-#[cfg(not(loom))]
 pub use spirv_cache::{SpirvStats, SpirvStep};
+#[cfg(not(loom))]
+pub use warm_start::{LoadOutcome, ManifestState, WarmStart, WarmStartReport};

@@ -12,6 +12,7 @@ use super::cache_debug::{CacheDebugStats, DebugCounters, DebugOutcome};
 #[cfg(not(loom))]
 use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
 use crate::backend::{Backend, DeviceImage};
+use crate::cache::Local;
 use crate::cache::store::{LevelStats, Turn};
 use crate::cache::{
     BuildOptions, CacheStats, DiskKey, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
@@ -302,6 +303,39 @@ impl<B: Backend> ProgramManager<B> {
         Ok(Acquired {
             value,
             source: source.get(),
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// As [`ProgramManager::kernel`], but the kernel comes behind a handle of the calling thread's own
+    /// ([`Local`]): a repeated hit on one thread writes no cache line other threads use, so hits scale
+    /// with threads. What `Context::kernel` uses.
+    pub fn kernel_local(
+        &self,
+        image: &DeviceImage,
+        entry: &str,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+    ) -> Result<Acquired<Local<B::Kernel>>> {
+        let start = Instant::now();
+        let view = KernelKeyRef {
+            image: image.digest(),
+            spec,
+            device: self.backend.fingerprint().digest,
+            options,
+            entry,
+        };
+        if let Some(value) = self.cache.kernel_local(&view) {
+            return Ok(Acquired {
+                value,
+                source: Source::Memory,
+                elapsed: start.elapsed(),
+            });
+        }
+        let a = self.kernel(image, entry, spec, options)?;
+        Ok(Acquired {
+            value: Arc::new(Local::new(a.value)),
+            source: a.source,
             elapsed: start.elapsed(),
         })
     }

@@ -291,6 +291,9 @@ pub(crate) fn build(
         cache_data_bytes: 0,
         origin,
     };
+    // No VK_PIPELINE_CACHE_CREATE_EXTERNALLY_SYNCHRONIZED_BIT: the cache stays internally synchronized
+    // for vkCreateComputePipelines and vkGetPipelineCacheData, so programs built concurrently
+    // (Context::prefetch) need no lock; each program also has a cache of its own.
     let cache_info = vk::PipelineCacheCreateInfo::default().initial_data(initial_cache);
     // SAFETY: the initial data passed check_pipeline_cache_header against this device (or is empty);
     // `program` owns the cache and destroys it in Drop.

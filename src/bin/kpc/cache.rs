@@ -1,4 +1,5 @@
-//! `kpc cache path|stats|ls|verify|prune|clear` (`explain` lives in `cache_explain.rs`): inspect and maintain the on-disk cache.
+//! `kpc cache path|stats|ls|verify|prune|clear` (`explain` lives in `cache_explain.rs`, `export` and
+//! `import` in `cache_bundle.rs`): inspect and maintain the on-disk cache.
 //!
 //! The commands work on the configured cache directory even when `KPC_CACHE_PERSISTENT=0` (a disabled
 //! cache can still be inspected or cleared). Output is for people by default; `--json` prints one JSON
@@ -55,6 +56,12 @@ pub enum CacheCommand {
     /// For each kernel `kpc attention` would use (same arguments), whether it is cached and if not,
     /// why: the nearest cached entry and the key fields that differ. Or one key, given as a blob id.
     Explain(crate::cache_explain::ExplainArgs),
+    /// Write every verified entry (of one device with --device) to one zstd-compressed file, signed
+    /// when KPC_CACHE_REMOTE_KEY is set: for container images and offline machines.
+    Export(crate::cache_bundle::ExportArgs),
+    /// Verify every entry of a bundle (and its MAC when KPC_CACHE_REMOTE_KEY is set) and publish
+    /// those that pass to this cache; exit with status 1 if any entry was refused.
+    Import(crate::cache_bundle::ImportArgs),
     /// Remove every entry and the quarantine directory.
     Clear {
         /// Machine-readable output.
@@ -168,6 +175,8 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
     let io = |e: std::io::Error| kpc::Error::Io(format!("{}: {e}", cache.root().display()));
     match cmd {
         CacheCommand::Explain(args) => crate::cache_explain::run(config, cache, &args),
+        CacheCommand::Export(args) => crate::cache_bundle::export(config, &cache, &args),
+        CacheCommand::Import(args) => crate::cache_bundle::import(config, &cache, &args),
         CacheCommand::Path => {
             println!("{}", cache.root().display());
             Ok(ExitCode::SUCCESS)

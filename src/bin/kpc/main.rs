@@ -27,8 +27,11 @@ mod bench_glsl;
 #[cfg(not(loom))]
 mod bench_launch;
 #[cfg(not(loom))]
+mod bench_start;
+#[cfg(not(loom))]
 mod cache;
 #[cfg(not(loom))]
+mod cache_bundle;
 mod cache_explain;
 #[cfg(not(loom))]
 mod devices;
@@ -64,6 +67,9 @@ enum Command {
     BenchBuild(bench_build::Args),
     /// Time launches of one cached OpenCL kernel from many threads under each kernel-sharing strategy.
     BenchLaunch(bench_launch::Args),
+    /// One phase of the start-up measurement (floor, serial, prefetch, warm start, cold builds in
+    /// parallel or alone); benches/hot_path_gpu.sh runs them in fresh processes.
+    BenchStart(bench_start::Args),
     /// GLSL images: compile time per shipped kernel against SPIR-V cache hits, and the whole cold
     /// path (GLSL -> SPIR-V -> pipeline) against the warm one.
     BenchGlsl(bench_glsl::Args),
@@ -87,6 +93,7 @@ fn main() -> ExitCode {
         Command::Devices => devices::run(&config),
         Command::BenchBuild(args) => bench_build::run(&config, &args),
         Command::BenchLaunch(args) => bench_launch::run(&config, &args),
+        Command::BenchStart(args) => bench_start::run(&config, &args),
         Command::BenchGlsl(args) => bench_glsl::run(&config, &args),
     };
     match r {

@@ -83,6 +83,14 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
         u8::from(c.cache_debug)
     );
     println!("  KPC_DEVICE                          = {}", c.device);
+    println!(
+        "  KPC_CACHE_PREFETCH                  = {}",
+        c.warm_start
+            .as_deref()
+            .map_or("0 (warm start off)".to_string(), |a| format!(
+                "on, application {a:?}"
+            ))
+    );
     println!();
     match c.disk_cache_root() {
         None if !c.persistent => println!("disk cache: off (KPC_CACHE_PERSISTENT=0)"),

@@ -1,0 +1,170 @@
+//! `kpc cache export|import`: the disk cache's verified entries as one file, and back.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use kpc::cache::bundle::{self, ImportReport};
+use kpc::cache::disk::PersistentCache;
+use kpc::cache::store::auth::EntryKey;
+use kpc::config::DeviceSelector;
+use kpc::{Config, Error};
+use serde_json::json;
+
+use crate::cache::print_json;
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// The bundle file to write (replaced atomically if it exists).
+    pub file: PathBuf,
+    /// Only the entries of this device's fingerprint (e.g. vulkan:0, opencl:cpu; as KPC_DEVICE).
+    /// Without it, every verified entry of every device.
+    #[arg(long, value_parser = parse_selector)]
+    pub device: Option<DeviceSelector>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    /// A bundle written by `kpc cache export`.
+    pub file: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_selector(s: &str) -> Result<DeviceSelector, String> {
+    DeviceSelector::parse(s).map_err(|e| e.to_string())
+}
+
+/// The fleet's MAC key, if `KPC_CACHE_REMOTE_KEY` sets one: entries are signed on export and must be
+/// signed with it on import.
+fn mac_key(config: &Config) -> Option<&EntryKey> {
+    config.remote_key.as_ref()
+}
+
+pub fn export(
+    config: &Config,
+    cache: &PersistentCache,
+    args: &ExportArgs,
+) -> kpc::Result<ExitCode> {
+    let device = match &args.device {
+        None => None,
+        Some(sel) => Some(kpc::runtime::select_device(sel)?),
+    };
+    let r = bundle::export(
+        cache,
+        device.as_ref().map(|d| d.fingerprint.digest),
+        mac_key(config),
+        &args.file,
+    )?;
+    if args.json {
+        print_json(&json!({
+            "file": args.file,
+            "entries": r.entries,
+            "unverified": r.unverified,
+            "other_devices": r.other_devices,
+            "raw_bytes": r.raw_bytes,
+            "file_bytes": r.file_bytes,
+            "signed": r.signed,
+            "device": device.as_ref().map(|d| d.fingerprint.digest.to_hex()),
+        }));
+    } else {
+        let which = match &device {
+            Some(d) => format!(
+                " of {}:{} {} (fingerprint {})",
+                d.backend,
+                d.index,
+                d.name,
+                d.fingerprint.digest.short_hex(8)
+            ),
+            None => String::new(),
+        };
+        println!(
+            "exported {} entries{which} to {} ({} bytes, {} before compression, {})",
+            r.entries,
+            args.file.display(),
+            r.file_bytes,
+            r.raw_bytes,
+            if r.signed {
+                "signed with KPC_CACHE_REMOTE_KEY"
+            } else {
+                "unsigned: set KPC_CACHE_REMOTE_KEY to sign"
+            }
+        );
+        if r.unverified > 0 {
+            println!(
+                "left out {} entries that did not verify (`kpc cache verify` shows them)",
+                r.unverified
+            );
+        }
+        if r.other_devices > 0 {
+            println!("left out {} entries of other devices", r.other_devices);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_import(args: &ImportArgs, r: &ImportReport) {
+    if args.json {
+        let refused: Vec<_> = r
+            .refused
+            .iter()
+            .map(|x| json!({"index": x.index, "label": x.label, "reason": x.reason}))
+            .collect();
+        print_json(&json!({
+            "file": args.file,
+            "total": r.total,
+            "taken": r.taken,
+            "present": r.present,
+            "not_stored": r.not_stored,
+            "refused": refused,
+            "signed": r.signed,
+        }));
+        return;
+    }
+    println!(
+        "{}: {} entries: {} taken, {} already present, {} refused, {} not stored",
+        args.file.display(),
+        r.total,
+        r.taken,
+        r.present,
+        r.refused.len(),
+        r.not_stored
+    );
+    for x in &r.refused {
+        println!(
+            "  refused entry {} ({}): {}",
+            x.index,
+            if x.label.is_empty() { "?" } else { &x.label },
+            x.reason
+        );
+    }
+    if r.not_stored > 0 {
+        println!(
+            "  not stored: outside KPC_CACHE_MIN/MAX_DEVICE_IMAGE_SIZE or KPC_CACHE_MAX_SIZE, or the cache could not be written (see the warning above)"
+        );
+    }
+}
+
+/// Exit status 1 when any entry was refused, so a script notices a tampered or foreign bundle.
+pub fn import(
+    config: &Config,
+    cache: &PersistentCache,
+    args: &ImportArgs,
+) -> kpc::Result<ExitCode> {
+    if !config.persistent {
+        return Err(Error::InvalidArgument(
+            "KPC_CACHE_PERSISTENT=0: the disk cache is disabled, so there is nowhere to import to; unset it or set it to 1".into(),
+        ));
+    }
+    let r = bundle::import(cache, mac_key(config), &args.file)?;
+    print_import(args, &r);
+    Ok(if r.refused.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,268 @@
+//! Parallel acquisition: many kernels at once on a bounded pool of worker threads
+//! ([`Context::prefetch`]), so disk loads and cold builds overlap instead of running one after the
+//! other on the caller's thread.
+//!
+//! Prefetching adds no synchronization of its own to the caches: every request goes through the same
+//! `get_or_build` as [`Context::kernel`], so a key a worker is building while a caller asks for it is
+//! built once (the caller waits on the entry's build), and a program shared by several requested entry
+//! points is built once. What runs concurrently is the backends' work for *different* programs:
+//! - Vulkan: every program has its own `VkPipelineCache` (created without
+//!   `VK_PIPELINE_CACHE_CREATE_EXTERNALLY_SYNCHRONIZED_BIT`, so even a shared one would be internally
+//!   synchronized for `vkCreateComputePipelines`), and `vkCreateShaderModule`/
+//!   `vkCreateComputePipelines` take the `VkDevice` without external synchronization.
+//! - OpenCL: `clBuildProgram`/`clCreateProgramWithBinary` on one context from several threads are
+//!   thread-safe per the OpenCL specification (only `clSetKernelArg` on one kernel is not, and no
+//!   kernel is launched here).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::backend::{Backend, DeviceImage};
+use crate::cache::{BuildOptions, SpecConstants};
+use crate::error::{Error, Result};
+
+use super::program_manager::{Acquired, ProgramManager};
+
+/// One kernel to acquire: what [`super::Context::kernel`] takes, owned so a worker thread can hold it.
+#[derive(Debug, Clone)]
+pub struct KernelRequest {
+    /// The device image.
+    pub image: DeviceImage,
+    /// Its entry point.
+    pub entry: String,
+    /// Specialization constants.
+    pub spec: SpecConstants,
+    /// Build options.
+    pub options: BuildOptions,
+}
+
+impl KernelRequest {
+    /// Entry point `entry` of `image`, unspecialized, with default build options.
+    pub fn new(image: &DeviceImage, entry: &str) -> Self {
+        KernelRequest {
+            image: image.clone(),
+            entry: entry.to_string(),
+            spec: SpecConstants::new(),
+            options: BuildOptions::default(),
+        }
+    }
+    /// With specialization constants `spec`.
+    pub fn spec(mut self, spec: SpecConstants) -> Self {
+        self.spec = spec;
+        self
+    }
+    /// With build options `options`.
+    pub fn options(mut self, options: BuildOptions) -> Self {
+        self.options = options;
+        self
+    }
+}
+
+type Work<R, T> = dyn Fn(&R) -> Result<T> + Send + Sync;
+
+struct Shared<R, T> {
+    requests: Vec<R>,
+    work: Box<Work<R, T>>,
+    /// The next request nobody has taken yet.
+    next: AtomicUsize,
+    results: Mutex<Slots<T>>,
+    finished: Condvar,
+}
+
+struct Slots<T> {
+    results: Vec<Option<Result<T>>>,
+    done: usize,
+}
+
+impl<R, T> Shared<R, T> {
+    /// Takes requests until none is left. Run by every worker and by a waiting caller, so the batch
+    /// completes even where no worker thread could be spawned.
+    fn drain(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(req) = self.requests.get(i) else {
+                return;
+            };
+            // A panicking backend must not strand the waiter: the request reports it as its error.
+            let r = catch_unwind(AssertUnwindSafe(|| (self.work)(req))).unwrap_or_else(|p| {
+                let what = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a non-string panic".into());
+                Err(Error::Panicked(format!(
+                    "acquiring a prefetched kernel panicked: {what}"
+                )))
+            });
+            let mut s = self.results.lock();
+            s.results[i] = Some(r);
+            s.done += 1;
+            if s.done == s.results.len() {
+                self.finished.notify_all();
+            }
+        }
+    }
+}
+
+/// A batch of acquisitions running on worker threads. [`Prefetch::wait`] gives one result per
+/// request, in request order; dropping the handle without waiting lets the workers finish in the
+/// background (what they acquire still lands in the caches).
+pub struct Prefetch<T> {
+    shared: Arc<dyn Batch<T>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+/// The request type erased, so the handle's type names only what it returns.
+trait Batch<T>: Send + Sync {
+    fn drain(&self);
+    fn slots(&self) -> &Mutex<Slots<T>>;
+    fn finished(&self) -> &Condvar;
+}
+
+impl<R: Send + Sync, T: Send> Batch<T> for Shared<R, T> {
+    fn drain(&self) {
+        Shared::drain(self)
+    }
+    fn slots(&self) -> &Mutex<Slots<T>> {
+        &self.results
+    }
+    fn finished(&self) -> &Condvar {
+        &self.finished
+    }
+}
+
+impl<T> std::fmt::Debug for Prefetch<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.shared.slots().lock();
+        f.debug_struct("Prefetch")
+            .field("requests", &s.results.len())
+            .field("done", &s.done)
+            .field("workers", &self.workers.len())
+            .finish()
+    }
+}
+
+/// How many workers a batch of `n` requests gets: one per core the process may use, at most one per
+/// request.
+pub fn default_workers(n: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    cores.min(n)
+}
+
+impl<T: Send + 'static> Prefetch<T> {
+    /// Runs `work` on every request on `workers` threads (at least one when there is a request).
+    pub(crate) fn spawn<R: Send + Sync + 'static>(
+        requests: Vec<R>,
+        workers: usize,
+        work: impl Fn(&R) -> Result<T> + Send + Sync + 'static,
+    ) -> Prefetch<T> {
+        let n = requests.len();
+        let shared = Arc::new(Shared {
+            requests,
+            work: Box::new(work),
+            next: AtomicUsize::new(0),
+            results: Mutex::new(Slots {
+                results: (0..n).map(|_| None).collect(),
+                done: 0,
+            }),
+            finished: Condvar::new(),
+        });
+        let mut handles = Vec::new();
+        let workers = if n == 0 { 0 } else { workers.clamp(1, n) };
+        for i in 0..workers {
+            let s = shared.clone();
+            // A thread that cannot be spawned only means less parallelism: `wait` drains what is left.
+            match std::thread::Builder::new()
+                .name(format!("kpc-prefetch-{i}"))
+                .spawn(move || s.drain())
+            {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    tracing::warn!(target: "kpc::prefetch", "could not spawn a prefetch worker: {e}");
+                    break;
+                }
+            }
+        }
+        Prefetch {
+            shared,
+            workers: handles,
+        }
+    }
+
+    /// How many requests the batch has.
+    pub fn len(&self) -> usize {
+        self.shared.slots().lock().results.len()
+    }
+
+    /// Whether the batch has no request.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many requests have finished (successfully or not).
+    pub fn completed(&self) -> usize {
+        self.shared.slots().lock().done
+    }
+
+    /// Whether every request has finished.
+    pub fn is_finished(&self) -> bool {
+        let s = self.shared.slots().lock();
+        s.done == s.results.len()
+    }
+
+    /// Blocks until every request has finished (the calling thread takes requests too), and returns
+    /// one result per request, in request order, each with its own error.
+    pub fn wait(self) -> Vec<Result<T>> {
+        self.shared.drain();
+        let mut s = self.shared.slots().lock();
+        while s.done < s.results.len() {
+            self.shared.finished().wait(&mut s);
+        }
+        let out = s
+            .results
+            .iter_mut()
+            .map(|r| {
+                r.take().unwrap_or_else(|| {
+                    Err(Error::Panicked("a prefetch result went missing".into()))
+                })
+            })
+            .collect();
+        drop(s);
+        for h in self.workers {
+            // The workers catch panics of the work itself; joining only reaps the thread.
+            let _ = h.join();
+        }
+        out
+    }
+}
+
+/// Acquires every request's kernel through `manager` on a bounded pool of worker threads (one per
+/// core, at most one per request): the [`ProgramManager`]-level twin of
+/// [`super::Context::prefetch`], for tools and tests that drive a manager directly.
+pub fn prefetch_kernels<B: Backend>(
+    manager: &Arc<ProgramManager<B>>,
+    requests: Vec<KernelRequest>,
+) -> Prefetch<Acquired<B::Kernel>> {
+    let m = manager.clone();
+    let workers = default_workers(requests.len());
+    Prefetch::spawn(requests, workers, move |r: &KernelRequest| {
+        m.kernel(&r.image, &r.entry, &r.spec, &r.options)
+    })
+}
+
+#[cfg(not(loom))]
+impl super::Context {
+    /// What [`super::Context::prefetch`] runs: every request through [`super::Context::kernel`] on
+    /// its own worker pool.
+    pub(crate) fn prefetch_impl(&self, requests: Vec<KernelRequest>) -> Prefetch<super::Kernel> {
+        let ctx = self.clone();
+        let workers = default_workers(requests.len());
+        Prefetch::spawn(requests, workers, move |r: &KernelRequest| {
+            ctx.kernel(&r.image, &r.entry, &r.spec, &r.options)
+        })
+    }
+}

@@ -1,0 +1,211 @@
+//! `Context::prefetch` and `prefetch_kernels`: many kernels acquired at once on worker threads, one
+//! result per request with its own error, and single flight with callers asking meanwhile. Cache logic
+//! with the counting fake backend; the real backends on lavapipe and PoCL, with a launch.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::drivers::{check_read_kernel, opencl_device, test_config, vulkan_device};
+use common::fake_backend::{FakeBackend, image};
+use kpc::backend::DeviceImage;
+use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::runtime::{KernelRequest, ProgramManager, Source, prefetch_kernels};
+use kpc::{Context, Error};
+
+fn manager(backend: FakeBackend) -> Arc<ProgramManager<FakeBackend>> {
+    Arc::new(ProgramManager::new(Arc::new(backend), &test_config()))
+}
+
+#[test]
+fn one_result_per_request_each_with_its_own_error() {
+    let fake = FakeBackend::new();
+    fake.fail_with(|_, img: &DeviceImage| {
+        (img.name() == "broken").then(|| Error::Build {
+            backend: kpc::config::BackendKind::Vulkan,
+            image: "broken".into(),
+            code: -11,
+            message: "compile error".into(),
+            log: "syntax error".into(),
+        })
+    });
+    let pm = manager(fake);
+    let a = image("a", &["x", "y"]);
+    let broken = image("broken", &["z"]);
+    let reqs = vec![
+        KernelRequest::new(&a, "x"),
+        KernelRequest::new(&a, "nope"),
+        KernelRequest::new(&broken, "z"),
+        KernelRequest::new(&a, "y").spec(SpecConstants::new().with(0, SpecValue::U32(3))),
+    ];
+    let p = prefetch_kernels(&pm, reqs);
+    assert_eq!(p.len(), 4);
+    let r = p.wait();
+    assert_eq!(r.len(), 4);
+    let x = r[0].as_ref().expect("a:x builds");
+    assert_eq!((x.value.entry.as_str(), x.source), ("x", Source::Built));
+    match &r[1] {
+        Err(Error::UnknownKernel {
+            entry, available, ..
+        }) => {
+            assert_eq!(entry, "nope");
+            assert!(available.contains('x') && available.contains('y'));
+        }
+        other => panic!("expected UnknownKernel, got {other:?}"),
+    }
+    assert!(
+        matches!(&r[2], Err(Error::Build { log, .. }) if log == "syntax error"),
+        "{:?}",
+        r[2]
+    );
+    let y = r[3].as_ref().expect("a:y with spec 3 builds");
+    assert_eq!(y.value.run(2), 6);
+    // a (unspecialized), broken, a (spec 3): one build each, whatever the order the workers took.
+    assert_eq!(pm.backend().builds(), 3);
+}
+
+#[test]
+fn single_flight_holds_under_prefetch_and_concurrent_callers() {
+    // The delay keeps the builds in flight while the callers arrive; the assertion is a count.
+    let pm = manager(FakeBackend::new().build_delay(Duration::from_millis(200)));
+    let img = image("shared", &["e0", "e1", "e2"]);
+    let reqs: Vec<KernelRequest> = (0..12)
+        .map(|i| KernelRequest::new(&img, &format!("e{}", i % 3)))
+        .collect();
+    let p = prefetch_kernels(&pm, reqs);
+    let callers: Vec<_> = (0..6)
+        .map(|i| {
+            let pm = pm.clone();
+            let img = img.clone();
+            std::thread::spawn(move || {
+                let k = pm
+                    .kernel(
+                        &img,
+                        &format!("e{}", i % 3),
+                        &SpecConstants::new(),
+                        &BuildOptions::default(),
+                    )
+                    .unwrap();
+                Arc::as_ptr(&k.value) as usize
+            })
+        })
+        .collect();
+    let results = p.wait();
+    let caller_ptrs: Vec<usize> = callers.into_iter().map(|c| c.join().unwrap()).collect();
+    assert_eq!(pm.backend().builds(), 1, "one program, built once");
+    assert_eq!(
+        pm.backend().kernels_created.load(Ordering::SeqCst),
+        3,
+        "one kernel per entry point"
+    );
+    // Everyone got the same kernel object per entry point.
+    let by_entry = |e: &str| {
+        results
+            .iter()
+            .map(|r| r.as_ref().unwrap())
+            .find(|k| k.value.entry == e)
+            .map(|k| Arc::as_ptr(&k.value) as usize)
+            .unwrap()
+    };
+    for (i, p) in caller_ptrs.iter().enumerate() {
+        assert_eq!(*p, by_entry(&format!("e{}", i % 3)));
+    }
+    assert_eq!(
+        results
+            .iter()
+            .filter(|r| r.as_ref().unwrap().source == Source::Built)
+            .count(),
+        1,
+        "exactly one request reports the build"
+    );
+}
+
+#[test]
+fn an_empty_batch_and_a_dropped_handle() {
+    let pm = manager(FakeBackend::new());
+    let p = prefetch_kernels(&pm, Vec::new());
+    assert!(p.is_empty() && p.is_finished());
+    assert!(p.wait().is_empty());
+    // Dropped without waiting: the workers still finish and the kernel lands in memory.
+    let img = image("bg", &["k"]);
+    drop(prefetch_kernels(&pm, vec![KernelRequest::new(&img, "k")]));
+    let k = pm
+        .kernel(&img, "k", &SpecConstants::new(), &BuildOptions::default())
+        .unwrap();
+    assert!(matches!(k.source, Source::Memory | Source::Built));
+    assert_eq!(pm.backend().builds(), 1);
+}
+
+/// Prefetches every shipped kernel of `ctx`'s backend while another thread asks for `read`, then
+/// launches `read`: one program built per image, whichever thread got there first.
+fn prefetch_on_driver(ctx: &Context, images: Vec<DeviceImage>, read: DeviceImage) {
+    let reqs: Vec<KernelRequest> = images
+        .iter()
+        .map(|i| KernelRequest::new(i, i.name()))
+        .chain([KernelRequest::new(&read, "nope")])
+        .collect();
+    let n = images.len();
+    let p = ctx.prefetch(reqs);
+    let caller = {
+        let ctx = ctx.clone();
+        let read = read.clone();
+        std::thread::spawn(move || {
+            ctx.kernel(
+                &read,
+                "read",
+                &SpecConstants::new(),
+                &BuildOptions::default(),
+            )
+            .unwrap()
+        })
+    };
+    let results = p.wait();
+    caller.join().unwrap();
+    for (img, r) in images.iter().zip(&results) {
+        let k = r.as_ref().unwrap_or_else(|e| panic!("{}: {e}", img.name()));
+        assert_eq!(k.name(), img.name());
+    }
+    assert!(
+        matches!(&results[n], Err(Error::UnknownKernel { entry, .. }) if entry == "nope"),
+        "{:?}",
+        results[n]
+    );
+    assert_eq!(
+        ctx.backend_stats().programs_built,
+        n as u64,
+        "each image built once"
+    );
+    check_read_kernel(ctx, &read);
+}
+
+#[test]
+fn prefetch_on_lavapipe_builds_each_program_once_and_launches() {
+    let Some(d) = vulkan_device("prefetch_on_lavapipe_builds_each_program_once_and_launches")
+    else {
+        return;
+    };
+    let ctx = Context::with_device(&d, &test_config()).unwrap();
+    let images: Vec<DeviceImage> = kpc::kernels::SPIRV
+        .iter()
+        .filter(|k| !k.cooperative_matrix || d.limits.cooperative_matrix_f16)
+        .map(|k| kpc::kernels::spirv_image(k.name).unwrap())
+        .collect();
+    let read = kpc::kernels::spirv_image("read").unwrap();
+    prefetch_on_driver(&ctx, images, read);
+}
+
+#[test]
+fn prefetch_on_pocl_builds_each_program_once_and_launches() {
+    let Some(d) = opencl_device("prefetch_on_pocl_builds_each_program_once_and_launches") else {
+        return;
+    };
+    let ctx = Context::with_device(&d, &test_config()).unwrap();
+    let images: Vec<DeviceImage> = kpc::kernels::OPENCL
+        .iter()
+        .map(|k| kpc::kernels::opencl_image(k.name).unwrap())
+        .collect();
+    let read = kpc::kernels::opencl_image("read").unwrap();
+    prefetch_on_driver(&ctx, images, read);
+}
