@@ -187,6 +187,11 @@ typedef enum kpc_status {
    */
   KPC_STATUS_LAUNCH = 17,
   /**
+   * A GLSL image did not compile; the message is the compiler's, citing `name:line`. Cached:
+   * asking again fails the same way without compiling.
+   */
+  KPC_STATUS_GLSL_COMPILE = 18,
+  /**
    * A panic inside kpc was caught at the boundary; the message is the panic's. kpc is still
    * usable, but the object the call was working on may not be.
    */
@@ -285,6 +290,46 @@ typedef enum kpc_spec_type {
    */
   KPC_SPEC_F64 = 7,
 } kpc_spec_type;
+
+/**
+ * The Vulkan environment (and so the SPIR-V version) a GLSL image compiles for.
+ */
+typedef enum kpc_spirv_target {
+  /**
+   * Vulkan 1.0, SPIR-V 1.0.
+   */
+  KPC_SPIRV_VULKAN_1_0 = 0,
+  /**
+   * Vulkan 1.1, SPIR-V 1.3 (what the shipped kernels use).
+   */
+  KPC_SPIRV_VULKAN_1_1 = 1,
+  /**
+   * Vulkan 1.2, SPIR-V 1.5.
+   */
+  KPC_SPIRV_VULKAN_1_2 = 2,
+  /**
+   * Vulkan 1.3, SPIR-V 1.6.
+   */
+  KPC_SPIRV_VULKAN_1_3 = 3,
+} kpc_spirv_target;
+
+/**
+ * How hard the GLSL compiler optimizes.
+ */
+typedef enum kpc_glsl_optimization {
+  /**
+   * No optimization (glslangValidator's default).
+   */
+  KPC_GLSL_OPTIMIZE_NONE = 0,
+  /**
+   * Optimize for size.
+   */
+  KPC_GLSL_OPTIMIZE_SIZE = 1,
+  /**
+   * Optimize for performance.
+   */
+  KPC_GLSL_OPTIMIZE_PERFORMANCE = 2,
+} kpc_glsl_optimization;
 
 /**
  * A configuration (opaque). Create with `kpc_config_create` or `kpc_config_from_env`, destroy with
@@ -1049,6 +1094,36 @@ enum kpc_status kpc_context_device_name(const struct kpc_context *context,
  * whose `struct_size` the caller set.
  */
 enum kpc_status kpc_context_stats(const struct kpc_context *context, struct kpc_stats *out);
+
+/**
+ * Creates a GLSL compute image named `name` (which is also its SPIR-V entry point's name; GLSL's
+ * own entry stays `main`) from the NUL-terminated `source`, with `define_count` macro definitions
+ * at `defines` (each "NAME" or "NAME=VALUE"; NULL when 0), compiled for `target` at `optimization`,
+ * its `#include`s read from files under `include_dir` (NULL: none allowed). kpc copies everything.
+ *
+ * Nothing is compiled here: `kpc_kernel_get` on a Vulkan context compiles it (or finds its SPIR-V in
+ * the context's memory or stores, keyed by the preprocessed source, defines, target, optimization and
+ * compiler), validates the SPIR-V and builds it like a SPIR-V image. A compile error is returned there
+ * as `KPC_STATUS_GLSL_COMPILE` with the compiler's messages (`name:line: error: ...`), and cached.
+ *
+ * Ownership: `*out` receives a new image; destroy it with `kpc_image_destroy`.
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL `name`, `source` or `out`; NULL `defines` with a
+ * nonzero count; text that is not UTF-8; a define or name that is not a GLSL identifier; an unknown
+ * `target` or `optimization`).
+ *
+ * # Safety
+ * `name` and `source` are NULL or NUL-terminated strings; `defines` is NULL or has `define_count`
+ * readable pointers, each NULL or a NUL-terminated string; `include_dir` is NULL or a NUL-terminated
+ * string; `out` is NULL or writable.
+ */
+enum kpc_status kpc_image_from_glsl(const char *name,
+                                    const char *source,
+                                    const char *const *defines,
+                                    size_t define_count,
+                                    uint32_t target,
+                                    uint32_t optimization,
+                                    const char *include_dir,
+                                    struct kpc_image **out);
 
 /**
  * Creates a context over the caller's Vulkan instance, physical device, device and queue, which kpc

@@ -6,11 +6,12 @@ set -euo pipefail
 # libvulkan-dev, ocl-icd-opencl-dev and opencl-c-headers: the C API tests (tests/c/) are embedders that
 # call Vulkan and OpenCL themselves, so they need the headers and the -lvulkan/-lOpenCL link names.
 # redis-server: the remote tier's tests start their own on a loopback port. libshaderc-dev: the shaderc
-# crate links Debian's library instead of building shaderc's C++ (GLSL images).
+# crate links Debian's library instead of building shaderc's C++ (GLSL images); build.rs adds what that
+# library leaves undefined: glslang-dev's static front end and one member of spirv-tools' libSPIRV-Tools.a.
 # libzstd-dev: bundles are zstd frames; zstd-sys links the system library instead of compiling zstd.
 pkgs=(mesa-vulkan-drivers libvulkan1 vulkan-tools pocl-opencl-icd ocl-icd-libopencl1 clinfo glslang-tools
       libvulkan-dev ocl-icd-opencl-dev opencl-c-headers
-      redis-server libshaderc-dev libzstd-dev
+      redis-server libshaderc-dev glslang-dev spirv-tools libzstd-dev
       build-essential cmake python3 pkg-config curl ca-certificates)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -38,6 +38,16 @@ pub enum Error {
         message: String,
     },
 
+    /// A GLSL image did not compile to SPIR-V: the compiler's messages, each citing `name:line`.
+    /// Deterministic, so cached.
+    #[error("GLSL image {image:?} did not compile:\n{message}")]
+    GlslCompile {
+        /// The image's name.
+        image: String,
+        /// The compiler's messages.
+        message: String,
+    },
+
     /// The driver rejected a program: a compile or link error. Deterministic, so cached.
     #[error("building {image:?} failed on {backend} (code {code}): {message}{}", log_suffix(.log))]
     Build {

@@ -20,6 +20,8 @@ pub struct ShippedSpirv {
     pub source: &'static str,
     /// The committed SPIR-V.
     pub spirv: &'static [u8],
+    /// The GLSL source text it was compiled from (for [`glsl_image`]).
+    pub glsl: &'static str,
     /// Whether it multiplies cooperative matrices: it runs only where
     /// [`DeviceLimits::cooperative_matrix_f16`](crate::backend::DeviceLimits) holds, and it has no
     /// OpenCL C twin (OpenCL C has no portable form of them).
@@ -32,66 +34,77 @@ pub const SPIRV: &[ShippedSpirv] = &[
         name: "saxpy",
         source: "kernels/saxpy.comp",
         spirv: include_bytes!("../kernels/saxpy.spv"),
+        glsl: include_str!("../kernels/saxpy.comp"),
         cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "copy",
         source: "kernels/copy.comp",
         spirv: include_bytes!("../kernels/copy.spv"),
+        glsl: include_str!("../kernels/copy.comp"),
         cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "read",
         source: "kernels/read.comp",
         spirv: include_bytes!("../kernels/read.spv"),
+        glsl: include_str!("../kernels/read.comp"),
         cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_decode",
         source: "kernels/attn_decode.comp",
         spirv: include_bytes!("../kernels/attn_decode.spv"),
+        glsl: include_str!("../kernels/attn_decode.comp"),
         cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_decode_vec",
         source: "kernels/attn_decode_vec.comp",
         spirv: include_bytes!("../kernels/attn_decode_vec.spv"),
+        glsl: include_str!("../kernels/attn_decode_vec.comp"),
         cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_append",
         source: "kernels/attn_append.comp",
         spirv: include_bytes!("../kernels/attn_append.spv"),
+        glsl: include_str!("../kernels/attn_append.comp"),
         cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_reduce",
         source: "kernels/attn_reduce.comp",
         spirv: include_bytes!("../kernels/attn_reduce.spv"),
+        glsl: include_str!("../kernels/attn_reduce.comp"),
         cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_prefill_tiled",
         source: "kernels/attn_prefill_tiled.comp",
         spirv: include_bytes!("../kernels/attn_prefill_tiled.spv"),
+        glsl: include_str!("../kernels/attn_prefill_tiled.comp"),
         cooperative_matrix: false,
     },
     ShippedSpirv {
         name: "attn_prefill_coop",
         source: "kernels/attn_prefill_coop.comp",
         spirv: include_bytes!("../kernels/attn_prefill_coop.spv"),
+        glsl: include_str!("../kernels/attn_prefill_coop.comp"),
         cooperative_matrix: true,
     },
     ShippedSpirv {
         name: "coop_layout",
         source: "kernels/coop_layout.comp",
         spirv: include_bytes!("../kernels/coop_layout.spv"),
+        glsl: include_str!("../kernels/coop_layout.comp"),
         cooperative_matrix: true,
     },
     ShippedSpirv {
         name: "attn_prefill",
         source: "kernels/attn_prefill.comp",
         spirv: include_bytes!("../kernels/attn_prefill.spv"),
+        glsl: include_str!("../kernels/attn_prefill.comp"),
         cooperative_matrix: false,
     },
 ];
@@ -109,6 +122,31 @@ pub fn spirv_image(name: &str) -> Result<DeviceImage> {
         ))
     })?;
     DeviceImage::spirv(k.name, k.spirv)
+}
+
+/// The shipped kernel `name` as a GLSL image of its source in kernels/, with the options
+/// scripts/build-kernels.sh compiles it with: entry point `name`, Vulkan 1.1 (SPIR-V 1.3), no
+/// optimization, no defines. Compiled at first use through the context's SPIR-V cache.
+///
+/// Errors: [`Error::InvalidArgument`] for a name kpc does not ship, or for a cooperative-matrix
+/// kernel: those need glslang 13 or later (GL_KHR_cooperative_matrix), newer than the libshaderc kpc
+/// links, so scripts/build-kernels.sh leaves their committed SPIR-V alone and so does kpc.
+#[cfg(not(loom))]
+pub fn glsl_image(name: &str) -> Result<DeviceImage> {
+    use crate::backend::glsl::GlslSource;
+    let k = SPIRV.iter().find(|k| k.name == name).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "no shipped GLSL kernel {name:?}; there are: {}",
+            SPIRV.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+        ))
+    })?;
+    if k.cooperative_matrix {
+        return Err(Error::InvalidArgument(format!(
+            "{name} uses cooperative matrices (GL_KHR_cooperative_matrix), which the linked libshaderc's \
+             glslang cannot compile; use its committed SPIR-V (kpc::kernels::spirv_image)"
+        )));
+    }
+    DeviceImage::glsl(GlslSource::compute(k.name, k.glsl))
 }
 
 /// A shipped OpenCL C kernel image.

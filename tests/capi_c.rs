@@ -285,6 +285,37 @@ fn c_vulkan_embedder() {
     assert!(out[2].contains("ok KPC_STATUS_CORRUPT_BLOB"), "{}", out[2]);
 }
 
+/// The same embedder with saxpy as GLSL (kernels/saxpy.comp through `kpc_image_from_glsl`): the
+/// first process compiles it and builds the pipeline, the second finds both on disk.
+#[test]
+fn c_vulkan_embedder_glsl() {
+    let test = "c_vulkan_embedder_glsl";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
+    let Some(dev) = drivers::vulkan_device(test) else {
+        return;
+    };
+    let dir = TempDir::new("capi-glsl");
+    let exe = compile("vulkan_interop", &["-lvulkan"], dir.path());
+    let cache = dir.join("cache");
+    let blob = dir.join("saxpy.blob").display().to_string();
+    let index = dev.index.to_string();
+    let kernel = kernel_file("saxpy.comp");
+    let args = |mode| [mode, index.as_str(), kernel.as_str(), blob.as_str()];
+    let build = run(&exe, &args("build"), &[("KPC_CACHE_DIR", &cache)]);
+    let disk = run(&exe, &args("disk"), &[("KPC_CACHE_DIR", &cache)]);
+    for (o, source) in [(&build, "saxpy from built"), (&disk, "saxpy from disk")] {
+        assert!(o.contains(source), "no {source:?} in:\n{o}");
+        assert!(
+            o.contains("own command buffer: saxpy of 1000 elements checked"),
+            "{o}"
+        );
+        assert!(o.contains("ok KPC_STATUS_GLSL_COMPILE"), "{o}");
+        assert!(o.contains(": passed ("), "{o}");
+    }
+}
+
 /// b (+ c, d): the C program owns its cl_context and queue on PoCL and enqueues kpc's saxpy through
 /// a cl_kernel lease.
 #[test]

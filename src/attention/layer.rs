@@ -12,7 +12,7 @@ use super::choice::{
 };
 use super::{
     Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
-    shipped_kernel,
+    shipped_kernel_from,
 };
 
 impl Attention {
@@ -170,7 +170,7 @@ impl Attention {
                 ("attn_decode_vec", spec)
             }
         };
-        let decode = shipped_kernel(ctx, decode_name, &decode_spec)?;
+        let decode = shipped_kernel_from(ctx, decode_name, &decode_spec, options.from_source)?;
         let (append, reduce) = if vec.is_some() {
             (None, None)
         } else {
@@ -183,9 +183,11 @@ impl Attention {
             let reduce_spec = SpecConstants::new()
                 .with(0, SpecValue::U32(reduce_local))
                 .with(3, d);
-            let reduce = shipped_kernel(ctx, "attn_reduce", &reduce_spec)?;
+            let reduce =
+                shipped_kernel_from(ctx, "attn_reduce", &reduce_spec, options.from_source)?;
             let append_spec = SpecConstants::new().with(0, local).with(2, f16).with(3, d);
-            let append = shipped_kernel(ctx, "attn_append", &append_spec)?;
+            let append =
+                shipped_kernel_from(ctx, "attn_append", &append_spec, options.from_source)?;
             (Some(append), Some(reduce))
         };
         let (prefill_name, prefill_spec) = match prefill_kind {
@@ -214,7 +216,7 @@ impl Attention {
                     .with(5, SpecValue::U32(options.block_k)),
             ),
         };
-        let prefill = shipped_kernel(ctx, prefill_name, &prefill_spec)?;
+        let prefill = shipped_kernel_from(ctx, prefill_name, &prefill_spec, options.from_source)?;
         let splits = match vec {
             None => capacity.div_ceil(options.chunk as usize),
             Some(_) => Self::vec_most_splits(shape, options, capacity),

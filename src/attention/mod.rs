@@ -178,7 +178,22 @@ impl std::fmt::Debug for Attention {
 /// The shipped kernel `name` on `ctx`'s backend, specialized by `spec`: built, or served by the
 /// context's memory or disk cache.
 fn shipped_kernel(ctx: &Context, name: &str, spec: &SpecConstants) -> Result<Kernel> {
+    shipped_kernel_from(ctx, name, spec, false)
+}
+
+/// [`shipped_kernel`], or with `from_source` on Vulkan, built from its GLSL through the SPIR-V cache
+/// (cooperative-matrix kernels excepted: see [`crate::kernels::glsl_image`]).
+fn shipped_kernel_from(
+    ctx: &Context,
+    name: &str,
+    spec: &SpecConstants,
+    from_source: bool,
+) -> Result<Kernel> {
+    let coop = crate::kernels::SPIRV
+        .iter()
+        .any(|k| k.name == name && k.cooperative_matrix);
     let image = match ctx.backend() {
+        BackendKind::Vulkan if from_source && !coop => crate::kernels::glsl_image(name)?,
         BackendKind::Vulkan => crate::kernels::spirv_image(name)?,
         BackendKind::OpenCl => crate::kernels::opencl_image(name)?,
     };

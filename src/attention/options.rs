@@ -113,6 +113,10 @@ pub struct AttentionOptions {
     pub block_q: u32,
     /// Key positions per prefill tile.
     pub block_k: u32,
+    /// Vulkan: build the kernels from their GLSL in kernels/ at run time, through the SPIR-V cache,
+    /// instead of from the committed SPIR-V (`kpc attention --from-source`). Cooperative-matrix
+    /// kernels keep their committed SPIR-V (see [`crate::kernels::glsl_image`]).
+    pub from_source: bool,
 }
 
 impl Default for AttentionOptions {
@@ -135,6 +139,7 @@ impl Default for AttentionOptions {
             tiled_prefetch: true,
             block_q: 8,
             block_k: 32,
+            from_source: false,
         }
     }
 }

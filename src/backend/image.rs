@@ -1,5 +1,5 @@
-//! Device images: the inputs of a build (SPIR-V words or OpenCL C source), identified by a digest of
-//! their bytes.
+//! Device images: the inputs of a build (SPIR-V words, OpenCL C source, or GLSL source that is
+//! compiled to SPIR-V first), identified by a digest of their bytes.
 
 use std::sync::Arc;
 #[cfg(not(loom))]
@@ -16,6 +16,8 @@ pub enum ImageFormat {
     SpirV,
     /// OpenCL C source text.
     OpenClC,
+    /// GLSL source (Vulkan): compiled to SPIR-V, through the SPIR-V cache, before it is built.
+    Glsl,
 }
 
 /// The reflected module and whether spirv-tools accepted it. Only success is remembered: an invalid
@@ -25,6 +27,16 @@ pub enum ImageFormat {
 struct SpirvMemo {
     module: OnceLock<super::spirv::SpirvModule>,
     validated: OnceLock<()>,
+}
+
+/// What a GLSL image holds besides its text: its options and resolver, and what became of it (the
+/// resolved includes and the compiled SPIR-V image), shared by clones.
+#[cfg(not(loom))]
+#[derive(Debug)]
+struct GlslMemo {
+    source: super::glsl::GlslSource,
+    preprocessed: OnceLock<Result<super::glsl::compile::Preprocessed>>,
+    spirv: OnceLock<DeviceImage>,
 }
 
 /// An immutable device image. Cloning is cheap; the digest is computed once.
@@ -37,6 +49,9 @@ pub struct DeviceImage {
     /// What is known about a SPIR-V image, shared by clones.
     #[cfg(not(loom))]
     spirv: Arc<SpirvMemo>,
+    /// The GLSL part of a GLSL image.
+    #[cfg(not(loom))]
+    glsl: Option<Arc<GlslMemo>>,
 }
 
 impl DeviceImage {
@@ -50,6 +65,70 @@ impl DeviceImage {
             bytes,
             #[cfg(not(loom))]
             spirv: Arc::default(),
+            #[cfg(not(loom))]
+            glsl: None,
+        }
+    }
+
+    /// A GLSL image of `source`. Its bytes are the source text; its digest covers the text, defines,
+    /// stage, entry point, target and optimization level (not the includes, which are read when it is
+    /// first used). A kernel request compiles it to SPIR-V through the context's SPIR-V cache, keyed by
+    /// the source and its includes, the defines, target, optimization level and compiler,
+    /// and then builds that SPIR-V like any SPIR-V image. Its includes are read once, on first use, and
+    /// the SPIR-V it compiled to is kept by the image and its clones: make a new image to pick up an
+    /// edited include.
+    ///
+    /// Errors: [`crate::Error::InvalidArgument`] for a define or entry point name that is not a GLSL
+    /// identifier, or a define value with a line break.
+    #[cfg(not(loom))]
+    pub fn glsl(source: super::glsl::GlslSource) -> Result<Self> {
+        source.check()?;
+        let id = source.identity_bytes();
+        Ok(DeviceImage {
+            name: source.name.clone(),
+            format: ImageFormat::Glsl,
+            bytes: source.text.as_bytes().into(),
+            digest: Digest::of(&id),
+            spirv: Arc::default(),
+            glsl: Some(Arc::new(GlslMemo {
+                source,
+                preprocessed: OnceLock::new(),
+                spirv: OnceLock::new(),
+            })),
+        })
+    }
+
+    /// The GLSL source and options of a GLSL image; `None` for other formats.
+    #[cfg(not(loom))]
+    pub fn glsl_source(&self) -> Option<&super::glsl::GlslSource> {
+        self.glsl.as_ref().map(|g| &g.source)
+    }
+
+    /// A GLSL image's includes, resolved (read through its resolver) on first use, and the digest of
+    /// source and includes; `None` for other formats. An error is kept too: the same image fails the
+    /// same way.
+    #[cfg(not(loom))]
+    pub fn glsl_preprocessed(&self) -> Option<&Result<super::glsl::compile::Preprocessed>> {
+        let g = self.glsl.as_ref()?;
+        Some(
+            g.preprocessed
+                .get_or_init(|| super::glsl::compile::preprocess(&g.source)),
+        )
+    }
+
+    /// The SPIR-V image this GLSL image compiled to, once some context compiled or loaded it.
+    #[cfg(not(loom))]
+    pub(crate) fn glsl_spirv(&self) -> Option<&DeviceImage> {
+        self.glsl.as_ref()?.spirv.get()
+    }
+
+    /// Records the (validated) SPIR-V image this GLSL image compiles to; the first one recorded wins
+    /// and is returned (every context compiles it to the same bytes).
+    #[cfg(not(loom))]
+    pub(crate) fn set_glsl_spirv(&self, spirv: DeviceImage) -> DeviceImage {
+        match &self.glsl {
+            Some(g) => g.spirv.get_or_init(|| spirv).clone(),
+            None => spirv,
         }
     }
 

@@ -7,6 +7,8 @@
 //! buffers, launches, events); the runtime's `Context` erases it so that user code and the attention
 //! workload are the same on every backend.
 
+#[cfg(not(loom))]
+pub mod glsl;
 pub mod image;
 #[cfg(not(loom))]
 pub mod opencl;

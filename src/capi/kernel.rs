@@ -351,9 +351,11 @@ pub(crate) fn check_format(ctx: &Context, image: &DeviceImage) -> Result<(), Fai
         BackendKind::Vulkan => ImageFormat::SpirV,
         BackendKind::OpenCl => ImageFormat::OpenClC,
     };
-    if image.format() != wanted {
+    // A GLSL image becomes SPIR-V inside the Vulkan context (its SPIR-V cache).
+    let glsl_on_vulkan = image.format() == ImageFormat::Glsl && wanted == ImageFormat::SpirV;
+    if image.format() != wanted && !glsl_on_vulkan {
         return Err(Failure::invalid(format!(
-            "image {:?} holds {:?}, but a {} context takes {:?} images",
+            "image {:?} holds {:?}, but a {} context takes {:?} images (Vulkan: also GLSL)",
             image.name(),
             image.format(),
             ctx.backend(),

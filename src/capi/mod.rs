@@ -26,6 +26,7 @@
 mod blob;
 mod config;
 mod context;
+mod glsl;
 mod interop;
 mod kernel;
 mod registry;
@@ -34,6 +35,7 @@ mod util;
 pub use blob::*;
 pub use config::*;
 pub use context::*;
+pub use glsl::*;
 pub use interop::*;
 pub use kernel::*;
 
@@ -91,6 +93,9 @@ pub enum kpc_status {
     KPC_STATUS_IO = 16,
     /// A kernel launch whose arguments do not match the kernel.
     KPC_STATUS_LAUNCH = 17,
+    /// A GLSL image did not compile; the message is the compiler's, citing `name:line`. Cached:
+    /// asking again fails the same way without compiling.
+    KPC_STATUS_GLSL_COMPILE = 18,
     /// A panic inside kpc was caught at the boundary; the message is the panic's. kpc is still
     /// usable, but the object the call was working on may not be.
     KPC_STATUS_PANIC = 100,
@@ -121,6 +126,7 @@ pub(crate) fn status_of(e: &Error) -> kpc_status {
         Error::Unavailable { .. } => KPC_STATUS_UNAVAILABLE,
         Error::NoSuchDevice { .. } => KPC_STATUS_NO_SUCH_DEVICE,
         Error::InvalidSpirv { .. } => KPC_STATUS_INVALID_SPIRV,
+        Error::GlslCompile { .. } => KPC_STATUS_GLSL_COMPILE,
         Error::Build { .. } => KPC_STATUS_BUILD_FAILED,
         Error::BinaryRejected { .. } => KPC_STATUS_BINARY_REJECTED,
         Error::Launch { .. } => KPC_STATUS_LAUNCH,
@@ -273,6 +279,7 @@ pub extern "C" fn kpc_status_name(status: i32) -> *const c_char {
         KPC_STATUS_BACKEND,
         KPC_STATUS_IO,
         KPC_STATUS_LAUNCH,
+        KPC_STATUS_GLSL_COMPILE,
         KPC_STATUS_PANIC,
     ];
     let name: &'static [u8] = match all.iter().find(|s| **s as i32 == status) {
@@ -303,6 +310,7 @@ fn status_name(s: kpc_status) -> &'static [u8] {
         KPC_STATUS_BACKEND => b"KPC_STATUS_BACKEND\0",
         KPC_STATUS_IO => b"KPC_STATUS_IO\0",
         KPC_STATUS_LAUNCH => b"KPC_STATUS_LAUNCH\0",
+        KPC_STATUS_GLSL_COMPILE => b"KPC_STATUS_GLSL_COMPILE\0",
         KPC_STATUS_PANIC => b"KPC_STATUS_PANIC\0",
     }
 }

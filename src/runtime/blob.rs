@@ -294,6 +294,9 @@ impl Context {
         spec: &SpecConstants,
         options: &BuildOptions,
     ) -> Result<Vec<u8>> {
+        // A GLSL image's blobs are its SPIR-V's: the id needs that SPIR-V (from the SPIR-V cache).
+        let resolved = self.glsl_spirv(image)?;
+        let image = resolved.as_ref().map_or(image, |(i, _)| i);
         self.check_image_format(image)?;
         let spec = spec.canonical_bytes();
         let options = options.as_str().as_bytes();
@@ -332,6 +335,11 @@ impl Context {
         options: &BuildOptions,
         blob: &[u8],
     ) -> Result<Kernel> {
+        let resolved = self.glsl_spirv(image)?;
+        let (image, spirv) = match &resolved {
+            Some((i, step)) => (i, Some(*step)),
+            None => (image, None),
+        };
         self.check_image_format(image)?;
         let parsed = CacheBlob::parse(blob)?;
         let expected = key_fields(
@@ -351,6 +359,7 @@ impl Context {
             context: self.inner.id(),
             source,
             elapsed,
+            spirv,
         })
     }
 }

@@ -25,6 +25,7 @@ use super::cache_debug::CacheDebugStats;
 use super::prefetch::{KernelRequest, Prefetch};
 use super::program_manager::{ProgramManager, Source};
 use super::queue::{EventImpl, Queue};
+use super::spirv_cache::{SpirvStats, SpirvStep};
 use super::warm_start::{LoadOutcome, WarmStart, WarmStartReport};
 
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
@@ -72,6 +73,8 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
     fn as_any(&self) -> &dyn Any;
     fn warm_start(&self) -> Option<&Arc<WarmStart>>;
     fn load_if_stored(&self, request: &KernelRequest) -> Result<LoadOutcome>;
+    fn glsl_spirv(&self, image: &DeviceImage) -> Result<Option<(DeviceImage, SpirvStep)>>;
+    fn spirv_stats(&self) -> SpirvStats;
 }
 
 struct Inner<B: ComputeBackend> {
@@ -133,6 +136,12 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
     }
     fn config(&self) -> &Config {
         self.programs.config()
+    }
+    fn glsl_spirv(&self, image: &DeviceImage) -> Result<Option<(DeviceImage, SpirvStep)>> {
+        self.programs.glsl_spirv(image)
+    }
+    fn spirv_stats(&self) -> SpirvStats {
+        self.programs.spirv_stats()
     }
     fn kernel(
         &self,
@@ -357,6 +366,13 @@ impl Context {
         spec: &SpecConstants,
         options: &BuildOptions,
     ) -> Result<Kernel> {
+        // A GLSL image becomes its SPIR-V image here, through the SPIR-V cache; from then on it is
+        // keyed, built and cached as that SPIR-V.
+        let resolved = self.glsl_spirv(image)?;
+        let (image, spirv) = match &resolved {
+            Some((spirv_image, step)) => (spirv_image, Some(*step)),
+            None => (image, None),
+        };
         self.check_entry(image, entry)?;
         let (obj, source, elapsed) = self.inner.kernel(image, entry, spec, options)?;
         // Only first acquisitions (a hit is Memory) pay for remembering, so hits cost one branch.
@@ -374,8 +390,23 @@ impl Context {
             obj,
             context: self.inner.id(),
             source,
-            elapsed,
+            elapsed: elapsed + spirv.map_or(Duration::ZERO, |s| s.elapsed),
+            spirv,
         })
+    }
+
+    /// The SPIR-V image of a GLSL image through this context's SPIR-V cache; `None` for others.
+    pub(crate) fn glsl_spirv(
+        &self,
+        image: &DeviceImage,
+    ) -> Result<Option<(DeviceImage, SpirvStep)>> {
+        self.inner.glsl_spirv(image)
+    }
+
+    /// What this context's SPIR-V cache did for GLSL images: compiles, compile errors, hits from
+    /// memory and from stores.
+    pub fn spirv_stats(&self) -> SpirvStats {
+        self.inner.spirv_stats()
     }
 
     /// Answers an unknown entry point of a Vulkan image without building or caching anything.
@@ -492,6 +523,8 @@ pub struct Kernel {
     pub(crate) context: u64,
     pub(crate) source: Source,
     pub(crate) elapsed: Duration,
+    /// For a kernel of a GLSL image: how its SPIR-V was obtained.
+    pub(crate) spirv: Option<SpirvStep>,
 }
 
 impl fmt::Debug for Kernel {
@@ -521,9 +554,15 @@ impl Kernel {
         self.source
     }
 
-    /// How long acquiring it took.
+    /// How long acquiring it took (for a GLSL image, the SPIR-V step included).
     pub fn acquire_time(&self) -> Duration {
         self.elapsed
+    }
+
+    /// For a kernel of a GLSL image, how this request got its SPIR-V: compiled
+    /// ([`Source::Built`]), or from memory or a store; `None` for other images.
+    pub fn spirv_step(&self) -> Option<SpirvStep> {
+        self.spirv
     }
 
     /// Whether the driver reported its pipeline as served from kpc's pipeline-cache data (`None`

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cache_debug::{CacheDebugStats, DebugCounters, DebugOutcome};
+#[cfg(not(loom))]
+use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
 use crate::cache::store::{LevelStats, Turn};
@@ -88,6 +90,9 @@ pub struct ProgramManager<B: Backend> {
     device_description: String,
     /// Cache debug mode's comparisons (`KPC_CACHE_DEBUG`).
     debug: DebugCounters,
+    /// GLSL images' SPIR-V, in front of the program cache.
+    #[cfg(not(loom))]
+    spirv: SpirvCache,
 }
 
 /// How many persisted binaries in a row the backend may refuse for one request before it is built
@@ -144,6 +149,8 @@ impl<B: Backend> ProgramManager<B> {
             stores,
             device_description,
             debug: DebugCounters::default(),
+            #[cfg(not(loom))]
+            spirv: SpirvCache::default(),
         }
     }
 
@@ -183,6 +190,35 @@ impl<B: Backend> ProgramManager<B> {
             options.as_str(),
         )
         .with_label(image.name())
+    }
+
+    /// The validated SPIR-V image of a GLSL image, through this manager's SPIR-V cache and stores
+    /// (see `src/runtime/spirv_cache.rs`), with how it was obtained; `None` for any other image, which
+    /// is built as it is.
+    ///
+    /// Errors: [`crate::Error::GlslCompile`] (cached), [`crate::Error::InvalidSpirv`], and
+    /// [`crate::Error::InvalidArgument`] for a GLSL image on a backend other than Vulkan.
+    #[cfg(not(loom))]
+    pub fn glsl_spirv(&self, image: &DeviceImage) -> Result<Option<(DeviceImage, SpirvStep)>> {
+        if image.format() != crate::backend::ImageFormat::Glsl {
+            return Ok(None);
+        }
+        if self.backend.kind() != crate::config::BackendKind::Vulkan {
+            return Err(crate::Error::InvalidArgument(format!(
+                "GLSL image {:?} needs a Vulkan context; this one is {}",
+                image.name(),
+                self.backend.kind()
+            )));
+        }
+        self.spirv
+            .resolve(image, &self.stores, &self.config)
+            .map(Some)
+    }
+
+    /// What the SPIR-V cache did for this manager.
+    #[cfg(not(loom))]
+    pub fn spirv_stats(&self) -> SpirvStats {
+        self.spirv.stats()
     }
 
     /// The backend device.

@@ -9,6 +9,11 @@
  *   blob    d: a fresh cache directory; the kernel is made from BLOB_FILE without a build
  *           (backend stats: programs_built == 0), after a damaged and a mismatched blob are refused
  * The cache directory is KPC_CACHE_DIR (kpc_config_from_env).
+ *
+ * With SAXPY_SPV naming a .comp file (GLSL), the image is made with kpc_image_from_glsl and kpc
+ * compiles it through its SPIR-V cache (modes build and disk only): build stores the SPIR-V and the
+ * program, disk finds both. It also checks kpc_image_from_glsl's argument errors and that a compile
+ * error comes back as KPC_STATUS_GLSL_COMPILE citing its line.
  */
 #include <stdint.h>
 #include <vulkan/vulkan.h>
@@ -254,7 +259,46 @@ int main(int argc, char **argv) {
     size_t spv_len = 0;
     unsigned char *spv = read_file(argv[3], &spv_len);
     kpc_image *img = NULL;
-    CHECK(kpc_image_create("saxpy", KPC_IMAGE_SPIRV, spv, spv_len, &img));
+    size_t path_len = strlen(argv[3]);
+    int glsl = path_len > 5 && strcmp(argv[3] + path_len - 5, ".comp") == 0;
+    if (glsl) {
+        ASSERT(strcmp(mode, "blob") != 0, "GLSL runs modes build and disk");
+        char *src = (char *)malloc(spv_len + 1);
+        memcpy(src, spv, spv_len);
+        src[spv_len] = 0;
+        const char *defines[] = {"KPC_C_TEST", "UNUSED_SCALE=2"};
+        EXPECT(KPC_STATUS_INVALID_ARGUMENT,
+               kpc_image_from_glsl(NULL, src, defines, 2, KPC_SPIRV_VULKAN_1_1,
+                                   KPC_GLSL_OPTIMIZE_NONE, NULL, &img));
+        EXPECT(KPC_STATUS_INVALID_ARGUMENT,
+               kpc_image_from_glsl("saxpy", NULL, defines, 2, KPC_SPIRV_VULKAN_1_1,
+                                   KPC_GLSL_OPTIMIZE_NONE, NULL, &img));
+        EXPECT(KPC_STATUS_INVALID_ARGUMENT,
+               kpc_image_from_glsl("saxpy", src, NULL, 2, KPC_SPIRV_VULKAN_1_1,
+                                   KPC_GLSL_OPTIMIZE_NONE, NULL, &img));
+        EXPECT(KPC_STATUS_INVALID_ARGUMENT,
+               kpc_image_from_glsl("saxpy", src, defines, 2, 9, KPC_GLSL_OPTIMIZE_NONE, NULL, &img));
+        EXPECT(KPC_STATUS_INVALID_ARGUMENT,
+               kpc_image_from_glsl("saxpy", src, defines, 2, KPC_SPIRV_VULKAN_1_1,
+                                   KPC_GLSL_OPTIMIZE_NONE, NULL, NULL));
+        /* `y` is undeclared on line 3: the error names the line, and comes back again (cached). */
+        const char *broken = "#version 450\nlayout(local_size_x = 1) in;\nvoid main() { int x = y; }\n";
+        kpc_image *bad = NULL;
+        CHECK(kpc_image_from_glsl("broken", broken, NULL, 0, KPC_SPIRV_VULKAN_1_1,
+                                  KPC_GLSL_OPTIMIZE_NONE, NULL, &bad));
+        kpc_kernel *none = NULL;
+        for (int i = 0; i < 2; i++) {
+            EXPECT(KPC_STATUS_GLSL_COMPILE, kpc_kernel_create(ctx, bad, "broken", NULL, 0, NULL, &none));
+            ASSERT(strstr(kpc_last_error(), "broken:3:") != NULL, "no line in: %s", kpc_last_error());
+        }
+        printf("compile error: %s\n", kpc_last_error());
+        CHECK(kpc_image_destroy(bad));
+        CHECK(kpc_image_from_glsl("saxpy", src, defines, 2, KPC_SPIRV_VULKAN_1_1,
+                                  KPC_GLSL_OPTIMIZE_NONE, NULL, &img));
+        free(src);
+    } else {
+        CHECK(kpc_image_create("saxpy", KPC_IMAGE_SPIRV, spv, spv_len, &img));
+    }
     free(spv); /* kpc copied it */
     kpc_spec_constant spec;
     memset(&spec, 0, sizeof spec);
@@ -328,10 +372,12 @@ int main(int argc, char **argv) {
            (unsigned long long)st.disk.hits, (unsigned long long)st.disk.puts,
            (unsigned long long)st.memory.hits);
     ASSERT(st.disk.enabled == 1, "the disk cache is on (KPC_CACHE_DIR)");
+    /* A GLSL image's SPIR-V is one more disk entry, stored and found like the program. */
+    uint64_t entries = glsl ? 2 : 1;
     if (strcmp(mode, "build") == 0)
-        ASSERT(st.backend_counters.programs_built == 1 && st.disk.puts == 1, "built and stored");
+        ASSERT(st.backend_counters.programs_built == 1 && st.disk.puts == entries, "built and stored");
     else if (strcmp(mode, "disk") == 0)
-        ASSERT(st.backend_counters.programs_built == 0 && st.disk.hits == 1, "from disk");
+        ASSERT(st.backend_counters.programs_built == 0 && st.disk.hits == entries, "from disk");
     else
         ASSERT(st.backend_counters.programs_built == 0 && st.backend_counters.programs_loaded == 1 &&
                    st.disk.puts == 0,

@@ -191,6 +191,12 @@ fn workload(
             k.source().to_string(),
             k.acquire_time().as_secs_f64() * 1e3
         );
+        if args.from_source {
+            match k.spirv_step() {
+                Some(step) => println!("    spirv: {step}"),
+                None => println!("    spirv: committed"),
+            }
+        }
         if !k.driver_stats().is_empty() {
             let stats: Vec<String> = k
                 .driver_stats()

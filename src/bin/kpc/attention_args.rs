@@ -113,6 +113,11 @@ pub struct Args {
     /// (AttentionOptions::decode_combine_all): `true` or `false`; without it, the default.
     #[arg(long)]
     pub(crate) decode_combine_all: Option<bool>,
+    /// Vulkan: build the kernels from their GLSL (kernels/*.comp, embedded in kpc) through the SPIR-V
+    /// cache instead of from the committed SPIR-V; each kernel's line then says where its SPIR-V came
+    /// from (compiled, memory, disk, ...).
+    #[arg(long)]
+    pub(crate) from_source: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -223,6 +228,7 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     if let Some(c) = args.decode_combine_all {
         options.decode_combine_all = c;
     }
+    options.from_source = args.from_source;
     Ok(Plan {
         device,
         shape,

@@ -23,6 +23,8 @@ mod bench_build;
 #[cfg(not(loom))]
 mod bench_build_cl;
 #[cfg(not(loom))]
+mod bench_glsl;
+#[cfg(not(loom))]
 mod bench_launch;
 #[cfg(not(loom))]
 mod bench_start;
@@ -68,6 +70,9 @@ enum Command {
     /// One phase of the start-up measurement (floor, serial, prefetch, warm start, cold builds in
     /// parallel or alone); benches/hot_path_gpu.sh runs them in fresh processes.
     BenchStart(bench_start::Args),
+    /// GLSL images: compile time per shipped kernel against SPIR-V cache hits, and the whole cold
+    /// path (GLSL -> SPIR-V -> pipeline) against the warm one.
+    BenchGlsl(bench_glsl::Args),
 }
 
 #[cfg(not(loom))]
@@ -89,6 +94,7 @@ fn main() -> ExitCode {
         Command::BenchBuild(args) => bench_build::run(&config, &args),
         Command::BenchLaunch(args) => bench_launch::run(&config, &args),
         Command::BenchStart(args) => bench_start::run(&config, &args),
+        Command::BenchGlsl(args) => bench_glsl::run(&config, &args),
     };
     match r {
         Ok(code) => code,

@@ -72,6 +72,9 @@ pub fn encode(records: &[KernelRequest]) -> Vec<u8> {
         out.push(match im.format() {
             ImageFormat::SpirV => 0,
             ImageFormat::OpenClC => 1,
+            // Never stored (see `storable`: the context records a GLSL image's SPIR-V image); a
+            // reader refuses the tag.
+            ImageFormat::Glsl => 2,
         });
         let name = truncated(im.name(), u16::MAX as usize);
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
@@ -108,7 +111,7 @@ fn truncated(s: &str, max: usize) -> &str {
 
 /// Whether a record can be stored: an entry name that fits its length field.
 pub(crate) fn storable(r: &KernelRequest) -> bool {
-    r.entry.len() <= u16::MAX as usize
+    r.entry.len() <= u16::MAX as usize && r.image.format() != ImageFormat::Glsl
 }
 
 struct Reader<'a> {
