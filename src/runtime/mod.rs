@@ -37,6 +37,7 @@ pub mod prefetch;
 pub mod program_manager;
 #[cfg(not(loom))]
 pub mod queue;
+#[cfg(not(loom))]
 pub mod spirv_cache;
 #[cfg(not(loom))]
 pub mod warm_start;
@@ -58,6 +59,7 @@ pub use prefetch::{KernelRequest, Prefetch, prefetch_kernels};
 pub use program_manager::{Acquired, ProgramManager, Source};
 #[cfg(not(loom))]
 pub use queue::{Event, LaunchDesc, PushConstants, Queue};
+#[cfg(not(loom))]
 pub use spirv_cache::{SpirvStats, SpirvStep};
 #[cfg(not(loom))]
 pub use warm_start::{LoadOutcome, ManifestState, WarmStart, WarmStartReport};

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::cache_debug::{CacheDebugStats, DebugCounters, DebugOutcome};
 #[cfg(not(loom))]
+#[cfg(not(loom))]
 use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
@@ -92,6 +93,7 @@ pub struct ProgramManager<B: Backend> {
     debug: DebugCounters,
     /// GLSL images' SPIR-V, in front of the program cache.
     #[cfg(not(loom))]
+    #[cfg(not(loom))]
     spirv: SpirvCache,
 }
 
@@ -149,6 +151,7 @@ impl<B: Backend> ProgramManager<B> {
             stores,
             device_description,
             debug: DebugCounters::default(),
+            #[cfg(not(loom))]
             #[cfg(not(loom))]
             spirv: SpirvCache::default(),
         }

@@ -32,6 +32,7 @@ mod bench_start;
 mod cache;
 #[cfg(not(loom))]
 mod cache_bundle;
+#[cfg(not(loom))]
 mod cache_explain;
 #[cfg(not(loom))]
 mod devices;
