@@ -37,6 +37,12 @@ pub mod vars {
     pub const CACHE_DEBUG: &str = "KPC_CACHE_DEBUG";
     /// Device selector.
     pub const DEVICE: &str = "KPC_DEVICE";
+    /// Remote store URL (redis://, fs://, s3://).
+    pub const CACHE_REMOTE: &str = "KPC_CACHE_REMOTE";
+    /// Bound on each remote call, and on how long a publish may hold a build back.
+    pub const CACHE_REMOTE_TIMEOUT: &str = "KPC_CACHE_REMOTE_TIMEOUT";
+    /// Shared secret: remote entries carry a keyed BLAKE3 MAC and are verified.
+    pub const CACHE_REMOTE_KEY: &str = "KPC_CACHE_REMOTE_KEY";
     /// Fallback cache root base (XDG base directory spec).
     pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
     /// Last-resort cache root base.
@@ -79,6 +85,19 @@ pub enum ConfigError {
     /// Two values are each valid but contradict each other.
     #[error("{0}")]
     Inconsistent(String),
+    /// A URL variable (`KPC_CACHE_REMOTE`) that does not parse; the value shown has any password
+    /// redacted.
+    #[error("{var}={value:?} is not valid: the URL {problem}; expected {accepted}")]
+    InvalidUrl {
+        /// The variable name.
+        var: &'static str,
+        /// The value as given, password redacted.
+        value: String,
+        /// What is wrong with it.
+        problem: &'static str,
+        /// What would have been accepted.
+        accepted: &'static str,
+    },
 }
 
 fn invalid(var: &'static str, value: &str, accepted: &'static str) -> ConfigError {
@@ -261,6 +280,13 @@ pub struct Config {
     pub cache_debug: bool,
     /// Device selector (`KPC_DEVICE`, default auto).
     pub device: DeviceSelector,
+    /// The remote store (`KPC_CACHE_REMOTE`, default none), looked up after every local layer.
+    pub remote: Option<RemoteUrl>,
+    /// Bound on each remote call, and on how long publishing a build may hold it back
+    /// (`KPC_CACHE_REMOTE_TIMEOUT`, default 2 s).
+    pub remote_timeout: Duration,
+    /// The fleet's MAC key (`KPC_CACHE_REMOTE_KEY`, default none: entries unauthenticated).
+    pub remote_key: Option<EntryKey>,
 }
 
 /// 1 GiB, the default disk limit and largest persisted image.
@@ -283,6 +309,9 @@ impl Default for Config {
             trace: TraceFlags::default(),
             cache_debug: false,
             device: DeviceSelector::Auto,
+            remote: None,
+            remote_timeout: Duration::from_secs(2),
+            remote_key: None,
         }
     }
 }
@@ -337,6 +366,15 @@ impl Config {
         }
         if let Some(v) = get(vars::DEVICE)? {
             b = b.device(DeviceSelector::parse(&v)?);
+        }
+        if let Some(v) = get(vars::CACHE_REMOTE)?.filter(|v| !v.trim().is_empty()) {
+            b = b.remote(RemoteUrl::parse(&v)?);
+        }
+        if let Some(v) = get(vars::CACHE_REMOTE_TIMEOUT)? {
+            b = b.remote_timeout(parse_duration(vars::CACHE_REMOTE_TIMEOUT, &v)?);
+        }
+        if let Some(v) = get(vars::CACHE_REMOTE_KEY)? {
+            b = b.remote_key(EntryKey::from_secret(vars::CACHE_REMOTE_KEY, &v)?);
         }
         // Paths are bytes on Unix, so the cache roots are the variables not required to be UTF-8.
         if let Some(v) = lookup(vars::CACHE_READONLY_DIRS) {
@@ -461,6 +499,21 @@ impl ConfigBuilder {
         self.config.device = d;
         self
     }
+    /// Sets the remote store (`None` for none).
+    pub fn remote(mut self, url: impl Into<Option<RemoteUrl>>) -> Self {
+        self.config.remote = url.into();
+        self
+    }
+    /// Sets the bound on each remote call and on a publish. [`ConfigBuilder::build`] rejects zero.
+    pub fn remote_timeout(mut self, t: Duration) -> Self {
+        self.config.remote_timeout = t;
+        self
+    }
+    /// Sets the fleet's MAC key (see [`EntryKey::from_secret`]).
+    pub fn remote_key(mut self, key: impl Into<Option<EntryKey>>) -> Self {
+        self.config.remote_key = key.into();
+        self
+    }
     /// Checks cross-field invariants and returns the configuration.
     pub fn build(self) -> Result<Config, ConfigError> {
         let c = self.config;
@@ -484,6 +537,13 @@ impl ConfigBuilder {
                 });
             }
         }
+        if c.remote_timeout.is_zero() {
+            return Err(invalid(
+                vars::CACHE_REMOTE_TIMEOUT,
+                "0",
+                "a positive duration (e.g. 500ms, 2s): every remote call needs a bound",
+            ));
+        }
         if c.min_device_image_size > c.max_device_image_size {
             return Err(ConfigError::Inconsistent(format!(
                 "{}={} is larger than {}={}: no device image could ever be persisted; \
@@ -497,6 +557,9 @@ impl ConfigBuilder {
         Ok(c)
     }
 }
+
+use crate::cache::store::auth::EntryKey;
+pub use crate::cache::store::remote::url::RemoteUrl;
 
 mod parse;
 use parse::{DIRS_ACCEPTED, TRACE_ACCEPTED, dir_problem, parse_trace};

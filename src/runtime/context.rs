@@ -66,6 +66,7 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
     fn backend_stats(&self) -> BackendStats;
     fn debug_stats(&self) -> CacheDebugStats;
     fn disk_stats(&self) -> Option<DiskStats>;
+    fn store_stats(&self) -> Vec<crate::cache::store::LevelStats>;
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -189,6 +190,9 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
     }
     fn disk_stats(&self) -> Option<DiskStats> {
         self.programs.disk_stats()
+    }
+    fn store_stats(&self) -> Vec<crate::cache::store::LevelStats> {
+        self.programs.store_stats()
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -405,6 +409,12 @@ impl Context {
     /// The local disk cache's counters, or `None` when it is off.
     pub fn disk_stats(&self) -> Option<DiskStats> {
         self.inner.disk_stats()
+    }
+
+    /// What each persistent store (local disk, read-only layers, remote) did for this context, in
+    /// lookup order.
+    pub fn store_stats(&self) -> Vec<crate::cache::store::LevelStats> {
+        self.inner.store_stats()
     }
 }
 

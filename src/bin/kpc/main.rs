@@ -28,6 +28,8 @@ mod bench_launch;
 mod cache;
 #[cfg(not(loom))]
 mod cache_explain;
+// `kpc cache ls --remote` and the remote in `kpc cache stats`.
+mod cache_remote;
 #[cfg(not(loom))]
 mod devices;
 #[cfg(not(loom))]
