@@ -56,8 +56,11 @@ fn remote_stats(pm: &ProgramManager<FakeBackend>) -> (u64, u64, u64, u64) {
     (l.store.hits, l.store.misses, l.store.errors, l.store.puts)
 }
 
-/// The causes of the remote store's warnings among `events`.
+/// The causes of the remote store's warnings among `events` (each message printed, for failures).
 fn remote_warnings(events: &[Ev]) -> Vec<String> {
+    for e in events.iter().filter(|e| e.level == tracing::Level::WARN) {
+        eprintln!("warning: {:?}", e.fields);
+    }
     events
         .iter()
         .filter(|e| {
@@ -313,10 +316,15 @@ fn poisoned_garbage_truncated_and_misplaced_values_are_refused() {
     assert_eq!((s, w), (Source::Built, vec!["unauthentic".to_string()]));
 
     // A value for another key (key 1's entry copied to key 0's name, intact and MAC'd): refused.
+    // Without a key, the entry's own key record and digests refuse it; with one, the MAC (which binds
+    // the key) already does.
     let v1 = r.get(k1[0]);
-    let (s, errors, w) = tamper(&r, target, &t, "misplaced", k, |_| v1.clone());
+    let (s, errors, w) = tamper(&r, target, &t, "misplaced", None, |_| v1.clone());
     assert_eq!((s, errors), (Source::Built, 1));
     assert_eq!(w, vec!["corrupt"]);
+    let (s, errors, w) = tamper(&r, target, &t, "misplaced-key", k, |_| v1.clone());
+    assert_eq!((s, errors), (Source::Built, 1));
+    assert_eq!(w, vec!["unauthentic"]);
 }
 
 /// Flips one bit of the last byte (inside the binary).

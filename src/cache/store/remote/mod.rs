@@ -62,13 +62,20 @@ mod imp {
     }
 
     impl Shared {
+        /// Counts `f` (unless the call was skipped) and warns about it once per cause.
         fn failed(&self, what: &str, f: &Failure) {
             if f.skipped {
                 return;
             }
             self.counters.error();
-            self.warnings
-                .warn(f.cause, &format_args!("{what} failed ({})", f.detail));
+            self.warn(what, f);
+        }
+
+        fn warn(&self, what: &str, f: &Failure) {
+            if !f.skipped {
+                self.warnings
+                    .warn(f.cause, &format_args!("{what} failed ({})", f.detail));
+            }
         }
     }
 
@@ -159,9 +166,15 @@ mod imp {
                 refusals: AtomicU64::new(0),
             });
             let s = Arc::clone(&shared);
-            let report: Report = Arc::new(move |len, r| match r {
+            let report: Report = Arc::new(move |len, r, claimed| match r {
                 Ok(()) => s.counters.put(len),
-                Err(f) => s.failed("publishing an entry", f),
+                Err(f) if f.skipped => {}
+                Err(f) => {
+                    s.counters.error();
+                    if !claimed {
+                        s.warn("publishing an entry", f);
+                    }
+                }
             });
             let publisher = Publisher::start(ops, report, timeout);
             let fleet = url
@@ -186,6 +199,20 @@ mod imp {
             self.shared.refusals.load(Ordering::Relaxed)
         }
 
+        /// A timeout from OpenDAL's redis pool also means "refused" (it retries connecting until the
+        /// timeout): a fresh connection tells which, so a remote that is down is reported as such.
+        fn diagnose(&self, mut f: Failure) -> Failure {
+            if f.cause == WarnCause::Timeout && !f.skipped {
+                if let Some(Err(e)) = self.fleet.as_ref().map(FleetLocks::ping) {
+                    if e.is_connection_refusal() {
+                        f.cause = WarnCause::Unavailable;
+                        f.detail = format!("{e}");
+                    }
+                }
+            }
+            f
+        }
+
         /// Reads and opens `key`'s entry, counting and warning.
         fn fetch(&self, key: &DiskKey) -> Option<StoreHit> {
             let sh = &self.shared;
@@ -197,7 +224,7 @@ mod imp {
                 }
                 Err(f) => {
                     sh.counters.miss();
-                    sh.failed("a lookup", &f);
+                    sh.failed("a lookup", &self.diagnose(f));
                     return None;
                 }
             };
@@ -281,6 +308,9 @@ mod imp {
                         self.shared.counters.error();
                         let cause = if e.is_timeout() {
                             WarnCause::Timeout
+                        } else if e.to_string().contains("OOM") {
+                            // A full Redis (maxmemory, noeviction) refuses the lock's SET too.
+                            WarnCause::NoSpace
                         } else {
                             WarnCause::Unavailable
                         };
@@ -342,7 +372,11 @@ mod imp {
             let value = auth::wrap(self.shared.mac.as_ref(), key, &seal(key, bytes, build_time));
             match publisher.publish(path_of(key), value) {
                 Publish::Done(Ok(())) => PutOutcome::Published(0),
-                Publish::Done(Err(_)) => PutOutcome::Failed,
+                Publish::Done(Err(f)) => {
+                    // Counted by the publisher's report; warned here, on the caller's thread.
+                    self.shared.warn("publishing an entry", &self.diagnose(f));
+                    PutOutcome::Failed
+                }
                 Publish::Pending => {
                     self.shared.warnings.warn(
                         WarnCause::Timeout,

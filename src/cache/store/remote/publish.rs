@@ -36,8 +36,10 @@ struct Job {
     done: mpsc::Sender<Result<(), Failure>>,
 }
 
-/// Told of every background put's result, whether or not its caller still waits: counts and warns.
-pub(crate) type Report = Arc<dyn Fn(usize, &Result<(), Failure>) + Send + Sync>;
+/// Told of every background put's result (its size, the result, and whether its caller was still
+/// waiting for it, which then warns itself on its own thread): counts, and warns about failures
+/// nobody waited for.
+pub(crate) type Report = Arc<dyn Fn(usize, &Result<(), Failure>, bool) + Send + Sync>;
 
 /// The background publisher of one remote store.
 pub(crate) struct Publisher {
@@ -58,9 +60,9 @@ impl Publisher {
                 for job in rx {
                     let len = job.value.len();
                     let r = ops.write(&job.path, job.value);
-                    report(len, &r);
-                    // The caller may have stopped waiting: nobody to tell then.
-                    let _ = job.done.send(r);
+                    // The caller may have stopped waiting: then the report warns.
+                    let claimed = job.done.send(r.clone()).is_ok();
+                    report(len, &r, claimed);
                 }
                 let _ = fin_tx.send(());
             })
