@@ -10,10 +10,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kpc::cache::Digest;
 use kpc::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache};
 use kpc::cache::store::auth::EntryKey;
 use kpc::cache::store::{Access, RemoteStore, Store};
-use kpc::cache::Digest;
 use kpc::config::RemoteUrl;
 
 const DEVICE: &str =
@@ -56,7 +56,10 @@ impl Redis {
             .expect("redis-server (scripts/setup.sh installs it)");
         let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(30), "redis-server did not start");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "redis-server did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         (Redis(child, dir), port)
@@ -75,8 +78,13 @@ fn hits(c: &mut Criterion) {
     let (_redis, port) = Redis::start();
     let url = RemoteUrl::parse(&format!("redis://127.0.0.1:{port}/0")).unwrap();
     let mac = EntryKey::from_secret("KPC_CACHE_REMOTE_KEY", "bench-secret-0123456789").unwrap();
-    let remote =
-        RemoteStore::open(&url, Duration::from_secs(5), Some(mac), Duration::from_secs(5)).unwrap();
+    let remote = RemoteStore::open(
+        &url,
+        Duration::from_secs(5),
+        Some(mac),
+        Duration::from_secs(5),
+    )
+    .unwrap();
     let dir = std::env::temp_dir().join(format!("kpc-bench-remote-disk-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let disk = PersistentCache::new(DiskCacheSettings {
@@ -94,9 +102,11 @@ fn hits(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("disk", len), &k, |b, k| {
             b.iter(|| disk.get(k).unwrap())
         });
-        g.bench_with_input(BenchmarkId::new("remote_redis_loopback", len), &k, |b, k| {
-            b.iter(|| remote.get(k, Access::ReadOnly).unwrap())
-        });
+        g.bench_with_input(
+            BenchmarkId::new("remote_redis_loopback", len),
+            &k,
+            |b, k| b.iter(|| remote.get(k, Access::ReadOnly).unwrap()),
+        );
     }
     g.finish();
     let _ = std::fs::remove_dir_all(&dir);

@@ -24,7 +24,16 @@ const PROCESSES: usize = 8;
 fn attention(backend: &str, cache: &TempDir, remote: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_kpc"))
         .args(["attention", "--backend", backend, "--check"])
-        .args(["--prompt", "40", "--steps", "8", "--heads", "4", "--kv-heads", "2"])
+        .args([
+            "--prompt",
+            "40",
+            "--steps",
+            "8",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+        ])
         .env("KPC_CACHE_DIR", cache.path())
         .env("KPC_CACHE_PERSISTENT", "1")
         .env("KPC_CACHE_REMOTE", remote)
@@ -59,7 +68,10 @@ fn second_machine_is_served_by_the_remote(backend: &str, test: &str) {
     );
     let first = attention(backend, &a, &r.url());
     let built = kernel_sources(&first);
-    assert!(built.len() >= 2 && built.iter().all(|s| *s == "built"), "{first}");
+    assert!(
+        built.len() >= 2 && built.iter().all(|s| *s == "built"),
+        "{first}"
+    );
     // Every program the run built was published (the attention kernels, and the copy kernel the run
     // measures bandwidth with).
     assert!(r.keys("kpc/v1/*").len() > built.len(), "{first}");
@@ -69,10 +81,16 @@ fn second_machine_is_served_by_the_remote(backend: &str, test: &str) {
         served.len() == built.len() && served.iter().all(|s| *s == "remote"),
         "{second}"
     );
-    assert!(second.contains("remote:"), "the run reports the remote: {second}");
+    assert!(
+        second.contains("remote:"),
+        "the run reports the remote: {second}"
+    );
     // And the hit was copied to the second machine's disk.
     let third = attention(backend, &b, &r.url());
-    assert!(kernel_sources(&third).iter().all(|s| *s == "disk"), "{third}");
+    assert!(
+        kernel_sources(&third).iter().all(|s| *s == "disk"),
+        "{third}"
+    );
 }
 
 #[test]

@@ -15,11 +15,11 @@ use std::time::Duration;
 use common::disk::{Ev, TempDir, capture};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::{RedisServer, dead_url};
+use kpc::Config;
 use kpc::cache::store::auth::{self, EntryKey};
 use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
 use kpc::config::{ConfigError, RemoteUrl};
 use kpc::runtime::{ProgramManager, Source};
-use kpc::Config;
 
 const SECRET: &str = "0123456789abcdef-fleet-secret";
 
@@ -66,7 +66,9 @@ fn remote_warnings(events: &[Ev]) -> Vec<String> {
         .filter(|e| {
             e.level == tracing::Level::WARN
                 && e.target == "kpc::cache::store"
-                && e.fields.get("store").is_some_and(|s| s.starts_with("remote:"))
+                && e.fields
+                    .get("store")
+                    .is_some_and(|s| s.starts_with("remote:"))
         })
         .map(|e| e.fields.get("cause").cloned().unwrap_or_default())
         .collect()
@@ -93,10 +95,18 @@ fn a_fresh_machine_is_served_by_the_remote_and_the_hit_is_copied_to_its_disk() {
     assert_eq!(keys.len(), 3, "{keys:?}");
     // Namespaced by format version and device digest.
     let dev = pm
-        .disk_key(&image("k0.cl", &["main"]), &SpecConstants::new(), &BuildOptions::new("-O2"))
+        .disk_key(
+            &image("k0.cl", &["main"]),
+            &SpecConstants::new(),
+            &BuildOptions::new("-O2"),
+        )
         .device_digest()
         .to_hex();
-    assert!(keys.iter().all(|k| k.starts_with(&format!("kpc/v1/{dev}/"))), "{keys:?}");
+    assert!(
+        keys.iter()
+            .all(|k| k.starts_with(&format!("kpc/v1/{dev}/"))),
+        "{keys:?}"
+    );
     // No fleet lock is left behind.
     assert!(r.keys("kpc-lock/*").is_empty());
 
@@ -264,12 +274,19 @@ fn poisoned_garbage_truncated_and_misplaced_values_are_refused() {
     let be = Arc::new(FakeBackend::new());
     // Publish key 0 and key 1 with the fleet's key.
     let pm = manager(&be, &config(&t.join("a"), &r.url(), Some(SECRET)));
-    assert_eq!((program(&pm, 0), program(&pm, 1)), (Source::Built, Source::Built));
+    assert_eq!(
+        (program(&pm, 0), program(&pm, 1)),
+        (Source::Built, Source::Built)
+    );
     drop(pm);
     let k = Some(SECRET);
     let key0 = {
         let pm = manager(&be, &config(&t.join("x"), &r.url(), k));
-        pm.disk_key(&image("k0.cl", &["main"]), &SpecConstants::new(), &BuildOptions::new("-O2"))
+        pm.disk_key(
+            &image("k0.cl", &["main"]),
+            &SpecConstants::new(),
+            &BuildOptions::new("-O2"),
+        )
     };
     let keys = entries(&r);
     let (k0, k1): (Vec<_>, Vec<_>) = keys
@@ -277,7 +294,10 @@ fn poisoned_garbage_truncated_and_misplaced_values_are_refused() {
         .partition(|x| x.ends_with(&key0.digest().to_hex()));
     let target = k0[0].as_str();
     // Sanity: untouched, a fresh machine with the key is served.
-    assert_eq!(tamper(&r, target, &t, "ok", k, |v| v.to_vec()).0, Source::Remote);
+    assert_eq!(
+        tamper(&r, target, &t, "ok", k, |v| v.to_vec()).0,
+        Source::Remote
+    );
     // A poisoner without the key: a well-formed entry (its own binary, checksums right) with no MAC,
     // or MAC'd with another secret.
     let forged = kpc::cache::store::seal(&key0, b"FAKEBIN1 evil binary", Duration::ZERO);
@@ -295,15 +315,22 @@ fn poisoned_garbage_truncated_and_misplaced_values_are_refused() {
         r.set(target, &orig);
         assert_eq!(out, (Source::Built, 1), "{tag}");
         assert_eq!(remote_warnings(&ev), vec!["unauthentic"], "{tag}");
-        assert_eq!(be2.builds(), 1, "{tag}: the forged binary never reached the backend");
+        assert_eq!(
+            be2.builds(),
+            1,
+            "{tag}: the forged binary never reached the backend"
+        );
     }
 
     // Without a key the forged entry would be taken (that is what the key is for, ENVIRONMENT.md) but
     // damage is still refused by the checksums: flip a byte in the binary, truncate, garbage.
-    let cases: [(&str, Box<dyn Fn(&[u8]) -> Vec<u8>>); 3] = [
+    let cases: [(&str, Tamper); 3] = [
         ("flipped", Box::new(flip)),
         ("truncated", Box::new(|v: &[u8]| v[..v.len() / 2].to_vec())),
-        ("garbage", Box::new(|_: &[u8]| b"not an entry at all".to_vec())),
+        (
+            "garbage",
+            Box::new(|_: &[u8]| b"not an entry at all".to_vec()),
+        ),
     ];
     for (tag, f) in cases {
         // Keyless readers see the keyed envelopes as plain ones (the MAC is skipped, the entry checked).
@@ -327,6 +354,9 @@ fn poisoned_garbage_truncated_and_misplaced_values_are_refused() {
     assert_eq!(w, vec!["unauthentic"]);
 }
 
+/// A change made to a stored value.
+type Tamper = Box<dyn Fn(&[u8]) -> Vec<u8>>;
+
 /// Flips one bit of the last byte (inside the binary).
 fn flip(v: &[u8]) -> Vec<u8> {
     let mut x = v.to_vec();
@@ -343,9 +373,17 @@ fn a_killed_builders_fleet_lock_expires_and_the_next_process_builds() {
     let be = Arc::new(FakeBackend::new());
     let cfg = config(&t.join("a"), &r.url(), None);
     let pm = manager(&be, &cfg);
-    let key = pm.disk_key(&image("k0.cl", &["main"]), &SpecConstants::new(), &BuildOptions::new("-O2"));
+    let key = pm.disk_key(
+        &image("k0.cl", &["main"]),
+        &SpecConstants::new(),
+        &BuildOptions::new("-O2"),
+    );
     // A builder that died holding the lock: its key, its token, a short TTL nobody renews.
-    let name = format!("kpc-lock/v1/{}/{}", key.device_digest().to_hex(), key.digest().to_hex());
+    let name = format!(
+        "kpc-lock/v1/{}/{}",
+        key.device_digest().to_hex(),
+        key.digest().to_hex()
+    );
     let _: String = r.cmd(&[b"SET", name.as_bytes(), b"dead-builder", b"PX", b"1500"]);
     assert_eq!(program(&pm, 0), Source::Built);
     assert_eq!(be.builds(), 1);
@@ -364,13 +402,24 @@ fn bad_remote_values_are_typed_errors_naming_the_variable() {
                 .map(|(_, v)| OsString::from(v))
         }
     };
-    for v in ["http://x", "redis://:6379", "redis://h:0", "redis://h/x", "fs://rel", "s3://", "nohost"] {
+    for v in [
+        "http://x",
+        "redis://:6379",
+        "redis://h:0",
+        "redis://h/x",
+        "fs://rel",
+        "s3://",
+        "nohost",
+    ] {
         let leaked: &'static [(&str, &str)] =
             Box::leak(vec![("KPC_CACHE_REMOTE", v)].into_boxed_slice());
         match Config::from_lookup(env(leaked)) {
             Err(e @ ConfigError::InvalidUrl { var, .. }) => {
                 assert_eq!(var, "KPC_CACHE_REMOTE");
-                assert!(e.to_string().contains("redis://"), "says what is accepted: {e}");
+                assert!(
+                    e.to_string().contains("redis://"),
+                    "says what is accepted: {e}"
+                );
             }
             other => panic!("{v}: {other:?}"),
         }

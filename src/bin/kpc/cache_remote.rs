@@ -62,12 +62,19 @@ pub fn ls(config: &Config, json: bool) -> kpc::Result<ExitCode> {
         crate::cache::print_json(&json!({"remote": url, "entries": rows}));
     } else {
         println!("remote {url}");
-        println!("{:<36}  {:<20}  {:>10}  {:>9}", "IMAGE", "OPTIONS", "SIZE", "BUILD MS");
+        println!(
+            "{:<36}  {:<20}  {:>10}  {:>9}",
+            "IMAGE", "OPTIONS", "SIZE", "BUILD MS"
+        );
         for e in &entries {
             let r = &e.record;
             let label = if r.label.is_empty() { "-" } else { &r.label };
             let image = format!("{label} ({})", r.image_digest.get(..8).unwrap_or(""));
-            let opts = if r.options.is_empty() { "-" } else { &r.options };
+            let opts = if r.options.is_empty() {
+                "-"
+            } else {
+                &r.options
+            };
             println!(
                 "{image:<36}  {opts:<20}  {:>10}  {:>9.1}",
                 e.bytes,

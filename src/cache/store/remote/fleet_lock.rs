@@ -22,8 +22,7 @@ use parking_lot::{Condvar, Mutex};
 /// How long a lock lives without renewal: what a killed builder costs the fleet at most.
 pub(crate) const LOCK_TTL: Duration = Duration::from_secs(10);
 
-const RELEASE: &str =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+const RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
 
 /// Connections to one Redis server for fleet locks (and listing, which OpenDAL's redis service

@@ -411,7 +411,9 @@ mod imp {
                 }
                 self.shared.warnings.warn(
                     WarnCause::Rejected,
-                    &format_args!("the backend refused a verified remote binary ({reason}); removing it"),
+                    &format_args!(
+                        "the backend refused a verified remote binary ({reason}); removing it"
+                    ),
                 );
             }
             match self.shared.ops.delete(&path) {

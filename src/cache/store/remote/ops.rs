@@ -233,5 +233,4 @@ impl Ops {
             })
             .map_err(|f| io::Error::other(f.detail))
     }
-
 }

@@ -221,11 +221,12 @@ fn parse_redis(value: &str, rest: &str, tls: bool) -> Result<RemoteUrl, ConfigEr
     };
     let db = match path.trim_end_matches('/') {
         "" => 0,
-        d => d
-            .parse::<i64>()
-            .ok()
-            .filter(|&d| d >= 0)
-            .ok_or_else(|| bad(value, "has a database that is not a number (redis://host:port/DB)"))?,
+        d => d.parse::<i64>().ok().filter(|&d| d >= 0).ok_or_else(|| {
+            bad(
+                value,
+                "has a database that is not a number (redis://host:port/DB)",
+            )
+        })?,
     };
     Ok(RemoteUrl::Redis {
         tls,
@@ -337,7 +338,9 @@ mod tests {
         assert!(problem("s3:///p").contains("bucket"));
         assert!(problem("s3://b?colour=red").contains("unknown"));
         assert!(problem("s3://b?endpoint=ftp://x").contains("endpoint"));
-        let e = RemoteUrl::parse("redis://u:hunter2@:1").unwrap_err().to_string();
+        let e = RemoteUrl::parse("redis://u:hunter2@:1")
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains("hunter2"), "{e}");
     }
 }
