@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::disk::TempDir;
 use super::drivers::{ran, skip};
 
-/// Where the Debian package installs it; `KPC_TEST_REDIS_SERVER` is not read: one place only.
+/// Where the Debian package (scripts/setup.sh) installs it.
 const REDIS_SERVER: &str = "/usr/bin/redis-server";
 
 /// A running redis-server, killed on drop.

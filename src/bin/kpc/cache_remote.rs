@@ -22,9 +22,7 @@ fn entries(config: &Config, all_devices: bool) -> Result<(String, Vec<StoreEntry
         let d = kpc::runtime::select_device(&config.device).map_err(|e| e.to_string())?;
         Some(d.fingerprint.digest)
     };
-    let e = store
-        .list_device(device)
-        .map_err(|e| format!("listing {url}: {e}"))?;
+    let e = store.list_device(device).map_err(|e| e.to_string())?;
     Ok((url.to_string(), e))
 }
 
