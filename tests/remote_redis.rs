@@ -438,3 +438,43 @@ fn bad_remote_values_are_typed_errors_naming_the_variable() {
     assert_eq!(c.remote_timeout, Duration::from_millis(250));
     assert!(c.remote.unwrap().has_fleet_lock());
 }
+
+#[test]
+fn an_fs_remote_serves_a_fresh_machine_and_lists_its_entries() {
+    // The fs service: no fleet lock, listing through OpenDAL.
+    let t = TempDir::new("remote-fs");
+    let url = format!("fs://{}", t.join("shared").display());
+    let be = Arc::new(FakeBackend::new());
+    let pm = manager(&be, &config(&t.join("a"), &url, Some(SECRET)));
+    for i in 0..2 {
+        assert_eq!(program(&pm, i), Source::Built);
+    }
+    let pm_b = manager(&be, &config(&t.join("b"), &url, Some(SECRET)));
+    assert_eq!(
+        (program(&pm_b, 0), program(&pm_b, 1)),
+        (Source::Remote, Source::Remote)
+    );
+    assert_eq!(be.builds(), 2);
+    let remote = kpc::cache::store::RemoteStore::open(
+        &RemoteUrl::parse(&url).unwrap(),
+        Duration::from_secs(2),
+        None,
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let key = pm.disk_key(
+        &image("k0.cl", &["main"]),
+        &SpecConstants::new(),
+        &BuildOptions::new("-O2"),
+    );
+    let listed = remote.list_device(Some(key.device_digest())).unwrap();
+    let mut labels: Vec<_> = listed.iter().map(|e| e.record.label.clone()).collect();
+    labels.sort();
+    assert_eq!(labels, vec!["k0.cl", "k1.cl"]);
+    assert!(
+        remote
+            .list_device(Some(kpc::cache::Digest([7; 32])))
+            .unwrap()
+            .is_empty()
+    );
+}
