@@ -3,7 +3,8 @@
 # cache and an empty remote, then N processes at once, each with its own empty local cache, sharing one
 # empty remote (the fleet build lock), then N at once without a remote. Prints the wall time of each and
 # how many times each kernel was built across the N processes. Driver caches are off so cold builds are
-# real builds (PoCL's kernel cache, Mesa's shader cache).
+# real builds: each process gets its own empty PoCL kernel cache and Mesa shader cache (turning PoCL's
+# cache off makes concurrent PoCL processes collide on their temporary files).
 # Usage: scripts/fleet-bench.sh   (variables: KPC, N, BACKEND; ENVIRONMENT.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,6 @@ redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$t
 rpid=$!
 trap 'kill $rpid 2>/dev/null; rm -rf "$tmp"' EXIT
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
-export POCL_KERNEL_CACHE=0 MESA_SHADER_CACHE_DISABLE=true
 unset KPC_CACHE_REMOTE_KEY KPC_DEVICE
 
 # run NAME DB|none: one attention run with its own empty local cache; DB picks a redis database, so
@@ -24,7 +24,8 @@ unset KPC_CACHE_REMOTE_KEY KPC_DEVICE
 run() {
   local remote=""
   [ "$2" != none ] && remote="redis://127.0.0.1:$port/$2"
-  KPC_CACHE_DIR="$tmp/local-$1" KPC_CACHE_REMOTE="$remote" "$KPC" attention --backend "$BACKEND" \
+  POCL_CACHE_DIR="$tmp/pocl-$1" MESA_SHADER_CACHE_DIR="$tmp/mesa-$1" \
+    KPC_CACHE_DIR="$tmp/local-$1" KPC_CACHE_REMOTE="$remote" "$KPC" attention --backend "$BACKEND" \
     --prompt 40 --steps 8 --heads 4 --kv-heads 2 >"$tmp/out-$1.txt"
 }
 now() { date +%s.%N; }
