@@ -33,9 +33,10 @@ builds() { cat "$tmp"/out-$1*.txt | awk '$1 ~ /^attn_/ && $2 == "built"' | wc -l
 
 t0=$(now); run single 1; t1=$(now)
 kernels=$(awk '$1 ~ /^attn_/' "$tmp/out-single.txt" | wc -l)
-for i in $(seq 1 "$N"); do run "fleet$i" 2 & done; wait
+# Waits for the runs only (a bare `wait` would wait for redis-server too).
+pids=(); for i in $(seq 1 "$N"); do run "fleet$i" 2 & pids+=($!); done; wait "${pids[@]}"
 t2=$(now)
-for i in $(seq 1 "$N"); do run "alone$i" none & done; wait
+pids=(); for i in $(seq 1 "$N"); do run "alone$i" none & pids+=($!); done; wait "${pids[@]}"
 t3=$(now)
 echo "backend $BACKEND, $kernels attention kernels, $N processes, $(nproc) cores"
 echo "one process, cold:               wall $(echo "$t1 - $t0" | bc) s, builds $(builds single)"

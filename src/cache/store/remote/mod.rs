@@ -213,13 +213,16 @@ mod imp {
             f
         }
 
-        /// Reads and opens `key`'s entry, counting and warning.
-        fn fetch(&self, key: &DiskKey) -> Option<StoreHit> {
+        /// Reads and opens `key`'s entry, counting and warning. `poll`: a fleet waiter looking for
+        /// the entry again, whose empty answers are not counted as misses (one request, one miss).
+        fn fetch_as(&self, key: &DiskKey, poll: bool) -> Option<StoreHit> {
             let sh = &self.shared;
             let value = match sh.ops.read(&path_of(key)) {
                 Ok(Some(v)) => v,
                 Ok(None) => {
-                    sh.counters.miss();
+                    if !poll {
+                        sh.counters.miss();
+                    }
                     return None;
                 }
                 Err(f) => {
@@ -249,6 +252,10 @@ mod imp {
                     None
                 }
             }
+        }
+
+        fn fetch(&self, key: &DiskKey) -> Option<StoreHit> {
+            self.fetch_as(key, false)
         }
 
         /// Every entry the remote holds for the device whose fingerprint digest is `device` (every
@@ -296,7 +303,7 @@ mod imp {
                         let held = fleet.hold(name, token);
                         // The holder before us may have published just before releasing.
                         if waited {
-                            if let Some(hit) = self.fetch(key) {
+                            if let Some(hit) = self.fetch_as(key, true) {
                                 return BuildLock::Published(hit);
                             }
                         }
@@ -336,7 +343,7 @@ mod imp {
                 }
                 std::thread::sleep(pause.min(deadline - now));
                 pause = (pause * 2).min(Duration::from_millis(200));
-                if let Some(hit) = self.fetch(key) {
+                if let Some(hit) = self.fetch_as(key, true) {
                     return BuildLock::Published(hit);
                 }
             }
