@@ -241,6 +241,10 @@ typedef enum kpc_source {
    * A verified binary from another store (an embedder's own), copied to the first writable one.
    */
   KPC_SOURCE_STORE = 6,
+  /**
+   * A verified binary from the remote tier (`KPC_CACHE_REMOTE`), copied to the local disk cache.
+   */
+  KPC_SOURCE_REMOTE = 7,
 } kpc_source;
 
 /**

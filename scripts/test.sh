@@ -14,7 +14,7 @@ mkdir -p target
 echo "== cargo test (unit, integration, driver tests)"
 cargo test --release --all-targets 2>&1 | tee target/test-output.txt
 echo "== driver tests"
-for backend in vulkan opencl glslang; do
+for backend in vulkan opencl glslang redis; do
   ran=$(grep -c "^ran $backend " "$KPC_TEST_DRIVER_LOG" || true)
   skipped=$(grep -c "^skipped $backend " "$KPC_TEST_DRIVER_LOG" || true)
   echo "driver tests: $backend ran $ran, skipped $skipped"

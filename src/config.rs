@@ -35,12 +35,16 @@ pub mod vars {
     pub const CACHE_TRACE: &str = "KPC_CACHE_TRACE";
     /// 0/1: debug mode, every program built fresh and compared with the cached binary.
     pub const CACHE_DEBUG: &str = "KPC_CACHE_DEBUG";
-    /// Shared secret for authenticated remote and bundle entries.
-    pub const CACHE_REMOTE_KEY: &str = "KPC_CACHE_REMOTE_KEY";
     /// Device selector.
     pub const DEVICE: &str = "KPC_DEVICE";
     /// Warm start: off, on, or on under an application name.
     pub const CACHE_PREFETCH: &str = "KPC_CACHE_PREFETCH";
+    /// Remote store URL (redis://, fs://, s3://).
+    pub const CACHE_REMOTE: &str = "KPC_CACHE_REMOTE";
+    /// Bound on each remote call, and on how long a publish may hold a build back.
+    pub const CACHE_REMOTE_TIMEOUT: &str = "KPC_CACHE_REMOTE_TIMEOUT";
+    /// Shared secret: remote entries carry a keyed BLAKE3 MAC and are verified.
+    pub const CACHE_REMOTE_KEY: &str = "KPC_CACHE_REMOTE_KEY";
     /// Fallback cache root base (XDG base directory spec).
     pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
     /// Last-resort cache root base.
@@ -83,6 +87,19 @@ pub enum ConfigError {
     /// Two values are each valid but contradict each other.
     #[error("{0}")]
     Inconsistent(String),
+    /// A URL variable (`KPC_CACHE_REMOTE`) that does not parse; the value shown has any password
+    /// redacted.
+    #[error("{var}={value:?} is not valid: the URL {problem}; expected {accepted}")]
+    InvalidUrl {
+        /// The variable name.
+        var: &'static str,
+        /// The value as given, password redacted.
+        value: String,
+        /// What is wrong with it.
+        problem: &'static str,
+        /// What would have been accepted.
+        accepted: &'static str,
+    },
 }
 
 fn invalid(var: &'static str, value: &str, accepted: &'static str) -> ConfigError {
@@ -265,13 +282,17 @@ pub struct Config {
     pub cache_debug: bool,
     /// Device selector (`KPC_DEVICE`, default auto).
     pub device: DeviceSelector,
-    /// The fleet's MAC key (`KPC_CACHE_REMOTE_KEY`, default none): entries published to the remote
-    /// or exported to a bundle are signed with it, and entries read from them must be.
-    pub remote_key: Option<crate::cache::store::auth::EntryKey>,
     /// Warm start (`KPC_CACHE_PREFETCH`, default off): the application name under which a context
     /// remembers the kernels it acquires and, at creation, reloads those of the last run in the
     /// background. `None` = off.
     pub warm_start: Option<String>,
+    /// The remote store (`KPC_CACHE_REMOTE`, default none), looked up after every local layer.
+    pub remote: Option<RemoteUrl>,
+    /// Bound on each remote call, and on how long publishing a build may hold it back
+    /// (`KPC_CACHE_REMOTE_TIMEOUT`, default 2 s).
+    pub remote_timeout: Duration,
+    /// The fleet's MAC key (`KPC_CACHE_REMOTE_KEY`, default none: entries unauthenticated).
+    pub remote_key: Option<EntryKey>,
 }
 
 /// 1 GiB, the default disk limit and largest persisted image.
@@ -294,8 +315,10 @@ impl Default for Config {
             trace: TraceFlags::default(),
             cache_debug: false,
             device: DeviceSelector::Auto,
-            remote_key: None,
             warm_start: None,
+            remote: None,
+            remote_timeout: Duration::from_secs(2),
+            remote_key: None,
         }
     }
 }
@@ -351,14 +374,17 @@ impl Config {
         if let Some(v) = get(vars::DEVICE)? {
             b = b.device(DeviceSelector::parse(&v)?);
         }
-        if let Some(v) = get(vars::CACHE_REMOTE_KEY)? {
-            b = b.remote_key(crate::cache::store::auth::EntryKey::from_secret(
-                vars::CACHE_REMOTE_KEY,
-                &v,
-            )?);
-        }
         if let Some(v) = get(vars::CACHE_PREFETCH)? {
             b.config.warm_start = prefetch::parse_prefetch(&v)?;
+        }
+        if let Some(v) = get(vars::CACHE_REMOTE)?.filter(|v| !v.trim().is_empty()) {
+            b = b.remote(RemoteUrl::parse(&v)?);
+        }
+        if let Some(v) = get(vars::CACHE_REMOTE_TIMEOUT)? {
+            b = b.remote_timeout(parse_duration(vars::CACHE_REMOTE_TIMEOUT, &v)?);
+        }
+        if let Some(v) = get(vars::CACHE_REMOTE_KEY)? {
+            b = b.remote_key(EntryKey::from_secret(vars::CACHE_REMOTE_KEY, &v)?);
         }
         // Paths are bytes on Unix, so the cache roots are the variables not required to be UTF-8.
         if let Some(v) = lookup(vars::CACHE_READONLY_DIRS) {
@@ -478,11 +504,6 @@ impl ConfigBuilder {
         self.config.cache_debug = on;
         self
     }
-    /// Sets the fleet's MAC key (see [`Config::remote_key`]).
-    pub fn remote_key(mut self, key: crate::cache::store::auth::EntryKey) -> Self {
-        self.config.remote_key = Some(key);
-        self
-    }
     /// Sets the device selector.
     pub fn device(mut self, d: DeviceSelector) -> Self {
         self.config.device = d;
@@ -492,6 +513,21 @@ impl ConfigBuilder {
     /// [`Config::warm_start`]. [`ConfigBuilder::build`] rejects a name `KPC_CACHE_PREFETCH` would.
     pub fn warm_start(mut self, app: Option<&str>) -> Self {
         self.config.warm_start = app.map(str::to_string);
+        self
+    }
+    /// Sets the remote store (`None` for none).
+    pub fn remote(mut self, url: impl Into<Option<RemoteUrl>>) -> Self {
+        self.config.remote = url.into();
+        self
+    }
+    /// Sets the bound on each remote call and on a publish. [`ConfigBuilder::build`] rejects zero.
+    pub fn remote_timeout(mut self, t: Duration) -> Self {
+        self.config.remote_timeout = t;
+        self
+    }
+    /// Sets the fleet's MAC key (see [`EntryKey::from_secret`]).
+    pub fn remote_key(mut self, key: impl Into<Option<EntryKey>>) -> Self {
+        self.config.remote_key = key.into();
         self
     }
     /// Checks cross-field invariants and returns the configuration.
@@ -526,6 +562,13 @@ impl ConfigBuilder {
                 });
             }
         }
+        if c.remote_timeout.is_zero() {
+            return Err(invalid(
+                vars::CACHE_REMOTE_TIMEOUT,
+                "0",
+                "a positive duration (e.g. 500ms, 2s): every remote call needs a bound",
+            ));
+        }
         if c.min_device_image_size > c.max_device_image_size {
             return Err(ConfigError::Inconsistent(format!(
                 "{}={} is larger than {}={}: no device image could ever be persisted; \
@@ -539,6 +582,9 @@ impl ConfigBuilder {
         Ok(c)
     }
 }
+
+use crate::cache::store::auth::EntryKey;
+pub use crate::cache::store::remote::url::RemoteUrl;
 
 mod parse;
 pub mod prefetch;

@@ -103,6 +103,8 @@ pub enum kpc_source {
     KPC_SOURCE_READONLY = 5,
     /// A verified binary from another store (an embedder's own), copied to the first writable one.
     KPC_SOURCE_STORE = 6,
+    /// A verified binary from the remote tier (`KPC_CACHE_REMOTE`), copied to the local disk cache.
+    KPC_SOURCE_REMOTE = 7,
 }
 
 fn c_source(s: Source) -> kpc_source {
@@ -113,6 +115,7 @@ fn c_source(s: Source) -> kpc_source {
         Source::Blob => kpc_source::KPC_SOURCE_BLOB,
         Source::ReadOnly => kpc_source::KPC_SOURCE_READONLY,
         Source::Store => kpc_source::KPC_SOURCE_STORE,
+        Source::Remote => kpc_source::KPC_SOURCE_REMOTE,
     }
 }
 
@@ -459,6 +462,7 @@ pub extern "C" fn kpc_source_name(source: i32) -> *const c_char {
         x if x == kpc_source::KPC_SOURCE_BLOB as i32 => b"blob\0",
         x if x == kpc_source::KPC_SOURCE_READONLY as i32 => b"readonly\0",
         x if x == kpc_source::KPC_SOURCE_STORE as i32 => b"store\0",
+        x if x == kpc_source::KPC_SOURCE_REMOTE as i32 => b"remote\0",
         _ => b"unknown\0",
     };
     s.as_ptr().cast()

@@ -70,6 +70,7 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
     fn backend_stats(&self) -> BackendStats;
     fn debug_stats(&self) -> CacheDebugStats;
     fn disk_stats(&self) -> Option<DiskStats>;
+    fn store_stats(&self) -> Vec<crate::cache::store::LevelStats>;
     fn as_any(&self) -> &dyn Any;
     fn warm_start(&self) -> Option<&Arc<WarmStart>>;
     fn load_if_stored(&self, request: &KernelRequest) -> Result<LoadOutcome>;
@@ -221,6 +222,9 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
     }
     fn disk_stats(&self) -> Option<DiskStats> {
         self.programs.disk_stats()
+    }
+    fn store_stats(&self) -> Vec<crate::cache::store::LevelStats> {
+        self.programs.store_stats()
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -513,6 +517,12 @@ impl Context {
             Some(w) => w.save(),
             None => Ok(None),
         }
+    }
+
+    /// What each persistent store (local disk, read-only layers, remote) did for this context, in
+    /// lookup order.
+    pub fn store_stats(&self) -> Vec<crate::cache::store::LevelStats> {
+        self.inner.store_stats()
     }
 }
 

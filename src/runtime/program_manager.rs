@@ -34,6 +34,9 @@ pub enum Source {
     /// A persisted binary from another store (an embedder's own), copied to the first writable store
     /// above it.
     Store,
+    /// A persisted binary from the remote tier (`KPC_CACHE_REMOTE`), verified and copied to the
+    /// local disk.
+    Remote,
     /// Built from the device image.
     Built,
     /// Loaded from a cache blob the caller supplied (`Context::kernel_from_blob`).
@@ -47,6 +50,7 @@ impl Source {
             StoreKind::Disk => Source::Disk,
             StoreKind::ReadOnly => Source::ReadOnly,
             StoreKind::Other => Source::Store,
+            StoreKind::Remote => Source::Remote,
         }
     }
 }
@@ -58,6 +62,7 @@ impl fmt::Display for Source {
             Source::Disk => "disk",
             Source::ReadOnly => "readonly",
             Source::Store => "store",
+            Source::Remote => "remote",
             Source::Built => "built",
             Source::Blob => "blob",
         })

@@ -5,3 +5,5 @@
 pub mod disk;
 pub mod drivers;
 pub mod fake_backend;
+#[cfg(feature = "remote")]
+pub mod redis;

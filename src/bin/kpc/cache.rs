@@ -29,6 +29,9 @@ pub enum CacheCommand {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// List what the remote (KPC_CACHE_REMOTE) holds for the selected device instead.
+        #[arg(long)]
+        remote: bool,
     },
     /// Check every entry's checksums; exit with status 1 if any entry is bad.
     Verify {
@@ -159,6 +162,9 @@ fn device_of(e: &EntryInfo) -> (String, String) {
 }
 
 pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
+    if let CacheCommand::Ls { json, remote: true } = cmd {
+        return crate::cache_remote::ls(config, json);
+    }
     let Some(settings) = DiskCacheSettings::from_config_dir(config) else {
         eprintln!(
             "kpc: no cache directory: none of KPC_CACHE_DIR, XDG_CACHE_HOME (absolute) or HOME (absolute) is set"
@@ -210,6 +216,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "bytes": total,
                     "devices": devices,
                     "quarantine": {"files": qn, "bytes": qb},
+                    "remote": crate::cache_remote::stats(config),
                 }));
             } else {
                 println!(
@@ -252,10 +259,21 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                         cache.quarantine_dir().display()
                     );
                 }
+                if let Some(r) = crate::cache_remote::stats(config) {
+                    match r.get("error") {
+                        Some(e) => println!("remote: {}", e.as_str().unwrap_or("?")),
+                        None => println!(
+                            "remote {}: {} entries, {} (all devices)",
+                            r["url"].as_str().unwrap_or("?"),
+                            r["entries"],
+                            human(r["bytes"].as_u64().unwrap_or(0))
+                        ),
+                    }
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
-        CacheCommand::Ls { json } => {
+        CacheCommand::Ls { json, .. } => {
             let entries = cache.entries().map_err(io)?;
             if json {
                 let rows: Vec<Value> = entries

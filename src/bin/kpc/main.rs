@@ -34,6 +34,8 @@ mod cache;
 mod cache_bundle;
 #[cfg(not(loom))]
 mod cache_explain;
+// `kpc cache ls --remote` and the remote in `kpc cache stats`.
+mod cache_remote;
 #[cfg(not(loom))]
 mod devices;
 #[cfg(not(loom))]

@@ -49,6 +49,23 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
             ro.join(":")
         }
     );
+    // The remote tier; its URL as displayed never shows a password, nor is the key shown.
+    match &c.remote {
+        Some(r) => println!("  KPC_CACHE_REMOTE                    = {r}"),
+        None => println!("  KPC_CACHE_REMOTE                    = - (none)"),
+    }
+    println!(
+        "  KPC_CACHE_REMOTE_TIMEOUT            = {:?}",
+        c.remote_timeout
+    );
+    println!(
+        "  KPC_CACHE_REMOTE_KEY                = {}",
+        if c.remote_key.is_some() {
+            "set (entries authenticated)"
+        } else {
+            "- (unset: entries unauthenticated)"
+        }
+    );
     let max = if c.max_size == 0 {
         "unlimited".to_string()
     } else {

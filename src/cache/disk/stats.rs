@@ -149,10 +149,15 @@ pub enum WarnCause {
     TooLarge,
     /// Any other I/O error.
     Io,
+    /// A remote store did not answer within `KPC_CACHE_REMOTE_TIMEOUT`, or could not keep up with
+    /// publishing.
+    Timeout,
+    /// A shared entry failed authentication (no MAC or a wrong one, with `KPC_CACHE_REMOTE_KEY` set).
+    Unauthentic,
 }
 
 impl WarnCause {
-    const ALL: [WarnCause; 10] = [
+    const ALL: [WarnCause; 12] = [
         WarnCause::Unavailable,
         WarnCause::PermissionDenied,
         WarnCause::NoSpace,
@@ -163,6 +168,8 @@ impl WarnCause {
         WarnCause::Serialize,
         WarnCause::TooLarge,
         WarnCause::Io,
+        WarnCause::Timeout,
+        WarnCause::Unauthentic,
     ];
 
     /// A stable kebab-case name, used as the `cause` field of the warning event.
@@ -178,6 +185,8 @@ impl WarnCause {
             WarnCause::Serialize => "serialize",
             WarnCause::TooLarge => "too-large",
             WarnCause::Io => "io",
+            WarnCause::Timeout => "timeout",
+            WarnCause::Unauthentic => "unauthentic",
         }
     }
 

@@ -3,9 +3,10 @@
 //! - **Lookup** asks each store in order (local disk first) and stops at the first verified hit.
 //! - **Backfill**: once the backend has accepted a hit from a lower store, it is copied to the first
 //!   writable store above it, so the next process finds it locally.
-//! - **Single flight**: when every store missed, the build lock is taken from the first store that
-//!   offers one (the local disk's `flock`); that store looks again after waiting, so a key another
-//!   process just built is loaded, not rebuilt.
+//! - **Single flight**: when every store missed, the build lock is taken from every store that offers
+//!   one, in order: the local disk's `flock` (one build per machine), then the remote's fleet lock
+//!   (one build per fleet). Each store looks again after waiting, so a key another process or machine
+//!   just built is loaded, not rebuilt; a lock that cannot be had is skipped, never waited on twice.
 //! - **Put**: a fresh build goes to every writable store in order. The build lock is released as soon
 //!   as the store it came from holds the entry (that is where waiters look), so they never wait on a
 //!   slower store further down.
@@ -52,18 +53,23 @@ impl ChainHit {
     }
 }
 
-/// The build lock of one key, taken from one level of the chain; released on drop, or by
-/// [`StoreChain::put`] once that level holds the entry.
+/// The build locks of one key, each taken from one level of the chain (the local disk's, the
+/// remote's fleet lock); each released on drop, or by [`StoreChain::put`] once its level holds the
+/// entry.
 #[derive(Debug)]
 pub struct ChainLock {
-    level: usize,
-    _guard: LockGuard,
+    held: Vec<(usize, LockGuard)>,
 }
 
 impl ChainLock {
-    /// The index of the store the lock came from.
+    /// The index of the first store a lock came from.
     pub fn level(&self) -> usize {
-        self.level
+        self.held.first().map_or(0, |(l, _)| *l)
+    }
+
+    /// The indices of every store a lock came from, in order.
+    pub fn levels(&self) -> Vec<usize> {
+        self.held.iter().map(|(l, _)| *l).collect()
     }
 }
 
@@ -155,19 +161,37 @@ impl StoreChain {
     }
 
     /// What `config` asks for: the local disk cache (unless `KPC_CACHE_PERSISTENT=0` or no directory
-    /// resolves), then the read-only layers of `KPC_CACHE_READONLY_DIRS` in order.
+    /// resolves), then the read-only layers of `KPC_CACHE_READONLY_DIRS` in order, then the remote
+    /// (`KPC_CACHE_REMOTE`).
     pub fn from_config(config: &Config) -> StoreChain {
         StoreChain::with_local_disk(PersistentCache::from_config(config), config)
     }
 
-    /// `disk` as the local cache (none for none), then `config`'s read-only layers.
+    /// `disk` as the local cache (none for none), then `config`'s read-only layers and remote.
     pub fn with_local_disk(disk: Option<PersistentCache>, config: &Config) -> StoreChain {
         let mut chain = StoreChain::new();
         chain.trace = config.trace.contains(TraceFlags::DISK);
         if let Some(d) = disk {
             chain = chain.with_disk(d);
         }
-        chain.with_read_only_dirs(config)
+        chain.with_read_only_dirs(config).with_remote(config)
+    }
+
+    /// Appends the remote `config` names (`KPC_CACHE_REMOTE`), if any. Without the `remote` feature a
+    /// configured remote is warned about once and left out.
+    pub fn with_remote(self, config: &Config) -> StoreChain {
+        #[cfg(all(feature = "remote", not(loom)))]
+        if let Some(r) = super::RemoteStore::from_config(config) {
+            return self.with_store(Arc::new(r));
+        }
+        #[cfg(not(all(feature = "remote", not(loom))))]
+        if config.remote.is_some() {
+            self.warnings.warn(
+                WarnCause::Unavailable,
+                &"KPC_CACHE_REMOTE is set but this kpc was built without the `remote` feature",
+            );
+        }
+        self
     }
 
     /// Appends `disk` as the next level; the first disk cache appended this way is the local one
@@ -273,23 +297,19 @@ impl StoreChain {
         None
     }
 
-    /// After every level missed: the build lock from the first level that offers one (skipping
-    /// `skip`). That level waits (bounded) for another builder and looks again; what it found then is
-    /// [`Turn::Published`].
+    /// After every level missed: the build lock of every level that offers one, in order (skipping
+    /// `skip`): the local disk's, then the remote's fleet lock. Each level waits (bounded) for another
+    /// builder and looks again; what it found then is [`Turn::Published`] (locks taken so far are
+    /// released). A level whose lock cannot be had is passed over.
     pub fn lock_for_build(&self, key: &DiskKey, skip: &[usize]) -> Turn {
+        let mut held = Vec::new();
         for (i, l) in self.levels.iter().enumerate() {
             if skip.contains(&i) {
                 continue;
             }
             match l.store.lock_for_build(key) {
-                BuildLock::NotOffered => continue,
-                BuildLock::Unavailable => return Turn::Build(None),
-                BuildLock::Held(g) => {
-                    return Turn::Build(Some(ChainLock {
-                        level: i,
-                        _guard: g,
-                    }));
-                }
+                BuildLock::NotOffered | BuildLock::Unavailable => continue,
+                BuildLock::Held(g) => held.push((i, g)),
                 BuildLock::Published(hit) => {
                     bump(&l.counters.hits);
                     return Turn::Published(ChainHit {
@@ -300,7 +320,7 @@ impl StoreChain {
                 }
             }
         }
-        Turn::Build(None)
+        Turn::Build((!held.is_empty()).then_some(ChainLock { held }))
     }
 
     /// The backend accepted `hit`: copies it to the first writable level above the one it came from
@@ -339,8 +359,8 @@ impl StoreChain {
         l.kind.writable()
     }
 
-    /// Stores a fresh build in every writable level, in order, releasing `lock` as soon as the level
-    /// it came from holds the entry.
+    /// Stores a fresh build in every writable level, in order, releasing each of `lock`'s locks as
+    /// soon as the level it came from holds the entry (that is where its waiters look).
     pub fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration, lock: Option<ChainLock>) {
         let mut lock = lock;
         for (i, l) in self.levels.iter().enumerate() {
@@ -354,8 +374,8 @@ impl StoreChain {
                         key = %key.digest(), "put")
                 });
             }
-            if lock.as_ref().is_some_and(|g| g.level == i) {
-                lock = None;
+            if let Some(l) = lock.as_mut() {
+                l.held.retain(|(level, _)| *level != i);
             }
         }
     }

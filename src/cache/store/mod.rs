@@ -26,10 +26,13 @@
 pub mod auth;
 pub mod chain;
 pub mod readonly;
+pub mod remote;
 
 pub use crate::cache::disk::{KeyRecord, PutOutcome, WarnCause};
 pub use chain::{ChainHit, ChainLock, LevelStats, StoreChain, Turn};
 pub use readonly::ReadOnlyStore;
+#[cfg(all(feature = "remote", not(loom)))]
+pub use remote::RemoteStore;
 
 use std::fmt;
 use std::io;
@@ -50,6 +53,9 @@ pub enum StoreKind {
     ReadOnly,
     /// Any other store: an embedder's own, for example.
     Other,
+    /// The remote tier (`KPC_CACHE_REMOTE`): written after the local disk, in the background or
+    /// bounded by `KPC_CACHE_REMOTE_TIMEOUT`.
+    Remote,
 }
 
 impl StoreKind {

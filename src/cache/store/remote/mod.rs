@@ -1,0 +1,443 @@
+//! The remote tier (`KPC_CACHE_REMOTE`): a [`Store`] on a shared service through OpenDAL (redis, fs,
+//! s3), looked up after every local layer.
+//!
+//! - **What it holds.** Each entry is the sealed entry ([`seal`]) in an authentication envelope
+//!   ([`auth::wrap`]), with a keyed MAC when `KPC_CACHE_REMOTE_KEY` is set. A read goes through
+//!   [`auth::open`]: a missing or wrong MAC, damage, truncation or an entry for another key is refused,
+//!   counted, warned once per cause and never loaded.
+//! - **Where.** `kpc/v<format>/<device digest>/<key digest>`: kpc's format version and the device
+//!   fingerprint are in every name, so a driver update or a new kpc never reads an older entry.
+//! - **Hits** are copied to the local disk by the chain (its backfill), so the next process hits
+//!   locally.
+//! - **Puts** come after the local disk's, through [`publish`]: the build waits at most
+//!   `KPC_CACHE_REMOTE_TIMEOUT` for them.
+//! - **One build per key per fleet** (Redis only, [`fleet_lock`]): after every store missed, the
+//!   process takes the key's fleet lock; others wait, bounded by `KPC_CACHE_LOCK_TIMEOUT`, polling the
+//!   remote for the entry, then build themselves.
+//! - **Failures** (down, killed, slow, full, garbage) are misses or skipped puts, one warning per
+//!   cause; after a connection failure or a timeout the remote is left alone for two seconds.
+//!
+//! `url.rs` (the URL) is always compiled, for the configuration; the rest needs the `remote` feature.
+
+pub mod url;
+
+#[cfg(all(feature = "remote", not(loom)))]
+mod fleet_lock;
+#[cfg(all(feature = "remote", not(loom)))]
+mod ops;
+#[cfg(all(feature = "remote", not(loom)))]
+mod publish;
+
+#[cfg(all(feature = "remote", not(loom)))]
+pub use imp::RemoteStore;
+
+#[cfg(all(feature = "remote", not(loom)))]
+mod imp {
+    use std::fmt;
+    use std::io;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use super::fleet_lock::FleetLocks;
+    use super::ops::{Failure, Ops};
+    use super::publish::{Publish, Publisher, Report};
+    use super::url::RemoteUrl;
+    use crate::cache::Digest;
+    use crate::cache::disk::DiskKey;
+    use crate::cache::disk::entry::FORMAT_VERSION;
+    use crate::cache::store::auth::{self, EntryKey};
+    use crate::cache::store::{
+        Access, BuildLock, LockGuard, PutOutcome, Removal, Store, StoreCounters, StoreEntry,
+        StoreHit, StoreKind, StoreStats, StoreWarnings, WarnCause, seal,
+    };
+    use crate::config::Config;
+
+    struct Shared {
+        ops: Arc<Ops>,
+        mac: Option<EntryKey>,
+        counters: StoreCounters,
+        warnings: StoreWarnings,
+        refusals: AtomicU64,
+    }
+
+    impl Shared {
+        /// Counts `f` (unless the call was skipped) and warns about it once per cause.
+        fn failed(&self, what: &str, f: &Failure) {
+            if f.skipped {
+                return;
+            }
+            self.counters.error();
+            self.warn(what, f);
+        }
+
+        fn warn(&self, what: &str, f: &Failure) {
+            if !f.skipped {
+                self.warnings
+                    .warn(f.cause, &format_args!("{what} failed ({})", f.detail));
+            }
+        }
+    }
+
+    /// A remote store. Shared as `Arc<dyn Store>`; every method takes `&self`.
+    ///
+    /// Guarantees: a hit passed [`auth::open`] for the key asked (MAC when a key is configured, both
+    /// checksums, the full key); no method fails the caller; no call waits on the remote longer than
+    /// `KPC_CACHE_REMOTE_TIMEOUT` (a fleet lock wait is bounded by `KPC_CACHE_LOCK_TIMEOUT`).
+    pub struct RemoteStore {
+        url: RemoteUrl,
+        shared: Arc<Shared>,
+        publisher: Option<Publisher>,
+        fleet: Option<FleetLocks>,
+        lock_timeout: Duration,
+    }
+
+    impl fmt::Debug for RemoteStore {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_tuple("RemoteStore").field(&self.url).finish()
+        }
+    }
+
+    /// The namespace of every entry: kpc's format version.
+    fn namespace() -> String {
+        format!("kpc/v{FORMAT_VERSION}/")
+    }
+
+    /// Where `key`'s entry lives on the remote.
+    pub(crate) fn path_of(key: &DiskKey) -> String {
+        format!(
+            "{}{}/{}",
+            namespace(),
+            key.device_digest().to_hex(),
+            key.digest().to_hex()
+        )
+    }
+
+    fn lock_name(key: &DiskKey) -> String {
+        format!("kpc-lock/{}", &path_of(key)["kpc/".len()..])
+    }
+
+    fn token() -> String {
+        let mut h = blake3::Hasher::new();
+        h.update(&std::process::id().to_le_bytes());
+        h.update(format!("{:?}{:?}", std::thread::current().id(), Instant::now()).as_bytes());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        h.update(&now.as_nanos().to_le_bytes());
+        h.finalize().to_hex()[..32].to_owned()
+    }
+
+    impl RemoteStore {
+        /// The remote `config` names (`KPC_CACHE_REMOTE`), or `None` if none is configured or it
+        /// could not be set up (warned once). Nothing is contacted: a remote that is down shows up as
+        /// misses.
+        pub fn from_config(config: &Config) -> Option<RemoteStore> {
+            let url = config.remote.as_ref()?;
+            RemoteStore::open(
+                url,
+                config.remote_timeout,
+                config.remote_key.clone(),
+                config.lock_timeout,
+            )
+        }
+
+        /// `url`, every call bounded by `timeout`, entries MAC'd with `mac` when given, fleet lock
+        /// waits bounded by `lock_timeout`. `None` (warned) if it could not be set up.
+        pub fn open(
+            url: &RemoteUrl,
+            timeout: Duration,
+            mac: Option<EntryKey>,
+            lock_timeout: Duration,
+        ) -> Option<RemoteStore> {
+            let warnings = StoreWarnings::new(format!("remote:{url}"));
+            let ops = match Ops::open(url, timeout) {
+                Ok(o) => Arc::new(o),
+                Err(e) => {
+                    warnings.warn(WarnCause::Unavailable, &e);
+                    return None;
+                }
+            };
+            let shared = Arc::new(Shared {
+                ops: Arc::clone(&ops),
+                mac,
+                counters: StoreCounters::default(),
+                warnings,
+                refusals: AtomicU64::new(0),
+            });
+            let s = Arc::clone(&shared);
+            let report: Report = Arc::new(move |len, r, claimed| match r {
+                Ok(()) => s.counters.put(len),
+                Err(f) if f.skipped => {}
+                Err(f) => {
+                    s.counters.error();
+                    if !claimed {
+                        s.warn("publishing an entry", f);
+                    }
+                }
+            });
+            let publisher = Publisher::start(ops, report, timeout);
+            let fleet = url
+                .redis_connection_url()
+                .and_then(|u| FleetLocks::new(&u, timeout).ok());
+            Some(RemoteStore {
+                url: url.clone(),
+                shared,
+                publisher,
+                fleet,
+                lock_timeout,
+            })
+        }
+
+        /// The URL (password hidden when displayed).
+        pub fn url(&self) -> &RemoteUrl {
+            &self.url
+        }
+
+        /// Entries refused by [`auth::open`] so far: failed authentication, damage, another key.
+        pub fn refusals(&self) -> u64 {
+            self.shared.refusals.load(Ordering::Relaxed)
+        }
+
+        /// A timeout from OpenDAL's redis pool also means "refused" (it retries connecting until the
+        /// timeout): a fresh connection tells which, so a remote that is down is reported as such.
+        fn diagnose(&self, mut f: Failure) -> Failure {
+            if f.cause == WarnCause::Timeout && !f.skipped {
+                if let Some(Err(e)) = self.fleet.as_ref().map(FleetLocks::ping) {
+                    if e.is_connection_refusal() {
+                        f.cause = WarnCause::Unavailable;
+                        f.detail = format!("{e}");
+                    }
+                }
+            }
+            f
+        }
+
+        /// Reads and opens `key`'s entry, counting and warning. `poll`: a fleet waiter looking for
+        /// the entry again, whose empty answers are not counted as misses (one request, one miss).
+        fn fetch_as(&self, key: &DiskKey, poll: bool) -> Option<StoreHit> {
+            let sh = &self.shared;
+            let value = match sh.ops.read(&path_of(key)) {
+                Ok(Some(v)) => v,
+                Ok(None) => {
+                    if !poll {
+                        sh.counters.miss();
+                    }
+                    return None;
+                }
+                Err(f) => {
+                    sh.counters.miss();
+                    sh.failed("a lookup", &self.diagnose(f));
+                    return None;
+                }
+            };
+            match auth::open(sh.mac.as_ref(), key, &value) {
+                Ok(hit) => {
+                    sh.counters.hit(hit.bytes().len());
+                    Some(hit)
+                }
+                Err(refusal) => {
+                    sh.counters.miss();
+                    sh.counters.error();
+                    sh.refusals.fetch_add(1, Ordering::Relaxed);
+                    let cause = if refusal.is_auth() {
+                        WarnCause::Unauthentic
+                    } else {
+                        WarnCause::Corrupt
+                    };
+                    sh.warnings.warn(
+                        cause,
+                        &format_args!("refused the entry for {} ({refusal})", key.digest()),
+                    );
+                    None
+                }
+            }
+        }
+
+        fn fetch(&self, key: &DiskKey) -> Option<StoreHit> {
+            self.fetch_as(key, false)
+        }
+
+        /// Every entry the remote holds for the device whose fingerprint digest is `device` (every
+        /// device when `None`), as its key record claims (listing does not authenticate; a lookup
+        /// does).
+        ///
+        /// Errors: the remote could not be listed.
+        pub fn list_device(&self, device: Option<Digest>) -> io::Result<Vec<StoreEntry>> {
+            let prefix = match device {
+                Some(d) => format!("{}{}/", namespace(), d.to_hex()),
+                None => namespace(),
+            };
+            let paths = match &self.fleet {
+                Some(f) => f
+                    .scan(&format!("{prefix}*"))
+                    .map_err(|e| io::Error::other(format!("listing {}: {e}", self.url)))?,
+                None => self.shared.ops.list(&prefix)?,
+            };
+            let mut out = Vec::new();
+            for p in paths {
+                let value = match self.shared.ops.read(&p) {
+                    Ok(Some(v)) => v,
+                    Ok(None) => continue,
+                    Err(f) => return Err(io::Error::other(f.detail)),
+                };
+                if let Some(record) = auth::claimed_record(&value) {
+                    out.push(StoreEntry {
+                        record,
+                        bytes: value.len() as u64,
+                        last_access: None,
+                    });
+                }
+            }
+            Ok(out)
+        }
+
+        fn wait_for_fleet(&self, fleet: &FleetLocks, key: &DiskKey) -> BuildLock {
+            let (name, token) = (lock_name(key), token());
+            let deadline = Instant::now() + self.lock_timeout;
+            let mut pause = Duration::from_millis(10);
+            let mut waited = false;
+            loop {
+                match fleet.try_acquire(&name, &token) {
+                    Ok(true) => {
+                        let held = fleet.hold(name, token);
+                        // The holder before us may have published just before releasing.
+                        if waited {
+                            if let Some(hit) = self.fetch_as(key, true) {
+                                return BuildLock::Published(hit);
+                            }
+                        }
+                        return BuildLock::Held(LockGuard::new(held));
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        self.shared.ops.hold_off();
+                        self.shared.counters.error();
+                        let cause = if e.is_timeout() {
+                            WarnCause::Timeout
+                        } else if e.to_string().contains("OOM") {
+                            // A full Redis (maxmemory, noeviction) refuses the lock's SET too.
+                            WarnCause::NoSpace
+                        } else {
+                            WarnCause::Unavailable
+                        };
+                        self.shared
+                            .warnings
+                            .warn(cause, &format_args!("the fleet build lock failed ({e})"));
+                        return BuildLock::Unavailable;
+                    }
+                }
+                waited = true;
+                let now = Instant::now();
+                if now >= deadline {
+                    self.shared.counters.error();
+                    self.shared.warnings.warn(
+                        WarnCause::LockTimeout,
+                        &format_args!(
+                            "another machine held the fleet build lock of {} past KPC_CACHE_LOCK_TIMEOUT ({:?})",
+                            key.digest(),
+                            self.lock_timeout
+                        ),
+                    );
+                    return BuildLock::Unavailable;
+                }
+                std::thread::sleep(pause.min(deadline - now));
+                pause = (pause * 2).min(Duration::from_millis(200));
+                if let Some(hit) = self.fetch_as(key, true) {
+                    return BuildLock::Published(hit);
+                }
+            }
+        }
+    }
+
+    impl Store for RemoteStore {
+        fn name(&self) -> String {
+            format!("remote:{}", self.url)
+        }
+
+        fn kind(&self) -> StoreKind {
+            StoreKind::Remote
+        }
+
+        fn get(&self, key: &DiskKey, _access: Access) -> Option<StoreHit> {
+            self.fetch(key)
+        }
+
+        fn lock_for_build(&self, key: &DiskKey) -> BuildLock {
+            match &self.fleet {
+                // A remote that just failed is not waited on again.
+                Some(_) if self.shared.ops.held_off() => BuildLock::Unavailable,
+                Some(f) => self.wait_for_fleet(f, key),
+                None => BuildLock::NotOffered,
+            }
+        }
+
+        fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
+            let Some(publisher) = &self.publisher else {
+                return PutOutcome::Skipped;
+            };
+            let value = auth::wrap(self.shared.mac.as_ref(), key, &seal(key, bytes, build_time));
+            match publisher.publish(path_of(key), value) {
+                Publish::Done(Ok(())) => PutOutcome::Published(0),
+                Publish::Done(Err(f)) => {
+                    // Counted by the publisher's report; warned here, on the caller's thread.
+                    self.shared.warn("publishing an entry", &self.diagnose(f));
+                    PutOutcome::Failed
+                }
+                Publish::Pending => {
+                    self.shared.warnings.warn(
+                        WarnCause::Timeout,
+                        &format_args!(
+                            "publishing took longer than KPC_CACHE_REMOTE_TIMEOUT; the build went on and the publish finishes in the background"
+                        ),
+                    );
+                    PutOutcome::Skipped
+                }
+                Publish::Dropped => {
+                    self.shared.counters.error();
+                    self.shared.warnings.warn(
+                        WarnCause::Timeout,
+                        &"the remote is not keeping up with publishing; an entry was not published",
+                    );
+                    PutOutcome::Failed
+                }
+            }
+        }
+
+        fn remove(&self, key: &DiskKey, what: Removal<'_>) -> bool {
+            let path = path_of(key);
+            if let Removal::Refused { bytes, reason } = what {
+                // Only the exact bytes refused go: a replacement published meanwhile stays.
+                let current = match self.shared.ops.read(&path) {
+                    Ok(Some(v)) => v,
+                    _ => return false,
+                };
+                match auth::open(self.shared.mac.as_ref(), key, &current) {
+                    Ok(hit) if hit.bytes() == bytes => {}
+                    _ => return false,
+                }
+                self.shared.warnings.warn(
+                    WarnCause::Rejected,
+                    &format_args!(
+                        "the backend refused a verified remote binary ({reason}); removing it"
+                    ),
+                );
+            }
+            match self.shared.ops.delete(&path) {
+                Ok(()) => true,
+                Err(f) => {
+                    self.shared.failed("a removal", &f);
+                    false
+                }
+            }
+        }
+
+        fn list(&self) -> io::Result<Vec<StoreEntry>> {
+            self.list_device(None)
+        }
+
+        fn stats(&self) -> StoreStats {
+            self.shared.counters.snapshot()
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! The remote's bytes through OpenDAL's blocking API: read, write, delete and list one path, each
+//! bounded by `KPC_CACHE_REMOTE_TIMEOUT` (OpenDAL's timeout layer), with every failure classified
+//! into a [`WarnCause`] and a short hold-off after the remote was unreachable or slow, so a dead
+//! remote costs one failed call per hold-off instead of one per kernel.
+
+use std::fmt;
+use std::io;
+use std::time::{Duration, Instant};
+
+use opendal::layers::TimeoutLayer;
+use opendal::{ErrorKind, Operator, blocking, services};
+use parking_lot::Mutex;
+
+use super::url::RemoteUrl;
+use crate::cache::store::WarnCause;
+
+/// After the remote was unreachable or slower than the timeout, calls are skipped for this long:
+/// long enough that a run of kernels against a dead remote does not pay a timeout each, short enough
+/// that a restarted remote is used again within seconds.
+const HOLD_OFF: Duration = Duration::from_secs(2);
+
+/// Why a remote call did not succeed.
+#[derive(Debug, Clone)]
+pub(crate) struct Failure {
+    /// The cause it is warned and counted under.
+    pub cause: WarnCause,
+    /// What happened, for the warning.
+    pub detail: String,
+    /// The call was not made: the remote is in its hold-off after an earlier failure.
+    pub skipped: bool,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+fn classify(e: &opendal::Error) -> WarnCause {
+    let text = format!("{e:#}");
+    let lower = text.to_ascii_lowercase();
+    if e.kind() == ErrorKind::PermissionDenied {
+        WarnCause::PermissionDenied
+    } else if lower.contains("timeout") || lower.contains("timed out") {
+        WarnCause::Timeout
+    } else if text.contains("OOM") || lower.contains("maxmemory") || lower.contains("no space") {
+        WarnCause::NoSpace
+    } else if lower.contains("refused")
+        || lower.contains("connect")
+        || lower.contains("broken pipe")
+        || lower.contains("reset")
+        || lower.contains("io error")
+        || lower.contains("unreachable")
+    {
+        WarnCause::Unavailable
+    } else {
+        WarnCause::Io
+    }
+}
+
+/// One remote, opened: an OpenDAL operator on a small runtime of its own.
+pub(crate) struct Ops {
+    // Declared before the runtime so it drops first.
+    op: blocking::Operator,
+    _rt: tokio::runtime::Runtime,
+    hold_off_until: Mutex<Option<Instant>>,
+}
+
+impl fmt::Debug for Ops {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Ops")
+    }
+}
+
+impl Ops {
+    /// Opens `url` with every call bounded by `timeout`. Nothing is contacted yet: an unreachable
+    /// remote shows up on the first call.
+    ///
+    /// Errors: OpenDAL refused the configuration, or no runtime thread could be started.
+    pub fn open(url: &RemoteUrl, timeout: Duration) -> Result<Ops, String> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("kpc-remote-io")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("could not start the remote I/O thread: {e}"))?;
+        let op = match url {
+            RemoteUrl::Redis {
+                tls,
+                host,
+                port,
+                db,
+                user,
+                password,
+            } => {
+                let scheme = if *tls { "rediss" } else { "tcp" };
+                let host = if host.contains(':') {
+                    format!("[{host}]")
+                } else {
+                    host.clone()
+                };
+                let mut b = opendal_service_redis::Redis::default()
+                    .endpoint(&format!("{scheme}://{host}:{port}"))
+                    .db(*db);
+                if let Some(u) = user {
+                    b = b.username(u);
+                }
+                if let Some(p) = password {
+                    b = b.password(p);
+                }
+                Operator::new(b).map(|o| o.finish())
+            }
+            RemoteUrl::Fs { root } => {
+                Operator::new(services::Fs::default().root(&root.to_string_lossy()))
+                    .map(|o| o.finish())
+            }
+            RemoteUrl::S3 {
+                bucket,
+                prefix,
+                region,
+                endpoint,
+            } => {
+                let mut b = services::S3::default()
+                    .bucket(bucket)
+                    .root(&format!("/{prefix}"));
+                if let Some(r) = region {
+                    b = b.region(r);
+                }
+                if let Some(e) = endpoint {
+                    b = b.endpoint(e);
+                }
+                Operator::new(b).map(|o| o.finish())
+            }
+        }
+        .map_err(|e| format!("OpenDAL refused {url}: {e}"))?;
+        let op = op.layer(
+            TimeoutLayer::default()
+                .with_timeout(timeout)
+                .with_io_timeout(timeout),
+        );
+        let op = {
+            let _entered = rt.enter();
+            blocking::Operator::new(op).map_err(|e| format!("OpenDAL: {e}"))?
+        };
+        Ok(Ops {
+            op,
+            _rt: rt,
+            hold_off_until: Mutex::new(None),
+        })
+    }
+
+    /// Runs `f` on the operator, where it can block: on this thread, or on a scoped plain thread
+    /// when this one is inside an async runtime (an embedder's), where blocking would panic.
+    fn call<T: Send>(
+        &self,
+        f: impl FnOnce(&blocking::Operator) -> opendal::Result<T> + Send,
+    ) -> Result<T, Failure> {
+        if let Some(until) = *self.hold_off_until.lock() {
+            if Instant::now() < until {
+                return Err(Failure {
+                    cause: WarnCause::Unavailable,
+                    detail: "skipped while the remote recovers from an earlier failure".into(),
+                    skipped: true,
+                });
+            }
+        }
+        let result = if tokio::runtime::Handle::try_current().is_ok() {
+            std::thread::scope(|s| {
+                s.spawn(|| f(&self.op))
+                    .join()
+                    .unwrap_or_else(|_| Err(opendal::Error::new(ErrorKind::Unexpected, "panicked")))
+            })
+        } else {
+            f(&self.op)
+        };
+        result.map_err(|e| {
+            let cause = classify(&e);
+            if matches!(cause, WarnCause::Unavailable | WarnCause::Timeout) {
+                *self.hold_off_until.lock() = Some(Instant::now() + HOLD_OFF);
+            }
+            Failure {
+                cause,
+                detail: format!("{e:#}"),
+                skipped: false,
+            }
+        })
+    }
+
+    /// Whether calls are being skipped after a recent failure.
+    pub fn held_off(&self) -> bool {
+        self.hold_off_until
+            .lock()
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Starts a hold-off after a failure seen outside OpenDAL (the fleet lock's connection).
+    pub fn hold_off(&self) {
+        *self.hold_off_until.lock() = Some(Instant::now() + HOLD_OFF);
+    }
+
+    /// The value at `path`, `None` if there is none.
+    pub fn read(&self, path: &str) -> Result<Option<Vec<u8>>, Failure> {
+        self.call(|op| match op.read(path) {
+            Ok(b) => Ok(Some(b.to_vec())),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        })
+    }
+
+    /// Stores `value` at `path`, replacing what was there.
+    pub fn write(&self, path: &str, value: Vec<u8>) -> Result<(), Failure> {
+        self.call(|op| op.write(path, value).map(|_| ()))
+    }
+
+    /// Removes `path` (nothing there is not an error).
+    pub fn delete(&self, path: &str) -> Result<(), Failure> {
+        self.call(|op| op.delete(path))
+    }
+
+    /// Every path under `prefix` (recursive), where the service can list (fs, s3; not redis).
+    pub fn list(&self, prefix: &str) -> io::Result<Vec<String>> {
+        let opts = opendal::options::ListOptions {
+            recursive: true,
+            ..Default::default()
+        };
+        self.call(|op| op.list_options(prefix, opts))
+            .map(|entries| {
+                entries
+                    .into_iter()
+                    .filter(|e| e.metadata().is_file())
+                    .map(|e| e.path().to_owned())
+                    .collect()
+            })
+            .map_err(|f| io::Error::other(f.detail))
+    }
+}

@@ -1,0 +1,104 @@
+//! Publishing to the remote without holding the user's build back: puts go to one background
+//! thread through a bounded queue, and the caller waits for its own put at most
+//! `KPC_CACHE_REMOTE_TIMEOUT`, so in the common case the entry is on the remote when the build
+//! returns (and a fleet waiter polling for it finds it), and a slow remote costs the build at most the
+//! timeout. A put that outlives the wait finishes in the background; a put that finds the queue full
+//! is dropped (the remote is not keeping up; the entry is on the local disk anyway).
+//!
+//! When the store is dropped the queue is given one more timeout to drain, then left: a process that
+//! exits does not wait on a dead remote.
+
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::ops::{Failure, Ops};
+
+/// Puts waiting for the background thread at most: beyond this the remote is not keeping up.
+const QUEUE: usize = 64;
+
+/// What became of one put, as the caller saw it.
+#[derive(Debug)]
+pub(crate) enum Publish {
+    /// It finished within the wait: stored, or failed with this.
+    Done(Result<(), Failure>),
+    /// Still running when the wait ran out; it finishes (or fails) in the background.
+    Pending,
+    /// The queue was full, or the thread is gone: not published.
+    Dropped,
+}
+
+struct Job {
+    path: String,
+    value: Vec<u8>,
+    done: mpsc::Sender<Result<(), Failure>>,
+}
+
+/// Told of every background put's result (its size, the result, and whether its caller was still
+/// waiting for it, which then warns itself on its own thread): counts, and warns about failures
+/// nobody waited for.
+pub(crate) type Report = Arc<dyn Fn(usize, &Result<(), Failure>, bool) + Send + Sync>;
+
+/// The background publisher of one remote store.
+pub(crate) struct Publisher {
+    tx: Mutex<Option<SyncSender<Job>>>,
+    finished: Mutex<Option<Receiver<()>>>,
+    wait: Duration,
+}
+
+impl Publisher {
+    /// Starts the thread that writes through `ops`; callers wait at most `wait` for their put.
+    /// `None` if no thread could be started.
+    pub fn start(ops: Arc<Ops>, report: Report, wait: Duration) -> Option<Publisher> {
+        let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
+        let (fin_tx, fin_rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("kpc-remote-publish".into())
+            .spawn(move || {
+                for job in rx {
+                    let len = job.value.len();
+                    let r = ops.write(&job.path, job.value);
+                    // The caller may have stopped waiting: then the report warns.
+                    let claimed = job.done.send(r.clone()).is_ok();
+                    report(len, &r, claimed);
+                }
+                let _ = fin_tx.send(());
+            })
+            .ok()?;
+        Some(Publisher {
+            tx: Mutex::new(Some(tx)),
+            finished: Mutex::new(Some(fin_rx)),
+            wait,
+        })
+    }
+
+    /// Queues `value` for `path` and waits for it at most the configured bound.
+    pub fn publish(&self, path: String, value: Vec<u8>) -> Publish {
+        let (done, result) = mpsc::channel();
+        let sent = match self.tx.lock().as_ref() {
+            Some(tx) => tx.try_send(Job { path, value, done }),
+            None => return Publish::Dropped,
+        };
+        match sent {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => return Publish::Dropped,
+        }
+        match result.recv_timeout(self.wait) {
+            Ok(r) => Publish::Done(r),
+            Err(RecvTimeoutError::Timeout) => Publish::Pending,
+            Err(RecvTimeoutError::Disconnected) => Publish::Dropped,
+        }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread once it has written what is queued.
+        self.tx.lock().take();
+        if let Some(fin) = self.finished.lock().take() {
+            let _ = fin.recv_timeout(self.wait);
+        }
+    }
+}
