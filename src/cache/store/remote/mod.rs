@@ -296,16 +296,16 @@ mod imp {
             let (name, token) = (lock_name(key), token());
             let deadline = Instant::now() + self.lock_timeout;
             let mut pause = Duration::from_millis(10);
-            let mut waited = false;
             loop {
                 match fleet.try_acquire(&name, &token) {
                     Ok(true) => {
                         let held = fleet.hold(name, token);
-                        // The holder before us may have published just before releasing.
-                        if waited {
-                            if let Some(hit) = self.fetch_as(key, true) {
-                                return BuildLock::Published(hit);
-                            }
+                        // Check again even on a first try: between this process's remote miss and
+                        // this SET, another machine may have built, published and released the key.
+                        // One GET per cold build is what a second build of the same key would cost
+                        // the fleet many times over.
+                        if let Some(hit) = self.fetch_as(key, true) {
+                            return BuildLock::Published(hit);
                         }
                         return BuildLock::Held(LockGuard::new(held));
                     }
@@ -327,7 +327,6 @@ mod imp {
                         return BuildLock::Unavailable;
                     }
                 }
-                waited = true;
                 let now = Instant::now();
                 if now >= deadline {
                     self.shared.counters.error();
