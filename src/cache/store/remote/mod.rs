@@ -237,9 +237,13 @@ mod imp {
                     Some(hit)
                 }
                 Err(refusal) => {
-                    sh.counters.miss();
-                    sh.counters.error();
-                    sh.refusals.fetch_add(1, Ordering::Relaxed);
+                    // A poll (a waiter's, or the check after taking the fleet lock) reads again what
+                    // this process's lookup already refused and counted: refused again, not counted again.
+                    if !poll {
+                        sh.counters.miss();
+                        sh.counters.error();
+                        sh.refusals.fetch_add(1, Ordering::Relaxed);
+                    }
                     let cause = if refusal.is_auth() {
                         WarnCause::Unauthentic
                     } else {
