@@ -35,6 +35,7 @@ mod cache_bundle;
 #[cfg(not(loom))]
 mod cache_explain;
 // `kpc cache ls --remote` and the remote in `kpc cache stats`.
+#[cfg(not(loom))]
 mod cache_remote;
 #[cfg(not(loom))]
 mod devices;
