@@ -109,14 +109,19 @@ fn main() -> ExitCode {
     }
 }
 
-/// KPC_CACHE_TRACE selects which layers emit events; this routes them to stderr.
+/// Routes kpc's events to stderr: always its warnings (a cache layer that degraded to "build it" says
+/// so once per cause), and with KPC_CACHE_TRACE the selected layers' trace events too.
 #[cfg(not(loom))]
 fn init_tracing(config: &Config) {
-    if config.trace.bits() != 0 {
-        let _ = tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_max_level(tracing::Level::DEBUG)
-            .with_target(true)
-            .try_init();
-    }
+    let level = if config.trace.bits() != 0 {
+        tracing::Level::DEBUG
+    } else {
+        tracing::Level::WARN
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_max_level(level)
+        .with_target(true)
+        .try_init();
 }
