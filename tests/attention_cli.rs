@@ -3,42 +3,12 @@
 
 mod common;
 
-use std::process::Command;
-
+use common::cli::{attention_check, kernel_sources};
 use common::disk::TempDir;
 use common::drivers::{opencl_device, vulkan_device};
 
 fn run(backend: &str, cache: &TempDir) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kpc"))
-        .args([
-            "attention",
-            "--backend",
-            backend,
-            "--check",
-            "--prompt",
-            "40",
-        ])
-        .args(["--steps", "8", "--heads", "4", "--kv-heads", "2"])
-        .env("KPC_CACHE_DIR", cache.path())
-        .env("KPC_CACHE_PERSISTENT", "1")
-        .env_remove("KPC_DEVICE")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(text.contains("check:") && text.contains(": ok"), "{text}");
-    text
-}
-
-fn kernel_sources(text: &str) -> Vec<&str> {
-    text.lines()
-        .filter(|l| l.trim_start().starts_with("attn_"))
-        .map(|l| l.split_whitespace().nth(1).unwrap())
-        .collect()
+    attention_check(backend, cache.path(), 8, |_| {})
 }
 
 fn built_then_disk(backend: &str) {

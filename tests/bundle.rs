@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::cli::{attention_check, kernel_sources};
 use common::disk::{TempDir, cache, key, payload};
 use common::drivers::{opencl_device, vulkan_device};
 use kpc::Error;
@@ -235,23 +236,10 @@ fn ok(out: Output) -> String {
 }
 
 fn attention(backend: &str, cache: &Path) -> Vec<String> {
-    let text = ok(kpc(cache)
-        .args(["attention", "--backend", backend, "--check"])
-        .args([
-            "--prompt",
-            "40",
-            "--steps",
-            "4",
-            "--heads",
-            "4",
-            "--kv-heads",
-            "2",
-        ])
-        .output()
-        .unwrap());
-    text.lines()
-        .filter(|l| l.trim_start().starts_with("attn_"))
-        .map(|l| l.split_whitespace().nth(1).unwrap().to_string())
+    let text = attention_check(backend, cache, 4, |_| {});
+    kernel_sources(&text)
+        .into_iter()
+        .map(str::to_string)
         .collect()
 }
 

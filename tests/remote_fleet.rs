@@ -7,10 +7,11 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::cli::{attention_check, kernel_sources};
 use common::disk::{TempDir, child, child_role};
 use common::drivers::{opencl_device, vulkan_device};
 use common::fake_backend::{FakeBackend, image};
@@ -22,40 +23,9 @@ const KEYS: usize = 4;
 const PROCESSES: usize = 8;
 
 fn attention(backend: &str, cache: &TempDir, remote: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kpc"))
-        .args(["attention", "--backend", backend, "--check"])
-        .args([
-            "--prompt",
-            "40",
-            "--steps",
-            "8",
-            "--heads",
-            "4",
-            "--kv-heads",
-            "2",
-        ])
-        .env("KPC_CACHE_DIR", cache.path())
-        .env("KPC_CACHE_PERSISTENT", "1")
-        .env("KPC_CACHE_REMOTE", remote)
-        .env_remove("KPC_DEVICE")
-        .env_remove("KPC_CACHE_REMOTE_KEY")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(text.contains("check:") && text.contains(": ok"), "{text}");
-    text
-}
-
-fn kernel_sources(text: &str) -> Vec<&str> {
-    text.lines()
-        .filter(|l| l.trim_start().starts_with("attn_"))
-        .map(|l| l.split_whitespace().nth(1).unwrap())
-        .collect()
+    attention_check(backend, cache.path(), 8, |c| {
+        c.env("KPC_CACHE_REMOTE", remote);
+    })
 }
 
 fn second_machine_is_served_by_the_remote(backend: &str, test: &str) {

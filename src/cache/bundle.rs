@@ -318,8 +318,6 @@ fn take(
         return Err("the index names another key for it".into());
     }
     let hit = auth::open(mac, &key, envelope).map_err(|r: Refusal| r.to_string())?;
-    if cache.get_read_only(&key).is_some() {
-        return Ok(PutOutcome::AlreadyPresent);
-    }
+    // The put itself answers AlreadyPresent for a key the cache holds a valid entry of.
     Ok(cache.put(&key, hit.bytes(), hit.build_time()))
 }

@@ -2,6 +2,7 @@
 //! tests that need a real driver, and real-file helpers for the disk cache tests.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod disk;
 pub mod drivers;
 pub mod fake_backend;

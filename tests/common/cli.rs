@@ -1,0 +1,56 @@
+//! Running the `kpc` command as a user runs it: `kpc attention --check` with the disk cache at a given
+//! directory, and the cache source of each attention kernel it reports.
+
+use std::path::Path;
+use std::process::Command;
+
+/// `kpc attention --backend BACKEND --check` on a small shape (prompt 40, `steps` decode steps, 4 query
+/// and 2 KV heads) with its disk cache at `cache` and no device selector or remote key from the test's
+/// environment; `configure` adds what the test needs. Asserts that it succeeded and passed the reference
+/// check; returns its stdout.
+pub fn attention_check(
+    backend: &str,
+    cache: &Path,
+    steps: u32,
+    configure: impl FnOnce(&mut Command),
+) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kpc"));
+    cmd.args([
+        "attention",
+        "--backend",
+        backend,
+        "--check",
+        "--prompt",
+        "40",
+    ])
+    .args([
+        "--steps",
+        &steps.to_string(),
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+    ])
+    .env("KPC_CACHE_DIR", cache)
+    .env("KPC_CACHE_PERSISTENT", "1")
+    .env_remove("KPC_DEVICE")
+    .env_remove("KPC_CACHE_REMOTE_KEY");
+    configure(&mut cmd);
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("check:") && text.contains(": ok"), "{text}");
+    text
+}
+
+/// The source (`built`, `disk`, `remote`, ...) of each attention kernel line of a `kpc attention` run.
+pub fn kernel_sources(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| l.trim_start().starts_with("attn_"))
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect()
+}
