@@ -4,10 +4,7 @@
 //!
 //! Run: `cargo bench --bench remote`.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kpc::cache::Digest;
@@ -35,48 +32,13 @@ fn payload(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 % 251) as u8).collect()
 }
 
-struct Redis(Child, PathBuf);
-
-impl Redis {
-    fn start() -> (Redis, u16) {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(format!("kpc-bench-redis-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new("/usr/bin/redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server (scripts/setup.sh installs it)");
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        (Redis(child, dir), port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
-}
+// The integration tests' redis-server harness (own loopback port and directory, killed on drop).
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 fn hits(c: &mut Criterion) {
-    let (_redis, port) = Redis::start();
-    let url = RemoteUrl::parse(&format!("redis://127.0.0.1:{port}/0")).unwrap();
+    let redis = common::redis::RedisServer::spawn(&[]);
+    let url = RemoteUrl::parse(&redis.url()).unwrap();
     let mac = EntryKey::from_secret("KPC_CACHE_REMOTE_KEY", "bench-secret-0123456789").unwrap();
     let remote = RemoteStore::open(
         &url,
