@@ -7,8 +7,8 @@
 //! shaderc-sys crate links libshaderc.so (found through pkg-config); this script adds the rest. Nothing
 //! here compiles C++: the build-time goal holds.
 //!
-//! In the cdylib (libkpc.so) those symbols must stay visible to libshaderc.so, which resolves them at
-//! load time; rustc's version script hides everything but the C API, so they are exported explicitly.
+//! The C library (kpc-capi's libkpc.so) exports those symbols again for libshaderc.so: see
+//! kpc-capi/build.rs.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -25,7 +25,8 @@ const GLSLANG: &[&str] = &[
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    if env::var("CARGO_CFG_LOOM").is_ok() {
+    // Only GLSL images (feature `glsl`) need shaderc; the loom build has no backends at all.
+    if env::var("CARGO_CFG_LOOM").is_ok() || env::var("CARGO_FEATURE_GLSL").is_err() {
         return;
     }
     let dir = lib_dir();
@@ -47,18 +48,6 @@ fn main() {
         println!("cargo:rustc-link-lib=static:+whole-archive,-bundle={lib}");
     }
     println!("cargo:rustc-link-lib=static:+whole-archive,-bundle=kpc_spirv_timer");
-    // libkpc.so: rustc's version script keeps only the C API global; these stay global too, for
-    // libshaderc.so to find when the library is loaded.
-    let map = out.join("kpc-glslang.map");
-    std::fs::write(
-        &map,
-        "{ global: extern \"C++\" { glslang::*; spv::*; spvtools::utils::*; vtable?for?glslang::*; vtable?for?spvtools::utils::*; typeinfo?for?glslang::*; }; };\n",
-    )
-    .expect("write the version script");
-    println!(
-        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
-        map.display()
-    );
 }
 
 /// Where the system's shaderc lives: pkg-config's answer, else Debian's multiarch directory.

@@ -10,7 +10,7 @@
 #
 # usage: scripts/install-capi.sh PREFIX [PROFILE]
 #   PROFILE is a cargo profile, release by default (dev for a quick debug build).
-# The header is the committed include/kpc.h, which `cargo test --test capi_header` keeps current.
+# The header is the committed kpc-capi/include/kpc.h, which `cargo test -p kpc-capi --test capi_header` keeps current.
 set -euo pipefail
 prefix=${1:?usage: scripts/install-capi.sh PREFIX [PROFILE]}
 profile=${2:-release}
@@ -19,7 +19,7 @@ case "$profile" in
   dev) outdir=target/debug ;;
   *) outdir=target/$profile ;;
 esac
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' kpc-capi/Cargo.toml | head -n1)
 major=${version%%.*}
 
 echo "install-capi: building kpc $version ($profile)" >&2
@@ -28,7 +28,7 @@ echo "install-capi: building kpc $version ($profile)" >&2
 # note when the library is already built).
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo rustc --lib --profile "$profile" -- \
+cargo rustc -p kpc-capi --lib --profile "$profile" -- \
   -C "link-arg=-Wl,-soname,libkpc.so.$major" --print native-static-libs 2>&1 | tee "$log" >&2
 static_libs=$(sed -n 's/.*native-static-libs: //p' "$log" | tail -n1)
 if [ -z "$static_libs" ]; then
@@ -37,7 +37,7 @@ if [ -z "$static_libs" ]; then
 fi
 
 install -d "$prefix/include" "$prefix/lib/pkgconfig"
-install -m 644 include/kpc.h "$prefix/include/kpc.h"
+install -m 644 kpc-capi/include/kpc.h "$prefix/include/kpc.h"
 install -m 755 "$outdir/libkpc.so" "$prefix/lib/libkpc.so.$major"
 ln -sf "libkpc.so.$major" "$prefix/lib/libkpc.so"
 install -m 644 "$outdir/libkpc.a" "$prefix/lib/libkpc.a"

@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 # The remote tier (feature `remote`: OpenDAL, redis, s3) adds about 100 s to a fresh 2-core build, which a
 # first run does not need: it is left out unless KPC_CACHE_REMOTE asks for a remote. scripts/test.sh and a
 # plain `cargo build --release` build it.
-features=(--no-default-features)
+features=(--no-default-features --features glsl)
 if [ -n "${KPC_CACHE_REMOTE:-}" ]; then features=(); fi
-cargo build --release --quiet "${features[@]}"
+cargo build --release --quiet -p kpc-cli "${features[@]}"
 if [ $# -eq 0 ]; then set -- attention --check; fi
 exec target/release/kpc "$@"

@@ -3,7 +3,7 @@
 # kpc's tests run on (Mesa lavapipe for Vulkan, PoCL for OpenCL), their loaders, and glslangValidator.
 # Idempotent; sourced by main.sh and test.sh.
 set -euo pipefail
-# libvulkan-dev, ocl-icd-opencl-dev and opencl-c-headers: the C API tests (tests/c/) are embedders that
+# libvulkan-dev, ocl-icd-opencl-dev and opencl-c-headers: the C API tests (kpc-capi/tests/c/) are embedders that
 # call Vulkan and OpenCL themselves, so they need the headers and the -lvulkan/-lOpenCL link names.
 # redis-server: the remote tier's tests start their own on a loopback port. libshaderc-dev: the shaderc
 # crate links Debian's library instead of building shaderc's C++ (GLSL images); build.rs adds what that

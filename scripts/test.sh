@@ -12,7 +12,7 @@ export KPC_TEST_DRIVER_LOG="$PWD/target/driver-tests.log"
 mkdir -p target
 : > "$KPC_TEST_DRIVER_LOG"
 echo "== cargo test (unit, integration, driver tests)"
-cargo test --release --all-targets 2>&1 | tee target/test-output.txt
+cargo test --release --workspace --all-targets 2>&1 | tee target/test-output.txt
 echo "== driver tests"
 for backend in vulkan opencl glslang redis; do
   ran=$(grep -c "^ran $backend " "$KPC_TEST_DRIVER_LOG" || true)
@@ -30,5 +30,5 @@ if grep -q "^skipped " "$KPC_TEST_DRIVER_LOG"; then
   exit 1
 fi
 echo "== loom models (separate target dir so the main build stays warm)"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release -p kpc --test loom
 echo "== all tests passed"

@@ -10,8 +10,9 @@
 //! on them. [`runtime::interop`] states the whole contract; cached kernels hand out their raw handles
 //! ([`Kernel::vulkan_handles`], [`Kernel::opencl_lease`]) and cache blobs ([`runtime::blob`]).
 //!
-//! From C: [`capi`] is the same surface as `include/kpc.h` (cdylib `libkpc.so`, staticlib `libkpc.a`),
-//! with status codes, a thread-local last error, and handles checked on every call.
+//! From C: the `kpc-capi` crate of this workspace is the same surface as `include/kpc.h` (cdylib
+//! `libkpc.so`, staticlib `libkpc.a`), with status codes, a thread-local last error, and handles
+//! checked on every call. The `kpc` binary is the `kpc-cli` crate.
 
 #![warn(missing_docs)]
 
@@ -19,8 +20,6 @@
 pub mod attention;
 pub mod backend;
 pub mod cache;
-#[cfg(not(loom))]
-pub mod capi;
 pub mod config;
 pub mod error;
 pub mod kernels;

@@ -6,5 +6,4 @@ pub mod cli;
 pub mod disk;
 pub mod drivers;
 pub mod fake_backend;
-#[cfg(feature = "remote")]
 pub mod redis;

@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
+#[cfg(feature = "glsl")]
 use shaderc::{
     CompileOptions, Compiler, EnvVersion, IncludeType, OptimizationLevel, ShaderKind, SpirvVersion,
     TargetEnv,
@@ -135,6 +136,7 @@ fn compile_error(src: &GlslSource, message: impl Into<String>) -> Error {
     }
 }
 
+#[cfg(feature = "glsl")]
 fn shaderc_error(src: &GlslSource, e: shaderc::Error) -> Error {
     match e {
         shaderc::Error::CompilationError(_, m) | shaderc::Error::InvalidStage(m) => {
@@ -151,6 +153,7 @@ fn shaderc_error(src: &GlslSource, e: shaderc::Error) -> Error {
     }
 }
 
+#[cfg(feature = "glsl")]
 /// The compiler, created once per process (shaderc's compiler object is thread-safe to share).
 fn compiler() -> Result<&'static Compiler> {
     static C: OnceLock<std::result::Result<Compiler, String>> = OnceLock::new();
@@ -159,6 +162,7 @@ fn compiler() -> Result<&'static Compiler> {
         .map_err(|m| Error::Io(format!("libshaderc could not create a compiler: {m}")))
 }
 
+#[cfg(feature = "glsl")]
 fn options(src: &GlslSource, pre: &Preprocessed) -> Result<CompileOptions<'static>> {
     let mut o = CompileOptions::new().map_err(|e| shaderc_error(src, e))?;
     let (env, spv) = match src.target {
@@ -203,12 +207,14 @@ fn options(src: &GlslSource, pre: &Preprocessed) -> Result<CompileOptions<'stati
     Ok(o)
 }
 
+#[cfg(feature = "glsl")]
 fn kind(stage: GlslStage) -> ShaderKind {
     match stage {
         GlslStage::Compute => ShaderKind::Compute,
     }
 }
 
+#[cfg(feature = "glsl")]
 /// Compiles `src` (its includes served from `pre`) to SPIR-V bytes whose entry point is named
 /// [`GlslSource::entry_point_name`]. The bytes are not validated here (the caller validates them
 /// as it would any SPIR-V image).
@@ -223,6 +229,7 @@ pub fn compile(src: &GlslSource, pre: &Preprocessed) -> Result<Vec<u8>> {
     rename_entry(src, words)
 }
 
+#[cfg(feature = "glsl")]
 /// Renames the `main` entry point to the image's entry name (what glslangValidator's `-e NAME
 /// --source-entrypoint main` does for the committed SPIR-V).
 fn rename_entry(src: &GlslSource, words: &[u32]) -> Result<Vec<u8>> {
@@ -255,6 +262,7 @@ fn rename_entry(src: &GlslSource, words: &[u32]) -> Result<Vec<u8>> {
         .collect())
 }
 
+#[cfg(feature = "glsl")]
 /// The compiler's identity for the SPIR-V cache key: the shaderc crate's API version, the SPIR-V
 /// version libshaderc reports, and the loaded libshaderc file (path, size, modification time), so
 /// that installing another libshaderc changes every key. Computed once per process.
@@ -287,4 +295,24 @@ pub fn compiler_identity() -> &'static str {
             (v >> 8) & 0xff
         )
     })
+}
+
+/// Without the `glsl` feature there is no compiler: a GLSL image is a typed error, not a link-time
+/// dependency on libshaderc for embedders that only load SPIR-V and OpenCL C.
+#[cfg(not(feature = "glsl"))]
+pub fn compile(src: &GlslSource, _pre: &Preprocessed) -> Result<Vec<u8>> {
+    Err(Error::Unavailable {
+        backend: crate::config::BackendKind::Vulkan,
+        reason: format!(
+            "GLSL image {:?}: kpc was built without its `glsl` feature (GLSL compiles through \
+             Debian's libshaderc); enable the feature, or pass SPIR-V",
+            src.name()
+        ),
+    })
+}
+
+/// The compiler identity without a compiler: no GLSL image is ever compiled, so no key uses it.
+#[cfg(not(feature = "glsl"))]
+pub fn compiler_identity() -> &'static str {
+    "no GLSL compiler (kpc built without the `glsl` feature)"
 }

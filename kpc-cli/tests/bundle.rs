@@ -2,6 +2,8 @@
 //! into a fresh cache and are disk hits there; a tampered, foreign or unsigned bundle is refused entry
 //! by entry; garbage is a typed error. Real files, real drivers and real child processes.
 
+// The support code all of the workspace's integration tests share.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::io::{Read, Write};

@@ -1,6 +1,8 @@
 //! `kpc attention --check` on each backend: the run passes the reference check, the first run builds
 //! the kernels and a second process loads them from the disk cache.
 
+// The support code all of the workspace's integration tests share.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use common::cli::{attention_check, kernel_sources};

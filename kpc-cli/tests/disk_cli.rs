@@ -1,5 +1,7 @@
 //! `kpc cache path|stats|ls|verify|prune|clear`, run as the real binary against a real cache directory.
 
+// The support code all of the workspace's integration tests share.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -3,6 +3,8 @@
 //! fingerprint (the fake backend with another driver version) does too; `kpc cache explain --json`
 //! names the changed spec constant for a kernel `kpc attention` uses and for a key given as a blob id.
 
+// The support code all of the workspace's integration tests share.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;

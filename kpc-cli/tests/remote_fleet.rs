@@ -4,6 +4,8 @@
 //! all of them (the fleet build lock).
 #![cfg(feature = "remote")]
 
+// The support code all of the workspace's integration tests share.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::PathBuf;

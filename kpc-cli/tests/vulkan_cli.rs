@@ -1,5 +1,7 @@
 //! The `kpc` command's Vulkan parts, run as a user runs them.
 
+// The support code all of the workspace's integration tests share.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::Command;

@@ -1,6 +1,8 @@
 //! GLSL images on lavapipe: compiled to SPIR-V at run time through shaderc, the SPIR-V cached in
 //! memory and in the stores in front of the program cache.
 
+// The support code all of the workspace's integration tests share.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

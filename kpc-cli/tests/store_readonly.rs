@@ -5,6 +5,8 @@
 //! binaries the backend refuses, in this process and in child processes configured by the
 //! environment. Plus the variable's parsing errors.
 
+// The support code all of the workspace's integration tests share.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;

@@ -2,6 +2,8 @@
 //! misses as usual, every program is built fresh anyway, the fresh binary is compared with the cached
 //! one, and the cache directory is byte for byte what it was (every file's path, bytes and mtime).
 
+// The support code all of the workspace's integration tests share.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;

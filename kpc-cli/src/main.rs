@@ -1,58 +1,34 @@
 //! The `kpc` command: runs the attention workload and inspects the caches.
-//!
-//! Under `--cfg loom` (the model-checking build, which compiles the library without its backends) the
-//! binary is an empty shell: cargo builds it for every integration test, loom's included.
 
-#[cfg(loom)]
-fn main() {}
-
-#[cfg(not(loom))]
 use std::process::ExitCode;
 
-#[cfg(not(loom))]
 use clap::{Parser, Subcommand};
-#[cfg(not(loom))]
 use kpc::Config;
 
-#[cfg(not(loom))]
 mod attention;
-#[cfg(not(loom))]
 mod attention_args;
-#[cfg(not(loom))]
 mod bench_build;
-#[cfg(not(loom))]
 mod bench_build_cl;
-#[cfg(not(loom))]
 mod bench_glsl;
-#[cfg(not(loom))]
 mod bench_launch;
-#[cfg(not(loom))]
 mod bench_start;
-#[cfg(not(loom))]
 mod cache;
-#[cfg(not(loom))]
 mod cache_bundle;
-#[cfg(not(loom))]
 mod cache_explain;
 // `kpc cache ls --remote` and the remote in `kpc cache stats`.
-#[cfg(not(loom))]
 mod cache_remote;
-#[cfg(not(loom))]
 mod devices;
-#[cfg(not(loom))]
 mod status;
 
 /// kpc: GPU kernels built once, reused from memory and disk.
 #[derive(Parser, Debug)]
 #[command(name = "kpc", version, about)]
-#[cfg(not(loom))]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
-#[cfg(not(loom))]
 enum Command {
     /// Run a causal prefill and decode steps with a KV cache, report kernel sources, timings and
     /// bandwidth, and with --check compare against the float64 reference.
@@ -79,7 +55,6 @@ enum Command {
     BenchGlsl(bench_glsl::Args),
 }
 
-#[cfg(not(loom))]
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let config = match Config::from_env() {
@@ -111,7 +86,6 @@ fn main() -> ExitCode {
 
 /// Routes kpc's events to stderr: always its warnings (a cache layer that degraded to "build it" says
 /// so once per cause), and with KPC_CACHE_TRACE the selected layers' trace events too.
-#[cfg(not(loom))]
 fn init_tracing(config: &Config) {
     let level = if config.trace.bits() != 0 {
         tracing::Level::DEBUG

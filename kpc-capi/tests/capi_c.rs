@@ -5,6 +5,8 @@
 //!
 //! A missing `cc` or driver is a skip (a failure under `KPC_TEST_REQUIRE_DRIVERS=1`, hence in CI).
 
+// The support code all of the workspace's integration tests share.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -28,13 +30,13 @@ fn deps_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The cdylib built for this run, checked to be from the same rustc invocation as the rlib this test
-/// links (both are written together; an older `.so` means the crate type was dropped and a stale
-/// library would be tested).
+/// The cdylib built for this run, checked to be from the same rustc invocation as the staticlib
+/// (both are written together; an older `.so` means the crate type was dropped and a stale library
+/// would be tested).
 fn cdylib() -> PathBuf {
     let dir = deps_dir();
     let so = dir.join("libkpc.so");
-    let rlib = dir.join("libkpc.rlib");
+    let rlib = dir.join("libkpc.a");
     let mtime = |p: &Path| {
         std::fs::metadata(p)
             .and_then(|m| m.modified())
@@ -139,7 +141,7 @@ fn run(exe: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
 }
 
 fn kernel_file(name: &str) -> String {
-    repo().join("kernels").join(name).display().to_string()
+    repo().join("../kernels").join(name).display().to_string()
 }
 
 /// e: NULL and garbage into every entry point: error codes and messages, never a crash.

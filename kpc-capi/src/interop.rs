@@ -14,9 +14,9 @@ use super::kernel::{KernelObject, kpc_kernel};
 use super::registry::{self, Object};
 use super::util::{check_out, write_out, write_versioned};
 use super::{Failure, guard, kpc_config, kpc_status};
-use crate::backend::opencl::{OpenClHandles, OpenClKernelLease};
-use crate::backend::vulkan::{VulkanFeatures, VulkanHandles};
-use crate::runtime::Context;
+use kpc::backend::opencl::{OpenClHandles, OpenClKernelLease};
+use kpc::backend::vulkan::{VulkanFeatures, VulkanHandles};
+use kpc::runtime::Context;
 
 /// `shaderInt16` was enabled on the device.
 pub const KPC_VULKAN_FEATURE_SHADER_INT16: u64 = 1 << 0;
