@@ -9,8 +9,8 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kpc::cache::Digest;
 use kpc::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache};
-use kpc::cache::store::auth::EntryKey;
 use kpc::cache::store::{Access, RemoteStore, Store};
+use kpc::config::MacKey;
 use kpc::config::RemoteUrl;
 
 const DEVICE: &str =
@@ -39,7 +39,7 @@ mod common;
 fn hits(c: &mut Criterion) {
     let redis = common::redis::RedisServer::spawn(&[]);
     let url = RemoteUrl::parse(&redis.url()).unwrap();
-    let mac = EntryKey::from_secret("KPC_CACHE_REMOTE_KEY", "bench-secret-0123456789").unwrap();
+    let mac = MacKey::from_secret("KPC_CACHE_REMOTE_KEY", "bench-secret-0123456789").unwrap();
     let remote = RemoteStore::open(
         &url,
         Duration::from_secs(5),

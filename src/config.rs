@@ -292,7 +292,7 @@ pub struct Config {
     /// (`KPC_CACHE_REMOTE_TIMEOUT`, default 2 s).
     pub remote_timeout: Duration,
     /// The fleet's MAC key (`KPC_CACHE_REMOTE_KEY`, default none: entries unauthenticated).
-    pub remote_key: Option<EntryKey>,
+    pub remote_key: Option<MacKey>,
 }
 
 /// 1 GiB, the default disk limit and largest persisted image.
@@ -384,7 +384,7 @@ impl Config {
             b = b.remote_timeout(parse_duration(vars::CACHE_REMOTE_TIMEOUT, &v)?);
         }
         if let Some(v) = get(vars::CACHE_REMOTE_KEY)? {
-            b = b.remote_key(EntryKey::from_secret(vars::CACHE_REMOTE_KEY, &v)?);
+            b = b.remote_key(MacKey::from_secret(vars::CACHE_REMOTE_KEY, &v)?);
         }
         // Paths are bytes on Unix, so the cache roots are the variables not required to be UTF-8.
         if let Some(v) = lookup(vars::CACHE_READONLY_DIRS) {
@@ -525,8 +525,8 @@ impl ConfigBuilder {
         self.config.remote_timeout = t;
         self
     }
-    /// Sets the fleet's MAC key (see [`EntryKey::from_secret`]).
-    pub fn remote_key(mut self, key: impl Into<Option<EntryKey>>) -> Self {
+    /// Sets the fleet's MAC key (see [`MacKey::from_secret`]).
+    pub fn remote_key(mut self, key: impl Into<Option<MacKey>>) -> Self {
         self.config.remote_key = key.into();
         self
     }
@@ -583,8 +583,10 @@ impl ConfigBuilder {
     }
 }
 
-use crate::cache::store::auth::EntryKey;
-pub use crate::cache::store::remote::url::RemoteUrl;
+mod mac_key;
+mod remote_url;
+pub use mac_key::MacKey;
+pub use remote_url::RemoteUrl;
 
 mod parse;
 pub mod prefetch;

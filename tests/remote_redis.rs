@@ -16,9 +16,9 @@ use common::disk::{Ev, TempDir, capture};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::{RedisServer, dead_url};
 use kpc::Config;
-use kpc::cache::store::auth::{self, EntryKey};
+use kpc::cache::store::auth;
 use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
-use kpc::config::{ConfigError, RemoteUrl};
+use kpc::config::{ConfigError, MacKey, RemoteUrl};
 use kpc::runtime::{ProgramManager, Source};
 
 const SECRET: &str = "0123456789abcdef-fleet-secret";
@@ -28,7 +28,7 @@ fn config(root: &Path, url: &str, key: Option<&str>) -> Config {
         .cache_dir(root)
         .remote(RemoteUrl::parse(url).unwrap())
         .remote_timeout(Duration::from_millis(500))
-        .remote_key(key.map(|k| EntryKey::from_secret("KPC_CACHE_REMOTE_KEY", k).unwrap()))
+        .remote_key(key.map(|k| MacKey::from_secret("KPC_CACHE_REMOTE_KEY", k).unwrap()))
         .lock_timeout(Duration::from_secs(20))
         .build()
         .unwrap()
@@ -302,7 +302,7 @@ fn poisoned_garbage_truncated_and_misplaced_values_are_refused() {
     // or MAC'd with another secret.
     let forged = kpc::cache::store::seal(&key0, b"FAKEBIN1 evil binary", Duration::ZERO);
     let no_mac = auth::wrap(None, &key0, &forged);
-    let other = EntryKey::from_secret("KPC_CACHE_REMOTE_KEY", "another-secret-of-16+").unwrap();
+    let other = MacKey::from_secret("KPC_CACHE_REMOTE_KEY", "another-secret-of-16+").unwrap();
     let wrong_mac = auth::wrap(Some(&other), &key0, &forged);
     for (tag, v) in [("nomac", no_mac), ("wrongmac", wrong_mac)] {
         let orig = r.get(target);

@@ -14,6 +14,7 @@ use super::kernel::{KernelObject, kpc_kernel};
 use super::registry::{self, Object};
 use super::util::{check_out, write_out, write_versioned};
 use super::{Failure, guard, kpc_config, kpc_status};
+use crate::arrays::VulkanArrays;
 use kpc::backend::opencl::{OpenClHandles, OpenClKernelLease};
 use kpc::backend::vulkan::{VulkanFeatures, VulkanHandles};
 use kpc::runtime::Context;
@@ -294,16 +295,6 @@ pub struct kpc_vulkan_binding {
     pub binding: u32,
     /// Its `VkDescriptorType` (storage buffers for kpc's kernels).
     pub descriptor_type: u32,
-}
-
-/// The arrays a `kpc_vulkan_kernel_handles` points into, owned by the kernel handle.
-pub(crate) struct VulkanArrays {
-    set_layouts: Vec<u64>,
-    bindings: Vec<kpc_vulkan_binding>,
-    pipeline: u64,
-    pipeline_layout: u64,
-    push: Option<vk::PushConstantRange>,
-    local_size: [u32; 3],
 }
 
 /// The raw Vulkan handles of a kernel, for recording a dispatch in the caller's own command buffer.

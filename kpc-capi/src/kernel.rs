@@ -131,7 +131,7 @@ pub(crate) struct KernelObject {
     pub(crate) kernel: Kernel,
     pub(crate) backend: BackendKind,
     /// The arrays `kpc_kernel_vulkan_handles` points into, made on first request.
-    pub(crate) vulkan: OnceLock<super::interop::VulkanArrays>,
+    pub(crate) vulkan: OnceLock<crate::arrays::VulkanArrays>,
     /// The cache blob, made on first request, so that the two calls of the size-then-copy pattern
     /// see the same bytes.
     pub(crate) blob: OnceLock<Vec<u8>>,

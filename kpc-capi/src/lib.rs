@@ -23,6 +23,7 @@
 
 #![allow(non_camel_case_types)]
 
+mod arrays;
 mod blob;
 mod config;
 mod context;

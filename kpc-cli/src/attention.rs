@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 pub use crate::attention_args::{Args, Plan, plan};
+use crate::attention_report::{Report, say};
 use kpc::attention::reference::{attention, relative_error};
 use kpc::attention::{
     Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
@@ -125,7 +126,10 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         options,
     } = plan(config, args)?;
     let ctx = Context::with_device(&device, config)?;
-    let code = workload(args, &device, &ctx, shape, dtype, options)?;
+    let mut report = Report::default();
+    let result = workload(&mut report, args, &device, &ctx, shape, dtype, options);
+    report.print(result.is_ok());
+    let code = result?;
     for l in ctx.store_stats() {
         if l.kind == kpc::cache::StoreKind::Remote {
             // What the fleet's cache did for this run (KPC_CACHE_REMOTE).
@@ -145,6 +149,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
 
 /// Everything `kpc attention` runs on `ctx`, up to its exit status.
 fn workload(
+    log: &mut Report,
     args: &Args,
     device: &kpc::backend::DeviceInfo,
     ctx: &Context,
@@ -155,12 +160,33 @@ fn workload(
     let (prompt, steps) = (args.prompt, args.steps);
     let total = prompt + steps;
     let d = shape.head_dim;
-    println!(
+    say!(
+        log,
         "kpc attention: B={} Hq={} Hkv={} D={} prompt={} steps={} kv={:?}",
-        shape.batch, shape.q_heads, shape.kv_heads, d, prompt, steps, dtype
+        shape.batch,
+        shape.q_heads,
+        shape.kv_heads,
+        d,
+        prompt,
+        steps,
+        dtype
     );
-    println!(
+    say!(
+        log,
         "device: {}:{} {} [{}], driver {}",
+        device.backend,
+        device.index,
+        device.name,
+        device.device_type,
+        device.driver
+    );
+    log.what = format!(
+        "causal prefill of {prompt} positions, then {steps} decode steps with a KV cache \
+         (batch {}, {} query / {} KV heads, head dim {d}, {dtype:?} K/V)",
+        shape.batch, shape.q_heads, shape.kv_heads
+    );
+    log.device = format!(
+        "{}:{} {} ({}), driver {}",
         device.backend, device.index, device.name, device.device_type, device.driver
     );
 
@@ -182,7 +208,8 @@ fn workload(
         ),
         _ => String::new(),
     };
-    println!(
+    say!(
+        log,
         "kernels (decode: {:?}{decode_how}, prefill: {:?}{}):",
         attn.decode_kernel(),
         attn.prefill_kernel(),
@@ -195,7 +222,13 @@ fn workload(
         }
     );
     for k in attn.kernels().into_iter().chain([&copy_kernel]) {
-        println!(
+        log.kernels.push((
+            k.name().to_string(),
+            k.source().to_string(),
+            k.acquire_time().as_secs_f64() * 1e3,
+        ));
+        say!(
+            log,
             "  {:<16} {:<8} {:>10.3} ms",
             k.name(),
             k.source().to_string(),
@@ -203,8 +236,8 @@ fn workload(
         );
         if args.from_source {
             match k.spirv_step() {
-                Some(step) => println!("    spirv: {step}"),
-                None => println!("    spirv: committed"),
+                Some(step) => say!(log, "    spirv: {step}"),
+                None => say!(log, "    spirv: committed"),
             }
         }
         if !k.driver_stats().is_empty() {
@@ -213,7 +246,7 @@ fn workload(
                 .iter()
                 .map(|(n, v)| format!("{n}={v}"))
                 .collect();
-            println!("    driver: {}", stats.join(", "));
+            say!(log, "    driver: {}", stats.join(", "));
         }
     }
 
@@ -249,7 +282,10 @@ fn workload(
             }
             pos += n;
         }
-        println!("prefill: skipped (--fill: the prompt's K/V were uploaded)");
+        say!(
+            log,
+            "prefill: skipped (--fill: the prompt's K/V were uploaded)"
+        );
     } else {
         let mut q = rng.vec(rows_q * prompt * d);
         q.iter_mut().for_each(|x| *x *= args.q_scale);
@@ -257,8 +293,11 @@ fn workload(
         let v = rng.vec(rows_kv * prompt * d);
         let qb = ctx.buffer_from(&q)?;
         let out = ctx.buffer_from(&vec![f32::NAN; rows_q * prompt * d])?;
-        let first = timed(|| attn.prefill(&mut cache, &qb, &k, &v, prompt, &out))?;
-        let mut times = vec![first];
+        // The first run writes the prompt's K/V and is not timed: drivers that compile at the first
+        // dispatch (lavapipe's LLVM, with Mesa's shader cache cold, took 3 s there) would make it
+        // a compile measurement. The timed runs attend over the K/V it wrote.
+        attn.prefill(&mut cache, &qb, &k, &v, prompt, &out)?
+            .wait()?;
         if args.prefill_runs > 1 {
             // Later runs attend over the K/V the first one wrote: re-uploading them each time
             // left the GPU idle for most of each run, and its clocks fell between short
@@ -268,20 +307,23 @@ fn workload(
             while warm.elapsed() < Duration::from_millis(300) {
                 attn.prefill_cached(&cache, &qb, prompt, &out)?.wait()?;
             }
-            times = (0..args.prefill_runs)
-                .map(|_| timed(|| attn.prefill_cached(&cache, &qb, prompt, &out)))
-                .collect::<kpc::Result<_>>()?;
         }
+        let mut times = (0..args.prefill_runs.max(1))
+            .map(|_| timed(|| attn.prefill_cached(&cache, &qb, prompt, &out)))
+            .collect::<kpc::Result<Vec<_>>>()?;
         times.sort();
         let prefill_time = times[times.len() / 2];
+        log.prefill_ms = Some(prefill_time.as_secs_f64() * 1e3);
         // Causal: about half of the L x L scores, two matmuls of 2 * D flops each.
         let flops = 2.0 * rows_q as f64 * (prompt as f64).powi(2) * d as f64;
-        println!(
+        say!(
+            log,
             "prefill: {:.3} ms, {:.4} TFLOP/s (causal, 2*B*H*L^2*D flops)",
             prefill_time.as_secs_f64() * 1e3,
             flops / prefill_time.as_secs_f64() / 1e12
         );
-        println!(
+        say!(
+            log,
             "bench: phase=prefill L={prompt} ms={:.4} tflops={:.4}",
             prefill_time.as_secs_f64() * 1e3,
             flops / prefill_time.as_secs_f64() / 1e12
@@ -401,13 +443,16 @@ fn workload(
         let wall_us = wall / n * 1e6;
         let host_us = host / n * 1e6;
         let gbs_wall = bytes / wall / 1e9;
-        println!(
+        log.decode_us = Some(wall_us);
+        say!(
+            log,
             "decode:  {wall_us:.1} us/step wall, back to back ({steps} steps of append + split + \
              reduce, {} splits at L={prompt}; median of {REPS} runs), {gbs_wall:.2} GB/s of K/V \
              read",
             attn.splits(prompt + 1)
         );
-        println!(
+        say!(
+            log,
             "host:    {host_us:.1} us/step inside Attention::decode (recording and submitting)"
         );
         let names: Vec<String> = attn
@@ -422,7 +467,8 @@ fn workload(
             .collect::<Vec<_>>()
             .join("/");
         let (dev_us, gbs_dev) = if timed {
-            println!(
+            say!(
+                log,
                 "device:  {:.1} us/step from the first launch's start to the last one's end \
                  ({} us: {}), {:.2} GB/s",
                 device / n * 1e6,
@@ -434,7 +480,8 @@ fn workload(
         } else {
             (f64::NAN, f64::NAN)
         };
-        println!(
+        say!(
+            log,
             "copy:    {:.2} GB/s (copy kernel, same run); decode/copy = {:.1}% on the device, {:.1}% \
              wall",
             copy_bw / 1e9,
@@ -452,7 +499,8 @@ fn workload(
         )?
         .as_secs_f64()
             * 1e6;
-        println!(
+        say!(
+            log,
             "copy:    {same_us:.1} us for a copy moving one step's {:.1} MB: decode/that copy = \
              {:.1}% on the device",
             step_bytes / 1e6,
@@ -467,13 +515,15 @@ fn workload(
         )?
         .as_secs_f64()
             * 1e6;
-        println!(
+        say!(
+            log,
             "read:    {read_us:.1} us for a read of one step's {:.1} MB: decode/that read = \
              {:.1}% on the device",
             step_bytes / 1e6,
             100.0 * read_us / dev_us
         );
-        println!(
+        say!(
+            log,
             "bench: phase=decode L={prompt} wall_us={wall_us:.2} device_us={dev_us:.2} \
              host_us={host_us:.1} launches_us={per_launch} \
              splits={} gbs={gbs_dev:.1} copy_gbs={:.1} pct_device={:.1} pct_wall={:.1} \
@@ -486,7 +536,11 @@ fn workload(
             100.0 * read_us / dev_us
         );
     } else {
-        println!("copy:    {:.2} GB/s (copy kernel, same run)", copy_bw / 1e9);
+        say!(
+            log,
+            "copy:    {:.2} GB/s (copy kernel, same run)",
+            copy_bw / 1e9
+        );
     }
 
     if args.check {
@@ -520,8 +574,10 @@ fn workload(
             }
             worst = worst.max(relative_error(&got, &want));
         }
+        log.check = Some((worst, tolerance));
         let ok = worst <= tolerance;
-        println!(
+        say!(
+            log,
             "check:   |out - ref| / |ref| = {worst:.3e} (tolerance {tolerance:e}): {}",
             if ok { "ok" } else { "FAILED" }
         );

@@ -144,13 +144,6 @@ fn ago(t: SystemTime) -> String {
     }
 }
 
-pub(crate) fn print_json(v: &Value) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(v).expect("a JSON value always serializes")
-    );
-}
-
 fn device_of(e: &EntryInfo) -> (String, String) {
     match &e.record {
         Some(r) => (
@@ -207,7 +200,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                         json!({"device": dir, "backend": backend, "name": name, "entries": n, "bytes": b})
                     })
                     .collect();
-                print_json(&json!({
+                crate::output::print_json(&json!({
                     "root": cache.root(),
                     "enabled": config.persistent,
                     "max_size": max_size,
@@ -298,7 +291,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                         })
                     })
                     .collect();
-                print_json(&Value::Array(rows));
+                crate::output::print_json(&Value::Array(rows));
             } else {
                 println!(
                     "{:<26}  {:<36}  {:<20}  {:>10}  LAST ACCESS",
@@ -339,7 +332,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     .iter()
                     .map(|b| json!({"path": b.path, "slot": b.slot, "problem": b.problem, "quarantined": b.quarantined}))
                     .collect();
-                print_json(&json!({
+                crate::output::print_json(&json!({
                     "checked": r.checked,
                     "valid": r.valid,
                     "bad": bad,
@@ -391,7 +384,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
             if json {
-                print_json(&json!({
+                crate::output::print_json(&json!({
                     "removed": r.removed,
                     "removed_bytes": r.removed_bytes,
                     "stale_removed": r.stale_removed,
@@ -419,7 +412,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
         CacheCommand::Clear { json } => {
             let r = cache.clear().map_err(io)?;
             if json {
-                print_json(&json!({
+                crate::output::print_json(&json!({
                     "removed": r.removed,
                     "removed_bytes": r.removed_bytes,
                     "stale_removed": r.stale_removed,

@@ -6,12 +6,12 @@ use std::process::ExitCode;
 use clap::Args;
 use kpc::cache::bundle::{self, ImportReport};
 use kpc::cache::disk::PersistentCache;
-use kpc::cache::store::auth::EntryKey;
 use kpc::config::DeviceSelector;
+use kpc::config::MacKey;
 use kpc::{Config, Error};
 use serde_json::json;
 
-use crate::cache::print_json;
+use crate::output::print_json;
 
 #[derive(Args, Debug)]
 pub struct ExportArgs {
@@ -41,7 +41,7 @@ fn parse_selector(s: &str) -> Result<DeviceSelector, String> {
 
 /// The fleet's MAC key, if `KPC_CACHE_REMOTE_KEY` sets one: entries are signed on export and must be
 /// signed with it on import.
-fn mac_key(config: &Config) -> Option<&EntryKey> {
+fn mac_key(config: &Config) -> Option<&MacKey> {
     config.remote_key.as_ref()
 }
 

@@ -268,7 +268,7 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
                 })
             })
             .collect();
-        crate::cache::print_json(&json!({
+        crate::output::print_json(&json!({
             "device": format!("{}:{} {}", device.backend, device.index, device.name),
             "fingerprint": device.fingerprint.digest.to_hex(),
             "kernels": kernels,

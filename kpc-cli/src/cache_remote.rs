@@ -57,7 +57,7 @@ pub fn ls(config: &Config, json: bool) -> kpc::Result<ExitCode> {
                 })
             })
             .collect();
-        crate::cache::print_json(&json!({"remote": url, "entries": rows}));
+        crate::output::print_json(&json!({"remote": url, "entries": rows}));
     } else {
         println!("remote {url}");
         println!(

@@ -7,6 +7,7 @@ use kpc::Config;
 
 mod attention;
 mod attention_args;
+mod attention_report;
 mod bench_build;
 mod bench_build_cl;
 mod bench_glsl;
@@ -18,6 +19,7 @@ mod cache_explain;
 // `kpc cache ls --remote` and the remote in `kpc cache stats`.
 mod cache_remote;
 mod devices;
+mod output;
 mod status;
 
 /// kpc: GPU kernels built once, reused from memory and disk.

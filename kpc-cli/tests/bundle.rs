@@ -17,12 +17,12 @@ use common::drivers::{opencl_device, vulkan_device};
 use kpc::Error;
 use kpc::cache::bundle::{self, ImportReport};
 use kpc::cache::disk::PutOutcome;
-use kpc::cache::store::auth::EntryKey;
+use kpc::config::MacKey;
 
 const SECRET: &str = "the fleet's shared secret, 2026";
 
-fn mac(s: &str) -> EntryKey {
-    EntryKey::from_secret("KPC_CACHE_REMOTE_KEY", s).unwrap()
+fn mac(s: &str) -> MacKey {
+    MacKey::from_secret("KPC_CACHE_REMOTE_KEY", s).unwrap()
 }
 
 /// A cache with `n` entries of distinct keys and payload sizes.
@@ -132,7 +132,7 @@ fn signed_bundles_need_the_same_key_and_unsigned_ones_are_refused_with_a_key() {
     );
     bundle::export(&src, None, None, &unsigned).unwrap();
 
-    let check = |file: &Path, key: Option<&EntryKey>, taken: u64, reason: &str| {
+    let check = |file: &Path, key: Option<&MacKey>, taken: u64, reason: &str| {
         let dir = TempDir::new("bundle-mac-dst");
         let r: ImportReport = bundle::import(&cache(dir.path()), key, file).unwrap();
         assert_eq!(r.taken, taken, "{r:?}");

@@ -20,8 +20,9 @@ use serde_json::{Value, json};
 
 use crate::cache::Digest;
 use crate::cache::disk::{DiskKey, PersistentCache, PutOutcome};
-use crate::cache::store::auth::{self, EntryKey, Refusal};
+use crate::cache::store::auth::{self, Refusal};
 use crate::cache::store::seal;
+use crate::config::MacKey;
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 7] = b"KPCBNDL";
@@ -95,7 +96,7 @@ fn bad(path: &Path, problem: impl Into<String>) -> Error {
 pub fn export(
     cache: &PersistentCache,
     device: Option<Digest>,
-    mac: Option<&EntryKey>,
+    mac: Option<&MacKey>,
     path: &Path,
 ) -> Result<ExportReport> {
     let io = |what: &str, e: io::Error| Error::Io(format!("{what} {}: {e}", path.display()));
@@ -225,11 +226,7 @@ fn parse_index(path: &Path, raw: &[u8]) -> Result<(bool, Vec<IndexEntry>)> {
 ///
 /// Errors: `path` cannot be read ([`Error::Io`]), or it is not a kpc bundle of a known format, or its
 /// compressed data or index is damaged so that no entry can be located ([`Error::Bundle`]).
-pub fn import(
-    cache: &PersistentCache,
-    mac: Option<&EntryKey>,
-    path: &Path,
-) -> Result<ImportReport> {
+pub fn import(cache: &PersistentCache, mac: Option<&MacKey>, path: &Path) -> Result<ImportReport> {
     let mut f =
         fs::File::open(path).map_err(|e| Error::Io(format!("opening {}: {e}", path.display())))?;
     let mut head = [0u8; 8];
@@ -305,7 +302,7 @@ pub fn import(
 /// Verifies one envelope and puts it; `Err` is why it was refused.
 fn take(
     cache: &PersistentCache,
-    mac: Option<&EntryKey>,
+    mac: Option<&MacKey>,
     envelope: &[u8],
     claimed_digest: &str,
 ) -> std::result::Result<PutOutcome, String> {

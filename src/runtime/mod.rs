@@ -37,6 +37,7 @@ pub mod prefetch;
 pub mod program_manager;
 #[cfg(not(loom))]
 pub mod queue;
+pub mod source;
 #[cfg(not(loom))]
 pub mod spirv_cache;
 #[cfg(not(loom))]
@@ -56,9 +57,10 @@ pub use interop::{
 };
 #[cfg(not(loom))]
 pub use prefetch::{KernelRequest, Prefetch, prefetch_kernels};
-pub use program_manager::{Acquired, ProgramManager, Source};
+pub use program_manager::{Acquired, ProgramManager};
 #[cfg(not(loom))]
 pub use queue::{Event, LaunchDesc, PushConstants, Queue};
+pub use source::Source;
 #[cfg(not(loom))]
 pub use spirv_cache::{SpirvStats, SpirvStep};
 #[cfg(not(loom))]

@@ -11,49 +11,17 @@ use std::time::{Duration, Instant};
 use super::cache_debug::{CacheDebugStats, DebugCounters, DebugOutcome};
 #[cfg(not(loom))]
 #[cfg(not(loom))]
+pub use super::source::Source;
 use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
 use crate::cache::store::{LevelStats, Turn};
 use crate::cache::{
     BuildOptions, CacheStats, DiskKey, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
-    MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain, StoreKind,
+    MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain,
 };
 use crate::config::{Config, TraceFlags};
 use crate::error::Result;
-
-/// Which layer served a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// The in-memory cache (including waiting for another thread's build).
-    Memory,
-    /// A persisted binary from the local disk cache.
-    Disk,
-    /// A persisted binary from a read-only layer (`KPC_CACHE_READONLY_DIRS`), copied to the local disk.
-    ReadOnly,
-    /// A persisted binary from another store (an embedder's own), copied to the first writable store
-    /// above it.
-    Store,
-    /// A persisted binary from the remote tier (`KPC_CACHE_REMOTE`), verified and copied to the
-    /// local disk.
-    Remote,
-    /// Built from the device image.
-    Built,
-    /// Loaded from a cache blob the caller supplied (`Context::kernel_from_blob`).
-    Blob,
-}
-
-impl Source {
-    /// What a hit from a store of `kind` reports.
-    pub fn of_store(kind: StoreKind) -> Source {
-        match kind {
-            StoreKind::Disk => Source::Disk,
-            StoreKind::ReadOnly => Source::ReadOnly,
-            StoreKind::Other => Source::Store,
-            StoreKind::Remote => Source::Remote,
-        }
-    }
-}
 
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

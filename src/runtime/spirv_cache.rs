@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
-use super::program_manager::Source;
+use super::source::Source;
 use crate::backend::glsl::GlslSource;
 use crate::backend::glsl::compile::{self, Preprocessed};
 use crate::backend::{DeviceImage, ImageFormat};

@@ -22,7 +22,7 @@
 
 use crate::cache::Digest;
 
-use super::program::{KernelMeta, Param, ParamKind};
+use super::meta::{KernelMeta, Param, ParamKind};
 
 const MAGIC: &[u8; 8] = b"KPCOCLB1";
 /// Bumped whenever the layout changes; an old container is then refused (a miss).

@@ -35,6 +35,7 @@ mod container;
 mod discovery;
 mod interop;
 mod launch;
+mod meta;
 mod program;
 mod source;
 
@@ -64,7 +65,8 @@ pub use container::{CONTAINER_VERSION, OpenClBinary};
 pub use discovery::devices;
 pub use interop::{OpenClHandles, OpenClKernelLease};
 pub use launch::{KernelSharing, OpenClBuffer, OpenClEvent, OpenClKernel};
-pub use program::{KernelMeta, OpenClProgram, Origin, Param, ParamKind};
+pub use meta::{KernelMeta, Param, ParamKind};
+pub use program::{OpenClProgram, Origin};
 pub use source::{ARG_INFO_OPTION, SPEC_CONSTANT_MARKER, SpecDecl};
 
 use launch::Slot;

@@ -12,68 +12,24 @@
 //! Layout (little-endian): `b"KPCE"`, version `1`, flags (bit 0: a MAC follows), two zero bytes, the
 //! 32-byte MAC if flagged, then the sealed entry.
 
-use std::fmt;
-
 use super::StoreHit;
 use crate::cache::disk::DiskKey;
 use crate::cache::disk::entry::Defect;
-use crate::config::ConfigError;
+use crate::config::MacKey;
 
 const MAGIC: &[u8; 4] = b"KPCE";
 const VERSION: u8 = 1;
 const FLAG_MAC: u8 = 1;
 const HEADER: usize = 8;
 const MAC_LEN: usize = 32;
-/// Shortest secret accepted: 16 bytes, the strength of a 128-bit key written as text.
-pub const MIN_SECRET_LEN: usize = 16;
-const SECRET_ACCEPTED: &str = "a shared secret of at least 16 bytes, the same on every machine of the fleet (e.g. the output of `openssl rand -hex 32`); unset it for unauthenticated entries";
-/// BLAKE3's key-derivation context: a secret used for kpc's MACs gives a key used for nothing else.
-const KDF_CONTEXT: &str = "kpc 2026-11-25 shared cache entry MAC v1";
-
-/// The fleet's MAC key, derived from the shared secret. Its `Debug` never shows the key.
-#[derive(Clone)]
-pub struct EntryKey {
-    key: [u8; 32],
-}
-
-impl fmt::Debug for EntryKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("EntryKey(<redacted>)")
-    }
-}
-
-impl PartialEq for EntryKey {
-    fn eq(&self, other: &EntryKey) -> bool {
-        // Constant time, through blake3's Hash equality.
-        blake3::Hash::from(self.key) == blake3::Hash::from(other.key)
-    }
-}
-
-impl EntryKey {
-    /// The key for `secret`, as read from the variable `var`.
-    ///
-    /// Errors: a secret shorter than [`MIN_SECRET_LEN`] bytes (or only whitespace) is
-    /// [`ConfigError::Invalid`] naming `var`; the value in the error is redacted.
-    pub fn from_secret(var: &'static str, secret: &str) -> Result<EntryKey, ConfigError> {
-        if secret.len() < MIN_SECRET_LEN || secret.trim().is_empty() {
-            return Err(ConfigError::Invalid {
-                var,
-                value: format!("<{} bytes, redacted>", secret.len()),
-                accepted: SECRET_ACCEPTED,
-            });
-        }
-        Ok(EntryKey {
-            key: blake3::derive_key(KDF_CONTEXT, secret.as_bytes()),
-        })
-    }
-
-    fn mac(&self, key: &DiskKey, sealed: &[u8]) -> blake3::Hash {
-        let mut h = blake3::Hasher::new_keyed(&self.key);
-        h.update(&key.digest().0);
-        h.update(&(sealed.len() as u64).to_le_bytes());
-        h.update(sealed);
-        h.finalize()
-    }
+/// The MAC of a sealed entry under `key`: keyed BLAKE3 over the entry key's digest, the length and the
+/// sealed bytes.
+fn mac_of(mac_key: &MacKey, key: &DiskKey, sealed: &[u8]) -> blake3::Hash {
+    let mut h = blake3::Hasher::new_keyed(mac_key.bytes());
+    h.update(&key.digest().0);
+    h.update(&(sealed.len() as u64).to_le_bytes());
+    h.update(sealed);
+    h.finalize()
 }
 
 /// Why an envelope was refused. Every refusal means the entry was not loaded.
@@ -103,14 +59,14 @@ impl Refusal {
 
 /// Wraps `sealed` (the bytes [`seal`](super::seal) made for `key`) in an envelope, with a MAC when
 /// `mac_key` is given.
-pub fn wrap(mac_key: Option<&EntryKey>, key: &DiskKey, sealed: &[u8]) -> Vec<u8> {
+pub fn wrap(mac_key: Option<&MacKey>, key: &DiskKey, sealed: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + MAC_LEN + sealed.len());
     out.extend_from_slice(MAGIC);
     out.push(VERSION);
     out.push(if mac_key.is_some() { FLAG_MAC } else { 0 });
     out.extend_from_slice(&[0, 0]);
     if let Some(k) = mac_key {
-        out.extend_from_slice(k.mac(key, sealed).as_bytes());
+        out.extend_from_slice(mac_of(k, key, sealed).as_bytes());
     }
     out.extend_from_slice(sealed);
     out
@@ -149,7 +105,7 @@ fn split(envelope: &[u8]) -> Result<(Option<[u8; MAC_LEN]>, &[u8]), Refusal> {
 /// forger. The returned bytes are not yet verified as an entry: pass them to [`StoreHit::unseal`], or
 /// use [`open`], which does both.
 pub fn authenticate<'a>(
-    mac_key: Option<&EntryKey>,
+    mac_key: Option<&MacKey>,
     key: &DiskKey,
     envelope: &'a [u8],
 ) -> Result<&'a [u8], Refusal> {
@@ -159,7 +115,7 @@ pub fn authenticate<'a>(
             return Err(Refusal::MissingMac);
         };
         // blake3::Hash compares in constant time.
-        if k.mac(key, sealed) != blake3::Hash::from(mac) {
+        if mac_of(k, key, sealed) != blake3::Hash::from(mac) {
             return Err(Refusal::BadMac);
         }
     }
@@ -168,11 +124,7 @@ pub fn authenticate<'a>(
 
 /// Authenticates `envelope` for `key` ([`authenticate`]) and verifies the entry inside
 /// ([`StoreHit::unseal`]): the only way a shared store's bytes become a [`StoreHit`].
-pub fn open(
-    mac_key: Option<&EntryKey>,
-    key: &DiskKey,
-    envelope: &[u8],
-) -> Result<StoreHit, Refusal> {
+pub fn open(mac_key: Option<&MacKey>, key: &DiskKey, envelope: &[u8]) -> Result<StoreHit, Refusal> {
     let sealed = authenticate(mac_key, key, envelope)?;
     StoreHit::unseal(key, sealed).map_err(Refusal::Entry)
 }
@@ -202,8 +154,8 @@ mod tests {
         )
     }
 
-    fn secret(s: &str) -> EntryKey {
-        EntryKey::from_secret("KPC_CACHE_REMOTE_KEY", s).unwrap()
+    fn secret(s: &str) -> MacKey {
+        MacKey::from_secret("KPC_CACHE_REMOTE_KEY", s).unwrap()
     }
 
     #[test]
@@ -280,15 +232,15 @@ mod tests {
 
     #[test]
     fn short_secrets_are_config_errors_that_hide_the_value() {
-        let err = EntryKey::from_secret("KPC_CACHE_REMOTE_KEY", "short").unwrap_err();
+        let err = MacKey::from_secret("KPC_CACHE_REMOTE_KEY", "short").unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("KPC_CACHE_REMOTE_KEY"), "{msg}");
         assert!(!msg.contains("short\""), "{msg}");
         assert!(msg.contains("at least 16 bytes"), "{msg}");
-        assert!(EntryKey::from_secret("V", "                ").is_err());
+        assert!(MacKey::from_secret("V", "                ").is_err());
         assert_eq!(
             format!("{:?}", secret("0123456789abcdef")),
-            "EntryKey(<redacted>)"
+            "MacKey(<redacted>)"
         );
     }
 }

@@ -17,9 +17,8 @@
 //! - **Failures** (down, killed, slow, full, garbage) are misses or skipped puts, one warning per
 //!   cause; after a connection failure or a timeout the remote is left alone for two seconds.
 //!
-//! `url.rs` (the URL) is always compiled, for the configuration; the rest needs the `remote` feature.
-
-pub mod url;
+//! The URL type is the configuration's (`crate::config::RemoteUrl`); everything here needs the `remote`
+//! feature.
 
 #[cfg(all(feature = "remote", not(loom)))]
 mod fleet_lock;
@@ -42,20 +41,21 @@ mod imp {
     use super::fleet_lock::FleetLocks;
     use super::ops::{Failure, Ops};
     use super::publish::{Publish, Publisher, Report};
-    use super::url::RemoteUrl;
     use crate::cache::Digest;
     use crate::cache::disk::DiskKey;
     use crate::cache::disk::entry::FORMAT_VERSION;
-    use crate::cache::store::auth::{self, EntryKey};
+    use crate::cache::store::auth;
     use crate::cache::store::{
         Access, BuildLock, LockGuard, PutOutcome, Removal, Store, StoreCounters, StoreEntry,
         StoreHit, StoreKind, StoreStats, StoreWarnings, WarnCause, seal,
     };
     use crate::config::Config;
+    use crate::config::MacKey;
+    use crate::config::RemoteUrl;
 
     struct Shared {
         ops: Arc<Ops>,
-        mac: Option<EntryKey>,
+        mac: Option<MacKey>,
         counters: StoreCounters,
         warnings: StoreWarnings,
         refusals: AtomicU64,
@@ -147,7 +147,7 @@ mod imp {
         pub fn open(
             url: &RemoteUrl,
             timeout: Duration,
-            mac: Option<EntryKey>,
+            mac: Option<MacKey>,
             lock_timeout: Duration,
         ) -> Option<RemoteStore> {
             let warnings = StoreWarnings::new(format!("remote:{url}"));

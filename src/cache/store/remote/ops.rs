@@ -11,8 +11,8 @@ use opendal::layers::TimeoutLayer;
 use opendal::{ErrorKind, Operator, blocking, services};
 use parking_lot::Mutex;
 
-use super::url::RemoteUrl;
 use crate::cache::store::WarnCause;
+use crate::config::RemoteUrl;
 
 /// After the remote was unreachable or slower than the timeout, calls are skipped for this long:
 /// long enough that a run of kernels against a dead remote does not pay a timeout each, short enough

@@ -1,0 +1,76 @@
+//! What `kpc attention` prints: a short human summary first (device, what ran, each kernel and the
+//! cache layer that served it, whether the check passed), then the detailed benchmark lines that
+//! scripts parse (`bench: ...`), in the order they were measured.
+
+use std::fmt::Write as _;
+
+/// Appends one formatted line to a [`Report`]'s details.
+macro_rules! say {
+    ($report:expr, $($fmt:tt)*) => {
+        $report.lines.push(format!($($fmt)*))
+    };
+}
+pub(crate) use say;
+
+/// One run's results, printed once the run is over so the summary can come first.
+#[derive(Default)]
+pub(crate) struct Report {
+    /// What ran, in words (shape, dtype).
+    pub what: String,
+    /// The device, in words.
+    pub device: String,
+    /// Each kernel: name, the layer that served it (built, memory, disk, ...), milliseconds to acquire.
+    pub kernels: Vec<(String, String, f64)>,
+    /// Median prefill time, ms.
+    pub prefill_ms: Option<f64>,
+    /// Median decode wall time per step, µs.
+    pub decode_us: Option<f64>,
+    /// The reference check: worst relative error, tolerance.
+    pub check: Option<(f64, f64)>,
+    /// The detailed lines, as measured.
+    pub lines: Vec<String>,
+}
+
+impl Report {
+    /// The summary, then the details. `completed` is false when the run stopped on an error (printed
+    /// by the caller): then only what was measured so far is shown.
+    pub fn print(&self, completed: bool) {
+        let mut s = String::new();
+        let verdict = match (self.check, completed) {
+            (_, false) => "stopped on an error (below)".to_string(),
+            (Some((worst, tol)), true) if worst <= tol => format!(
+                "check ok: matches the float64 reference (relative error {worst:.1e}, tolerance {tol:.0e})"
+            ),
+            (Some((worst, tol)), true) => format!(
+                "check FAILED: relative error {worst:.1e} against the float64 reference exceeds {tol:.0e}"
+            ),
+            (None, true) => "ran (no reference check; pass --check)".to_string(),
+        };
+        let _ = writeln!(s, "kpc attention: {verdict}");
+        let _ = writeln!(s, "  ran:     {}", self.what);
+        let _ = writeln!(s, "  on:      {}", self.device);
+        for (name, source, ms) in &self.kernels {
+            let _ = writeln!(s, "  kernel:  {name:<20} {source:<9} in {ms:.1} ms");
+        }
+        let mut times = Vec::new();
+        if let Some(ms) = self.prefill_ms {
+            times.push(format!("prefill {ms:.3} ms"));
+        }
+        if let Some(us) = self.decode_us {
+            times.push(format!("decode {us:.1} us/step"));
+        }
+        if !times.is_empty() {
+            let _ = writeln!(
+                s,
+                "  time:    {} (every kernel ran once untimed first, so a driver's compile at its \
+                 first dispatch is not in these figures)",
+                times.join(", ")
+            );
+        }
+        let _ = writeln!(s, "details:");
+        print!("{s}");
+        for l in &self.lines {
+            println!("{l}");
+        }
+    }
+}

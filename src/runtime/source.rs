@@ -1,0 +1,36 @@
+//! Which layer served a kernel, program or SPIR-V module: what every acquisition reports.
+
+use crate::cache::StoreKind;
+
+/// Which layer served a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The in-memory cache (including waiting for another thread's build).
+    Memory,
+    /// A persisted binary from the local disk cache.
+    Disk,
+    /// A persisted binary from a read-only layer (`KPC_CACHE_READONLY_DIRS`), copied to the local disk.
+    ReadOnly,
+    /// A persisted binary from another store (an embedder's own), copied to the first writable store
+    /// above it.
+    Store,
+    /// A persisted binary from the remote tier (`KPC_CACHE_REMOTE`), verified and copied to the
+    /// local disk.
+    Remote,
+    /// Built from the device image.
+    Built,
+    /// Loaded from a cache blob the caller supplied (`Context::kernel_from_blob`).
+    Blob,
+}
+
+impl Source {
+    /// What a hit from a store of `kind` reports.
+    pub fn of_store(kind: StoreKind) -> Source {
+        match kind {
+            StoreKind::Disk => Source::Disk,
+            StoreKind::ReadOnly => Source::ReadOnly,
+            StoreKind::Other => Source::Store,
+            StoreKind::Remote => Source::Remote,
+        }
+    }
+}
