@@ -193,9 +193,9 @@ impl DeviceCall {
     /// `None` (with the reason printed) where no device opens.
     fn open() -> Option<Self> {
         let config = Config::from_env()
-            .map(|c| Config {
-                persistent: false,
-                ..c
+            .map(|mut c| {
+                c.persistent = false;
+                c
             })
             .map_err(|e| eprintln!("hit_path: no device column: {e}"))
             .ok()?;

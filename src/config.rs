@@ -55,6 +55,7 @@ const DEVICE_ACCEPTED: &str = "auto, or BACKEND:INDEX or BACKEND:TYPE where BACK
 
 /// A configuration value that could not be accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A variable (or builder field) held a value that does not parse.
     #[error("{var}={value:?} is not valid: expected {accepted}")]
@@ -251,6 +252,7 @@ pub enum CacheDirSource {
 
 /// The resolved configuration of one kpc runtime. Every field has the default DESIGN.md gives.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Config {
     /// Use the on-disk cache (`KPC_CACHE_PERSISTENT`, default on).
     pub persistent: bool,

@@ -4,8 +4,9 @@
 use crate::cache::BuildFailure;
 use crate::config::{BackendKind, ConfigError};
 
-/// Every error kpc returns.
+/// Every error kpc returns. Non-exhaustive: new kinds may be added, so a `match` needs a `_` arm.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A configuration value was malformed.
     #[error(transparent)]

@@ -25,10 +25,26 @@ pub mod error;
 pub mod kernels;
 pub mod runtime;
 
-pub use config::{Config, ConfigError};
+// One import brings in what the main call (`Context::kernel`) and its results need:
+// `use kpc::prelude::*;` or these root names.
+pub use backend::{DeviceImage, ImageFormat};
+pub use cache::{BuildOptions, SpecConstants, SpecValue};
+pub use config::{BackendKind, Config, ConfigError};
 pub use error::{Error, Result};
+#[cfg(not(loom))]
+pub use runtime::Source;
 #[cfg(not(loom))]
 pub use runtime::{
     Buffer, CacheBlob, Context, Event, Kernel, OpenClHandles, OpenClKernelLease, PushConstants,
     Queue, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
 };
+
+/// Everything a typical embedder names: `use kpc::prelude::*;` then
+/// `ctx.kernel(&image, "entry", &SpecConstants::new(), &BuildOptions::default())`.
+#[cfg(not(loom))]
+pub mod prelude {
+    pub use crate::{
+        BackendKind, Buffer, BuildOptions, Config, Context, DeviceImage, Error, Kernel,
+        PushConstants, Result, Source, SpecConstants, SpecValue,
+    };
+}
