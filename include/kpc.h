@@ -192,6 +192,11 @@ typedef enum kpc_status {
    */
   KPC_STATUS_GLSL_COMPILE = 18,
   /**
+   * A call made in a state that does not allow it (a cross-attention step before its memory
+   * is set, a call of the other attention kind); nothing was changed.
+   */
+  KPC_STATUS_CALL_ORDER = 19,
+  /**
    * A panic inside kpc was caught at the boundary; the message is the panic's. kpc is still
    * usable, but the object the call was working on may not be.
    */

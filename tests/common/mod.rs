@@ -6,5 +6,6 @@ pub mod cli;
 pub mod disk;
 pub mod drivers;
 pub mod fake_backend;
+pub mod mha;
 #[cfg(feature = "remote")]
 pub mod redis;
