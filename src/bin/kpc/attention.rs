@@ -124,6 +124,20 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         dtype,
         options,
     } = plan(config, args)?;
+    if args.layer == crate::attention_args::LayerArg::Mha {
+        let plan = Plan {
+            device,
+            shape,
+            dtype,
+            options,
+        };
+        return crate::attention_mha::run(config, args, plan);
+    }
+    if args.cross.is_some() {
+        return Err(kpc::Error::InvalidArgument(
+            "--cross needs --layer mha (cross-attention is a MultiHeadAttention layer)".into(),
+        ));
+    }
     let ctx = Context::with_device(&device, config)?;
     let code = workload(args, &device, &ctx, shape, dtype, options)?;
     for l in ctx.store_stats() {

@@ -19,6 +19,8 @@ mod attention;
 #[cfg(not(loom))]
 mod attention_args;
 #[cfg(not(loom))]
+mod attention_mha;
+#[cfg(not(loom))]
 mod bench_build;
 #[cfg(not(loom))]
 mod bench_build_cl;
