@@ -29,6 +29,7 @@ mod context;
 mod glsl;
 mod interop;
 mod kernel;
+mod mha;
 mod registry;
 mod util;
 
@@ -38,6 +39,7 @@ pub use context::*;
 pub use glsl::*;
 pub use interop::*;
 pub use kernel::*;
+pub use mha::*;
 
 use std::cell::RefCell;
 use std::ffi::{CString, c_char};
