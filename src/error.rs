@@ -111,6 +111,17 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// A call made in a state that does not allow it: a cross-attention step before its memory
+    /// is set, a self-attention call on a cross-attention layer, a decode step with caching off.
+    /// Nothing was written or launched.
+    #[error("{call} cannot run now: {needs}")]
+    CallOrder {
+        /// The call, as the API names it.
+        call: String,
+        /// What it needs first, or which calls this object accepts instead.
+        needs: String,
+    },
+
     /// The device or driver ran out of something; may succeed later, so never cached.
     #[error("{backend} out of resources (code {code}): {message}")]
     OutOfResources {

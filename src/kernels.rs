@@ -107,6 +107,27 @@ pub const SPIRV: &[ShippedSpirv] = &[
         glsl: include_str!("../kernels/attn_prefill.comp"),
         cooperative_matrix: false,
     },
+    ShippedSpirv {
+        name: "mha_gemm",
+        source: "kernels/mha_gemm.comp",
+        spirv: include_bytes!("../kernels/mha_gemm.spv"),
+        glsl: include_str!("../kernels/mha_gemm.comp"),
+        cooperative_matrix: false,
+    },
+    ShippedSpirv {
+        name: "mha_gemv",
+        source: "kernels/mha_gemv.comp",
+        spirv: include_bytes!("../kernels/mha_gemv.spv"),
+        glsl: include_str!("../kernels/mha_gemv.comp"),
+        cooperative_matrix: false,
+    },
+    ShippedSpirv {
+        name: "mha_attn",
+        source: "kernels/mha_attn.comp",
+        spirv: include_bytes!("../kernels/mha_attn.spv"),
+        glsl: include_str!("../kernels/mha_attn.comp"),
+        cooperative_matrix: false,
+    },
 ];
 
 /// The shipped SPIR-V image `name`, validated.
@@ -207,6 +228,21 @@ pub const OPENCL: &[ShippedOpenCl] = &[
         name: "attn_prefill",
         path: "kernels/attn_prefill.cl",
         source: include_str!("../kernels/attn_prefill.cl"),
+    },
+    ShippedOpenCl {
+        name: "mha_gemm",
+        path: "kernels/mha_gemm.cl",
+        source: include_str!("../kernels/mha_gemm.cl"),
+    },
+    ShippedOpenCl {
+        name: "mha_gemv",
+        path: "kernels/mha_gemv.cl",
+        source: include_str!("../kernels/mha_gemv.cl"),
+    },
+    ShippedOpenCl {
+        name: "mha_attn",
+        path: "kernels/mha_attn.cl",
+        source: include_str!("../kernels/mha_attn.cl"),
     },
 ];
 

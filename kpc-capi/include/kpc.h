@@ -192,6 +192,11 @@ typedef enum kpc_status {
    */
   KPC_STATUS_GLSL_COMPILE = 18,
   /**
+   * A call made in a state that does not allow it (a cross-attention step before its memory
+   * is set, a call of the other attention kind); nothing was changed.
+   */
+  KPC_STATUS_CALL_ORDER = 19,
+  /**
    * A panic inside kpc was caught at the boundary; the message is the panic's. kpc is still
    * usable, but the object the call was working on may not be.
    */
@@ -336,6 +341,20 @@ typedef enum kpc_glsl_optimization {
 } kpc_glsl_optimization;
 
 /**
+ * The layout of exported or imported cache blobs.
+ */
+typedef enum kpc_cache_layout {
+  /**
+   * ncnn's MultiHeadAttention cache, transposed: per sequence `[kv_dim][len]`.
+   */
+  KPC_CACHE_LAYOUT_MHA = 1,
+  /**
+   * ncnn's SDPA cache: per sequence `[kv_heads][len][head_dim]`.
+   */
+  KPC_CACHE_LAYOUT_SDPA = 2,
+} kpc_cache_layout;
+
+/**
  * A configuration (opaque). Create with `kpc_config_create` or `kpc_config_from_env`, destroy with
  * `kpc_config_destroy`. Contexts copy it when created, so it may be changed or destroyed afterwards.
  */
@@ -366,6 +385,12 @@ typedef struct kpc_kernel kpc_kernel;
  * `kpc_lease_release`, when it goes back to kpc's pool. Use a lease from one thread at a time.
  */
 typedef struct kpc_lease kpc_lease;
+
+/**
+ * A MultiHeadAttention layer (opaque). One call at a time runs on a layer (others wait); destroy
+ * with `kpc_mha_destroy`.
+ */
+typedef struct kpc_mha kpc_mha;
 
 /**
  * A specialization constant's value; the member read is the one `kpc_spec_constant.kind` names.
@@ -781,6 +806,77 @@ typedef struct kpc_kernel_info {
    */
   uint64_t acquire_time_ns;
 } kpc_kernel_info;
+
+/**
+ * A layer's parameters, ncnn's ids in brackets. Fill it with `kpc_mha_params_init`, then change
+ * fields. Versioned: `struct_size` must be at least `sizeof(kpc_mha_params)`.
+ */
+typedef struct kpc_mha_params {
+  /**
+   * `sizeof(kpc_mha_params)`.
+   */
+  uint32_t struct_size;
+  /**
+   * Width of Q, K, V inside the layer (0).
+   */
+  uint32_t embed_dim;
+  /**
+   * Query heads (1).
+   */
+  uint32_t num_heads;
+  /**
+   * Key/value heads (grouped-query attention); equal to `num_heads` for MHA.
+   */
+  uint32_t num_kv_heads;
+  /**
+   * Query input and output width (weight_data_size / embed_dim).
+   */
+  uint32_t qdim;
+  /**
+   * Key input width (3).
+   */
+  uint32_t kdim;
+  /**
+   * Value input width (4).
+   */
+  uint32_t vdim;
+  /**
+   * Logit scale (6); 0 means 1/sqrt(head_dim).
+   */
+  float scale;
+  /**
+   * 1: every call takes an additive mask (5).
+   */
+  int32_t attn_mask;
+  /**
+   * 1: self-attention keeps K/V across calls (7).
+   */
+  int32_t kv_cache;
+  /**
+   * 0: self-attention; 1: cross-attention.
+   */
+  int32_t cross;
+  /**
+   * 1: causal self-attention.
+   */
+  int32_t causal;
+  /**
+   * Sequences per call.
+   */
+  uint32_t batch;
+  /**
+   * Positions of the cache (self) or memory (cross).
+   */
+  uint32_t capacity;
+  /**
+   * 1: weights stored as fp16.
+   */
+  int32_t weight_f16;
+  /**
+   * 1: K/V cache stored as fp16.
+   */
+  int32_t cache_f16;
+} kpc_mha_params;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1320,6 +1416,160 @@ enum kpc_status kpc_kernel_source(const struct kpc_kernel *kernel, enum kpc_sour
  * string the caller must not free. Takes an `int` so that any value is accepted.
  */
 const char *kpc_source_name(int32_t source);
+
+/**
+ * Fills `*out` with ncnn's defaults for `embed_dim` and `num_heads` (MHA, qdim = kdim = vdim =
+ * embed_dim, default scale, no mask, caching on, causal self-attention, one sequence, 1024
+ * positions, fp32 weights and cache) and sets `struct_size`.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a NULL or misaligned `out`.
+ *
+ * # Safety
+ * `out` is NULL or points to a writable `kpc_mha_params`.
+ */
+enum kpc_status kpc_mha_params_init(struct kpc_mha_params *out,
+                                    uint32_t embed_dim,
+                                    uint32_t num_heads);
+
+/**
+ * Creates a layer on `context` with `params` and `weights`: `count` floats holding q_weight,
+ * q_bias, k_weight, k_bias, v_weight, v_bias, out_weight, out_bias in ncnn's order and shapes
+ * (each matrix `[out_features][in_features]` row-major). The weights are copied to the device;
+ * the caller's array may be freed afterwards.
+ *
+ * Ownership: `*out` receives a new layer; destroy it with `kpc_mha_destroy`.
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (bad handle, NULL pointers, an invalid parameter: the
+ * message names it); `KPC_STATUS_SIZE` (a weight count that does not fit the parameters: the
+ * message lists each array's size); kernel build and allocation errors.
+ *
+ * # Safety
+ * `params` points to an initialized `kpc_mha_params`; `weights` to `count` floats; `out` is NULL
+ * or writable.
+ */
+enum kpc_status kpc_mha_create(const struct kpc_context *context,
+                               const struct kpc_mha_params *params,
+                               const float *weights,
+                               size_t count,
+                               struct kpc_mha **out);
+
+/**
+ * Destroys a layer. NULL is accepted and does nothing.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` when `layer` is not a live layer.
+ *
+ * # Safety
+ * None beyond the handle's (which is checked).
+ */
+enum kpc_status kpc_mha_destroy(struct kpc_mha *layer);
+
+/**
+ * Self-attention over `len` new positions (appended to the cache), or cross-attention of `len`
+ * queries over the memory: `x` is `[batch][len][qdim]` (`x_count` floats), `out` receives
+ * `[batch][len][qdim]` (`out_count` must be that). `mask` (NULL, 0 for none) is `[len][kv_len]`
+ * or `[num_heads][len][kv_len]` for layers made with `attn_mask`.
+ *
+ * Errors: `KPC_STATUS_SIZE` (an input, mask or output of the wrong size, or positions past the
+ * capacity); `KPC_STATUS_INVALID_ARGUMENT` (bad handle, NULL pointers, non-finite input, a mask
+ * against the layer's `attn_mask`); `KPC_STATUS_CALL_ORDER` (cross-attention before
+ * `kpc_mha_set_memory`). Nothing changes then.
+ *
+ * # Safety
+ * `x` points to `x_count` floats, `mask` to `mask_count` (or is NULL with 0), `out` to
+ * `out_count` writable floats.
+ */
+enum kpc_status kpc_mha_prefill(struct kpc_mha *layer,
+                                const float *x,
+                                size_t x_count,
+                                uint32_t len,
+                                const float *mask,
+                                size_t mask_count,
+                                float *out,
+                                size_t out_count);
+
+/**
+ * One decode step: `x` is `[batch][qdim]`, `out` receives `[batch][qdim]`. Self-attention appends
+ * the token's K/V in place; cross-attention attends the memory. `mask` as for `kpc_mha_prefill`
+ * with one query.
+ *
+ * Errors: as `kpc_mha_prefill`; `KPC_STATUS_CALL_ORDER` also for a self-attention layer made
+ * with `kv_cache` 0; `KPC_STATUS_SIZE` for a full cache.
+ *
+ * # Safety
+ * As `kpc_mha_prefill`.
+ */
+enum kpc_status kpc_mha_step(struct kpc_mha *layer,
+                             const float *x,
+                             size_t x_count,
+                             const float *mask,
+                             size_t mask_count,
+                             float *out,
+                             size_t out_count);
+
+/**
+ * Cross-attention: projects the encoder's states to K/V once and keeps them as the memory:
+ * `keys` `[batch][len][kdim]`, `values` `[batch][len][vdim]` or NULL (with 0) for the same states
+ * as `keys`. Replaces any earlier memory.
+ *
+ * Errors: `KPC_STATUS_CALL_ORDER` on a self-attention layer; `KPC_STATUS_SIZE` for states of the
+ * wrong size or more positions than the capacity; `KPC_STATUS_INVALID_ARGUMENT` otherwise. The old
+ * memory is kept then.
+ *
+ * # Safety
+ * `keys` points to `keys_count` floats, `values` to `values_count` (or is NULL with 0).
+ */
+enum kpc_status kpc_mha_set_memory(struct kpc_mha *layer,
+                                   const float *keys,
+                                   size_t keys_count,
+                                   const float *values,
+                                   size_t values_count,
+                                   uint32_t len);
+
+/**
+ * Writes the positions in the self-attention cache (or the cross-attention memory) to `*out`.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or `out`.
+ *
+ * # Safety
+ * `out` is NULL or writable.
+ */
+enum kpc_status kpc_mha_len(const struct kpc_mha *layer, uint32_t *out);
+
+/**
+ * Exports the self-attention cache's K and V in `layout` (a `kpc_cache_layout` value): each blob
+ * is `*count = batch * kv_heads * head_dim * len` floats. Call with `k` and `v` NULL and
+ * `capacity` 0 to ask the count.
+ *
+ * Errors: `KPC_STATUS_BUFFER_TOO_SMALL` when `capacity < *count` (nothing is copied);
+ * `KPC_STATUS_CALL_ORDER` on a cross-attention layer; `KPC_STATUS_INVALID_ARGUMENT` for a bad
+ * handle, layout or pointer.
+ *
+ * # Safety
+ * `k` and `v` are NULL (with `capacity` 0) or point to `capacity` writable floats each; `count` is
+ * writable.
+ */
+enum kpc_status kpc_mha_export_cache(const struct kpc_mha *layer,
+                                     int32_t layout,
+                                     float *k,
+                                     float *v,
+                                     size_t capacity,
+                                     size_t *count);
+
+/**
+ * Replaces the self-attention cache with `len` positions given in `layout`: `k` and `v` hold
+ * `count = batch * kv_heads * head_dim * len` floats each, as `kpc_mha_export_cache` writes them.
+ *
+ * Errors: `KPC_STATUS_SIZE` (wrong count, `len` past the capacity); `KPC_STATUS_CALL_ORDER` on a
+ * cross-attention layer; `KPC_STATUS_INVALID_ARGUMENT` otherwise. The cache is unchanged then.
+ *
+ * # Safety
+ * `k` and `v` point to `count` floats each.
+ */
+enum kpc_status kpc_mha_import_cache(struct kpc_mha *layer,
+                                     int32_t layout,
+                                     const float *k,
+                                     const float *v,
+                                     size_t count,
+                                     uint32_t len);
 
 #ifdef __cplusplus
 }  // extern "C"

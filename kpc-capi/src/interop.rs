@@ -138,7 +138,7 @@ pub struct kpc_opencl_handles {
 /// # Safety
 /// `p` is NULL or points to a readable, initialized struct of at least the size its first `u32`
 /// says.
-unsafe fn read_versioned<T: Copy>(p: *const T, name: &str) -> Result<T, Failure> {
+pub(crate) unsafe fn read_versioned<T: Copy>(p: *const T, name: &str) -> Result<T, Failure> {
     if p.is_null() {
         return Err(Failure::invalid(format!("{name} is NULL")));
     }

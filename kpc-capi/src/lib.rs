@@ -30,6 +30,7 @@ mod context;
 mod glsl;
 mod interop;
 mod kernel;
+mod mha;
 mod registry;
 mod util;
 
@@ -39,6 +40,7 @@ pub use context::*;
 pub use glsl::*;
 pub use interop::*;
 pub use kernel::*;
+pub use mha::*;
 
 use std::cell::RefCell;
 use std::ffi::{CString, c_char};
@@ -97,6 +99,9 @@ pub enum kpc_status {
     /// A GLSL image did not compile; the message is the compiler's, citing `name:line`. Cached:
     /// asking again fails the same way without compiling.
     KPC_STATUS_GLSL_COMPILE = 18,
+    /// A call made in a state that does not allow it (a cross-attention step before its memory
+    /// is set, a call of the other attention kind); nothing was changed.
+    KPC_STATUS_CALL_ORDER = 19,
     /// A panic inside kpc was caught at the boundary; the message is the panic's. kpc is still
     /// usable, but the object the call was working on may not be.
     KPC_STATUS_PANIC = 100,
@@ -135,6 +140,7 @@ pub(crate) fn status_of(e: &Error) -> kpc_status {
         Error::UnknownKernel { .. } => KPC_STATUS_UNKNOWN_KERNEL,
         Error::Size { .. } => KPC_STATUS_SIZE,
         Error::InvalidArgument(_) => KPC_STATUS_INVALID_ARGUMENT,
+        Error::CallOrder { .. } => KPC_STATUS_CALL_ORDER,
         Error::OutOfResources { .. } => KPC_STATUS_OUT_OF_RESOURCES,
         Error::Backend { .. } => KPC_STATUS_BACKEND,
         Error::Io(_) => KPC_STATUS_IO,
@@ -283,6 +289,7 @@ pub extern "C" fn kpc_status_name(status: i32) -> *const c_char {
         KPC_STATUS_IO,
         KPC_STATUS_LAUNCH,
         KPC_STATUS_GLSL_COMPILE,
+        KPC_STATUS_CALL_ORDER,
         KPC_STATUS_PANIC,
     ];
     let name: &'static [u8] = match all.iter().find(|s| **s as i32 == status) {
@@ -314,6 +321,7 @@ fn status_name(s: kpc_status) -> &'static [u8] {
         KPC_STATUS_IO => b"KPC_STATUS_IO\0",
         KPC_STATUS_LAUNCH => b"KPC_STATUS_LAUNCH\0",
         KPC_STATUS_GLSL_COMPILE => b"KPC_STATUS_GLSL_COMPILE\0",
+        KPC_STATUS_CALL_ORDER => b"KPC_STATUS_CALL_ORDER\0",
         KPC_STATUS_PANIC => b"KPC_STATUS_PANIC\0",
     }
 }

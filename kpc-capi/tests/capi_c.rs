@@ -340,3 +340,121 @@ fn c_opencl_embedder() {
     assert!(out[0].contains("leased cl_kernel"), "{}", out[0]);
     assert!(out[2].contains("ok KPC_STATUS_BLOB_MISMATCH"), "{}", out[2]);
 }
+
+/// The MultiHeadAttention layer from C on each backend: a prompt's prefill, decode steps and
+/// cross-attention steps checked against float64 reference values written here, the cache in both
+/// ncnn layouts, status codes for wrong sizes and call orders.
+fn mha_from_c(backend: &str, selector: String, test: &str) {
+    use kpc::attention::KvDtype;
+    use kpc::attention::mha::reference::{RefCall, multi_head_attention};
+    use kpc::attention::mha::{MhaKind, MhaParams, MhaWeights};
+    let (e, h, hkv, prompt, steps, s) = (32usize, 4usize, 2usize, 5usize, 3usize, 6usize);
+    let total = prompt + steps;
+    let p = MhaParams {
+        num_kv_heads: hkv,
+        capacity: total,
+        weight_dtype: KvDtype::F16,
+        cache_dtype: KvDtype::F16,
+        ..MhaParams::new(e, h)
+    };
+    let kv = hkv * e / h;
+    let wn = 2 * e * e + 2 * e + 2 * (kv * e + kv);
+    let weights =
+        |scale: f32| -> Vec<f32> { drivers::random_f32(wn).iter().map(|x| x * scale).collect() };
+    let (self_w, cross_w) = (weights(0.3), weights(0.3));
+    let x = drivers::random_f32(total * e);
+    let memory = drivers::random_f32(s * e);
+    let self_ref = multi_head_attention(
+        &p,
+        &MhaWeights::from_ncnn(&self_w, &p).unwrap(),
+        &RefCall {
+            q_in: &x,
+            k_in: &x,
+            v_in: &x,
+            q_len: total,
+            kv_len: total,
+            mask: None,
+            causal: true,
+        },
+    )
+    .unwrap();
+    let pc = MhaParams {
+        kind: MhaKind::CrossAttention,
+        capacity: s,
+        ..p
+    };
+    let q = &x[prompt * e..];
+    let cross_ref = multi_head_attention(
+        &pc,
+        &MhaWeights::from_ncnn(&cross_w, &pc).unwrap(),
+        &RefCall {
+            q_in: q,
+            k_in: &memory,
+            v_in: &memory,
+            q_len: steps,
+            kv_len: s,
+            mask: None,
+            causal: false,
+        },
+    )
+    .unwrap();
+    let mut data = Vec::new();
+    for v in [
+        0x4d43_504b_u32,
+        e as u32,
+        h as u32,
+        hkv as u32,
+        prompt as u32,
+        steps as u32,
+        s as u32,
+        0,
+    ] {
+        data.extend(v.to_le_bytes());
+    }
+    let want_self: Vec<f32> = self_ref.iter().map(|&v| v as f32).collect();
+    let want_cross: Vec<f32> = cross_ref.iter().map(|&v| v as f32).collect();
+    for a in [&self_w, &x, &want_self, &cross_w, &memory, &want_cross] {
+        for v in a.iter() {
+            data.extend(v.to_le_bytes());
+        }
+    }
+    let dir = TempDir::new(&format!("capi-mha-{backend}"));
+    let file = dir.join("mha.bin");
+    std::fs::write(&file, data).unwrap();
+    let exe = compile("mha_decode", &["-lm"], dir.path());
+    let out = run(&exe, &[&selector, &file.display().to_string()], &[]);
+    for line in [
+        "prefill of 5 positions checked",
+        "step 2 checked",
+        "cross step 2 checked",
+        "bit-exact",
+        "ok KPC_STATUS_CALL_ORDER",
+        "ok KPC_STATUS_SIZE",
+        "ok KPC_STATUS_BUFFER_TOO_SMALL",
+        "checks passed",
+    ] {
+        assert!(out.contains(line), "{test}: no {line:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn c_mha_layer_vulkan() {
+    let test = "c_mha_layer_vulkan";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
+    if let Some(dev) = drivers::vulkan_device(test) {
+        mha_from_c("vulkan", format!("vulkan:{}", dev.index), test);
+    }
+}
+
+#[test]
+fn c_mha_layer_opencl() {
+    let test = "c_mha_layer_opencl";
+    let Some(()) = cc_available("opencl", test) else {
+        return;
+    };
+    if let Some(dev) = drivers::opencl_device(test) {
+        mha_from_c("opencl", format!("opencl:{}", dev.index), test);
+    }
+}

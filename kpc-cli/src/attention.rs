@@ -125,6 +125,20 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         dtype,
         options,
     } = plan(config, args)?;
+    if args.layer == crate::attention_args::LayerArg::Mha {
+        let plan = Plan {
+            device,
+            shape,
+            dtype,
+            options,
+        };
+        return crate::attention_mha::run(config, args, plan);
+    }
+    if args.cross.is_some() {
+        return Err(kpc::Error::InvalidArgument(
+            "--cross needs --layer mha (cross-attention is a MultiHeadAttention layer)".into(),
+        ));
+    }
     let ctx = Context::with_device(&device, config)?;
     let mut report = Report::default();
     let result = workload(&mut report, args, &device, &ctx, shape, dtype, options);

@@ -20,8 +20,25 @@ pub(crate) enum KvArg {
     F32,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LayerArg {
+    /// Scaled-dot-product attention over the KV cache (kpc's Attention).
+    Sdpa,
+    /// ncnn's MultiHeadAttention layer: Q/K/V and output projections around the attention.
+    Mha,
+}
+
 #[derive(ClapArgs, Debug)]
 pub struct Args {
+    /// What runs: bare attention (`sdpa`) or a decoder block's MultiHeadAttention layers (`mha`:
+    /// self-attention with the KV cache, plus cross-attention with --cross). With `mha`, the
+    /// embedding width is heads x head dimension.
+    #[arg(long, value_enum, default_value = "sdpa")]
+    pub(crate) layer: LayerArg,
+    /// With `--layer mha`: also run a cross-attention layer over this many encoder positions,
+    /// projected once, after the self-attention layer at every step.
+    #[arg(long)]
+    pub(crate) cross: Option<usize>,
     /// Backend; without it (and without --device) KPC_DEVICE decides.
     #[arg(long, value_enum)]
     pub(crate) backend: Option<BackendArg>,

@@ -7,6 +7,7 @@ use kpc::Config;
 
 mod attention;
 mod attention_args;
+mod attention_mha;
 mod attention_report;
 mod bench_build;
 mod bench_build_cl;

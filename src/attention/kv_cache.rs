@@ -182,6 +182,35 @@ impl KvCache {
         Ok(())
     }
 
+    /// The filled positions as f32 (f16 widened exactly): K and V, each
+    /// `[batch][kv_head][len][head_dim]`. One read per (batch, KV head); waits for earlier launches.
+    ///
+    /// Errors: the buffers' read errors.
+    pub fn read(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        let d = self.shape.head_dim;
+        let run = self.len * d;
+        let heads = self.shape.batch * self.shape.kv_heads;
+        let (mut k, mut v) = (vec![0f32; heads * run], vec![0f32; heads * run]);
+        for bh in 0..heads {
+            let at = bh * self.capacity * d;
+            let (ko, vo) = (&mut k[bh * run..][..run], &mut v[bh * run..][..run]);
+            match &self.store {
+                KvStore::F32 { k, v } => {
+                    k.read_at(at, ko)?;
+                    v.read_at(at, vo)?;
+                }
+                KvStore::F16 { k, v } => {
+                    let mut bits = vec![0u16; run];
+                    k.read_at(at, &mut bits)?;
+                    widen(&bits, ko);
+                    v.read_at(at, &mut bits)?;
+                    widen(&bits, vo);
+                }
+            }
+        }
+        Ok((k, v))
+    }
+
     /// Appends one position: `k_new` and `v_new` are `[batch][kv_head][head_dim]`. Writes that
     /// position in place (O(1); the past is not touched) and increments [`KvCache::len`].
     ///
@@ -215,6 +244,12 @@ impl KvCache {
         self.write_rows(0, len, k, v)?;
         self.len = len;
         Ok(())
+    }
+}
+
+fn widen(bits: &[u16], out: &mut [f32]) {
+    for (o, &b) in out.iter_mut().zip(bits) {
+        *o = half::f16::from_bits(b).to_f32();
     }
 }
 

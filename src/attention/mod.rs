@@ -21,6 +21,8 @@
 //!   elsewhere the generic kernels (`attn_append`, `attn_decode`, `attn_reduce`, `attn_prefill`).
 //!   Each variant is its own cached program.
 //! - [`reference`] is the float64 CPU reference the kernels are tested against.
+//! - [`mha`] is ncnn's MultiHeadAttention layer around these kernels: Q/K/V and output projections,
+//!   self-attention with this cache, cross-attention over K/V projected once.
 //!
 //! Q and O are f32, `[batch][q_head][head_dim]` per decode step. K and V are f32 or f16
 //! ([`KvDtype`]); computation is f32, except that the cooperative-matrix prefill multiplies Q and
@@ -30,11 +32,13 @@ mod choice;
 mod decode;
 mod kv_cache;
 mod layer;
+pub mod mha;
 mod options;
 mod prefill;
 pub mod reference;
 
 pub use kv_cache::{KvCache, round_to_f16};
+pub use mha::{MhaKind, MhaParams, MhaWeights, MultiHeadAttention, ProjectionKernel};
 pub use options::{AttentionOptions, DecodeKernel, PrefillKernel};
 
 use crate::cache::{BuildOptions, SpecConstants};

@@ -6,4 +6,5 @@ pub mod cli;
 pub mod disk;
 pub mod drivers;
 pub mod fake_backend;
+pub mod mha;
 pub mod redis;
