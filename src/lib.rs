@@ -31,5 +31,5 @@ pub use error::{Error, Result};
 #[cfg(not(loom))]
 pub use runtime::{
     Buffer, CacheBlob, Context, Event, Kernel, OpenClHandles, OpenClKernelLease, PushConstants,
-    Queue, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
+    Queue, VulkanFeatures, VulkanHandles, VulkanKernelHandles, VulkanQueueLock,
 };

@@ -98,6 +98,7 @@ impl Embedder {
             queue_family_index: self.family,
             queue: self.queue,
             enabled,
+            queue_lock: None,
         }
     }
 

@@ -1,0 +1,553 @@
+//! kpc's interop contract on a real Vulkan driver (lavapipe in CI), checked from the outside: the
+//! test is an engine that owns its instance (with the Khronos validation layer and a debug-utils
+//! messenger that counts errors), device and one compute queue, and hands kpc a pass-through
+//! `vkGetInstanceProcAddr` (tests/common/vk_counting.rs) that counts every device-level call kpc
+//! makes, with its thread.
+//!
+//! What is asserted, per scenario:
+//! - no kpc call after the engine's last kpc object was dropped (the drop returned), checked for a
+//!   while afterwards;
+//! - no two kpc calls on the queue at once, with several contexts over one queue;
+//! - no validation error.
+
+mod common;
+#[path = "common/vk_counting.rs"]
+mod vk_counting;
+
+use std::ffi::c_void;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ash::vk;
+use kpc::backend::vulkan::queue_lock_sharers;
+use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::kernels::spirv_image;
+use kpc::runtime::KernelRequest;
+use kpc::{Buffer, Config, Context, PushConstants, VulkanFeatures, VulkanHandles, VulkanQueueLock};
+
+use common::disk::TempDir;
+use common::drivers::{ran, skip, test_config};
+
+/// Validation messages of error severity since the last scenario began.
+static VALIDATION_ERRORS: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "system" fn on_message(
+    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
+    _types: vk::DebugUtilsMessageTypeFlagsEXT,
+    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
+    _user: *mut c_void,
+) -> vk::Bool32 {
+    if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) {
+        let n = VALIDATION_ERRORS.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: the layer passes valid callback data with a NUL-terminated message.
+        let text = unsafe { (*data).message_as_c_str() }.map_or_else(
+            || "<no message>".into(),
+            |m| m.to_string_lossy().into_owned(),
+        );
+        if n < 5 {
+            eprintln!("VALIDATION ERROR: {text}");
+        }
+    }
+    vk::FALSE
+}
+
+const LAYER: &std::ffi::CStr = c"VK_LAYER_KHRONOS_validation";
+
+/// The engine: its own instance under the validation layer, its device and one compute queue.
+struct Engine {
+    entry: ash::Entry,
+    instance: ash::Instance,
+    utils: ash::ext::debug_utils::Instance,
+    messenger: vk::DebugUtilsMessengerEXT,
+    api_version: u32,
+    pd: vk::PhysicalDevice,
+    device: ash::Device,
+    family: u32,
+    queue: vk::Queue,
+}
+
+impl Engine {
+    /// The engine on the first Vulkan device, or a reported skip where there is no driver.
+    fn new(test: &str) -> Option<Engine> {
+        // SAFETY: loading the system's Vulkan loader, as any Vulkan application does.
+        let entry = match unsafe { ash::Entry::load() } {
+            Ok(e) => e,
+            Err(e) => return skip("vulkan", test, &format!("no Vulkan loader: {e}")),
+        };
+        // SAFETY: no preconditions.
+        let layers = unsafe { entry.enumerate_instance_layer_properties() }.unwrap_or_default();
+        if !layers
+            .iter()
+            .any(|l| l.layer_name_as_c_str().is_ok_and(|n| n == LAYER))
+        {
+            return skip(
+                "vulkan",
+                test,
+                "the Khronos validation layer is not installed (vulkan-validationlayers)",
+            );
+        }
+        // SAFETY: no preconditions.
+        let loader = unsafe { entry.try_enumerate_instance_version() }
+            .unwrap()
+            .unwrap_or(vk::API_VERSION_1_0);
+        let api_version = loader.min(vk::API_VERSION_1_3);
+        let app = vk::ApplicationInfo::default()
+            .application_name(c"kpc contract test")
+            .api_version(api_version);
+        let layer_names = [LAYER.as_ptr()];
+        let exts = [ash::ext::debug_utils::NAME.as_ptr()];
+        let mut messenger_info = vk::DebugUtilsMessengerCreateInfoEXT::default()
+            .message_severity(
+                vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
+                    | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
+            )
+            .message_type(
+                vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
+                    | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
+                    | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
+            )
+            .pfn_user_callback(Some(on_message));
+        // SAFETY: the create infos live across the call; the messenger chained here also reports
+        // on vkCreateInstance itself.
+        let instance = unsafe {
+            entry.create_instance(
+                &vk::InstanceCreateInfo::default()
+                    .application_info(&app)
+                    .enabled_layer_names(&layer_names)
+                    .enabled_extension_names(&exts)
+                    .push_next(&mut messenger_info),
+                None,
+            )
+        }
+        .expect("vkCreateInstance with the validation layer");
+        let utils = ash::ext::debug_utils::Instance::new(&entry, &instance);
+        // SAFETY: the instance enables VK_EXT_debug_utils; destroyed in Drop.
+        let messenger = unsafe { utils.create_debug_utils_messenger(&messenger_info, None) }
+            .expect("a debug messenger");
+        // SAFETY: the instance is alive.
+        let pds = unsafe { instance.enumerate_physical_devices() }.unwrap();
+        let Some(&pd) = pds.first() else {
+            return skip("vulkan", test, "no Vulkan device");
+        };
+        // SAFETY: `pd` belongs to the instance.
+        let families = unsafe { instance.get_physical_device_queue_family_properties(pd) };
+        let family = families
+            .iter()
+            .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+            .expect("a compute queue family") as u32;
+        let priorities = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(family)
+            .queue_priorities(&priorities)];
+        // SAFETY: the create info lives across the call; nothing optional is enabled.
+        let device = unsafe {
+            instance.create_device(
+                pd,
+                &vk::DeviceCreateInfo::default().queue_create_infos(&queues),
+                None,
+            )
+        }
+        .expect("vkCreateDevice");
+        // SAFETY: queue 0 of `family` was requested.
+        let queue = unsafe { device.get_device_queue(family, 0) };
+        vk_counting::install(entry.static_fn().get_instance_proc_addr);
+        ran("vulkan", test);
+        Some(Engine {
+            entry,
+            instance,
+            utils,
+            messenger,
+            api_version,
+            pd,
+            device,
+            family,
+            queue,
+        })
+    }
+
+    /// The handles kpc gets: the counting `vkGetInstanceProcAddr` in front of the loader's.
+    fn handles(&self) -> VulkanHandles {
+        VulkanHandles {
+            get_instance_proc_addr: vk_counting::counting_gipa,
+            instance: self.instance.handle(),
+            instance_api_version: self.api_version,
+            physical_device: self.pd,
+            device: self.device.handle(),
+            queue_family_index: self.family,
+            queue: self.queue,
+            enabled: VulkanFeatures::default(),
+            queue_lock: None,
+        }
+    }
+
+    /// A kpc context over the engine's device and queue.
+    fn context(&self, config: &Config) -> Context {
+        // SAFETY: the handles are this engine's live objects, destroyed in Drop after every kpc
+        // object of the scenario was dropped; the counting entry point forwards to the loader's,
+        // which created the instance; nothing optional is declared or enabled.
+        unsafe { Context::from_vulkan_handles(&self.handles(), config) }
+            .expect("an interop context")
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // SAFETY: every kpc object over these handles was dropped before (each scenario drops
+        // them first); the engine destroys what it created, last.
+        unsafe {
+            self.device.device_wait_idle().unwrap();
+            self.device.destroy_device(None);
+            self.utils
+                .destroy_debug_utils_messenger(self.messenger, None);
+            self.instance.destroy_instance(None);
+        }
+        let _ = &self.entry;
+    }
+}
+
+/// `n` saxpy variants (the bias is a specialization constant): `n` programs to build.
+fn variants(n: i32) -> Vec<KernelRequest> {
+    let image = spirv_image("saxpy").unwrap();
+    (0..n)
+        .map(|bias| {
+            KernelRequest::new(&image, "saxpy")
+                .spec(SpecConstants::new().with(1, SpecValue::I32(bias)))
+        })
+        .collect()
+}
+
+/// Waits until kpc has made `n` calls (background work is under way), at most 60 s.
+fn wait_for_calls(n: u64) {
+    let t = std::time::Instant::now();
+    while vk_counting::counts().calls < n {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "kpc made fewer than {n} calls in 60 s"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// How long the test keeps watching for kpc calls after the last drop.
+const WATCH: Duration = Duration::from_millis(400);
+
+/// Closes the counter (the last kpc object is gone), watches for calls, and returns the counts.
+fn calls_after_last_drop() -> vk_counting::Counts {
+    vk_counting::close();
+    std::thread::sleep(WATCH);
+    vk_counting::counts()
+}
+
+fn assert_clean(what: &str, c: &vk_counting::Counts) {
+    eprintln!(
+        "{what}: {} kpc calls, {} after the last drop ({:?}), {} queue overlaps, {} validation \
+         errors",
+        c.calls,
+        c.after_close,
+        c.after_threads,
+        c.overlaps,
+        VALIDATION_ERRORS.load(Ordering::SeqCst)
+    );
+    let after: Vec<_> = c.per_fn.iter().filter(|(_, v)| v.1 > 0).collect();
+    assert_eq!(
+        c.after_close, 0,
+        "{what}: kpc called the device after the last drop: {after:?} from {:?}",
+        c.after_threads
+    );
+    assert_eq!(
+        c.overlaps, 0,
+        "{what}: two kpc calls used the queue at once"
+    );
+    assert_eq!(
+        VALIDATION_ERRORS.load(Ordering::SeqCst),
+        0,
+        "{what}: validation errors (printed above)"
+    );
+}
+
+fn begin() -> parking_lot::MutexGuard<'static, ()> {
+    let g = vk_counting::scenario();
+    VALIDATION_ERRORS.store(0, Ordering::SeqCst);
+    g
+}
+
+/// One context's work: `n` saxpy launches, each waited for, and the result checked once.
+fn launches(ctx: &Context, n: usize) {
+    let image = spirv_image("saxpy").unwrap();
+    let spec = SpecConstants::new().with(1, SpecValue::I32(0));
+    let k = ctx
+        .kernel(&image, "saxpy", &spec, &BuildOptions::default())
+        .unwrap();
+    let len = 64usize;
+    let x: Vec<f32> = (0..len).map(|i| i as f32).collect();
+    let y = vec![1.0f32; len];
+    let bx = ctx.buffer_from(&x).unwrap();
+    let by = ctx.buffer_from(&y).unwrap();
+    let out: Buffer<f32> = ctx.buffer_from(&vec![0.0f32; len]).unwrap();
+    let push = PushConstants::new().u32(len as u32).f32(2.0);
+    let groups = k.groups_for([len as u64, 1, 1]).unwrap();
+    for _ in 0..n {
+        ctx.queue()
+            .launch(&k, groups, &[&bx, &by, &out], push.as_bytes())
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    let got = out.read().unwrap();
+    assert!(got.iter().zip(&x).all(|(g, x)| *g == 2.0 * x + 1.0));
+}
+
+#[test]
+fn contexts_over_one_queue_never_submit_at_once() {
+    let test = "contexts_over_one_queue_never_submit_at_once";
+    let _g = begin();
+    let Some(engine) = Engine::new(test) else {
+        return;
+    };
+    let contexts: Vec<Context> = (0..6).map(|_| engine.context(&test_config())).collect();
+    let sharers = || queue_lock_sharers(engine.device.handle(), engine.queue);
+    assert_eq!(
+        sharers(),
+        6,
+        "one submit lock for the queue, shared by every context"
+    );
+    std::thread::scope(|s| {
+        for ctx in &contexts {
+            s.spawn(move || launches(ctx, 60));
+        }
+    });
+    drop(contexts);
+    assert_eq!(sharers(), 0, "the queue's entry goes with its last context");
+    let c = calls_after_last_drop();
+    let submitters = c.threads.len();
+    assert!(submitters >= 6, "calls came from {submitters} threads");
+    assert_clean(test, &c);
+}
+
+#[test]
+fn a_dropped_prefetch_makes_no_call_after_the_last_drop() {
+    let test = "a_dropped_prefetch_makes_no_call_after_the_last_drop";
+    let _g = begin();
+    let Some(engine) = Engine::new(test) else {
+        return;
+    };
+    let ctx = engine.context(&test_config());
+    let p = ctx.prefetch(variants(300));
+    // Mid-flight: a few programs built, most not begun.
+    wait_for_calls(30);
+    drop(p);
+    drop(ctx);
+    let c = calls_after_last_drop();
+    assert!(c.calls > 0, "the prefetch made calls before the drop");
+    assert_clean(test, &c);
+}
+
+fn warm_config(root: &Path) -> Config {
+    Config::builder()
+        .cache_dir(root)
+        .warm_start(Some("contract"))
+        .build()
+        .unwrap()
+}
+
+/// Builds `n` variants under `root` and leaves their manifest behind for the next context.
+fn record_manifest(engine: &Engine, root: &Path, n: i32) {
+    let ctx = engine.context(&warm_config(root));
+    for r in ctx.prefetch(variants(n)).wait() {
+        r.unwrap();
+    }
+    assert_eq!(ctx.save_warm_start().unwrap(), Some(n as usize));
+}
+
+#[test]
+fn a_context_dropped_during_its_warm_start_makes_no_call_after() {
+    let test = "a_context_dropped_during_its_warm_start_makes_no_call_after";
+    let _g = begin();
+    let Some(engine) = Engine::new(test) else {
+        return;
+    };
+    let dir = TempDir::new("contract-warm");
+    record_manifest(&engine, dir.path(), 300);
+    vk_counting::reset();
+    let ctx = engine.context(&warm_config(dir.path()));
+    // Mid-flight: a few kernels loaded, most not begun.
+    wait_for_calls(30);
+    drop(ctx);
+    let c = calls_after_last_drop();
+    assert_clean(test, &c);
+
+    // The same through quiesce, without dropping: nothing in flight once it returns.
+    vk_counting::reset();
+    let ctx = engine.context(&warm_config(dir.path()));
+    wait_for_calls(30);
+    ctx.quiesce().unwrap();
+    let c = calls_after_last_drop();
+    assert_clean("quiesce during a warm start", &c);
+    vk_counting::reopen();
+    let rep = ctx.wait_warm_start().unwrap();
+    assert!(rep.loaded < 300, "the warm start was stopped: {rep:?}");
+    launches(&ctx, 2);
+}
+
+/// The engine's own lock over its queue, handed to kpc as its hook.
+struct EngineLock {
+    raw: parking_lot::RawMutex,
+    /// Times kpc took it.
+    taken_by_kpc: AtomicU64,
+}
+
+thread_local! {
+    /// Whether this thread is one of the engine's own submitters (its lock calls are not kpc's).
+    static ENGINE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+unsafe extern "C" fn engine_lock(user: *mut c_void) {
+    use parking_lot::lock_api::RawMutex as _;
+    // SAFETY: `user` is the EngineLock the test handed kpc, alive for the whole scenario.
+    let l = unsafe { &*user.cast::<EngineLock>() };
+    l.raw.lock();
+    if !ENGINE_THREAD.get() {
+        l.taken_by_kpc.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+unsafe extern "C" fn engine_unlock(user: *mut c_void) {
+    use parking_lot::lock_api::RawMutex as _;
+    // SAFETY: as in `engine_lock`; the calling thread holds the lock (the hook's contract).
+    unsafe { (*user.cast::<EngineLock>()).raw.unlock() };
+}
+
+impl Engine {
+    /// The engine's own submissions: `n` command buffers with a barrier each, submitted to the
+    /// shared queue under its lock (as it would with its own work), each waited for.
+    fn submit_own(&self, lock: &EngineLock, n: usize) {
+        ENGINE_THREAD.set(true);
+        let d = &self.device;
+        // SAFETY: the pool, buffer and fence are this thread's; the queue is used only under the
+        // engine's lock, which kpc takes too (its hook); everything is destroyed after its fence.
+        unsafe {
+            let pool = d
+                .create_command_pool(
+                    &vk::CommandPoolCreateInfo::default()
+                        .queue_family_index(self.family)
+                        .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER),
+                    None,
+                )
+                .unwrap();
+            let cmd = d
+                .allocate_command_buffers(
+                    &vk::CommandBufferAllocateInfo::default()
+                        .command_pool(pool)
+                        .level(vk::CommandBufferLevel::PRIMARY)
+                        .command_buffer_count(1),
+                )
+                .unwrap()[0];
+            let fence = d
+                .create_fence(&vk::FenceCreateInfo::default(), None)
+                .unwrap();
+            for _ in 0..n {
+                d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default())
+                    .unwrap();
+                d.cmd_pipeline_barrier(
+                    cmd,
+                    vk::PipelineStageFlags::COMPUTE_SHADER,
+                    vk::PipelineStageFlags::COMPUTE_SHADER,
+                    vk::DependencyFlags::empty(),
+                    &[vk::MemoryBarrier::default()
+                        .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+                        .dst_access_mask(vk::AccessFlags::SHADER_READ)],
+                    &[],
+                    &[],
+                );
+                d.end_command_buffer(cmd).unwrap();
+                let cmds = [cmd];
+                {
+                    engine_lock(std::ptr::from_ref(lock).cast_mut().cast());
+                    d.queue_submit(
+                        self.queue,
+                        &[vk::SubmitInfo::default().command_buffers(&cmds)],
+                        fence,
+                    )
+                    .unwrap();
+                    engine_unlock(std::ptr::from_ref(lock).cast_mut().cast());
+                }
+                d.wait_for_fences(&[fence], true, u64::MAX).unwrap();
+                d.reset_fences(&[fence]).unwrap();
+            }
+            d.destroy_fence(fence, None);
+            d.destroy_command_pool(pool, None);
+        }
+    }
+}
+
+#[test]
+fn kpc_and_the_engine_serialize_on_the_engines_lock() {
+    let test = "kpc_and_the_engine_serialize_on_the_engines_lock";
+    let _g = begin();
+    let Some(engine) = Engine::new(test) else {
+        return;
+    };
+    let lock = EngineLock {
+        raw: <parking_lot::RawMutex as parking_lot::lock_api::RawMutex>::INIT,
+        taken_by_kpc: AtomicU64::new(0),
+    };
+    let handles = VulkanHandles {
+        queue_lock: Some(VulkanQueueLock {
+            lock: engine_lock,
+            unlock: engine_unlock,
+            user_data: std::ptr::from_ref(&lock).cast_mut().cast(),
+        }),
+        ..engine.handles()
+    };
+    // SAFETY: as in Engine::context; the hook's callbacks lock and unlock `lock`, which outlives
+    // every context, from any thread.
+    let contexts: Vec<Context> = (0..4)
+        .map(|_| unsafe { Context::from_vulkan_handles(&handles, &test_config()) }.unwrap())
+        .collect();
+    std::thread::scope(|s| {
+        for ctx in &contexts {
+            s.spawn(move || launches(ctx, 40));
+        }
+        s.spawn(|| engine.submit_own(&lock, 200));
+    });
+    drop(contexts);
+    let c = calls_after_last_drop();
+    let submits = c.per_fn.get("vkQueueSubmit").map_or(0, |v| v.0);
+    assert!(submits > 0);
+    assert_eq!(
+        lock.taken_by_kpc.load(Ordering::SeqCst),
+        submits,
+        "kpc took the engine's lock around each of its submissions, and only then"
+    );
+    assert_clean(test, &c);
+}
+
+#[test]
+fn quiesce_leaves_nothing_in_flight() {
+    let test = "quiesce_leaves_nothing_in_flight";
+    let _g = begin();
+    let Some(engine) = Engine::new(test) else {
+        return;
+    };
+    let ctx = engine.context(&test_config());
+    let p = ctx.prefetch(variants(300));
+    wait_for_calls(30);
+    ctx.quiesce().unwrap();
+    let c = calls_after_last_drop();
+    assert_clean(test, &c);
+    vk_counting::reopen();
+    let results = p.wait();
+    let cancelled = results
+        .iter()
+        .filter(|r| matches!(r, Err(kpc::Error::Cancelled(_))))
+        .count();
+    eprintln!("{test}: {cancelled} of 300 requests cancelled by quiesce");
+    assert!(
+        results
+            .iter()
+            .all(|r| r.is_ok() || matches!(r, Err(kpc::Error::Cancelled(_))))
+    );
+    // Still usable afterwards.
+    launches(&ctx, 2);
+}
