@@ -96,6 +96,8 @@ pub enum kpc_status {
     /// A GLSL image did not compile; the message is the compiler's, citing `name:line`. Cached:
     /// asking again fails the same way without compiling.
     KPC_STATUS_GLSL_COMPILE = 18,
+    /// Work kpc had not begun when it was cancelled (a quiesced context's background work).
+    KPC_STATUS_CANCELLED = 19,
     /// A panic inside kpc was caught at the boundary; the message is the panic's. kpc is still
     /// usable, but the object the call was working on may not be.
     KPC_STATUS_PANIC = 100,
@@ -139,6 +141,7 @@ pub(crate) fn status_of(e: &Error) -> kpc_status {
         Error::BlobMismatch { .. } => KPC_STATUS_BLOB_MISMATCH,
         Error::CorruptBlob { .. } | Error::Bundle { .. } => KPC_STATUS_CORRUPT_BLOB,
         Error::WrongBackend { .. } => KPC_STATUS_WRONG_BACKEND,
+        Error::Cancelled(_) => KPC_STATUS_CANCELLED,
         // A build that panicked on another thread: the same condition a caught panic reports.
         Error::Panicked(_) => KPC_STATUS_PANIC,
     }
@@ -280,6 +283,7 @@ pub extern "C" fn kpc_status_name(status: i32) -> *const c_char {
         KPC_STATUS_IO,
         KPC_STATUS_LAUNCH,
         KPC_STATUS_GLSL_COMPILE,
+        KPC_STATUS_CANCELLED,
         KPC_STATUS_PANIC,
     ];
     let name: &'static [u8] = match all.iter().find(|s| **s as i32 == status) {
@@ -311,6 +315,7 @@ fn status_name(s: kpc_status) -> &'static [u8] {
         KPC_STATUS_IO => b"KPC_STATUS_IO\0",
         KPC_STATUS_LAUNCH => b"KPC_STATUS_LAUNCH\0",
         KPC_STATUS_GLSL_COMPILE => b"KPC_STATUS_GLSL_COMPILE\0",
+        KPC_STATUS_CANCELLED => b"KPC_STATUS_CANCELLED\0",
         KPC_STATUS_PANIC => b"KPC_STATUS_PANIC\0",
     }
 }
