@@ -551,3 +551,81 @@ fn quiesce_leaves_nothing_in_flight() {
     // Still usable afterwards.
     launches(&ctx, 2);
 }
+
+#[test]
+fn an_instance_api_version_never_splits_the_cache_and_a_malformed_one_is_refused() {
+    let test = "an_instance_api_version_never_splits_the_cache_and_a_malformed_one_is_refused";
+    let _g = begin();
+    let Some(engine) = Engine::new(test) else {
+        return;
+    };
+    let owned = kpc::backend::vulkan::devices().unwrap()[0]
+        .fingerprint
+        .clone();
+    // 1.1 declared for an instance made at a higher version (or truly 1.1): a device that cannot
+    // name its driver through 1.1 is fingerprinted through kpc's own instance instead.
+    for v in [vk::API_VERSION_1_1, engine.api_version] {
+        let h = VulkanHandles {
+            instance_api_version: v,
+            ..engine.handles()
+        };
+        // SAFETY: as in Engine::context; a declared version at or below the instance's own uses
+        // nothing the instance lacks.
+        let ctx = unsafe { Context::from_vulkan_handles(&h, &test_config()) }.unwrap();
+        assert_eq!(ctx.device().fingerprint, owned, "instance API {v:#x}");
+    }
+    for bad in [
+        vk::make_api_version(0, 2, 0, 0),
+        vk::make_api_version(1, 1, 3, 0),
+        0,
+    ] {
+        let h = VulkanHandles {
+            instance_api_version: bad,
+            ..engine.handles()
+        };
+        // SAFETY: refused before any handle is used.
+        let e = unsafe { Context::from_vulkan_handles(&h, &test_config()) }.unwrap_err();
+        assert!(
+            matches!(&e, kpc::Error::InvalidArgument(m) if m.contains("API") || m.contains("Vulkan")),
+            "{bad:#x}: {e}"
+        );
+    }
+    assert_clean(test, &calls_after_last_drop());
+}
+
+#[test]
+fn kernel_handles_are_made_once_and_the_eviction_threshold_counts_the_code() {
+    let test = "kernel_handles_are_made_once_and_the_eviction_threshold_counts_the_code";
+    let _g = begin();
+    let Some(engine) = Engine::new(test) else {
+        return;
+    };
+    let image = spirv_image("saxpy").unwrap();
+    let config = Config::builder()
+        .persistent(false)
+        .in_mem_eviction_threshold(2 * image.bytes().len() as u64)
+        .build()
+        .unwrap();
+    let ctx = engine.context(&config);
+    let kernels: Vec<kpc::Kernel> = (0..4)
+        .map(|b| {
+            let spec = SpecConstants::new().with(1, SpecValue::I32(b));
+            ctx.kernel(&image, "saxpy", &spec, &BuildOptions::default())
+                .unwrap()
+        })
+        .collect();
+    // Lent, not made per call: the same handles, with the same arrays, every time.
+    let (a, b) = (
+        kernels[0].vulkan_handles().unwrap(),
+        kernels[0].vulkan_handles().unwrap(),
+    );
+    assert!(std::ptr::eq(a, b) && a.bindings.as_ptr() == b.bindings.as_ptr());
+    // Each program counts at least its SPIR-V, so a threshold of two images' bytes keeps at most
+    // two of the four programs (lavapipe's pipeline-cache data alone is a 32-byte stub).
+    let s = ctx.memory_stats();
+    assert!(s.programs <= 2 && s.evictions >= 2, "{s:?}");
+    assert!(s.program_bytes >= image.bytes().len() as u64, "{s:?}");
+    drop(kernels);
+    drop(ctx);
+    assert_clean(test, &calls_after_last_drop());
+}
