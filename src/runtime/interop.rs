@@ -43,7 +43,7 @@
 //!
 //! # When kpc stops using the device
 //! When the drop of the last kpc object made from a context has returned, kpc makes no further call
-//! on the borrowed handles, from any thread: dropping a [`crate::Prefetch`] cancels its requests not
+//! on the borrowed handles, from any thread: dropping a [`super::Prefetch`] cancels its requests not
 //! yet begun and waits for the running ones; dropping the last [`Context`] handle stops the warm
 //! start the same way; everything else kpc does on its own threads belongs to one of those. The
 //! same holds for devices kpc opens itself. [`Context::quiesce`] gets there without dropping: it
