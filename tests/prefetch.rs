@@ -225,5 +225,8 @@ fn dropping_a_prefetch_cancels_what_has_not_begun_and_waits_for_what_runs() {
     assert_eq!(pm.memory_stats().programs as usize, at_drop);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(pm.backend().builds(), at_drop, "no build after the drop");
-    assert!(at_drop < 40, "{at_drop} of 40 built: the rest was cancelled");
+    assert!(
+        at_drop < 40,
+        "{at_drop} of 40 built: the rest was cancelled"
+    );
 }

@@ -256,7 +256,7 @@ pub struct Context {
     // Field order is drop order: the warm start stops (and its running loads end) before the
     // handle on the context goes.
     /// Shared by the embedder's handles only; `None` in the handles kpc's own threads hold.
-    _life: Option<Arc<Life>>,
+    pub(crate) _life: Option<Arc<Life>>,
     pub(crate) inner: Arc<dyn ContextImpl>,
 }
 
@@ -348,15 +348,6 @@ impl Context {
         Context {
             _life: Some(Arc::new(Life { warm })),
             inner,
-        }
-    }
-
-    /// A handle for kpc's own threads (prefetch workers): it shares the context but not the
-    /// embedder's handles' lifetime, so it never keeps the warm start going.
-    pub(crate) fn internal(&self) -> Context {
-        Context {
-            _life: None,
-            inner: self.inner.clone(),
         }
     }
 

@@ -65,6 +65,15 @@ impl Drop for Life {
 }
 
 impl super::Context {
+    /// A handle for kpc's own threads (prefetch workers): it shares the context but not the
+    /// embedder's handles' lifetime, so it never keeps the warm start going.
+    pub(crate) fn internal(&self) -> super::Context {
+        super::Context {
+            _life: None,
+            inner: self.inner.clone(),
+        }
+    }
+
     /// Returns once kpc has no call in flight on this context's device and none pending of its
     /// own: the warm start is stopped (kernels it loaded stay cached; the others are loaded at
     /// their first request), every prefetch batch of this context is cancelled (its requests not

@@ -245,7 +245,7 @@ impl VulkanBackend {
             })?;
         let mut pd = describe(&instance, index, h.physical_device)?;
         if instance.api_version < vk::API_VERSION_1_2 {
-            normalize_fingerprint(&mut pd, instance.api_version)?;
+            super::instance::normalize_fingerprint(&mut pd, instance.api_version)?;
         }
         if pd.api_version < vk::API_VERSION_1_1 {
             return Err(super::instance::unavailable(format!(
@@ -330,41 +330,6 @@ impl VulkanBackend {
             trace: config.trace.contains(TraceFlags::BUILDS),
             counters: Counters::default(),
         })
-    }
-}
-
-/// Gives `pd` the fingerprint kpc's own instance computes for the same device. Through an instance
-/// below Vulkan 1.2, a device without VK_KHR_driver_properties cannot name its driver, so the
-/// fingerprint would differ from an owned context's and silently split the cache by the embedder's
-/// instance version; kpc's own instance (1.3 where the loader has it) reads the driver identity
-/// instead. The device is matched by vendor, device id and pipeline-cache UUID, which the driver
-/// sets per build.
-///
-/// Errors: [`Error::InvalidArgument`] when kpc's own instance finds no such device (the embedder
-/// then has to create its instance with Vulkan 1.2 or later).
-fn normalize_fingerprint(pd: &mut PhysicalDevice, api: u32) -> Result<()> {
-    let own = super::instance::instance()?;
-    if own.api_version < vk::API_VERSION_1_2 {
-        // kpc's own instance sees what the embedder's sees: the fingerprints agree already.
-        return Ok(());
-    }
-    let all = super::instance::physical_devices(&own)?;
-    match all.iter().find(|p| {
-        p.vendor_id == pd.vendor_id
-            && p.device_id == pd.device_id
-            && p.pipeline_cache_uuid == pd.pipeline_cache_uuid
-    }) {
-        Some(p) => {
-            pd.info.fingerprint = p.info.fingerprint.clone();
-            Ok(())
-        }
-        None => Err(invalid(format!(
-            "device {:?} cannot be fingerprinted through an instance of Vulkan {} (its driver \
-             identity needs 1.2 or VK_KHR_driver_properties), and kpc's own instance does not \
-             list it; create the instance with Vulkan 1.2 or later",
-            pd.info.name,
-            version_string(api)
-        ))),
     }
 }
 
