@@ -56,6 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         queue_family_index: family,
         queue,
         enabled: VulkanFeatures::default(),
+        queue_lock: None,
     };
     let config = Config::from_env()?;
     // SAFETY: the handles are live and belong together; they outlive every kpc object below

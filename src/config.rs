@@ -27,7 +27,7 @@ pub mod vars {
     pub const CACHE_MAX_DEVICE_IMAGE_SIZE: &str = "KPC_CACHE_MAX_DEVICE_IMAGE_SIZE";
     /// 0/1: use the in-memory cache.
     pub const CACHE_IN_MEM: &str = "KPC_CACHE_IN_MEM";
-    /// Bytes of program binaries kept in memory before LRU eviction (0 = off).
+    /// Bytes of programs ([`crate::cache::CacheCost`]) kept in memory before LRU eviction (0 = off).
     pub const IN_MEM_CACHE_EVICTION_THRESHOLD: &str = "KPC_IN_MEM_CACHE_EVICTION_THRESHOLD";
     /// How long to wait for another process building the same key.
     pub const CACHE_LOCK_TIMEOUT: &str = "KPC_CACHE_LOCK_TIMEOUT";
@@ -271,7 +271,7 @@ pub struct Config {
     pub max_device_image_size: u64,
     /// Use the in-memory cache (`KPC_CACHE_IN_MEM`, default on).
     pub in_mem: bool,
-    /// Bytes of program binaries kept in memory before LRU eviction; 0 = never evict
+    /// Bytes of programs ([`crate::cache::CacheCost`]) kept in memory before LRU eviction; 0 = never evict
     /// (`KPC_IN_MEM_CACHE_EVICTION_THRESHOLD`).
     pub in_mem_eviction_threshold: u64,
     /// How long a process waits for another one building the same key (`KPC_CACHE_LOCK_TIMEOUT`, 30 s).
@@ -486,7 +486,7 @@ impl ConfigBuilder {
         self.config.in_mem = on;
         self
     }
-    /// Sets the in-memory LRU threshold in bytes of program binaries (0 = off).
+    /// Sets the in-memory LRU threshold in bytes of programs ([`crate::cache::CacheCost`]) (0 = off).
     pub fn in_mem_eviction_threshold(mut self, bytes: u64) -> Self {
         self.config.in_mem_eviction_threshold = bytes;
         self

@@ -148,6 +148,11 @@ pub enum Error {
     #[error("I/O error: {0}")]
     Io(String),
 
+    /// Work kpc had not begun when it was cancelled: a prefetch request whose batch was dropped, or
+    /// whose context was quiesced, before a worker took it. Nothing was built or cached for it.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
+
     /// A build panicked on another thread; this caller gave up waiting for a retry.
     #[error("{0}")]
     Panicked(String),

@@ -36,7 +36,7 @@ pub use runtime::Source;
 #[cfg(not(loom))]
 pub use runtime::{
     Buffer, CacheBlob, Context, Event, Kernel, OpenClHandles, OpenClKernelLease, PushConstants,
-    Queue, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
+    Queue, VulkanFeatures, VulkanHandles, VulkanKernelHandles, VulkanQueueLock,
 };
 
 /// Everything a typical embedder names: `use kpc::prelude::*;` then

@@ -423,3 +423,46 @@ fn opencl_a_blob_and_its_id_made_in_another_process_are_accepted() {
         "opencl_a_blob_and_its_id_made_in_another_process_are_accepted",
     );
 }
+
+/// A blob refused for its entry point (the program has no such kernel) leaves nothing in the memory
+/// cache: the genuine request that follows loads from its blob again instead of finding the refused
+/// one's program in memory. On Vulkan the entry point is answered from reflection before anything
+/// loads; on OpenCL only the loaded program knows its kernels.
+fn unknown_entry(kind: BackendKind, test: &str) {
+    let Some(ctx) = context(kind, test) else {
+        return;
+    };
+    let blob = saxpy(&ctx, &bias(3)).cache_blob().unwrap();
+    let fresh = context(kind, test).unwrap();
+    let img = image(kind, "saxpy");
+    let plain = BuildOptions::default();
+    let refused = fresh.kernel_from_blob(&img, "no_such_kernel", &bias(3), &plain, &blob);
+    assert!(
+        matches!(refused, Err(Error::UnknownKernel { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(fresh.memory_stats().programs, 0, "nothing of it is cached");
+    let k = from_blob(&fresh, &bias(3), &blob).unwrap();
+    assert_eq!(
+        k.source(),
+        Source::Blob,
+        "the genuine blob is loaded, not found"
+    );
+    assert_eq!(fresh.backend_stats().programs_built, 0);
+}
+
+#[test]
+fn vulkan_a_blob_refused_for_its_entry_point_leaves_nothing_cached() {
+    unknown_entry(
+        BackendKind::Vulkan,
+        "vulkan_a_blob_refused_for_its_entry_point_leaves_nothing_cached",
+    );
+}
+
+#[test]
+fn opencl_a_blob_refused_for_its_entry_point_leaves_nothing_cached() {
+    unknown_entry(
+        BackendKind::OpenCl,
+        "opencl_a_blob_refused_for_its_entry_point_leaves_nothing_cached",
+    );
+}

@@ -353,3 +353,120 @@ fn settled(count: impl Fn() -> u32, want: u32) -> u32 {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+// The contract after the last drop. OpenCL gives no way to interpose on kpc's calls short of an ICD
+// layer, but every object kpc makes on the borrowed context (program, kernel, buffer) holds a
+// reference to that context while it exists (PoCL, as the specification's implicit retain), and
+// kpc's own retains of context and queue are released only when its last object goes. So the
+// context's and queue's reference counts back at the embedder's own, right after the last drop
+// returns and still after a while, mean kpc holds nothing on them and made nothing new: a build
+// still running after the drop would hold a program on the context.
+
+/// The reference counts of the embedder's context and queue.
+fn cl_refs(e: &Embedder) -> (u32, u32) {
+    let c = get_context_info(e.context.get(), CL_CONTEXT_REFERENCE_COUNT)
+        .unwrap()
+        .to_uint();
+    let q = get_command_queue_info(e.queue.get(), CL_QUEUE_REFERENCE_COUNT)
+        .unwrap()
+        .to_uint();
+    (c, q)
+}
+
+/// Watches the counts for a while after the last drop: every sample must be the embedder's own.
+fn assert_released(what: &str, e: &Embedder, own: (u32, u32)) {
+    let samples: Vec<(u32, u32)> = (0..40)
+        .map(|_| {
+            let r = cl_refs(e);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            r
+        })
+        .collect();
+    let held: Vec<_> = samples.iter().filter(|r| **r != own).collect();
+    eprintln!(
+        "{what}: (context, queue) references after the last drop {:?}, embedder's own {own:?}",
+        samples.first()
+    );
+    assert!(
+        held.is_empty(),
+        "{what}: kpc still held or made objects on the borrowed context after the last drop: \
+         {held:?} (embedder's own {own:?})"
+    );
+}
+
+/// Waits until the context's reference count reaches `n` (kpc's retain plus an object of its), at
+/// most 60 s.
+fn wait_for_refs(e: &Embedder, n: u32) {
+    let t = std::time::Instant::now();
+    while cl_refs(e).0 < n {
+        assert!(t.elapsed().as_secs() < 60, "no kpc object appeared in 60 s");
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
+fn cl_variants(n: i32) -> Vec<kpc::runtime::KernelRequest> {
+    let image = opencl_image("saxpy").unwrap();
+    (0..n)
+        .map(|bias| {
+            kpc::runtime::KernelRequest::new(&image, "saxpy")
+                .spec(SpecConstants::new().with(1, SpecValue::I32(bias)))
+        })
+        .collect()
+}
+
+#[test]
+fn nothing_of_kpc_stays_on_the_borrowed_context_after_a_dropped_prefetch() {
+    let test = "nothing_of_kpc_stays_on_the_borrowed_context_after_a_dropped_prefetch";
+    let Some(d) = opencl_device(test) else {
+        return;
+    };
+    let e = Embedder::new(d.index);
+    let own = cl_refs(&e);
+    let ctx = e.context(&test_config());
+    // The probe sees kpc's objects: a kernel held adds references beyond kpc's own retain.
+    let k = ctx
+        .kernel(
+            &opencl_image("saxpy").unwrap(),
+            "saxpy",
+            &SpecConstants::new(),
+            &BuildOptions::default(),
+        )
+        .unwrap();
+    assert!(cl_refs(&e).0 > own.0 + 1, "{:?} vs {own:?}", cl_refs(&e));
+    drop(k);
+    let p = ctx.prefetch(cl_variants(24));
+    // Mid-flight: a build under way (its program holds the context), most not begun.
+    wait_for_refs(&e, own.0 + 2);
+    drop(p);
+    drop(ctx);
+    assert_released(test, &e, own);
+}
+
+#[test]
+fn nothing_of_kpc_stays_on_the_borrowed_context_after_a_warm_start_is_cut_short() {
+    let test = "nothing_of_kpc_stays_on_the_borrowed_context_after_a_warm_start_is_cut_short";
+    let Some(d) = opencl_device(test) else {
+        return;
+    };
+    let e = Embedder::new(d.index);
+    let own = cl_refs(&e);
+    let dir = TempDir::new("cl-contract-warm");
+    let config = Config::builder()
+        .cache_dir(dir.path())
+        .warm_start(Some("contract"))
+        .build()
+        .unwrap();
+    {
+        let ctx = e.context(&config);
+        for r in ctx.prefetch(cl_variants(24)).wait() {
+            r.unwrap();
+        }
+        assert_eq!(ctx.save_warm_start().unwrap(), Some(24));
+    }
+    assert_released("after the recording context", &e, own);
+    let ctx = e.context(&config);
+    // Mid-flight: a load under way (its program holds the context).
+    wait_for_refs(&e, own.0 + 2);
+    drop(ctx);
+    assert_released(test, &e, own);
+}

@@ -98,6 +98,7 @@ impl Embedder {
             queue_family_index: self.family,
             queue: self.queue,
             enabled,
+            queue_lock: None,
         }
     }
 
@@ -380,7 +381,7 @@ fn an_embedder_records_kpcs_saxpy_pipeline_in_its_own_command_buffer() {
     assert_eq!(h.descriptor_set_layouts.len(), 1);
     let n = 64 * 21 + 5;
     let (x, y) = (random_f32(n), random_f32(n));
-    check(&e.saxpy(&h, 2.5, &x, &y), 2.5, &x, &y, 3.0);
+    check(&e.saxpy(h, 2.5, &x, &y), 2.5, &x, &y, 3.0);
     // A kernel of the interop context also launches through kpc's own queue, on the shared queue.
     let (bx, by) = (ctx.buffer_from(&x).unwrap(), ctx.buffer_from(&y).unwrap());
     let out = ctx.buffer_from(&vec![f32::NAN; n]).unwrap();
@@ -408,7 +409,7 @@ fn an_embedder_records_kpcs_saxpy_pipeline_in_its_own_command_buffer() {
     // The context goes; the kernel it handed out keeps its handles valid.
     drop((bx, by, out));
     drop(ctx);
-    check(&e.saxpy(&h, 0.5, &x, &y), 0.5, &x, &y, 3.0);
+    check(&e.saxpy(h, 0.5, &x, &y), 0.5, &x, &y, 3.0);
     drop(k);
 
     // kpc destroyed neither the device nor the instance: the embedder's device still works.
@@ -464,7 +465,7 @@ fn interop_and_owned_contexts_share_fingerprint_and_disk_cache() {
     let n = 300;
     let (x, y) = (random_f32(n), random_f32(n));
     check(
-        &e.saxpy(&k.vulkan_handles().unwrap(), 1.5, &x, &y),
+        &e.saxpy(k.vulkan_handles().unwrap(), 1.5, &x, &y),
         1.5,
         &x,
         &y,
@@ -563,7 +564,7 @@ fn handles_and_blobs_outlive_in_memory_eviction() {
     // The evicted kernel's pipeline is still alive and computes, and its blob is still there.
     let n = 200;
     let (x, y) = (random_f32(n), random_f32(n));
-    check(&e.saxpy(&h, 1.0, &x, &y), 1.0, &x, &y, 11.0);
+    check(&e.saxpy(h, 1.0, &x, &y), 1.0, &x, &y, 11.0);
     let blob = first.cache_blob().unwrap();
     // It was evicted indeed: asking the context again builds it anew.
     assert_eq!(get(11).source(), Source::Built);
@@ -575,7 +576,7 @@ fn handles_and_blobs_outlive_in_memory_eviction() {
     assert_eq!(again.source(), Source::Blob);
     assert_eq!(other.backend_stats().programs_built, 0);
     check(
-        &e.saxpy(&again.vulkan_handles().unwrap(), 2.0, &x, &y),
+        &e.saxpy(again.vulkan_handles().unwrap(), 2.0, &x, &y),
         2.0,
         &x,
         &y,

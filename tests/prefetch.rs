@@ -128,7 +128,8 @@ fn an_empty_batch_and_a_dropped_handle() {
     let p = prefetch_kernels(&pm, Vec::new());
     assert!(p.is_empty() && p.is_finished());
     assert!(p.wait().is_empty());
-    // Dropped without waiting: the workers still finish and the kernel lands in memory.
+    // Dropped without waiting: a request a worker began finishes and lands in memory; one not yet
+    // begun is cancelled. Either way the next request builds it at most once.
     let img = image("bg", &["k"]);
     drop(prefetch_kernels(&pm, vec![KernelRequest::new(&img, "k")]));
     let k = pm
@@ -208,4 +209,24 @@ fn prefetch_on_pocl_builds_each_program_once_and_launches() {
         .collect();
     let read = kpc::kernels::opencl_image("read").unwrap();
     prefetch_on_driver(&ctx, images, read);
+}
+
+#[test]
+fn dropping_a_prefetch_cancels_what_has_not_begun_and_waits_for_what_runs() {
+    let pm = manager(FakeBackend::new().build_delay(Duration::from_millis(50)));
+    let reqs: Vec<KernelRequest> = (0..40)
+        .map(|i| KernelRequest::new(&image(&format!("p{i}"), &["k"]), "k"))
+        .collect();
+    let p = prefetch_kernels(&pm, reqs);
+    std::thread::sleep(Duration::from_millis(20));
+    drop(p);
+    // Every build that began has finished when the drop returns, and none begins afterwards.
+    let at_drop = pm.backend().builds();
+    assert_eq!(pm.memory_stats().programs as usize, at_drop);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(pm.backend().builds(), at_drop, "no build after the drop");
+    assert!(
+        at_drop < 40,
+        "{at_drop} of 40 built: the rest was cancelled"
+    );
 }

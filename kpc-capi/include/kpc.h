@@ -197,6 +197,10 @@ typedef enum kpc_status {
    */
   KPC_STATUS_CALL_ORDER = 19,
   /**
+   * Work kpc had not begun when it was cancelled (a quiesced context's background work).
+   */
+  KPC_STATUS_CANCELLED = 20,
+  /**
    * A panic inside kpc was caught at the boundary; the message is the panic's. kpc is still
    * usable, but the object the call was working on may not be.
    */
@@ -670,6 +674,25 @@ typedef struct kpc_vulkan_handles {
    * none). kpc uses only these, and refuses a bit the device cannot support.
    */
   uint64_t enabled_features;
+  /**
+   * Optional (NULL for none; set both or neither): takes the caller's own lock over `queue`. kpc
+   * calls it, from whichever thread submits, right before each of its calls that use the queue
+   * (vkQueueSubmit), and `queue_unlock` right after, so the caller serializes its own queue use
+   * on that lock and needs no other coordination with kpc. Never call a kpc function that
+   * submits while holding that lock. (The functions of this C API build kernels and hand out
+   * handles; none of them submits, so they never call it; contexts over one queue made through
+   * the Rust API do.) Added after `enabled_features`: a caller built against an older kpc.h,
+   * whose `struct_size` ends at `enabled_features`, is accepted and gets no hook.
+   */
+  void (*queue_lock)(void *user_data);
+  /**
+   * Releases the lock `queue_lock` took.
+   */
+  void (*queue_unlock)(void *user_data);
+  /**
+   * Passed unchanged to `queue_lock` and `queue_unlock`.
+   */
+  void *queue_lock_user_data;
 } kpc_vulkan_handles;
 
 /**
@@ -1156,6 +1179,21 @@ enum kpc_status kpc_context_create(const struct kpc_config *config,
 enum kpc_status kpc_context_destroy(struct kpc_context *context);
 
 /**
+ * Returns once kpc has no call in flight on the context's device and none pending of its own: the
+ * warm start is stopped (what it loaded stays cached), background loads running now have finished,
+ * and every submission made so far has finished executing. For a caller about to do something to
+ * its device that kpc must not overlap. The context stays usable; a later call runs as usual.
+ * Calls other threads make on the context meanwhile are theirs to finish.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle; `KPC_STATUS_BACKEND` when waiting for a
+ * submission fails (a lost device).
+ *
+ * # Safety
+ * None beyond the handle's (which is checked).
+ */
+enum kpc_status kpc_context_quiesce(const struct kpc_context *context);
+
+/**
  * Writes the context's backend to `*out`.
  *
  * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or a NULL `out`.
@@ -1231,9 +1269,11 @@ enum kpc_status kpc_image_from_glsl(const char *name,
  * compute queue; no optional feature is required. The device fingerprint is the one an owned
  * context on the same device gets, so both share disk cache entries and blobs.
  *
- * External synchronization: kpc submits to `queue` only inside its own calls that run work, under
- * its own lock; the caller must not use that queue at the same time (or pass a queue kpc alone
- * uses).
+ * External synchronization: kpc submits to `queue` only inside its own calls that run work (buffer
+ * writes and reads, launches), under one lock per queue that every kpc context over that queue
+ * shares. The caller either gives kpc its own lock over the queue (`queue_lock`/`queue_unlock`),
+ * or does not use the queue at the same time as such a kpc call (or passes a queue kpc alone
+ * uses). Building kernels never touches the queue.
  *
  * Ownership: `*out` receives a new context; destroy it with `kpc_context_destroy`. The caller's
  * objects must stay alive until every kpc object made from this context (kernels, leases) is

@@ -85,6 +85,26 @@ pub unsafe extern "C" fn kpc_context_destroy(context: *mut kpc_context) -> kpc_s
     })
 }
 
+/// Returns once kpc has no call in flight on the context's device and none pending of its own: the
+/// warm start is stopped (what it loaded stays cached), background loads running now have finished,
+/// and every submission made so far has finished executing. For a caller about to do something to
+/// its device that kpc must not overlap. The context stays usable; a later call runs as usual.
+/// Calls other threads make on the context meanwhile are theirs to finish.
+///
+/// Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle; `KPC_STATUS_BACKEND` when waiting for a
+/// submission fails (a lost device).
+///
+/// # Safety
+/// None beyond the handle's (which is checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_context_quiesce(context: *const kpc_context) -> kpc_status {
+    guard("kpc_context_quiesce", || {
+        let ctx = registry::get::<Context>(context, "context")?;
+        ctx.quiesce()?;
+        Ok(())
+    })
+}
+
 /// Writes the context's backend to `*out`.
 ///
 /// Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or a NULL `out`.

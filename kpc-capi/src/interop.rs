@@ -16,7 +16,7 @@ use super::util::{check_out, write_out, write_versioned};
 use super::{Failure, guard, kpc_config, kpc_status};
 use crate::arrays::VulkanArrays;
 use kpc::backend::opencl::{OpenClHandles, OpenClKernelLease};
-use kpc::backend::vulkan::{VulkanFeatures, VulkanHandles};
+use kpc::backend::vulkan::{VulkanFeatures, VulkanHandles, VulkanQueueLock};
 use kpc::runtime::Context;
 
 /// `shaderInt16` was enabled on the device.
@@ -112,7 +112,23 @@ pub struct kpc_vulkan_handles {
     /// `KPC_VULKAN_FEATURE_*` bits: the optional features and extensions enabled on `device` (0 for
     /// none). kpc uses only these, and refuses a bit the device cannot support.
     pub enabled_features: u64,
+    /// Optional (NULL for none; set both or neither): takes the caller's own lock over `queue`. kpc
+    /// calls it, from whichever thread submits, right before each of its calls that use the queue
+    /// (vkQueueSubmit), and `queue_unlock` right after, so the caller serializes its own queue use
+    /// on that lock and needs no other coordination with kpc. Never call a kpc function that
+    /// submits while holding that lock. (The functions of this C API build kernels and hand out
+    /// handles; none of them submits, so they never call it; contexts over one queue made through
+    /// the Rust API do.) Added after `enabled_features`: a caller built against an older kpc.h,
+    /// whose `struct_size` ends at `enabled_features`, is accepted and gets no hook.
+    pub queue_lock: Option<unsafe extern "C" fn(user_data: *mut c_void)>,
+    /// Releases the lock `queue_lock` took.
+    pub queue_unlock: Option<unsafe extern "C" fn(user_data: *mut c_void)>,
+    /// Passed unchanged to `queue_lock` and `queue_unlock`.
+    pub queue_lock_user_data: *mut c_void,
 }
+
+/// The size of `kpc_vulkan_handles` before the queue-lock hook was added: still accepted.
+const VULKAN_HANDLES_V1: usize = std::mem::offset_of!(kpc_vulkan_handles, queue_lock);
 
 /// The caller's OpenCL objects. kpc retains the context and the queue (releasing them when its last
 /// object goes); the caller may release its own references whenever it likes. Set `struct_size =
@@ -161,6 +177,40 @@ pub(crate) unsafe fn read_versioned<T: Copy>(p: *const T, name: &str) -> Result<
     Ok(unsafe { p.read() })
 }
 
+/// Reads a versioned input struct that grew: `struct_size` must cover at least its first `min`
+/// bytes (an older caller's struct); fields past the caller's size read as zero (NULL, none).
+///
+/// # Safety
+/// As [`read_versioned`]; and `T` is valid with any trailing bytes zero.
+unsafe fn read_grown<T: Copy>(p: *const T, min: usize, name: &str) -> Result<T, Failure> {
+    if p.is_null() {
+        return Err(Failure::invalid(format!("{name} is NULL")));
+    }
+    if !p.is_aligned() {
+        return Err(Failure::invalid(format!(
+            "{name} ({p:p}) is not aligned to {} bytes",
+            std::mem::align_of::<T>()
+        )));
+    }
+    // SAFETY: non-NULL and aligned (hence for the leading u32), initialized by the caller.
+    let size = unsafe { p.cast::<u32>().read() } as usize;
+    if size < min {
+        return Err(Failure::invalid(format!(
+            "{name}.struct_size is {size}, expected sizeof({name}) = {} (or {min} from an older \
+             header; set it before the call)",
+            std::mem::size_of::<T>()
+        )));
+    }
+    let mut out = std::mem::MaybeUninit::<T>::zeroed();
+    let n = size.min(std::mem::size_of::<T>());
+    // SAFETY: the caller's struct has at least `n` readable, initialized bytes; `out` has room for
+    // size_of::<T>() >= n; the rest stays zero, which the caller says is valid for T.
+    unsafe {
+        std::ptr::copy_nonoverlapping(p.cast::<u8>(), out.as_mut_ptr().cast::<u8>(), n);
+        Ok(out.assume_init())
+    }
+}
+
 /// A reserved field must be 0, so that a later version can give it a meaning.
 fn reserved_is_zero(v: u32, name: &str) -> Result<(), Failure> {
     if v != 0 {
@@ -176,9 +226,11 @@ fn reserved_is_zero(v: u32, name: &str) -> Result<(), Failure> {
 /// compute queue; no optional feature is required. The device fingerprint is the one an owned
 /// context on the same device gets, so both share disk cache entries and blobs.
 ///
-/// External synchronization: kpc submits to `queue` only inside its own calls that run work, under
-/// its own lock; the caller must not use that queue at the same time (or pass a queue kpc alone
-/// uses).
+/// External synchronization: kpc submits to `queue` only inside its own calls that run work (buffer
+/// writes and reads, launches), under one lock per queue that every kpc context over that queue
+/// shares. The caller either gives kpc its own lock over the queue (`queue_lock`/`queue_unlock`),
+/// or does not use the queue at the same time as such a kpc call (or passes a queue kpc alone
+/// uses). Building kernels never touches the queue.
 ///
 /// Ownership: `*out` receives a new context; destroy it with `kpc_context_destroy`. The caller's
 /// objects must stay alive until every kpc object made from this context (kernels, leases) is
@@ -202,9 +254,24 @@ pub unsafe extern "C" fn kpc_context_create_vulkan(
     guard("kpc_context_create_vulkan", || {
         check_out(out, "out")?;
         let c = resolved(config)?;
-        // SAFETY: forwarded to the caller.
-        let h = unsafe { read_versioned(handles, "kpc_vulkan_handles")? };
+        // SAFETY: forwarded to the caller; the fields past an older struct are an optional function
+        // pointer pair and a data pointer, all valid as zero (NULL).
+        let h = unsafe { read_grown(handles, VULKAN_HANDLES_V1, "kpc_vulkan_handles")? };
         reserved_is_zero(h.reserved, "kpc_vulkan_handles")?;
+        let queue_lock = match (h.queue_lock, h.queue_unlock) {
+            (None, None) => None,
+            (Some(lock), Some(unlock)) => Some(VulkanQueueLock {
+                lock,
+                unlock,
+                user_data: h.queue_lock_user_data,
+            }),
+            _ => {
+                return Err(Failure::invalid(
+                    "kpc_vulkan_handles: queue_lock and queue_unlock must both be set or both be \
+                     NULL",
+                ));
+            }
+        };
         if h.get_instance_proc_addr.is_null() {
             return Err(Failure::invalid(
                 "kpc_vulkan_handles.get_instance_proc_addr is NULL: expected the \
@@ -228,6 +295,7 @@ pub unsafe extern "C" fn kpc_context_create_vulkan(
             queue_family_index: h.queue_family_index,
             queue: vk::Queue::from_raw(h.queue as u64),
             enabled: features(h.enabled_features)?,
+            queue_lock,
         };
         // SAFETY: the caller upholds from_vulkan_handles' contract, which this function's repeats;
         // kpc checks the null handles itself.

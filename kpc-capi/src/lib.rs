@@ -102,6 +102,8 @@ pub enum kpc_status {
     /// A call made in a state that does not allow it (a cross-attention step before its memory
     /// is set, a call of the other attention kind); nothing was changed.
     KPC_STATUS_CALL_ORDER = 19,
+    /// Work kpc had not begun when it was cancelled (a quiesced context's background work).
+    KPC_STATUS_CANCELLED = 20,
     /// A panic inside kpc was caught at the boundary; the message is the panic's. kpc is still
     /// usable, but the object the call was working on may not be.
     KPC_STATUS_PANIC = 100,
@@ -147,6 +149,7 @@ pub(crate) fn status_of(e: &Error) -> kpc_status {
         Error::BlobMismatch { .. } => KPC_STATUS_BLOB_MISMATCH,
         Error::CorruptBlob { .. } | Error::Bundle { .. } => KPC_STATUS_CORRUPT_BLOB,
         Error::WrongBackend { .. } => KPC_STATUS_WRONG_BACKEND,
+        Error::Cancelled(_) => KPC_STATUS_CANCELLED,
         // A build that panicked on another thread: the same condition a caught panic reports.
         Error::Panicked(_) => KPC_STATUS_PANIC,
         _ => KPC_STATUS_BACKEND,
@@ -290,6 +293,7 @@ pub extern "C" fn kpc_status_name(status: i32) -> *const c_char {
         KPC_STATUS_LAUNCH,
         KPC_STATUS_GLSL_COMPILE,
         KPC_STATUS_CALL_ORDER,
+        KPC_STATUS_CANCELLED,
         KPC_STATUS_PANIC,
     ];
     let name: &'static [u8] = match all.iter().find(|s| **s as i32 == status) {
@@ -322,6 +326,7 @@ fn status_name(s: kpc_status) -> &'static [u8] {
         KPC_STATUS_LAUNCH => b"KPC_STATUS_LAUNCH\0",
         KPC_STATUS_GLSL_COMPILE => b"KPC_STATUS_GLSL_COMPILE\0",
         KPC_STATUS_CALL_ORDER => b"KPC_STATUS_CALL_ORDER\0",
+        KPC_STATUS_CANCELLED => b"KPC_STATUS_CANCELLED\0",
         KPC_STATUS_PANIC => b"KPC_STATUS_PANIC\0",
     }
 }

@@ -74,7 +74,7 @@ pub struct CacheStats {
     pub programs: u64,
     /// Kernels cached now.
     pub kernels: u64,
-    /// Bytes of program binaries cached now (what the eviction threshold counts).
+    /// Bytes of programs cached now ([`super::CacheCost`]) (what the eviction threshold counts).
     pub program_bytes: u64,
 }
 

@@ -21,9 +21,10 @@ use super::front::{self, Front, Local};
 use super::keys::{KernelKey, KernelKeyParts, ProgramKey};
 use crate::config::{Config, TraceFlags};
 
-/// What a cached program weighs against `KPC_IN_MEM_CACHE_EVICTION_THRESHOLD`: the bytes of its binary.
+/// What a cached program weighs against `KPC_IN_MEM_CACHE_EVICTION_THRESHOLD`: the bytes of the code
+/// kpc holds for it (see each backend's implementation).
 pub trait CacheCost {
-    /// Bytes this object's binary occupies.
+    /// Bytes of code this object holds (at least 1).
     fn cache_bytes(&self) -> u64;
 }
 
@@ -32,7 +33,8 @@ pub trait CacheCost {
 pub struct MemCacheSettings {
     /// `KPC_CACHE_IN_MEM`: false bypasses both maps, so every request builds.
     pub enabled: bool,
-    /// `KPC_IN_MEM_CACHE_EVICTION_THRESHOLD`: bytes of program binaries kept before LRU eviction; 0 = off.
+    /// `KPC_IN_MEM_CACHE_EVICTION_THRESHOLD`: bytes of programs ([`CacheCost`]) kept before LRU
+    /// eviction; 0 = off.
     pub eviction_threshold: u64,
     /// `KPC_CACHE_TRACE` bit 2: trace inserts, hits and evictions.
     pub trace: bool,

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 
 use super::buffer::{Buffer, RawBuffer};
 use super::cache_debug::CacheDebugStats;
+use super::lifecycle::{Background, Life};
 use super::prefetch::{KernelRequest, Prefetch};
 use super::program_manager::{ProgramManager, Source};
 use super::queue::{EventImpl, Queue};
@@ -74,6 +75,7 @@ pub(crate) trait ContextImpl: Send + Sync + 'static {
     fn as_any(&self) -> &dyn Any;
     fn warm_start(&self) -> Option<&Arc<WarmStart>>;
     fn load_if_stored(&self, request: &KernelRequest) -> Result<LoadOutcome>;
+    fn background(&self) -> &Background;
     fn glsl_spirv(&self, image: &DeviceImage) -> Result<Option<(DeviceImage, SpirvStep)>>;
     fn spirv_stats(&self) -> SpirvStats;
 }
@@ -82,6 +84,7 @@ struct Inner<B: ComputeBackend> {
     id: u64,
     programs: ProgramManager<B>,
     warm: Option<Arc<WarmStart>>,
+    background: Background,
 }
 
 fn foreign(what: &str) -> Error {
@@ -235,6 +238,9 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
     fn load_if_stored(&self, request: &KernelRequest) -> Result<LoadOutcome> {
         super::warm_start::load_if_stored(&self.programs, request)
     }
+    fn background(&self) -> &Background {
+        &self.background
+    }
 }
 
 /// A device with its own in-memory kernel and program cache (one `KernelProgramCache`, through one
@@ -242,9 +248,15 @@ impl<B: ComputeBackend> ContextImpl for Inner<B> {
 ///
 /// Guarantees: within a context a kernel is built at most once while cached, and later requests get
 /// the same kernel; a failed build returns the same error again; every SPIR-V image is validated
-/// before the cache is consulted, so an invalid image leaves no trace in it.
+/// before the cache is consulted, so an invalid image leaves no trace in it. When the drop of the
+/// last kpc object made from a context returns, kpc makes no further call on its device (see
+/// `lifecycle.rs` and [`Context::quiesce`]).
 #[derive(Clone)]
 pub struct Context {
+    // Field order is drop order: the warm start stops (and its running loads end) before the
+    // handle on the context goes.
+    /// Shared by the embedder's handles only; `None` in the handles kpc's own threads hold.
+    pub(crate) _life: Option<Arc<Life>>,
     pub(crate) inner: Arc<dyn ContextImpl>,
 }
 
@@ -321,16 +333,22 @@ impl Context {
             id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
             programs: ProgramManager::with_stores(Arc::new(backend), config, stores),
             warm: warm.clone(),
+            background: Background::default(),
         });
-        if let Some(w) = warm {
-            // Weak: the loader must not keep a context alive that its owner dropped.
+        if let Some(w) = &warm {
+            // Weak: the loader must not keep a context alive that its owner dropped. A load holds
+            // the context while it runs; the owner's last drop stops the loader and waits for the
+            // loads running then (Life), so none outlives that drop.
             let ctx = Arc::downgrade(&inner);
             w.start(move |r| {
                 ctx.upgrade()
                     .map_or(Ok(LoadOutcome::Cancelled), |c| c.load_if_stored(r))
             });
         }
-        Context { inner }
+        Context {
+            _life: Some(Arc::new(Life { warm })),
+            inner,
+        }
     }
 
     /// The device.
@@ -495,7 +513,7 @@ impl Context {
     /// one per request): disk loads and cold builds of different programs overlap. Each request goes
     /// through [`Context::kernel`], so single flight holds: a key also requested elsewhere meanwhile
     /// is built once. [`Prefetch::wait`] gives one result per request, in order, each with its own
-    /// error; dropping the handle lets the workers finish in the background.
+    /// error; dropping the handle cancels the requests not yet begun and waits for the running ones.
     pub fn prefetch(&self, requests: impl IntoIterator<Item = KernelRequest>) -> Prefetch<Kernel> {
         self.prefetch_impl(requests.into_iter().collect())
     }

@@ -5,13 +5,49 @@
 //! - Vulkan: the `VkInstance`, `VkPhysicalDevice`, `VkDevice` and one `VkQueue` of
 //!   [`VulkanHandles`]. kpc never destroys them and never calls vkDeviceWaitIdle on the device. The
 //!   embedder keeps them alive until every kpc object made from the context (the context, kernels,
-//!   buffers, events) is dropped, and does not submit to the same queue at the same time as a kpc
-//!   call that runs work (launches, buffer copies): kpc's vkQueueSubmit is externally synchronized
-//!   only by kpc's own lock.
+//!   buffers, events, prefetch handles) is dropped.
 //! - OpenCL: the `cl_context`, `cl_device_id` and `cl_command_queue` of [`OpenClHandles`]. kpc
 //!   retains the context and queue, and releases exactly what it retained; the embedder may release
 //!   its own references at any time and keep using the queue concurrently (OpenCL queues are
 //!   thread-safe).
+//!
+//! # The submission model: which calls touch the queue
+//! Only calls that run work submit to the queue (Vulkan: vkQueueSubmit; OpenCL: enqueues):
+//! - [`Context::buffer_from`], `Buffer::write`/`write_at`, `Buffer::read`/`read_at` (a copy through
+//!   a staging buffer on a GPU; on a CPU device, with mapped buffers, they wait for earlier
+//!   submissions instead and submit nothing);
+//! - `Queue::launch` and `Queue::submit`, and everything built on them: the attention layer's
+//!   `KvCache::fill`, `append`, `prefill`, `decode_step`, `attend`.
+//!
+//! These only build and never touch the queue: [`Context::kernel`], [`Context::prefetch`] and the
+//! warm start (pipelines and programs are created on the device, which needs no external
+//! synchronization), `Context::kernel_from_blob`, `cache_blob`, [`Kernel::vulkan_handles`],
+//! [`Kernel::opencl_lease`], [`Context::buffer`] (allocation only). Waiting (`Event::wait`,
+//! [`Context::finish`], [`Context::quiesce`]) waits on fences and touches no queue either.
+//!
+//! # What an engine must serialize (Vulkan)
+//! Vulkan requires that no two threads use one `VkQueue` at once. Among kpc's own contexts this is
+//! kpc's business: every kpc context over a queue takes one lock per queue, shared process-wide,
+//! around its vkQueueSubmit, so any number of contexts over one queue, used from any threads, never
+//! submit at once. Between kpc and the engine there are two ways:
+//! - give kpc the engine's lock as [`VulkanHandles::queue_lock`] (C: `queue_lock`/`queue_unlock`
+//!   in `kpc_vulkan_handles`): kpc takes it around each of its queue calls, the engine takes it
+//!   around its own, and nothing else needs coordinating. The engine must not call a submitting
+//!   kpc function while it holds that lock;
+//! - or, without a hook, the engine keeps its own use of the queue (vkQueueSubmit,
+//!   vkQueueWaitIdle, present) apart in time from the submitting kpc calls listed above, for
+//!   example by making them on the thread that submits, or gives kpc a queue of its own.
+//!
+//! OpenCL needs neither: command queues are thread-safe, and kpc sets kernel arguments only on
+//! kernel objects nobody else holds ([`OpenClKernelLease`]).
+//!
+//! # When kpc stops using the device
+//! When the drop of the last kpc object made from a context has returned, kpc makes no further call
+//! on the borrowed handles, from any thread: dropping a [`super::Prefetch`] cancels its requests not
+//! yet begun and waits for the running ones; dropping the last [`Context`] handle stops the warm
+//! start the same way; everything else kpc does on its own threads belongs to one of those. The
+//! same holds for devices kpc opens itself. [`Context::quiesce`] gets there without dropping: it
+//! returns once kpc has nothing of its own in flight on the device.
 //!
 //! # What kpc owns
 //! Everything it creates: Vulkan command pools, fences, descriptor and query pools, buffers and
@@ -29,7 +65,9 @@ use crate::backend::KernelObject;
 use crate::backend::opencl::{OpenClBackend, OpenClKernel};
 pub use crate::backend::opencl::{OpenClHandles, OpenClKernelLease};
 use crate::backend::vulkan::{VulkanBackend, VulkanKernel};
-pub use crate::backend::vulkan::{VulkanFeatures, VulkanHandles, VulkanKernelHandles};
+pub use crate::backend::vulkan::{
+    VulkanFeatures, VulkanHandles, VulkanKernelHandles, VulkanQueueLock,
+};
 use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
 
@@ -82,10 +120,11 @@ impl Kernel {
     /// push-constant range and local size, for recording a dispatch in the embedder's own command
     /// buffer. They stay valid while this kernel or a clone of it is alive, also after the context
     /// evicted it from memory or was dropped (the kernel holds them by reference count); keep a clone
-    /// until the command buffers that use them have finished. Never destroy them.
+    /// until the command buffers that use them have finished. Never destroy them. They are made at
+    /// the first call for the kernel and lent from then on: later calls allocate nothing.
     ///
     /// Errors: [`Error::WrongBackend`] for a kernel that is not a Vulkan one.
-    pub fn vulkan_handles(&self) -> Result<VulkanKernelHandles> {
+    pub fn vulkan_handles(&self) -> Result<&VulkanKernelHandles> {
         self.obj
             .as_any()
             .downcast_ref::<VulkanKernel>()

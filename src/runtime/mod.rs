@@ -33,6 +33,8 @@ pub mod device;
 #[cfg(not(loom))]
 pub mod interop;
 #[cfg(not(loom))]
+mod lifecycle;
+#[cfg(not(loom))]
 pub mod prefetch;
 pub mod program_manager;
 #[cfg(not(loom))]
@@ -54,6 +56,7 @@ pub use device::{Platform, platforms, select_device};
 #[cfg(not(loom))]
 pub use interop::{
     OpenClHandles, OpenClKernelLease, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
+    VulkanQueueLock,
 };
 #[cfg(not(loom))]
 pub use prefetch::{KernelRequest, Prefetch, prefetch_kernels};

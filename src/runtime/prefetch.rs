@@ -16,7 +16,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
@@ -69,6 +69,8 @@ struct Shared<R, T> {
     work: Box<Work<R, T>>,
     /// The next request nobody has taken yet.
     next: AtomicUsize,
+    /// Set by [`Batch::cancel`]: no request is taken any more.
+    cancelled: AtomicBool,
     results: Mutex<Slots<T>>,
     finished: Condvar,
 }
@@ -83,7 +85,10 @@ impl<R, T> Shared<R, T> {
     /// completes even where no worker thread could be spawned.
     fn drain(&self) {
         loop {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if self.cancelled.load(Ordering::Acquire) {
+                return;
+            }
+            let i = self.next.fetch_add(1, Ordering::AcqRel);
             let Some(req) = self.requests.get(i) else {
                 return;
             };
@@ -106,21 +111,70 @@ impl<R, T> Shared<R, T> {
             }
         }
     }
+
+    /// Stops the batch: requests nobody has taken yet finish at once with [`Error::Cancelled`];
+    /// those running go on to their end.
+    fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        let n = self.requests.len();
+        // Takes every index not yet taken; a worker's later fetch_add lands past the end.
+        let from = self.next.swap(n, Ordering::AcqRel).min(n);
+        if from == n {
+            return;
+        }
+        let mut s = self.results.lock();
+        for slot in &mut s.results[from..n] {
+            *slot = Some(Err(Error::Cancelled(
+                "the prefetch was dropped or its context quiesced before this request began".into(),
+            )));
+        }
+        s.done += n - from;
+        if s.done == n {
+            self.finished.notify_all();
+        }
+    }
+
+    /// Blocks until every request has finished or been cancelled.
+    fn wait_done(&self) {
+        let mut s = self.results.lock();
+        while s.done < s.results.len() {
+            self.finished.wait(&mut s);
+        }
+    }
 }
 
 /// A batch of acquisitions running on worker threads. [`Prefetch::wait`] gives one result per
-/// request, in request order; dropping the handle without waiting lets the workers finish in the
-/// background (what they acquire still lands in the caches).
+/// request, in request order.
+///
+/// Dropping the handle without waiting cancels the batch: requests not yet begun are not run, and
+/// the drop returns once the requests already running have finished (what they acquired lands in
+/// the caches). So when the drop returns, the batch makes no further call on the device, and holds
+/// nothing of the context: an embedder that drops its last kpc object after it may destroy a
+/// borrowed device.
 pub struct Prefetch<T> {
     shared: Arc<dyn Batch<T>>,
     workers: Vec<JoinHandle<()>>,
 }
 
+/// What stops a running batch, whatever it returns: [`Cancel::cancel_and_wait`] is what a
+/// context's `quiesce` and a warm start's stop run on their batches.
+pub(crate) trait Cancel: Send + Sync {
+    /// Cancels the requests not yet begun and blocks until the running ones have finished.
+    fn cancel_and_wait(&self);
+}
+
 /// The request type erased, so the handle's type names only what it returns.
-trait Batch<T>: Send + Sync {
+trait Batch<T>: Cancel {
     fn drain(&self);
     fn slots(&self) -> &Mutex<Slots<T>>;
     fn finished(&self) -> &Condvar;
+}
+
+impl<R: Send + Sync, T: Send> Cancel for Shared<R, T> {
+    fn cancel_and_wait(&self) {
+        self.cancel();
+        self.wait_done();
+    }
 }
 
 impl<R: Send + Sync, T: Send> Batch<T> for Shared<R, T> {
@@ -165,6 +219,7 @@ impl<T: Send + 'static> Prefetch<T> {
             requests,
             work: Box::new(work),
             next: AtomicUsize::new(0),
+            cancelled: AtomicBool::new(false),
             results: Mutex::new(Slots {
                 results: (0..n).map(|_| None).collect(),
                 done: 0,
@@ -214,9 +269,19 @@ impl<T: Send + 'static> Prefetch<T> {
         s.done == s.results.len()
     }
 
+    /// What cancels this batch from elsewhere (a context's `quiesce`, a warm start's stop).
+    pub(crate) fn canceller(&self) -> Arc<dyn Cancel>
+    where
+        T: 'static,
+    {
+        // Upcasting the trait object: Batch<T> has Cancel as its supertrait.
+        self.shared.clone() as Arc<dyn Cancel>
+    }
+
     /// Blocks until every request has finished (the calling thread takes requests too), and returns
-    /// one result per request, in request order, each with its own error.
-    pub fn wait(self) -> Vec<Result<T>> {
+    /// one result per request, in request order, each with its own error ([`Error::Cancelled`] for
+    /// a request the batch was cancelled before it began, by its context's `quiesce`).
+    pub fn wait(mut self) -> Vec<Result<T>> {
         self.shared.drain();
         let mut s = self.shared.slots().lock();
         while s.done < s.results.len() {
@@ -232,11 +297,23 @@ impl<T: Send + 'static> Prefetch<T> {
             })
             .collect();
         drop(s);
-        for h in self.workers {
+        for h in std::mem::take(&mut self.workers) {
             // The workers catch panics of the work itself; joining only reaps the thread.
             let _ = h.join();
         }
         out
+    }
+}
+
+impl<T> Drop for Prefetch<T> {
+    /// Cancels what has not begun, waits for what runs, and reaps the workers (see [`Prefetch`]).
+    fn drop(&mut self) {
+        self.shared.cancel_and_wait();
+        for h in std::mem::take(&mut self.workers) {
+            // A worker left drain() once no request was left; this only reaps it, so that nothing
+            // of the batch (its context clone included) outlives the drop on another thread.
+            let _ = h.join();
+        }
     }
 }
 
@@ -259,10 +336,12 @@ impl super::Context {
     /// What [`super::Context::prefetch`] runs: every request through [`super::Context::kernel`] on
     /// its own worker pool.
     pub(crate) fn prefetch_impl(&self, requests: Vec<KernelRequest>) -> Prefetch<super::Kernel> {
-        let ctx = self.clone();
+        let ctx = self.internal();
         let workers = default_workers(requests.len());
-        Prefetch::spawn(requests, workers, move |r: &KernelRequest| {
+        let p = Prefetch::spawn(requests, workers, move |r: &KernelRequest| {
             ctx.kernel(&r.image, &r.entry, &r.spec, &r.options)
-        })
+        });
+        self.inner.background().register(&p.canceller());
+        p
     }
 }

@@ -21,7 +21,7 @@ use crate::cache::{
     MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain,
 };
 use crate::config::{Config, TraceFlags};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -334,10 +334,21 @@ impl<B: Backend> ProgramManager<B> {
         let mut loaded = if self.cache.contains_program(&key) {
             None
         } else {
-            Some(
+            let p = Arc::new(
                 self.backend
                     .program_from_binary(image, spec, options, binary)?,
-            )
+            );
+            // The entry point is checked before the program enters the memory cache: a binary
+            // refused for it must leave nothing there, or a later genuine binary for the key
+            // would be answered from memory instead of loaded and checked.
+            drop(self.backend.create_kernel(&p, entry)?);
+            Some(Arc::try_unwrap(p).map_err(|_| {
+                Error::Panicked(format!(
+                    "the {} backend kept a reference to a program it was only asked to make a \
+                     kernel of",
+                    self.backend.kind()
+                ))
+            })?)
         };
         let source = Cell::new(Source::Memory);
         let program = self

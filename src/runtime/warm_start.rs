@@ -27,7 +27,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -38,7 +38,7 @@ use crate::cache::Digest;
 use crate::config::Config;
 use crate::error::{Error, Result};
 
-use super::prefetch::{KernelRequest, Prefetch, default_workers};
+use super::prefetch::{Cancel, KernelRequest, Prefetch, default_workers};
 use super::program_manager::ProgramManager;
 use manifest::RecordId;
 
@@ -65,7 +65,8 @@ pub enum LoadOutcome {
     Loaded,
     /// No store holds it any more: skipped, and forgotten at the next write.
     NotStored,
-    /// Not attempted: the context was dropped before the load reached it (it stays remembered).
+    /// Not attempted: the context was dropped or quiesced before the load reached it (it stays
+    /// remembered).
     Cancelled,
 }
 
@@ -101,6 +102,10 @@ pub struct WarmStart {
     path: PathBuf,
     state: Mutex<State>,
     loader: Mutex<Option<JoinHandle<WarmStartReport>>>,
+    /// The loader's batch while it runs, so that [`WarmStart::stop`] can cancel it; `stopped` is
+    /// set under this lock, so a loader that has not spawned its batch yet never does.
+    batch: Mutex<Option<Arc<dyn Cancel>>>,
+    stopped: AtomicBool,
     report: Mutex<Option<WarmStartReport>>,
     warned: Mutex<HashSet<&'static str>>,
 }
@@ -158,6 +163,8 @@ impl WarmStart {
             dir,
             state: Mutex::new(State::default()),
             loader: Mutex::new(None),
+            batch: Mutex::new(None),
+            stopped: AtomicBool::new(false),
             report: Mutex::new(None),
             warned: Mutex::new(HashSet::new()),
         }
@@ -268,12 +275,26 @@ impl WarmStart {
         let listed = records.len();
         let ids: Vec<RecordId> = records.iter().map(manifest::id_of).collect();
         let workers = default_workers(records.len());
-        let results = Prefetch::spawn(records, workers, load).wait();
+        let batch = {
+            let mut slot = self.batch.lock();
+            if self.stopped.load(Ordering::Acquire) {
+                None
+            } else {
+                let p = Prefetch::spawn(records, workers, load);
+                *slot = Some(p.canceller());
+                Some(p)
+            }
+        };
+        let results = match batch {
+            Some(p) => p.wait(),
+            None => (0..listed).map(|_| Ok(LoadOutcome::Cancelled)).collect(),
+        };
+        *self.batch.lock() = None;
         let (mut loaded, mut not_stored, mut failed) = (0, 0, 0);
         for (r, id) in results.into_iter().zip(ids) {
             match r {
                 Ok(LoadOutcome::Loaded) => loaded += 1,
-                Ok(LoadOutcome::Cancelled) => {}
+                Ok(LoadOutcome::Cancelled) | Err(Error::Cancelled(_)) => {}
                 Ok(LoadOutcome::NotStored) => {
                     not_stored += 1;
                     let mut s = self.state.lock();
@@ -297,6 +318,21 @@ impl WarmStart {
             failed,
             elapsed: started.elapsed(),
         }
+    }
+
+    /// Stops the background load: kernels not yet begun are not loaded (they stay remembered), and
+    /// this returns once the loads running now have finished and the loader has ended. So when it
+    /// returns, the warm start makes no further call on the device. Later calls do nothing.
+    pub fn stop(&self) {
+        let batch = {
+            let mut slot = self.batch.lock();
+            self.stopped.store(true, Ordering::Release);
+            slot.take()
+        };
+        if let Some(b) = batch {
+            b.cancel_and_wait();
+        }
+        self.wait();
     }
 
     /// Blocks until the background load has finished and returns its report; `None` when no load

@@ -4,11 +4,18 @@
  * usage: bad_args SELECTOR SAXPY_SPV SAXPY_CL
  *   SELECTOR   a Vulkan device selector (a live context makes each argument fail on its own)
  */
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kpc_test.h"
 
 #define INVALID KPC_STATUS_INVALID_ARGUMENT
+
+/* Never called: a half-set queue-lock hook is refused before anything is used. */
+static void unmapped_lock(void *user_data) {
+    (void)user_data;
+    abort();
+}
 
 int main(int argc, char **argv) {
     if (argc != 4) {
@@ -224,7 +231,7 @@ int main(int argc, char **argv) {
     memset(&vh, 0, sizeof vh);
     EXPECT(INVALID, kpc_context_create_vulkan(cfg, NULL, &ictx));
     EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx)); /* struct_size not set */
-    vh.struct_size = sizeof vh - 8;
+    vh.struct_size = offsetof(kpc_vulkan_handles, queue_lock) - 8; /* older than any header */
     EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx));
     vh.struct_size = sizeof vh;
     vh.instance_api_version = (1u << 22) | (3u << 12); /* 1.3 */
@@ -235,6 +242,11 @@ int main(int argc, char **argv) {
     vh.enabled_features = 1ull << 40;
     EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx));
     vh.enabled_features = 0;
+    vh.queue_lock = unmapped_lock; /* without queue_unlock */
+    EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx));
+    ASSERT(strstr(kpc_last_error(), "queue_unlock") != NULL, "names the missing half: %s",
+           kpc_last_error());
+    vh.queue_lock = NULL;
     vh.reserved = 7;
     EXPECT(INVALID, kpc_context_create_vulkan(cfg, &vh, &ictx));
     EXPECT(INVALID, kpc_context_create_vulkan(NULL, &vh, &ictx));
@@ -309,8 +321,12 @@ int main(int argc, char **argv) {
     CHECK(kpc_image_destroy(img));
     CHECK(kpc_image_destroy(climg));
     EXPECT(INVALID, kpc_image_destroy(img));
+    EXPECT(INVALID, kpc_context_quiesce(NULL));
+    EXPECT(INVALID, kpc_context_quiesce((kpc_context *)cfg));
+    CHECK(kpc_context_quiesce(ctx));
     CHECK(kpc_context_destroy(ctx));
     EXPECT(INVALID, kpc_context_destroy(ctx));
+    EXPECT(INVALID, kpc_context_quiesce(ctx));
     EXPECT(INVALID, kpc_context_stats(ctx, &st));
     CHECK(kpc_kernel_vulkan_handles(k2, &kh));
     ASSERT(kh.pipeline != 0, "handles after the context is gone");

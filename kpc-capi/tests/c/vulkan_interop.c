@@ -177,6 +177,26 @@ static void run_saxpy(VkPhysicalDevice pd, VkDevice dev, uint32_t family, VkQueu
     for (int i = 0; i < 3; i++) free_buffer(dev, &b[i]);
 }
 
+/* The engine's own lock over its queue (one thread here, so a flag that must be free when taken). */
+struct engine_queue_lock {
+    int held;
+    unsigned long taken;
+};
+static struct engine_queue_lock engine_queue;
+
+static void engine_lock(void *user_data) {
+    struct engine_queue_lock *l = user_data;
+    ASSERT(!l->held, "the queue lock is taken twice");
+    l->held = 1;
+    l->taken++;
+}
+
+static void engine_unlock(void *user_data) {
+    struct engine_queue_lock *l = user_data;
+    ASSERT(l->held, "the queue lock is released while free");
+    l->held = 0;
+}
+
 static void write_bytes(const char *path, const void *p, size_t n) {
     FILE *f = fopen(path, "wb");
     ASSERT(f && fwrite(p, 1, n, f) == n && fclose(f) == 0, "write %s", path);
@@ -249,6 +269,10 @@ int main(int argc, char **argv) {
     vh.queue_family_index = family;
     vh.queue = queue;
     vh.enabled_features = 0; /* nothing optional was enabled */
+    /* The engine's lock over its queue, which kpc takes around its own submissions. */
+    vh.queue_lock = engine_lock;
+    vh.queue_unlock = engine_unlock;
+    vh.queue_lock_user_data = &engine_queue;
     kpc_context *ctx = NULL;
     CHECK(kpc_context_create_vulkan(cfg, &vh, &ctx));
     CHECK(kpc_config_destroy(cfg)); /* the context keeps its own copy */
@@ -382,6 +406,11 @@ int main(int argc, char **argv) {
         ASSERT(st.backend_counters.programs_built == 0 && st.backend_counters.programs_loaded == 1 &&
                    st.disk.puts == 0,
                "from the blob, without a build, nothing written to disk");
+
+    /* Nothing of kpc's in flight on the device once quiesce returns. (This API's calls only build:
+     * kpc took the engine's queue lock engine_queue.taken times, which is none.) */
+    CHECK(kpc_context_quiesce(ctx));
+    printf("quiesced; the engine's queue lock was taken %lu times\n", engine_queue.taken);
 
     /* kpc's objects go first; then the embedder destroys its own device, which kpc never did. */
     CHECK(kpc_kernel_destroy(k));

@@ -396,6 +396,41 @@ fn is_f16_16x16x16(p: &vk::CooperativeMatrixPropertiesKHR) -> bool {
         && p.saturating_accumulation == vk::FALSE
 }
 
+/// Gives `pd` the fingerprint kpc's own instance computes for the same device. Through an instance
+/// below Vulkan 1.2, a device without VK_KHR_driver_properties cannot name its driver, so the
+/// fingerprint would differ from an owned context's and silently split the cache by the embedder's
+/// instance version; kpc's own instance (1.3 where the loader has it) reads the driver identity
+/// instead. The device is matched by vendor, device id and pipeline-cache UUID, which the driver
+/// sets per build.
+///
+/// Errors: [`Error::InvalidArgument`] when kpc's own instance finds no such device (the embedder
+/// then has to create its instance with Vulkan 1.2 or later).
+pub(crate) fn normalize_fingerprint(pd: &mut PhysicalDevice, api: u32) -> Result<()> {
+    let own = instance()?;
+    if own.api_version < vk::API_VERSION_1_2 {
+        // kpc's own instance sees what the embedder's sees: the fingerprints agree already.
+        return Ok(());
+    }
+    let all = physical_devices(&own)?;
+    match all.iter().find(|p| {
+        p.vendor_id == pd.vendor_id
+            && p.device_id == pd.device_id
+            && p.pipeline_cache_uuid == pd.pipeline_cache_uuid
+    }) {
+        Some(p) => {
+            pd.info.fingerprint = p.info.fingerprint.clone();
+            Ok(())
+        }
+        None => Err(Error::InvalidArgument(format!(
+            "device {:?} cannot be fingerprinted through an instance of Vulkan {} (its driver \
+             identity needs 1.2 or VK_KHR_driver_properties), and kpc's own instance does not \
+             list it; create the instance with Vulkan 1.2 or later",
+            pd.info.name,
+            version_string(api)
+        ))),
+    }
+}
+
 /// The Vulkan devices of this machine, as discovery reports them.
 ///
 /// Errors: [`Error::Unavailable`] ("Vulkan unavailable: …") when there is no loader, no driver or no

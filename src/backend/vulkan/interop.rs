@@ -19,6 +19,7 @@ use super::device::{BufferPlace, Device, Recycled, vk_err};
 use super::instance::{MAX_API, PhysicalDevice, VkInstance, describe, version_string};
 use super::pipeline_cache::CacheIdentity;
 use super::program::VulkanKernel;
+use super::queue_lock::VulkanQueueLock;
 use super::submit::Submitter;
 use super::{Counters, VulkanBackend};
 
@@ -42,6 +43,11 @@ pub struct VulkanHandles {
     pub queue: vk::Queue,
     /// The optional features and extensions enabled on `device` (default: none).
     pub enabled: VulkanFeatures,
+    /// The engine's own lock over `queue`, where it shares the queue with kpc: kpc takes it around
+    /// each of its queue calls, so the engine serializes its submissions on it and needs no other
+    /// coordination (see [`VulkanQueueLock`]). `None`: the engine keeps its own use of the queue
+    /// apart from kpc's submitting calls itself (see `kpc::runtime::interop`).
+    pub queue_lock: Option<VulkanQueueLock>,
 }
 
 /// Optional features and extensions the embedder enabled on its device. Every field defaults to
@@ -113,28 +119,31 @@ pub struct VulkanKernelHandles {
 }
 
 impl VulkanKernel {
-    /// Its raw handles (see [`VulkanKernelHandles`] for how long they stay valid).
-    pub fn handles(&self) -> VulkanKernelHandles {
-        let p = &self.pipeline;
-        let push = p.info.push_constant_bytes;
-        VulkanKernelHandles {
-            pipeline: p.raw,
-            pipeline_layout: p.layout,
-            descriptor_set_layouts: vec![p.set_layout],
-            bindings: p
-                .info
-                .buffers
-                .iter()
-                .zip(&p.descriptor_types)
-                .map(|(b, t)| (b.binding, *t))
-                .collect(),
-            push_constant_range: (push > 0).then_some(vk::PushConstantRange {
-                stage_flags: vk::ShaderStageFlags::COMPUTE,
-                offset: 0,
-                size: push,
-            }),
-            local_size: p.info.local_size,
-        }
+    /// Its raw handles (see [`VulkanKernelHandles`] for how long they stay valid). Made once per
+    /// kernel: later calls allocate nothing.
+    pub fn handles(&self) -> &VulkanKernelHandles {
+        self.handles.get_or_init(|| {
+            let p = &self.pipeline;
+            let push = p.info.push_constant_bytes;
+            VulkanKernelHandles {
+                pipeline: p.raw,
+                pipeline_layout: p.layout,
+                descriptor_set_layouts: vec![p.set_layout],
+                bindings: p
+                    .info
+                    .buffers
+                    .iter()
+                    .zip(&p.descriptor_types)
+                    .map(|(b, t)| (b.binding, *t))
+                    .collect(),
+                push_constant_range: (push > 0).then_some(vk::PushConstantRange {
+                    stage_flags: vk::ShaderStageFlags::COMPUTE,
+                    offset: 0,
+                    size: push,
+                }),
+                local_size: p.info.local_size,
+            }
+        })
     }
 }
 
@@ -157,14 +166,19 @@ impl VulkanBackend {
     ///
     /// The device fingerprint is computed by the same code as discovery's, so binaries built by an
     /// owned context on the same device and driver are disk and blob hits here, and the other way
-    /// round (given the same instance API version on both sides where the device lacks
-    /// VK_KHR_driver_properties).
+    /// round, whatever `instance_api_version` the embedder's instance has: where a device without
+    /// VK_KHR_driver_properties cannot name its driver through a 1.1 instance, kpc reads the
+    /// fingerprint through its own instance, or refuses the handles rather than split the cache.
     ///
     /// External synchronization: kpc submits to `handles.queue` (vkQueueSubmit) only inside its
-    /// own calls that run work (launches, buffer reads and writes), under its own lock. The
-    /// embedder must not use that queue (vkQueueSubmit, vkQueueWaitIdle, ...) at the same time as
-    /// such a call; pass a queue that kpc alone uses to avoid coordinating. Everything else kpc
-    /// calls on the device is free of external synchronization or on kpc's own objects.
+    /// own calls that run work (launches, buffer reads and writes), under one lock per queue that
+    /// every kpc context over that queue shares, so contexts never submit at once. Between kpc and
+    /// the engine: with `handles.queue_lock` kpc also takes the engine's lock around each submit,
+    /// and the engine serializes on it; without, the engine must not use that queue
+    /// (vkQueueSubmit, vkQueueWaitIdle, ...) at the same time as such a kpc call, or passes a
+    /// queue kpc alone uses. Everything else kpc calls on the device is free of external
+    /// synchronization or on kpc's own objects. See `kpc::runtime::interop` for which calls
+    /// submit.
     ///
     /// Errors: [`Error::InvalidArgument`] for a null handle, an instance API version below 1.1, a
     /// physical device that is not the instance's, a queue family without compute, or a declared
@@ -187,6 +201,15 @@ impl VulkanBackend {
                 "Vulkan interop needs non-null instance, physical device, device and queue handles"
                     .into(),
             ));
+        }
+        if vk::api_version_variant(h.instance_api_version) != 0
+            || vk::api_version_major(h.instance_api_version) != 1
+        {
+            return Err(invalid(format!(
+                "instance_api_version {:#x} is not a Vulkan 1.x version as VK_MAKE_API_VERSION \
+                 makes it (expected VkApplicationInfo::apiVersion, e.g. VK_API_VERSION_1_3)",
+                h.instance_api_version
+            )));
         }
         if h.instance_api_version < vk::API_VERSION_1_1 {
             return Err(invalid(format!(
@@ -220,7 +243,10 @@ impl VulkanBackend {
                     all.len()
                 ))
             })?;
-        let pd = describe(&instance, index, h.physical_device)?;
+        let mut pd = describe(&instance, index, h.physical_device)?;
+        if instance.api_version < vk::API_VERSION_1_2 {
+            super::instance::normalize_fingerprint(&mut pd, instance.api_version)?;
+        }
         if pd.api_version < vk::API_VERSION_1_1 {
             return Err(super::instance::unavailable(format!(
                 "device {:?} supports Vulkan {} only; kpc needs 1.1",
@@ -296,7 +322,7 @@ impl VulkanBackend {
             _ => BufferPlace::DeviceLocal,
         };
         Ok(VulkanBackend {
-            submitter: Submitter::new(&dev)?,
+            submitter: Submitter::new(&dev, h.queue_lock)?,
             staging: parking_lot::Mutex::new(None),
             dev,
             info,

@@ -20,6 +20,7 @@ mod instance;
 mod interop;
 pub mod pipeline_cache;
 mod program;
+mod queue_lock;
 mod submit;
 
 use std::any::Any;
@@ -42,6 +43,7 @@ pub use instance::devices;
 pub use interop::{VulkanFeatures, VulkanHandles, VulkanKernelHandles};
 pub use pipeline_cache::CacheIdentity;
 pub use program::{VulkanKernel, VulkanProgram};
+pub use queue_lock::{VulkanQueueLock, queue_lock_sharers};
 pub use submit::Record as VulkanEvent;
 use submit::{Record, Submitter, in_order_barrier};
 
@@ -163,7 +165,7 @@ impl VulkanBackend {
             _ => BufferPlace::DeviceLocal,
         };
         Ok(VulkanBackend {
-            submitter: Submitter::new(&dev)?,
+            submitter: Submitter::new(&dev, None)?,
             staging: parking_lot::Mutex::new(None),
             dev,
             info: pd.info,
@@ -399,6 +401,7 @@ impl Backend for VulkanBackend {
             .map(|p| VulkanKernel {
                 pipeline: p.clone(),
                 program: program.clone(),
+                handles: std::sync::OnceLock::new(),
             })
             .ok_or_else(|| Error::UnknownKernel {
                 image: program.image.clone(),

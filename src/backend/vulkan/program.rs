@@ -112,9 +112,14 @@ impl VulkanProgram {
 }
 
 impl CacheCost for VulkanProgram {
+    /// The SPIR-V the pipelines were made from (the image, and the optimizer's output with -O) plus
+    /// the pipeline-cache data: the code kpc holds for the program. The driver's own memory for the
+    /// compiled pipelines is not visible through Vulkan; it grows with the SPIR-V, which is why the
+    /// image counts rather than the pipeline-cache data alone (a 32-byte stub on lavapipe, so a
+    /// threshold never evicted there).
     fn cache_bytes(&self) -> u64 {
-        let spirv = self.optimized.as_ref().map_or(0, |w| w.len() as u64 * 4);
-        (spirv + self.cache_data_bytes).max(1)
+        let optimized = self.optimized.as_ref().map_or(0, |w| w.len() as u64 * 4);
+        (self.origin.image_len + optimized + self.cache_data_bytes).max(1)
     }
 }
 
@@ -133,6 +138,9 @@ impl Drop for VulkanProgram {
 pub struct VulkanKernel {
     pub(crate) pipeline: Arc<Pipeline>,
     pub(crate) program: Arc<VulkanProgram>,
+    /// Its raw handles, made at the first request and lent out from then on, so that asking for
+    /// them on a hot path allocates nothing.
+    pub(crate) handles: std::sync::OnceLock<super::interop::VulkanKernelHandles>,
 }
 
 impl crate::backend::KernelObject for VulkanKernel {

@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use crate::error::Result;
 
 use super::device::{Device, Recycled, vk_err};
+use super::queue_lock::{QueueLock, VulkanQueueLock};
 
 /// One submitted batch: what must live until it has finished, and its timestamps.
 pub struct Record {
@@ -309,15 +310,18 @@ struct State {
     in_flight: std::collections::VecDeque<(Arc<Record>, vk::CommandBuffer)>,
 }
 
-/// The device's queue and command pool. One lock guards both: recording and submitting are short,
-/// and Vulkan requires external synchronization of each.
+/// The context's command pool and its use of the device's queue. The state lock guards the pool
+/// (recording is short, and Vulkan requires external synchronization of a pool); the queue lock,
+/// shared by every kpc submitter over the same queue (`queue_lock.rs`), guards vkQueueSubmit.
 pub(crate) struct Submitter {
     dev: Arc<Device>,
     state: Mutex<State>,
+    queue: QueueLock,
 }
 
 impl Submitter {
-    pub(crate) fn new(dev: &Arc<Device>) -> Result<Submitter> {
+    /// A submitter over `dev`'s queue; `hook` is the embedder's lock over that queue, if it gave one.
+    pub(crate) fn new(dev: &Arc<Device>, hook: Option<VulkanQueueLock>) -> Result<Submitter> {
         let info = vk::CommandPoolCreateInfo::default()
             .queue_family_index(dev.queue_family)
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
@@ -331,6 +335,7 @@ impl Submitter {
                 free: Vec::new(),
                 in_flight: std::collections::VecDeque::new(),
             }),
+            queue: QueueLock::for_queue(dev.raw.handle(), dev.queue, hook),
         })
     }
 
@@ -393,8 +398,10 @@ impl Submitter {
             unsafe { d.end_command_buffer(cmd) }.map_err(|e| vk_err("vkEndCommandBuffer", e))?;
             let cmds = [cmd];
             let submit = vk::SubmitInfo::default().command_buffers(&cmds);
-            // SAFETY: the queue is externally synchronized by the state lock; the fence is unsignaled
-            // and not in use; every object the commands use is kept alive by `rec.keep_alive`.
+            let _queue = self.queue.lock();
+            // SAFETY: the queue is externally synchronized by the queue lock (every kpc submitter
+            // over it, and the embedder's lock where it gave one); the fence is unsignaled and not
+            // in use; every object the commands use is kept alive by `rec.keep_alive`.
             unsafe { d.queue_submit(self.dev.queue, &[submit], rec.fence) }
                 .map_err(|e| vk_err("vkQueueSubmit", e))
         })();
