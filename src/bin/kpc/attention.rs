@@ -130,15 +130,21 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         if l.kind == kpc::cache::StoreKind::Remote {
             // What the fleet's cache did for this run (KPC_CACHE_REMOTE).
             let s = l.store;
-            println!(
+            outln!(
                 "{}: {} hits, {} misses, {} errors, {} bytes read, {} published ({} bytes)",
-                l.name, s.hits, s.misses, s.errors, s.bytes_read, s.puts, s.bytes_written
+                l.name,
+                s.hits,
+                s.misses,
+                s.errors,
+                s.bytes_read,
+                s.puts,
+                s.bytes_written
             );
         }
     }
     if config.cache_debug {
         // KPC_CACHE_DEBUG: every program above was built fresh and compared with the cached binary.
-        println!("cache debug: {}", ctx.cache_debug_stats());
+        outln!("cache debug: {}", ctx.cache_debug_stats());
     }
     Ok(code)
 }
@@ -155,13 +161,23 @@ fn workload(
     let (prompt, steps) = (args.prompt, args.steps);
     let total = prompt + steps;
     let d = shape.head_dim;
-    println!(
+    outln!(
         "kpc attention: B={} Hq={} Hkv={} D={} prompt={} steps={} kv={:?}",
-        shape.batch, shape.q_heads, shape.kv_heads, d, prompt, steps, dtype
+        shape.batch,
+        shape.q_heads,
+        shape.kv_heads,
+        d,
+        prompt,
+        steps,
+        dtype
     );
-    println!(
+    outln!(
         "device: {}:{} {} [{}], driver {}",
-        device.backend, device.index, device.name, device.device_type, device.driver
+        device.backend,
+        device.index,
+        device.name,
+        device.device_type,
+        device.driver
     );
 
     let attn = Attention::new(ctx, &shape, dtype, total, options)?;
@@ -182,7 +198,7 @@ fn workload(
         ),
         _ => String::new(),
     };
-    println!(
+    outln!(
         "kernels (decode: {:?}{decode_how}, prefill: {:?}{}):",
         attn.decode_kernel(),
         attn.prefill_kernel(),
@@ -195,7 +211,7 @@ fn workload(
         }
     );
     for k in attn.kernels().into_iter().chain([&copy_kernel]) {
-        println!(
+        outln!(
             "  {:<16} {:<8} {:>10.3} ms",
             k.name(),
             k.source().to_string(),
@@ -203,8 +219,8 @@ fn workload(
         );
         if args.from_source {
             match k.spirv_step() {
-                Some(step) => println!("    spirv: {step}"),
-                None => println!("    spirv: committed"),
+                Some(step) => outln!("    spirv: {step}"),
+                None => outln!("    spirv: committed"),
             }
         }
         if !k.driver_stats().is_empty() {
@@ -213,7 +229,7 @@ fn workload(
                 .iter()
                 .map(|(n, v)| format!("{n}={v}"))
                 .collect();
-            println!("    driver: {}", stats.join(", "));
+            outln!("    driver: {}", stats.join(", "));
         }
     }
 
@@ -249,7 +265,7 @@ fn workload(
             }
             pos += n;
         }
-        println!("prefill: skipped (--fill: the prompt's K/V were uploaded)");
+        outln!("prefill: skipped (--fill: the prompt's K/V were uploaded)");
     } else {
         let mut q = rng.vec(rows_q * prompt * d);
         q.iter_mut().for_each(|x| *x *= args.q_scale);
@@ -276,12 +292,12 @@ fn workload(
         let prefill_time = times[times.len() / 2];
         // Causal: about half of the L x L scores, two matmuls of 2 * D flops each.
         let flops = 2.0 * rows_q as f64 * (prompt as f64).powi(2) * d as f64;
-        println!(
+        outln!(
             "prefill: {:.3} ms, {:.4} TFLOP/s (causal, 2*B*H*L^2*D flops)",
             prefill_time.as_secs_f64() * 1e3,
             flops / prefill_time.as_secs_f64() / 1e12
         );
-        println!(
+        outln!(
             "bench: phase=prefill L={prompt} ms={:.4} tflops={:.4}",
             prefill_time.as_secs_f64() * 1e3,
             flops / prefill_time.as_secs_f64() / 1e12
@@ -401,15 +417,13 @@ fn workload(
         let wall_us = wall / n * 1e6;
         let host_us = host / n * 1e6;
         let gbs_wall = bytes / wall / 1e9;
-        println!(
+        outln!(
             "decode:  {wall_us:.1} us/step wall, back to back ({steps} steps of append + split + \
              reduce, {} splits at L={prompt}; median of {REPS} runs), {gbs_wall:.2} GB/s of K/V \
              read",
             attn.splits(prompt + 1)
         );
-        println!(
-            "host:    {host_us:.1} us/step inside Attention::decode (recording and submitting)"
-        );
+        outln!("host:    {host_us:.1} us/step inside Attention::decode (recording and submitting)");
         let names: Vec<String> = attn
             .kernels()
             .iter()
@@ -422,7 +436,7 @@ fn workload(
             .collect::<Vec<_>>()
             .join("/");
         let (dev_us, gbs_dev) = if timed {
-            println!(
+            outln!(
                 "device:  {:.1} us/step from the first launch's start to the last one's end \
                  ({} us: {}), {:.2} GB/s",
                 device / n * 1e6,
@@ -434,7 +448,7 @@ fn workload(
         } else {
             (f64::NAN, f64::NAN)
         };
-        println!(
+        outln!(
             "copy:    {:.2} GB/s (copy kernel, same run); decode/copy = {:.1}% on the device, {:.1}% \
              wall",
             copy_bw / 1e9,
@@ -452,7 +466,7 @@ fn workload(
         )?
         .as_secs_f64()
             * 1e6;
-        println!(
+        outln!(
             "copy:    {same_us:.1} us for a copy moving one step's {:.1} MB: decode/that copy = \
              {:.1}% on the device",
             step_bytes / 1e6,
@@ -467,13 +481,13 @@ fn workload(
         )?
         .as_secs_f64()
             * 1e6;
-        println!(
+        outln!(
             "read:    {read_us:.1} us for a read of one step's {:.1} MB: decode/that read = \
              {:.1}% on the device",
             step_bytes / 1e6,
             100.0 * read_us / dev_us
         );
-        println!(
+        outln!(
             "bench: phase=decode L={prompt} wall_us={wall_us:.2} device_us={dev_us:.2} \
              host_us={host_us:.1} launches_us={per_launch} \
              splits={} gbs={gbs_dev:.1} copy_gbs={:.1} pct_device={:.1} pct_wall={:.1} \
@@ -486,7 +500,7 @@ fn workload(
             100.0 * read_us / dev_us
         );
     } else {
-        println!("copy:    {:.2} GB/s (copy kernel, same run)", copy_bw / 1e9);
+        outln!("copy:    {:.2} GB/s (copy kernel, same run)", copy_bw / 1e9);
     }
 
     if args.check {
@@ -521,7 +535,7 @@ fn workload(
             worst = worst.max(relative_error(&got, &want));
         }
         let ok = worst <= tolerance;
-        println!(
+        outln!(
             "check:   |out - ref| / |ref| = {worst:.3e} (tolerance {tolerance:e}): {}",
             if ok { "ok" } else { "FAILED" }
         );

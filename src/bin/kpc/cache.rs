@@ -145,7 +145,7 @@ fn ago(t: SystemTime) -> String {
 }
 
 pub(crate) fn print_json(v: &Value) {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(v).expect("a JSON value always serializes")
     );
@@ -184,7 +184,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
         CacheCommand::Export(args) => crate::cache_bundle::export(config, &cache, &args),
         CacheCommand::Import(args) => crate::cache_bundle::import(config, &cache, &args),
         CacheCommand::Path => {
-            println!("{}", cache.root().display());
+            outln!("{}", cache.root().display());
             Ok(ExitCode::SUCCESS)
         }
         CacheCommand::Stats { json } => {
@@ -219,7 +219,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "remote": crate::cache_remote::stats(config),
                 }));
             } else {
-                println!(
+                outln!(
                     "cache {} ({})",
                     cache.root().display(),
                     if config.persistent {
@@ -233,18 +233,22 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                 } else {
                     human(max_size)
                 };
-                println!("limit {limit}");
-                println!(
+                outln!("limit {limit}");
+                outln!(
                     "{:<16}  {:<7}  {:<32}  {:>7}  {:>10}",
-                    "DEVICE", "BACKEND", "NAME", "ENTRIES", "SIZE"
+                    "DEVICE",
+                    "BACKEND",
+                    "NAME",
+                    "ENTRIES",
+                    "SIZE"
                 );
                 for (dir, (backend, name, n, b)) in &per {
-                    println!(
+                    outln!(
                         "{dir:<16}  {backend:<7}  {name:<32}  {n:>7}  {:>10}",
                         human(*b)
                     );
                 }
-                println!(
+                outln!(
                     "{:<16}  {:<7}  {:<32}  {:>7}  {:>10}",
                     "total",
                     "",
@@ -253,7 +257,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     human(total)
                 );
                 if qn > 0 {
-                    println!(
+                    outln!(
                         "quarantine: {qn} files, {} in {}",
                         human(qb),
                         cache.quarantine_dir().display()
@@ -261,8 +265,8 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                 }
                 if let Some(r) = crate::cache_remote::stats(config) {
                     match r.get("error") {
-                        Some(e) => println!("remote: {}", e.as_str().unwrap_or("?")),
-                        None => println!(
+                        Some(e) => outln!("remote: {}", e.as_str().unwrap_or("?")),
+                        None => outln!(
                             "remote {}: {} entries, {} (all devices)",
                             r["url"].as_str().unwrap_or("?"),
                             r["entries"],
@@ -300,9 +304,12 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     .collect();
                 print_json(&Value::Array(rows));
             } else {
-                println!(
+                outln!(
                     "{:<26}  {:<36}  {:<20}  {:>10}  LAST ACCESS",
-                    "DEVICE", "IMAGE", "OPTIONS", "SIZE"
+                    "DEVICE",
+                    "IMAGE",
+                    "OPTIONS",
+                    "SIZE"
                 );
                 for e in &entries {
                     let (backend, _) = device_of(e);
@@ -319,7 +326,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                         }
                         None => ("?".into(), "?".into()),
                     };
-                    println!(
+                    outln!(
                         "{:<26}  {image:<36}  {options:<20}  {:>10}  {} ({})",
                         format!("{} ({backend})", e.dirs[0]),
                         human(e.bytes),
@@ -327,7 +334,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                         ago(e.last_access)
                     );
                 }
-                println!("{} entries", entries.len());
+                outln!("{} entries", entries.len());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -347,7 +354,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "stale_removed": r.stale_removed,
                 }));
             } else {
-                println!(
+                outln!(
                     "checked {} entries: {} valid, {} bad",
                     r.checked,
                     r.valid,
@@ -355,17 +362,17 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                 );
                 for b in &r.bad {
                     let q = if b.quarantined { " [quarantined]" } else { "" };
-                    println!("BAD    {}: {}{q}", b.path.display(), b.problem);
+                    outln!("BAD    {}: {}{q}", b.path.display(), b.problem);
                 }
                 for s in &r.stale {
-                    println!(
+                    outln!(
                         "STALE  {}: incomplete slot (a write in progress or a killed writer's leftovers){}",
                         s.display(),
                         if fix { "" } else { "; --fix removes it" }
                     );
                 }
                 if fix && r.bad.iter().any(|b| b.quarantined) {
-                    println!(
+                    outln!(
                         "quarantined entries are in {}",
                         cache.quarantine_dir().display()
                     );
@@ -400,7 +407,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "remaining_bytes": r.remaining_bytes,
                 }));
             } else {
-                println!(
+                outln!(
                     "removed {} entries ({}); {} entries ({}) left",
                     r.removed,
                     human(r.removed_bytes),
@@ -408,7 +415,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     human(r.remaining_bytes)
                 );
                 if r.busy > 0 {
-                    println!(
+                    outln!(
                         "skipped {} entries being written by another process",
                         r.busy
                     );
@@ -427,14 +434,14 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "quarantine_removed": r.quarantine_removed,
                 }));
             } else {
-                println!(
+                outln!(
                     "removed {} entries ({}) from {}",
                     r.removed,
                     human(r.removed_bytes),
                     cache.root().display()
                 );
                 if r.busy > 0 {
-                    println!(
+                    outln!(
                         "skipped {} entries being written by another process",
                         r.busy
                     );

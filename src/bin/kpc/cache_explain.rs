@@ -274,7 +274,7 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             "kernels": kernels,
         }));
     } else {
-        println!(
+        outln!(
             "device: {}:{} {} (fingerprint {})",
             device.backend,
             device.index,
@@ -289,15 +289,15 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             };
             let first = v.iter().position(|v| v.cached);
             match first {
-                Some(i) => println!(
+                Some(i) => outln!(
                     "{label} [{}]: {}",
                     k.digest().short_hex(6),
                     verdict_text(&v[i])
                 ),
                 None => {
-                    println!("{label} [{}]: not cached", k.digest().short_hex(6));
+                    outln!("{label} [{}]: not cached", k.digest().short_hex(6));
                     for v in v {
-                        println!("  {}", verdict_text(v));
+                        outln!("  {}", verdict_text(v));
                     }
                 }
             }

@@ -14,6 +14,11 @@ use clap::{Parser, Subcommand};
 #[cfg(not(loom))]
 use kpc::Config;
 
+// First: its `outln!` and `out!` are used by every module below.
+#[cfg(not(loom))]
+#[macro_use]
+mod out;
+
 #[cfg(not(loom))]
 mod attention;
 #[cfg(not(loom))]
@@ -100,6 +105,8 @@ fn main() -> ExitCode {
         Command::BenchStart(args) => bench_start::run(&config, &args),
         Command::BenchGlsl(args) => bench_glsl::run(&config, &args),
     };
+    // What an unterminated line left in the buffer; a reader gone by now still ends quietly.
+    out::flush();
     match r {
         Ok(code) => code,
         Err(e) => {
