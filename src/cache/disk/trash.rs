@@ -105,8 +105,10 @@ impl Sweep {
                 drop(lock::try_lock(&leaf.join("key.lock"), true));
             }
             let mut dir = leaf;
-            // A directory that gained an entry meanwhile is not empty, and rmdir says so.
-            while fs::remove_dir(&dir).is_ok() {
+            // A directory that gained an entry meanwhile is not empty, and rmdir says so; a leaf is
+            // removed under its lock, so a writer that has just locked it keeps it.
+            let mut removed = lock::remove_leaf_dir(&dir);
+            while removed {
                 report.dirs_removed += 1;
                 let Some(parent) = dir.parent() else { break };
                 match self.children.get_mut(parent) {
@@ -118,6 +120,7 @@ impl Sweep {
                     // v1 itself (or something outside the tree): never removed.
                     None => break,
                 }
+                removed = fs::remove_dir(&dir).is_ok();
             }
         }
         if let Ok(rd) = fs::read_dir(self.root.join(TRASH_DIR)) {
