@@ -10,6 +10,7 @@
 //!                                            /key.lock  the key's build lock (only while building)
 //! <root>/v1/size                                        tracked total size (see "Size" below)
 //! <root>/v1/evict.lock                                  held by the one process evicting
+//! <root>/v1/names/<device>                              image directories per image name (`names.rs`)
 //! <root>/quarantine/                                    entries `kpc cache verify --fix` set aside
 //! <root>/trash/<pid>-<nanos>-<i>/                       files an eviction pass removed, until its sweep
 //! ```
@@ -44,11 +45,12 @@
 //!   nothing: no access time, no lock, a defective entry counted and left in place.
 //!
 //! # Misses
-//! Every miss this cache counts is explained (`explain.rs`): the key records near the key (its image
-//! under its device and under every other device, then the rest of its device directory; at most
-//! [`explain::MAX_EXPLAIN_RECORDS`] records) are compared with it, the nearest one's differing fields
-//! named ([`MissExplanation`]), the cause counted in [`DiskStats`] and traced on the `miss` line. A hit
-//! never pays for it.
+//! Every miss this cache counts is explained (`explain.rs`): the entries one key part away are read
+//! first, at paths the key's directory names give and, for a changed image, through the name index
+//! (`names.rs`); then, within [`explain::MAX_EXPLAIN_RECORDS`] records, entries further away. The
+//! nearest one's differing fields are named ([`MissExplanation`]), the cause counted in [`DiskStats`]
+//! and traced on the `miss` line. A hit never pays for it, and its cost does not grow with the
+//! number of entries cached.
 //!
 //! # Failures
 //! Every failure of the disk layer (missing or unwritable directories, a full disk, a read-only root,
@@ -71,6 +73,8 @@ mod inventory;
 pub mod key;
 mod lock;
 mod lookup;
+mod names;
+mod nearest;
 mod put;
 mod settings;
 mod slot;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::entry::{FileKind, HEADER_LEN, encode_header};
 use super::lock::{self, HeldLock, Waited};
+use super::names;
 use super::slot::{holds_valid, remove_slot_files, slot_file, sync_dir, write_file};
 use super::stats::{WarnCause, bump};
 use super::{DiskKey, Inner, MAX_SLOTS, PersistentCache};
@@ -118,8 +119,11 @@ impl Inner {
             Err(e) => Err(e),
         };
         make(&dir)?;
-        for name in key.dir_names() {
+        for (level, name) in key.dir_names().iter().enumerate() {
             dir.push(name);
+            if level == 1 && !dir.is_dir() {
+                self.index_image(key);
+            }
             make(&dir)?;
         }
         if self.s.sync {
@@ -131,6 +135,18 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// Records in the name index that `key`'s image directory is being made, before it is (see
+    /// `names.rs`). Best effort: without the line, only a later miss explanation falls short.
+    fn index_image(&self, key: &DiskKey) {
+        let [dev, img, ..] = key.dir_names();
+        if let Err(e) = names::record(&self.v1, dev, img, key.label()) {
+            self.trace(|| {
+                tracing::debug!(target: "kpc::cache::disk", image = img.as_str(), error = %e,
+                    "name index not updated")
+            });
+        }
     }
 
     fn put(self: &Arc<Inner>, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome {

@@ -20,7 +20,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::VERSION_DIR;
 use super::lock;
+use super::names;
 
 /// The directory under the cache root holding every pass's trash.
 pub(crate) const TRASH_DIR: &str = "trash";
@@ -123,6 +125,8 @@ impl Sweep {
                 removed = fs::remove_dir(&dir).is_ok();
             }
         }
+        // The name index drops the image directories that went (and duplicates).
+        names::compact(&self.root.join(VERSION_DIR));
         if let Ok(rd) = fs::read_dir(self.root.join(TRASH_DIR)) {
             for e in rd.filter_map(Result::ok) {
                 if fs::remove_dir_all(e.path()).is_ok() {
