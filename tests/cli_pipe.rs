@@ -91,8 +91,10 @@ fn devices_into_head_ends_quietly() {
 /// Runs `kpc ARGS` with stdout a pipe whose read end is closed before kpc starts: its first write
 /// fails with EPIPE, whatever the output's length.
 fn closed_stdout(root: &Path, args: &[&str]) -> Output {
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
+    // The pipe's only reader is `true`, which has exited by the time kpc starts.
+    let mut sink = Command::new("true").stdin(Stdio::piped()).spawn().unwrap();
+    let writer = sink.stdin.take().unwrap();
+    sink.wait().unwrap();
     let child = Command::new(kpc_path())
         .args(args)
         .env("KPC_CACHE_DIR", root)

@@ -58,7 +58,7 @@ pub enum CacheCommand {
     },
     /// For each kernel `kpc attention` would use (same arguments), whether it is cached and if not,
     /// why: the nearest cached entry and the key fields that differ. Or one key, given as a blob id.
-    Explain(crate::cache_explain::ExplainArgs),
+    Explain(Box<crate::cache_explain::ExplainArgs>),
     /// Write every verified entry (of one device with --device) to one zstd-compressed file, signed
     /// when KPC_CACHE_REMOTE_KEY is set: for container images and offline machines.
     Export(crate::cache_bundle::ExportArgs),
