@@ -132,28 +132,35 @@ fn eviction_removes_a_killed_writers_leftovers_but_not_a_write_in_progress() {
     let c = cache(t.path());
     c.put(&key(1), b"kept", Duration::ZERO);
     let leaf = c.entry_dir(&key(1));
-    // Leftovers of killed writers: temporaries of slot 1, an orphan .bin in slot 2, a lock file in 3.
+    // Leftovers of killed writers: temporaries of slot 1, an orphan .bin in slot 2, and a per-slot
+    // lock file in 3 (what caches written before the leaf lock have).
     std::fs::write(leaf.join("1.bin.tmp"), vec![0u8; 500]).unwrap();
     std::fs::write(leaf.join("1.src.tmp"), vec![0u8; 50]).unwrap();
     std::fs::copy(leaf.join("0.bin"), leaf.join("2.bin")).unwrap();
     std::fs::write(leaf.join("3.lock"), b"").unwrap();
-    // A write in progress in slot 4: its lock is held.
-    let f = std::fs::File::create(leaf.join("4.lock")).unwrap();
-    let mut lock4 = fd_lock::RwLock::new(f);
-    let _held = lock4.try_write().unwrap();
-    std::fs::write(leaf.join("4.bin.tmp"), vec![0u8; 10]).unwrap();
+    // A write in progress in another leaf: it holds that leaf's lock (a flock on the directory).
+    c.put(&key(2), b"other", Duration::ZERO);
+    let busy_leaf = c.entry_dir(&key(2));
+    let mut lock2 = fd_lock::RwLock::new(std::fs::File::open(&busy_leaf).unwrap());
+    let _held = lock2.try_write().unwrap();
+    std::fs::write(busy_leaf.join("1.bin.tmp"), vec![0u8; 10]).unwrap();
 
     let v = c.verify(false).unwrap();
-    assert_eq!((v.valid, v.bad.len(), v.stale.len()), (1, 0, 3), "{v:?}");
+    assert_eq!((v.valid, v.bad.len(), v.stale.len()), (2, 0, 3), "{v:?}");
     let r = c.evict(None, None).unwrap();
     assert_eq!((r.removed, r.stale_removed, r.busy), (0, 2, 1), "{r:?}");
-    let mut names: Vec<String> = std::fs::read_dir(&leaf)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["0.bin", "0.lock", "0.src", "4.bin.tmp", "4.lock"]);
+    let names = |dir: &std::path::Path| {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&leaf), ["0.bin", "0.src"]);
+    assert_eq!(names(&busy_leaf), ["0.bin", "0.src", "1.bin.tmp"]);
     assert_eq!(c.get(&key(1)).unwrap().bytes(), b"kept");
+    assert_eq!(c.get(&key(2)).unwrap().bytes(), b"other");
     assert_eq!(c.tracked_size(), Some(entry_bytes(t.path()) + 10));
 }
 

@@ -42,7 +42,8 @@ fn child() {
             std::thread::sleep(Duration::from_secs(600));
             drop(g);
         }
-        // Holds the given lock files, as a writer filling those slots (or an evictor) would.
+        // Holds the given locks, as a writer publishing in a leaf (or an evictor) would: a leaf
+        // directory's own, or a lock file's (a builder's `key.lock`).
         "locker" => {
             let paths: Vec<PathBuf> = std::env::var("KPC_TEST_LOCKS")
                 .unwrap()
@@ -51,13 +52,17 @@ fn child() {
                 .collect();
             let mut held = Vec::new();
             for p in &paths {
-                let f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(p)
-                    .unwrap();
+                let f = if p.is_dir() {
+                    std::fs::File::open(p).unwrap()
+                } else {
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .open(p)
+                        .unwrap()
+                };
                 let mut l = fd_lock::RwLock::new(f);
                 std::mem::forget(l.try_write().expect("nobody else holds it"));
                 held.push(l);
@@ -192,7 +197,9 @@ fn locks_held_by_another_process() {
     );
     let (la, lb) = (c.entry_dir(&a), c.entry_dir(&b));
     std::fs::create_dir_all(&lb).unwrap();
-    let locks = [la.join("0.lock"), lb.join("0.lock"), lb.join("key.lock")]
+    let lc = c.entry_dir(&key(3));
+    std::fs::create_dir_all(&lc).unwrap();
+    let locks = [la.clone(), lc.clone(), lb.join("key.lock")]
         .map(|p| p.to_string_lossy().into_owned())
         .join(":");
     let mut ch = common::disk::child("child", "locker")
@@ -204,22 +211,29 @@ fn locks_held_by_another_process() {
         .unwrap();
     wait_for_file(&ready, &mut ch);
 
-    // Readers take no lock: A is found although its slot lock is held.
+    // Readers take no lock: A is found although its leaf's lock is held.
     assert_eq!(c.get(&a).unwrap().bytes(), b"entry A");
-    // B's builder is "busy": wait, time out, build anyway; slot 0 is taken, so the put goes to n+1.
+    // B's builder is "busy": wait, time out, build anyway, and publish (B's leaf is not locked).
     let Lookup::Miss(g) = c.get_or_lock(&b) else {
         panic!()
     };
     assert!(!g.holds_lock());
-    assert_eq!(g.put(b"entry B", Duration::ZERO), PutOutcome::Published(1));
+    assert_eq!(g.put(b"entry B", Duration::ZERO), PutOutcome::Published(0));
     let hb = c.get(&b).unwrap();
-    assert_eq!((hb.bytes(), hb.slot()), (&b"entry B"[..], 1));
-    assert!(!lb.join("0.bin").exists());
+    assert_eq!((hb.bytes(), hb.slot()), (&b"entry B"[..], 0));
     let s = c.stats();
     assert_eq!((s.lock_waits, s.lock_timeouts), (1, 1));
-    // An evictor skips A's slot (being worked on) but may remove B.
+    // A writer whose leaf is locked by another process waits for it, gives up after the lock timeout
+    // and writes nothing (a put is an optimization; the build it stores has succeeded).
+    assert_eq!(
+        c.put(&key(3), b"entry C", Duration::ZERO),
+        PutOutcome::Skipped
+    );
+    assert!(files_under(&lc).is_empty(), "{:?}", files_under(&lc));
+    assert!(c.get(&key(3)).is_none());
+    // An evictor skips A (its leaf is being worked on) but removes B.
     let r = c.evict(Some(0), None).unwrap();
-    assert_eq!((r.removed, r.busy), (1, 2), "{r:?}");
+    assert_eq!((r.removed, r.busy), (1, 1), "{r:?}");
     assert_eq!(c.get(&a).unwrap().bytes(), b"entry A");
     assert!(c.get(&b).is_none());
 

@@ -148,15 +148,21 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         if l.kind == kpc::cache::StoreKind::Remote {
             // What the fleet's cache did for this run (KPC_CACHE_REMOTE).
             let s = l.store;
-            println!(
+            outln!(
                 "{}: {} hits, {} misses, {} errors, {} bytes read, {} published ({} bytes)",
-                l.name, s.hits, s.misses, s.errors, s.bytes_read, s.puts, s.bytes_written
+                l.name,
+                s.hits,
+                s.misses,
+                s.errors,
+                s.bytes_read,
+                s.puts,
+                s.bytes_written
             );
         }
     }
     if config.cache_debug {
         // KPC_CACHE_DEBUG: every program above was built fresh and compared with the cached binary.
-        println!("cache debug: {}", ctx.cache_debug_stats());
+        outln!("cache debug: {}", ctx.cache_debug_stats());
     }
     Ok(code)
 }

@@ -102,13 +102,13 @@ impl StepTimes {
             median(&mut self.proj),
             median(&mut self.attn),
         );
-        println!(
+        outln!(
             "{name}: {w:.1} us/step wall; device {:.1} us: projections {p:.1} us, attention {a:.1} \
              us (median of {} steps)",
             p + a,
             self.wall.len()
         );
-        println!(
+        outln!(
             "bench: phase=mha_{name} L={len} wall_us={w:.2} device_us={:.2} proj_us={p:.2} \
              attn_us={a:.2}",
             p + a
@@ -130,7 +130,7 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
         cache_dtype: plan.dtype,
         ..MhaParams::new(e, s.q_heads)
     };
-    println!(
+    outln!(
         "kpc attention --layer mha: B={} E={e} Hq={} Hkv={} D={} prompt={prompt} steps={steps} \
          cross={} weights and kv={:?}",
         s.batch,
@@ -141,9 +141,13 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
         plan.dtype
     );
     let d = &plan.device;
-    println!(
+    outln!(
         "device: {}:{} {} [{}], driver {}",
-        d.backend, d.index, d.name, d.device_type, d.driver
+        d.backend,
+        d.index,
+        d.name,
+        d.device_type,
+        d.driver
     );
     let mut rng = Rng::new();
     let self_w = random_weights(&mut rng, &base);
@@ -158,7 +162,7 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
         (Some(p), Some(w)) => Some(MultiHeadAttention::new(&ctx, p, &view(w))?),
         _ => None,
     };
-    println!(
+    outln!(
         "kernels (steps project with {}):",
         if layer.uses_matvec() {
             "mha_gemv"
@@ -173,7 +177,7 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
         .chain(cross.iter().flat_map(|c| c.kernels()))
     {
         if seen.insert(k.name().to_string()) {
-            println!(
+            outln!(
                 "  {:<18} {:<8} {:>10.3} ms",
                 k.name(),
                 k.source().to_string(),
@@ -198,7 +202,7 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
     let flops = 2.0 * (b * s.q_heads) as f64 * (prompt as f64).powi(2) * s.head_dim as f64
         + 2.0 * (b * prompt) as f64 * (e * (e + 2 * base.kv_dim()) + e * e) as f64;
     let dev = pt.map_or(wall, |t| t.projection + t.attention);
-    println!(
+    outln!(
         "prefill: {:.3} ms ({}), {:.4} TFLOP/s (projections and causal attention)",
         dev.as_secs_f64() * 1e3,
         pt.map_or("wall".into(), |t| format!(
@@ -213,7 +217,7 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
     if let (Some(c), Some(m), Some(len)) = (cross.as_mut(), &memory, args.cross) {
         c.set_memory(m, None, len)?;
         let t = c.last_times()?;
-        println!(
+        outln!(
             "memory:  {len} encoder positions projected once: {}",
             t.map_or("untimed".into(), |t| format!(
                 "{:.3} ms",
@@ -292,7 +296,7 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
         }
     }
     let ok = worst <= tolerance;
-    println!(
+    outln!(
         "check:   |out - ref| / |ref| = {worst:.3e} (tolerance {tolerance:e}): {}",
         if ok { "ok" } else { "FAILED" }
     );

@@ -68,9 +68,9 @@ impl Report {
             );
         }
         let _ = writeln!(s, "details:");
-        print!("{s}");
+        out!("{s}");
         for l in &self.lines {
-            println!("{l}");
+            outln!("{l}");
         }
     }
 }

@@ -63,17 +63,20 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         Some(k) => vec![k.as_str()],
         None => kpc::kernels::SPIRV.iter().map(|k| k.name).collect(),
     };
-    println!("kpc bench-build: cold build vs load of the persisted binary, each in a new process");
-    println!(
+    outln!("kpc bench-build: cold build vs load of the persisted binary, each in a new process");
+    outln!(
         "device:  {}:{} {} [{}]",
-        device.backend, device.index, device.name, device.device_type
+        device.backend,
+        device.index,
+        device.name,
+        device.device_type
     );
-    println!("driver:  {} (API {})", device.driver, device.api_version);
+    outln!("driver:  {} (API {})", device.driver, device.api_version);
     let set: Vec<String> = DRIVER_CACHE_VARS
         .iter()
         .filter_map(|v| std::env::var(v).ok().map(|x| format!("{v}={x}")))
         .collect();
-    println!(
+    outln!(
         "driver shader caches: {}",
         if set.is_empty() {
             "no cache variable set (a warm driver cache may hide cold builds)".to_string()
@@ -81,9 +84,9 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             set.join(" ")
         }
     );
-    println!("options: {:?}", args.options);
-    println!();
-    println!(
+    outln!("options: {:?}", args.options);
+    outln!();
+    outln!(
         "{:<10} {:>7} {:>11} {:>9} {:>8} {:>10} {:>8} {:>9} {:>10} {:>9} | {:>12} {:>12} {:>10} {:>9}",
         "kernel",
         "entries",
@@ -109,7 +112,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             .iter()
             .any(|k| k.name == name && k.cooperative_matrix);
         if needs_matrices && !device.limits.cooperative_matrix_f16 {
-            println!(
+            outln!(
                 "{name:<10} skipped: it multiplies cooperative matrices, which this device does not \
                  offer (VK_KHR_cooperative_matrix, 16x16 f16 into f32)"
             );
@@ -185,7 +188,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
                     _ => "-".into(),
                 };
                 let ctx_hit = ctx_disk.as_ref().map_or("-".into(), |v| get(v, "hit"));
-                println!(
+                outln!(
                     "{:<10} {:>7} {:>11} {:>9} {:>8} {:>10} {:>8} {:>9} {:>10} {:>9} | {:>12} {:>12} {:>10} {:>9}",
                     name,
                     get(&c, "entries"),
@@ -205,45 +208,43 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             }
             Err(e) => {
                 failed = true;
-                println!("{name:<10} failed: {e}");
+                outln!("{name:<10} failed: {e}");
             }
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    println!();
-    println!(
-        "validate = spirv-tools validation + reflection of the image (a cold build needs it);"
-    );
-    println!(
+    outln!();
+    outln!("validate = spirv-tools validation + reflection of the image (a cold build needs it);");
+    outln!(
         "build = build_program: vkCreateComputePipelines for every entry point, empty pipeline cache;"
     );
-    println!("reflect = reflection only (a load trusts the image its binary was built from);");
-    println!(
+    outln!("reflect = reflection only (a load trusts the image its binary was built from);");
+    outln!(
         "load = program_from_binary: header check, vkCreatePipelineCache, vkCreateComputePipelines;"
     );
-    println!(
+    outln!(
         "load2 = the same load again in the same process (after the driver's per-process set-up);"
     );
-    println!(
+    outln!(
         "driver hit = VK_EXT_pipeline_creation_feedback APPLICATION_PIPELINE_CACHE_HIT on load;"
     );
-    println!(
+    outln!(
         "cold/hit = (validate + build) / (reflect + load). Device open and file I/O are excluded."
     );
-    println!(
+    outln!(
         "ctx built / ctx disk = Context::kernel in a new process with an empty disk cache, then in another"
     );
-    println!(
+    outln!(
         "new process with the cache the first one filled: keys, disk lookup (read + checksum) or build +"
     );
-    println!("put, pipeline creation. Device open is excluded.");
+    outln!("put, pipeline creation. Device open is excluded.");
     if device.device_type == kpc::backend::DeviceType::Cpu {
-        println!(
+        outln!(
             "note: lavapipe compiles at first dispatch, not in vkCreateComputePipelines, and its"
         );
-        println!("pipeline cache is a stub: neither column includes that compile here.");
+        outln!("pipeline cache is a stub: neither column includes that compile here.");
     }
-    println!(
+    outln!(
         "rerun: KPC_DEVICE={} kpc bench-build{}",
         config.device,
         if args.options.is_empty() {
@@ -337,7 +338,7 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
             let cold = t.elapsed();
             let bytes = backend.program_binary(&program)?.unwrap_or_default();
             std::fs::write(blob, &bytes).map_err(io)?;
-            println!(
+            outln!(
                 "KPCBENCH entries={} validate_ms={} cold_ms={} blob_bytes={}",
                 module.entry_points.len(),
                 ms(prepare),
@@ -363,7 +364,7 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
                     None => "unknown".to_string(),
                 })
                 .collect();
-            println!(
+            outln!(
                 "KPCBENCH reflect_ms={} load_ms={} load2_ms={} hit={}",
                 ms(prepare),
                 ms(load),
@@ -401,7 +402,7 @@ fn context_phase(
         Some(false) => "no",
         None => "unknown",
     };
-    println!(
+    outln!(
         "KPCBENCH source={} ms={} hit={hit}",
         kernel.source(),
         ms(took)

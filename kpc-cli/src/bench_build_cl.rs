@@ -49,12 +49,15 @@ pub fn run(
         Some(k) => vec![k],
         None => kpc::kernels::OPENCL.iter().map(|k| k.name).collect(),
     };
-    println!("kpc bench-build: OpenCL cold build vs binary load, each in a new process");
-    println!(
+    outln!("kpc bench-build: OpenCL cold build vs binary load, each in a new process");
+    outln!(
         "device:  {}:{} {} [{}]",
-        device.backend, device.index, device.name, device.device_type
+        device.backend,
+        device.index,
+        device.name,
+        device.device_type
     );
-    println!("driver:  {} (API {})", device.driver, device.api_version);
+    outln!("driver:  {} (API {})", device.driver, device.api_version);
     let user_set = |v: &str| std::env::var_os(v).is_some();
     let mut caches = Vec::new();
     if user_set("POCL_KERNEL_CACHE") || user_set("POCL_CACHE_DIR") {
@@ -65,7 +68,7 @@ pub fn run(
     if !user_set("CUDA_CACHE_DISABLE") {
         caches.push("CUDA_CACHE_DISABLE=1".to_string());
     }
-    println!(
+    outln!(
         "driver caches (set for the children): {}",
         caches.join(", ")
     );
@@ -73,7 +76,7 @@ pub fn run(
         .iter()
         .filter_map(|v| std::env::var(v).ok().map(|x| format!("{v}={x}")))
         .collect();
-    println!(
+    outln!(
         "caller's driver variables: {}",
         if set.is_empty() {
             "none".to_string()
@@ -81,9 +84,9 @@ pub fn run(
             set.join(" ")
         }
     );
-    println!("options: {options:?}");
-    println!();
-    println!(
+    outln!("options: {options:?}");
+    outln!();
+    outln!(
         "{:<8} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9} {:>10} {:>9} {:>10}",
         "kernel",
         "build ms",
@@ -177,7 +180,7 @@ pub fn run(
                     }
                     _ => "-".into(),
                 };
-                println!(
+                outln!(
                     "{:<8} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9} {:>10} {:>9} {:>10}",
                     name,
                     get(&c, "build_ms"),
@@ -194,26 +197,26 @@ pub fn run(
             }
             Err(e) => {
                 failed = true;
-                println!("{name:<8} failed: {e}");
+                outln!("{name:<8} failed: {e}");
             }
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    println!();
-    println!(
+    outln!();
+    outln!(
         "build    = clBuildProgram from source + reflection (clGetKernelArgInfo), fresh process;"
     );
-    println!(
+    outln!(
         "query    = the first CL_PROGRAM_BINARIES query right after it (kpc container included);"
     );
-    println!(
+    outln!(
         "launch1  = first launch (1 workgroup) after the query; '| launch1' and the next 'query'"
     );
-    println!("           = first launch, then the query, in another fresh process (launch first);");
-    println!("load     = program_from_binary (container checks + clCreateProgramWithBinary +");
-    println!("           clBuildProgram), then its first launch, in a third fresh process;");
-    println!("first/first = (build + query + launch1) / (load + launch1): time to a first result.");
-    println!(
+    outln!("           = first launch, then the query, in another fresh process (launch first);");
+    outln!("load     = program_from_binary (container checks + clCreateProgramWithBinary +");
+    outln!("           clBuildProgram), then its first launch, in a third fresh process;");
+    outln!("first/first = (build + query + launch1) / (load + launch1): time to a first result.");
+    outln!(
         "rerun: KPC_DEVICE={} kpc bench-build{}",
         config.device,
         if options.is_empty() {
@@ -298,7 +301,7 @@ pub fn phase(
             if phase == "cold" {
                 std::fs::write(blob, &bytes).map_err(io(blob))?;
             }
-            println!(
+            outln!(
                 "KPCBENCH init_ms={} build_ms={} query_ms={} launch_ms={} binary_bytes={}",
                 ms(init),
                 ms(build),
@@ -318,7 +321,7 @@ pub fn phase(
                 launch_once(&backend, &k)?;
             }
             let launch = t.elapsed();
-            println!(
+            outln!(
                 "KPCBENCH init_ms={} load_ms={} launch_ms={}",
                 ms(init),
                 ms(load),

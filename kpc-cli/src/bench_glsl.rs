@@ -72,17 +72,17 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         .filter(|n| args.kernels.is_empty() || args.kernels.iter().any(|k| k == n))
         .collect();
     let repeat = args.repeat.max(1);
-    println!(
+    outln!(
         "kpc bench-glsl: {} [{}], driver {}; {}; median of {repeat}",
         device.name,
         device.device_type,
         device.driver,
         compile::compiler_identity()
     );
-    println!(
+    outln!(
         "| kernel | GLSL bytes | compile ms | SPIR-V disk hit ms | SPIR-V memory hit ms | cold: GLSL -> pipeline ms | warm: both from disk ms |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    outln!("|---|---|---|---|---|---|---|");
     let base = std::env::temp_dir().join(format!("kpc-bench-glsl-{}", std::process::id()));
     let mut totals = [Duration::ZERO; 5];
     for name in &names {
@@ -105,7 +105,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             *t += x;
         }
         let glsl = kpc::kernels::glsl_image(name)?;
-        println!(
+        outln!(
             "| {name} | {} | {:.2} | {:.3} | {:.4} | {:.1} | {:.1} |",
             glsl.bytes().len(),
             ms(r[0]),
@@ -115,7 +115,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             ms(r[4])
         );
     }
-    println!(
+    outln!(
         "| all {} | | {:.2} | {:.3} | {:.4} | {:.1} | {:.1} |",
         names.len(),
         ms(totals[0]),

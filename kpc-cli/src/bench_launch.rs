@@ -144,29 +144,33 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             device.backend, device.index
         )));
     }
-    println!(
+    outln!(
         "kpc bench-launch: one cached OpenCL kernel (saxpy, n = {}) launched from many threads",
         args.n
     );
-    println!(
+    outln!(
         "device:  {}:{} {} [{}]",
-        device.backend, device.index, device.name, device.device_type
+        device.backend,
+        device.index,
+        device.name,
+        device.device_type
     );
-    println!("driver:  {} (API {})", device.driver, device.api_version);
-    println!(
+    outln!("driver:  {} (API {})", device.driver, device.api_version);
+    outln!(
         "{} launches per thread; microseconds per launch (wall time / all launches), median of {}",
-        args.launches, args.repeat
+        args.launches,
+        args.repeat
     );
-    println!();
-    print!("{:<16}", "strategy");
+    outln!();
+    out!("{:<16}", "strategy");
     for t in &args.threads {
-        print!(
+        out!(
             " {:>14} {:>14}",
             format!("enqueue {t}T"),
             format!("wait {t}T")
         );
     }
-    println!();
+    outln!();
     for (label, sharing) in [
         ("pool", KernelSharing::Pool),
         ("clone-per-launch", KernelSharing::ClonePerLaunch),
@@ -180,7 +184,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             },
         )?;
         let ctx = Context::from_backend(backend, config);
-        print!("{label:<16}");
+        out!("{label:<16}");
         for &t in &args.threads {
             for wait_each in [false, true] {
                 let mut runs = (0..args.repeat.max(1))
@@ -197,13 +201,13 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
                 runs.sort();
                 let d = runs[runs.len() / 2];
                 let per = d.as_secs_f64() * 1e6 / (t.max(1) * args.launches.max(1)) as f64;
-                print!(" {per:>14.1}");
+                out!(" {per:>14.1}");
             }
         }
-        println!();
+        outln!();
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "rerun: KPC_DEVICE={} kpc bench-launch --threads {} --launches {} --n {} --repeat {}",
         config.device,
         args.threads

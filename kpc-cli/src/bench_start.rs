@@ -141,7 +141,7 @@ fn record(ctx: &Context, args: &Args) -> kpc::Result<usize> {
     names.push("copy".into());
     drop(attn);
     let listed = ctx.save_warm_start()?;
-    println!(
+    outln!(
         "recorded: {} (the manifest lists {})",
         names.join(" "),
         listed.map_or("no new kernel".into(), |n| format!("{n} kernels"))
@@ -236,7 +236,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             )
         })
         .collect();
-    println!(
+    outln!(
         "bench-start: {label} kernels={} from_memory={from_memory} open_ms={open_ms:.2} kernels_ms={kernels_ms:.2} total_ms={:.2} each={}",
         each.len(),
         open_ms + kernels_ms,

@@ -58,7 +58,7 @@ pub enum CacheCommand {
     },
     /// For each kernel `kpc attention` would use (same arguments), whether it is cached and if not,
     /// why: the nearest cached entry and the key fields that differ. Or one key, given as a blob id.
-    Explain(crate::cache_explain::ExplainArgs),
+    Explain(Box<crate::cache_explain::ExplainArgs>),
     /// Write every verified entry (of one device with --device) to one zstd-compressed file, signed
     /// when KPC_CACHE_REMOTE_KEY is set: for container images and offline machines.
     Export(crate::cache_bundle::ExportArgs),
@@ -177,7 +177,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
         CacheCommand::Export(args) => crate::cache_bundle::export(config, &cache, &args),
         CacheCommand::Import(args) => crate::cache_bundle::import(config, &cache, &args),
         CacheCommand::Path => {
-            println!("{}", cache.root().display());
+            outln!("{}", cache.root().display());
             Ok(ExitCode::SUCCESS)
         }
         CacheCommand::Stats { json } => {
@@ -212,7 +212,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "remote": crate::cache_remote::stats(config),
                 }));
             } else {
-                println!(
+                outln!(
                     "cache {} ({})",
                     cache.root().display(),
                     if config.persistent {
@@ -226,18 +226,22 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                 } else {
                     human(max_size)
                 };
-                println!("limit {limit}");
-                println!(
+                outln!("limit {limit}");
+                outln!(
                     "{:<16}  {:<7}  {:<32}  {:>7}  {:>10}",
-                    "DEVICE", "BACKEND", "NAME", "ENTRIES", "SIZE"
+                    "DEVICE",
+                    "BACKEND",
+                    "NAME",
+                    "ENTRIES",
+                    "SIZE"
                 );
                 for (dir, (backend, name, n, b)) in &per {
-                    println!(
+                    outln!(
                         "{dir:<16}  {backend:<7}  {name:<32}  {n:>7}  {:>10}",
                         human(*b)
                     );
                 }
-                println!(
+                outln!(
                     "{:<16}  {:<7}  {:<32}  {:>7}  {:>10}",
                     "total",
                     "",
@@ -246,7 +250,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     human(total)
                 );
                 if qn > 0 {
-                    println!(
+                    outln!(
                         "quarantine: {qn} files, {} in {}",
                         human(qb),
                         cache.quarantine_dir().display()
@@ -254,8 +258,8 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                 }
                 if let Some(r) = crate::cache_remote::stats(config) {
                     match r.get("error") {
-                        Some(e) => println!("remote: {}", e.as_str().unwrap_or("?")),
-                        None => println!(
+                        Some(e) => outln!("remote: {}", e.as_str().unwrap_or("?")),
+                        None => outln!(
                             "remote {}: {} entries, {} (all devices)",
                             r["url"].as_str().unwrap_or("?"),
                             r["entries"],
@@ -293,9 +297,12 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     .collect();
                 crate::output::print_json(&Value::Array(rows));
             } else {
-                println!(
+                outln!(
                     "{:<26}  {:<36}  {:<20}  {:>10}  LAST ACCESS",
-                    "DEVICE", "IMAGE", "OPTIONS", "SIZE"
+                    "DEVICE",
+                    "IMAGE",
+                    "OPTIONS",
+                    "SIZE"
                 );
                 for e in &entries {
                     let (backend, _) = device_of(e);
@@ -312,7 +319,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                         }
                         None => ("?".into(), "?".into()),
                     };
-                    println!(
+                    outln!(
                         "{:<26}  {image:<36}  {options:<20}  {:>10}  {} ({})",
                         format!("{} ({backend})", e.dirs[0]),
                         human(e.bytes),
@@ -320,7 +327,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                         ago(e.last_access)
                     );
                 }
-                println!("{} entries", entries.len());
+                outln!("{} entries", entries.len());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -340,7 +347,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "stale_removed": r.stale_removed,
                 }));
             } else {
-                println!(
+                outln!(
                     "checked {} entries: {} valid, {} bad",
                     r.checked,
                     r.valid,
@@ -348,17 +355,17 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                 );
                 for b in &r.bad {
                     let q = if b.quarantined { " [quarantined]" } else { "" };
-                    println!("BAD    {}: {}{q}", b.path.display(), b.problem);
+                    outln!("BAD    {}: {}{q}", b.path.display(), b.problem);
                 }
                 for s in &r.stale {
-                    println!(
+                    outln!(
                         "STALE  {}: incomplete slot (a write in progress or a killed writer's leftovers){}",
                         s.display(),
                         if fix { "" } else { "; --fix removes it" }
                     );
                 }
                 if fix && r.bad.iter().any(|b| b.quarantined) {
-                    println!(
+                    outln!(
                         "quarantined entries are in {}",
                         cache.quarantine_dir().display()
                     );
@@ -393,7 +400,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "remaining_bytes": r.remaining_bytes,
                 }));
             } else {
-                println!(
+                outln!(
                     "removed {} entries ({}); {} entries ({}) left",
                     r.removed,
                     human(r.removed_bytes),
@@ -401,7 +408,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     human(r.remaining_bytes)
                 );
                 if r.busy > 0 {
-                    println!(
+                    outln!(
                         "skipped {} entries being written by another process",
                         r.busy
                     );
@@ -420,14 +427,14 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "quarantine_removed": r.quarantine_removed,
                 }));
             } else {
-                println!(
+                outln!(
                     "removed {} entries ({}) from {}",
                     r.removed,
                     human(r.removed_bytes),
                     cache.root().display()
                 );
                 if r.busy > 0 {
-                    println!(
+                    outln!(
                         "skipped {} entries being written by another process",
                         r.busy
                     );

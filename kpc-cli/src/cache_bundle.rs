@@ -82,7 +82,7 @@ pub fn export(
             ),
             None => String::new(),
         };
-        println!(
+        outln!(
             "exported {} entries{which} to {} ({} bytes, {} before compression, {})",
             r.entries,
             args.file.display(),
@@ -95,13 +95,13 @@ pub fn export(
             }
         );
         if r.unverified > 0 {
-            println!(
+            outln!(
                 "left out {} entries that did not verify (`kpc cache verify` shows them)",
                 r.unverified
             );
         }
         if r.other_devices > 0 {
-            println!("left out {} entries of other devices", r.other_devices);
+            outln!("left out {} entries of other devices", r.other_devices);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -125,7 +125,7 @@ fn print_import(args: &ImportArgs, r: &ImportReport) {
         }));
         return;
     }
-    println!(
+    outln!(
         "{}: {} entries: {} taken, {} already present, {} refused, {} not stored",
         args.file.display(),
         r.total,
@@ -135,7 +135,7 @@ fn print_import(args: &ImportArgs, r: &ImportReport) {
         r.not_stored
     );
     for x in &r.refused {
-        println!(
+        outln!(
             "  refused entry {} ({}): {}",
             x.index,
             if x.label.is_empty() { "?" } else { &x.label },
@@ -143,7 +143,7 @@ fn print_import(args: &ImportArgs, r: &ImportReport) {
         );
     }
     if r.not_stored > 0 {
-        println!(
+        outln!(
             "  not stored: outside KPC_CACHE_MIN/MAX_DEVICE_IMAGE_SIZE or KPC_CACHE_MAX_SIZE, or the cache could not be written (see the warning above)"
         );
     }

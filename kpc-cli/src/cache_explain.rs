@@ -1,7 +1,9 @@
 //! `kpc cache explain`: for each kernel `kpc attention` would use on the selected device (same
 //! arguments), whether the disk cache (and each read-only layer) holds it, and if not, why: the
 //! nearest cached entry and the key fields that differ (see `kpc::cache::disk::explain`).
-//! `--blob-id HEX` explains one key given as a cache blob id instead.
+//! `--blob-id HEX` explains one key given as a cache blob id instead; `--glsl FILE` the keys of a
+//! GLSL compute shader: the SPIR-V compiled from it (source, includes and defines) and the program
+//! built from that SPIR-V on the selected Vulkan device.
 //!
 //! To learn the exact keys `kpc attention` looks up, the kernels are acquired on a context whose only
 //! store records the keys it is asked for and holds nothing: every kernel is built in memory (what
@@ -9,13 +11,16 @@
 //! that follow are read-only ([`PersistentCache::get_read_only`]), so the command changes nothing.
 
 use std::io;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kpc::backend::DeviceImage;
+use kpc::backend::glsl::{DirIncludes, GlslSource};
 use kpc::cache::disk::{DiskCacheSettings, DiskKey, MissExplanation, PersistentCache};
 use kpc::cache::store::{Access, PutOutcome, Removal, Store, StoreEntry, StoreHit, StoreStats};
-use kpc::cache::{Digest, StoreChain};
+use kpc::cache::{BuildOptions, Digest, SpecConstants, StoreChain};
 use kpc::config::BackendKind;
 use kpc::runtime::blob::{BLOB_ID_MAGIC, CACHE_BLOB_VERSION};
 use kpc::{Config, Context, Error};
@@ -28,8 +33,24 @@ use crate::attention;
 pub struct ExplainArgs {
     /// Explain the key of this cache blob id (hex, as `Context::cache_blob_id` makes it) instead of
     /// the kernels of `kpc attention`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "glsl")]
     blob_id: Option<String>,
+    /// Explain the keys of this GLSL compute shader instead, as an application that makes it with
+    /// `DeviceImage::glsl` (default target and optimization, no spec constants) looks them up.
+    #[arg(long, value_name = "FILE")]
+    glsl: Option<PathBuf>,
+    /// The GLSL image's name, as the application gives it (default: FILE's file name).
+    #[arg(long, value_name = "NAME", requires = "glsl")]
+    glsl_name: Option<String>,
+    /// The SPIR-V entry point's name (default: FILE's stem).
+    #[arg(long, value_name = "NAME", requires = "glsl")]
+    entry: Option<String>,
+    /// Where `#include`s are resolved (as `DirIncludes`).
+    #[arg(long, value_name = "DIR", requires = "glsl")]
+    include_dir: Option<PathBuf>,
+    /// A macro definition, NAME or NAME=VALUE; repeat for more.
+    #[arg(long, value_name = "NAME[=VALUE]", requires = "glsl")]
+    define: Vec<String>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -190,6 +211,37 @@ fn verdict_text(v: &Verdict) -> String {
     }
 }
 
+/// The GLSL image `--glsl` and its options describe.
+fn glsl_image(file: &Path, args: &ExplainArgs) -> kpc::Result<(DeviceImage, String)> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| Error::InvalidArgument(format!("--glsl {}: {e}", file.display())))?;
+    let lossy = |p: Option<&std::ffi::OsStr>| p.map(|s| s.to_string_lossy().into_owned());
+    let name = args
+        .glsl_name
+        .clone()
+        .or_else(|| lossy(file.file_name()))
+        .unwrap_or_else(|| file.display().to_string());
+    let entry = args
+        .entry
+        .clone()
+        .or_else(|| lossy(file.file_stem()))
+        .unwrap_or_else(|| name.clone());
+    let mut src = GlslSource::compute(&name, text).entry_point(&entry);
+    for d in &args.define {
+        let (k, v) = d.split_once('=').unwrap_or((d.as_str(), ""));
+        src = src.define(k, v);
+    }
+    if let Some(dir) = &args.include_dir {
+        src = src.includes(Arc::new(DirIncludes::new(dir)));
+    }
+    Ok((DeviceImage::glsl(src)?, entry))
+}
+
+/// Whether `key` is a SPIR-V cache key (compiled from GLSL) rather than a program's.
+fn is_spirv_key(key: &DiskKey) -> bool {
+    key.device().starts_with("backend=glsl\n")
+}
+
 pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::Result<ExitCode> {
     let mut stores = vec![("disk".to_string(), local)];
     for dir in &config.readonly_dirs {
@@ -201,8 +253,34 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
     let plan = attention::plan(config, &args.attention)?;
     let device = &plan.device;
     let description = device.fingerprint.describe();
-    let keys: Vec<DiskKey> = match &args.blob_id {
-        Some(hex) => {
+    // Why the kernel could not be acquired here, if it could not (keys looked up before that are
+    // still explained).
+    let mut note = None;
+    let keys: Vec<DiskKey> = match (&args.blob_id, &args.glsl) {
+        (_, Some(file)) => {
+            if device.backend != BackendKind::Vulkan {
+                return Err(Error::InvalidArgument(format!(
+                    "--glsl needs a Vulkan device; {}:{} ({}) is {}: select one with --backend vulkan, --device or KPC_DEVICE",
+                    device.backend, device.index, device.name, device.backend
+                )));
+            }
+            let (image, entry) = glsl_image(file, args)?;
+            let recorder = Arc::new(KeyRecorder::default());
+            let mut quiet = config.clone();
+            quiet.cache_debug = false;
+            let chain = StoreChain::new().with_store(recorder.clone());
+            let ctx = Context::with_device_and_stores(device, &quiet, chain)?;
+            if let Err(e) = ctx.kernel(
+                &image,
+                &entry,
+                &SpecConstants::new(),
+                &BuildOptions::default(),
+            ) {
+                note = Some(e.to_string());
+            }
+            recorder.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        }
+        (Some(hex), None) => {
             let p = parse_blob_id(&parse_hex(hex)?)?;
             if p.device != device.fingerprint.digest {
                 return Err(Error::InvalidArgument(format!(
@@ -239,7 +317,7 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
                 .unwrap_or("");
             vec![key.with_label(label)]
         }
-        None => {
+        (None, None) => {
             let recorder = Arc::new(KeyRecorder::default());
             let mut quiet = config.clone();
             quiet.cache_debug = false;
@@ -262,6 +340,7 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             .map(|(k, v)| {
                 json!({
                     "label": k.label(),
+                    "kind": if is_spirv_key(k) { "spirv" } else { "program" },
                     "key": k.digest().to_hex(),
                     "cached": v.iter().any(|v| v.cached),
                     "stores": v.iter().map(verdict_json).collect::<Vec<_>>(),
@@ -272,9 +351,10 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             "device": format!("{}:{} {}", device.backend, device.index, device.name),
             "fingerprint": device.fingerprint.digest.to_hex(),
             "kernels": kernels,
+            "note": note,
         }));
     } else {
-        println!(
+        outln!(
             "device: {}:{} {} (fingerprint {})",
             device.backend,
             device.index,
@@ -282,25 +362,35 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             device.fingerprint.digest.short_hex(8)
         );
         for (k, v) in &rows {
-            let label = if k.label().is_empty() {
+            let name = if k.label().is_empty() {
                 "(unnamed)"
             } else {
                 k.label()
             };
+            let label = if is_spirv_key(k) {
+                format!("{name} (SPIR-V from GLSL)")
+            } else {
+                name.to_owned()
+            };
             let first = v.iter().position(|v| v.cached);
             match first {
-                Some(i) => println!(
+                Some(i) => outln!(
                     "{label} [{}]: {}",
                     k.digest().short_hex(6),
                     verdict_text(&v[i])
                 ),
                 None => {
-                    println!("{label} [{}]: not cached", k.digest().short_hex(6));
+                    outln!("{label} [{}]: not cached", k.digest().short_hex(6));
                     for v in v {
-                        println!("  {}", verdict_text(v));
+                        outln!("  {}", verdict_text(v));
                     }
                 }
             }
+        }
+        if let Some(n) = note {
+            outln!(
+                "note: the kernel could not be built on this device ({n}); the keys above are those looked up before that"
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -59,10 +59,13 @@ pub fn ls(config: &Config, json: bool) -> kpc::Result<ExitCode> {
             .collect();
         crate::output::print_json(&json!({"remote": url, "entries": rows}));
     } else {
-        println!("remote {url}");
-        println!(
+        outln!("remote {url}");
+        outln!(
             "{:<36}  {:<20}  {:>10}  {:>9}",
-            "IMAGE", "OPTIONS", "SIZE", "BUILD MS"
+            "IMAGE",
+            "OPTIONS",
+            "SIZE",
+            "BUILD MS"
         );
         for e in &entries {
             let r = &e.record;
@@ -73,13 +76,13 @@ pub fn ls(config: &Config, json: bool) -> kpc::Result<ExitCode> {
             } else {
                 &r.options
             };
-            println!(
+            outln!(
                 "{image:<36}  {opts:<20}  {:>10}  {:>9.1}",
                 e.bytes,
                 r.build_time.as_secs_f64() * 1e3
             );
         }
-        println!("{} entries", entries.len());
+        outln!("{} entries", entries.len());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -9,9 +9,9 @@ pub fn run(config: &Config) -> kpc::Result<ExitCode> {
     let selected = select_device(&config.device);
     for p in platforms() {
         match &p.devices {
-            Err(e) => println!("{}: {e}", p.backend),
+            Err(e) => outln!("{}: {e}", p.backend),
             Ok(devs) => {
-                println!("{}: {} device(s)", p.backend, devs.len());
+                outln!("{}: {} device(s)", p.backend, devs.len());
                 for d in devs {
                     let mark = match &selected {
                         Ok(s) if s.backend == d.backend && s.index == d.index => {
@@ -19,17 +19,20 @@ pub fn run(config: &Config) -> kpc::Result<ExitCode> {
                         }
                         _ => "",
                     };
-                    println!(
+                    outln!(
                         "  {}:{}  {}  [{}]{mark}",
-                        d.backend, d.index, d.name, d.device_type
+                        d.backend,
+                        d.index,
+                        d.name,
+                        d.device_type
                     );
-                    println!("    driver       {}", d.driver);
-                    println!("    api          {}", d.api_version);
+                    outln!("    driver       {}", d.driver);
+                    outln!("    api          {}", d.api_version);
                     if let Some(why) = &d.unusable {
-                        println!("    unusable     {why}");
+                        outln!("    unusable     {why}");
                     }
                     let l = &d.limits;
-                    println!(
+                    outln!(
                         "    limits       workgroup {} invocations {:?}, shared {} KiB, push {} B, subgroup {}, shuffle {}, fp16 storage {}, fp16 math {}, f16 matrix units {}, timestamps {}",
                         l.max_workgroup_invocations,
                         l.max_workgroup_size,
@@ -42,9 +45,9 @@ pub fn run(config: &Config) -> kpc::Result<ExitCode> {
                         l.cooperative_matrix_f16,
                         l.timestamps
                     );
-                    println!("    fingerprint  {}", d.fingerprint.digest.to_hex());
+                    outln!("    fingerprint  {}", d.fingerprint.digest.to_hex());
                     for (k, v) in &d.fingerprint.fields {
-                        println!("      {k:<20} {v}");
+                        outln!("      {k:<20} {v}");
                     }
                 }
             }
@@ -53,7 +56,7 @@ pub fn run(config: &Config) -> kpc::Result<ExitCode> {
     match selected {
         Ok(_) => Ok(ExitCode::SUCCESS),
         Err(e) => {
-            println!("KPC_DEVICE={}: {e}", config.device);
+            outln!("KPC_DEVICE={}: {e}", config.device);
             Ok(ExitCode::FAILURE)
         }
     }

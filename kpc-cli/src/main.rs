@@ -5,6 +5,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use kpc::Config;
 
+// First: its `outln!` and `out!` are used by every module below.
+#[macro_use]
+mod out;
+
 mod attention;
 mod attention_args;
 mod attention_mha;
@@ -78,6 +82,8 @@ fn main() -> ExitCode {
         Command::BenchStart(args) => bench_start::run(&config, &args),
         Command::BenchGlsl(args) => bench_glsl::run(&config, &args),
     };
+    // What an unterminated line left in the buffer; a reader gone by now still ends quietly.
+    out::flush();
     match r {
         Ok(code) => code,
         Err(e) => {

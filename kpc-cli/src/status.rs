@@ -17,9 +17,9 @@ fn size(b: u64) -> String {
 
 pub fn run(c: &Config) -> kpc::Result<ExitCode> {
     let onoff = |b: bool| if b { "on" } else { "off" };
-    println!("kpc {}", env!("CARGO_PKG_VERSION"));
-    println!("configuration (from the environment; see ENVIRONMENT.md):");
-    println!(
+    outln!("kpc {}", env!("CARGO_PKG_VERSION"));
+    outln!("configuration (from the environment; see ENVIRONMENT.md):");
+    outln!(
         "  KPC_CACHE_PERSISTENT                = {}",
         onoff(c.persistent)
     );
@@ -30,18 +30,18 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
         CacheDirSource::Unresolved => "unresolved: no KPC_CACHE_DIR, XDG_CACHE_HOME or HOME",
     };
     match &c.cache_dir {
-        Some(d) => println!(
+        Some(d) => outln!(
             "  KPC_CACHE_DIR                       = {} ({src})",
             d.display()
         ),
-        None => println!("  KPC_CACHE_DIR                       = - ({src})"),
+        None => outln!("  KPC_CACHE_DIR                       = - ({src})"),
     }
     let ro: Vec<String> = c
         .readonly_dirs
         .iter()
         .map(|d| d.display().to_string())
         .collect();
-    println!(
+    outln!(
         "  KPC_CACHE_READONLY_DIRS             = {}",
         if ro.is_empty() {
             "- (none)".to_string()
@@ -51,14 +51,14 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
     );
     // The remote tier; its URL as displayed never shows a password, nor is the key shown.
     match &c.remote {
-        Some(r) => println!("  KPC_CACHE_REMOTE                    = {r}"),
-        None => println!("  KPC_CACHE_REMOTE                    = - (none)"),
+        Some(r) => outln!("  KPC_CACHE_REMOTE                    = {r}"),
+        None => outln!("  KPC_CACHE_REMOTE                    = - (none)"),
     }
-    println!(
+    outln!(
         "  KPC_CACHE_REMOTE_TIMEOUT            = {:?}",
         c.remote_timeout
     );
-    println!(
+    outln!(
         "  KPC_CACHE_REMOTE_KEY                = {}",
         if c.remote_key.is_some() {
             "set (entries authenticated)"
@@ -71,16 +71,16 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
     } else {
         size(c.max_size)
     };
-    println!("  KPC_CACHE_MAX_SIZE                  = {max}");
-    println!(
+    outln!("  KPC_CACHE_MAX_SIZE                  = {max}");
+    outln!(
         "  KPC_CACHE_MIN_DEVICE_IMAGE_SIZE     = {}",
         size(c.min_device_image_size)
     );
-    println!(
+    outln!(
         "  KPC_CACHE_MAX_DEVICE_IMAGE_SIZE     = {}",
         size(c.max_device_image_size)
     );
-    println!(
+    outln!(
         "  KPC_CACHE_IN_MEM                    = {}",
         onoff(c.in_mem)
     );
@@ -89,18 +89,18 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
     } else {
         size(c.in_mem_eviction_threshold)
     };
-    println!("  KPC_IN_MEM_CACHE_EVICTION_THRESHOLD = {thr}");
-    println!(
+    outln!("  KPC_IN_MEM_CACHE_EVICTION_THRESHOLD = {thr}");
+    outln!(
         "  KPC_CACHE_LOCK_TIMEOUT              = {:?}",
         c.lock_timeout
     );
-    println!("  KPC_CACHE_TRACE                     = {}", c.trace.bits());
-    println!(
+    outln!("  KPC_CACHE_TRACE                     = {}", c.trace.bits());
+    outln!(
         "  KPC_CACHE_DEBUG                     = {}",
         u8::from(c.cache_debug)
     );
-    println!("  KPC_DEVICE                          = {}", c.device);
-    println!(
+    outln!("  KPC_DEVICE                          = {}", c.device);
+    outln!(
         "  KPC_CACHE_PREFETCH                  = {}",
         c.warm_start
             .as_deref()
@@ -108,10 +108,10 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
                 "on, application {a:?}"
             ))
     );
-    println!();
+    outln!();
     match c.disk_cache_root() {
-        None if !c.persistent => println!("disk cache: off (KPC_CACHE_PERSISTENT=0)"),
-        None => println!("disk cache: off (no cache directory could be resolved)"),
+        None if !c.persistent => outln!("disk cache: off (KPC_CACHE_PERSISTENT=0)"),
+        None => outln!("disk cache: off (no cache directory could be resolved)"),
         Some(root) => {
             let state = if root.is_dir() {
                 match std::fs::metadata(root) {
@@ -122,7 +122,7 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
             } else {
                 "not created yet (created on the first put)"
             };
-            println!("disk cache: on at {} ({state})", root.display());
+            outln!("disk cache: on at {} ({state})", root.display());
         }
     }
     for (i, d) in c.readonly_dirs.iter().enumerate() {
@@ -133,7 +133,7 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
             (true, false) if d.is_dir() => "searched, holds no cache yet",
             (true, false) => "searched, missing: every lookup misses",
         };
-        println!("read-only layer {}: {} ({state})", i + 1, d.display());
+        outln!("read-only layer {}: {} ({state})", i + 1, d.display());
     }
     Ok(ExitCode::SUCCESS)
 }

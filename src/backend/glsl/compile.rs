@@ -28,7 +28,7 @@ type Included = std::result::Result<super::ResolvedInclude, String>;
 pub struct Preprocessed {
     /// BLAKE3 over the source and, in order, each include's request, includer, name and text.
     pub digest: Digest,
-    /// Bytes of source and include texts together.
+    /// Bytes of the source and of each distinct include (by resolved name), each counted once.
     pub len: u64,
     includes: Arc<HashMap<(String, String, bool), Included>>,
 }
@@ -89,7 +89,6 @@ impl Scan<'_> {
                 Ok(inc) => {
                     self.part(inc.name.as_bytes());
                     self.part(inc.content.as_bytes());
-                    self.len += inc.content.len() as u64;
                 }
                 // Unresolved: part of the key as such; the compile reports it if the line is live.
                 Err(m) => self.part(format!("unresolved: {m}").as_bytes()),
@@ -97,6 +96,8 @@ impl Scan<'_> {
             self.includes.insert(key, got.clone());
             if let Ok(inc) = got {
                 if self.seen.insert(inc.name.clone()) {
+                    // One file however many files include it: its bytes count once in the size.
+                    self.len += inc.content.len() as u64;
                     self.text(&inc.content, &inc.name, depth + 1)?;
                 }
             }
@@ -315,4 +316,37 @@ pub fn compile(src: &GlslSource, _pre: &Preprocessed) -> Result<Vec<u8>> {
 #[cfg(not(feature = "glsl"))]
 pub fn compiler_identity() -> &'static str {
     "no GLSL compiler (kpc built without the `glsl` feature)"
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::glsl::MapIncludes;
+
+    #[test]
+    fn an_include_reached_from_two_files_counts_once() {
+        let common = "const float K = 2.0;\n";
+        let a = "#include \"common.glsl\"\nfloat fa() { return K; }\n";
+        let b = "#include \"common.glsl\"\nfloat fb() { return K + 1.0; }\n";
+        let text = "#version 450\n#include \"a.glsl\"\n#include \"b.glsl\"\n#include \"a.glsl\"\nvoid main() {}\n";
+        let inc = MapIncludes::new()
+            .with("common.glsl", common)
+            .with("a.glsl", a)
+            .with("b.glsl", b);
+        let src = GlslSource::compute("k", text).includes(Arc::new(inc));
+        let pre = preprocess(&src).unwrap();
+        assert_eq!(
+            pre.len,
+            (text.len() + a.len() + b.len() + common.len()) as u64
+        );
+        // Every include is still in the key: another text for the shared one is another digest.
+        let inc2 = MapIncludes::new()
+            .with("common.glsl", "const float K = 3.0;\n")
+            .with("a.glsl", a)
+            .with("b.glsl", b);
+        let src2 = GlslSource::compute("k", text).includes(Arc::new(inc2));
+        assert_ne!(preprocess(&src2).unwrap().digest, pre.digest);
+    }
 }

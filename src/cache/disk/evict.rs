@@ -6,7 +6,7 @@
 //! pass's trash (`trash.rs`: freeing blocks is what costs on ext4, and a rename frees none). The chosen
 //! entries are removed on a few threads when there are many. A sweep then removes the directories left
 //! empty and deletes the trash: before the pass returns, or on a background thread that keeps the
-//! eviction lock when the caller deferred it. Every removal takes the slot's lock first (try-only), so
+//! eviction lock when the caller deferred it. Every removal takes the leaf's lock first (try-only), so
 //! an entry being written, or being removed by someone else, is skipped rather than waited for. Only
 //! one process evicts (or sweeps) at a time: it holds `<root>/v1/evict.lock`, and a put that finds it
 //! taken skips eviction (the holder is doing the work).
@@ -109,6 +109,10 @@ fn remove_published(
     if f.tmp {
         gone.extend(["src.tmp", "bin.tmp"]);
     }
+    // A per-slot lock file of a cache written before the leaf lock.
+    if f.lock {
+        gone.push("lock");
+    }
     for ext in gone {
         match trash.take(&slot_file(leaf, n, ext)) {
             Ok(()) => {}
@@ -199,15 +203,15 @@ impl Inner {
         // Slots (of any state) still present per leaf: a leaf at zero is removed with its emptied parents.
         let mut alive: Vec<usize> = leaves.iter().map(|l| l.slots.len()).collect();
 
-        // Incomplete slots: temporaries and half-published files of killed writers, and leftover lock
-        // files. A slot whose lock is held is being written: skipped.
+        // Incomplete slots: temporaries and half-published files of killed writers, and per-slot lock
+        // files older caches left. A slot whose leaf's lock is held may be being written: skipped.
         for (li, leaf) in leaves.iter().enumerate() {
             for (&n, f) in &leaf.slots {
                 if f.complete() && !f.tmp {
                     continue;
                 }
-                match lock::try_lock(&slot_file(&leaf.path, n, "lock"), true) {
-                    Ok(Some(_slot)) => {
+                match lock::try_lock_leaf(&leaf.path) {
+                    Ok(Some(_leaf)) => {
                         let published = slot_file(&leaf.path, n, "src").exists()
                             && slot_file(&leaf.path, n, "bin").exists();
                         if f.complete() || published {
@@ -382,13 +386,11 @@ impl Inner {
         })
     }
 
-    /// Removes one complete entry under its slot lock.
+    /// Removes one complete entry under its leaf's lock.
     fn remove_candidate(&self, trash: &mut Trash, leaf: &LeafScan, n: u32) -> Outcome {
         let path = &leaf.path;
-        // The writer's lock file usually still exists, so this opens rather than creates; dropping the
-        // lock unlinks it, as the slot goes.
-        match lock::try_lock(&slot_file(path, n, "lock"), true) {
-            Ok(Some(_slot)) => match remove_published(trash, path, n, &leaf.slots[&n]) {
+        match lock::try_lock_leaf(path) {
+            Ok(Some(_leaf)) => match remove_published(trash, path, n, &leaf.slots[&n]) {
                 Ok(Some(freed)) => {
                     self.trace(|| {
                         tracing::debug!(target: "kpc::cache::disk", path = %path.display(), slot = n,

@@ -1,32 +1,25 @@
-//! Why a lookup missed: the nearest persisted entries and the key fields that differ from them.
+//! Why a lookup missed: the nearest persisted entry and the key fields that differ from it.
 //!
-//! A miss is explained by reading the key records (`<n>.src`) of entries near the key, in a bounded
-//! scan that reads nothing else and changes nothing:
-//! 1. the key's own image directory under its device directory (entries that differ only in spec
-//!    constants or options);
-//! 2. the key's image directory under every other device directory (the same image built for a
-//!    device whose fingerprint differs: a driver update);
-//! 3. the rest of the key's device directory (a changed image with the same name).
-//!
-//! At most [`MAX_EXPLAIN_RECORDS`] records are read, so a miss costs one bounded scan however large
-//! the cache is. An entry counts as near when it shares the image (digest and length) or the image's
-//! name (the key's label); of those, the one with the fewest differing parts (device, image, spec
-//! constants, options) is named, preferring one with the same image.
+//! The nearest entry is found by `nearest.rs`, which reads key records (`<n>.src`) only, changes
+//! nothing, and reads the entries one key part away first, at paths known from the key's directory
+//! names, with the name index (`names.rs`) for images whose bytes changed (an edited shader or
+//! include). Its cost does not grow with the number of entries cached: a changed image among
+//! thousands is named as such. An entry counts as near when it shares the image (digest and
+//! length) or the image's name (the key's label); of those, the one with the fewest differing parts
+//! (device, image, spec constants, options) is named, preferring one with the same image.
 //!
 //! The disk cache explains every miss it counts (the explanation's [`MissCause`] is counted in
 //! [`DiskStats`](super::DiskStats)), never a hit: a miss is about to build anyway, which costs far
-//! more than reading a few key records.
+//! more than reading a few key records. Asked about a key that is cached, the explanation says so
+//! ([`MissCause::Cached`]).
 
 use std::fmt;
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::key::hex;
-use super::slot::{list_slots, read_src};
+use super::nearest::{Differs, Exact, search};
+pub use super::nearest::{MAX_EXPLAIN_PROBES, MAX_EXPLAIN_RECORDS};
 use super::{DiskKey, Inner, PersistentCache};
-
-/// Most key records one explanation reads.
-pub const MAX_EXPLAIN_RECORDS: usize = 128;
 
 /// Why a key missed, judged by the nearest entry found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -41,9 +34,12 @@ pub enum MissCause {
     SpecChanged,
     /// The nearest entry differs in build options only (device, image and spec constants equal).
     OptionsChanged,
-    /// An entry with exactly this key is there, but could not be used: corrupt or unreadable, or
-    /// published by another process after the lookup.
+    /// An entry with exactly this key is there, but could not be used: corrupt, incomplete or
+    /// unreadable.
     EntryUnusable,
+    /// An entry with exactly this key is there and verifies: the key is cached. A lookup that missed
+    /// and is explained so raced with another process publishing it.
+    Cached,
 }
 
 impl MissCause {
@@ -56,6 +52,7 @@ impl MissCause {
             MissCause::SpecChanged => "spec-changed",
             MissCause::OptionsChanged => "options-changed",
             MissCause::EntryUnusable => "entry-unusable",
+            MissCause::Cached => "cached",
         }
     }
 }
@@ -182,12 +179,14 @@ impl fmt::Display for FieldDiff {
 pub struct MissExplanation {
     /// The cause, judged by the nearest entry.
     pub cause: MissCause,
-    /// The fields in which the nearest entry differs from the key (empty for [`MissCause::NewKey`]
-    /// and [`MissCause::EntryUnusable`]).
+    /// The fields in which the nearest entry differs from the key (empty for [`MissCause::NewKey`],
+    /// [`MissCause::EntryUnusable`] and [`MissCause::Cached`]).
     pub diffs: Vec<FieldDiff>,
-    /// The nearest entry's key record (`<n>.src`), if one was found.
+    /// The nearest entry's key record (`<n>.src`), if one was found (the key's own for
+    /// [`MissCause::EntryUnusable`] and [`MissCause::Cached`]).
     pub nearest: Option<PathBuf>,
-    /// Whether the scan stopped at [`MAX_EXPLAIN_RECORDS`] before reading every near directory.
+    /// Whether the search stopped at [`MAX_EXPLAIN_RECORDS`] or [`MAX_EXPLAIN_PROBES`] before it
+    /// could rule out a nearer entry.
     pub truncated: bool,
 }
 
@@ -196,8 +195,9 @@ impl fmt::Display for MissExplanation {
         match self.cause {
             MissCause::NewKey => f.write_str("nothing similar cached")?,
             MissCause::EntryUnusable => f.write_str(
-                "an entry with this key is cached but was not usable (corrupt, unreadable, or published after the lookup)",
+                "an entry with this key is cached but is not usable (corrupt, incomplete or unreadable)",
             )?,
+            MissCause::Cached => f.write_str("cached: an entry with exactly this key verifies")?,
             _ => {
                 for (i, d) in self.diffs.iter().enumerate() {
                     if i > 0 {
@@ -208,152 +208,37 @@ impl fmt::Display for MissExplanation {
             }
         }
         if self.truncated {
-            write!(f, " (scan stopped after {MAX_EXPLAIN_RECORDS} entries)")?;
+            f.write_str(" (search stopped at its limit; a nearer entry may exist)")?;
         }
         Ok(())
     }
 }
 
 impl PersistentCache {
-    /// Why `key` is not (usably) in this cache: the nearest entry and how it differs. Reads key
-    /// records only (bounded, see the module documentation) and changes nothing on disk.
+    /// Why `key` is not (usably) in this cache: the nearest entry and how it differs, or
+    /// [`MissCause::Cached`] when it is cached after all. Reads key records (bounded, see the module
+    /// documentation) and the key's own entry, and changes nothing on disk.
     pub fn explain_miss(&self, key: &DiskKey) -> MissExplanation {
         self.inner.explain_miss(key)
     }
 }
 
-/// The parts of a key two entries can differ in, in the order a cause is judged.
-#[derive(Debug, Default, Clone, Copy)]
-struct Differs {
-    device: bool,
-    image: bool,
-    spec: bool,
-    options: bool,
-}
-
-impl Differs {
-    fn of(a: &DiskKey, b: &DiskKey) -> Differs {
-        Differs {
-            device: a.device() != b.device() || a.device_digest() != b.device_digest(),
-            image: a.image_digest() != b.image_digest() || a.image_len() != b.image_len(),
-            spec: a.spec() != b.spec(),
-            options: a.options() != b.options(),
-        }
-    }
-    fn count(self) -> usize {
-        [self.device, self.image, self.spec, self.options]
-            .iter()
-            .filter(|&&d| d)
-            .count()
-    }
-}
-
-fn subdirs(dir: &Path) -> Vec<PathBuf> {
-    let Ok(rd) = fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut v: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
-        .collect();
-    v.sort();
-    v
-}
-
-/// The leaf directories `depth` levels below `dir`.
-fn leaves(dir: &Path, depth: usize) -> Vec<PathBuf> {
-    let mut level = vec![dir.to_owned()];
-    for _ in 0..depth {
-        level = level.iter().flat_map(|d| subdirs(d)).collect();
-    }
-    level
-}
-
-struct Scan<'k> {
-    key: &'k DiskKey,
-    read: usize,
-    truncated: bool,
-    best: Option<(usize, bool, DiskKey, PathBuf)>,
-    exact: Option<PathBuf>,
-}
-
-impl Scan<'_> {
-    /// Reads the key records of `leaf`; false once the record budget is spent.
-    fn leaf(&mut self, leaf: &Path) -> bool {
-        let Ok(slots) = list_slots(leaf) else {
-            return true;
-        };
-        for n in slots {
-            if self.read >= MAX_EXPLAIN_RECORDS {
-                self.truncated = true;
-                return false;
-            }
-            self.read += 1;
-            let path = leaf.join(format!("{n}.src"));
-            let Ok(Ok((_, rec))) = read_src(&path) else {
-                continue;
-            };
-            let Some(c) = rec.to_key() else { continue };
-            let d = Differs::of(&c, self.key);
-            if d.count() == 0 {
-                self.exact.get_or_insert(path);
-                continue;
-            }
-            let same_name = !self.key.label().is_empty() && c.label() == self.key.label();
-            if d.image && !same_name {
-                continue;
-            }
-            let rank = (d.count(), d.image);
-            if self
-                .best
-                .as_ref()
-                .is_none_or(|(n, img, ..)| rank < (*n, *img))
-            {
-                self.best = Some((rank.0, rank.1, c, path));
-            }
-        }
-        true
-    }
-}
-
 impl Inner {
     pub(super) fn explain_miss(&self, key: &DiskKey) -> MissExplanation {
-        let [dev, img, ..] = key.dir_names();
-        let dev_dir = self.v1.join(dev);
-        let mut scan = Scan {
-            key,
-            read: 0,
+        let found = search(&self.v1, key);
+        let truncated = found.truncated;
+        let own = |cause, path| MissExplanation {
+            cause,
+            diffs: Vec::new(),
+            nearest: Some(path),
             truncated: false,
-            best: None,
-            exact: None,
         };
-        let own_image = dev_dir.join(img);
-        let other_devices = subdirs(&self.v1)
-            .into_iter()
-            .filter(|d| d.file_name().is_some_and(|n| n != dev.as_str()))
-            .map(|d| d.join(img));
-        let other_images = subdirs(&dev_dir).into_iter().filter(|d| *d != own_image);
-        let image_dirs = std::iter::once(own_image.clone())
-            .chain(other_devices)
-            .chain(other_images);
-        'dirs: for dir in image_dirs {
-            for leaf in leaves(&dir, 2) {
-                if !scan.leaf(&leaf) {
-                    break 'dirs;
-                }
-            }
+        match found.exact {
+            Some(Exact::Valid(path)) => return own(MissCause::Cached, path),
+            Some(Exact::Unusable(path)) => return own(MissCause::EntryUnusable, path),
+            None => {}
         }
-        let truncated = scan.truncated;
-        if let Some(path) = scan.exact {
-            return MissExplanation {
-                cause: MissCause::EntryUnusable,
-                diffs: Vec::new(),
-                nearest: Some(path),
-                truncated,
-            };
-        }
-        let Some((_, _, near, path)) = scan.best else {
+        let Some((near, path)) = found.best else {
             return MissExplanation {
                 cause: MissCause::NewKey,
                 diffs: Vec::new(),

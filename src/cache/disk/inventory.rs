@@ -52,7 +52,7 @@ pub struct VerifyReport {
     pub valid: u64,
     /// Entries that did not.
     pub bad: Vec<BadEntry>,
-    /// Incomplete slots (temporaries, a `.bin` without `.src`, leftover lock files): a killed writer's
+    /// Incomplete slots (temporaries, a `.bin` without `.src`, per-slot lock files of older caches): a killed writer's
     /// leftovers or a write in progress. Invisible to readers; not an error.
     pub stale: Vec<PathBuf>,
     /// How many of those `--fix` removed.
@@ -130,7 +130,7 @@ impl PersistentCache {
 
     /// Verifies every entry: headers, lengths, checksums, that each `.bin` belongs to its `.src`'s key,
     /// and that each entry sits in the directory its key hashes to. With `fix`, bad entries are moved to
-    /// [`PersistentCache::quarantine_dir`] and incomplete slots removed (each under its slot lock; a slot
+    /// [`PersistentCache::quarantine_dir`] and incomplete slots removed (each under its leaf's lock; a slot
     /// being written is left alone). Without `fix` nothing is written.
     pub fn verify(&self, fix: bool) -> io::Result<VerifyReport> {
         let mut report = VerifyReport::default();
@@ -190,7 +190,7 @@ impl PersistentCache {
     }
 
     fn remove_stale(&self, leaf: &Path, n: u32) -> bool {
-        let Ok(Some(_slot)) = lock::try_lock(&slot_file(leaf, n, "lock"), true) else {
+        let Ok(Some(_leaf)) = lock::try_lock_leaf(leaf) else {
             return false;
         };
         if slot_file(leaf, n, "src").exists() {
@@ -205,9 +205,9 @@ impl PersistentCache {
         }
     }
 
-    /// Moves slot `n`'s files into the quarantine directory, under the slot lock.
+    /// Moves slot `n`'s files into the quarantine directory, under the leaf's lock.
     fn quarantine(&self, leaf: &Path, dirs: &[String; 4], n: u32) -> bool {
-        let Ok(Some(_slot)) = lock::try_lock(&slot_file(leaf, n, "lock"), true) else {
+        let Ok(Some(_leaf)) = lock::try_lock_leaf(leaf) else {
             return false;
         };
         let q = self.quarantine_dir();

@@ -6,12 +6,22 @@
 //! threads of one process that open the file separately also exclude each other, which the
 //! in-process tests rely on.
 //!
+//! # The leaf lock
+//! Every slot of a leaf directory is chosen, written and removed under one lock on the leaf: a `flock`
+//! on the leaf directory itself ([`try_lock_leaf`]). It needs no file of its own, so a published entry
+//! is its two files and nothing else. Where the file system cannot `flock` a directory (NFS emulates
+//! `flock` with POSIX locks, which need a file open for writing), the lock is taken on
+//! `<leaf>/leaf.lock` instead, created for the occasion and removed by its holder; which of the two a
+//! file system takes never changes, so every process on it takes the same one.
+//!
+//! # Lock files
 //! A lock file is removed only by a holder, while it holds it: the build lock (`key.lock`) when the
-//! build ends, a slot's lock (`<n>.lock`) together with the entry it guards. A contender may have opened
-//! the old file just before the unlink and then lock an inode no longer reachable by its path, which
-//! guards nothing; so after every acquisition the path is checked to still name the locked inode, and on
-//! a mismatch the contender opens the path again. Because finished work takes its lock files with it,
-//! emptied directories can be removed.
+//! build ends, `leaf.lock` when its holder is done. A contender may have opened the old file just
+//! before the unlink and then lock an inode no longer reachable by its path, which guards nothing; so
+//! after every acquisition the path is checked to still name the locked inode, and on a mismatch the
+//! contender opens the path again. The leaf directory is checked the same way, since a sweep may
+//! remove an emptied leaf (under its lock) and a writer create it again. Because finished work takes
+//! its lock files with it, emptied directories can be removed.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -106,6 +116,24 @@ pub(crate) fn lock_with_timeout(
     path: &Path,
     ephemeral: bool,
     timeout: Duration,
+    on_retry: impl FnMut() -> io::Result<()>,
+) -> io::Result<Waited> {
+    poll(|| try_lock(path, ephemeral), timeout, on_retry)
+}
+
+/// Locks the slots of `leaf` ([`try_lock_leaf`]), polling like [`lock_with_timeout`] while another
+/// holder has them, for at most `timeout`. `on_retry` recreates the leaf when it vanished.
+pub(crate) fn lock_leaf(
+    leaf: &Path,
+    timeout: Duration,
+    on_retry: impl FnMut() -> io::Result<()>,
+) -> io::Result<Waited> {
+    poll(|| try_lock_leaf(leaf), timeout, on_retry)
+}
+
+fn poll(
+    mut try_once: impl FnMut() -> io::Result<Option<HeldLock>>,
+    timeout: Duration,
     mut on_retry: impl FnMut() -> io::Result<()>,
 ) -> io::Result<Waited> {
     let start = Instant::now();
@@ -113,7 +141,7 @@ pub(crate) fn lock_with_timeout(
     let mut waited = false;
     let mut vanished = 0;
     loop {
-        match try_lock(path, ephemeral) {
+        match try_once() {
             Ok(Some(lock)) => return Ok(Waited::Acquired { lock, waited }),
             Ok(None) => {}
             // The directory can vanish when an evictor removes an emptied leaf; the caller recreates it
@@ -132,5 +160,70 @@ pub(crate) fn lock_with_timeout(
         }
         std::thread::sleep(pause.min(timeout - elapsed));
         pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// The file locked instead of the leaf directory where directories cannot be locked.
+pub(crate) const LEAF_LOCK_FILE: &str = "leaf.lock";
+
+/// Tries once to lock the slots of the leaf directory `leaf` (see "The leaf lock" above).
+/// `Ok(None)` means another holder has them; `NotFound` that the leaf does not exist.
+pub(crate) fn try_lock_leaf(leaf: &Path) -> io::Result<Option<HeldLock>> {
+    match try_lock_dir(leaf)? {
+        DirLock::Held(l) => Ok(Some(l)),
+        DirLock::Busy => Ok(None),
+        DirLock::Unsupported => {
+            if !leaf.is_dir() {
+                return Err(io::Error::from(io::ErrorKind::NotFound));
+            }
+            try_lock(&leaf.join(LEAF_LOCK_FILE), true)
+        }
+    }
+}
+
+enum DirLock {
+    Held(HeldLock),
+    Busy,
+    /// The file system refused to lock a directory at all (not "busy").
+    Unsupported,
+}
+
+fn try_lock_dir(dir: &Path) -> io::Result<DirLock> {
+    // Retries as `try_lock` does: each means the directory was removed and made again meanwhile.
+    for _ in 0..8 {
+        let file = File::open(dir)?;
+        let mut rw = fd_lock::RwLock::new(file);
+        match rw.try_write() {
+            Ok(guard) => std::mem::forget(guard),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(DirLock::Busy),
+            Err(_) => return Ok(DirLock::Unsupported),
+        }
+        let file = rw.into_inner();
+        if same_inode(&file, dir)? {
+            return Ok(DirLock::Held(HeldLock {
+                file: Some(file),
+                path: dir.to_owned(),
+                ephemeral: false,
+            }));
+        }
+    }
+    Ok(DirLock::Busy)
+}
+
+/// Removes the leaf directory `leaf` if it is empty and nobody holds its lock; returns whether it is
+/// gone. Holding the directory's lock across the `rmdir` is what keeps a writer that has just locked
+/// the leaf (and not yet written a file into it) from losing it: either the writer holds the lock and
+/// the leaf stays, or it locks after the removal, finds the path no longer names what it locked, and
+/// makes the leaf again. (Where the lock is a file in the leaf, its presence already keeps the leaf.)
+pub(crate) fn remove_leaf_dir(leaf: &Path) -> bool {
+    match try_lock_dir(leaf) {
+        Ok(DirLock::Held(lock)) => {
+            let gone = std::fs::remove_dir(leaf).is_ok();
+            drop(lock);
+            gone
+        }
+        Ok(DirLock::Busy) => false,
+        Ok(DirLock::Unsupported) => std::fs::remove_dir(leaf).is_ok(),
+        Err(_) => false,
     }
 }

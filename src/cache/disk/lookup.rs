@@ -209,7 +209,7 @@ impl PersistentCache {
             &format_args!("the backend refused a verified binary ({reason})"),
         );
         i.trace(|| tracing::debug!(target: "kpc::cache::disk", path = %hit.bin_path().display(), %reason, "rejected"));
-        if let Ok(Some(_l)) = lock::try_lock(&slot_file(&hit.leaf, hit.slot, "lock"), true) {
+        if let Ok(Some(_l)) = lock::try_lock_leaf(&hit.leaf) {
             let same = fs::read(hit.bin_path()).ok().and_then(|b| {
                 entry::verify_bytes(&b, FileKind::Bin)
                     .ok()
@@ -223,7 +223,7 @@ impl PersistentCache {
         }
     }
     /// Removes `key`'s entry: every slot holding it, or only those whose binary is exactly `only` when
-    /// given, each under its slot lock (a slot being written is left alone). Returns whether any went.
+    /// given, each under its leaf's lock (a leaf being written is left alone). Returns whether any went.
     pub fn remove(&self, key: &DiskKey, only: Option<&[u8]>) -> bool {
         let i = &self.inner;
         let leaf = i.leaf(key);
@@ -232,7 +232,7 @@ impl PersistentCache {
         };
         let mut removed = false;
         for n in slots {
-            let Ok(Some(_l)) = lock::try_lock(&slot_file(&leaf, n, "lock"), true) else {
+            let Ok(Some(_l)) = lock::try_lock_leaf(&leaf) else {
                 continue;
             };
             let ours = match read_src(&slot_file(&leaf, n, "src")) {
@@ -370,9 +370,9 @@ impl Inner {
         })
     }
 
-    /// A reader met a defective slot. Under the slot lock (so no writer or evictor is mid-way through it)
+    /// A reader met a defective slot. Under the leaf's lock (so no writer or evictor is mid-way through it)
     /// the slot is checked again and removed if still defective. Without the lock (read-only directory),
-    /// or without `repair` (a read-only layer, which must not even create the lock file), the defect is
+    /// or without `repair` (a read-only layer, which must not even lock), the defect is
     /// counted and left in place.
     fn on_defect(&self, leaf: &Path, n: u32, kind: FileKind, d: &Defect, repair: bool) {
         let path = slot_file(leaf, n, kind.ext());
@@ -393,7 +393,7 @@ impl Inner {
             report(false);
             return;
         }
-        match lock::try_lock(&slot_file(leaf, n, "lock"), true) {
+        match lock::try_lock_leaf(leaf) {
             Ok(Some(_l)) => {
                 if let SlotCheck::Defective(..) = check_slot(leaf, n) {
                     match remove_slot_files(leaf, n) {

@@ -7,10 +7,10 @@
 //! ```text
 //! <root>/v1/<device>/<image>/<spec>/<options>/<n>.src   key record (full key values, JSON)
 //!                                            /<n>.bin   the binary
-//!                                            /<n>.lock  the slot's lock (empty; goes with the entry)
 //!                                            /key.lock  the key's build lock (only while building)
 //! <root>/v1/size                                        tracked total size (see "Size" below)
 //! <root>/v1/evict.lock                                  held by the one process evicting
+//! <root>/v1/names/<device>                              image directories per image name (`names.rs`)
 //! <root>/quarantine/                                    entries `kpc cache verify --fix` set aside
 //! <root>/trash/<pid>-<nanos>-<i>/                       files an eviction pass removed, until its sweep
 //! ```
@@ -22,33 +22,35 @@
 //! # Protocol
 //! - **Readers take no lock.** They list the leaf, read each `<n>.src`, compare the key, then read and
 //!   verify `<n>.bin`. Files only ever appear by `rename`, so a reader sees a complete file or none.
-//! - **Writers** pick a slot `n` by taking the slot's lock (`<n>.lock`, try-only): a slot that is
-//!   published or locked by another writer is skipped, so a writer never waits on another and never
-//!   writes a slot someone else is writing. Under the slot lock the writer writes `<n>.bin.tmp` and
-//!   `<n>.src.tmp`, fsyncs them, renames the `.bin` and then the `.src` into place (a visible `.src`
-//!   therefore always has its `.bin`), and fsyncs the directory. The slot's lock file stays behind, so
-//!   whoever removes the entry later opens it rather than creating one (a file creation is the costliest
-//!   metadata operation on some file systems, and eviction does one removal per entry).
+//! - **Writers** take the leaf's lock (a `flock` on the leaf directory itself, so an entry costs no
+//!   lock file; see `lock.rs`), waiting at most `KPC_CACHE_LOCK_TIMEOUT` for another writer or a
+//!   remover, and pick the first slot `n` without a `.src`; so no two writers ever write one slot.
+//!   Under the leaf's lock the writer writes `<n>.bin.tmp` and `<n>.src.tmp`, fsyncs them, renames
+//!   the `.bin` and then the `.src` into place (a visible `.src` therefore always has its `.bin`),
+//!   and fsyncs the directory. Only keys whose directory names collide share a leaf, so writers of
+//!   different keys never wait for each other.
 //! - **Single flight across processes.** [`PersistentCache::get_or_lock`] returns either a hit or a
 //!   [`BuildGuard`] holding the key's build lock (`key.lock` in the leaf). Another process that misses
 //!   the same key waits for that lock (up to `KPC_CACHE_LOCK_TIMEOUT`) and reads again, so a key is
 //!   built once however many processes start together. After the timeout it builds itself.
-//! - **Removal** (eviction, corruption, `prune`, `clear`) happens only under the slot lock, `.src`
-//!   first, so readers stop finding the entry before its binary goes; the lock file goes last. Eviction
-//!   renames the files into its trash instead of unlinking them, and removes emptied directories in a
-//!   sweep after the pass (`trash.rs` says why); a directory is only ever removed by `rmdir`, which
-//!   fails if a writer refilled it.
+//! - **Removal** (eviction, corruption, `prune`, `clear`) happens only under the leaf's lock
+//!   (try-only: a leaf being written is skipped), `.src` first, so readers stop finding the entry
+//!   before its binary goes. Eviction renames the files into its trash instead of unlinking them,
+//!   and removes emptied directories in a sweep after the pass (`trash.rs` says why); a directory is
+//!   only ever removed by `rmdir`, which fails if a writer refilled it (and a leaf is removed under
+//!   its lock, so a writer that has just locked it keeps it).
 //! - Locks are `flock`s (see `lock.rs`): a killed process never leaves a lock behind.
 //!
 //! - **Read-only lookups** ([`PersistentCache::get_read_only`], what a read-only layer does) change
-//!   nothing: no access time, no lock file, a defective entry counted and left in place.
+//!   nothing: no access time, no lock, a defective entry counted and left in place.
 //!
 //! # Misses
-//! Every miss this cache counts is explained (`explain.rs`): the key records near the key (its image
-//! under its device and under every other device, then the rest of its device directory; at most
-//! [`explain::MAX_EXPLAIN_RECORDS`] records) are compared with it, the nearest one's differing fields
-//! named ([`MissExplanation`]), the cause counted in [`DiskStats`] and traced on the `miss` line. A hit
-//! never pays for it.
+//! Every miss this cache counts is explained (`explain.rs`): the entries one key part away are read
+//! first, at paths the key's directory names give and, for a changed image, through the name index
+//! (`names.rs`); then, within [`explain::MAX_EXPLAIN_RECORDS`] records, entries further away. The
+//! nearest one's differing fields are named ([`MissExplanation`]), the cause counted in [`DiskStats`]
+//! and traced on the `miss` line. A hit never pays for it, and its cost does not grow with the
+//! number of entries cached.
 //!
 //! # Failures
 //! Every failure of the disk layer (missing or unwritable directories, a full disk, a read-only root,
@@ -71,6 +73,8 @@ mod inventory;
 pub mod key;
 mod lock;
 mod lookup;
+mod names;
+mod nearest;
 mod put;
 mod settings;
 mod slot;

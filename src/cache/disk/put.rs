@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::entry::{FileKind, HEADER_LEN, encode_header};
-use super::lock::{self, HeldLock};
-use super::slot::{remove_slot_files, slot_file, sync_dir, write_file};
+use super::lock::{self, HeldLock, Waited};
+use super::names;
+use super::slot::{holds_valid, remove_slot_files, slot_file, sync_dir, write_file};
 use super::stats::{WarnCause, bump};
 use super::{DiskKey, Inner, MAX_SLOTS, PersistentCache};
 
@@ -118,8 +119,11 @@ impl Inner {
             Err(e) => Err(e),
         };
         make(&dir)?;
-        for name in key.dir_names() {
+        for (level, name) in key.dir_names().iter().enumerate() {
             dir.push(name);
+            if level == 1 && !dir.is_dir() {
+                self.index_image(key);
+            }
             make(&dir)?;
         }
         if self.s.sync {
@@ -131,6 +135,18 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// Records in the name index that `key`'s image directory is being made, before it is (see
+    /// `names.rs`). Best effort: without the line, only a later miss explanation falls short.
+    fn index_image(&self, key: &DiskKey) {
+        let [dev, img, ..] = key.dir_names();
+        if let Err(e) = names::record(&self.v1, dev, img, key.label()) {
+            self.trace(|| {
+                tracing::debug!(target: "kpc::cache::disk", image = img.as_str(), error = %e,
+                    "name index not updated")
+            });
+        }
     }
 
     fn put(self: &Arc<Inner>, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
@@ -163,8 +179,7 @@ impl Inner {
                 return PutOutcome::AlreadyPresent;
             }
             match self.put_in_leaf(&leaf, key, bytes, &src, total) {
-                Ok(Some(n)) => return PutOutcome::Published(n),
-                Ok(None) => return PutOutcome::Skipped,
+                Ok(outcome) => return outcome,
                 // The leaf was removed by an evictor under us: make it again.
                 Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 3 => tries += 1,
                 Err(e) => return fail(&e, &leaf),
@@ -179,21 +194,37 @@ impl Inner {
         bytes: &[u8],
         src: &[u8],
         total: u64,
-    ) -> io::Result<Option<u32>> {
+    ) -> io::Result<PutOutcome> {
+        // Waits for another writer (a colliding key) or a remover of this leaf: both hold the lock
+        // for a few file operations only.
+        let held = lock::lock_leaf(leaf, self.s.lock_timeout, || {
+            self.ensure_leaf(key).map(drop)
+        })?;
+        let Waited::Acquired {
+            lock: leaf_lock, ..
+        } = held
+        else {
+            bump(&self.counters.skipped, 1);
+            self.warned.warn(
+                WarnCause::LockTimeout,
+                leaf,
+                &format_args!(
+                    "another process held a leaf directory's lock for longer than {:?}",
+                    self.s.lock_timeout
+                ),
+            );
+            return Ok(PutOutcome::Skipped);
+        };
+        // Whoever held the lock before us may have published this very key (a put without the build
+        // lock, racing with ours): look again, now that nobody can publish meanwhile.
+        if holds_valid(leaf, key) {
+            return Ok(PutOutcome::AlreadyPresent);
+        }
         for n in 0..MAX_SLOTS {
             if slot_file(leaf, n, "src").exists() {
                 continue;
             }
-            // The lock file stays with the published entry (removers unlink it with the entry), so an
-            // evictor opens it instead of creating one: half the metadata writes of a removal.
-            let Some(_slot) = lock::try_lock(&slot_file(leaf, n, "lock"), false)? else {
-                // Another writer is filling this slot (or an evictor emptying it): take the next one.
-                continue;
-            };
-            if slot_file(leaf, n, "src").exists() {
-                continue;
-            }
-            // Leftovers of a writer killed mid-way; the slot lock says nobody is working on them.
+            // Leftovers of a writer killed mid-way; the leaf lock says nobody is working on them.
             remove_slot_files(leaf, n)?;
             self.publish(leaf, n, key, bytes, src)?;
             bump(&self.counters.puts, 1);
@@ -202,12 +233,12 @@ impl Inner {
                 tracing::debug!(target: "kpc::cache::disk", key = %key.digest(), label = key.label(),
                     slot = n, bytes = total, "put")
             });
-            drop(_slot);
+            drop(leaf_lock);
             let now = self.add_size(total as i64);
             if let Some(t) = now {
                 self.maybe_evict(t);
             }
-            return Ok(Some(n));
+            return Ok(PutOutcome::Published(n));
         }
         bump(&self.counters.skipped, 1);
         self.warned.warn(
@@ -215,7 +246,7 @@ impl Inner {
             leaf,
             &format_args!("all {MAX_SLOTS} slots of a leaf directory are taken"),
         );
-        Ok(None)
+        Ok(PutOutcome::Skipped)
     }
 
     fn publish(

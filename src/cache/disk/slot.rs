@@ -6,7 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::entry::{self, Defect, FileKind, read_verified};
-use super::key::KeyRecord;
+use super::key::{DiskKey, KeyRecord};
 
 /// The state of one slot, checked in full (both files, key binding).
 #[derive(Debug)]
@@ -66,10 +66,11 @@ fn remove_if_exists(p: &Path) -> io::Result<u64> {
     }
 }
 
-/// Removes every file of slot `n` (the caller holds the slot lock), `.src` first; returns the bytes freed.
+/// Removes every file of slot `n` (the caller holds the leaf lock), `.src` first; returns the bytes
+/// freed. A `<n>.lock` goes too: the per-slot lock file of caches written before the leaf lock.
 pub(super) fn remove_slot_files(leaf: &Path, n: u32) -> io::Result<u64> {
     let mut freed = 0;
-    for ext in ["src", "bin", "src.tmp", "bin.tmp"] {
+    for ext in ["src", "bin", "src.tmp", "bin.tmp", "lock"] {
         freed += remove_if_exists(&slot_file(leaf, n, ext))?;
     }
     Ok(freed)
@@ -115,6 +116,15 @@ pub(crate) fn check_slot(leaf: &Path, n: u32) -> SlotCheck {
         Ok(Err(d)) => SlotCheck::Defective(FileKind::Bin, d),
         Err(e) => SlotCheck::Unreadable(FileKind::Bin, e),
     }
+}
+
+/// Whether `leaf` holds a valid entry (both files checked in full) for exactly `key`. Reads only:
+/// counts, repairs and touches nothing.
+pub(super) fn holds_valid(leaf: &Path, key: &DiskKey) -> bool {
+    list_slots(leaf)
+        .unwrap_or_default()
+        .into_iter()
+        .any(|n| matches!(check_slot(leaf, n), SlotCheck::Valid(rec) if rec.matches(key)))
 }
 
 pub(super) fn write_file(path: &Path, header: &[u8], payload: &[u8], sync: bool) -> io::Result<()> {

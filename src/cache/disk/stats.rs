@@ -62,9 +62,12 @@ pub struct DiskStats {
     pub misses_spec_changed: u64,
     /// Misses whose nearest entry differs in build options only.
     pub misses_options_changed: u64,
-    /// Misses where an entry with exactly the key was there but not usable (corrupt, unreadable, or
-    /// published after the lookup).
+    /// Misses where an entry with exactly the key was there but not usable (corrupt, incomplete or
+    /// unreadable).
     pub misses_entry_unusable: u64,
+    /// Misses whose key was cached and valid by the time the miss was explained: another process
+    /// published it after the lookup.
+    pub misses_cached: u64,
 }
 
 #[derive(Debug, Default)]
@@ -85,7 +88,7 @@ pub(crate) struct DiskCounters {
     pub skipped: AtomicU64,
     pub failed_puts: AtomicU64,
     pub read_errors: AtomicU64,
-    pub misses_by_cause: [AtomicU64; 6],
+    pub misses_by_cause: [AtomicU64; 7],
 }
 
 pub(crate) fn bump(a: &AtomicU64, by: u64) {
@@ -122,6 +125,7 @@ impl DiskCounters {
             misses_spec_changed: l(&self.misses_by_cause[MissCause::SpecChanged as usize]),
             misses_options_changed: l(&self.misses_by_cause[MissCause::OptionsChanged as usize]),
             misses_entry_unusable: l(&self.misses_by_cause[MissCause::EntryUnusable as usize]),
+            misses_cached: l(&self.misses_by_cause[MissCause::Cached as usize]),
         }
     }
 }

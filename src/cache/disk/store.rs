@@ -1,6 +1,6 @@
 //! The disk cache as a [`Store`]: the first implementation of the store seam, and the one the others
 //! are measured against. Every operation is the disk protocol described in `mod.rs`, unchanged:
-//! verified reads, the key's `flock` build lock (single flight across processes), slot locks for
+//! verified reads, the key's `flock` build lock (single flight across processes), leaf locks for
 //! writers and removers, eviction after puts.
 //!
 //! The trait's methods share names with the inherent ones they wrap (which keep their own signatures

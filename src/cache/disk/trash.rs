@@ -20,7 +20,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::VERSION_DIR;
 use super::lock;
+use super::names;
 
 /// The directory under the cache root holding every pass's trash.
 pub(crate) const TRASH_DIR: &str = "trash";
@@ -105,8 +107,10 @@ impl Sweep {
                 drop(lock::try_lock(&leaf.join("key.lock"), true));
             }
             let mut dir = leaf;
-            // A directory that gained an entry meanwhile is not empty, and rmdir says so.
-            while fs::remove_dir(&dir).is_ok() {
+            // A directory that gained an entry meanwhile is not empty, and rmdir says so; a leaf is
+            // removed under its lock, so a writer that has just locked it keeps it.
+            let mut removed = lock::remove_leaf_dir(&dir);
+            while removed {
                 report.dirs_removed += 1;
                 let Some(parent) = dir.parent() else { break };
                 match self.children.get_mut(parent) {
@@ -118,8 +122,11 @@ impl Sweep {
                     // v1 itself (or something outside the tree): never removed.
                     None => break,
                 }
+                removed = fs::remove_dir(&dir).is_ok();
             }
         }
+        // The name index drops the image directories that went (and duplicates).
+        names::compact(&self.root.join(VERSION_DIR));
         if let Ok(rd) = fs::read_dir(self.root.join(TRASH_DIR)) {
             for e in rd.filter_map(Result::ok) {
                 if fs::remove_dir_all(e.path()).is_ok() {
