@@ -1149,6 +1149,75 @@ enum kpc_status kpc_config_set_trace(struct kpc_config *config, uint32_t bits);
 enum kpc_status kpc_config_set_device(struct kpc_config *config, const char *selector);
 
 /**
+ * Sets the read-only cache layers searched after the local disk (`KPC_CACHE_READONLY_DIRS`
+ * syntax: absolute directories separated by `:`). NULL or an empty string clears them.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle; `KPC_STATUS_CONFIG` for a malformed list
+ * (a relative path, say), naming what is accepted.
+ *
+ * # Safety
+ * `dirs` is NULL or a NUL-terminated string.
+ */
+enum kpc_status kpc_config_set_readonly_dirs(struct kpc_config *config, const char *dirs);
+
+/**
+ * Sets the remote store (`KPC_CACHE_REMOTE` syntax: `redis://host:port/db`, `fs:///path`,
+ * `s3://bucket/prefix?region=..&endpoint=..`). NULL unsets it.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or non-UTF-8; `KPC_STATUS_CONFIG` for a
+ * malformed URL (the message says what is wrong; a password in it is redacted).
+ *
+ * # Safety
+ * `url` is NULL or a NUL-terminated string.
+ */
+enum kpc_status kpc_config_set_remote(struct kpc_config *config, const char *url);
+
+/**
+ * Sets the bound on every remote call, in milliseconds (`KPC_CACHE_REMOTE_TIMEOUT`).
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or 0 (a remote call needs some time).
+ *
+ * # Safety
+ * None beyond the handle's (which is checked).
+ */
+enum kpc_status kpc_config_set_remote_timeout_ms(struct kpc_config *config, uint64_t milliseconds);
+
+/**
+ * Sets the fleet's shared secret (`KPC_CACHE_REMOTE_KEY`): shared entries are MAC'd with a key
+ * derived from it, and entries without a valid MAC are refused. NULL unsets it.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or non-UTF-8; `KPC_STATUS_CONFIG` for a
+ * secret under 16 bytes (the message never contains the secret).
+ *
+ * # Safety
+ * `secret` is NULL or a NUL-terminated string.
+ */
+enum kpc_status kpc_config_set_remote_key(struct kpc_config *config, const char *secret);
+
+/**
+ * Turns warm start on under an application name (`KPC_CACHE_PREFETCH=NAME`): a context remembers
+ * the kernels it acquires and reloads those of the last run in the background. NULL turns it off.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle, non-UTF-8, or a name that is not 1 to 64
+ * letters, digits, '.', '_' or '-' (not starting with '.' or '-').
+ *
+ * # Safety
+ * `app` is NULL or a NUL-terminated string.
+ */
+enum kpc_status kpc_config_set_warm_start(struct kpc_config *config, const char *app);
+
+/**
+ * Turns cache debug mode on (1) or off (0) (`KPC_CACHE_DEBUG`): lookups run and are counted, but
+ * every program is built fresh, compared with the cached binary, and nothing is written.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or a value other than 0 or 1.
+ *
+ * # Safety
+ * None beyond the handle's (which is checked).
+ */
+enum kpc_status kpc_config_set_cache_debug(struct kpc_config *config, int32_t on);
+
+/**
  * Creates a context on the device `selector` names (`KPC_DEVICE` syntax: `auto`, `vulkan:0`,
  * `vulkan:gpu`, `opencl:1`, `any:cpu`, ...), or, when `selector` is NULL, the one `config`'s device
  * selector names. kpc creates and owns the device (for a device the caller owns, see the interop
@@ -1239,7 +1308,7 @@ enum kpc_status kpc_context_stats(const struct kpc_context *context, struct kpc_
  * at `defines` (each "NAME" or "NAME=VALUE"; NULL when 0), compiled for `target` at `optimization`,
  * its `#include`s read from files under `include_dir` (NULL: none allowed). kpc copies everything.
  *
- * Nothing is compiled here: `kpc_kernel_get` on a Vulkan context compiles it (or finds its SPIR-V in
+ * Nothing is compiled here: `kpc_kernel_create` on a Vulkan context compiles it (or finds its SPIR-V in
  * the context's memory or stores, keyed by the preprocessed source, defines, target, optimization and
  * compiler), validates the SPIR-V and builds it like a SPIR-V image. A compile error is returned there
  * as `KPC_STATUS_GLSL_COMPILE` with the compiler's messages (`name:line: error: ...`), and cached.

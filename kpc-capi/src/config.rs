@@ -35,7 +35,8 @@ pub(crate) fn resolved(config: *const kpc_config) -> Result<Config, Failure> {
         .clone())
 }
 
-fn with_config(
+/// Applies `f` to a copy of the configuration and keeps the copy only if `f` accepted the value.
+pub(crate) fn with_config(
     config: *mut kpc_config,
     f: impl FnOnce(&mut Config) -> Result<(), Failure>,
 ) -> Result<(), Failure> {

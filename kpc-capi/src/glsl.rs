@@ -1,4 +1,4 @@
-//! GLSL device images from C: `kpc_image_from_glsl`. The image then goes to `kpc_kernel_get` like any
+//! GLSL device images from C: `kpc_image_from_glsl`. The image then goes to `kpc_kernel_create` like any
 //! other; its SPIR-V is compiled through the context's SPIR-V cache.
 
 use std::ffi::c_char;
@@ -41,7 +41,7 @@ pub enum kpc_glsl_optimization {
 /// at `defines` (each "NAME" or "NAME=VALUE"; NULL when 0), compiled for `target` at `optimization`,
 /// its `#include`s read from files under `include_dir` (NULL: none allowed). kpc copies everything.
 ///
-/// Nothing is compiled here: `kpc_kernel_get` on a Vulkan context compiles it (or finds its SPIR-V in
+/// Nothing is compiled here: `kpc_kernel_create` on a Vulkan context compiles it (or finds its SPIR-V in
 /// the context's memory or stores, keyed by the preprocessed source, defines, target, optimization and
 /// compiler), validates the SPIR-V and builds it like a SPIR-V image. A compile error is returned there
 /// as `KPC_STATUS_GLSL_COMPILE` with the compiler's messages (`name:line: error: ...`), and cached.

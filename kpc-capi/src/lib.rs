@@ -26,6 +26,7 @@
 mod arrays;
 mod blob;
 mod config;
+mod config_stores;
 mod context;
 mod glsl;
 mod interop;
@@ -36,6 +37,7 @@ mod util;
 
 pub use blob::*;
 pub use config::*;
+pub use config_stores::*;
 pub use context::*;
 pub use glsl::*;
 pub use interop::*;

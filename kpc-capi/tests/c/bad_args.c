@@ -66,6 +66,12 @@ int main(int argc, char **argv) {
         EXPECT(INVALID, kpc_config_set_lock_timeout_ms(b, 1));
         EXPECT(INVALID, kpc_config_set_trace(b, 1));
         EXPECT(INVALID, kpc_config_set_device(b, "auto"));
+        EXPECT(INVALID, kpc_config_set_readonly_dirs(b, "/tmp"));
+        EXPECT(INVALID, kpc_config_set_remote(b, "fs:///tmp/r"));
+        EXPECT(INVALID, kpc_config_set_remote_timeout_ms(b, 1));
+        EXPECT(INVALID, kpc_config_set_remote_key(b, "0123456789abcdef0123"));
+        EXPECT(INVALID, kpc_config_set_warm_start(b, "app"));
+        EXPECT(INVALID, kpc_config_set_cache_debug(b, 1));
     }
     EXPECT(INVALID, kpc_config_set_persistent(NULL, 1));
     EXPECT(INVALID, kpc_config_set_persistent(cfg, 2));
@@ -77,6 +83,27 @@ int main(int argc, char **argv) {
     EXPECT(INVALID, kpc_config_set_device(cfg, NULL));
     EXPECT(INVALID, kpc_config_set_device(cfg, "vulkan:\xff"));
     EXPECT(KPC_STATUS_CONFIG, kpc_config_set_device(cfg, "cuda:0"));
+    /* The stores and modes the environment reaches: bad values are typed errors, good ones taken,
+     * NULL unsets. */
+    EXPECT(KPC_STATUS_CONFIG, kpc_config_set_readonly_dirs(cfg, "relative/dir"));
+    CHECK(kpc_config_set_readonly_dirs(cfg, "/tmp/kpc-ro-a:/tmp/kpc-ro-b"));
+    CHECK(kpc_config_set_readonly_dirs(cfg, NULL));
+    EXPECT(KPC_STATUS_CONFIG, kpc_config_set_remote(cfg, "ftp://host/x"));
+    EXPECT(KPC_STATUS_CONFIG, kpc_config_set_remote(cfg, "redis://"));
+    EXPECT(INVALID, kpc_config_set_remote(cfg, "redis://\xff"));
+    CHECK(kpc_config_set_remote(cfg, "fs:///tmp/kpc-remote"));
+    CHECK(kpc_config_set_remote(cfg, NULL));
+    EXPECT(INVALID, kpc_config_set_remote_timeout_ms(cfg, 0));
+    CHECK(kpc_config_set_remote_timeout_ms(cfg, 500));
+    EXPECT(KPC_STATUS_CONFIG, kpc_config_set_remote_key(cfg, "short"));
+    CHECK(kpc_config_set_remote_key(cfg, "0123456789abcdef0123"));
+    CHECK(kpc_config_set_remote_key(cfg, NULL));
+    EXPECT(INVALID, kpc_config_set_warm_start(cfg, "-bad"));
+    EXPECT(INVALID, kpc_config_set_warm_start(cfg, ""));
+    CHECK(kpc_config_set_warm_start(cfg, "my-engine"));
+    CHECK(kpc_config_set_warm_start(cfg, NULL));
+    EXPECT(INVALID, kpc_config_set_cache_debug(cfg, 3));
+    CHECK(kpc_config_set_cache_debug(cfg, 0));
     CHECK(kpc_config_set_cache_dir(cfg, NULL)); /* NULL: no disk cache, which is valid */
     CHECK(kpc_config_set_persistent(cfg, 0));
 
