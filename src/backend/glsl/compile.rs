@@ -2,7 +2,9 @@
 //! starting glslang), compiling, and naming the entry point.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+#[cfg(feature = "glsl")]
+use std::sync::OnceLock;
 
 #[cfg(feature = "glsl")]
 use shaderc::{
@@ -10,7 +12,9 @@ use shaderc::{
     TargetEnv,
 };
 
-use super::{GlslOptimization, GlslSource, GlslStage, SpirvTarget};
+use super::GlslSource;
+#[cfg(feature = "glsl")]
+use super::{GlslOptimization, GlslStage, SpirvTarget};
 use crate::cache::Digest;
 use crate::error::{Error, Result};
 
@@ -30,6 +34,8 @@ pub struct Preprocessed {
     pub digest: Digest,
     /// Bytes of the source and of each distinct include (by resolved name), each counted once.
     pub len: u64,
+    // Served to the compiler, which exists only with the `glsl` feature; the digest covers them either way.
+    #[cfg_attr(not(feature = "glsl"), allow(dead_code))]
     includes: Arc<HashMap<(String, String, bool), Included>>,
 }
 

@@ -31,6 +31,7 @@
 //! 10-15% of the cold build with PoCL's defaults. kpc sets no driver variable itself (changing the
 //! environment of a running, threaded process is unsound); deployments set it.
 
+mod compute;
 mod container;
 mod discovery;
 mod interop;
@@ -50,12 +51,11 @@ use opencl3::device::Device;
 use opencl3::error_codes::ClError;
 use opencl3::event::Event;
 use opencl3::kernel::Kernel;
-use opencl3::memory::{Buffer as ClBuffer, CL_MEM_READ_WRITE};
+
 use opencl3::types::cl_mem;
 
 use crate::backend::{
-    Backend, BackendStats, BufferParam, ComputeBackend, DeviceFingerprint, DeviceImage, DeviceInfo,
-    KernelInfo, Launch,
+    Backend, BufferParam, DeviceFingerprint, DeviceImage, DeviceInfo, KernelInfo, Launch,
 };
 use crate::cache::{BuildOptions, SpecConstants};
 use crate::config::{BackendKind, Config, TraceFlags};
@@ -559,146 +559,5 @@ impl Backend for OpenClBackend {
             program.clone(),
             self.options.kernel_sharing,
         ))
-    }
-}
-
-impl ComputeBackend for OpenClBackend {
-    type Buffer = OpenClBuffer;
-    type Event = OpenClEvent;
-
-    fn device_info(&self) -> &DeviceInfo {
-        &self.info
-    }
-
-    fn create_buffer(&self, bytes: u64) -> Result<OpenClBuffer> {
-        if bytes > self.max_alloc {
-            return Err(Error::Size {
-                what: "an OpenCL buffer".into(),
-                got: format!("{bytes} bytes"),
-                expected: format!(
-                    "at most {} bytes (CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
-                    self.max_alloc
-                ),
-            });
-        }
-        let size = usize::try_from(bytes.max(1)).map_err(|_| Error::Size {
-            what: "an OpenCL buffer".into(),
-            got: format!("{bytes} bytes"),
-            expected: "a size that fits in this host's address space".into(),
-        })?;
-        // SAFETY: no host pointer is passed, so the driver allocates and owns the memory.
-        let mem = unsafe {
-            ClBuffer::<u8>::create(
-                &self.shared.context,
-                CL_MEM_READ_WRITE,
-                size,
-                std::ptr::null_mut(),
-            )
-        }
-        .map_err(|e| cl_err("clCreateBuffer", e))?;
-        Ok(OpenClBuffer {
-            mem,
-            bytes,
-            _device: self.shared.clone(),
-        })
-    }
-
-    fn write_buffer(&self, buffer: &OpenClBuffer, offset: u64, data: &[u8]) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: a blocking write: `data` is read before the call returns; the caller checked that
-        // offset + len lies inside the buffer; the in-order queue orders it after earlier launches.
-        let ev = unsafe {
-            opencl3::command_queue::enqueue_write_buffer(
-                self.shared.queue.get(),
-                buffer.raw(),
-                opencl3::types::CL_BLOCKING,
-                offset as usize,
-                data.len(),
-                data.as_ptr().cast(),
-                0,
-                std::ptr::null(),
-            )
-        }
-        .map_err(|e| cl_err("clEnqueueWriteBuffer", e))?;
-        drop(Event::new(ev));
-        Ok(())
-    }
-
-    fn read_buffer(&self, buffer: &OpenClBuffer, offset: u64, out: &mut [u8]) -> Result<()> {
-        if out.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: a blocking read: `out` is written before the call returns and no one else holds
-        // it; the caller checked the range; the in-order queue orders it after earlier launches.
-        let ev = unsafe {
-            opencl3::command_queue::enqueue_read_buffer(
-                self.shared.queue.get(),
-                buffer.raw(),
-                opencl3::types::CL_BLOCKING,
-                offset as usize,
-                out.len(),
-                out.as_mut_ptr().cast(),
-                0,
-                std::ptr::null(),
-            )
-        }
-        .map_err(|e| cl_err("clEnqueueReadBuffer", e))?;
-        drop(Event::new(ev));
-        Ok(())
-    }
-
-    fn submit(&self, launches: &[Launch<'_, Self>]) -> Result<OpenClEvent> {
-        let mut events = Vec::with_capacity(launches.len());
-        let mut buffers = Vec::new();
-        for l in launches {
-            events.push(self.enqueue(l)?);
-            buffers.extend(l.buffers.iter().cloned());
-        }
-        // Drivers may hold enqueued work until a flush; start it now.
-        self.shared
-            .queue
-            .flush()
-            .map_err(|e| cl_err("clFlush", e))?;
-        self.counters
-            .launches
-            .fetch_add(launches.len() as u64, Ordering::Relaxed);
-        Ok(OpenClEvent {
-            events,
-            _buffers: buffers,
-            _device: self.shared.clone(),
-            profiled: self.profiled,
-        })
-    }
-
-    fn wait(&self, event: &OpenClEvent) -> Result<()> {
-        event.wait()
-    }
-
-    fn launch_intervals(&self, event: &OpenClEvent) -> Result<Option<Vec<(u64, u64)>>> {
-        event.launch_intervals()
-    }
-
-    fn finish(&self) -> Result<()> {
-        self.shared
-            .queue
-            .finish()
-            .map_err(|e| cl_err("clFinish", e))
-    }
-
-    fn stats(&self) -> BackendStats {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let c = &self.counters;
-        BackendStats {
-            programs_built: l(&c.programs_built),
-            programs_loaded: l(&c.programs_loaded),
-            binaries_rejected: l(&c.binaries_rejected),
-            driver_cache_hits: 0,
-            driver_cache_misses: 0,
-            // OpenCL drivers say nothing about their own caches.
-            driver_cache_unknown: l(&c.kernels_created),
-            launches: l(&c.launches),
-        }
     }
 }
