@@ -441,6 +441,9 @@ impl<B: Backend> ProgramManager<B> {
                 Ok(p) => {
                     // Copied up only now that the backend took it: refused bytes never spread.
                     self.stores.backfill(&key, &hit);
+                    if self.backend.load_avoided_compile(&p) == Some(false) {
+                        self.stores.note_recompiled(&hit);
+                    }
                     let source = Source::of_store(hit.kind());
                     self.trace_build(image, &format!("loaded from {source}"), true, None);
                     return Ok((p, source));

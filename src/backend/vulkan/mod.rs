@@ -15,12 +15,15 @@
 //! to the driver. Loading a persisted binary does not validate again: the binary exists only because
 //! an image with the same digest was validated and built before (see `program_from_binary`).
 
+mod capability_check;
 mod device;
+mod features;
 mod instance;
 mod interop;
 pub mod pipeline_cache;
 mod program;
 mod submit;
+mod validation;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -38,12 +41,14 @@ use crate::error::{Error, Result};
 
 use device::{BufferPlace, Device, vk_err};
 pub use device::{VulkanBuffer, devices_created};
+pub use features::VulkanFeatures;
 pub use instance::devices;
-pub use interop::{VulkanFeatures, VulkanHandles, VulkanKernelHandles};
+pub use interop::{VulkanHandles, VulkanKernelHandles};
 pub use pipeline_cache::CacheIdentity;
 pub use program::{VulkanKernel, VulkanProgram};
 pub use submit::Record as VulkanEvent;
 use submit::{Record, Submitter, in_order_barrier};
+pub use validation::{validation_enabled, validation_errors};
 
 /// Where buffers live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -92,6 +97,7 @@ const STAGING_KEEP: u64 = 1 << 20;
 struct Counters {
     programs_built: AtomicU64,
     programs_loaded: AtomicU64,
+    programs_loaded_recompiled: AtomicU64,
     binaries_rejected: AtomicU64,
     driver_cache_hits: AtomicU64,
     driver_cache_misses: AtomicU64,
@@ -382,6 +388,11 @@ impl Backend for VulkanBackend {
         self.counters
             .programs_loaded
             .fetch_add(1, Ordering::Relaxed);
+        if built.program.driver_cache_hit() == Some(false) {
+            self.counters
+                .programs_loaded_recompiled
+                .fetch_add(1, Ordering::Relaxed);
+        }
         self.record_feedback(
             image.name(),
             &built.program,
@@ -389,6 +400,10 @@ impl Backend for VulkanBackend {
             "from pipeline cache data",
         );
         Ok(built.program)
+    }
+
+    fn load_avoided_compile(&self, program: &VulkanProgram) -> Option<bool> {
+        program.driver_cache_hit()
     }
 
     fn create_kernel(&self, program: &Arc<VulkanProgram>, entry: &str) -> Result<VulkanKernel> {
@@ -613,6 +628,7 @@ impl ComputeBackend for VulkanBackend {
         BackendStats {
             programs_built: l(&c.programs_built),
             programs_loaded: l(&c.programs_loaded),
+            programs_loaded_recompiled: l(&c.programs_loaded_recompiled),
             binaries_rejected: l(&c.binaries_rejected),
             driver_cache_hits: l(&c.driver_cache_hits),
             driver_cache_misses: l(&c.driver_cache_misses),
