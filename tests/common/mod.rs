@@ -8,3 +8,4 @@ pub mod drivers;
 pub mod fake_backend;
 #[cfg(feature = "remote")]
 pub mod redis;
+pub mod validation;

@@ -461,3 +461,43 @@ pub(super) fn merge_aliases(mut bindings: Vec<BindingInfo>) -> Result<Vec<Bindin
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(binding: u32, name: &str, read_only: bool, min_bytes: u64) -> BindingInfo {
+        BindingInfo {
+            set: 0,
+            binding,
+            kind: DescriptorKind::StorageBuffer,
+            name: name.into(),
+            read_only,
+            min_bytes,
+        }
+    }
+
+    #[test]
+    fn aliases_merge_into_the_strictest_binding() {
+        let merged = merge_aliases(vec![
+            block(1, "", true, 0),
+            block(0, "A4", true, 16),
+            block(0, "A", true, 4),
+            block(2, "W", true, 8),
+            block(2, "W4", false, 0),
+        ])
+        .unwrap();
+        assert_eq!(merged.len(), 3);
+        assert_eq!((merged[0].name.as_str(), merged[0].min_bytes), ("A4/A", 16));
+        assert!(merged[0].read_only);
+        assert_eq!(merged[1].name, "binding 1");
+        assert_eq!(
+            (merged[2].name.as_str(), merged[2].read_only),
+            ("W/W4", false)
+        );
+        assert_eq!(merged[2].min_bytes, 8);
+        let mut uniform = block(0, "U", true, 16);
+        uniform.kind = DescriptorKind::UniformBuffer;
+        assert!(merge_aliases(vec![block(0, "S", false, 0), uniform]).is_err());
+    }
+}
