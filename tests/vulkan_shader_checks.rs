@@ -101,8 +101,7 @@ fn aliased_blocks_are_one_binding_each() {
                 &[&ba, &ba, &bo],
                 PushConstants::new().u32(n).as_bytes(),
             )
-            .err()
-            .expect("three buffers for two bindings");
+            .expect_err("three buffers for two bindings");
         assert!(e.to_string().contains("2 buffer(s)"), "{e}");
     }
     assert_no_validation_errors("aliased_blocks_are_one_binding_each");
@@ -126,8 +125,7 @@ void main() { s[0] = u.x; }
             &SpecConstants::new(),
             &BuildOptions::default(),
         )
-        .err()
-        .expect("a storage and a uniform block on one binding");
+        .expect_err("a storage and a uniform block on one binding");
     assert!(e.to_string().contains("binding 0"), "{e}");
 }
 
@@ -153,8 +151,7 @@ fn missing_subgroup_operation_is_a_typed_cached_error() {
     let none = SpecConstants::new();
     let first = ctx
         .kernel(&image, "clustered", &none, &BuildOptions::default())
-        .err()
-        .expect("lavapipe has no clustered subgroup operations");
+        .expect_err("lavapipe has no clustered subgroup operations");
     match &first {
         Error::Unsupported { needs, reason, .. } => {
             assert!(needs.contains("GroupNonUniformClustered"), "{first}");
@@ -165,8 +162,7 @@ fn missing_subgroup_operation_is_a_typed_cached_error() {
     let builds = ctx.memory_stats().builds;
     let again = ctx
         .kernel(&image, "clustered", &none, &BuildOptions::default())
-        .err()
-        .expect("still refused");
+        .expect_err("still refused");
     assert_eq!(again, first);
     assert_eq!(
         ctx.memory_stats().builds,

@@ -150,7 +150,7 @@ impl Device {
             None => {
                 let created = {
                     let _serial = super::instance::DEVICE_LIFECYCLE.lock();
-                    super::features::create_device(&instance, pd, &queues, &enabled, api)
+                    super::features::create_device(inst, pd.raw, &queues, &enabled, api)
                 };
                 let raw = created.map_err(|e| {
                     super::instance::unavailable(format!("vkCreateDevice failed: {e}"))

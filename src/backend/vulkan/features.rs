@@ -5,16 +5,12 @@
 
 use ash::vk;
 
-use crate::error::{Error, Result};
-
-use super::instance::{PhysicalDevice, VkInstance, version_string};
-
 /// Optional features and extensions enabled on a device. kpc fills it for a device it opens itself
 /// (every field the device supports is enabled); an embedder fills it for its own device in
 /// [`super::VulkanHandles::enabled`]. Every field defaults to `false`: kpc then uses no optional
-/// feature, and a kernel whose SPIR-V needs one is refused with [`Error::Unsupported`] before the
-/// driver sees it. A field an embedder sets for something the device does not support is refused with
-/// [`Error::InvalidArgument`] (it cannot have been enabled).
+/// feature, and a kernel whose SPIR-V needs one is refused with [`crate::Error::Unsupported`] before
+/// the driver sees it. A field an embedder sets for something the device does not support is refused
+/// with [`crate::Error::InvalidArgument`] (it cannot have been enabled).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VulkanFeatures {
     /// `VkPhysicalDeviceFeatures::shaderInt16` (SPIR-V `Int16`).
@@ -182,14 +178,14 @@ fn has_extension(exts: &[vk::ExtensionProperties], name: &std::ffi::CStr) -> boo
 /// `api` (the lower of the device's and the instance's); `feedback` and `spirv_1_4_ext` as discovery
 /// found them.
 pub(crate) fn supported(
-    instance: &VkInstance,
+    instance: &ash::Instance,
     raw: vk::PhysicalDevice,
     exts: &[vk::ExtensionProperties],
     api: u32,
     feedback: bool,
     spirv_1_4_ext: bool,
 ) -> VulkanFeatures {
-    let inst = &instance.raw;
+    let inst = instance;
     let v12 = api >= vk::API_VERSION_1_2;
     let v13 = api >= vk::API_VERSION_1_3;
     let coop_ext = has_extension(exts, vk::KHR_COOPERATIVE_MATRIX_NAME);
@@ -264,8 +260,8 @@ pub(crate) fn supported(
 /// Creates a device on `pd` with `queues` and exactly the features and extensions `f` says, at API
 /// `api`. The caller passes only what [`supported`] reported for it.
 pub(crate) fn create_device(
-    instance: &VkInstance,
-    pd: &PhysicalDevice,
+    instance: &ash::Instance,
+    pd: vk::PhysicalDevice,
     queues: &[vk::DeviceQueueCreateInfo<'_>],
     f: &VulkanFeatures,
     api: u32,
@@ -349,30 +345,5 @@ pub(crate) fn create_device(
     // SAFETY: `info` and its chain live across the call; every feature and extension enabled was
     // reported supported by `supported` (the caller's contract); the 1.2 and 1.3 structs are
     // chained only at those API versions.
-    unsafe { instance.raw.create_device(pd.raw, &info, None) }
-}
-
-/// Refuses an embedder's declaration of a feature the device does not support: it cannot have been
-/// enabled, so the declaration is wrong, and believing it would hand the driver SPIR-V it may not
-/// accept.
-pub(crate) fn check_declared(
-    declared: &VulkanFeatures,
-    supported: &VulkanFeatures,
-    device: &str,
-    api: u32,
-) -> Result<()> {
-    let bad = declared
-        .fields()
-        .iter()
-        .zip(supported.fields())
-        .find(|((_, _, d), (_, _, s))| *d && !s)
-        .map(|((name, ..), _)| *name);
-    match bad {
-        None => Ok(()),
-        Some(name) => Err(Error::InvalidArgument(format!(
-            "VulkanFeatures::{name} is declared enabled, but device {device:?} at API {} does not \
-             support it, so it cannot have been",
-            version_string(api)
-        ))),
-    }
+    unsafe { instance.create_device(pd, &info, None) }
 }

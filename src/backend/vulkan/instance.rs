@@ -345,7 +345,7 @@ pub(crate) fn describe(
     let spirv_1_4_ext = has_extension(&exts, vk::KHR_SPIRV_1_4_NAME);
     let supported = if at_least(vk::API_VERSION_1_1) {
         super::features::supported(
-            instance,
+            &instance.raw,
             raw,
             &exts,
             api_version.min(instance.api_version),

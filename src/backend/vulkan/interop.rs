@@ -205,7 +205,7 @@ impl VulkanBackend {
             })?;
         let api = pd.api_version.min(instance.api_version);
         let f = h.enabled;
-        super::features::check_declared(&f, &pd.supported, &pd.info.name, api)?;
+        check_declared(&f, &pd.supported, &pd.info.name, api)?;
 
         // SAFETY: `device` is a live device of this instance (caller's guarantee); its entry
         // points are loaded through the instance's vkGetDeviceProcAddr.
@@ -268,5 +268,30 @@ impl VulkanBackend {
             trace: config.trace.contains(TraceFlags::BUILDS),
             counters: Counters::default(),
         })
+    }
+}
+
+/// Refuses an embedder's declaration of a feature the device does not support: it cannot have been
+/// enabled, so the declaration is wrong, and believing it would hand the driver SPIR-V it may not
+/// accept.
+fn check_declared(
+    declared: &VulkanFeatures,
+    supported: &VulkanFeatures,
+    device: &str,
+    api: u32,
+) -> Result<()> {
+    let bad = declared
+        .fields()
+        .iter()
+        .zip(supported.fields())
+        .find(|((_, _, d), (_, _, s))| *d && !s)
+        .map(|((name, ..), _)| *name);
+    match bad {
+        None => Ok(()),
+        Some(name) => Err(Error::InvalidArgument(format!(
+            "VulkanFeatures::{name} is declared enabled, but device {device:?} at API {} does not \
+             support it, so it cannot have been",
+            version_string(api)
+        ))),
     }
 }
