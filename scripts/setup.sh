@@ -9,8 +9,8 @@ set -euo pipefail
 # crate links Debian's library instead of building shaderc's C++ (GLSL images); build.rs adds what that
 # library leaves undefined: glslang-dev's static front end and one member of spirv-tools' libSPIRV-Tools.a.
 # libzstd-dev: bundles are zstd frames; zstd-sys links the system library instead of compiling zstd.
-# vulkan-validationlayers: the interop contract tests (tests/interop_contract.rs) run kpc under the Khronos
-# validation layer, and a validation error fails them.
+# vulkan-validationlayers: test.sh runs the Vulkan tests under VK_LAYER_KHRONOS_validation (and the
+# interop contract tests run their embedder's own instance under it); a validation error fails them.
 pkgs=(mesa-vulkan-drivers libvulkan1 vulkan-tools vulkan-validationlayers pocl-opencl-icd ocl-icd-libopencl1
       clinfo glslang-tools libvulkan-dev ocl-icd-opencl-dev opencl-c-headers
       redis-server libshaderc-dev glslang-dev spirv-tools libzstd-dev

@@ -9,6 +9,9 @@ export RUST_BACKTRACE=1
 # and every driver test logs whether it ran, so the count below shows they did.
 export KPC_TEST_REQUIRE_DRIVERS=1
 export KPC_TEST_DRIVER_LOG="$PWD/target/driver-tests.log"
+# kpc's Vulkan instances run under Khronos' validation layer; the first validation error aborts the
+# process that made it, so any error fails the run (ENVIRONMENT.md, KPC_VULKAN_VALIDATION).
+export KPC_VULKAN_VALIDATION=abort
 mkdir -p target
 : > "$KPC_TEST_DRIVER_LOG"
 echo "== cargo test (unit, integration, driver tests)"

@@ -64,6 +64,22 @@ pub enum Error {
         log: String,
     },
 
+    /// A kernel needs something the device does not have enabled: a SPIR-V capability, an
+    /// extension, or a feature its operations imply (subgroup operations on 16-bit types need
+    /// `shaderSubgroupExtendedTypes`). Found before the driver sees the module; deterministic, so
+    /// cached.
+    #[error("{image:?} cannot run on this {backend} device: it needs {needs}, but {reason}")]
+    Unsupported {
+        /// Which backend.
+        backend: BackendKind,
+        /// The image's name.
+        image: String,
+        /// What the kernel needs (`SPIR-V capability GroupNonUniformClustered`, ...).
+        needs: String,
+        /// Why the device does not provide it.
+        reason: String,
+    },
+
     /// A persisted binary that cannot be used on this device: its header names another device or
     /// driver, or it is malformed. The runtime treats this as a miss and builds from the image.
     #[error("{backend} binary for {image:?} rejected: {reason}")]

@@ -107,6 +107,46 @@
 #define KPC_VULKAN_FEATURE_PIPELINE_EXECUTABLE_INFO (1 << 15)
 
 /**
+ * `shaderSubgroupExtendedTypes` (Vulkan 1.2): subgroup operations on 8/16/64-bit types.
+ */
+#define KPC_VULKAN_FEATURE_SHADER_SUBGROUP_EXTENDED_TYPES (1 << 16)
+
+/**
+ * `storagePushConstant8` (Vulkan 1.2).
+ */
+#define KPC_VULKAN_FEATURE_STORAGE_PUSH_CONSTANT8 (1 << 17)
+
+/**
+ * `shaderBufferInt64Atomics` (Vulkan 1.2).
+ */
+#define KPC_VULKAN_FEATURE_SHADER_BUFFER_INT64_ATOMICS (1 << 18)
+
+/**
+ * `shaderSharedInt64Atomics` (Vulkan 1.2).
+ */
+#define KPC_VULKAN_FEATURE_SHADER_SHARED_INT64_ATOMICS (1 << 19)
+
+/**
+ * `variablePointersStorageBuffer`.
+ */
+#define KPC_VULKAN_FEATURE_VARIABLE_POINTERS_STORAGE_BUFFER (1 << 20)
+
+/**
+ * `variablePointers`.
+ */
+#define KPC_VULKAN_FEATURE_VARIABLE_POINTERS (1 << 21)
+
+/**
+ * `vulkanMemoryModelDeviceScope` (Vulkan 1.2).
+ */
+#define KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL_DEVICE_SCOPE (1 << 22)
+
+/**
+ * `shaderIntegerDotProduct` (Vulkan 1.3).
+ */
+#define KPC_VULKAN_FEATURE_SHADER_INTEGER_DOT_PRODUCT (1 << 23)
+
+/**
  * What every kpc C function returns. `KPC_STATUS_OK` is 0; every other value is an error, with
  * details in `kpc_last_error()`. Values are stable across releases; new ones may be added.
  */
@@ -597,6 +637,11 @@ typedef struct kpc_backend_stats {
    * Launches kpc submitted (not counting the caller's own command buffers).
    */
   uint64_t launches;
+  /**
+   * Of `programs_loaded`, programs the driver compiled anyway (its creation feedback reported no
+   * pipeline-cache hit): loaded, but no compile saved. Last, so older callers' structs still fit.
+   */
+  uint64_t programs_loaded_recompiled;
 } kpc_backend_stats;
 
 /**

@@ -234,6 +234,9 @@ pub struct kpc_backend_stats {
     pub driver_cache_unknown: u64,
     /// Launches kpc submitted (not counting the caller's own command buffers).
     pub launches: u64,
+    /// Of `programs_loaded`, programs the driver compiled anyway (its creation feedback reported no
+    /// pipeline-cache hit): loaded, but no compile saved. Last, so older callers' structs still fit.
+    pub programs_loaded_recompiled: u64,
 }
 
 /// A context's statistics. Versioned: set `struct_size = sizeof(kpc_stats)` before the call; kpc
@@ -301,6 +304,7 @@ fn stats_of(ctx: &Context) -> kpc_stats {
             driver_cache_misses: b.driver_cache_misses,
             driver_cache_unknown: b.driver_cache_unknown,
             launches: b.launches,
+            programs_loaded_recompiled: b.programs_loaded_recompiled,
         },
     }
 }

@@ -51,9 +51,25 @@ pub const KPC_VULKAN_FEATURE_PIPELINE_CREATION_FEEDBACK: u64 = 1 << 13;
 pub const KPC_VULKAN_FEATURE_SPIRV_1_4: u64 = 1 << 14;
 /// VK_KHR_pipeline_executable_properties with `pipelineExecutableInfo`.
 pub const KPC_VULKAN_FEATURE_PIPELINE_EXECUTABLE_INFO: u64 = 1 << 15;
+/// `shaderSubgroupExtendedTypes` (Vulkan 1.2): subgroup operations on 8/16/64-bit types.
+pub const KPC_VULKAN_FEATURE_SHADER_SUBGROUP_EXTENDED_TYPES: u64 = 1 << 16;
+/// `storagePushConstant8` (Vulkan 1.2).
+pub const KPC_VULKAN_FEATURE_STORAGE_PUSH_CONSTANT8: u64 = 1 << 17;
+/// `shaderBufferInt64Atomics` (Vulkan 1.2).
+pub const KPC_VULKAN_FEATURE_SHADER_BUFFER_INT64_ATOMICS: u64 = 1 << 18;
+/// `shaderSharedInt64Atomics` (Vulkan 1.2).
+pub const KPC_VULKAN_FEATURE_SHADER_SHARED_INT64_ATOMICS: u64 = 1 << 19;
+/// `variablePointersStorageBuffer`.
+pub const KPC_VULKAN_FEATURE_VARIABLE_POINTERS_STORAGE_BUFFER: u64 = 1 << 20;
+/// `variablePointers`.
+pub const KPC_VULKAN_FEATURE_VARIABLE_POINTERS: u64 = 1 << 21;
+/// `vulkanMemoryModelDeviceScope` (Vulkan 1.2).
+pub const KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL_DEVICE_SCOPE: u64 = 1 << 22;
+/// `shaderIntegerDotProduct` (Vulkan 1.3).
+pub const KPC_VULKAN_FEATURE_SHADER_INTEGER_DOT_PRODUCT: u64 = 1 << 23;
 
 fn features(bits: u64) -> Result<VulkanFeatures, Failure> {
-    const ALL: u64 = (1 << 16) - 1;
+    const ALL: u64 = (1 << 24) - 1;
     if bits & !ALL != 0 {
         return Err(Failure::invalid(format!(
             "enabled_features has unknown bits {:#x}: expected KPC_VULKAN_FEATURE_* bits only",
@@ -82,6 +98,14 @@ fn features(bits: u64) -> Result<VulkanFeatures, Failure> {
         pipeline_creation_feedback: on(KPC_VULKAN_FEATURE_PIPELINE_CREATION_FEEDBACK),
         spirv_1_4: on(KPC_VULKAN_FEATURE_SPIRV_1_4),
         pipeline_executable_info: on(KPC_VULKAN_FEATURE_PIPELINE_EXECUTABLE_INFO),
+        shader_subgroup_extended_types: on(KPC_VULKAN_FEATURE_SHADER_SUBGROUP_EXTENDED_TYPES),
+        storage_push_constant8: on(KPC_VULKAN_FEATURE_STORAGE_PUSH_CONSTANT8),
+        shader_buffer_int64_atomics: on(KPC_VULKAN_FEATURE_SHADER_BUFFER_INT64_ATOMICS),
+        shader_shared_int64_atomics: on(KPC_VULKAN_FEATURE_SHADER_SHARED_INT64_ATOMICS),
+        variable_pointers_storage_buffer: on(KPC_VULKAN_FEATURE_VARIABLE_POINTERS_STORAGE_BUFFER),
+        variable_pointers: on(KPC_VULKAN_FEATURE_VARIABLE_POINTERS),
+        vulkan_memory_model_device_scope: on(KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL_DEVICE_SCOPE),
+        shader_integer_dot_product: on(KPC_VULKAN_FEATURE_SHADER_INTEGER_DOT_PRODUCT),
     })
 }
 

@@ -138,7 +138,7 @@ pub(crate) fn status_of(e: &Error) -> kpc_status {
         Error::NoSuchDevice { .. } => KPC_STATUS_NO_SUCH_DEVICE,
         Error::InvalidSpirv { .. } => KPC_STATUS_INVALID_SPIRV,
         Error::GlslCompile { .. } => KPC_STATUS_GLSL_COMPILE,
-        Error::Build { .. } => KPC_STATUS_BUILD_FAILED,
+        Error::Build { .. } | Error::Unsupported { .. } => KPC_STATUS_BUILD_FAILED,
         Error::BinaryRejected { .. } => KPC_STATUS_BINARY_REJECTED,
         Error::Launch { .. } => KPC_STATUS_LAUNCH,
         Error::UnknownKernel { .. } => KPC_STATUS_UNKNOWN_KERNEL,

@@ -120,6 +120,16 @@ pub trait Backend: Send + Sync + 'static {
         binary: &[u8],
     ) -> Result<Self::Program>;
 
+    /// Whether recreating `program` from a binary ([`Backend::program_from_binary`]) spared the
+    /// driver's compile: `Some(false)` where the driver reported that it compiled anyway (Vulkan:
+    /// creation feedback without APPLICATION_PIPELINE_CACHE_HIT, as on lavapipe, whose pipeline cache
+    /// is a stub), `Some(true)` where it reported that it did not, `None` where it does not say (the
+    /// default). The runtime counts `Some(false)` loads apart from the build time hits saved.
+    fn load_avoided_compile(&self, program: &Self::Program) -> Option<bool> {
+        let _ = program;
+        None
+    }
+
     /// Creates the kernel for entry point `entry` of `program`.
     fn create_kernel(&self, program: &Arc<Self::Program>, entry: &str) -> Result<Self::Kernel>;
 }
@@ -258,6 +268,9 @@ pub struct BackendStats {
     pub programs_built: u64,
     /// Programs recreated from a persisted binary.
     pub programs_loaded: u64,
+    /// Of those, programs the driver compiled anyway (it reported no pipeline-cache hit for some
+    /// kernel): loaded, but no compile saved.
+    pub programs_loaded_recompiled: u64,
     /// Persisted binaries rejected before reaching the driver (header mismatch, corruption) or by it.
     pub binaries_rejected: u64,
     /// Kernels (pipelines) the driver reported as served from the supplied pipeline-cache data.

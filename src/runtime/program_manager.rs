@@ -420,10 +420,17 @@ impl<B: Backend> ProgramManager<B> {
                 Ok(p) => {
                     // Copied up only now that the backend took it: refused bytes never spread.
                     self.stores.backfill(&key, &hit);
+                    if self.backend.load_avoided_compile(&p) == Some(false) {
+                        self.stores.note_recompiled(&hit);
+                    }
                     let source = Source::of_store(hit.kind());
                     self.trace_build(image, &format!("loaded from {source}"), true, None);
                     return Ok((p, source));
                 }
+                // The kernel needs what this device did not enable (an embedder's device that shares
+                // the fingerprint of one with more features): not the entry's fault, so it stays for
+                // the contexts that can use it, and the error is the build's.
+                Err(e @ crate::error::Error::Unsupported { .. }) => return Err(e),
                 // Verified bytes the driver will not take (a driver change the fingerprint missed):
                 // the store removes them and we look again, which now misses and takes the lock.
                 Err(e) => {

@@ -170,3 +170,22 @@ pub fn check_read_kernel(ctx: &Context, image: &kpc::backend::DeviceImage) {
     bsrc.write(&src).unwrap();
     assert_eq!(run(), xor4(&src));
 }
+
+/// Fails `test` if the validation layer reported an error on kpc's own Vulkan instance. Where the
+/// run asks for validation (`KPC_VULKAN_VALIDATION`, which scripts/test.sh sets), also fails unless
+/// kpc really runs under the layer, so that "no errors" cannot mean "not checked".
+pub fn assert_no_validation_errors(test: &str) {
+    let asked = std::env::var("KPC_VULKAN_VALIDATION")
+        .is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"));
+    if asked {
+        assert!(
+            kpc::backend::vulkan::validation_enabled(),
+            "{test}: KPC_VULKAN_VALIDATION is set but kpc's instance runs without the layer"
+        );
+    }
+    assert_eq!(
+        kpc::backend::vulkan::validation_errors(),
+        0,
+        "{test}: the validation layer reported errors (printed on stderr)"
+    );
+}

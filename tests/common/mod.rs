@@ -8,3 +8,4 @@ pub mod drivers;
 pub mod fake_backend;
 pub mod mha;
 pub mod redis;
+pub mod validation;

@@ -141,6 +141,8 @@ impl ComputeBackend for OpenClBackend {
         BackendStats {
             programs_built: l(&c.programs_built),
             programs_loaded: l(&c.programs_loaded),
+            // OpenCL reports nothing about what loading a binary compiled (NVIDIA's PTX JIT).
+            programs_loaded_recompiled: 0,
             binaries_rejected: l(&c.binaries_rejected),
             driver_cache_hits: 0,
             driver_cache_misses: 0,

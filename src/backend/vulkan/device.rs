@@ -7,6 +7,8 @@ use ash::vk;
 use crate::config::BackendKind;
 use crate::error::{Error, Result};
 
+use super::capability_check::ShaderCaps;
+use super::features::VulkanFeatures;
 use super::instance::{PhysicalDevice, VkInstance};
 use super::pipeline_cache::CacheIdentity;
 
@@ -56,10 +58,12 @@ pub(crate) struct Device {
     pub(crate) identity: CacheIdentity,
     /// Per-batch objects of finished batches, kept for the next ones (see [`Recycled`]).
     pub(crate) recycled: parking_lot::Mutex<Recycled>,
+    /// What shaders are checked against before they reach the driver (`capability_check.rs`).
+    pub(crate) caps: ShaderCaps,
     /// `Some` for an embedder's device (interop): the optional features it says it enabled. kpc
     /// never waits on, keeps for reuse or destroys a borrowed device; it destroys only its own
     /// objects on it.
-    pub(crate) borrowed: Option<super::interop::VulkanFeatures>,
+    pub(crate) borrowed: Option<VulkanFeatures>,
 }
 
 /// Fences, timestamp pools and descriptor pools of finished batches, reset and kept for reuse:
@@ -115,9 +119,9 @@ pub fn devices_created() -> u64 {
 }
 
 impl Device {
-    /// Opens `pd` with one compute queue and the optional features kernels may use (16-bit storage,
-    /// fp16 and int8 arithmetic, 64-bit integers and floats, cooperative matrices with the Vulkan
-    /// memory model) wherever the device has them.
+    /// Opens `pd` with one compute queue and every optional feature of [`VulkanFeatures`] the
+    /// device has (16- and 8-bit storage, fp16 and int8 arithmetic, 64-bit integers and floats,
+    /// subgroup extended types, cooperative matrices, the Vulkan memory model, ...).
     pub(crate) fn open(instance: Arc<VkInstance>, pd: &PhysicalDevice) -> Result<Device> {
         let inst = &instance.raw;
         let queue_family = pd
@@ -128,98 +132,25 @@ impl Device {
             .queue_family_index(queue_family)
             .queue_priorities(&priorities)];
 
-        // Query, then enable, exactly the optional features the device has. robustBufferAccess stays
-        // off: it costs bandwidth on some GPUs, and launches are checked on the host instead.
-        let mut s16 = vk::PhysicalDevice16BitStorageFeatures::default();
-        let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
-        let mut s8 = vk::PhysicalDevice8BitStorageFeatures::default();
-        let mut hqr = vk::PhysicalDeviceHostQueryResetFeatures::default();
-        let v12 =
-            pd.api_version >= vk::API_VERSION_1_2 && instance.api_version >= vk::API_VERSION_1_2;
-        let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut s16);
-        if v12 {
-            f2 = f2
-                .push_next(&mut f16)
-                .push_next(&mut s8)
-                .push_next(&mut hqr);
-        }
-        // SAFETY: the chain lives across the call; the device is 1.1+ (checked by discovery).
-        unsafe { inst.get_physical_device_features2(pd.raw, &mut f2) };
-        let have = f2.features;
-        let host_query_reset = v12 && hqr.host_query_reset == vk::TRUE;
-        let mut ehqr = vk::PhysicalDeviceHostQueryResetFeatures::default().host_query_reset(true);
-        let core = vk::PhysicalDeviceFeatures::default()
-            .shader_int64(have.shader_int64 == vk::TRUE)
-            .shader_float64(have.shader_float64 == vk::TRUE)
-            .shader_int16(have.shader_int16 == vk::TRUE);
-        let mut e16 = vk::PhysicalDevice16BitStorageFeatures::default()
-            .storage_buffer16_bit_access(s16.storage_buffer16_bit_access == vk::TRUE)
-            .uniform_and_storage_buffer16_bit_access(
-                s16.uniform_and_storage_buffer16_bit_access == vk::TRUE,
-            )
-            .storage_push_constant16(s16.storage_push_constant16 == vk::TRUE);
-        let mut ef16 = vk::PhysicalDeviceShaderFloat16Int8Features::default()
-            .shader_float16(f16.shader_float16 == vk::TRUE)
-            .shader_int8(f16.shader_int8 == vk::TRUE);
-        let mut e8 = vk::PhysicalDevice8BitStorageFeatures::default()
-            .storage_buffer8_bit_access(s8.storage_buffer8_bit_access == vk::TRUE)
-            .uniform_and_storage_buffer8_bit_access(
-                s8.uniform_and_storage_buffer8_bit_access == vk::TRUE,
-            );
-        let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default()
-            .cooperative_matrix(pd.cooperative_matrix);
-        let mut memory_model = vk::PhysicalDeviceVulkanMemoryModelFeatures::default()
-            .vulkan_memory_model(pd.cooperative_matrix);
-        let mut stats = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
-            .pipeline_executable_info(pd.executable_stats);
-        let mut extensions = Vec::new();
-        if pd.executable_stats {
-            extensions.push(vk::KHR_PIPELINE_EXECUTABLE_PROPERTIES_NAME.as_ptr());
-        }
-        if pd.cooperative_matrix {
-            extensions.push(vk::KHR_COOPERATIVE_MATRIX_NAME.as_ptr());
-        }
-        if pd.feedback_ext {
-            extensions.push(vk::EXT_PIPELINE_CREATION_FEEDBACK_NAME.as_ptr());
-        }
-        if pd.spirv_1_4_ext && pd.api_version < vk::API_VERSION_1_2 {
-            extensions.push(vk::KHR_SPIRV_1_4_NAME.as_ptr());
-            extensions.push(vk::KHR_SHADER_FLOAT_CONTROLS_NAME.as_ptr());
-        }
-        let mut info = vk::DeviceCreateInfo::default()
-            .queue_create_infos(&queues)
-            .enabled_features(&core)
-            .enabled_extension_names(&extensions)
-            .push_next(&mut e16);
-        if v12 {
-            info = info.push_next(&mut ef16).push_next(&mut e8);
-        }
-        if host_query_reset {
-            info = info.push_next(&mut ehqr);
-        }
-        if pd.cooperative_matrix {
-            // Discovery set `cooperative_matrix` only for a 1.2+ device reporting both features.
-            info = info.push_next(&mut coop).push_next(&mut memory_model);
-        }
-        if pd.executable_stats {
-            info = info.push_next(&mut stats);
-        }
+        // Every optional feature kpc checks shaders for is enabled wherever the device has it, so
+        // that a shader the device can run is never refused, and one it cannot is refused by
+        // `capability_check` rather than reaching the driver.
+        let api = pd.api_version.min(instance.api_version);
+        let enabled = pd.supported;
+        let host_query_reset = enabled.host_query_reset;
         let idle = {
             let mut idle = IDLE_DEVICES.lock();
             let found = idle.iter().position(|d| d.physical == pd.raw);
             found.map(|i| idle.swap_remove(i))
         };
-        // A kept device was created from this same physical device with this same `info` (every
+        // A kept device was created from this same physical device with these same features (every
         // choice above depends on the physical device alone), so it is what a new one would be.
         let (raw, queue, recycled) = match idle {
             Some(d) => (d.raw, d.queue, d.recycled),
             None => {
                 let created = {
                     let _serial = super::instance::DEVICE_LIFECYCLE.lock();
-                    // SAFETY: `info` and its chain live across the call; every feature enabled was
-                    // reported supported above (by discovery, for the cooperative-matrix pair); the
-                    // extensions were enumerated on this device.
-                    unsafe { inst.create_device(pd.raw, &info, None) }
+                    super::features::create_device(inst, pd.raw, &queues, &enabled, api)
                 };
                 let raw = created.map_err(|e| {
                     super::instance::unavailable(format!("vkCreateDevice failed: {e}"))
@@ -248,6 +179,13 @@ impl Device {
             host_query_reset,
             feedback: pd.feedback,
             spirv_1_4_ext: pd.spirv_1_4_ext,
+            caps: ShaderCaps {
+                enabled,
+                api,
+                subgroup_ops: pd.subgroup_ops,
+                device: pd.info.name.clone(),
+                borrowed: false,
+            },
             executable_stats,
             identity: CacheIdentity {
                 vendor_id: pd.vendor_id,

@@ -12,7 +12,9 @@ use crate::backend::{DeviceFingerprint, DeviceInfo, DeviceLimits, DeviceType};
 use crate::config::BackendKind;
 use crate::error::{Error, Result};
 
+use super::features::VulkanFeatures;
 use super::pipeline_cache::BLOB_FORMAT_VERSION;
+use super::validation;
 
 /// The newest Vulkan API version kpc asks for; it uses nothing beyond 1.3.
 pub(crate) const MAX_API: u32 = vk::API_VERSION_1_3;
@@ -71,8 +73,33 @@ fn create_instance() -> Result<Arc<VkInstance>> {
         .engine_name(c"kpc")
         .engine_version(1)
         .api_version(api_version);
-    let info = vk::InstanceCreateInfo::default().application_info(&app);
-    // SAFETY: `info` and what it points to live across the call.
+    let validate = validation::from_env()?;
+    let mut layers = Vec::new();
+    let mut extensions = Vec::new();
+    if validate != validation::Mode::Off {
+        if !validation::layer_present(&entry) {
+            return Err(unavailable(format!(
+                "{}={:?} asks for the validation layer {:?}, which the Vulkan loader does not \
+                 find (Debian: apt-get install vulkan-validationlayers)",
+                validation::VAR,
+                std::env::var(validation::VAR).unwrap_or_default(),
+                validation::LAYER
+            )));
+        }
+        layers.push(validation::LAYER.as_ptr());
+        extensions.push(vk::EXT_DEBUG_UTILS_NAME.as_ptr());
+    }
+    // Chained into the create info too, so that vkCreateInstance itself is validated.
+    let mut messenger = validation::messenger_info();
+    let mut info = vk::InstanceCreateInfo::default()
+        .application_info(&app)
+        .enabled_layer_names(&layers)
+        .enabled_extension_names(&extensions);
+    if validate != validation::Mode::Off {
+        info = info.push_next(&mut messenger);
+    }
+    // SAFETY: `info` and what it points to live across the call; the layer and its debug-utils
+    // extension are enabled only where the loader lists the layer.
     let raw = unsafe { entry.create_instance(&info, None) }.map_err(|e| {
         if e == vk::Result::ERROR_INCOMPATIBLE_DRIVER {
             unavailable("no Vulkan driver (ICD) is installed (VK_ERROR_INCOMPATIBLE_DRIVER)")
@@ -80,6 +107,14 @@ fn create_instance() -> Result<Arc<VkInstance>> {
             unavailable(format!("vkCreateInstance failed: {e}"))
         }
     })?;
+    if validate != validation::Mode::Off {
+        let utils = ash::ext::debug_utils::Instance::new(&entry, &raw);
+        // SAFETY: the instance is alive and has VK_EXT_debug_utils enabled. The messenger lives as
+        // long as the instance, which is never destroyed.
+        unsafe { utils.create_debug_utils_messenger(&validation::messenger_info(), None) }
+            .map_err(|e| unavailable(format!("vkCreateDebugUtilsMessengerEXT failed: {e}")))?;
+        validation::mark_enabled(validate);
+    }
     Ok(Arc::new(VkInstance {
         entry,
         raw,
@@ -141,16 +176,16 @@ pub(crate) struct PhysicalDevice {
     pub(crate) timestamp_valid_bits: u32,
     /// Whether VK_EXT_pipeline_creation_feedback is available (core from 1.3).
     pub(crate) feedback: bool,
-    /// Whether the extension must be enabled by name (device API below 1.3).
-    pub(crate) feedback_ext: bool,
     /// Whether VK_KHR_spirv_1_4 is available (SPIR-V 1.4 on a 1.1 device).
     pub(crate) spirv_1_4_ext: bool,
-    /// Whether VK_KHR_cooperative_matrix is to be enabled, with the Vulkan memory model its
-    /// kernels declare (see `DeviceLimits::cooperative_matrix_f16`).
-    pub(crate) cooperative_matrix: bool,
     /// Whether VK_KHR_pipeline_executable_properties is to be enabled: the driver's statistics
     /// about each compiled kernel (registers, shared memory, ...), reported in `KernelInfo`.
     pub(crate) executable_stats: bool,
+    /// Subgroup operations supported in compute shaders (empty where compute is not among the
+    /// device's subgroup stages): what SPIR-V subgroup capabilities are checked against.
+    pub(crate) subgroup_ops: vk::SubgroupFeatureFlags,
+    /// The optional features and extensions it supports: what kpc enables on it.
+    pub(crate) supported: VulkanFeatures,
 }
 
 fn has_extension(exts: &[vk::ExtensionProperties], name: &CStr) -> bool {
@@ -307,6 +342,19 @@ pub(crate) fn describe(
     );
     let feedback = api_version >= vk::API_VERSION_1_3
         || has_extension(&exts, vk::EXT_PIPELINE_CREATION_FEEDBACK_NAME);
+    let spirv_1_4_ext = has_extension(&exts, vk::KHR_SPIRV_1_4_NAME);
+    let supported = if at_least(vk::API_VERSION_1_1) {
+        super::features::supported(
+            &instance.raw,
+            raw,
+            &exts,
+            api_version.min(instance.api_version),
+            feedback,
+            spirv_1_4_ext,
+        )
+    } else {
+        VulkanFeatures::default()
+    };
     let unusable = if api_version < vk::API_VERSION_1_1 {
         Some(format!(
             "device supports Vulkan {} only; kpc needs 1.1",
@@ -364,10 +412,17 @@ pub(crate) fn describe(
         queue_family,
         timestamp_valid_bits,
         feedback,
-        feedback_ext: feedback && api_version < vk::API_VERSION_1_3,
-        spirv_1_4_ext: has_extension(&exts, vk::KHR_SPIRV_1_4_NAME),
-        cooperative_matrix: cooperative_matrix_f16,
+        spirv_1_4_ext,
         executable_stats: stats_ext && stats.pipeline_executable_info == vk::TRUE,
+        subgroup_ops: if subgroup
+            .supported_stages
+            .contains(vk::ShaderStageFlags::COMPUTE)
+        {
+            subgroup.supported_operations
+        } else {
+            vk::SubgroupFeatureFlags::empty()
+        },
+        supported,
     })
 }
 

@@ -4,19 +4,21 @@
 //! Vulkan cannot be asked which optional features or extensions a device was created with, so the
 //! embedder declares them ([`VulkanFeatures`]). kpc checks each declaration against what the device
 //! supports, uses only what is declared, and refuses a kernel whose SPIR-V needs an undeclared
-//! feature with a typed error before the driver sees it.
+//! feature with a typed error before the driver sees it (`capability_check.rs`, as on its own
+//! devices).
 
 use std::sync::Arc;
 
 use ash::vk;
-use rspirv::spirv::Capability;
 
 use crate::backend::DeviceType;
-use crate::config::{BackendKind, Config, TraceFlags};
+use crate::config::{Config, TraceFlags};
 use crate::error::{Error, Result};
 
+use super::capability_check::ShaderCaps;
 use super::device::{BufferPlace, Device, Recycled, vk_err};
-use super::instance::{MAX_API, PhysicalDevice, VkInstance, describe, version_string};
+use super::features::VulkanFeatures;
+use super::instance::{MAX_API, VkInstance, describe, version_string};
 use super::pipeline_cache::CacheIdentity;
 use super::program::VulkanKernel;
 use super::queue_lock::VulkanQueueLock;
@@ -48,51 +50,6 @@ pub struct VulkanHandles {
     /// coordination (see [`VulkanQueueLock`]). `None`: the engine keeps its own use of the queue
     /// apart from kpc's submitting calls itself (see `kpc::runtime::interop`).
     pub queue_lock: Option<VulkanQueueLock>,
-}
-
-/// Optional features and extensions the embedder enabled on its device. Every field defaults to
-/// `false`: kpc then uses no optional feature, and kernels that need one are refused with
-/// [`Error::Build`]. A field set for something the device does not support is refused with
-/// [`Error::InvalidArgument`] (it cannot have been enabled).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct VulkanFeatures {
-    /// `VkPhysicalDeviceFeatures::shaderInt16` (SPIR-V `Int16`).
-    pub shader_int16: bool,
-    /// `VkPhysicalDeviceFeatures::shaderInt64` (SPIR-V `Int64`).
-    pub shader_int64: bool,
-    /// `VkPhysicalDeviceFeatures::shaderFloat64` (SPIR-V `Float64`).
-    pub shader_float64: bool,
-    /// `storageBuffer16BitAccess` (SPIR-V `StorageBuffer16BitAccess`): fp16 K/V in the attention
-    /// kernels.
-    pub storage_buffer_16bit_access: bool,
-    /// `uniformAndStorageBuffer16BitAccess`.
-    pub uniform_and_storage_buffer_16bit_access: bool,
-    /// `storagePushConstant16`.
-    pub storage_push_constant16: bool,
-    /// `shaderFloat16` (Vulkan 1.2; SPIR-V `Float16`).
-    pub shader_float16: bool,
-    /// `shaderInt8` (Vulkan 1.2; SPIR-V `Int8`).
-    pub shader_int8: bool,
-    /// `storageBuffer8BitAccess` (Vulkan 1.2).
-    pub storage_buffer_8bit_access: bool,
-    /// `uniformAndStorageBuffer8BitAccess` (Vulkan 1.2).
-    pub uniform_and_storage_buffer_8bit_access: bool,
-    /// `hostQueryReset` (Vulkan 1.2): kpc resets its timestamp pools from the host.
-    pub host_query_reset: bool,
-    /// `vulkanMemoryModel` (Vulkan 1.2).
-    pub vulkan_memory_model: bool,
-    /// VK_KHR_cooperative_matrix with its `cooperativeMatrix` feature (the cooperative-matrix
-    /// prefill kernel also needs `vulkan_memory_model`, `shader_float16` and
-    /// `storage_buffer_16bit_access`).
-    pub cooperative_matrix: bool,
-    /// VK_EXT_pipeline_creation_feedback (core, hence implied, from Vulkan 1.3): kpc reports driver
-    /// pipeline-cache hits.
-    pub pipeline_creation_feedback: bool,
-    /// VK_KHR_spirv_1_4 (core from Vulkan 1.2): SPIR-V 1.4 modules on a 1.1 device.
-    pub spirv_1_4: bool,
-    /// VK_KHR_pipeline_executable_properties with `pipelineExecutableInfo`: the driver's statistics
-    /// about each kernel, in `KernelInfo::driver_stats`.
-    pub pipeline_executable_info: bool,
 }
 
 /// The raw handles of one kpc kernel, for recording a dispatch in the embedder's own command buffer.
@@ -157,7 +114,7 @@ impl VulkanBackend {
     /// What kpc needs: an instance and a device of Vulkan 1.1 or later, and a queue of a family with
     /// compute. No optional feature or extension is required; kpc uses those `handles.enabled`
     /// declares, the same ones it enables on a device it opens itself, and refuses a kernel whose
-    /// SPIR-V needs an undeclared one ([`Error::Build`], before the driver sees it).
+    /// SPIR-V needs an undeclared one ([`Error::Unsupported`], before the driver sees it).
     ///
     /// What kpc owns and destroys: only objects it creates on the device (its command pool, fences,
     /// descriptor and query pools, buffers, pipeline caches, pipelines and their layouts); they go
@@ -274,7 +231,7 @@ impl VulkanBackend {
             })?;
         let api = pd.api_version.min(instance.api_version);
         let f = h.enabled;
-        check_declared(&instance, &pd, api, &f)?;
+        check_declared(&f, &pd.supported, &pd.info.name, api)?;
 
         // SAFETY: `device` is a live device of this instance (caller's guarantee); its entry
         // points are loaded through the instance's vkGetDeviceProcAddr.
@@ -308,6 +265,13 @@ impl VulkanBackend {
             host_query_reset: f.host_query_reset,
             feedback: api >= vk::API_VERSION_1_3 || f.pipeline_creation_feedback,
             spirv_1_4_ext: f.spirv_1_4,
+            caps: ShaderCaps {
+                enabled: f,
+                api,
+                subgroup_ops: pd.subgroup_ops,
+                device: pd.info.name.clone(),
+                borrowed: true,
+            },
             executable_stats,
             identity: CacheIdentity {
                 vendor_id: pd.vendor_id,
@@ -333,242 +297,27 @@ impl VulkanBackend {
     }
 }
 
-fn has_extension(exts: &[vk::ExtensionProperties], name: &std::ffi::CStr) -> bool {
-    exts.iter()
-        .any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name))
-}
-
-/// Refuses a declared feature the device does not support: it cannot have been enabled, so the
-/// declaration is wrong, and believing it would hand the driver SPIR-V it may not accept.
+/// Refuses an embedder's declaration of a feature the device does not support: it cannot have been
+/// enabled, so the declaration is wrong, and believing it would hand the driver SPIR-V it may not
+/// accept.
 fn check_declared(
-    instance: &VkInstance,
-    pd: &PhysicalDevice,
+    declared: &VulkanFeatures,
+    supported: &VulkanFeatures,
+    device: &str,
     api: u32,
-    f: &VulkanFeatures,
 ) -> Result<()> {
-    let inst = &instance.raw;
-    // SAFETY: `pd.raw` belongs to this live instance.
-    let exts = unsafe { inst.enumerate_device_extension_properties(pd.raw) }
-        .map_err(|e| vk_err("vkEnumerateDeviceExtensionProperties", e))?;
-    let v12 = api >= vk::API_VERSION_1_2;
-    let coop_ext = has_extension(&exts, vk::KHR_COOPERATIVE_MATRIX_NAME);
-    let stats_ext = has_extension(&exts, vk::KHR_PIPELINE_EXECUTABLE_PROPERTIES_NAME);
-    let mut s16 = vk::PhysicalDevice16BitStorageFeatures::default();
-    let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
-    let mut s8 = vk::PhysicalDevice8BitStorageFeatures::default();
-    let mut hqr = vk::PhysicalDeviceHostQueryResetFeatures::default();
-    let mut mm = vk::PhysicalDeviceVulkanMemoryModelFeatures::default();
-    let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
-    let mut stats = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
-    let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut s16);
-    if v12 {
-        f2 = f2
-            .push_next(&mut f16)
-            .push_next(&mut s8)
-            .push_next(&mut hqr)
-            .push_next(&mut mm);
-    }
-    if coop_ext {
-        f2 = f2.push_next(&mut coop);
-    }
-    if stats_ext {
-        f2 = f2.push_next(&mut stats);
-    }
-    // SAFETY: the chain lives across the call; instance and device are 1.1+ (checked), and the
-    // extension structs are chained only where the device lists their extensions.
-    unsafe { inst.get_physical_device_features2(pd.raw, &mut f2) };
-    let core = f2.features;
-    let on = |b: vk::Bool32| b == vk::TRUE;
-    let checks = [
-        ("shader_int16", f.shader_int16, on(core.shader_int16)),
-        ("shader_int64", f.shader_int64, on(core.shader_int64)),
-        ("shader_float64", f.shader_float64, on(core.shader_float64)),
-        (
-            "storage_buffer_16bit_access",
-            f.storage_buffer_16bit_access,
-            on(s16.storage_buffer16_bit_access),
-        ),
-        (
-            "uniform_and_storage_buffer_16bit_access",
-            f.uniform_and_storage_buffer_16bit_access,
-            on(s16.uniform_and_storage_buffer16_bit_access),
-        ),
-        (
-            "storage_push_constant16",
-            f.storage_push_constant16,
-            on(s16.storage_push_constant16),
-        ),
-        (
-            "shader_float16",
-            f.shader_float16,
-            v12 && on(f16.shader_float16),
-        ),
-        ("shader_int8", f.shader_int8, v12 && on(f16.shader_int8)),
-        (
-            "storage_buffer_8bit_access",
-            f.storage_buffer_8bit_access,
-            v12 && on(s8.storage_buffer8_bit_access),
-        ),
-        (
-            "uniform_and_storage_buffer_8bit_access",
-            f.uniform_and_storage_buffer_8bit_access,
-            v12 && on(s8.uniform_and_storage_buffer8_bit_access),
-        ),
-        (
-            "host_query_reset",
-            f.host_query_reset,
-            v12 && on(hqr.host_query_reset),
-        ),
-        (
-            "vulkan_memory_model",
-            f.vulkan_memory_model,
-            v12 && on(mm.vulkan_memory_model),
-        ),
-        (
-            "cooperative_matrix",
-            f.cooperative_matrix,
-            coop_ext && on(coop.cooperative_matrix),
-        ),
-        (
-            "pipeline_creation_feedback",
-            f.pipeline_creation_feedback,
-            pd.feedback,
-        ),
-        ("spirv_1_4", f.spirv_1_4, pd.spirv_1_4_ext || v12),
-        (
-            "pipeline_executable_info",
-            f.pipeline_executable_info,
-            stats_ext && on(stats.pipeline_executable_info),
-        ),
-    ];
-    match checks.iter().find(|(_, declared, ok)| *declared && !ok) {
+    let bad = declared
+        .fields()
+        .iter()
+        .zip(supported.fields())
+        .find(|((_, _, d), (_, _, s))| *d && !s)
+        .map(|((name, ..), _)| *name);
+    match bad {
         None => Ok(()),
-        Some((name, ..)) => Err(invalid(format!(
-            "VulkanFeatures::{name} is declared enabled, but device {:?} at API {} does not \
+        Some(name) => Err(Error::InvalidArgument(format!(
+            "VulkanFeatures::{name} is declared enabled, but device {device:?} at API {} does not \
              support it, so it cannot have been",
-            pd.info.name,
             version_string(api)
         ))),
-    }
-}
-
-/// The optional feature (a [`VulkanFeatures`] field) that a SPIR-V capability needs, where it
-/// needs one; `Err` names capabilities kpc never enables, which no interop device may use either.
-fn feature_for(cap: Capability, f: &VulkanFeatures) -> Result<Option<(&'static str, bool)>, ()> {
-    Ok(Some(match cap {
-        Capability::Int16 => ("shader_int16", f.shader_int16),
-        Capability::Int64 => ("shader_int64", f.shader_int64),
-        Capability::Float64 => ("shader_float64", f.shader_float64),
-        Capability::Float16 => ("shader_float16", f.shader_float16),
-        Capability::Int8 => ("shader_int8", f.shader_int8),
-        Capability::StorageBuffer16BitAccess => {
-            ("storage_buffer_16bit_access", f.storage_buffer_16bit_access)
-        }
-        Capability::UniformAndStorageBuffer16BitAccess => (
-            "uniform_and_storage_buffer_16bit_access",
-            f.uniform_and_storage_buffer_16bit_access,
-        ),
-        Capability::StoragePushConstant16 => ("storage_push_constant16", f.storage_push_constant16),
-        Capability::StorageBuffer8BitAccess => {
-            ("storage_buffer_8bit_access", f.storage_buffer_8bit_access)
-        }
-        Capability::UniformAndStorageBuffer8BitAccess => (
-            "uniform_and_storage_buffer_8bit_access",
-            f.uniform_and_storage_buffer_8bit_access,
-        ),
-        Capability::VulkanMemoryModel => ("vulkan_memory_model", f.vulkan_memory_model),
-        Capability::CooperativeMatrixKHR => ("cooperative_matrix", f.cooperative_matrix),
-        Capability::Int64Atomics
-        | Capability::StoragePushConstant8
-        | Capability::StorageInputOutput16
-        | Capability::VulkanMemoryModelDeviceScope => return Err(()),
-        _ => return Ok(None),
-    }))
-}
-
-/// Refuses a module (on an embedder's device) that declares a capability whose optional feature
-/// the embedder did not declare enabled: creating a shader module from it would be undefined
-/// behaviour. Capabilities of core Vulkan 1.1 compute (Shader, the subgroup ones) need nothing.
-pub(crate) fn check_capabilities(f: &VulkanFeatures, image: &str, words: &[u32]) -> Result<()> {
-    const OP_CAPABILITY: u32 = 17;
-    const OP_EXTENSION: u32 = 10;
-    let refuse = |message: String| Error::Build {
-        backend: BackendKind::Vulkan,
-        image: image.to_string(),
-        code: vk::Result::ERROR_FEATURE_NOT_PRESENT.as_raw(),
-        message,
-        log: String::new(),
-    };
-    // Capabilities come first in a module (its logical layout), each followed by nothing but more
-    // capabilities and extensions.
-    let mut at = 5;
-    while at < words.len() {
-        let count = (words[at] >> 16) as usize;
-        let op = words[at] & 0xffff;
-        if count == 0 || at + count > words.len() || (op != OP_CAPABILITY && op != OP_EXTENSION) {
-            break;
-        }
-        if op == OP_CAPABILITY && count >= 2 {
-            let Some(cap) = Capability::from_u32(words[at + 1]) else {
-                return Err(refuse(format!(
-                    "the module declares SPIR-V capability {} that kpc does not know; on an \
-                     embedder's device kpc builds only what it can check",
-                    words[at + 1]
-                )));
-            };
-            match feature_for(cap, f) {
-                Ok(Some((_, true)) | None) => {}
-                Ok(Some((name, false))) => {
-                    return Err(refuse(format!(
-                        "the module needs SPIR-V capability {cap:?}, whose device feature the \
-                         embedder did not declare enabled (VulkanFeatures::{name})"
-                    )));
-                }
-                Err(()) => {
-                    return Err(refuse(format!(
-                        "the module needs SPIR-V capability {cap:?}, whose device feature kpc \
-                         never enables"
-                    )));
-                }
-            }
-        }
-        at += count;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn module(caps: &[u32]) -> Vec<u32> {
-        let mut w = vec![0x0723_0203, 0x0001_0000, 0, 100, 0];
-        for &c in caps {
-            w.push((2 << 16) | 17);
-            w.push(c);
-        }
-        // OpMemoryModel Logical GLSL450 ends the capability section.
-        w.extend_from_slice(&[(3 << 16) | 14, 0, 1]);
-        w
-    }
-
-    #[test]
-    fn capabilities_need_their_declared_features() {
-        let none = VulkanFeatures::default();
-        assert!(check_capabilities(&none, "m", &module(&[Capability::Shader as u32])).is_ok());
-        let fp16 = module(&[
-            Capability::Shader as u32,
-            Capability::StorageBuffer16BitAccess as u32,
-        ]);
-        let e = check_capabilities(&none, "m", &fp16).unwrap_err();
-        assert!(e.to_string().contains("storage_buffer_16bit_access"), "{e}");
-        let on = VulkanFeatures {
-            storage_buffer_16bit_access: true,
-            ..VulkanFeatures::default()
-        };
-        assert!(check_capabilities(&on, "m", &fp16).is_ok());
-        let never = module(&[Capability::Int64Atomics as u32]);
-        assert!(check_capabilities(&on, "m", &never).is_err());
-        assert!(check_capabilities(&on, "m", &module(&[999_999])).is_err());
     }
 }

@@ -15,13 +15,16 @@
 //! to the driver. Loading a persisted binary does not validate again: the binary exists only because
 //! an image with the same digest was validated and built before (see `program_from_binary`).
 
+mod capability_check;
 mod device;
+mod features;
 mod instance;
 mod interop;
 pub mod pipeline_cache;
 mod program;
 mod queue_lock;
 mod submit;
+mod validation;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -39,13 +42,15 @@ use crate::error::{Error, Result};
 
 use device::{BufferPlace, Device, vk_err};
 pub use device::{VulkanBuffer, devices_created};
+pub use features::VulkanFeatures;
 pub use instance::devices;
-pub use interop::{VulkanFeatures, VulkanHandles, VulkanKernelHandles};
+pub use interop::{VulkanHandles, VulkanKernelHandles};
 pub use pipeline_cache::CacheIdentity;
 pub use program::{VulkanKernel, VulkanProgram};
 pub use queue_lock::{VulkanQueueLock, queue_lock_sharers};
 pub use submit::Record as VulkanEvent;
 use submit::{Record, Submitter, in_order_barrier};
+pub use validation::{validation_enabled, validation_errors};
 
 /// Where buffers live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,6 +99,7 @@ const STAGING_KEEP: u64 = 1 << 20;
 struct Counters {
     programs_built: AtomicU64,
     programs_loaded: AtomicU64,
+    programs_loaded_recompiled: AtomicU64,
     binaries_rejected: AtomicU64,
     driver_cache_hits: AtomicU64,
     driver_cache_misses: AtomicU64,
@@ -384,6 +390,11 @@ impl Backend for VulkanBackend {
         self.counters
             .programs_loaded
             .fetch_add(1, Ordering::Relaxed);
+        if built.program.driver_cache_hit() == Some(false) {
+            self.counters
+                .programs_loaded_recompiled
+                .fetch_add(1, Ordering::Relaxed);
+        }
         self.record_feedback(
             image.name(),
             &built.program,
@@ -391,6 +402,10 @@ impl Backend for VulkanBackend {
             "from pipeline cache data",
         );
         Ok(built.program)
+    }
+
+    fn load_avoided_compile(&self, program: &VulkanProgram) -> Option<bool> {
+        program.driver_cache_hit()
     }
 
     fn create_kernel(&self, program: &Arc<VulkanProgram>, entry: &str) -> Result<VulkanKernel> {
@@ -616,6 +631,7 @@ impl ComputeBackend for VulkanBackend {
         BackendStats {
             programs_built: l(&c.programs_built),
             programs_loaded: l(&c.programs_loaded),
+            programs_loaded_recompiled: l(&c.programs_loaded_recompiled),
             binaries_rejected: l(&c.binaries_rejected),
             driver_cache_hits: l(&c.driver_cache_hits),
             driver_cache_misses: l(&c.driver_cache_misses),

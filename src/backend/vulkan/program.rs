@@ -93,6 +93,21 @@ impl VulkanProgram {
         self.pipelines.iter().map(|p| &p.info)
     }
 
+    /// Whether the driver reported that every pipeline came from the pipeline-cache data it was
+    /// created with: `Some(false)` as soon as one was compiled, `None` where the driver gave no
+    /// feedback for some pipeline and reported no compile.
+    pub fn driver_cache_hit(&self) -> Option<bool> {
+        let mut all = Some(true);
+        for p in &self.pipelines {
+            match p.info.driver_cache_hit {
+                Some(false) => return Some(false),
+                None => all = None,
+                Some(true) => {}
+            }
+        }
+        all
+    }
+
     /// Total vkCreateComputePipelines time of its pipelines.
     pub fn pipeline_create_time(&self) -> Duration {
         self.pipelines.iter().map(|p| p.create_time).sum()
@@ -169,8 +184,8 @@ fn build_error(image: &str, code: i32, message: String) -> Error {
 }
 
 /// Checks everything about `module` with `spec` that the device must accept, so that nothing
-/// undefined reaches vkCreateComputePipelines: SPIR-V version, workgroup size, descriptors and push
-/// constants against the device's limits.
+/// undefined reaches vkCreateComputePipelines: SPIR-V version, capabilities and extensions against
+/// what the device enabled, workgroup size, descriptors and push constants against its limits.
 fn check_against_device(
     dev: &Device,
     image: &str,
@@ -192,9 +207,7 @@ fn check_against_device(
             ),
         ));
     }
-    if let Some(enabled) = &dev.borrowed {
-        super::interop::check_capabilities(enabled, image, &module.words)?;
-    }
+    dev.caps.check(image, &module.needs)?;
     let l = &dev.limits;
     for e in &module.entry_points {
         let ls = e.local_size_with(spec);

@@ -193,6 +193,12 @@ impl PersistentCache {
         self.inner.leaf(key)
     }
 
+    /// Counts a hit whose binary the driver compiled again when it was loaded (see
+    /// [`DiskStats::recompiled_hits`]).
+    pub fn note_recompiled(&self, build_time: std::time::Duration) {
+        self.inner.counters.recompiled(build_time);
+    }
+
     /// A snapshot of this instance's counters.
     pub fn stats(&self) -> DiskStats {
         self.inner.counters.snapshot()

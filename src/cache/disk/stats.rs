@@ -42,8 +42,15 @@ pub struct DiskStats {
     pub lock_wait_time: Duration,
     /// Waits that reached `KPC_CACHE_LOCK_TIMEOUT`; the caller then built the key itself.
     pub lock_timeouts: u64,
-    /// Sum of the original build times of every binary served by a hit: what the hits saved.
+    /// Sum of the original build times of the binaries served by hits, less those the driver
+    /// compiled again when they were loaded (`recompiled_hits`): what the hits saved.
     pub build_time_saved: Duration,
+    /// Hits whose binary the backend loaded, but whose driver reported that it compiled anyway
+    /// (Vulkan pipeline-creation feedback without APPLICATION_PIPELINE_CACHE_HIT; lavapipe's pipeline
+    /// cache is a stub, so every hit there is one). Counted in `hits` too.
+    pub recompiled_hits: u64,
+    /// The original build times of those hits: served from disk, but not saved.
+    pub build_time_recompiled: Duration,
     /// Lookups and puts that did not touch the disk because the device image is outside
     /// `KPC_CACHE_MIN_DEVICE_IMAGE_SIZE..=KPC_CACHE_MAX_DEVICE_IMAGE_SIZE`, or the entry alone is larger
     /// than `KPC_CACHE_MAX_SIZE`.
@@ -85,6 +92,8 @@ pub(crate) struct DiskCounters {
     pub lock_wait_nanos: AtomicU64,
     pub lock_timeouts: AtomicU64,
     pub build_nanos_saved: AtomicU64,
+    pub recompiled_hits: AtomicU64,
+    pub build_nanos_recompiled: AtomicU64,
     pub skipped: AtomicU64,
     pub failed_puts: AtomicU64,
     pub read_errors: AtomicU64,
@@ -100,6 +109,19 @@ pub(crate) fn nanos(d: Duration) -> u64 {
 }
 
 impl DiskCounters {
+    /// A hit's binary was loaded but the driver compiled anyway: its build time moves from saved to
+    /// recompiled.
+    pub fn recompiled(&self, build_time: Duration) {
+        let t = nanos(build_time);
+        bump(&self.recompiled_hits, 1);
+        bump(&self.build_nanos_recompiled, t);
+        let _ = self
+            .build_nanos_saved
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                Some(s.saturating_sub(t))
+            });
+    }
+
     pub fn snapshot(&self) -> DiskStats {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         DiskStats {
@@ -116,6 +138,8 @@ impl DiskCounters {
             lock_wait_time: Duration::from_nanos(l(&self.lock_wait_nanos)),
             lock_timeouts: l(&self.lock_timeouts),
             build_time_saved: Duration::from_nanos(l(&self.build_nanos_saved)),
+            recompiled_hits: l(&self.recompiled_hits),
+            build_time_recompiled: Duration::from_nanos(l(&self.build_nanos_recompiled)),
             skipped: l(&self.skipped),
             failed_puts: l(&self.failed_puts),
             read_errors: l(&self.read_errors),

@@ -47,6 +47,10 @@ impl Store for PersistentCache {
         }
     }
 
+    fn note_recompiled(&self, build_time: Duration) {
+        PersistentCache::note_recompiled(self, build_time);
+    }
+
     fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
         // The lookup that preceded this put already counted a key outside the size limits as skipped;
         // counting it again would make one request two.

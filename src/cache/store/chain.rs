@@ -99,6 +99,9 @@ pub struct LevelStats {
     pub puts: u64,
     /// Binaries from this level that the backend refused.
     pub rejected: u64,
+    /// Binaries from this level that the backend loaded but whose driver compiled anyway (its
+    /// creation feedback said so): served, but no build time saved.
+    pub recompiled: u64,
     /// The store's own counters.
     pub store: StoreStats,
 }
@@ -110,6 +113,7 @@ struct LevelCounters {
     backfills: AtomicU64,
     puts: AtomicU64,
     rejected: AtomicU64,
+    recompiled: AtomicU64,
 }
 
 fn bump(a: &AtomicU64) {
@@ -343,6 +347,14 @@ impl StoreChain {
         });
     }
 
+    /// The backend loaded `hit`, but the driver reported that it compiled anyway: counted apart by
+    /// the level and its store, so that time saved counts only compiles that were avoided.
+    pub fn note_recompiled(&self, hit: &ChainHit) {
+        let l = &self.levels[hit.level];
+        bump(&l.counters.recompiled);
+        l.store.note_recompiled(hit.build_time());
+    }
+
     /// The backend refused `hit` (`reason` says why): the level it came from removes it if it can.
     /// Returns whether that level may be asked again in this request: a writable one removed the bytes
     /// (or a replacement took their place), a read-only one would return them again.
@@ -405,6 +417,7 @@ impl StoreChain {
                 backfills: l(&lv.counters.backfills),
                 puts: l(&lv.counters.puts),
                 rejected: l(&lv.counters.rejected),
+                recompiled: l(&lv.counters.recompiled),
                 store: lv.store.stats(),
             })
             .collect()

@@ -438,6 +438,13 @@ pub trait Store: Send + Sync + fmt::Debug {
         BuildLock::NotOffered
     }
 
+    /// A hit this store returned (first built in `build_time`) was loaded, but the driver reported
+    /// that it compiled anyway: the hit saved no build time. Stores that count time saved move it
+    /// (the default does nothing).
+    fn note_recompiled(&self, build_time: Duration) {
+        let _ = build_time;
+    }
+
     /// Stores `bytes`, built in `build_time`, under `key`. Never fails the caller; see
     /// [`PutOutcome`].
     fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome;

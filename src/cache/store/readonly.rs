@@ -56,6 +56,10 @@ impl Store for ReadOnlyStore {
         self.inner.get(key, Access::ReadOnly)
     }
 
+    fn note_recompiled(&self, build_time: Duration) {
+        self.inner.note_recompiled(build_time);
+    }
+
     fn lock_for_build(&self, _key: &DiskKey) -> BuildLock {
         BuildLock::NotOffered
     }

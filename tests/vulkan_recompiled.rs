@@ -1,0 +1,78 @@
+//! "Build time saved" counts only compiles a disk hit avoided: the Vulkan backend reads the driver's
+//! pipeline-creation feedback, and a hit whose pipelines the driver compiled anyway (lavapipe's
+//! pipeline cache is a stub, so every one there) is counted apart, in the disk, store-level and
+//! backend counters.
+
+mod common;
+
+use std::time::Duration;
+
+use kpc::cache::{BuildOptions, SpecConstants};
+use kpc::kernels::spirv_image;
+use kpc::runtime::Source;
+use kpc::{Config, Context};
+
+use common::disk::TempDir;
+use common::drivers::{assert_no_validation_errors, vulkan_device};
+
+#[test]
+fn disk_hits_the_driver_recompiled_save_no_build_time() {
+    let test = "disk_hits_the_driver_recompiled_save_no_build_time";
+    let Some(d) = vulkan_device(test) else {
+        return;
+    };
+    let root = TempDir::new("recompiled");
+    let config = Config::builder()
+        .persistent(true)
+        .cache_dir(root.path())
+        .build()
+        .unwrap();
+    let image = spirv_image("saxpy").unwrap();
+    let entry = image.spirv_reflection().unwrap().entry_points[0]
+        .name
+        .clone();
+    let get = |ctx: &Context| {
+        ctx.kernel(
+            &image,
+            &entry,
+            &SpecConstants::new(),
+            &BuildOptions::default(),
+        )
+        .unwrap()
+    };
+    // The first context builds and stores; the second (its own memory cache) loads from disk.
+    let first = Context::with_device(&d, &config).unwrap();
+    assert_eq!(get(&first).source(), Source::Built);
+    drop(first);
+    let ctx = Context::with_device(&d, &config).unwrap();
+    let k = get(&ctx);
+    assert_eq!(k.source(), Source::Disk);
+    let disk = ctx.disk_stats().expect("the disk cache is on");
+    let backend = ctx.backend_stats();
+    let level = ctx
+        .store_stats()
+        .into_iter()
+        .find(|l| l.kind == kpc::cache::StoreKind::Disk)
+        .expect("the local disk level");
+    assert_eq!((disk.hits, backend.programs_loaded, level.hits), (1, 1, 1));
+    let lavapipe = d.name.contains("llvmpipe");
+    match k.driver_cache_hit() {
+        Some(false) => {
+            assert_eq!(disk.recompiled_hits, 1, "{disk:?}");
+            assert_eq!(disk.build_time_saved, Duration::ZERO, "{disk:?}");
+            assert!(disk.build_time_recompiled > Duration::ZERO, "{disk:?}");
+            assert_eq!(backend.programs_loaded_recompiled, 1, "{backend:?}");
+            assert_eq!(level.recompiled, 1, "{level:?}");
+        }
+        hit => {
+            assert!(
+                !lavapipe,
+                "lavapipe reports every pipeline as compiled, not {hit:?}"
+            );
+            assert_eq!(disk.recompiled_hits, 0, "{disk:?}");
+            assert!(disk.build_time_saved > Duration::ZERO, "{disk:?}");
+            assert_eq!(backend.programs_loaded_recompiled, 0, "{backend:?}");
+        }
+    }
+    assert_no_validation_errors(test);
+}
