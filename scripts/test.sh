@@ -15,7 +15,7 @@ export KPC_VULKAN_VALIDATION=abort
 mkdir -p target
 : > "$KPC_TEST_DRIVER_LOG"
 echo "== cargo test (unit, integration, driver tests)"
-cargo test --release --workspace --all-targets 2>&1 | tee target/test-output.txt
+cargo test --release --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-output.txt
 echo "== driver tests"
 for backend in vulkan opencl glslang redis; do
   ran=$(grep -c "^ran $backend " "$KPC_TEST_DRIVER_LOG" || true)

@@ -16,6 +16,9 @@ use super::slot::{SlotCheck, check_slot, list_slots, read_src, remove_slot_files
 use super::stats::{WarnCause, bump, nanos};
 use super::{DiskKey, Inner, PersistentCache};
 
+/// How long a reader that met a defective slot waits for the leaf's lock to repair it.
+const DEFECT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// A verified binary found on disk.
 #[derive(Debug)]
 pub struct DiskHit {
@@ -393,7 +396,16 @@ impl Inner {
             report(false);
             return;
         }
-        match lock::try_lock_leaf(leaf) {
+        // A short bounded wait, not a try: a writer or evictor holding the leaf for a moment (or the
+        // leaf lock a put just released on another thread) must not make a defect this reader saw
+        // go uncounted and unrepaired.
+        let waited = lock::lock_leaf(leaf, DEFECT_LOCK_WAIT, || {
+            Err(std::io::ErrorKind::NotFound.into())
+        });
+        match waited.map(|w| match w {
+            lock::Waited::Acquired { lock, .. } => Some(lock),
+            lock::Waited::TimedOut => None,
+        }) {
             Ok(Some(_l)) => {
                 if let SlotCheck::Defective(..) = check_slot(leaf, n) {
                     match remove_slot_files(leaf, n) {
@@ -405,8 +417,11 @@ impl Inner {
                     }
                 }
             }
-            // Someone is writing or removing this slot right now: it is theirs to deal with.
-            Ok(None) => {}
+            // Someone kept the leaf the whole time: the defect this reader saw is still counted,
+            // and left to them.
+            Ok(None) => report(false),
+            // The leaf is gone: someone removed the entry meanwhile.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(_) => report(false),
         }
     }
