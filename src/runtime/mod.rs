@@ -36,6 +36,7 @@ pub mod interop;
 mod lifecycle;
 #[cfg(not(loom))]
 pub mod prefetch;
+mod out_of_resources;
 pub mod program_manager;
 #[cfg(not(loom))]
 pub mod queue;
