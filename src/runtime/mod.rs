@@ -34,9 +34,9 @@ pub mod device;
 pub mod interop;
 #[cfg(not(loom))]
 mod lifecycle;
+mod out_of_resources;
 #[cfg(not(loom))]
 pub mod prefetch;
-mod out_of_resources;
 pub mod program_manager;
 #[cfg(not(loom))]
 pub mod queue;

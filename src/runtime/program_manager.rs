@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cache_debug::{CacheDebugStats, DebugCounters, DebugOutcome};
-#[cfg(not(loom))]
-#[cfg(not(loom))]
 pub use super::source::Source;
+#[cfg(not(loom))]
 use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
@@ -367,13 +366,11 @@ impl<B: Backend> ProgramManager<B> {
                 }),
             })?;
         let kernel_key = KernelKey::new(key, entry);
-        let value = self
-            .cache
-            .get_or_build_kernel(&kernel_key, || {
-                self.retry_out_of_resources("kernel creation", || {
-                    self.backend.create_kernel(&program, entry)
-                })
-            })?;
+        let value = self.cache.get_or_build_kernel(&kernel_key, || {
+            self.retry_out_of_resources("kernel creation", || {
+                self.backend.create_kernel(&program, entry)
+            })
+        })?;
         Ok(Acquired {
             value,
             source: source.get(),
@@ -501,9 +498,8 @@ impl<B: Backend> ProgramManager<B> {
         options: &BuildOptions,
     ) -> Result<(B::Program, Duration)> {
         let start = Instant::now();
-        let r = self.retry_out_of_resources("build", || {
-            self.backend.build_program(image, spec, options)
-        });
+        let r = self
+            .retry_out_of_resources("build", || self.backend.build_program(image, spec, options));
         let took = start.elapsed();
         self.trace_build(image, "build program", r.is_ok(), Some(took));
         Ok((r?, took))
