@@ -189,6 +189,19 @@ impl<T, E> BuildResult<T, E> {
     }
 }
 
+impl<T, E> BuildResult<T, E> {
+    /// How many `Arc`s share the built value (this entry's included), without taking one: 1 means
+    /// nothing outside the cache entry holds it. `None` unless the entry is `Done`.
+    pub fn value_refs(&self) -> Option<usize> {
+        if self.state() != BuildState::Done {
+            return None;
+        }
+        self.outcome
+            .with(|r| r.as_ref().ok().map(Arc::strong_count))
+            .flatten()
+    }
+}
+
 impl<T, E: Clone> BuildResult<T, E> {
     /// The stored outcome if the entry is final: the hit path. Lock-free.
     #[inline]

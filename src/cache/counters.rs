@@ -51,6 +51,9 @@ pub struct MemCounters {
     pub(crate) evictions: AtomicU64,
     pub(crate) waits: AtomicU64,
     pub(crate) build_nanos: AtomicU64,
+    pub(crate) oor_retries: AtomicU64,
+    pub(crate) oor_released: AtomicU64,
+    pub(crate) oor_failures: AtomicU64,
 }
 
 /// A plain snapshot of a cache's counters (programs and kernels together).
@@ -76,6 +79,13 @@ pub struct CacheStats {
     pub kernels: u64,
     /// Bytes of program binaries cached now (what the eviction threshold counts).
     pub program_bytes: u64,
+    /// Builds, binary loads and kernel creations that ran out of device or host resources and were
+    /// retried once after releasing the programs no live kernel holds (the SYCL runtime's recovery).
+    pub out_of_resources_retries: u64,
+    /// Programs (with their unused kernels) those releases dropped from the cache.
+    pub out_of_resources_released: u64,
+    /// Retries that ran out of resources again: the error went to the caller, uncached.
+    pub out_of_resources_failures: u64,
 }
 
 impl MemCounters {
@@ -89,6 +99,9 @@ impl MemCounters {
             evictions: l(&self.evictions),
             waits: l(&self.waits),
             build_time: Duration::from_nanos(l(&self.build_nanos)),
+            out_of_resources_retries: l(&self.oor_retries),
+            out_of_resources_released: l(&self.oor_released),
+            out_of_resources_failures: l(&self.oor_failures),
             ..CacheStats::default()
         }
     }

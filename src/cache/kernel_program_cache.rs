@@ -393,6 +393,66 @@ where
         }
     }
 
+    /// Releases every cached program that nothing outside the cache holds, with the kernels nothing
+    /// outside holds: what the SYCL runtime does when a build runs out of resources, before it retries.
+    /// A kernel the application still holds keeps itself and its program cached. Entries being built
+    /// are left alone. Returns how many programs were released (counted in
+    /// [`CacheStats::out_of_resources_released`]).
+    pub fn release_unused(&self) -> usize {
+        // The per-thread fronts hold kernel handles of their own; they refill from the maps on the
+        // next hit, so they go first, and the counts below see only the map and outside holders.
+        self.front.purge(|_| true);
+        let mut kernels = Vec::new();
+        self.maps.kernels.retain(|k, e| {
+            let unused = e.value_refs() == Some(1);
+            if unused {
+                kernels.push(k.clone());
+            }
+            !unused
+        });
+        // A kernel a thread took from its front between the purge and here stays with that thread.
+        self.front.purge(|k| kernels.contains(k));
+        let unused: Vec<(ProgramKey, Arc<BuildResult<P, E>>)> = self
+            .maps
+            .programs
+            .iter()
+            .filter(|e| e.value().value_refs() == Some(1))
+            .map(|e| (e.key().clone(), e.value().clone()))
+            .collect();
+        let mut released = 0;
+        for (key, entry) in unused {
+            // Our clone of the entry does not count: `value_refs` counts holders of the value.
+            if entry.value_refs() != Some(1) {
+                continue;
+            }
+            if self
+                .maps
+                .programs
+                .remove_if(&key, |_, v| Arc::ptr_eq(v, &entry))
+                .is_some()
+            {
+                self.program_bytes.fetch_sub(entry.cost(), Ordering::AcqRel);
+                released += 1;
+            }
+        }
+        self.counters
+            .oor_released
+            .fetch_add(released as u64, Ordering::Relaxed);
+        if self.settings.trace {
+            tracing::debug!(target: "kpc::cache::memory", programs = released, kernels = kernels.len(),
+                "released unused programs (out of resources)");
+        }
+        released
+    }
+
+    /// Counts a retry after out of resources, and whether it failed again.
+    pub fn count_out_of_resources_retry(&self, failed_again: bool) {
+        self.counters.oor_retries.fetch_add(1, Ordering::Relaxed);
+        if failed_again {
+            self.counters.oor_failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn evict_to_threshold(&self) {
         let threshold = self.settings.eviction_threshold;
         if self.program_bytes.load(Ordering::Acquire) <= threshold {

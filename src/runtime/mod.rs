@@ -34,6 +34,7 @@ pub mod device;
 pub mod interop;
 #[cfg(not(loom))]
 pub mod prefetch;
+mod out_of_resources;
 pub mod program_manager;
 #[cfg(not(loom))]
 pub mod queue;

@@ -306,7 +306,9 @@ impl<B: Backend> ProgramManager<B> {
         let value = self.cache.get_or_build_kernel(&key, || {
             let p = self.program(image, spec, options)?;
             source.set(p.source);
-            self.backend.create_kernel(&p.value, entry)
+            self.retry_out_of_resources("kernel creation", || {
+                self.backend.create_kernel(&p.value, entry)
+            })
         })?;
         Ok(Acquired {
             value,
@@ -366,10 +368,10 @@ impl<B: Backend> ProgramManager<B> {
         let mut loaded = if self.cache.contains_program(&key) {
             None
         } else {
-            Some(
+            Some(self.retry_out_of_resources("binary load", || {
                 self.backend
-                    .program_from_binary(image, spec, options, binary)?,
-            )
+                    .program_from_binary(image, spec, options, binary)
+            })?)
         };
         let source = Cell::new(Source::Memory);
         let program = self
@@ -388,12 +390,21 @@ impl<B: Backend> ProgramManager<B> {
         let kernel_key = KernelKey::new(key, entry);
         let value = self
             .cache
-            .get_or_build_kernel(&kernel_key, || self.backend.create_kernel(&program, entry))?;
+            .get_or_build_kernel(&kernel_key, || {
+                self.retry_out_of_resources("kernel creation", || {
+                    self.backend.create_kernel(&program, entry)
+                })
+            })?;
         Ok(Acquired {
             value,
             source: source.get(),
             elapsed: start.elapsed(),
         })
+    }
+
+    /// The in-memory cache itself.
+    pub fn memory_cache(&self) -> &KernelProgramCache<B::Program, B::Kernel, crate::Error> {
+        &self.cache
     }
 
     /// The in-memory cache's counters.
@@ -434,10 +445,13 @@ impl<B: Backend> ProgramManager<B> {
                     }
                 },
             };
-            match self
-                .backend
-                .program_from_binary(image, spec, options, hit.bytes())
-            {
+            // Out of resources is not a refusal of the binary: retried, then returned, never rejected.
+            let loaded = self.retry_out_of_resources("binary load", || {
+                self.backend
+                    .program_from_binary(image, spec, options, hit.bytes())
+            });
+            match loaded {
+                Err(e @ crate::Error::OutOfResources { .. }) => return Err(e),
                 Ok(p) => {
                     // Copied up only now that the backend took it: refused bytes never spread.
                     self.stores.backfill(&key, &hit);
@@ -501,7 +515,9 @@ impl<B: Backend> ProgramManager<B> {
         options: &BuildOptions,
     ) -> Result<(B::Program, Duration)> {
         let start = Instant::now();
-        let r = self.backend.build_program(image, spec, options);
+        let r = self.retry_out_of_resources("build", || {
+            self.backend.build_program(image, spec, options)
+        });
         let took = start.elapsed();
         self.trace_build(image, "build program", r.is_ok(), Some(took));
         Ok((r?, took))

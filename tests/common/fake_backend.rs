@@ -62,6 +62,8 @@ pub struct FakeBackend {
     pub no_binary: AtomicBool,
     /// While set, `program_binary` fails.
     pub binary_error: AtomicBool,
+    /// This many of the next `program_from_binary` calls fail with out-of-resources (OpenCL's -5).
+    pub oom_loads: AtomicUsize,
 }
 
 pub const MAGIC: &[u8] = b"FAKEBIN1";
@@ -88,6 +90,7 @@ impl FakeBackend {
             reject_binaries: AtomicBool::new(false),
             no_binary: AtomicBool::new(false),
             binary_error: AtomicBool::new(false),
+            oom_loads: AtomicUsize::new(0),
         }
     }
     /// A fake device named `name` whose fingerprint reports driver version `driver` (the default is
@@ -212,6 +215,16 @@ impl Backend for FakeBackend {
         binary: &[u8],
     ) -> Result<FakeProgram> {
         self.binary_loads.fetch_add(1, Ordering::SeqCst);
+        let oom = self
+            .oom_loads
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if oom.is_ok() {
+            return Err(Error::OutOfResources {
+                backend: BackendKind::OpenCl,
+                code: -5,
+                message: "CL_OUT_OF_RESOURCES (injected)".into(),
+            });
+        }
         if self.reject_binaries.load(Ordering::SeqCst) {
             return Err(Error::Backend {
                 backend: BackendKind::Vulkan,
