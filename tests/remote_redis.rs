@@ -206,6 +206,69 @@ fn a_remote_slower_than_the_timeout_does_not_hold_builds_back() {
     assert_eq!(program(&pm3, 0), Source::Remote);
 }
 
+/// The remote level's counters.
+fn remote_level(pm: &ProgramManager<FakeBackend>) -> kpc::cache::StoreStats {
+    pm.store_stats()
+        .into_iter()
+        .find(|l| l.kind == StoreKind::Remote)
+        .expect("a remote level")
+        .store
+}
+
+/// A frozen remote (SIGSTOP: connections open, nothing answers) costs a process one timeout, not one
+/// per kernel: the first lookup's timeout opens the circuit breaker, and every later remote call of the
+/// run (lookups, fleet locks, publishes, which the build then does not wait for) is skipped. While it
+/// stays frozen the hold-off grows (2 s, then 4 s); once it answers, one probe closes the breaker.
+#[test]
+fn a_frozen_remote_costs_one_timeout_and_the_breaker_skips_the_rest() {
+    let Some(r) = RedisServer::start("a_frozen_remote_costs_one_timeout") else {
+        return;
+    };
+    let t = TempDir::new("remote-frozen");
+    let be = Arc::new(FakeBackend::new());
+    let pm = manager(&be, &config(&t.join("a"), &r.url(), None));
+    r.signal("STOP");
+    let start = std::time::Instant::now();
+    let (s, ev) = capture(|| {
+        for i in 0..5 {
+            assert_eq!(program(&pm, i), Source::Built);
+        }
+        remote_level(&pm)
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "the test's timing assumption (all within the first hold-off) failed: {:?}",
+        start.elapsed()
+    );
+    assert_eq!((s.trips, s.errors, s.puts), (1, 1, 0), "{s:?}");
+    // Program 0's fleet lock and publish, and programs 1-4's lookup, lock and publish.
+    assert_eq!(s.skipped, 14, "{s:?}");
+    assert_eq!(remote_warnings(&ev), vec!["timeout"]);
+    // The first hold-off (2 s) passes: one lookup probes, times out, and the next hold-off is 4 s.
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(program(&pm, 5), Source::Built);
+    let s = remote_level(&pm);
+    assert_eq!((s.trips, s.errors, s.skipped), (2, 2, 16), "{s:?}");
+    r.signal("CONT");
+    // 2.1 s later: past a 2 s hold-off, inside the 4 s one: still skipped, the remote is not asked.
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(program(&pm, 6), Source::Built);
+    let s = remote_level(&pm);
+    assert_eq!((s.trips, s.skipped, s.puts), (2, 19, 0), "{s:?}");
+    assert!(entries(&r).is_empty());
+    // Past the 4 s hold-off: the lookup probes, Redis answers (a miss), the breaker closes, and the
+    // build is locked for and published as usual.
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(program(&pm, 7), Source::Built);
+    let s = remote_level(&pm);
+    assert_eq!((s.trips, s.skipped, s.puts), (2, 19, 1), "{s:?}");
+    assert_eq!(entries(&r).len(), 1);
+    assert_eq!(
+        program(&manager(&be, &config(&t.join("b"), &r.url(), None)), 7),
+        Source::Remote
+    );
+}
+
 #[test]
 fn a_full_remote_is_a_skipped_publish_and_a_warning() {
     let Some(r) = RedisServer::start("a_full_remote_is_a_skipped_publish") else {

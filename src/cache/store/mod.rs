@@ -270,6 +270,12 @@ pub struct StoreStats {
     pub bytes_read: u64,
     /// Bytes stored by puts.
     pub bytes_written: u64,
+    /// Calls not made because the store was known to be unreachable (the remote's circuit breaker was
+    /// open); not counted in `errors`.
+    pub skipped: u64,
+    /// Times the remote's circuit breaker opened: each is one call that timed out or could not
+    /// connect, and paid for it.
+    pub trips: u64,
 }
 
 impl From<DiskStats> for StoreStats {
@@ -281,6 +287,7 @@ impl From<DiskStats> for StoreStats {
             puts: d.puts,
             bytes_read: d.bytes_read,
             bytes_written: d.bytes_written,
+            ..StoreStats::default()
         }
     }
 }
@@ -326,6 +333,7 @@ impl StoreCounters {
             puts: l(&self.puts),
             bytes_read: l(&self.bytes_read),
             bytes_written: l(&self.bytes_written),
+            ..StoreStats::default()
         }
     }
 }

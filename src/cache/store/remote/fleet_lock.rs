@@ -69,13 +69,6 @@ impl FleetLocks {
         r
     }
 
-    /// Connects anew and sends PING: tells a server that refuses connections (down) from one that
-    /// accepts them and does not answer (slow), which OpenDAL's pool reports alike as a timeout.
-    pub fn ping(&self) -> redis::RedisResult<()> {
-        let mut c = connect(&self.client, self.timeout)?;
-        redis::cmd("PING").query::<String>(&mut c).map(|_| ())
-    }
-
     /// Tries once to take lock `name` for `token`. `Ok(false)`: someone else holds it.
     pub fn try_acquire(&self, name: &str, token: &str) -> redis::RedisResult<bool> {
         self.with_conn(|c| {

@@ -10,17 +10,21 @@
 //! - **Hits** are copied to the local disk by the chain (its backfill), so the next process hits
 //!   locally.
 //! - **Puts** come after the local disk's, through [`publish`]: the build waits at most
-//!   `KPC_CACHE_REMOTE_TIMEOUT` for them.
+//!   `KPC_CACHE_REMOTE_TIMEOUT` for them, and not at all while the breaker is open.
 //! - **One build per key per fleet** (Redis only, [`fleet_lock`]): after every store missed, the
 //!   process takes the key's fleet lock; others wait, bounded by `KPC_CACHE_LOCK_TIMEOUT`, polling the
 //!   remote for the entry, then build themselves.
 //! - **Failures** (down, killed, slow, full, garbage) are misses or skipped puts, one warning per
-//!   cause; after a connection failure or a timeout the remote is left alone for two seconds.
+//!   cause. After a connection failure or a timeout a circuit breaker ([`breaker`]) skips every remote
+//!   call (lookup, fleet lock, publish) for a hold-off that grows from 2 s to 60 s while the remote
+//!   stays unhealthy; one answered probe closes it. A frozen remote costs a process one timeout.
 //!
 //! `url.rs` (the URL) is always compiled, for the configuration; the rest needs the `remote` feature.
 
 pub mod url;
 
+#[cfg(all(feature = "remote", not(loom)))]
+mod breaker;
 #[cfg(all(feature = "remote", not(loom)))]
 mod fleet_lock;
 #[cfg(all(feature = "remote", not(loom)))]
@@ -28,6 +32,8 @@ mod ops;
 #[cfg(all(feature = "remote", not(loom)))]
 mod publish;
 
+#[cfg(all(feature = "remote", not(loom)))]
+pub use breaker::BreakerStats;
 #[cfg(all(feature = "remote", not(loom)))]
 pub use imp::RemoteStore;
 
@@ -39,6 +45,7 @@ mod imp {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, Instant};
 
+    use super::breaker::{Admit, BreakerStats};
     use super::fleet_lock::FleetLocks;
     use super::ops::{Failure, Ops};
     use super::publish::{Publish, Publisher, Report};
@@ -199,16 +206,31 @@ mod imp {
             self.shared.refusals.load(Ordering::Relaxed)
         }
 
+        /// The circuit breaker's counts (`breaker.rs`).
+        pub fn breaker_stats(&self) -> BreakerStats {
+            self.shared.ops.breaker.stats()
+        }
+
         /// A timeout from OpenDAL's redis pool also means "refused" (it retries connecting until the
-        /// timeout): a fresh connection tells which, so a remote that is down is reported as such.
+        /// timeout): a bare TCP connection tells which, so a remote that is down is reported as such.
+        /// Only the connection is tried, for at most a fraction of a second: a frozen server accepts
+        /// it (its kernel does), and nothing more is paid waiting for an answer that will not come.
         fn diagnose(&self, mut f: Failure) -> Failure {
-            if f.cause == WarnCause::Timeout && !f.skipped {
-                if let Some(Err(e)) = self.fleet.as_ref().map(FleetLocks::ping) {
-                    if e.is_connection_refusal() {
-                        f.cause = WarnCause::Unavailable;
-                        f.detail = format!("{e}");
-                    }
-                }
+            if f.cause != WarnCause::Timeout || f.skipped {
+                return f;
+            }
+            let RemoteUrl::Redis { host, port, .. } = &self.url else {
+                return f;
+            };
+            let wait = Duration::from_millis(200);
+            let refused = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), *port))
+                .ok()
+                .and_then(|mut a| a.next())
+                .and_then(|addr| std::net::TcpStream::connect_timeout(&addr, wait).err())
+                .is_some_and(|e| e.kind() == io::ErrorKind::ConnectionRefused);
+            if refused {
+                f.cause = WarnCause::Unavailable;
+                f.detail = format!("{} refused the connection", self.url);
             }
             f
         }
@@ -301,7 +323,18 @@ mod imp {
             let deadline = Instant::now() + self.lock_timeout;
             let mut pause = Duration::from_millis(10);
             loop {
-                match fleet.try_acquire(&name, &token) {
+                let admit = self.shared.ops.breaker.admit();
+                if admit == Admit::Skip {
+                    return BuildLock::Unavailable;
+                }
+                let tried = fleet.try_acquire(&name, &token);
+                match &tried {
+                    Err(e) if e.is_timeout() || e.is_connection_refusal() || e.is_io_error() => {
+                        self.shared.ops.breaker.failed(admit)
+                    }
+                    _ => self.shared.ops.breaker.answered(admit),
+                }
+                match tried {
                     Ok(true) => {
                         let held = fleet.hold(name, token);
                         // Check again even on a first try: between this process's remote miss and
@@ -315,7 +348,6 @@ mod imp {
                     }
                     Ok(false) => {}
                     Err(e) => {
-                        self.shared.ops.hold_off();
                         self.shared.counters.error();
                         let cause = if e.is_timeout() {
                             WarnCause::Timeout
@@ -368,8 +400,7 @@ mod imp {
 
         fn lock_for_build(&self, key: &DiskKey) -> BuildLock {
             match &self.fleet {
-                // A remote that just failed is not waited on again.
-                Some(_) if self.shared.ops.held_off() => BuildLock::Unavailable,
+                // The breaker is consulted for every command of the wait.
                 Some(f) => self.wait_for_fleet(f, key),
                 None => BuildLock::NotOffered,
             }
@@ -379,6 +410,11 @@ mod imp {
             let Some(publisher) = &self.publisher else {
                 return PutOutcome::Skipped;
             };
+            // A build never waits on a remote that just failed: the entry is on the local disk.
+            if self.shared.ops.breaker.is_open() {
+                self.shared.ops.breaker.count_skip();
+                return PutOutcome::Skipped;
+            }
             let value = auth::wrap(self.shared.mac.as_ref(), key, &seal(key, bytes, build_time));
             match publisher.publish(path_of(key), value) {
                 Publish::Done(Ok(())) => PutOutcome::Published(0),
@@ -440,7 +476,12 @@ mod imp {
         }
 
         fn stats(&self) -> StoreStats {
-            self.shared.counters.snapshot()
+            let b = self.shared.ops.breaker.stats();
+            StoreStats {
+                skipped: b.skipped,
+                trips: b.trips,
+                ..self.shared.counters.snapshot()
+            }
         }
     }
 }

@@ -1,23 +1,18 @@
 //! The remote's bytes through OpenDAL's blocking API: read, write, delete and list one path, each
 //! bounded by `KPC_CACHE_REMOTE_TIMEOUT` (OpenDAL's timeout layer), with every failure classified
-//! into a [`WarnCause`] and a short hold-off after the remote was unreachable or slow, so a dead
-//! remote costs one failed call per hold-off instead of one per kernel.
+//! into a [`WarnCause`], behind the circuit breaker (`breaker.rs`), so a dead or frozen remote costs
+//! one failed call per hold-off instead of one per kernel.
 
 use std::fmt;
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opendal::layers::TimeoutLayer;
 use opendal::{ErrorKind, Operator, blocking, services};
-use parking_lot::Mutex;
 
+use super::breaker::{Admit, Breaker};
 use super::url::RemoteUrl;
 use crate::cache::store::WarnCause;
-
-/// After the remote was unreachable or slower than the timeout, calls are skipped for this long:
-/// long enough that a run of kernels against a dead remote does not pay a timeout each, short enough
-/// that a restarted remote is used again within seconds.
-const HOLD_OFF: Duration = Duration::from_secs(2);
 
 /// Why a remote call did not succeed.
 #[derive(Debug, Clone)]
@@ -26,8 +21,24 @@ pub(crate) struct Failure {
     pub cause: WarnCause,
     /// What happened, for the warning.
     pub detail: String,
-    /// The call was not made: the remote is in its hold-off after an earlier failure.
+    /// The call was not made: the breaker is open after an earlier failure.
     pub skipped: bool,
+}
+
+impl Failure {
+    /// A call the open breaker did not make.
+    pub fn skipped() -> Failure {
+        Failure {
+            cause: WarnCause::Unavailable,
+            detail: "skipped while the remote recovers from an earlier failure".into(),
+            skipped: true,
+        }
+    }
+
+    /// Whether this failure means the remote is unreachable or not answering (what trips the breaker).
+    pub fn trips(&self) -> bool {
+        matches!(self.cause, WarnCause::Unavailable | WarnCause::Timeout)
+    }
 }
 
 impl fmt::Display for Failure {
@@ -63,7 +74,8 @@ pub(crate) struct Ops {
     // Declared before the runtime so it drops first.
     op: blocking::Operator,
     _rt: tokio::runtime::Runtime,
-    hold_off_until: Mutex<Option<Instant>>,
+    /// Shared by every call to this remote: OpenDAL's, the fleet locks', the publisher's.
+    pub breaker: Breaker,
 }
 
 impl fmt::Debug for Ops {
@@ -145,7 +157,7 @@ impl Ops {
         Ok(Ops {
             op,
             _rt: rt,
-            hold_off_until: Mutex::new(None),
+            breaker: Breaker::default(),
         })
     }
 
@@ -155,14 +167,9 @@ impl Ops {
         &self,
         f: impl FnOnce(&blocking::Operator) -> opendal::Result<T> + Send,
     ) -> Result<T, Failure> {
-        if let Some(until) = *self.hold_off_until.lock() {
-            if Instant::now() < until {
-                return Err(Failure {
-                    cause: WarnCause::Unavailable,
-                    detail: "skipped while the remote recovers from an earlier failure".into(),
-                    skipped: true,
-                });
-            }
+        let admit = self.breaker.admit();
+        if admit == Admit::Skip {
+            return Err(Failure::skipped());
         }
         let result = if tokio::runtime::Handle::try_current().is_ok() {
             std::thread::scope(|s| {
@@ -173,29 +180,16 @@ impl Ops {
         } else {
             f(&self.op)
         };
-        result.map_err(|e| {
-            let cause = classify(&e);
-            if matches!(cause, WarnCause::Unavailable | WarnCause::Timeout) {
-                *self.hold_off_until.lock() = Some(Instant::now() + HOLD_OFF);
-            }
-            Failure {
-                cause,
-                detail: format!("{e:#}"),
-                skipped: false,
-            }
-        })
-    }
-
-    /// Whether calls are being skipped after a recent failure.
-    pub fn held_off(&self) -> bool {
-        self.hold_off_until
-            .lock()
-            .is_some_and(|until| Instant::now() < until)
-    }
-
-    /// Starts a hold-off after a failure seen outside OpenDAL (the fleet lock's connection).
-    pub fn hold_off(&self) {
-        *self.hold_off_until.lock() = Some(Instant::now() + HOLD_OFF);
+        let result = result.map_err(|e| Failure {
+            cause: classify(&e),
+            detail: format!("{e:#}"),
+            skipped: false,
+        });
+        match &result {
+            Err(f) if f.trips() => self.breaker.failed(admit),
+            _ => self.breaker.answered(admit),
+        }
+        result
     }
 
     /// The value at `path`, `None` if there is none.
