@@ -360,7 +360,11 @@ fn every_put_over_the_limit_is_followed_by_a_pass_that_sees_it() {
         put(&c);
         other.join().unwrap();
         let g = c.size.lock();
-        assert_eq!(*g, (0, 0), "over the limit after the last put, or miscounted");
+        assert_eq!(
+            *g,
+            (0, 0),
+            "over the limit after the last put, or miscounted"
+        );
         assert!(!c.passes.running());
     });
 }

@@ -153,8 +153,14 @@ fn sixteen_threads_x_two_processes_count_exactly() {
     assert_eq!(c.tracked_size(), Some(on_disk), "puts {puts}");
     assert_eq!(rebuilds, 1, "a new cache's size file is built once");
     assert_eq!(corrections, 0, "no pass had to correct the count");
-    assert!(puts > 100 && evictions > 0, "puts {puts} evictions {evictions}");
-    assert!(on_disk <= max, "{on_disk} bytes left over a {max}-byte limit");
+    assert!(
+        puts > 100 && evictions > 0,
+        "puts {puts} evictions {evictions}"
+    );
+    assert!(
+        on_disk <= max,
+        "{on_disk} bytes left over a {max}-byte limit"
+    );
     let v = c.verify(false).unwrap();
     assert!(v.bad.is_empty(), "{v:?}");
 }
@@ -162,7 +168,12 @@ fn sixteen_threads_x_two_processes_count_exactly() {
 /// `threads` threads put `per_thread` distinct entries each under a `max`-byte limit, every other
 /// thread through an instance of its own; once they and their passes are done, the cache is at or
 /// under the limit and the count is exact.
-fn limit_round(threads: u64, per_thread: u64, max: u64, len: impl Fn(u64) -> usize + Copy + Send + 'static) {
+fn limit_round(
+    threads: u64,
+    per_thread: u64,
+    max: u64,
+    len: impl Fn(u64) -> usize + Copy + Send + 'static,
+) {
     let t = TempDir::new("limit");
     let settings = DiskCacheSettings {
         max_size: max,

@@ -32,9 +32,9 @@ pub mod context;
 pub mod device;
 #[cfg(not(loom))]
 pub mod interop;
+mod out_of_resources;
 #[cfg(not(loom))]
 pub mod prefetch;
-mod out_of_resources;
 pub mod program_manager;
 #[cfg(not(loom))]
 pub mod queue;

@@ -388,13 +388,11 @@ impl<B: Backend> ProgramManager<B> {
                 }),
             })?;
         let kernel_key = KernelKey::new(key, entry);
-        let value = self
-            .cache
-            .get_or_build_kernel(&kernel_key, || {
-                self.retry_out_of_resources("kernel creation", || {
-                    self.backend.create_kernel(&program, entry)
-                })
-            })?;
+        let value = self.cache.get_or_build_kernel(&kernel_key, || {
+            self.retry_out_of_resources("kernel creation", || {
+                self.backend.create_kernel(&program, entry)
+            })
+        })?;
         Ok(Acquired {
             value,
             source: source.get(),
@@ -515,9 +513,8 @@ impl<B: Backend> ProgramManager<B> {
         options: &BuildOptions,
     ) -> Result<(B::Program, Duration)> {
         let start = Instant::now();
-        let r = self.retry_out_of_resources("build", || {
-            self.backend.build_program(image, spec, options)
-        });
+        let r = self
+            .retry_out_of_resources("build", || self.backend.build_program(image, spec, options));
         let took = start.elapsed();
         self.trace_build(image, "build program", r.is_ok(), Some(took));
         Ok((r?, took))

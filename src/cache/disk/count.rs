@@ -36,7 +36,8 @@ use std::time::Duration;
 use super::Inner;
 use super::lock::{self, HeldLock, Waited};
 use super::slot::slot_file;
-use super::walk::LeafScan;
+use super::stats::bump;
+use super::walk::{LeafScan, Tree, scan_tree};
 
 pub(crate) const SIZE_FILE: &str = "size";
 /// The size lock is held for microseconds by a change, for one walk by a recount; waiting longer
@@ -179,6 +180,28 @@ pub(crate) fn remove_slot_counted(leaf: &Path, n: u32, freed: &mut u64) -> io::R
 }
 
 impl Inner {
+    /// Measures the tree inside the size lock (`lock`) and writes the truth, with the `evicting` flag
+    /// as given. The caller holds `evict.lock`, so this runs once per need. Returns the walk.
+    pub(crate) fn recount(
+        &self,
+        lock: &SizeLock,
+        old: Option<SizeRecord>,
+        evicting: bool,
+    ) -> io::Result<Tree> {
+        let tree = scan_tree(&self.v1)?;
+        let total = counted_bytes(&tree.0);
+        let generation = old.map_or(1, |r| r.generation.wrapping_add(1));
+        lock.write(&SizeRecord {
+            evicting,
+            ..SizeRecord::clean(total, generation)
+        })?;
+        bump(&self.counters.size_rebuilds, 1);
+        self.trace(
+            || tracing::debug!(target: "kpc::cache::disk", total, was = ?old, "size file rebuilt"),
+        );
+        Ok(tree)
+    }
+
     /// Takes the size lock (creating the file), waiting up to [`SIZE_LOCK_TIMEOUT`]. `None`: the cache
     /// is unwritable (warned) or the lock stayed busy.
     pub(crate) fn lock_size(&self) -> Option<SizeLock> {
@@ -204,10 +227,7 @@ impl Inner {
     /// the change in counted bytes, inside the size lock (see the module's protocol). Returns `None`
     /// without running `change` when the lock cannot be taken; otherwise its result and the new total,
     /// which is `None` when the record needs the recount of the next eviction pass.
-    pub(crate) fn counted<T>(
-        &self,
-        change: impl FnOnce() -> (T, i64),
-    ) -> Option<(T, Option<u64>)> {
+    pub(crate) fn counted<T>(&self, change: impl FnOnce() -> (T, i64)) -> Option<(T, Option<u64>)> {
         let lock = self.lock_size()?;
         let mut rec = lock.read();
         if rec.is_none_or(|r| r.dirty || r.evicting) {
@@ -245,7 +265,7 @@ impl Inner {
     /// tree now, under both locks, and returns the new record; otherwise returns `rec` as it is (a
     /// running pass settles it, see `settle_size` and `finish_size`).
     fn recount_if_free(&self, lock: &SizeLock, rec: Option<SizeRecord>) -> Option<SizeRecord> {
-        let Ok(Some(_evictor)) = lock::try_lock(&self.v1.join(super::evict::EVICT_LOCK), false)
+        let Ok(Some(_evictor)) = lock::try_lock(&self.v1.join(lock::EVICT_LOCK), false)
         else {
             return rec;
         };

@@ -22,17 +22,12 @@ use std::time::SystemTime;
 use filetime::FileTime;
 
 use super::Inner;
-use super::count::{SizeLock, SizeRecord, counted_bytes, remove_slot_counted};
-use super::lock::{self, Waited};
+use super::count::{SizeRecord, counted_bytes, remove_slot_counted};
+use super::lock::{self, EVICT_LOCK, RECHECK_FILE, Waited};
 use super::slot::slot_file;
 use super::stats::bump;
 use super::trash::{Sweep, Trash};
 use super::walk::{LeafScan, SlotFiles, Tree, scan_tree, workers_for};
-
-pub(crate) const EVICT_LOCK: &str = "evict.lock";
-/// Left by a pass that found `evict.lock` taken; the holder looks for it after letting go and runs
-/// again (`schedule.rs`), so a put that crossed the limit while another process evicted is not lost.
-pub(crate) const RECHECK_FILE: &str = "evict.recheck";
 
 /// What an eviction pass should remove.
 #[derive(Debug, Clone, Copy)]
@@ -121,28 +116,6 @@ fn touch(path: &Path) {
 }
 
 impl Inner {
-    /// Measures the tree inside the size lock (`lock`) and writes the truth, with the `evicting` flag
-    /// as given. The caller holds `evict.lock`, so this runs once per need. Returns the walk.
-    pub(crate) fn recount(
-        &self,
-        lock: &SizeLock,
-        old: Option<SizeRecord>,
-        evicting: bool,
-    ) -> io::Result<Tree> {
-        let tree = scan_tree(&self.v1)?;
-        let total = counted_bytes(&tree.0);
-        let generation = old.map_or(1, |r| r.generation.wrapping_add(1));
-        lock.write(&SizeRecord {
-            evicting,
-            ..SizeRecord::clean(total, generation)
-        })?;
-        bump(&self.counters.size_rebuilds, 1);
-        self.trace(|| {
-            tracing::debug!(target: "kpc::cache::disk", total, was = ?old, "size file rebuilt")
-        });
-        Ok(tree)
-    }
-
     /// The start of a pass's removals (the caller holds `evict.lock` and walked the tree after reading
     /// `before`): settles the record and sets its `evicting` flag. A record that is missing, dirty or
     /// still flagged by a dead pass is measured again (the walk is redone inside the size lock); one

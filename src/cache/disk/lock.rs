@@ -19,6 +19,12 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// Held by the one process evicting or sweeping (`<root>/v1/evict.lock`).
+pub(crate) const EVICT_LOCK: &str = "evict.lock";
+/// Left by a pass that found [`EVICT_LOCK`] taken; the holder looks for it after letting go and runs
+/// again (`schedule.rs`), so a put that crossed the limit while another process evicted is not lost.
+pub(crate) const RECHECK_FILE: &str = "evict.recheck";
+
 /// An exclusive advisory lock held on a file. Dropping it releases the lock, after unlinking the file
 /// when it was taken as `ephemeral` (the caller is removing what the file guards, or the lock is the
 /// build lock, which only exists while someone builds).
