@@ -265,8 +265,7 @@ impl Inner {
     /// tree now, under both locks, and returns the new record; otherwise returns `rec` as it is (a
     /// running pass settles it, see `settle_size` and `finish_size`).
     fn recount_if_free(&self, lock: &SizeLock, rec: Option<SizeRecord>) -> Option<SizeRecord> {
-        let Ok(Some(_evictor)) = lock::try_lock(&self.v1.join(lock::EVICT_LOCK), false)
-        else {
+        let Ok(Some(_evictor)) = lock::try_lock(&self.v1.join(lock::EVICT_LOCK), false) else {
             return rec;
         };
         match self.recount(lock, rec, false) {

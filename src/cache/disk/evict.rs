@@ -92,11 +92,10 @@ fn remove_published(
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    match trash.take(&slot_file(leaf, n, "bin")) {
-        Ok(len) => freed += len,
-        // The entry is already invisible (no .src); an orphan .bin left by a failed rename stays
-        // counted, and a later pass removes it (and subtracts it then).
-        Err(_) => {}
+    // The entry is already invisible (no .src); an orphan .bin left by a failed rename stays
+    // counted, and a later pass removes it (and subtracts it then).
+    if let Ok(len) = trash.take(&slot_file(leaf, n, "bin")) {
+        freed += len;
     }
     if f.tmp {
         for ext in ["src.tmp", "bin.tmp"] {
