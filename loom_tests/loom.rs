@@ -365,6 +365,6 @@ fn every_put_over_the_limit_is_followed_by_a_pass_that_sees_it() {
             (0, 0),
             "over the limit after the last put, or miscounted"
         );
-        assert!(!c.passes.running());
+        assert!(!c.passes.running(), "a runner left behind");
     });
 }

@@ -6,7 +6,7 @@
 
 #[cfg(not(loom))]
 mod imp {
-    pub use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+    pub use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
     /// A mutex (parking_lot outside loom).
     #[derive(Debug, Default)]
@@ -68,7 +68,7 @@ mod imp {
 
 #[cfg(loom)]
 mod imp {
-    pub use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+    pub use loom::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
     /// A mutex (loom's, under the model checker).
     #[derive(Debug, Default)]
