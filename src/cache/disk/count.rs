@@ -31,18 +31,14 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::Duration;
 
 use super::Inner;
-use super::lock::{self, HeldLock, Waited};
+use super::lock::{self, HeldLock};
 use super::slot::slot_file;
 use super::stats::bump;
 use super::walk::{LeafScan, Tree, scan_tree};
 
 pub(crate) const SIZE_FILE: &str = "size";
-/// The size lock is held for microseconds by a change, for one walk by a recount; waiting longer
-/// than this means something is badly wrong, and the change is not made.
-const SIZE_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 /// `<total:20> <generation:20> <dirty><evicting>\n`.
 const RECORD_LEN: usize = 45;
 const DIRTY_AT: u64 = 42;
@@ -202,20 +198,12 @@ impl Inner {
         Ok(tree)
     }
 
-    /// Takes the size lock (creating the file), waiting up to [`SIZE_LOCK_TIMEOUT`]. `None`: the cache
-    /// is unwritable (warned) or the lock stayed busy.
+    /// Takes the size lock (creating the file), blocking: changes hold it for microseconds, a recount
+    /// for one walk. `None`: the cache is unwritable or the file cannot be locked (warned).
     pub(crate) fn lock_size(&self) -> Option<SizeLock> {
         let path = self.v1.join(SIZE_FILE);
-        match lock::lock_with_timeout(&path, false, SIZE_LOCK_TIMEOUT, || Ok(())) {
-            Ok(Waited::Acquired { lock, .. }) => Some(SizeLock(lock)),
-            Ok(Waited::TimedOut) => {
-                self.warned.warn(
-                    super::WarnCause::LockTimeout,
-                    &path,
-                    &format_args!("the size file stayed locked for {SIZE_LOCK_TIMEOUT:?}"),
-                );
-                None
-            }
+        match lock::lock_blocking(&path) {
+            Ok(lock) => Some(SizeLock(lock)),
             Err(e) => {
                 self.warn_io(&e, &path, "cannot lock the size file");
                 None

@@ -94,6 +94,44 @@ pub(crate) fn try_lock(path: &Path, ephemeral: bool) -> io::Result<Option<HeldLo
     Ok(None)
 }
 
+/// Locks `path` exclusively, blocking until it is free: for the size file, whose holders keep it for
+/// microseconds (a recount, for one walk). A blocking `flock` queues in the kernel, where polling would
+/// let a steady stream of short holders starve a waiter on a loaded machine. Creates the file if needed.
+pub(crate) fn lock_blocking(path: &Path) -> io::Result<HeldLock> {
+    for _ in 0..8 {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        let mut rw = fd_lock::RwLock::new(file);
+        loop {
+            match rw.write() {
+                // As in `try_lock`: the lock lives as long as the descriptor HeldLock owns.
+                Ok(guard) => {
+                    std::mem::forget(guard);
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let file = rw.into_inner();
+        if same_inode(&file, path)? {
+            return Ok(HeldLock {
+                file: Some(file),
+                path: path.to_owned(),
+                ephemeral: false,
+            });
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::WouldBlock,
+        format!("{} kept being replaced while locking it", path.display()),
+    ))
+}
+
 /// What waiting for a lock came to.
 #[derive(Debug)]
 pub(crate) enum Waited {

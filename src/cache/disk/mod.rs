@@ -59,7 +59,8 @@
 //! # Size
 //! The total (both files of every entry, headers included) is tracked in `<root>/v1/size`, exactly,
 //! under any interleaving of puts, removals and eviction passes in threads and processes (`count.rs`
-//! gives the protocol): a put never walks the tree, and a put that takes the total over `max_size`
+//! gives the protocol): a put walks the tree only when the record must be rebuilt (a new cache, or a
+//! process killed mid-change), and a put that takes the total over `max_size`
 //! asks for an eviction pass (`schedule.rs`), which removes the least recently accessed entries down
 //! to the low watermark on a background thread; a put that crosses the limit while a pass runs makes
 //! that pass (or another) run again, so once writers stop the total is at or under the limit. A
