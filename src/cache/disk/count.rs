@@ -218,9 +218,24 @@ impl Inner {
     pub(crate) fn counted<T>(&self, change: impl FnOnce() -> (T, i64)) -> Option<(T, Option<u64>)> {
         let lock = self.lock_size()?;
         let mut rec = lock.read();
+        let mut evictor = None;
         if rec.is_none_or(|r| r.dirty || r.evicting) {
-            rec = self.recount_if_free(&lock, rec);
+            (rec, evictor) = self.recount_if_free(&lock, rec);
         }
+        let out = self.counted_under(&lock, rec, change);
+        drop(lock);
+        if let Some(e) = evictor {
+            self.release_evict_lock(e);
+        }
+        out
+    }
+
+    fn counted_under<T>(
+        &self,
+        lock: &SizeLock,
+        rec: Option<SizeRecord>,
+        change: impl FnOnce() -> (T, i64),
+    ) -> Option<(T, Option<u64>)> {
         let rec = rec.filter(|r| !r.dirty);
         if let Some(r) = &rec {
             if let Err(e) = lock.mark_dirty(r) {
@@ -252,15 +267,21 @@ impl Inner {
     /// `evict.lock` is free (no pass is running, so a flag was left by a dead process), measures the
     /// tree now, under both locks, and returns the new record; otherwise returns `rec` as it is (a
     /// running pass settles it, see `settle_size` and `finish_size`).
-    fn recount_if_free(&self, lock: &SizeLock, rec: Option<SizeRecord>) -> Option<SizeRecord> {
-        let Ok(Some(_evictor)) = lock::try_lock(&self.v1.join(lock::EVICT_LOCK), false) else {
-            return rec;
+    /// Returns the record and, when it took it, `evict.lock`, which the caller lets go of through
+    /// `release_evict_lock` once it no longer holds the size lock.
+    fn recount_if_free(
+        &self,
+        lock: &SizeLock,
+        rec: Option<SizeRecord>,
+    ) -> (Option<SizeRecord>, Option<HeldLock>) {
+        let Ok(Some(evictor)) = lock::try_lock(&self.v1.join(lock::EVICT_LOCK), false) else {
+            return (rec, None);
         };
         match self.recount(lock, rec, false) {
-            Ok(_) => lock.read(),
+            Ok(_) => (lock.read(), Some(evictor)),
             Err(e) => {
                 self.warn_io(&e, &self.v1, "cannot measure the cache");
-                rec
+                (rec, Some(evictor))
             }
         }
     }

@@ -214,8 +214,14 @@ impl Inner {
         report.ran = true;
         let mut trash = Trash::new(&self.s.root, 0);
         let before = self.lock_size().and_then(|l| l.read());
-        let walked = scan_tree(&self.v1)?;
-        let ((leaves, children, bare), mut total) = self.settle_size(before, walked)?;
+        let settled = scan_tree(&self.v1).and_then(|walked| self.settle_size(before, walked));
+        let ((leaves, children, bare), mut total) = match settled {
+            Ok(s) => s,
+            Err(e) => {
+                self.release_evict_lock(evictor);
+                return Err(e);
+            }
+        };
         let mut removed_bytes_counted = 0u64;
         // Slots (of any state) still present per leaf: a leaf at zero is removed with its emptied parents.
         let mut alive: Vec<usize> = leaves.iter().map(|l| l.slots.len()).collect();
@@ -341,11 +347,7 @@ impl Inner {
             });
             // The eviction lock is released only now: no other pass fills a trash directory while the
             // sweep deletes them, and no two sweeps race.
-            drop(evictor);
-            // Someone found the lock taken while we held it: their pass is ours to run.
-            if me.v1.join(RECHECK_FILE).exists() {
-                me.request_pass();
-            }
+            me.release_evict_lock(evictor);
             r
         };
         if plan.defer_sweep {

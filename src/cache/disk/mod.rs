@@ -143,6 +143,8 @@ struct Inner {
     passes: PassGate,
     /// Background eviction runners and deferred sweeps, for `wait_for_eviction`.
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// This instance, for the runner a pass request starts from code that holds only `&Inner`.
+    me: std::sync::Weak<Inner>,
 }
 
 static UNRESOLVED_WARNING: std::sync::Once = std::sync::Once::new();
@@ -152,13 +154,14 @@ impl PersistentCache {
     pub fn new(settings: DiskCacheSettings) -> Self {
         let v1 = settings.root.join(VERSION_DIR);
         PersistentCache {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|me| Inner {
                 s: settings,
                 v1,
                 counters: DiskCounters::default(),
                 warned: Warned::default(),
                 passes: PassGate::new(),
                 threads: Mutex::new(Vec::new()),
+                me: me.clone(),
             }),
         }
     }

@@ -165,8 +165,9 @@ impl Inner {
             match self.put_in_leaf(&leaf, key, bytes, &src, total) {
                 Ok(Some(n)) => return PutOutcome::Published(n),
                 Ok(None) => return PutOutcome::Skipped,
-                // The leaf was removed by an evictor under us: make it again.
-                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 3 => tries += 1,
+                // The leaf was removed by an evictor's sweep under us: make it again. Under constant
+                // eviction (a tiny limit, many writers) that can happen several times in a row.
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 16 => tries += 1,
                 Err(e) => return fail(&e, &leaf),
             }
         }

@@ -13,14 +13,21 @@ use std::thread::JoinHandle;
 
 use super::Inner;
 use super::evict::Plan;
+use super::lock::{HeldLock, RECHECK_FILE};
 
 impl Inner {
     /// A put (or a pass that saw a bad record or a recheck flag) asks for a pass; it runs on a background
     /// thread unless `background_eviction` is off, and only if the record still calls for one then.
-    pub(super) fn request_pass(self: &Arc<Inner>) {
-        if !self.passes.request() {
+    pub(super) fn request_pass(&self) {
+        let Some(me) = self.me.upgrade() else { return };
+        if !me.passes.request() {
             return;
         }
+        me.start_runner();
+    }
+
+    /// Runs the passes this instance's gate just made the caller responsible for.
+    fn start_runner(self: &Arc<Inner>) {
         if !self.s.background_eviction {
             self.run_passes();
             return;
@@ -54,6 +61,17 @@ impl Inner {
             if !self.passes.finish() {
                 return;
             }
+        }
+    }
+
+    /// Lets go of `evict.lock` and, if another instance or process found it taken meanwhile (it left
+    /// `evict.recheck`), asks for the pass it could not run. Every holder of `evict.lock` lets go
+    /// through here (a pass, its deferred sweep, a recount), so no such request is lost. The caller
+    /// must not hold the size lock: with `background_eviction` off the pass runs on this thread.
+    pub(super) fn release_evict_lock(&self, evictor: HeldLock) {
+        drop(evictor);
+        if self.v1.join(RECHECK_FILE).exists() {
+            self.request_pass();
         }
     }
 
