@@ -157,6 +157,10 @@ impl Inner {
         loop {
             let leaf = match self.ensure_leaf(key) {
                 Ok(l) => l,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 16 => {
+                    tries += 1;
+                    continue;
+                }
                 Err(e) => return fail(&e, &self.leaf(key)),
             };
             if self.find(&leaf, key, false, true).is_some() {
