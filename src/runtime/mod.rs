@@ -32,7 +32,6 @@ pub mod context;
 pub mod device;
 #[cfg(not(loom))]
 pub mod interop;
-mod out_of_resources;
 #[cfg(not(loom))]
 mod lifecycle;
 #[cfg(not(loom))]
