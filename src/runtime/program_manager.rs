@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cache_debug::{CacheDebugStats, DebugCounters, DebugOutcome};
-#[cfg(not(loom))]
-#[cfg(not(loom))]
 pub use super::source::Source;
+#[cfg(not(loom))]
 use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
