@@ -20,6 +20,8 @@ MAX_DELAY_MS=${3:-1500}
 KPC=${KPC:-target/release/kpc}
 work=$(mktemp -d /tmp/kpc-kill9.XXXXXX)
 trap 'rm -rf "$work"' EXIT
+# set -e ends the script at a failed command; say which, instead of exiting without a word.
+trap 'echo "kill9: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 # A limit under one backend's entries (PoCL's binaries are 64-450 KB each), so puts cross it and
 # eviction passes and sweeps run in the killed processes.
 export KPC_CACHE_DIR="$work/cache" KPC_CACHE_PERSISTENT=1 KPC_CACHE_MAX_SIZE=600K
@@ -37,7 +39,8 @@ attention() { # BACKEND [extra args]
 }
 # Bytes of the counted files: every .src and .bin under v1/ (count.rs).
 on_disk() {
-  find "$KPC_CACHE_DIR/v1" -type f \( -name '*.src' -o -name '*.bin' \) -printf '%s\n' 2>/dev/null |
+  # A kill right after a clear can leave no v1/ at all: that is 0 bytes, not a failure (pipefail).
+  { find "$KPC_CACHE_DIR/v1" -type f \( -name '*.src' -o -name '*.bin' \) -printf '%s\n' 2>/dev/null || true; } |
     awk '{s += $1} END {print s + 0}'
 }
 # The tracked size, or "null" when the record is missing or flagged for a recount.
