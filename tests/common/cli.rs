@@ -58,6 +58,10 @@ pub fn kernel_sources(text: &str) -> Vec<&str> {
 /// The `kpc` binary cargo built for this test run: only the CLI package's tests (kpc-cli/tests) have
 /// one, so a test elsewhere that reaches for it is a bug in where that test lives.
 pub fn kpc_bin() -> &'static str {
-    option_env!("CARGO_BIN_EXE_kpc")
-        .expect("the kpc binary is built for kpc-cli's tests only; move this test to kpc-cli/tests")
+    match option_env!("CARGO_BIN_EXE_kpc") {
+        Some(p) => p,
+        None => panic!(
+            "the kpc binary is built for kpc-cli's tests only; move this test to kpc-cli/tests"
+        ),
+    }
 }
