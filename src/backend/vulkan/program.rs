@@ -155,7 +155,7 @@ pub struct VulkanKernel {
     pub(crate) program: Arc<VulkanProgram>,
     /// Its raw handles, made at the first request and lent out from then on, so that asking for
     /// them on a hot path allocates nothing.
-    pub(crate) handles: std::sync::OnceLock<super::interop::VulkanKernelHandles>,
+    pub(crate) handles: std::sync::OnceLock<super::kernel_handles::VulkanKernelHandles>,
 }
 
 impl crate::backend::KernelObject for VulkanKernel {
