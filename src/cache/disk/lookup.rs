@@ -12,7 +12,7 @@ use filetime::FileTime;
 use super::entry::{self, Defect, FileKind, read_verified};
 use super::lock::{self, HeldLock, Waited};
 use super::put::BuildGuard;
-use super::slot::{SlotCheck, check_slot, list_slots, read_src, slot_file};
+use super::slot::{SlotCheck, check_slot, list_slots, read_src, remove_slot_files, slot_file};
 use super::stats::{WarnCause, bump, nanos};
 use super::{DiskKey, Inner, PersistentCache};
 
@@ -219,7 +219,9 @@ impl PersistentCache {
                     .map(|(h, _)| h.checksum)
             }) == Some(hit.checksum);
             if same {
-                i.remove_slot(&hit.leaf, hit.slot);
+                if let Ok(freed) = remove_slot_files(&hit.leaf, hit.slot) {
+                    i.add_size(-(freed as i64));
+                }
             }
         }
     }
@@ -250,7 +252,8 @@ impl PersistentCache {
             if !wanted {
                 continue;
             }
-            if i.remove_slot(&leaf, n).is_some() {
+            if let Ok(freed) = remove_slot_files(&leaf, n) {
+                i.add_size(-(freed as i64));
                 removed = true;
             }
         }
@@ -405,9 +408,12 @@ impl Inner {
         }) {
             Ok(Some(_l)) => {
                 if let SlotCheck::Defective(..) = check_slot(leaf, n) {
-                    match self.remove_slot(leaf, n) {
-                        Some(_) => report(true),
-                        None => report(false),
+                    match remove_slot_files(leaf, n) {
+                        Ok(freed) => {
+                            self.add_size(-(freed as i64));
+                            report(true);
+                        }
+                        Err(_) => report(false),
                     }
                 }
             }

@@ -31,9 +31,8 @@ impl SlotFiles {
     pub fn complete(&self) -> bool {
         self.src.is_some() && self.bin.is_some()
     }
-    /// Bytes the size file counts for this slot (`count.rs`): `.src` and `.bin`, not temporaries.
-    pub fn counted(&self) -> u64 {
-        self.src.map_or(0, |m| m.len) + self.bin.map_or(0, |m| m.len)
+    pub fn bytes(&self) -> u64 {
+        self.src.map_or(0, |m| m.len) + self.bin.map_or(0, |m| m.len) + self.tmp_bytes
     }
 }
 
@@ -47,9 +46,8 @@ pub(crate) struct LeafScan {
 }
 
 impl LeafScan {
-    /// Bytes the size file counts for this leaf.
-    pub fn counted(&self) -> u64 {
-        self.slots.values().map(SlotFiles::counted).sum()
+    pub fn bytes(&self) -> u64 {
+        self.slots.values().map(SlotFiles::bytes).sum()
     }
 }
 
