@@ -9,3 +9,4 @@ pub mod fake_backend;
 pub mod mha;
 pub mod redis;
 pub mod validation;
+pub mod vk_device;

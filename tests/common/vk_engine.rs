@@ -112,27 +112,7 @@ impl Engine {
         let Some(&pd) = pds.first() else {
             return skip("vulkan", test, "no Vulkan device");
         };
-        // SAFETY: `pd` belongs to the instance.
-        let families = unsafe { instance.get_physical_device_queue_family_properties(pd) };
-        let family = families
-            .iter()
-            .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
-            .expect("a compute queue family") as u32;
-        let priorities = [1.0f32];
-        let queues = [vk::DeviceQueueCreateInfo::default()
-            .queue_family_index(family)
-            .queue_priorities(&priorities)];
-        // SAFETY: the create info lives across the call; nothing optional is enabled.
-        let device = unsafe {
-            instance.create_device(
-                pd,
-                &vk::DeviceCreateInfo::default().queue_create_infos(&queues),
-                None,
-            )
-        }
-        .expect("vkCreateDevice");
-        // SAFETY: queue 0 of `family` was requested.
-        let queue = unsafe { device.get_device_queue(family, 0) };
+        let (device, family, queue) = crate::common::vk_device::open_compute_device(&instance, pd);
         vk_counting::install(entry.static_fn().get_instance_proc_addr);
         ran("vulkan", test);
         Some(Engine {
