@@ -14,8 +14,22 @@ export KPC_TEST_DRIVER_LOG="$PWD/target/driver-tests.log"
 export KPC_VULKAN_VALIDATION=abort
 mkdir -p target
 : > "$KPC_TEST_DRIVER_LOG"
+echo "== the C library (kpc-capi/tests/capi_c.rs compiles C programs against it)"
+# `cargo test` builds no cdylib or staticlib (tests link only rlibs), so the C library the C tests
+# link is built here, by the same profile, before them.
+cargo build --release -p kpc-capi
 echo "== cargo test (unit, integration, driver tests)"
-cargo test --release --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-output.txt
+status=0
+cargo test --release --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-output.txt || status=$?
+if [ "$status" -ne 0 ]; then
+  # The log is long and a CI view may show only its ends: repeat here what failed and how, including
+  # test binaries that died without a test failure (a signal, an abort, a watchdog's exit).
+  echo "== cargo test failed (exit $status); what failed:" >&2
+  grep -E "^test .* FAILED$|panicked at|process didn't exit successfully|validation error|HANG|aborting|signal: " \
+    target/test-output.txt | head -60 >&2 || true
+  grep -A4 "^error: .*targets\? failed" target/test-output.txt >&2 || true
+  exit "$status"
+fi
 echo "== driver tests"
 for backend in vulkan opencl glslang redis; do
   ran=$(grep -c "^ran $backend " "$KPC_TEST_DRIVER_LOG" || true)

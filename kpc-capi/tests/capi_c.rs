@@ -19,9 +19,9 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The directory holding this test's executable: `target/<profile>/deps`, where cargo also writes
-/// the library's cdylib (`libkpc.so`) when it builds the library for this test run. (Only
-/// `cargo build` copies it up to `target/<profile>/`, so that copy may be stale here.)
+/// The directory holding this test's executable: `target/<profile>/deps`, where `cargo build -p
+/// kpc-capi` of the same profile writes the C library (`libkpc.so`, `libkpc.a`). `cargo test` itself
+/// builds no cdylib (tests link only rlibs), so scripts/test.sh builds it first.
 fn deps_dir() -> PathBuf {
     std::env::current_exe()
         .expect("the test executable's path")
@@ -42,7 +42,9 @@ fn cdylib() -> PathBuf {
             .and_then(|m| m.modified())
             .unwrap_or_else(|e| {
                 panic!(
-                    "{}: {e}; is crate-type cdylib still in Cargo.toml?",
+                    "{}: {e}; build the C library first with `cargo build --release -p kpc-capi` \
+                     (scripts/test.sh does), and keep crate-type cdylib and staticlib in \
+                     kpc-capi/Cargo.toml",
                     p.display()
                 )
             })
