@@ -17,6 +17,7 @@
 
 mod capability_check;
 mod device;
+mod dispatch;
 mod features;
 mod instance;
 mod interop;
@@ -25,13 +26,11 @@ pub mod pipeline_cache;
 mod program;
 mod queue_lock;
 mod submit;
+mod transfer;
 mod validation;
 
-use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use ash::vk;
 
 use crate::backend::{
     Backend, BackendStats, ComputeBackend, DeviceFingerprint, DeviceImage, DeviceInfo, Launch,
@@ -41,7 +40,7 @@ use crate::cache::{BuildOptions, SpecConstants};
 use crate::config::{BackendKind, Config, TraceFlags};
 use crate::error::{Error, Result};
 
-use device::{BufferPlace, Device, vk_err};
+use device::{BufferPlace, Device};
 pub use device::{VulkanBuffer, devices_created};
 pub use features::VulkanFeatures;
 pub use instance::devices;
@@ -51,7 +50,7 @@ pub use pipeline_cache::CacheIdentity;
 pub use program::{VulkanKernel, VulkanProgram};
 pub use queue_lock::{VulkanQueueLock, queue_lock_sharers};
 pub use submit::Record as VulkanEvent;
-use submit::{Record, Submitter, in_order_barrier};
+use submit::{Record, Submitter};
 pub use validation::{validation_enabled, validation_errors};
 
 /// Where buffers live.
@@ -226,65 +225,6 @@ impl VulkanBackend {
             }
         }
     }
-
-    fn staging_copy(
-        &self,
-        buffer: &VulkanBuffer,
-        offset: u64,
-        len: u64,
-        upload: bool,
-        mut chunk: impl FnMut(&VulkanBuffer, u64, u64),
-    ) -> Result<()> {
-        let chunk_len = len.min(STAGING_CHUNK);
-        // Taken out of the slot, so that concurrent copies never share one; a copy that fails leaves
-        // the slot empty and the next one allocates afresh.
-        let cached = self.staging.lock().take();
-        let staging = match cached {
-            Some(b) if b.size >= chunk_len => b,
-            _ => Arc::new(VulkanBuffer::new(
-                &self.dev,
-                chunk_len.max(STAGING_KEEP.min(STAGING_CHUNK)),
-                BufferPlace::HostVisible,
-            )?),
-        };
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(chunk_len);
-            if upload {
-                chunk(&staging, done, n);
-            }
-            // The record keeps the staging buffer alive until the copy has finished, even if this
-            // call returns early; `buffer` is borrowed for the whole call, which waits for the copy.
-            let mut rec = Record::new(&self.dev, 0)?;
-            rec.keep_alive
-                .push(staging.clone() as Arc<dyn Any + Send + Sync>);
-            let (src, dst, src_off, dst_off) = if upload {
-                (staging.raw, buffer.raw, 0, offset + done)
-            } else {
-                (buffer.raw, staging.raw, offset + done, 0)
-            };
-            let rec = self.submitter.submit(rec, !upload, |d, cmd| {
-                let region = vk::BufferCopy {
-                    src_offset: src_off,
-                    dst_offset: dst_off,
-                    size: n,
-                };
-                // SAFETY: recording state; both buffers are alive (see above) and the region
-                // lies inside each (the caller checked offset + len against the buffer's size).
-                unsafe { d.cmd_copy_buffer(cmd, src, dst, &[region]) };
-                Ok(())
-            })?;
-            rec.wait()?;
-            if !upload {
-                chunk(&staging, done, n);
-            }
-            done += n;
-        }
-        // Every copy through it has finished (waited above), so the next copy may reuse it even
-        // while a finished record still holds a reference.
-        *self.staging.lock() = Some(staging);
-        Ok(())
-    }
 }
 
 impl Backend for VulkanBackend {
@@ -446,173 +386,15 @@ impl ComputeBackend for VulkanBackend {
     }
 
     fn write_buffer(&self, buffer: &VulkanBuffer, offset: u64, data: &[u8]) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        if buffer.mapped.is_some() {
-            // In-order rule: earlier launches may still read or write this buffer.
-            self.submitter.finish()?;
-            buffer.copy_in(offset, data);
-            return Ok(());
-        }
-        self.staging_copy(buffer, offset, data.len() as u64, true, |staging, at, n| {
-            staging.copy_in(0, &data[at as usize..(at + n) as usize]);
-        })
+        self.write(buffer, offset, data)
     }
 
     fn read_buffer(&self, buffer: &VulkanBuffer, offset: u64, out: &mut [u8]) -> Result<()> {
-        if out.is_empty() {
-            return Ok(());
-        }
-        if buffer.mapped.is_some() {
-            self.submitter.finish()?;
-            buffer.copy_out(offset, out);
-            return Ok(());
-        }
-        self.staging_copy(buffer, offset, out.len() as u64, false, |staging, at, n| {
-            staging.copy_out(0, &mut out[at as usize..(at + n) as usize]);
-        })
+        self.read(buffer, offset, out)
     }
 
     fn submit(&self, launches: &[Launch<'_, Self>]) -> Result<Arc<Record>> {
-        let limits = &self.dev.limits;
-        for l in launches {
-            if (0..3).any(|k| l.groups[k] > limits.max_compute_work_group_count[k]) {
-                return Err(Error::Launch {
-                    kernel: l.kernel.pipeline.info.name.clone(),
-                    message: format!(
-                        "{:?} workgroups exceed the device's maximum of {:?} per dimension",
-                        l.groups, limits.max_compute_work_group_count
-                    ),
-                });
-            }
-        }
-        let mut rec = Record::new(&self.dev, launches.len() as u32)?;
-        // One descriptor pool per batch: a reset spare where it fits, else sized exactly.
-        let mut storage = 0;
-        let mut uniform = 0;
-        for l in launches {
-            for t in &l.kernel.pipeline.descriptor_types {
-                if *t == vk::DescriptorType::UNIFORM_BUFFER {
-                    uniform += 1;
-                } else {
-                    storage += 1;
-                }
-            }
-        }
-        let d = &self.dev.raw;
-        let mut sets = vec![vk::DescriptorSet::null(); launches.len()];
-        if storage + uniform > 0 {
-            rec.descriptor_pool(launches.len() as u32, storage, uniform)?;
-            for (i, l) in launches.iter().enumerate() {
-                if l.buffers.is_empty() {
-                    continue;
-                }
-                let layouts = [l.kernel.pipeline.set_layout];
-                let alloc = vk::DescriptorSetAllocateInfo::default()
-                    .descriptor_pool(rec.descriptor_pool)
-                    .set_layouts(&layouts);
-                // SAFETY: the pool was sized for every set of this batch.
-                sets[i] = unsafe { d.allocate_descriptor_sets(&alloc) }
-                    .map_err(|e| vk_err("vkAllocateDescriptorSets", e))?[0];
-                let infos: Vec<[vk::DescriptorBufferInfo; 1]> = l
-                    .buffers
-                    .iter()
-                    .map(|b| {
-                        [vk::DescriptorBufferInfo {
-                            buffer: b.raw,
-                            offset: 0,
-                            range: vk::WHOLE_SIZE,
-                        }]
-                    })
-                    .collect();
-                let writes: Vec<vk::WriteDescriptorSet> = l
-                    .kernel
-                    .pipeline
-                    .info
-                    .buffers
-                    .iter()
-                    .zip(&l.kernel.pipeline.descriptor_types)
-                    .zip(&infos)
-                    .map(|((param, ty), info)| {
-                        vk::WriteDescriptorSet::default()
-                            .dst_set(sets[i])
-                            .dst_binding(param.binding)
-                            .descriptor_type(*ty)
-                            .buffer_info(info)
-                    })
-                    .collect();
-                // SAFETY: the set is fresh and not in use; every buffer is alive and kept by the record.
-                unsafe { d.update_descriptor_sets(&writes, &[]) };
-            }
-        }
-        for l in launches {
-            rec.keep_alive
-                .push(l.kernel.pipeline.clone() as Arc<dyn Any + Send + Sync>);
-            for b in &l.buffers {
-                rec.keep_alive.push(b.clone() as Arc<dyn Any + Send + Sync>);
-            }
-        }
-        let timed = rec.timed > 0;
-        let query_pool = rec.query_pool;
-        // Launches write buffers the host reads directly only where they are mapped.
-        let host_reads = self.place == BufferPlace::HostVisible;
-        let rec = self.submitter.submit(rec, host_reads, |d, cmd| {
-            for (i, l) in launches.iter().enumerate() {
-                let p = &l.kernel.pipeline;
-                // SAFETY: recording state; the pipeline, layout and set are alive (kept by the
-                // record); push-constant bytes match the layout's range (checked by the runtime);
-                // the group counts are within the device's limits (checked above); each timestamp
-                // query index is below 2 * launches.
-                unsafe {
-                    if i > 0 {
-                        in_order_barrier(d, cmd);
-                    }
-                    d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, p.raw);
-                    if sets[i] != vk::DescriptorSet::null() {
-                        d.cmd_bind_descriptor_sets(
-                            cmd,
-                            vk::PipelineBindPoint::COMPUTE,
-                            p.layout,
-                            0,
-                            &[sets[i]],
-                            &[],
-                        );
-                    }
-                    if !l.push_constants.is_empty() {
-                        d.cmd_push_constants(
-                            cmd,
-                            p.layout,
-                            vk::ShaderStageFlags::COMPUTE,
-                            0,
-                            l.push_constants,
-                        );
-                    }
-                    if timed {
-                        d.cmd_write_timestamp(
-                            cmd,
-                            vk::PipelineStageFlags::TOP_OF_PIPE,
-                            query_pool,
-                            2 * i as u32,
-                        );
-                    }
-                    d.cmd_dispatch(cmd, l.groups[0], l.groups[1], l.groups[2]);
-                    if timed {
-                        d.cmd_write_timestamp(
-                            cmd,
-                            vk::PipelineStageFlags::BOTTOM_OF_PIPE,
-                            query_pool,
-                            2 * i as u32 + 1,
-                        );
-                    }
-                }
-            }
-            Ok(())
-        })?;
-        self.counters
-            .launches
-            .fetch_add(launches.len() as u64, Ordering::Relaxed);
-        Ok(rec)
+        self.dispatch(launches)
     }
 
     fn wait(&self, event: &Arc<Record>) -> Result<()> {
