@@ -98,26 +98,42 @@ impl ComputeBackend for OpenClBackend {
     }
 
     fn submit(&self, launches: &[Launch<'_, Self>]) -> Result<OpenClEvent> {
+        // PoCL aborts when two queues run one kernel with different grids at once (`pocl.rs`).
+        let serial = self
+            .serialize_launches
+            .then(super::pocl::serialize_launches);
         let mut events = Vec::with_capacity(launches.len());
         let mut buffers = Vec::new();
-        for l in launches {
-            events.push(self.enqueue(l)?);
-            buffers.extend(l.buffers.iter().cloned());
+        let enqueued = (|| {
+            for l in launches {
+                events.push(self.enqueue(l)?);
+                buffers.extend(l.buffers.iter().cloned());
+            }
+            // Drivers may hold enqueued work until a flush; start it now.
+            self.shared.queue.flush().map_err(|e| cl_err("clFlush", e))
+        })();
+        if let Err(e) = enqueued {
+            if serial.is_some() {
+                // What did reach the queue completes before the lock goes.
+                let _ = self.shared.queue.finish();
+            }
+            return Err(e);
         }
-        // Drivers may hold enqueued work until a flush; start it now.
-        self.shared
-            .queue
-            .flush()
-            .map_err(|e| cl_err("clFlush", e))?;
         self.counters
             .launches
             .fetch_add(launches.len() as u64, Ordering::Relaxed);
-        Ok(OpenClEvent {
+        let event = OpenClEvent {
             events,
             _buffers: buffers,
             _device: self.shared.clone(),
             profiled: self.profiled,
-        })
+        };
+        if serial.is_some() {
+            // Completed before another queue may start a launch; the lock goes after the wait.
+            event.wait()?;
+        }
+        drop(serial);
+        Ok(event)
     }
 
     fn wait(&self, event: &OpenClEvent) -> Result<()> {

@@ -37,6 +37,7 @@ mod discovery;
 mod interop;
 mod launch;
 mod meta;
+mod pocl;
 mod program;
 mod source;
 
@@ -170,6 +171,8 @@ pub struct OpenClBackend {
     options: OpenClOptions,
     trace: bool,
     counters: Counters,
+    /// PoCL: launches are serialized across the process (`pocl.rs`).
+    serialize_launches: bool,
 }
 
 impl std::fmt::Debug for OpenClBackend {
@@ -246,7 +249,9 @@ impl OpenClBackend {
         options: OpenClOptions,
         config: &Config,
     ) -> OpenClBackend {
+        let serialize_launches = pocl::is_pocl(&f.info.driver);
         OpenClBackend {
+            serialize_launches,
             shared: Arc::new(Shared {
                 queue,
                 context,
