@@ -9,8 +9,9 @@
 //! starts the same kernel with a wider one (which makes a second entry), A's completion decrements
 //! B's entry and B's completion then fails `assert(found->ref_count > 0)` in
 //! `pocl_release_dlhandle_cache`, aborting the process. Contexts over one PoCL device share the
-//! cache (the hash depends on the program, not the context). Seen with `tests/stress_contexts.rs`:
-//! on PoCL 5.0 (16 cores) in 2 of 24 runs, on PoCL 3.1 (2 cores) in 1 CI run.
+//! cache (the hash depends on the program, not the context). Seen with `tests/stress_contexts.rs`
+//! on PoCL 5.0 (16 cores, and pinned to 2) in 2 of 24 runs, none of 24 with this workaround; a CI
+//! run on PoCL 3.1 lost that test binary to a crash whose log was cut, most likely this one.
 //!
 //! Within one in-order queue PoCL starts a command only after the previous one has completed, so
 //! the bug needs two queues. kpc therefore runs PoCL launches one batch at a time across the
