@@ -589,13 +589,9 @@ impl ComputeBackend for VulkanBackend {
                         );
                     }
                     if timed {
-                        // The start is written once earlier commands (the previous launch, or an
-                        // earlier submission still running) have left the compute stage. At
-                        // TOP_OF_PIPE the barrier above does not order it after them, so it may be
-                        // written while they run, timing a queued launch from its submission.
                         d.cmd_write_timestamp(
                             cmd,
-                            vk::PipelineStageFlags::COMPUTE_SHADER,
+                            vk::PipelineStageFlags::TOP_OF_PIPE,
                             query_pool,
                             2 * i as u32,
                         );
