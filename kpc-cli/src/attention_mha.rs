@@ -151,7 +151,8 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
     );
     let mut rng = Rng::new();
     let self_w = random_weights(&mut rng, &base);
-    let mut layer = MultiHeadAttention::new(&ctx, &base, &view(&self_w))?;
+    // The attention flags (--decode-kernel, --decode-split-min, ...) apply to the layers' SDPA.
+    let mut layer = MultiHeadAttention::with_options(&ctx, &base, &view(&self_w), plan.options)?;
     let cross_p = args.cross.map(|len| MhaParams {
         kind: MhaKind::CrossAttention,
         capacity: len.max(1),
@@ -159,7 +160,12 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
     });
     let cross_w = cross_p.map(|p| random_weights(&mut rng, &p));
     let mut cross = match (&cross_p, &cross_w) {
-        (Some(p), Some(w)) => Some(MultiHeadAttention::new(&ctx, p, &view(w))?),
+        (Some(p), Some(w)) => Some(MultiHeadAttention::with_options(
+            &ctx,
+            p,
+            &view(w),
+            plan.options,
+        )?),
         _ => None,
     };
     outln!(

@@ -105,3 +105,31 @@ fn mha_prefill_runs_report_a_median() {
         "{one}"
     );
 }
+
+/// The attention flags reach the layer's SDPA: `--decode-kernel generic` makes its steps decode with
+/// `attn_decode` instead of the vectorized kernel, and the check still passes.
+#[test]
+fn mha_takes_the_attention_options() {
+    if vulkan_device("mha_attention_options").is_none() {
+        return;
+    }
+    let kernels = |text: &str| -> Vec<String> {
+        text.lines()
+            .skip_while(|l| !l.starts_with("kernels"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect()
+    };
+    let default = kernels(&mha_check("vulkan", false, &[]));
+    let generic = kernels(&mha_check("vulkan", false, &["--decode-kernel", "generic"]));
+    assert!(
+        default.iter().any(|k| k == "attn_decode_vec"),
+        "{default:?}"
+    );
+    assert!(generic.iter().any(|k| k == "attn_decode"), "{generic:?}");
+    assert!(
+        !generic.iter().any(|k| k == "attn_decode_vec"),
+        "{generic:?}"
+    );
+}
