@@ -4,7 +4,8 @@
 # (benches/mha_torch.py), in the same call, then a side-by-side table with ratios. Builds nothing.
 #   source .gpu/prelude.sh; benches/mha_gpu.sh          (or .gpu/mha_gpu.sh after pack.sh)
 # SECTIONS: any of check kpc torch (default all three). KPC: the kpc binary (default .gpu/kpc).
-# DECODE_L, PREFILL_L, KV_HEADS: the shapes (defaults 1024 4096 16384 / 2048 8192 / 32 8); HEADS and
+# DECODE_L, PREFILL_L, KV_HEADS: the shapes (defaults 1024 4096 16384 / 2048 8192 / 32 8; an empty
+# DECODE_L or PREFILL_L runs none); HEADS and
 # HEAD_DIM (32, 128: E = 4096) only to try the script on a small device. DEVICES: the kpc devices
 # (default vulkan:gpu opencl:gpu; each log is named after its backend).
 # Full logs go to $OUT (or /tmp): mha-check.txt, mha-vulkan.txt, mha-opencl.txt, mha-torch.txt,
@@ -19,8 +20,8 @@ export KPC=${KPC:-.gpu/kpc}
 out=${OUT:-/tmp}
 here=$(dirname "$0")
 sections=${SECTIONS:-check kpc torch}
-decode_l=${DECODE_L:-1024 4096 16384}
-prefill_l=${PREFILL_L:-2048 8192}
+decode_l=${DECODE_L-1024 4096 16384}
+prefill_l=${PREFILL_L-2048 8192}
 kv_heads=${KV_HEADS:-32 8}
 heads=${HEADS:-32}
 head_dim=${HEAD_DIM:-128}

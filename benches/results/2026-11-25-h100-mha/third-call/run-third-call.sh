@@ -3,8 +3,9 @@
 # MultiHeadAttention::with_options, so --decode-split-min reaches the layer). 1) The layer's decode
 # with shorter splits than the defaults (Vulkan 128 positions, OpenCL 64): in the layer the weights
 # stream through L2 between steps, so K/V come from DRAM, unlike the back-to-back SDPA benchmark
-# the defaults were tuned on; 2) the decode table with the defaults (no checks, no prefill: both
-# came from the first two calls, with the same kernels).
+# the defaults were tuned on; 2) the table with the defaults, without the checks (PREFILL_L="" was
+# meant to skip the prefill too, but mha_gpu.sh then read an empty value as unset, fixed since: the
+# prefill rows ran as well).
 #   source .gpu/h27/prelude.sh; cd .gpu/h27; ./run-third-call.sh
 set -uo pipefail
 out=${OUT:-/tmp}
