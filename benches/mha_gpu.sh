@@ -5,9 +5,9 @@
 #   source .gpu/prelude.sh; benches/mha_gpu.sh          (or .gpu/mha_gpu.sh after pack.sh)
 # SECTIONS: any of check kpc torch (default all three). KPC: the kpc binary (default .gpu/kpc).
 # DECODE_L, PREFILL_L, KV_HEADS: the shapes (defaults 1024 4096 16384 / 2048 8192 / 32 8; an empty
-# DECODE_L or PREFILL_L runs none); HEADS and
-# HEAD_DIM (32, 128: E = 4096) only to try the script on a small device. DEVICES: the kpc devices
-# (default vulkan:gpu opencl:gpu; each log is named after its backend).
+# DECODE_L or PREFILL_L runs none); HEADS and HEAD_DIM (32, 128: E = 4096) only to try the script on
+# a small device. DEVICES: the kpc devices (default vulkan:gpu opencl:gpu; each log is named after
+# its backend).
 # Full logs go to $OUT (or /tmp): mha-check.txt, mha-vulkan.txt, mha-opencl.txt, mha-torch.txt,
 # mha-table.md.
 #
