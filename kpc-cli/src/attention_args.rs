@@ -94,7 +94,8 @@ pub struct Args {
     /// Times the prefill runs; the bench line reports the median. Above 1, the runs after the
     /// first attend over the K/V it wrote (Attention::prefill_cached), untimed ones for at
     /// least 300 ms first (the GPU leaves its idle clocks only under sustained load), then
-    /// these timed ones.
+    /// these timed ones. With `--layer mha` every run is the whole layer's prefill (projections,
+    /// cache append, attention) of the same prompt into an emptied cache, with the same warm-up.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub(crate) prefill_runs: u32,
     /// Multiplies the random queries (uniform in [-1, 1)): larger scores make the softmax's running

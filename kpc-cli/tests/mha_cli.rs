@@ -11,7 +11,7 @@ use std::process::Command;
 use common::disk::TempDir;
 use common::drivers::{opencl_device, vulkan_device};
 
-fn mha_check(backend: &str, cross: bool) {
+fn mha_check(backend: &str, cross: bool, extra: &[&str]) -> String {
     let cache = TempDir::new(&format!("mha-cli-{backend}"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kpc"));
     cmd.args([
@@ -31,6 +31,7 @@ fn mha_check(backend: &str, cross: bool) {
     if cross {
         cmd.args(["--cross", "6"]);
     }
+    cmd.args(extra);
     let out = cmd.output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -50,20 +51,85 @@ fn mha_check(backend: &str, cross: bool) {
         "{text}"
     );
     assert_eq!(text.contains("cross: "), cross, "{text}");
+    text
+}
+
+/// The bench line's value of `key` (`key=value`).
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key}= in {line}"))
 }
 
 #[test]
 fn vulkan_mha_layer_checks() {
     if vulkan_device("vulkan_mha_cli").is_some() {
-        mha_check("vulkan", false);
-        mha_check("vulkan", true);
+        mha_check("vulkan", false, &[]);
+        mha_check("vulkan", true, &[]);
     }
 }
 
 #[test]
 fn opencl_mha_layer_checks() {
     if opencl_device("opencl_mha_cli").is_some() {
-        mha_check("opencl", false);
-        mha_check("opencl", true);
+        mha_check("opencl", false, &[]);
+        mha_check("opencl", true, &[]);
     }
+}
+
+/// `--prefill-runs N` with `--layer mha`: N timed whole-layer prefills into an emptied cache, the
+/// median on a bench line, and the steps after them still continue that prompt (the check passes).
+#[test]
+fn mha_prefill_runs_report_a_median() {
+    if vulkan_device("mha_prefill_runs").is_none() {
+        return;
+    }
+    let backend = "vulkan";
+    let text = mha_check(backend, false, &["--prefill-runs", "3"]);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("bench: phase=mha_prefill"))
+        .unwrap_or_else(|| panic!("no prefill bench line: {text}"));
+    assert_eq!(field(line, "runs"), "3", "{line}");
+    assert_eq!(field(line, "L"), "10", "{line}");
+    let ms: f64 = field(line, "device_ms").parse().unwrap();
+    let proj: f64 = field(line, "proj_ms").parse().unwrap();
+    let attn: f64 = field(line, "attn_ms").parse().unwrap();
+    let tflops: f64 = field(line, "tflops").parse().unwrap();
+    assert!(ms > 0.0 && tflops > 0.0, "{line}");
+    assert!((proj + attn - ms).abs() <= 1e-3 * ms.max(1.0), "{line}");
+    // One run (the default) reports the same line with runs=1.
+    let one = mha_check(backend, false, &[]);
+    assert!(
+        one.contains("bench: phase=mha_prefill L=10 runs=1 "),
+        "{one}"
+    );
+}
+
+/// The attention flags reach the layer's SDPA: `--decode-kernel generic` makes its steps decode with
+/// `attn_decode` instead of the vectorized kernel, and the check still passes.
+#[test]
+fn mha_takes_the_attention_options() {
+    if vulkan_device("mha_attention_options").is_none() {
+        return;
+    }
+    let kernels = |text: &str| -> Vec<String> {
+        text.lines()
+            .skip_while(|l| !l.starts_with("kernels"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect()
+    };
+    let default = kernels(&mha_check("vulkan", false, &[]));
+    let generic = kernels(&mha_check("vulkan", false, &["--decode-kernel", "generic"]));
+    assert!(
+        default.iter().any(|k| k == "attn_decode_vec"),
+        "{default:?}"
+    );
+    assert!(generic.iter().any(|k| k == "attn_decode"), "{generic:?}");
+    assert!(
+        !generic.iter().any(|k| k == "attn_decode_vec"),
+        "{generic:?}"
+    );
 }

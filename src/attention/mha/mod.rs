@@ -266,11 +266,25 @@ impl MultiHeadAttention {
         params: &MhaParams,
         weights: &MhaWeights<'_>,
     ) -> Result<MultiHeadAttention> {
+        let options = AttentionOptions::for_device(ctx.device());
+        MultiHeadAttention::with_options(ctx, params, weights, options)
+    }
+
+    /// As [`MultiHeadAttention::new`], with the options of the attention kernels underneath
+    /// (which decode and prefill kernels, their sizes) instead of the device's defaults.
+    ///
+    /// Errors: as [`MultiHeadAttention::new`], and [`Attention::new`]'s for options the device
+    /// cannot run.
+    pub fn with_options(
+        ctx: &Context,
+        params: &MhaParams,
+        weights: &MhaWeights<'_>,
+        options: AttentionOptions,
+    ) -> Result<MultiHeadAttention> {
         params.validate()?;
         weights.check(params)?;
         let p = *params;
         let shape = p.shape();
-        let options = AttentionOptions::for_device(ctx.device());
         let attn = Attention::new(ctx, &shape, p.cache_dtype, p.capacity, options)?;
         let cache = KvCache::new(ctx, &shape, p.capacity, p.cache_dtype)?;
         let proj = Projector::new(ctx, &p)?;
