@@ -298,7 +298,7 @@ pub struct Config {
 }
 
 /// 1 GiB, the default disk limit and largest persisted image.
-pub const GIB: u64 = 1 << 30;
+pub(crate) const GIB: u64 = 1 << 30;
 
 impl Default for Config {
     /// The defaults, with no cache directory resolved (the disk cache is off until one is given).
@@ -434,11 +434,6 @@ impl Config {
         } else {
             None
         }
-    }
-
-    /// Whether a device image of `len` bytes may be persisted.
-    pub fn persists_image_of_size(&self, len: u64) -> bool {
-        len >= self.min_device_image_size && len <= self.max_device_image_size
     }
 }
 
@@ -592,8 +587,9 @@ pub use remote_url::RemoteUrl;
 
 mod parse;
 pub mod prefetch;
+pub(crate) use parse::parse_bool;
 use parse::{DIRS_ACCEPTED, TRACE_ACCEPTED, dir_problem, parse_trace};
-pub use parse::{parse_bool, parse_dir_list, parse_duration, parse_size};
+pub use parse::{parse_dir_list, parse_duration, parse_size};
 
 #[cfg(test)]
 mod tests;

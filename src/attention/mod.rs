@@ -62,7 +62,7 @@ pub struct AttentionShape {
 }
 
 /// The largest head dimension the kernels accept.
-pub const MAX_HEAD_DIM: usize = 256;
+pub(crate) const MAX_HEAD_DIM: usize = 256;
 
 impl AttentionShape {
     /// Checks that the kernels support this shape.

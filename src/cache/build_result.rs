@@ -169,12 +169,12 @@ impl<T, E> BuildResult<T, E> {
     }
 
     /// The LRU tick of the last use, as set by the owning cache.
-    pub fn last_use(&self) -> u64 {
+    pub(crate) fn last_use(&self) -> u64 {
         self.last_use.load(StdOrdering::Relaxed)
     }
 
     /// Records a use at `tick`.
-    pub fn set_last_use(&self, tick: u64) {
+    pub(crate) fn set_last_use(&self, tick: u64) {
         self.last_use.store(tick, StdOrdering::Relaxed);
     }
 
@@ -184,7 +184,7 @@ impl<T, E> BuildResult<T, E> {
     }
 
     /// Sets the byte cost; the owning cache calls this from its `on_built` hook.
-    pub fn set_cost(&self, bytes: u64) {
+    pub(crate) fn set_cost(&self, bytes: u64) {
         self.cost.store(bytes, StdOrdering::Relaxed);
     }
 }
@@ -192,7 +192,7 @@ impl<T, E> BuildResult<T, E> {
 impl<T, E> BuildResult<T, E> {
     /// How many `Arc`s share the built value (this entry's included), without taking one: 1 means
     /// nothing outside the cache entry holds it. `None` unless the entry is `Done`.
-    pub fn value_refs(&self) -> Option<usize> {
+    pub(crate) fn value_refs(&self) -> Option<usize> {
         if self.state() != BuildState::Done {
             return None;
         }
@@ -205,7 +205,7 @@ impl<T, E> BuildResult<T, E> {
 impl<T, E: Clone> BuildResult<T, E> {
     /// The stored outcome if the entry is final: the hit path. Lock-free.
     #[inline]
-    pub fn try_final(&self) -> Option<Result<Arc<T>, E>> {
+    pub(crate) fn try_final(&self) -> Option<Result<Arc<T>, E>> {
         match self.state() {
             BuildState::Done | BuildState::Failed => self.outcome.with(Clone::clone),
             _ => None,

@@ -13,7 +13,7 @@ struct Padded(AtomicU64);
 
 /// A counter that many threads increment without contending on one cache line.
 #[derive(Default)]
-pub struct StripedCounter {
+pub(crate) struct StripedCounter {
     slots: [Padded; STRIPES],
 }
 
@@ -32,7 +32,7 @@ fn thread_slot() -> usize {
 impl StripedCounter {
     /// Adds one on this thread's stripe.
     #[inline]
-    pub fn incr(&self) {
+    pub(crate) fn incr(&self) {
         self.slots[thread_slot()].0.fetch_add(1, Ordering::Relaxed);
     }
     /// The sum over all stripes.
@@ -43,7 +43,7 @@ impl StripedCounter {
 
 /// Live counters of one `KernelProgramCache`.
 #[derive(Debug, Default)]
-pub struct MemCounters {
+pub(crate) struct MemCounters {
     pub(crate) hits: StripedCounter,
     pub(crate) misses: AtomicU64,
     pub(crate) builds: AtomicU64,

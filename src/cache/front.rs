@@ -28,7 +28,7 @@ use super::sync::Mutex;
 
 /// How many stripes a [`Front`] has: enough for one per thread on the machines kpc targets; more
 /// threads share stripes.
-pub const STRIPES: usize = 64;
+pub(crate) const STRIPES: usize = 64;
 
 /// A thread's own handle to a shared, cached object: cloning it touches only a count that this
 /// thread's handles share, not the shared `Arc`'s. Dereferences to the object.
@@ -181,7 +181,7 @@ impl<Key, V> Front<Key, V> {
 /// This thread's index: distinct among the threads alive at once, and reused after a thread exits, so
 /// a pool of N threads occupies N stripes however many threads came and went before it.
 #[inline]
-pub fn thread_index() -> usize {
+pub(crate) fn thread_index() -> usize {
     thread_local! {
         static INDEX: ThreadIndex = ThreadIndex::acquire();
     }

@@ -222,7 +222,7 @@ where
     /// nothing. With LRU eviction on, it declines (returns `None`) so the owned path can refresh the
     /// program's recency.
     #[inline]
-    pub fn kernel_hit(&self, key: &dyn KernelKeyParts) -> Option<Result<Arc<K>, E>> {
+    pub(crate) fn kernel_hit(&self, key: &dyn KernelKeyParts) -> Option<Result<Arc<K>, E>> {
         if !self.settings.enabled || self.settings.eviction_threshold > 0 {
             return None;
         }
@@ -400,7 +400,7 @@ where
     /// A kernel the application still holds keeps itself and its program cached. Entries being built
     /// are left alone. Returns how many programs were released (counted in
     /// [`CacheStats::out_of_resources_released`]).
-    pub fn release_unused(&self) -> usize {
+    pub(crate) fn release_unused(&self) -> usize {
         // The per-thread fronts hold kernel handles of their own; they refill from the maps on the
         // next hit, so they go first, and the counts below see only the map and outside holders.
         self.front.purge(|_| true);
@@ -448,7 +448,7 @@ where
     }
 
     /// Counts a retry after out of resources, and whether it failed again.
-    pub fn count_out_of_resources_retry(&self, failed_again: bool) {
+    pub(crate) fn count_out_of_resources_retry(&self, failed_again: bool) {
         self.counters.oor_retries.fetch_add(1, Ordering::Relaxed);
         if failed_again {
             self.counters.oor_failures.fetch_add(1, Ordering::Relaxed);

@@ -84,7 +84,7 @@ impl SpecValue {
         }
     }
     /// The value as C source text, for an OpenCL `-D NAME=value` definition.
-    pub fn to_c_literal(&self) -> String {
+    pub(crate) fn to_c_literal(&self) -> String {
         match *self {
             SpecValue::Bool(b) => (b as u32).to_string(),
             SpecValue::I32(v) => v.to_string(),
@@ -134,7 +134,7 @@ impl SpecConstants {
         self.0.is_empty()
     }
     /// A canonical, stable byte encoding (for disk keys): per constant, id, type tag and value.
-    pub fn canonical_bytes(&self) -> Vec<u8> {
+    pub(crate) fn canonical_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.0.len() * 13);
         for (id, v) in &self.0 {
             out.extend_from_slice(&id.to_le_bytes());
@@ -147,7 +147,7 @@ impl SpecConstants {
     }
     /// The constants [`SpecConstants::canonical_bytes`] encoded, or `None` when `bytes` is not such an
     /// encoding (a length not a multiple of 13, an unknown type tag, ids out of order or repeated).
-    pub fn from_canonical_bytes(bytes: &[u8]) -> Option<SpecConstants> {
+    pub(crate) fn from_canonical_bytes(bytes: &[u8]) -> Option<SpecConstants> {
         if bytes.len() % 13 != 0 {
             return None;
         }

@@ -27,7 +27,7 @@ mod imp {
 
     /// A condition variable paired with [`Mutex`].
     #[derive(Debug, Default)]
-    pub struct Condvar(parking_lot::Condvar);
+    pub(crate) struct Condvar(parking_lot::Condvar);
 
     impl Condvar {
         /// A condvar with no waiters.
@@ -40,14 +40,14 @@ mod imp {
             g
         }
         /// Wakes every waiter.
-        pub fn notify_all(&self) {
+        pub(crate) fn notify_all(&self) {
             self.0.notify_all();
         }
     }
 
     /// A value written at most once and then read without locks.
     #[derive(Debug)]
-    pub struct OnceValue<T>(std::sync::OnceLock<T>);
+    pub(crate) struct OnceValue<T>(std::sync::OnceLock<T>);
 
     impl<T> OnceValue<T> {
         /// An empty slot.
@@ -89,7 +89,7 @@ mod imp {
 
     /// A condition variable paired with [`Mutex`].
     #[derive(Debug, Default)]
-    pub struct Condvar(loom::sync::Condvar);
+    pub(crate) struct Condvar(loom::sync::Condvar);
 
     impl Condvar {
         /// A condvar with no waiters.
@@ -101,14 +101,14 @@ mod imp {
             self.0.wait(g).unwrap_or_else(|p| p.into_inner())
         }
         /// Wakes every waiter.
-        pub fn notify_all(&self) {
+        pub(crate) fn notify_all(&self) {
             self.0.notify_all();
         }
     }
 
     /// A value written at most once; under loom, a modelled mutex stands in for `OnceLock`.
     #[derive(Debug)]
-    pub struct OnceValue<T>(loom::sync::Mutex<Option<T>>);
+    pub(crate) struct OnceValue<T>(loom::sync::Mutex<Option<T>>);
 
     impl<T> OnceValue<T> {
         /// An empty slot.

@@ -6,7 +6,7 @@ use std::fmt;
 use super::ConfigError;
 
 /// Shortest secret accepted: 16 bytes, the strength of a 128-bit key written as text.
-pub const MIN_SECRET_LEN: usize = 16;
+pub(crate) const MIN_SECRET_LEN: usize = 16;
 const SECRET_ACCEPTED: &str = "a shared secret of at least 16 bytes, the same on every machine of the fleet (e.g. the output of `openssl rand -hex 32`); unset it for unauthenticated entries";
 /// BLAKE3's key-derivation context: a secret used for kpc's MACs gives a key used for nothing else.
 const KDF_CONTEXT: &str = "kpc 2026-11-25 shared cache entry MAC v1";

@@ -15,7 +15,7 @@ pub(super) const TRACE_ACCEPTED: &str =
 pub(super) const DIRS_ACCEPTED: &str = "a colon-separated list of absolute directory paths, like PATH, with no empty element (unset it for none), e.g. /opt/kpc-cache:/mnt/shared/kpc";
 
 /// Parses a 0/1 switch (true/false, yes/no, on/off also accepted, any case).
-pub fn parse_bool(var: &'static str, v: &str) -> Result<bool, ConfigError> {
+pub(crate) fn parse_bool(var: &'static str, v: &str) -> Result<bool, ConfigError> {
     match v.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),

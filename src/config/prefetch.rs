@@ -16,7 +16,7 @@ pub fn valid_app_name(name: &str) -> bool {
 
 /// The application name `1` stands for: the running executable's file stem, made a valid name
 /// (other characters become `_`), or `default` when there is none.
-pub fn default_app_name() -> String {
+pub(crate) fn default_app_name() -> String {
     let stem = std::env::current_exe()
         .ok()
         .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
@@ -41,7 +41,7 @@ pub fn default_app_name() -> String {
 }
 
 /// Parses a `KPC_CACHE_PREFETCH` value: `None` = warm start off, `Some(app)` = on under `app`.
-pub fn parse_prefetch(v: &str) -> Result<Option<String>, ConfigError> {
+pub(crate) fn parse_prefetch(v: &str) -> Result<Option<String>, ConfigError> {
     let t = v.trim();
     match t.to_ascii_lowercase().as_str() {
         "" | "0" | "false" | "no" | "off" => Ok(None),

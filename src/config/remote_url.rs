@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use super::{ConfigError, vars};
 
 /// What `KPC_CACHE_REMOTE` accepts, for error messages.
-pub const REMOTE_ACCEPTED: &str = "a URL: redis://host[:port][/db] (rediss:// for TLS; user:password@ before the host if the server needs them), fs:///absolute/path, or s3://bucket[/prefix][?region=REGION&endpoint=URL]";
+pub(crate) const REMOTE_ACCEPTED: &str = "a URL: redis://host[:port][/db] (rediss:// for TLS; user:password@ before the host if the server needs them), fs:///absolute/path, or s3://bucket[/prefix][?region=REGION&endpoint=URL]";
 
 /// A parsed `KPC_CACHE_REMOTE`. `Debug` and `Display` never show a password.
 #[derive(Clone, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use crate::attention::check_len;
 
 /// What a launch of a layer call does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MhaPhase {
+pub(crate) enum MhaPhase {
     /// A Q/K/V or output projection.
     Projection,
     /// Appending K/V and attending.
@@ -29,7 +29,7 @@ pub struct MhaTimes {
 }
 
 /// The submissions of one layer call, each with its phase.
-pub type MhaRun = Vec<(MhaPhase, Event)>;
+pub(crate) type MhaRun = Vec<(MhaPhase, Event)>;
 
 pub(super) fn times(run: &MhaRun) -> Result<Option<MhaTimes>> {
     let mut t = MhaTimes::default();
@@ -248,7 +248,7 @@ impl MultiHeadAttention {
     /// them.
     ///
     /// Errors: as [`MultiHeadAttention::step`]; [`Error::Size`] for buffers of the wrong length.
-    pub fn step_device(
+    pub(crate) fn step_device(
         &mut self,
         x: &Buffer<f32>,
         out: &Buffer<f32>,

@@ -30,7 +30,8 @@ pub mod reference;
 mod weights;
 
 pub use cache_io::CacheLayout;
-pub use forward::{MhaPhase, MhaRun, MhaTimes};
+pub(crate) use forward::MhaPhase;
+pub use forward::MhaTimes;
 pub use weights::MhaWeights;
 
 use crate::error::{Error, Result};
@@ -143,7 +144,7 @@ impl MhaParams {
     }
 
     /// The logit scale in use.
-    pub fn scale_value(&self) -> f32 {
+    pub(crate) fn scale_value(&self) -> f32 {
         self.scale
             .unwrap_or_else(|| 1.0 / (self.head_dim() as f32).sqrt())
     }

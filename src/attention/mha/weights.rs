@@ -33,7 +33,7 @@ pub struct MhaWeights<'a> {
 }
 
 /// Names and lengths of the eight arrays, in ncnn's order, for `p`.
-pub fn weight_sizes(p: &MhaParams) -> [(&'static str, usize); 8] {
+pub(crate) fn weight_sizes(p: &MhaParams) -> [(&'static str, usize); 8] {
     let (e, kv) = (p.embed_dim, p.kv_dim());
     [
         ("q_weight", e * p.qdim),

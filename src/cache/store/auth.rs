@@ -104,7 +104,7 @@ fn split(envelope: &[u8]) -> Result<(Option<[u8; MAC_LEN]>, &[u8]), Refusal> {
 /// present) cannot be checked and is ignored: the entry's own checksums still catch damage, not a
 /// forger. The returned bytes are not yet verified as an entry: pass them to [`StoreHit::unseal`], or
 /// use [`open`], which does both.
-pub fn authenticate<'a>(
+pub(crate) fn authenticate<'a>(
     mac_key: Option<&MacKey>,
     key: &DiskKey,
     envelope: &'a [u8],
@@ -131,7 +131,7 @@ pub fn open(mac_key: Option<&MacKey>, key: &DiskKey, envelope: &[u8]) -> Result<
 
 /// The key record of an envelope's entry, read without authentication (for listings and for finding
 /// the key an imported entry claims, which [`open`] then checks). `None` if it does not parse.
-pub fn claimed_record(envelope: &[u8]) -> Option<super::KeyRecord> {
+pub(crate) fn claimed_record(envelope: &[u8]) -> Option<super::KeyRecord> {
     let (_, sealed) = split(envelope).ok()?;
     super::sealed_record(sealed)
 }

@@ -183,7 +183,7 @@ impl StoreChain {
 
     /// Appends the remote `config` names (`KPC_CACHE_REMOTE`), if any. Without the `remote` feature a
     /// configured remote is warned about once and left out.
-    pub fn with_remote(self, config: &Config) -> StoreChain {
+    pub(crate) fn with_remote(self, config: &Config) -> StoreChain {
         #[cfg(all(feature = "remote", not(loom)))]
         if let Some(r) = super::RemoteStore::from_config(config) {
             return self.with_store(Arc::new(r));
@@ -209,7 +209,7 @@ impl StoreChain {
 
     /// Appends a read-only disk cache for each of `config.readonly_dirs`, with `config`'s image size
     /// limits. None when `KPC_CACHE_PERSISTENT=0`: that switch turns off every on-disk layer.
-    pub fn with_read_only_dirs(mut self, config: &Config) -> StoreChain {
+    pub(crate) fn with_read_only_dirs(mut self, config: &Config) -> StoreChain {
         if !config.persistent {
             return self;
         }
@@ -247,7 +247,7 @@ impl StoreChain {
     }
 
     /// The local disk cache, if one was added with [`StoreChain::with_disk`].
-    pub fn local_disk(&self) -> Option<&PersistentCache> {
+    pub(crate) fn local_disk(&self) -> Option<&PersistentCache> {
         self.local.as_ref()
     }
 
@@ -268,7 +268,7 @@ impl StoreChain {
     /// The first verified hit for `key`, asking every level for a pure read ([`super::Access::ReadOnly`]),
     /// writable ones included: no access time recorded, nothing repaired, no lock file. What cache
     /// debug mode looks up with, since it must leave every store as it was. Counted as [`Self::get`].
-    pub fn peek(&self, key: &DiskKey) -> Option<ChainHit> {
+    pub(crate) fn peek(&self, key: &DiskKey) -> Option<ChainHit> {
         self.first_hit(key, &[], true)
     }
 
@@ -305,7 +305,7 @@ impl StoreChain {
     /// `skip`): the local disk's, then the remote's fleet lock. Each level waits (bounded) for another
     /// builder and looks again; what it found then is [`Turn::Published`] (locks taken so far are
     /// released). A level whose lock cannot be had is passed over.
-    pub fn lock_for_build(&self, key: &DiskKey, skip: &[usize]) -> Turn {
+    pub(crate) fn lock_for_build(&self, key: &DiskKey, skip: &[usize]) -> Turn {
         let mut held = Vec::new();
         for (i, l) in self.levels.iter().enumerate() {
             if skip.contains(&i) {
@@ -329,7 +329,7 @@ impl StoreChain {
 
     /// The backend accepted `hit`: copies it to the first writable level above the one it came from
     /// (none when it came from the first writable level).
-    pub fn backfill(&self, key: &DiskKey, hit: &ChainHit) {
+    pub(crate) fn backfill(&self, key: &DiskKey, hit: &ChainHit) {
         let Some((i, l)) = self.levels[..hit.level]
             .iter()
             .enumerate()
@@ -349,7 +349,7 @@ impl StoreChain {
 
     /// The backend loaded `hit`, but the driver reported that it compiled anyway: counted apart by
     /// the level and its store, so that time saved counts only compiles that were avoided.
-    pub fn note_recompiled(&self, hit: &ChainHit) {
+    pub(crate) fn note_recompiled(&self, hit: &ChainHit) {
         let l = &self.levels[hit.level];
         bump(&l.counters.recompiled);
         l.store.note_recompiled(hit.build_time());
@@ -358,7 +358,7 @@ impl StoreChain {
     /// The backend refused `hit` (`reason` says why): the level it came from removes it if it can.
     /// Returns whether that level may be asked again in this request: a writable one removed the bytes
     /// (or a replacement took their place), a read-only one would return them again.
-    pub fn reject(&self, key: &DiskKey, hit: &ChainHit, reason: &dyn fmt::Display) -> bool {
+    pub(crate) fn reject(&self, key: &DiskKey, hit: &ChainHit, reason: &dyn fmt::Display) -> bool {
         let l = &self.levels[hit.level];
         bump(&l.counters.rejected);
         l.store.remove(
@@ -394,7 +394,7 @@ impl StoreChain {
 
     /// Records that the backend could not serialize a built program, so nothing was stored: warned
     /// once by the local disk cache if there is one, else by the chain.
-    pub fn note_serialize_failure(&self, reason: &dyn fmt::Display) {
+    pub(crate) fn note_serialize_failure(&self, reason: &dyn fmt::Display) {
         match &self.local {
             Some(d) => d.note_serialize_failure(reason),
             None => self.warnings.warn(

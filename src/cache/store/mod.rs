@@ -342,7 +342,7 @@ impl StoreCounters {
 /// `kpc::cache::store`, with the store's name and the cause), later ones of the same cause are not, so
 /// a thousand requests failing the same way log one line.
 #[derive(Debug)]
-pub struct StoreWarnings {
+pub(crate) struct StoreWarnings {
     store: String,
     warned: Warned,
 }
@@ -357,7 +357,7 @@ impl StoreWarnings {
     }
 
     /// Logs `detail` for `cause` unless this store already warned about that cause.
-    pub fn warn(&self, cause: WarnCause, detail: &dyn fmt::Display) {
+    pub(crate) fn warn(&self, cause: WarnCause, detail: &dyn fmt::Display) {
         if self.warned.first(cause) {
             tracing::warn!(
                 target: "kpc::cache::store",
@@ -367,11 +367,6 @@ impl StoreWarnings {
                 self.store
             );
         }
-    }
-
-    /// The causes warned about so far, in declaration order.
-    pub fn causes(&self) -> Vec<WarnCause> {
-        self.warned.causes()
     }
 }
 

@@ -36,11 +36,6 @@ impl ReadOnlyStore {
         let warnings = StoreWarnings::new(format!("readonly:{}", inner.name()));
         ReadOnlyStore { inner, warnings }
     }
-
-    /// The store it wraps.
-    pub fn inner(&self) -> &Arc<dyn Store> {
-        &self.inner
-    }
 }
 
 impl Store for ReadOnlyStore {

@@ -35,7 +35,7 @@ pub(crate) enum Admit {
 
 /// What the breaker did so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BreakerStats {
+pub(crate) struct BreakerStats {
     /// Times it opened (a failure while closed, or a failed probe).
     pub trips: u64,
     /// Calls not made because it was open.
@@ -77,7 +77,7 @@ impl Default for Breaker {
 
 impl Breaker {
     /// Whether a call may go to the remote now.
-    pub fn admit(&self) -> Admit {
+    pub(crate) fn admit(&self) -> Admit {
         self.admit_at(Instant::now())
     }
 
@@ -99,12 +99,12 @@ impl Breaker {
 
     /// Whether calls are being skipped (open or half-open): what a caller that would wait on the
     /// remote checks without becoming the probe (a publish, whose caller waits for it).
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.0.lock().open_until.is_some()
     }
 
     /// Counts a call skipped by a check of [`Breaker::is_open`].
-    pub fn count_skip(&self) {
+    pub(crate) fn count_skip(&self) {
         self.0.lock().skipped += 1;
     }
 

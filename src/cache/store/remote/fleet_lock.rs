@@ -70,7 +70,7 @@ impl FleetLocks {
     }
 
     /// Tries once to take lock `name` for `token`. `Ok(false)`: someone else holds it.
-    pub fn try_acquire(&self, name: &str, token: &str) -> redis::RedisResult<bool> {
+    pub(crate) fn try_acquire(&self, name: &str, token: &str) -> redis::RedisResult<bool> {
         self.with_conn(|c| {
             let r: Option<String> = redis::cmd("SET")
                 .arg(name)
@@ -84,7 +84,7 @@ impl FleetLocks {
     }
 
     /// Keys matching `pattern` (SCAN, so the server is never blocked by a large keyspace).
-    pub fn scan(&self, pattern: &str) -> redis::RedisResult<Vec<String>> {
+    pub(crate) fn scan(&self, pattern: &str) -> redis::RedisResult<Vec<String>> {
         self.with_conn(|c| {
             let mut cursor: u64 = 0;
             let mut out = Vec::new();

@@ -32,7 +32,6 @@ mod ops;
 mod publish;
 
 #[cfg(all(feature = "remote", not(loom)))]
-pub use breaker::BreakerStats;
 #[cfg(all(feature = "remote", not(loom)))]
 pub use imp::RemoteStore;
 
@@ -44,7 +43,7 @@ mod imp {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, Instant};
 
-    use super::breaker::{Admit, BreakerStats};
+    use super::breaker::Admit;
     use super::fleet_lock::FleetLocks;
     use super::ops::{Failure, Ops};
     use super::publish::{Publish, Publisher, Report};
@@ -204,11 +203,6 @@ mod imp {
         /// Entries refused by [`auth::open`] so far: failed authentication, damage, another key.
         pub fn refusals(&self) -> u64 {
             self.shared.refusals.load(Ordering::Relaxed)
-        }
-
-        /// The circuit breaker's counts (`breaker.rs`).
-        pub fn breaker_stats(&self) -> BreakerStats {
-            self.shared.ops.breaker.stats()
         }
 
         /// A timeout from OpenDAL's redis pool also means "refused" (it retries connecting until the
