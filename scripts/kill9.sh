@@ -48,7 +48,7 @@ on_disk() {
 }
 # The tracked size, or "null" when the record is missing or flagged for a recount.
 tracked() {
-  "$KPC" cache stats --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["tracked_size"]))'
+  "$KPC" cache stats --json | tr -d ' \n' | sed -E 's/.*"tracked_size":(null|[0-9]+).*/\1/'
 }
 random_ms() { echo $(((RANDOM * 32768 + RANDOM) % $1)); }
 
