@@ -33,7 +33,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::Inner;
-use super::lock::{self, HeldLock};
+use super::lock::{self, Asker, HeldLock};
 use super::slot::slot_file;
 use super::stats::bump;
 use super::walk::{LeafScan, Tree, scan_tree};
@@ -227,7 +227,8 @@ impl Inner {
         let out = self.counted_under(&lock, rec, change);
         drop(lock);
         if let Some(e) = evictor {
-            self.release_evict_lock(e);
+            // A put holds its leaf's lock here, a removal its leaf's.
+            self.release_evict_lock(e, Asker::HoldsLocks);
         }
         out
     }

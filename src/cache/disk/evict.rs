@@ -9,21 +9,22 @@
 //! directories left empty and deletes the trash: before the pass returns, or on a background thread
 //! that keeps the eviction lock when the caller deferred it. Every removal takes the leaf's lock first
 //! (try-only), so an entry being written, or being removed by someone else, is skipped rather than
-//! waited for. Only one process evicts (or sweeps) at a time: it holds `<root>/v1/evict.lock`; a
-//! process that finds it taken leaves `evict.recheck`, and the holder runs again after letting go
-//! (`schedule.rs`).
+//! waited for; a pass a put asked for then waits for those leaves if it is still over its target and
+//! its thread holds no leaf's lock itself. Only one process evicts (or sweeps) at a time: it holds
+//! `<root>/v1/evict.lock`; how the others wait for it, or leave `evict.recheck` for its holder, is in
+//! `schedule.rs`.
 
 use std::fs;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use filetime::FileTime;
 
 use super::Inner;
 use super::count::{SizeRecord, counted_bytes, remove_slot_counted};
-use super::lock::{self, EVICT_LOCK, RECHECK_FILE, Waited};
+use super::lock::{self, Asker, EVICT_LOCK, RECHECK_FILE, Waited};
 use super::slot::slot_file;
 use super::stats::bump;
 use super::trash::{Sweep, Trash};
@@ -41,6 +42,12 @@ pub(crate) struct Plan {
     /// Leave the sweep (emptied directories, trash) to a background thread, which keeps the eviction
     /// lock until it is done, instead of doing it before returning.
     pub defer_sweep: bool,
+    /// A pass a change asked for (`schedule.rs`): once it holds `evict.lock` it runs only if the record
+    /// still calls for one, and if it never gets the lock it leaves the recheck flag for the holder.
+    pub asked: bool,
+    /// Wait (up to the lock timeout) for leaves whose holders keep entries the target needs, instead of
+    /// skipping them: for a thread that holds no leaf's lock itself.
+    pub wait_busy: bool,
 }
 
 /// What one eviction pass did.
@@ -161,8 +168,9 @@ impl Inner {
 
     /// The end of a pass's removals: subtracts `removed` counted bytes and clears the `evicting` flag.
     /// Returns the new total, or `None` when the record went bad meanwhile (a put died inside its
-    /// change): a pass is asked for then, which measures it again.
-    fn finish_size(self: &Arc<Inner>, removed: u64) -> Option<u64> {
+    /// change): the recheck flag is left then, so a pass measures it again once this one lets go of
+    /// `evict.lock` (asked for now, it could only wait for this very pass).
+    fn finish_size(&self, removed: u64) -> Option<u64> {
         let lock = self.lock_size()?;
         let rec = lock.read().filter(|r| !r.dirty);
         let new = rec.map(|r| SizeRecord {
@@ -179,26 +187,28 @@ impl Inner {
             }
             None => {
                 drop(lock);
-                self.request_pass();
+                touch(&self.v1.join(RECHECK_FILE));
                 None
             }
         }
     }
 
-    /// Takes `evict.lock` as `plan` says. Without waiting, a busy lock leaves the recheck flag for
-    /// its holder and is tried once more (the holder may have let go before it could see the flag).
+    /// Takes `evict.lock` as `plan` says. A pass that was asked for and does not get it (it may not
+    /// wait, or waited past the lock timeout) leaves the recheck flag for the holder and tries once
+    /// more (the holder may have let go before it could see the flag).
     fn take_evict_lock(&self, plan: &Plan) -> io::Result<Option<lock::HeldLock>> {
         let lock_path = self.v1.join(EVICT_LOCK);
         if plan.wait {
-            return Ok(
-                match lock::lock_with_timeout(&lock_path, false, self.s.lock_timeout, || Ok(()))? {
-                    Waited::Acquired { lock, .. } => Some(lock),
-                    Waited::TimedOut => None,
-                },
-            );
-        }
-        if let Some(l) = lock::try_lock(&lock_path, false)? {
+            let waited =
+                lock::lock_with_timeout(&lock_path, false, self.s.lock_timeout, || Ok(()))?;
+            if let Waited::Acquired { lock, .. } = waited {
+                return Ok(Some(lock));
+            }
+        } else if let Some(l) = lock::try_lock(&lock_path, false)? {
             return Ok(Some(l));
+        }
+        if !plan.asked {
+            return Ok(None);
         }
         touch(&self.v1.join(RECHECK_FILE));
         lock::try_lock(&lock_path, false)
@@ -216,13 +226,18 @@ impl Inner {
         // Whatever asked for a pass before this point is served by this one.
         let _ = fs::remove_file(self.v1.join(RECHECK_FILE));
         report.ran = true;
+        // Another pass may have done the work while this one waited for the lock.
+        if plan.asked && !self.pass_due() {
+            self.release_evict_lock(evictor, Asker::Free);
+            return Ok(report);
+        }
         let mut trash = Trash::new(&self.s.root, 0);
         let before = self.lock_size().and_then(|l| l.read());
         let settled = scan_tree(&self.v1).and_then(|walked| self.settle_size(before, walked));
         let ((leaves, children, bare), mut total) = match settled {
             Ok(s) => s,
             Err(e) => {
-                self.release_evict_lock(evictor);
+                self.release_evict_lock(evictor, Asker::Free);
                 return Err(e);
             }
         };
@@ -306,16 +321,41 @@ impl Inner {
             k += 1;
         }
         let outcomes = self.remove_many(&cands[..k], &leaves, &mut trash);
-        for (&(_, li, _), o) in cands[..k].iter().zip(outcomes) {
-            apply(li, o, &mut total, &mut report);
+        let mut busy = Vec::new();
+        for (&c, o) in cands[..k].iter().zip(outcomes) {
+            if let Outcome::Busy = o {
+                busy.push(c);
+            }
+            apply(c.1, o, &mut total, &mut report);
         }
         // Busy entries can leave the total over the target: carry on down the list.
-        for &(atime, li, n) in &cands[k..] {
-            if !wanted(atime, total) {
+        for &c in &cands[k..] {
+            if !wanted(c.0, total) {
                 break;
             }
-            let o = self.remove_candidate(&mut trash, &leaves[li], n);
-            apply(li, o, &mut total, &mut report);
+            let o = self.remove_candidate(&mut trash, &leaves[c.1], c.2, None);
+            if let Outcome::Busy = o {
+                busy.push(c);
+            }
+            apply(c.1, o, &mut total, &mut report);
+        }
+        // Still over the target because of entries whose leaves were held: a writer between its
+        // publish and its unlock, a reader repairing, or a child process forked while some thread held
+        // the lock. Once writers stop nobody else comes back for these bytes, so a pass that may wait
+        // does, oldest first, for at most the lock timeout in all.
+        if plan.wait_busy {
+            let deadline = Instant::now() + self.s.lock_timeout;
+            for (atime, li, n) in busy {
+                if !wanted(atime, total) {
+                    break;
+                }
+                let o = self.remove_candidate(&mut trash, &leaves[li], n, Some(deadline));
+                if let Outcome::Busy = o {
+                    continue;
+                }
+                report.busy -= 1;
+                apply(li, o, &mut total, &mut report);
+            }
         }
         removed_bytes_counted += report.removed_bytes;
 
@@ -351,7 +391,7 @@ impl Inner {
             });
             // The eviction lock is released only now: no other pass fills a trash directory while the
             // sweep deletes them, and no two sweeps race.
-            me.release_evict_lock(evictor);
+            me.release_evict_lock(evictor, Asker::Free);
             r
         };
         if plan.defer_sweep {
@@ -385,7 +425,7 @@ impl Inner {
         let one = |trash: &mut Trash, chunk: &[(FileTime, usize, u32)]| -> Vec<Outcome> {
             chunk
                 .iter()
-                .map(|&(_, li, n)| self.remove_candidate(trash, &leaves[li], n))
+                .map(|&(_, li, n)| self.remove_candidate(trash, &leaves[li], n, None))
                 .collect()
         };
         if workers == 1 {
@@ -412,10 +452,30 @@ impl Inner {
         })
     }
 
-    /// Removes one complete entry under its leaf's lock.
-    fn remove_candidate(&self, trash: &mut Trash, leaf: &LeafScan, n: u32) -> Outcome {
+    /// Removes one complete entry under its leaf's lock: tried once, or waited for until `deadline`.
+    fn remove_candidate(
+        &self,
+        trash: &mut Trash,
+        leaf: &LeafScan,
+        n: u32,
+        deadline: Option<Instant>,
+    ) -> Outcome {
         let path = &leaf.path;
-        match lock::try_lock_leaf(path) {
+        let held = match deadline {
+            None => lock::try_lock_leaf(path),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                lock::lock_leaf(path, left, || Err(io::ErrorKind::NotFound.into())).map(|w| match w
+                {
+                    Waited::Acquired { lock, .. } => Some(lock),
+                    Waited::TimedOut => None,
+                })
+            }
+        };
+        match held {
+            // Only a sweep removes a leaf, under `evict.lock`, which this pass holds: the leaf was
+            // removed by hand, and the entry with it.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Outcome::Gone,
             Ok(Some(_leaf)) => match remove_published(trash, path, n, &leaf.slots[&n]) {
                 Ok(Some(freed)) => {
                     self.trace(|| {

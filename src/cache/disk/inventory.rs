@@ -241,6 +241,8 @@ impl PersistentCache {
             older_than: None,
             wait: true,
             defer_sweep: false,
+            asked: false,
+            wait_busy: false,
         })?;
         if !r.ran {
             return Err(io::Error::new(

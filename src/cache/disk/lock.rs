@@ -31,9 +31,20 @@ use std::time::{Duration, Instant};
 
 /// Held by the one process evicting or sweeping (`<root>/v1/evict.lock`).
 pub(crate) const EVICT_LOCK: &str = "evict.lock";
-/// Left by a pass that found [`EVICT_LOCK`] taken; the holder looks for it after letting go and runs
-/// again (`schedule.rs`), so a put that crossed the limit while another process evicted is not lost.
+/// Left by a pass that did not get [`EVICT_LOCK`] (it may not wait, or waited past the lock timeout);
+/// the holder looks for it after letting go and runs again (`schedule.rs`), so a put that crossed the
+/// limit while another process evicted is not lost.
 pub(crate) const RECHECK_FILE: &str = "evict.recheck";
+
+/// What a thread asking for an eviction pass holds, which decides whether a pass run on it may wait
+/// for locks (`schedule.rs`): only one that holds none may, so no two waiters wait for each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Asker {
+    /// No lock of the cache (a put that let go of its leaf, a pass or sweep letting go of `evict.lock`).
+    Free,
+    /// Perhaps a leaf's lock or a build lock (a counted change that took `evict.lock` to recount).
+    HoldsLocks,
+}
 
 /// An exclusive advisory lock held on a file. Dropping it releases the lock, after unlinking the file
 /// when it was taken as `ephemeral` (the caller is removing what the file guards, or the lock is the

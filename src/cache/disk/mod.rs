@@ -255,6 +255,8 @@ impl PersistentCache {
             older_than,
             wait: true,
             defer_sweep: false,
+            asked: false,
+            wait_busy: false,
         })
     }
 
@@ -274,6 +276,8 @@ impl PersistentCache {
             older_than,
             wait: true,
             defer_sweep: true,
+            asked: false,
+            wait_busy: false,
         })
     }
 
