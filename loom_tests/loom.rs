@@ -1,5 +1,6 @@
-//! Loom model checks of the real `get_or_build` and `BuildResult` (src/cache/build_result.rs) and of the
-//! per-thread front's eviction protocol (src/cache/front.rs), compiled against loom's primitives through
+//! Loom model checks of the real `get_or_build` and `BuildResult` (src/cache/build_result.rs), of the
+//! per-thread front's eviction protocol (src/cache/front.rs), and of the disk cache's pass scheduling
+//! (src/cache/pass_gate.rs) with its counting, compiled against loom's primitives through
 //! src/cache/sync.rs.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test --release --test loom`
@@ -13,6 +14,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use kpc::cache::front::Front;
+use kpc::cache::pass_gate::PassGate;
 use kpc::cache::sync::Mutex;
 use kpc::cache::{BuildError, BuildMap, BuildResult, BuildState, Served, get_or_build};
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -306,5 +308,63 @@ fn front_uses_are_never_lost_by_a_concurrent_fold() {
         let mut left = 0;
         front.for_each_mut(|v| left += usize::from(v.1));
         assert_eq!(taken + left, 1, "the one use is folded or still marked");
+    });
+}
+
+/// The disk cache's counting and pass scheduling (src/cache/disk/count.rs, schedule.rs), with the
+/// real `PassGate`: a put publishes and counts in one step under the size lock (a modelled mutex
+/// standing for the size file's flock), then asks for a pass when the total is over the limit (here
+/// 0: every put is). The one runner removes what its look at the total found, as a pass removes only
+/// what its walk saw. Whatever the interleaving, once both puts and every pass they caused are done
+/// the total is back under the limit and equals what is "on disk".
+#[test]
+fn every_put_over_the_limit_is_followed_by_a_pass_that_sees_it() {
+    model(2, || {
+        struct Cache {
+            /// (tracked total, bytes "on disk"), both under the size lock.
+            size: Mutex<(u64, u64)>,
+            passes: PassGate,
+            active: AtomicUsize,
+        }
+        let c = Arc::new(Cache {
+            size: Mutex::new((0, 0)),
+            passes: PassGate::new(),
+            active: AtomicUsize::new(0),
+        });
+        let put = |c: &Cache| {
+            let total = {
+                let mut g = c.size.lock();
+                g.1 += 1;
+                g.0 += 1;
+                g.0
+            };
+            if total > 0 && c.passes.request() {
+                loop {
+                    assert_eq!(c.active.fetch_add(1, Ordering::SeqCst), 0, "one runner");
+                    c.passes.begin();
+                    let seen = c.size.lock().0;
+                    if seen > 0 {
+                        let mut g = c.size.lock();
+                        g.1 -= seen;
+                        g.0 -= seen;
+                    }
+                    c.active.fetch_sub(1, Ordering::SeqCst);
+                    if !c.passes.finish() {
+                        break;
+                    }
+                }
+            }
+        };
+        let c2 = c.clone();
+        let other = thread::spawn(move || put(&c2));
+        put(&c);
+        other.join().unwrap();
+        let g = c.size.lock();
+        assert_eq!(
+            *g,
+            (0, 0),
+            "over the limit after the last put, or miscounted"
+        );
+        assert!(!c.passes.running(), "a runner left behind");
     });
 }

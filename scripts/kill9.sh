@@ -11,9 +11,6 @@
 # settles any flagged record and the tracked size equals the bytes on disk; a warm run of each backend
 # hits the disk for every kernel.
 #
-# The exactness checks are issue 25's accounting guarantee, which is on branch b25 and not yet on main:
-# there, expect this script to report a tracked size that drifted after a kill.
-#
 # Usage: scripts/kill9.sh [CYCLES [CLEAR_EVERY [MAX_DELAY_MS]]]   (default 1000, 7, 1500; variable: KPC)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +37,7 @@ attention() { # BACKEND [extra args]
   # exec: in a background job, the job's pid is then kpc's own, which is what gets the SIGKILL.
   exec "$KPC" attention --backend "$b" --prompt 16 --steps 2 "$@"
 }
-# Bytes of the counted files: every .src and .bin under v1/ (what the size file tracks).
+# Bytes of the counted files: every .src and .bin under v1/ (count.rs).
 on_disk() {
   # A kill right after a clear can leave no v1/ at all: that is 0 bytes, not a failure (pipefail).
   { find "$KPC_CACHE_DIR/v1" -type f \( -name '*.src' -o -name '*.bin' \) -printf '%s\n' 2>/dev/null || true; } |
@@ -48,7 +45,7 @@ on_disk() {
 }
 # The tracked size, or "null" when the record is missing or flagged for a recount.
 tracked() {
-  "$KPC" cache stats --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["tracked_size"]))'
+  "$KPC" cache stats --json | tr -d ' \n' | sed -E 's/.*"tracked_size":(null|[0-9]+).*/\1/'
 }
 random_ms() { echo $(((RANDOM * 32768 + RANDOM) % $1)); }
 

@@ -1,37 +1,34 @@
-//! The size file, and eviction by last access.
+//! Eviction by last access.
 //!
 //! Eviction is one pass: walk every leaf once (`walk.rs`: four levels of `read_dir` plus one `stat` per
-//! file), remove incomplete slots nobody is writing, then remove complete entries in order of their
-//! `.bin`'s access time until the total is at or under the target, by renaming their files into the
-//! pass's trash (`trash.rs`: freeing blocks is what costs on ext4, and a rename frees none). The chosen
-//! entries are removed on a few threads when there are many. A sweep then removes the directories left
-//! empty and deletes the trash: before the pass returns, or on a background thread that keeps the
-//! eviction lock when the caller deferred it. Every removal takes the leaf's lock first (try-only), so
-//! an entry being written, or being removed by someone else, is skipped rather than waited for. Only
-//! one process evicts (or sweeps) at a time: it holds `<root>/v1/evict.lock`, and a put that finds it
-//! taken skips eviction (the holder is doing the work).
+//! file), settle the size record against the walk (`count.rs`), remove incomplete slots nobody is
+//! writing, then remove complete entries in order of their `.bin`'s access time until the tracked
+//! total is at or under the target, by renaming their files into the pass's trash (`trash.rs`: freeing
+//! blocks is what costs on ext4, and a rename frees none), and subtract exactly what was moved. The
+//! chosen entries are removed on a few threads when there are many. A sweep then removes the
+//! directories left empty and deletes the trash: before the pass returns, or on a background thread
+//! that keeps the eviction lock when the caller deferred it. Every removal takes the leaf's lock first
+//! (try-only), so an entry being written, or being removed by someone else, is skipped rather than
+//! waited for; a pass a put asked for then waits for those leaves if it is still over its target and
+//! its thread holds no leaf's lock itself. Only one process evicts (or sweeps) at a time: it holds
+//! `<root>/v1/evict.lock`; how the others wait for it, or leave `evict.recheck` for its holder, is in
+//! `schedule.rs`.
 
 use std::fs;
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use filetime::FileTime;
 
 use super::Inner;
-use super::lock::{self, Waited};
-use super::slot::{remove_slot_files, slot_file};
+use super::count::{SizeRecord, counted_bytes, remove_slot_counted};
+use super::lock::{self, Asker, EVICT_LOCK, RECHECK_FILE, Waited};
+use super::slot::slot_file;
 use super::stats::bump;
 use super::trash::{Sweep, Trash};
-use super::walk::{LeafScan, SlotFiles, scan, scan_tree, workers_for};
-
-pub(crate) const SIZE_FILE: &str = "size";
-pub(crate) const EVICT_LOCK: &str = "evict.lock";
-/// The size file is held for microseconds; waiting longer than this means something is badly wrong,
-/// and the update is dropped (the next eviction pass corrects the total).
-const SIZE_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+use super::walk::{LeafScan, SlotFiles, Tree, scan_tree, workers_for};
 
 /// What an eviction pass should remove.
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +42,12 @@ pub(crate) struct Plan {
     /// Leave the sweep (emptied directories, trash) to a background thread, which keeps the eviction
     /// lock until it is done, instead of doing it before returning.
     pub defer_sweep: bool,
+    /// A pass a change asked for (`schedule.rs`): once it holds `evict.lock` it runs only if the record
+    /// still calls for one, and if it never gets the lock it leaves the recheck flag for the holder.
+    pub asked: bool,
+    /// Wait (up to the lock timeout) for leaves whose holders keep entries the target needs, instead of
+    /// skipping them: for a thread that holds no leaf's lock itself.
+    pub wait_busy: bool,
 }
 
 /// What one eviction pass did.
@@ -81,125 +84,164 @@ enum Outcome {
     Failed,
 }
 
-/// The total in the size file, if it exists and parses.
-pub(crate) fn read_size_file(v1: &Path) -> Option<u64> {
-    fs::read_to_string(v1.join(SIZE_FILE))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// Moves the files of published slot `n` (the caller holds its lock) into the trash, `.src` first so
-/// readers stop finding it before the binary goes. The scan already knows which files exist and their
-/// sizes, so this is two renames, not a probe per possible file. `None` when the entry was removed
-/// meanwhile.
+/// readers stop finding it before the binary goes. The scan already knows which files exist, so this is
+/// two renames, not a probe per possible file. Returns the counted bytes moved (each file measured as
+/// it moves); `None` when the entry was removed meanwhile.
 fn remove_published(
     trash: &mut Trash,
     leaf: &Path,
     n: u32,
     f: &SlotFiles,
 ) -> io::Result<Option<u64>> {
-    match trash.take(&slot_file(leaf, n, "src")) {
-        Ok(()) => {}
+    let mut freed = match trash.take(&slot_file(leaf, n, "src")) {
+        Ok(len) => len,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
+    };
+    // The entry is already invisible (no .src); an orphan .bin left by a failed rename stays
+    // counted, and a later pass removes it (and subtracts it then).
+    if let Ok(len) = trash.take(&slot_file(leaf, n, "bin")) {
+        freed += len;
     }
-    let mut gone = vec!["bin"];
     if f.tmp {
-        gone.extend(["src.tmp", "bin.tmp"]);
-    }
-    // A per-slot lock file of a cache written before the leaf lock.
-    if f.lock {
-        gone.push("lock");
-    }
-    for ext in gone {
-        match trash.take(&slot_file(leaf, n, ext)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            // The entry is already invisible (no .src); what is left is an orphan a later pass removes.
-            Err(_) => {}
+        for ext in ["src.tmp", "bin.tmp"] {
+            let _ = trash.take(&slot_file(leaf, n, ext));
         }
     }
-    Ok(Some(f.bytes()))
+    // A per-slot lock file of a cache written before the leaf lock (empty, not counted).
+    if f.lock {
+        let _ = trash.take(&slot_file(leaf, n, "lock"));
+    }
+    Ok(Some(freed))
+}
+
+/// Creates `path` if it does not exist (a flag file).
+fn touch(path: &Path) {
+    let _ = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path);
 }
 
 impl Inner {
-    /// Applies `f` to the tracked total under the size file's lock and stores the result. `f` gets
-    /// `None` when the file is missing or unreadable. Returns the new total, or `None` when the file
-    /// cannot be updated (unwritable cache): the next eviction pass measures the truth anyway.
-    fn update_size(&self, f: impl FnOnce(Option<u64>) -> u64) -> Option<u64> {
-        if !self.v1.is_dir() {
-            return None;
-        }
-        let path = self.v1.join(SIZE_FILE);
-        let lock = match lock::lock_with_timeout(&path, false, SIZE_LOCK_TIMEOUT, || Ok(())) {
-            Ok(Waited::Acquired { lock, .. }) => lock,
-            Ok(Waited::TimedOut) => return None,
-            Err(e) => {
-                self.warn_io(&e, &path, "cannot update the size file");
-                return None;
+    /// The start of a pass's removals (the caller holds `evict.lock` and walked the tree after reading
+    /// `before`): settles the record and sets its `evicting` flag. A record that is missing, dirty or
+    /// still flagged by a dead pass is measured again (the walk is redone inside the size lock); one
+    /// whose generation did not move during the walk is compared with it and corrected. Returns the
+    /// tree to work from and the total the removals start from.
+    fn settle_size(&self, before: Option<SizeRecord>, walked: Tree) -> io::Result<(Tree, u64)> {
+        let lock = self.lock_size().ok_or_else(size_busy)?;
+        let rec = lock.read();
+        match rec {
+            Some(r) if !r.dirty && !r.evicting => {
+                let walk_total = counted_bytes(&walked.0);
+                let quiet = before.is_some_and(|b| b.generation == r.generation);
+                let total = if quiet && walk_total != r.total {
+                    // Nothing counted changed during the walk, so the walk is the truth: the files
+                    // changed behind the protocol's back (removed by hand).
+                    bump(&self.counters.size_corrections, 1);
+                    self.trace(|| {
+                        tracing::debug!(target: "kpc::cache::disk", tracked = r.total, measured = walk_total,
+                            "size file corrected")
+                    });
+                    walk_total
+                } else {
+                    r.total
+                };
+                lock.write(&SizeRecord {
+                    total,
+                    generation: r.generation.wrapping_add(1),
+                    dirty: false,
+                    evicting: true,
+                })?;
+                Ok((walked, total))
             }
-        };
-        let mut file = lock.file();
-        let mut s = String::new();
-        let cur = file
-            .seek(SeekFrom::Start(0))
-            .and_then(|_| file.read_to_string(&mut s))
-            .ok()
-            .and_then(|_| s.trim().parse::<u64>().ok());
-        let new = f(cur);
-        let w = file
-            .set_len(0)
-            .and_then(|_| file.seek(SeekFrom::Start(0)))
-            .and_then(|_| file.write_all(format!("{new}\n").as_bytes()));
-        match w {
-            Ok(()) => Some(new),
-            Err(e) => {
-                self.warn_io(&e, &path, "cannot update the size file");
+            _ => {
+                let tree = self.recount(&lock, rec, true)?;
+                let total = counted_bytes(&tree.0);
+                Ok((tree, total))
+            }
+        }
+    }
+
+    /// The end of a pass's removals: subtracts `removed` counted bytes and clears the `evicting` flag.
+    /// Returns the new total, or `None` when the record went bad meanwhile (a put died inside its
+    /// change): the recheck flag is left then, so a pass measures it again once this one lets go of
+    /// `evict.lock` (asked for now, it could only wait for this very pass).
+    fn finish_size(&self, removed: u64) -> Option<u64> {
+        let lock = self.lock_size()?;
+        let rec = lock.read().filter(|r| !r.dirty);
+        let new = rec.map(|r| SizeRecord {
+            total: r.total.saturating_sub(removed),
+            generation: r.generation.wrapping_add(1),
+            dirty: false,
+            evicting: false,
+        });
+        match new.map(|n| (lock.write(&n), n)) {
+            Some((Ok(()), n)) => Some(n.total),
+            Some((Err(e), _)) => {
+                self.warn_io(&e, &self.v1, "cannot update the size file");
+                None
+            }
+            None => {
+                drop(lock);
+                touch(&self.v1.join(RECHECK_FILE));
                 None
             }
         }
     }
 
-    /// Adds `delta` bytes to the tracked total and returns the new total. A missing size file (new
-    /// cache, or deleted by hand) is rebuilt by measuring the tree, which already includes the change.
-    pub(crate) fn add_size(&self, delta: i64) -> Option<u64> {
-        self.update_size(|cur| match cur {
-            Some(c) => c.saturating_add_signed(delta),
-            None => self.measure(),
-        })
+    /// Takes `evict.lock` as `plan` says. A pass that was asked for and does not get it (it may not
+    /// wait, or waited past the lock timeout) leaves the recheck flag for the holder and tries once
+    /// more (the holder may have let go before it could see the flag).
+    fn take_evict_lock(&self, plan: &Plan) -> io::Result<Option<lock::HeldLock>> {
+        let lock_path = self.v1.join(EVICT_LOCK);
+        if plan.wait {
+            let waited =
+                lock::lock_with_timeout(&lock_path, false, self.s.lock_timeout, || Ok(()))?;
+            if let Waited::Acquired { lock, .. } = waited {
+                return Ok(Some(lock));
+            }
+        } else if let Some(l) = lock::try_lock(&lock_path, false)? {
+            return Ok(Some(l));
+        }
+        if !plan.asked {
+            return Ok(None);
+        }
+        touch(&self.v1.join(RECHECK_FILE));
+        lock::try_lock(&lock_path, false)
     }
 
-    fn measure(&self) -> u64 {
-        scan(&self.v1)
-            .map(|leaves| leaves.iter().map(LeafScan::bytes).sum())
-            .unwrap_or(0)
-    }
-
-    pub(crate) fn evict(&self, plan: Plan) -> io::Result<EvictReport> {
+    pub(crate) fn evict(self: &Arc<Inner>, plan: Plan) -> io::Result<EvictReport> {
         let mut report = EvictReport::default();
         if !self.v1.is_dir() {
             report.ran = true;
             return Ok(report);
         }
-        let lock_path = self.v1.join(EVICT_LOCK);
-        let evictor = if plan.wait {
-            match lock::lock_with_timeout(&lock_path, false, self.s.lock_timeout, || Ok(()))? {
-                Waited::Acquired { lock, .. } => lock,
-                Waited::TimedOut => return Ok(report),
-            }
-        } else {
-            match lock::try_lock(&lock_path, false)? {
-                Some(l) => l,
-                None => return Ok(report),
+        let Some(evictor) = self.take_evict_lock(&plan)? else {
+            return Ok(report);
+        };
+        // Whatever asked for a pass before this point is served by this one.
+        let _ = fs::remove_file(self.v1.join(RECHECK_FILE));
+        report.ran = true;
+        // Another pass may have done the work while this one waited for the lock.
+        if plan.asked && !self.pass_due() {
+            self.release_evict_lock(evictor, Asker::Free);
+            return Ok(report);
+        }
+        let mut trash = Trash::new(&self.s.root, 0);
+        let before = self.lock_size().and_then(|l| l.read());
+        let settled = scan_tree(&self.v1).and_then(|walked| self.settle_size(before, walked));
+        let ((leaves, children, bare), mut total) = match settled {
+            Ok(s) => s,
+            Err(e) => {
+                self.release_evict_lock(evictor, Asker::Free);
+                return Err(e);
             }
         };
-        report.ran = true;
-        let mut trash = Trash::new(&self.s.root, 0);
-        let tracked_before = read_size_file(&self.v1);
-        let (leaves, children, bare) = scan_tree(&self.v1)?;
-        let mut total: u64 = leaves.iter().map(LeafScan::bytes).sum();
+        let mut removed_bytes_counted = 0u64;
         // Slots (of any state) still present per leaf: a leaf at zero is removed with its emptied parents.
         let mut alive: Vec<usize> = leaves.iter().map(|l| l.slots.len()).collect();
 
@@ -217,10 +259,13 @@ impl Inner {
                         if f.complete() || published {
                             continue;
                         }
-                        if let Ok(freed) = remove_slot_files(&leaf.path, n) {
-                            total = total.saturating_sub(freed);
+                        let mut freed = 0;
+                        let r = remove_slot_counted(&leaf.path, n, &mut freed);
+                        total = total.saturating_sub(freed);
+                        removed_bytes_counted += freed;
+                        if r.is_ok() {
                             alive[li] -= 1;
-                            if freed > 0 {
+                            if freed > 0 || f.tmp {
                                 report.stale_removed += 1;
                             }
                         }
@@ -272,21 +317,47 @@ impl Inner {
         let mut t = total;
         while k < cands.len() && wanted(cands[k].0, t) {
             let (_, li, n) = cands[k];
-            t = t.saturating_sub(leaves[li].slots[&n].bytes());
+            t = t.saturating_sub(leaves[li].slots[&n].counted());
             k += 1;
         }
         let outcomes = self.remove_many(&cands[..k], &leaves, &mut trash);
-        for (&(_, li, _), o) in cands[..k].iter().zip(outcomes) {
-            apply(li, o, &mut total, &mut report);
+        let mut busy = Vec::new();
+        for (&c, o) in cands[..k].iter().zip(outcomes) {
+            if let Outcome::Busy = o {
+                busy.push(c);
+            }
+            apply(c.1, o, &mut total, &mut report);
         }
         // Busy entries can leave the total over the target: carry on down the list.
-        for &(atime, li, n) in &cands[k..] {
-            if !wanted(atime, total) {
+        for &c in &cands[k..] {
+            if !wanted(c.0, total) {
                 break;
             }
-            let o = self.remove_candidate(&mut trash, &leaves[li], n);
-            apply(li, o, &mut total, &mut report);
+            let o = self.remove_candidate(&mut trash, &leaves[c.1], c.2, None);
+            if let Outcome::Busy = o {
+                busy.push(c);
+            }
+            apply(c.1, o, &mut total, &mut report);
         }
+        // Still over the target because of entries whose leaves were held: a writer between its
+        // publish and its unlock, a reader repairing, or a child process forked while some thread held
+        // the lock. Once writers stop nobody else comes back for these bytes, so a pass that may wait
+        // does, oldest first, for at most the lock timeout in all.
+        if plan.wait_busy {
+            let deadline = Instant::now() + self.s.lock_timeout;
+            for (atime, li, n) in busy {
+                if !wanted(atime, total) {
+                    break;
+                }
+                let o = self.remove_candidate(&mut trash, &leaves[li], n, Some(deadline));
+                if let Outcome::Busy = o {
+                    continue;
+                }
+                report.busy -= 1;
+                apply(li, o, &mut total, &mut report);
+            }
+        }
+        removed_bytes_counted += report.removed_bytes;
 
         // Directories left empty, leaves found empty included (a killed process's, or emptied by
         // readers), are the sweep's, with the trash.
@@ -305,26 +376,22 @@ impl Inner {
         bump(&self.counters.evictions, report.removed);
         bump(&self.counters.evicted_bytes, report.removed_bytes);
         report.remaining_entries = remaining;
-        report.remaining_bytes = total;
-        // The walk measured the truth; keep what other processes added or removed while it ran.
-        self.update_size(|now| match (now, tracked_before) {
-            (Some(now), Some(before)) => total.saturating_add_signed(now as i64 - before as i64),
-            _ => total,
-        });
+        report.remaining_bytes = self.finish_size(removed_bytes_counted).unwrap_or(total);
         self.trace(|| {
             tracing::debug!(target: "kpc::cache::disk", removed = report.removed, bytes = report.removed_bytes,
-                stale = report.stale_removed, busy = report.busy, remaining = total, "eviction pass")
+                stale = report.stale_removed, busy = report.busy, remaining = report.remaining_bytes,
+                "eviction pass")
         });
-        let trace = self.s.trace;
+        let me = Arc::clone(self);
         let sweep_now = move || {
             let r = sweep.run();
-            if trace {
+            me.trace(|| {
                 tracing::debug!(target: "kpc::cache::disk", dirs = r.dirs_removed, trash = r.trash_removed,
-                    "eviction sweep");
-            }
+                    "eviction sweep")
+            });
             // The eviction lock is released only now: no other pass fills a trash directory while the
             // sweep deletes them, and no two sweeps race.
-            drop(evictor);
+            me.release_evict_lock(evictor, Asker::Free);
             r
         };
         if plan.defer_sweep {
@@ -335,8 +402,7 @@ impl Inner {
                 });
             match spawned {
                 Ok(h) => {
-                    // A previous sweep's handle is finished: it held the lock this pass now holds.
-                    drop(self.evict_thread.lock().replace(h));
+                    self.keep_thread(h);
                     report.sweep_deferred = true;
                 }
                 Err(e) => self.warn_io(&e, &self.v1, "cannot start the eviction sweep"),
@@ -359,7 +425,7 @@ impl Inner {
         let one = |trash: &mut Trash, chunk: &[(FileTime, usize, u32)]| -> Vec<Outcome> {
             chunk
                 .iter()
-                .map(|&(_, li, n)| self.remove_candidate(trash, &leaves[li], n))
+                .map(|&(_, li, n)| self.remove_candidate(trash, &leaves[li], n, None))
                 .collect()
         };
         if workers == 1 {
@@ -386,10 +452,30 @@ impl Inner {
         })
     }
 
-    /// Removes one complete entry under its leaf's lock.
-    fn remove_candidate(&self, trash: &mut Trash, leaf: &LeafScan, n: u32) -> Outcome {
+    /// Removes one complete entry under its leaf's lock: tried once, or waited for until `deadline`.
+    fn remove_candidate(
+        &self,
+        trash: &mut Trash,
+        leaf: &LeafScan,
+        n: u32,
+        deadline: Option<Instant>,
+    ) -> Outcome {
         let path = &leaf.path;
-        match lock::try_lock_leaf(path) {
+        let held = match deadline {
+            None => lock::try_lock_leaf(path),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                lock::lock_leaf(path, left, || Err(io::ErrorKind::NotFound.into())).map(|w| match w
+                {
+                    Waited::Acquired { lock, .. } => Some(lock),
+                    Waited::TimedOut => None,
+                })
+            }
+        };
+        match held {
+            // Only a sweep removes a leaf, under `evict.lock`, which this pass holds: the leaf was
+            // removed by hand, and the entry with it.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Outcome::Gone,
             Ok(Some(_leaf)) => match remove_published(trash, path, n, &leaf.slots[&n]) {
                 Ok(Some(freed)) => {
                     self.trace(|| {
@@ -411,45 +497,11 @@ impl Inner {
             }
         }
     }
+}
 
-    pub(super) fn maybe_evict(self: &Arc<Inner>, total: u64) {
-        if self.s.max_size == 0 || total <= self.s.max_size {
-            return;
-        }
-        // One pass per instance at a time; the evict.lock file does the same across processes.
-        if self.evicting.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let plan = Plan {
-            target: Some(self.low_watermark()),
-            older_than: None,
-            wait: false,
-            // Already on a background thread when background_eviction is set.
-            defer_sweep: false,
-        };
-        let run = move |me: &Inner| {
-            if let Err(e) = me.evict(plan) {
-                me.warn_io(&e, &me.v1, "eviction failed");
-            }
-            me.evicting.store(false, Ordering::Release);
-        };
-        if self.s.background_eviction {
-            let me = Arc::clone(self);
-            let spawned = std::thread::Builder::new()
-                .name("kpc-disk-evict".into())
-                .spawn(move || run(&me));
-            match spawned {
-                // A previous pass's handle is dropped (detached): it has finished, or it would still hold
-                // `evicting`.
-                Ok(h) => drop(self.evict_thread.lock().replace(h)),
-                Err(_) => run(self),
-            }
-        } else {
-            run(self);
-        }
-    }
-
-    fn low_watermark(&self) -> u64 {
-        (self.s.max_size as u128 * self.s.low_watermark_percent.min(100) as u128 / 100) as u64
-    }
+fn size_busy() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::WouldBlock,
+        "the size file could not be locked",
+    )
 }

@@ -10,7 +10,7 @@ use super::PersistentCache;
 use super::evict::Plan;
 use super::key::KeyRecord;
 use super::lock;
-use super::slot::{SlotCheck, check_slot, read_src, remove_slot_files, slot_file};
+use super::slot::{SlotCheck, check_slot, read_src, slot_file};
 use super::walk::scan;
 
 /// One complete entry, as `kpc cache ls` shows it.
@@ -196,13 +196,7 @@ impl PersistentCache {
         if slot_file(leaf, n, "src").exists() {
             return false;
         }
-        match remove_slot_files(leaf, n) {
-            Ok(freed) => {
-                self.inner.add_size(-(freed as i64));
-                true
-            }
-            Err(_) => false,
-        }
+        self.inner.remove_slot(leaf, n).is_some()
     }
 
     /// Moves slot `n`'s files into the quarantine directory, under the leaf's lock.
@@ -222,19 +216,21 @@ impl PersistentCache {
             dirs[3],
             unique_suffix()
         );
-        let mut moved = 0u64;
-        let mut ok = true;
-        for ext in ["src", "bin"] {
-            let from = slot_file(leaf, n, ext);
-            let len = fs::symlink_metadata(&from).map(|m| m.len()).unwrap_or(0);
-            match fs::rename(&from, q.join(format!("{stem}.{ext}"))) {
-                Ok(()) => moved += len,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(_) => ok = false,
+        let moved = self.inner.counted(|| {
+            let mut moved = 0u64;
+            let mut ok = true;
+            for ext in ["src", "bin"] {
+                let from = slot_file(leaf, n, ext);
+                let len = fs::symlink_metadata(&from).map(|m| m.len()).unwrap_or(0);
+                match fs::rename(&from, q.join(format!("{stem}.{ext}"))) {
+                    Ok(()) => moved += len,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(_) => ok = false,
+                }
             }
-        }
-        self.inner.add_size(-(moved as i64));
-        ok
+            (ok, -(moved as i64))
+        });
+        moved.is_some_and(|(ok, _)| ok)
     }
 
     /// Removes every entry (except those being written) and the quarantine directory. Waits up to the
@@ -245,6 +241,8 @@ impl PersistentCache {
             older_than: None,
             wait: true,
             defer_sweep: false,
+            asked: false,
+            wait_busy: false,
         })?;
         if !r.ran {
             return Err(io::Error::new(

@@ -29,6 +29,23 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// Held by the one process evicting or sweeping (`<root>/v1/evict.lock`).
+pub(crate) const EVICT_LOCK: &str = "evict.lock";
+/// Left by a pass that did not get [`EVICT_LOCK`] (it may not wait, or waited past the lock timeout);
+/// the holder looks for it after letting go and runs again (`schedule.rs`), so a put that crossed the
+/// limit while another process evicted is not lost.
+pub(crate) const RECHECK_FILE: &str = "evict.recheck";
+
+/// What a thread asking for an eviction pass holds, which decides whether a pass run on it may wait
+/// for locks (`schedule.rs`): only one that holds none may, so no two waiters wait for each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Asker {
+    /// No lock of the cache (a put that let go of its leaf, a pass or sweep letting go of `evict.lock`).
+    Free,
+    /// Perhaps a leaf's lock or a build lock (a counted change that took `evict.lock` to recount).
+    HoldsLocks,
+}
+
 /// An exclusive advisory lock held on a file. Dropping it releases the lock, after unlinking the file
 /// when it was taken as `ephemeral` (the caller is removing what the file guards, or the lock is the
 /// build lock, which only exists while someone builds).
@@ -96,6 +113,44 @@ pub(crate) fn try_lock(path: &Path, ephemeral: bool) -> io::Result<Option<HeldLo
         }
     }
     Ok(None)
+}
+
+/// Locks `path` exclusively, blocking until it is free: for the size file, whose holders keep it for
+/// microseconds (a recount, for one walk). A blocking `flock` queues in the kernel, where polling would
+/// let a steady stream of short holders starve a waiter on a loaded machine. Creates the file if needed.
+pub(crate) fn lock_blocking(path: &Path) -> io::Result<HeldLock> {
+    for _ in 0..8 {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        let mut rw = fd_lock::RwLock::new(file);
+        loop {
+            match rw.write() {
+                // As in `try_lock`: the lock lives as long as the descriptor HeldLock owns.
+                Ok(guard) => {
+                    std::mem::forget(guard);
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let file = rw.into_inner();
+        if same_inode(&file, path)? {
+            return Ok(HeldLock {
+                file: Some(file),
+                path: path.to_owned(),
+                ephemeral: false,
+            });
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::WouldBlock,
+        format!("{} kept being replaced while locking it", path.display()),
+    ))
 }
 
 /// What waiting for a lock came to.

@@ -12,7 +12,7 @@ use filetime::FileTime;
 use super::entry::{self, Defect, FileKind, read_verified};
 use super::lock::{self, HeldLock, Waited};
 use super::put::BuildGuard;
-use super::slot::{SlotCheck, check_slot, list_slots, read_src, remove_slot_files, slot_file};
+use super::slot::{SlotCheck, check_slot, list_slots, read_src, slot_file};
 use super::stats::{WarnCause, bump, nanos};
 use super::{DiskKey, Inner, PersistentCache};
 
@@ -219,9 +219,7 @@ impl PersistentCache {
                     .map(|(h, _)| h.checksum)
             }) == Some(hit.checksum);
             if same {
-                if let Ok(freed) = remove_slot_files(&hit.leaf, hit.slot) {
-                    i.add_size(-(freed as i64));
-                }
+                i.remove_slot(&hit.leaf, hit.slot);
             }
         }
     }
@@ -252,8 +250,7 @@ impl PersistentCache {
             if !wanted {
                 continue;
             }
-            if let Ok(freed) = remove_slot_files(&leaf, n) {
-                i.add_size(-(freed as i64));
+            if i.remove_slot(&leaf, n).is_some() {
                 removed = true;
             }
         }
@@ -408,12 +405,9 @@ impl Inner {
         }) {
             Ok(Some(_l)) => {
                 if let SlotCheck::Defective(..) = check_slot(leaf, n) {
-                    match remove_slot_files(leaf, n) {
-                        Ok(freed) => {
-                            self.add_size(-(freed as i64));
-                            report(true);
-                        }
-                        Err(_) => report(false),
+                    match self.remove_slot(leaf, n) {
+                        Some(_) => report(true),
+                        None => report(false),
                     }
                 }
             }

@@ -11,6 +11,7 @@
 //! <root>/v1/size                                        tracked total size (see "Size" below)
 //! <root>/v1/evict.lock                                  held by the one process evicting
 //! <root>/v1/names/<device>                              image directories per image name (`names.rs`)
+//! <root>/v1/evict.recheck                               "run again": left for the evicting process
 //! <root>/quarantine/                                    entries `kpc cache verify --fix` set aside
 //! <root>/trash/<pid>-<nanos>-<i>/                       files an eviction pass removed, until its sweep
 //! ```
@@ -58,14 +59,18 @@
 //! warned about once per cause per cache instance ([`WarnCause`]).
 //!
 //! # Size
-//! The total (both files of every entry, headers included) is tracked in `<root>/v1/size`, a decimal
-//! number updated under a lock on that file by every put and removal, so a put never walks the tree.
-//! When a put takes it over `max_size`, an eviction pass walks the tree once, removes the least recently
-//! accessed entries down to the low watermark, and writes the total it measured back: the walk corrects
-//! any drift (a process killed between publishing and counting, files removed by hand). Hits record
-//! access by setting the `.bin`'s access time explicitly, at most once per `touch_interval`, so recency
-//! works on noatime and relatime mounts and a hit writes nothing else.
+//! The total (both files of every entry, headers included) is tracked in `<root>/v1/size`, exactly,
+//! under any interleaving of puts, removals and eviction passes in threads and processes (`count.rs`
+//! gives the protocol): a put walks the tree only when the record must be rebuilt (a new cache, or a
+//! process killed mid-change), and a put that takes the total over `max_size`
+//! asks for an eviction pass (`schedule.rs`), which removes the least recently accessed entries down
+//! to the low watermark on a background thread; a put that crosses the limit while a pass runs makes
+//! that pass (or another) run again, so once writers stop the total is at or under the limit. A
+//! process killed inside a change leaves a flag that makes the next change or pass measure the tree
+//! again, once. Hits record access by setting the `.bin`'s access time explicitly, at most once per
+//! `touch_interval`, so recency works on noatime and relatime mounts and a hit writes nothing else.
 
+mod count;
 pub mod entry;
 mod evict;
 pub mod explain;
@@ -76,6 +81,7 @@ mod lookup;
 mod names;
 mod nearest;
 mod put;
+mod schedule;
 mod settings;
 mod slot;
 pub mod stats;
@@ -97,11 +103,11 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 
+use crate::cache::pass_gate::PassGate;
 use crate::config::Config;
 use stats::{DiskCounters, Warned};
 
@@ -114,8 +120,10 @@ pub const MAX_SLOTS: u32 = 64;
 ///
 /// Guarantees: a lookup returns only bytes that were put under exactly this key and pass their checksum;
 /// no method returns an error or panics on a disk problem; a killed process leaves no lock and no
-/// visible partial entry; with `max_size > 0`, the tracked total is brought back under the low watermark
-/// after every put that exceeds the limit (entries being written excepted).
+/// visible partial entry; the tracked total equals the bytes of the tree's entry files whenever no
+/// change is in progress; with `max_size > 0`, every put that exceeds the limit is followed by a pass
+/// that brings the total under the low watermark (entries being written excepted), so once writers stop
+/// (and [`PersistentCache::wait_for_eviction`] returns) the total is at or under the limit.
 #[derive(Clone)]
 pub struct PersistentCache {
     inner: Arc<Inner>,
@@ -135,8 +143,12 @@ struct Inner {
     v1: PathBuf,
     counters: DiskCounters,
     warned: Warned,
-    evicting: AtomicBool,
-    evict_thread: Mutex<Option<JoinHandle<()>>>,
+    /// One eviction runner per instance, re-run for puts that came while it ran (`schedule.rs`).
+    passes: PassGate,
+    /// Background eviction runners and deferred sweeps, for `wait_for_eviction`.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// This instance, for the runner a pass request starts from code that holds only `&Inner`.
+    me: std::sync::Weak<Inner>,
 }
 
 static UNRESOLVED_WARNING: std::sync::Once = std::sync::Once::new();
@@ -146,13 +158,14 @@ impl PersistentCache {
     pub fn new(settings: DiskCacheSettings) -> Self {
         let v1 = settings.root.join(VERSION_DIR);
         PersistentCache {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|me| Inner {
                 s: settings,
                 v1,
                 counters: DiskCounters::default(),
                 warned: Warned::default(),
-                evicting: AtomicBool::new(false),
-                evict_thread: Mutex::new(None),
+                passes: PassGate::new(),
+                threads: Mutex::new(Vec::new()),
+                me: me.clone(),
             }),
         }
     }
@@ -223,13 +236,10 @@ impl PersistentCache {
         );
     }
 
-    /// Waits for a background eviction (or the sweep of [`PersistentCache::evict_deferred`]) this
-    /// instance started, if one is running.
+    /// Waits for every background eviction (and sweep of [`PersistentCache::evict_deferred`]) this
+    /// instance started, including the passes they asked for while running.
     pub fn wait_for_eviction(&self) {
-        let h = self.inner.evict_thread.lock().take();
-        if let Some(h) = h {
-            let _ = h.join();
-        }
+        self.inner.join_threads();
     }
 
     /// Runs one eviction pass now, down to `target` bytes (`None`: no size target) and removing every
@@ -245,6 +255,8 @@ impl PersistentCache {
             older_than,
             wait: true,
             defer_sweep: false,
+            asked: false,
+            wait_busy: false,
         })
     }
 
@@ -264,12 +276,19 @@ impl PersistentCache {
             older_than,
             wait: true,
             defer_sweep: true,
+            asked: false,
+            wait_busy: false,
         })
     }
 
-    /// The total size as tracked in `<root>/v1/size`, if that file exists and is readable.
+    /// The total size as tracked in `<root>/v1/size` (the `.src` and `.bin` files of the tree, see
+    /// "Size" above), when the record is settled: `None` when it is missing or unreadable, while an
+    /// eviction pass is between its removals and their count, and when a process died in the middle of
+    /// a change (the next change or pass measures it again).
     pub fn tracked_size(&self) -> Option<u64> {
-        evict::read_size_file(&self.inner.v1)
+        count::read_record(&self.inner.v1)
+            .filter(|r| !r.dirty && !r.evicting)
+            .map(|r| r.total)
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::entry::{FileKind, HEADER_LEN, encode_header};
 use super::lock::{self, HeldLock, Waited};
 use super::names;
-use super::slot::{holds_valid, remove_slot_files, slot_file, sync_dir, write_file};
+use super::slot::{holds_valid, slot_file, sync_dir, write_file};
 use super::stats::{WarnCause, bump};
 use super::{DiskKey, Inner, MAX_SLOTS, PersistentCache};
 
@@ -173,6 +173,10 @@ impl Inner {
         loop {
             let leaf = match self.ensure_leaf(key) {
                 Ok(l) => l,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 16 => {
+                    tries += 1;
+                    continue;
+                }
                 Err(e) => return fail(&e, &self.leaf(key)),
             };
             if self.find(&leaf, key, false, true).is_some() {
@@ -180,8 +184,9 @@ impl Inner {
             }
             match self.put_in_leaf(&leaf, key, bytes, &src, total) {
                 Ok(outcome) => return outcome,
-                // The leaf was removed by an evictor under us: make it again.
-                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 3 => tries += 1,
+                // The leaf was removed by an evictor's sweep under us: make it again. Under constant
+                // eviction (a tiny limit, many writers) that can happen several times in a row.
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 16 => tries += 1,
                 Err(e) => return fail(&e, &leaf),
             }
         }
@@ -224,9 +229,17 @@ impl Inner {
             if slot_file(leaf, n, "src").exists() {
                 continue;
             }
-            // Leftovers of a writer killed mid-way; the leaf lock says nobody is working on them.
-            remove_slot_files(leaf, n)?;
-            self.publish(leaf, n, key, bytes, src)?;
+            // Temporaries of a writer killed mid-way, and the per-slot lock file of caches written
+            // before the leaf lock; the leaf lock says nobody is working on them. (An orphan `.bin`
+            // is counted, and replaced by the publish as a counted change.)
+            for ext in ["src.tmp", "bin.tmp", "lock"] {
+                match fs::remove_file(slot_file(leaf, n, ext)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let now = self.publish(leaf, n, key, bytes, src)?;
             bump(&self.counters.puts, 1);
             bump(&self.counters.bytes_written, total);
             self.trace(|| {
@@ -234,9 +247,10 @@ impl Inner {
                     slot = n, bytes = total, "put")
             });
             drop(leaf_lock);
-            let now = self.add_size(total as i64);
-            if let Some(t) = now {
-                self.maybe_evict(t);
+            match now {
+                Some(t) if self.s.max_size == 0 || t <= self.s.max_size => {}
+                // Over the limit, or the record needs measuring and nobody could yet.
+                _ => self.request_pass(),
             }
             return Ok(PutOutcome::Published(n));
         }
@@ -249,6 +263,9 @@ impl Inner {
         Ok(PutOutcome::Skipped)
     }
 
+    /// Writes the entry's temporaries, then makes them visible as one counted change (`count.rs`):
+    /// `.bin` first, since a reader goes through `.src`, so once `.src` is visible its `.bin` already
+    /// is. Returns the new tracked total (`None`: the record needs measuring).
     fn publish(
         &self,
         leaf: &Path,
@@ -256,36 +273,57 @@ impl Inner {
         key: &DiskKey,
         bytes: &[u8],
         src: &[u8],
-    ) -> io::Result<()> {
+    ) -> io::Result<Option<u64>> {
         let digest = key.digest().0;
         let (bin_tmp, src_tmp) = (slot_file(leaf, n, "bin.tmp"), slot_file(leaf, n, "src.tmp"));
         let (bin, srcp) = (slot_file(leaf, n, "bin"), slot_file(leaf, n, "src"));
-        let r = (|| {
-            write_file(
-                &bin_tmp,
-                &encode_header(FileKind::Bin, &digest, bytes),
-                bytes,
-                self.s.sync,
-            )?;
+        let cleanup = || {
+            let _ = fs::remove_file(&bin_tmp);
+            let _ = fs::remove_file(&src_tmp);
+        };
+        let bin_header = encode_header(FileKind::Bin, &digest, bytes);
+        let written = write_file(&bin_tmp, &bin_header, bytes, self.s.sync).and_then(|()| {
             write_file(
                 &src_tmp,
                 &encode_header(FileKind::Src, &digest, src),
                 src,
                 self.s.sync,
-            )?;
-            // .bin first: a reader goes through .src, so once .src is visible its .bin already is.
-            fs::rename(&bin_tmp, &bin)?;
-            fs::rename(&src_tmp, &srcp)?;
-            if self.s.sync {
-                sync_dir(leaf)?;
-            }
-            Ok(())
-        })();
-        if r.is_err() {
-            for p in [&src_tmp, &bin_tmp, &srcp, &bin] {
-                let _ = fs::remove_file(p);
-            }
+            )
+        });
+        if let Err(e) = written {
+            cleanup();
+            return Err(e);
         }
-        r
+        let bin_len = (bin_header.len() + bytes.len()) as i64;
+        let src_len = (HEADER_LEN + src.len()) as i64;
+        let counted = self.counted(|| {
+            // An orphan `.bin` a killed writer left in this slot is replaced by the rename.
+            let old = fs::symlink_metadata(&bin).map_or(0, |m| m.len() as i64);
+            if let Err(e) = fs::rename(&bin_tmp, &bin) {
+                return (Err(e), 0);
+            }
+            if let Err(e) = fs::rename(&src_tmp, &srcp) {
+                return match fs::remove_file(&bin) {
+                    Ok(()) => (Err(e), -old),
+                    Err(_) => (Err(e), bin_len - old),
+                };
+            }
+            (Ok(()), bin_len + src_len - old)
+        });
+        let Some((r, now)) = counted else {
+            cleanup();
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the size file could not be locked",
+            ));
+        };
+        if let Err(e) = r {
+            cleanup();
+            return Err(e);
+        }
+        if self.s.sync {
+            sync_dir(leaf)?;
+        }
+        Ok(now)
     }
 }

@@ -1,5 +1,6 @@
 //! The files of one slot: their paths, listing a leaf's slots, reading a key record, checking a slot
-//! in full, removing a slot's files, and writing and syncing files as a publish needs.
+//! in full, and writing and syncing files as a publish needs (removing them is a counted change:
+//! `count.rs`).
 
 use std::fs::{self, File};
 use std::io;
@@ -51,29 +52,6 @@ pub(super) fn read_src(path: &Path) -> io::Result<Result<(entry::Header, KeyReco
             None => Err(Defect::BadRecord),
         },
     })
-}
-
-fn remove_if_exists(p: &Path) -> io::Result<u64> {
-    let len = match fs::symlink_metadata(p) {
-        Ok(m) => m.len(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    match fs::remove_file(p) {
-        Ok(()) => Ok(len),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(e),
-    }
-}
-
-/// Removes every file of slot `n` (the caller holds the leaf lock), `.src` first; returns the bytes
-/// freed. A `<n>.lock` goes too: the per-slot lock file of caches written before the leaf lock.
-pub(super) fn remove_slot_files(leaf: &Path, n: u32) -> io::Result<u64> {
-    let mut freed = 0;
-    for ext in ["src", "bin", "src.tmp", "bin.tmp", "lock"] {
-        freed += remove_if_exists(&slot_file(leaf, n, ext))?;
-    }
-    Ok(freed)
 }
 
 /// Checks slot `n` of `leaf` in full. Does not compare with any particular key.

@@ -59,6 +59,12 @@ pub struct DiskStats {
     pub failed_puts: u64,
     /// I/O errors on the read path that were treated as a miss (permission denied, ...).
     pub read_errors: u64,
+    /// Times this instance measured the whole tree because the size record was missing or left
+    /// inconsistent by a process killed in the middle of a change (`count.rs`). A new cache counts one.
+    pub size_rebuilds: u64,
+    /// Times an eviction pass of this instance found the record differing from a walk during which
+    /// nothing counted changed (files removed behind the cache's back) and corrected it.
+    pub size_corrections: u64,
     /// Misses by cause ([`MissCause`], see `explain.rs`): nothing similar cached.
     pub misses_new_key: u64,
     /// Misses whose nearest entry was built for another device fingerprint (driver update, ...).
@@ -97,6 +103,8 @@ pub(crate) struct DiskCounters {
     pub skipped: AtomicU64,
     pub failed_puts: AtomicU64,
     pub read_errors: AtomicU64,
+    pub size_rebuilds: AtomicU64,
+    pub size_corrections: AtomicU64,
     pub misses_by_cause: [AtomicU64; 7],
 }
 
@@ -143,6 +151,8 @@ impl DiskCounters {
             skipped: l(&self.skipped),
             failed_puts: l(&self.failed_puts),
             read_errors: l(&self.read_errors),
+            size_rebuilds: l(&self.size_rebuilds),
+            size_corrections: l(&self.size_corrections),
             misses_new_key: l(&self.misses_by_cause[MissCause::NewKey as usize]),
             misses_device_changed: l(&self.misses_by_cause[MissCause::DeviceChanged as usize]),
             misses_image_changed: l(&self.misses_by_cause[MissCause::ImageChanged as usize]),

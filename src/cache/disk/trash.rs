@@ -51,10 +51,11 @@ impl Trash {
         }
     }
 
-    /// Moves `path` into the trash. `NotFound` means `path` was already gone. Where the rename cannot
-    /// be done (the trash cannot be created, or sits on another file system), the file is unlinked
-    /// instead: slower, never wrong.
-    pub fn take(&mut self, path: &Path) -> io::Result<()> {
+    /// Moves `path` into the trash and returns its length. `NotFound` means `path` was already gone.
+    /// Where the rename cannot be done (the trash cannot be created, or sits on another file system),
+    /// the file is unlinked instead: slower, never wrong. The length is measured on the file moved
+    /// (the caller holds its slot lock, so it no longer changes), not taken from an earlier walk.
+    pub fn take(&mut self, path: &Path) -> io::Result<u64> {
         if !self.created {
             self.created = fs::create_dir_all(&self.dir).is_ok();
         }
@@ -62,7 +63,7 @@ impl Trash {
             let to = self.dir.join(self.next.to_string());
             self.next += 1;
             match fs::rename(path, &to) {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(fs::symlink_metadata(&to).map_or(0, |m| m.len())),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     // Either `path` is gone, or the trash was; only the first is final.
                     if fs::symlink_metadata(path).is_err() {
@@ -73,7 +74,9 @@ impl Trash {
                 Err(_) => {}
             }
         }
-        fs::remove_file(path)
+        let len = fs::symlink_metadata(path)?.len();
+        fs::remove_file(path)?;
+        Ok(len)
     }
 }
 

@@ -31,8 +31,9 @@ impl SlotFiles {
     pub fn complete(&self) -> bool {
         self.src.is_some() && self.bin.is_some()
     }
-    pub fn bytes(&self) -> u64 {
-        self.src.map_or(0, |m| m.len) + self.bin.map_or(0, |m| m.len) + self.tmp_bytes
+    /// Bytes the size file counts for this slot (`count.rs`): `.src` and `.bin`, not temporaries.
+    pub fn counted(&self) -> u64 {
+        self.src.map_or(0, |m| m.len) + self.bin.map_or(0, |m| m.len)
     }
 }
 
@@ -46,8 +47,9 @@ pub(crate) struct LeafScan {
 }
 
 impl LeafScan {
-    pub fn bytes(&self) -> u64 {
-        self.slots.values().map(SlotFiles::bytes).sum()
+    /// Bytes the size file counts for this leaf.
+    pub fn counted(&self) -> u64 {
+        self.slots.values().map(SlotFiles::counted).sum()
     }
 }
 
