@@ -21,7 +21,8 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{Backend, DeviceImage};
+use crate::backend::DeviceImage;
+use crate::backend::dynamic::DynKernel;
 use crate::cache::{BuildOptions, SpecConstants};
 use crate::error::{Error, Result};
 
@@ -320,10 +321,10 @@ impl<T> Drop for Prefetch<T> {
 /// Acquires every request's kernel through `manager` on a bounded pool of worker threads (one per
 /// core, at most one per request): the [`ProgramManager`]-level twin of
 /// [`super::Context::prefetch`], for tools and tests that drive a manager directly.
-pub fn prefetch_kernels<B: Backend>(
-    manager: &Arc<ProgramManager<B>>,
+pub fn prefetch_kernels(
+    manager: &Arc<ProgramManager>,
     requests: Vec<KernelRequest>,
-) -> Prefetch<Acquired<B::Kernel>> {
+) -> Prefetch<Acquired<DynKernel>> {
     let m = manager.clone();
     let workers = default_workers(requests.len());
     Prefetch::spawn(requests, workers, move |r: &KernelRequest| {
@@ -341,7 +342,7 @@ impl super::Context {
         let p = Prefetch::spawn(requests, workers, move |r: &KernelRequest| {
             ctx.kernel(&r.image, &r.entry, &r.spec, &r.options)
         });
-        self.inner.background().register(&p.canceller());
+        self.inner.background.register(&p.canceller());
         p
     }
 }
