@@ -310,6 +310,7 @@ impl ProgramManager {
     /// As [`ProgramManager::kernel`], but the kernel comes behind a handle of the calling thread's own
     /// ([`Local`]): a repeated hit on one thread writes no cache line other threads use, so hits scale
     /// with threads. What `Context::kernel` uses.
+    #[inline]
     pub fn kernel_local(
         &self,
         image: &DeviceImage,
