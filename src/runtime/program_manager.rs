@@ -359,20 +359,24 @@ impl ProgramManager {
         let mut loaded = if self.cache.contains_program(&key) {
             None
         } else {
-            let p = self.retry_out_of_resources("binary load", || {
+            let p = Arc::new(self.retry_out_of_resources("binary load", || {
                 self.backend
                     .program_from_binary(image, spec, options, binary)
-            })?;
+            })?);
             // The entry point is checked before the program enters the memory cache: a binary
             // refused for it must leave nothing there, or a later genuine binary for the key
             // would be answered from memory instead of loaded and checked.
             drop(self.backend.create_kernel(&p, entry)?);
-            if p.is_shared() {
-                return Err(Error::Panicked(format!(
+            let kept = || {
+                Error::Panicked(format!(
                     "the {} backend kept a reference to a program it was only asked to make a \
                      kernel of",
                     self.kind
-                )));
+                ))
+            };
+            let p = Arc::try_unwrap(p).map_err(|_| kept())?;
+            if p.is_shared() {
+                return Err(kept());
             }
             Some(p)
         };

@@ -98,40 +98,43 @@ impl fmt::Debug for DynProgram {
 
 /// A kernel of some backend, its type erased: it describes itself ([`KernelObject`]) and is
 /// recognized again by its backend at launch.
-pub struct DynKernel(Box<dyn KernelObject>);
+///
+/// It holds the erased program it was made from, as the backends' kernels hold theirs: so the memory
+/// cache, which counts the holders of each program it keeps, sees a program with a live kernel as
+/// in use (never released by [`crate::cache::KernelProgramCache::release_unused`] or evicted).
+pub struct DynKernel {
+    // Field order is drop order: the kernel goes before its program.
+    kernel: Box<dyn KernelObject>,
+    _program: Arc<DynProgram>,
+}
 
 impl DynKernel {
-    /// Erases `kernel`.
-    pub fn new<K: KernelObject>(kernel: K) -> Self {
-        DynKernel(Box::new(kernel))
-    }
-
     /// The backend's kernel, when it is a `K`.
     pub fn downcast_ref<K: 'static>(&self) -> Option<&K> {
-        self.0.as_any().downcast_ref::<K>()
+        self.kernel.as_any().downcast_ref::<K>()
     }
 }
 
 impl fmt::Debug for DynKernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DynKernel")
-            .field("name", &self.0.info().name)
+            .field("name", &self.kernel.info().name)
             .finish()
     }
 }
 
 impl KernelObject for DynKernel {
     fn info(&self) -> &KernelInfo {
-        self.0.info()
+        self.kernel.info()
     }
     fn as_any(&self) -> &dyn Any {
-        self.0.as_any()
+        self.kernel.as_any()
     }
     fn origin(&self) -> Option<&ProgramOrigin> {
-        self.0.origin()
+        self.kernel.origin()
     }
     fn program_binary(&self) -> Result<Option<Vec<u8>>> {
-        self.0.program_binary()
+        self.kernel.program_binary()
     }
 }
 
@@ -183,7 +186,7 @@ pub trait DynBackend: Send + Sync + 'static {
     /// As [`Backend::create_kernel`].
     ///
     /// Errors: [`Error::InvalidArgument`] for a program of another backend.
-    fn create_kernel(&self, program: &DynProgram, entry: &str) -> Result<DynKernel>;
+    fn create_kernel(&self, program: &Arc<DynProgram>, entry: &str) -> Result<DynKernel>;
     /// The backend itself, for callers that know its type.
     fn as_any(&self) -> &dyn Any;
 }
@@ -221,11 +224,15 @@ impl<B: Backend> DynBackend for B {
     fn load_avoided_compile(&self, program: &DynProgram) -> Option<bool> {
         Backend::load_avoided_compile(self, program.downcast_ref::<B::Program>()?)
     }
-    fn create_kernel(&self, program: &DynProgram, entry: &str) -> Result<DynKernel> {
+    fn create_kernel(&self, program: &Arc<DynProgram>, entry: &str) -> Result<DynKernel> {
         let p = program
             .downcast_arc::<B::Program>()
             .ok_or_else(|| foreign("a program"))?;
-        Backend::create_kernel(self, &p, entry).map(DynKernel::new)
+        let kernel = Backend::create_kernel(self, &p, entry)?;
+        Ok(DynKernel {
+            kernel: Box::new(kernel),
+            _program: program.clone(),
+        })
     }
     fn as_any(&self) -> &dyn Any {
         self
