@@ -1,11 +1,12 @@
 //! Parallel acquisition: many kernels at once on a bounded pool of worker threads
-//! ([`Context::prefetch`]), so disk loads and cold builds overlap instead of running one after the
-//! other on the caller's thread.
+//! ([`Context::prefetch`](super::Context::prefetch)), so disk loads and cold builds overlap instead
+//! of running one after the other on the caller's thread.
 //!
-//! Prefetching adds no synchronization of its own to the caches: every request goes through the same
-//! `get_or_build` as [`Context::kernel`], so a key a worker is building while a caller asks for it is
-//! built once (the caller waits on the entry's build), and a program shared by several requested entry
-//! points is built once. What runs concurrently is the backends' work for *different* programs:
+//! Prefetching adds no synchronization of its own to the caches: every request goes through the
+//! same `get_or_build` as [`Context::kernel`](super::Context::kernel), so a key a worker is
+//! building while a caller asks for it is built once (the caller waits on the entry's build), and a
+//! program shared by several requested entry points is built once. What runs concurrently is the
+//! backends' work for *different* programs:
 //! - Vulkan: every program has its own `VkPipelineCache` (created without
 //!   `VK_PIPELINE_CACHE_CREATE_EXTERNALLY_SYNCHRONIZED_BIT`, so even a shared one would be internally
 //!   synchronized for `vkCreateComputePipelines`), and `vkCreateShaderModule`/

@@ -1,10 +1,11 @@
 //! The backend seam: the backend traits erased once, for every backend.
 //!
 //! After wgpu-hal's `dynamic/`: [`DynBackend`] and [`DynComputeBackend`] are object-safe mirrors of
-//! [`Backend`] and [`ComputeBackend`], implemented generically (one blanket impl each) for every type
-//! that implements the typed traits. Resources cross the seam type-erased ([`DynProgram`],
-//! [`DynKernel`], [`AnyBuffer`], [`AnyEvent`]) and are downcast back to the backend's own types inside
-//! the blanket impls; a resource of another backend is a typed error there, never undefined behaviour.
+//! [`Backend`] and [`ComputeBackend`](super::ComputeBackend), implemented generically (one blanket
+//! impl each) for every type that implements the typed traits. Resources cross the seam type-erased
+//! ([`DynProgram`], [`DynKernel`], [`AnyBuffer`], [`AnyEvent`]) and are downcast back to the
+//! backend's own types inside the blanket impls; a resource of another backend is a typed error
+//! there, never undefined behaviour.
 //!
 //! Everything above this seam is written once, without a backend type parameter: the runtime's
 //! `ProgramManager` holds an `Arc<dyn DynBackend>`, and `Context` holds that manager and an
