@@ -145,7 +145,7 @@ impl HitPath for PrivateMaps {
 /// numbers of issue 18 measured), through the same `ProgramManager::kernel_local` that the context's
 /// backend-erased `kernel` calls.
 struct Runtime {
-    pm: ProgramManager<FakeBackend>,
+    pm: ProgramManager,
     image: DeviceImage,
     spec: SpecConstants,
     options: BuildOptions,

@@ -224,7 +224,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         blob.len(),
         id.len(),
         again.source(),
-        ctx2.backend_stats().programs_built
+        ctx2.stats().backend_counters.programs_built
     );
 
     // --- kpc's objects go first; then the embedder destroys what it owns. ---

@@ -152,7 +152,7 @@ fn round_trip(kind: BackendKind, test: &str) {
     );
     let k2 = from_blob(&ctx2, &spec, &blob).unwrap();
     assert_eq!(k2.source(), Source::Blob);
-    let s = ctx2.backend_stats();
+    let s = ctx2.stats().backend_counters;
     assert_eq!((s.programs_built, s.programs_loaded), (0, 1));
     check_saxpy(&ctx2, &k2, 7.0);
     // Now in the context's memory cache: a plain request hits it, and the blob is not loaded twice.
@@ -161,7 +161,7 @@ fn round_trip(kind: BackendKind, test: &str) {
         from_blob(&ctx2, &spec, &blob).unwrap().source(),
         Source::Memory
     );
-    let s = ctx2.backend_stats();
+    let s = ctx2.stats().backend_counters;
     assert_eq!((s.programs_built, s.programs_loaded), (0, 1));
     // The recreated kernel's blob carries the same key.
     assert_eq!(
@@ -223,9 +223,9 @@ fn other_keys(kind: BackendKind, test: &str) {
         fresh.kernel_from_blob(&saxpy_image, "saxpy", &bias(1), &other_options(kind), &blob);
     assert_eq!(mismatch_field(other_opts), "options");
     // Refused before the backend: nothing loaded, nothing built, nothing cached.
-    let s = fresh.backend_stats();
+    let s = fresh.stats().backend_counters;
     assert_eq!((s.programs_built, s.programs_loaded), (0, 0));
-    assert_eq!(fresh.memory_stats().programs, 0);
+    assert_eq!(fresh.stats().memory.programs, 0);
     // The right key is accepted by the same context.
     assert_eq!(
         from_blob(&fresh, &bias(1), &blob).unwrap().source(),
@@ -301,7 +301,7 @@ fn damaged(kind: BackendKind, test: &str) {
             other => panic!("{field} edited: expected Error::BlobMismatch, got {other:?}"),
         }
     }
-    let s = fresh.backend_stats();
+    let s = fresh.stats().backend_counters;
     assert_eq!((s.programs_built, s.programs_loaded), (0, 0));
 
     // A payload that is not the backend's binary, under a valid key and checksum: the backend
@@ -314,8 +314,8 @@ fn damaged(kind: BackendKind, test: &str) {
         ),
         "forged payload"
     );
-    assert_eq!(fresh.backend_stats().binaries_rejected, 1);
-    assert_eq!(fresh.memory_stats().programs, 0);
+    assert_eq!(fresh.stats().backend_counters.binaries_rejected, 1);
+    assert_eq!(fresh.stats().memory.programs, 0);
     let k = saxpy(&fresh, &bias(3));
     assert_eq!(k.source(), Source::Built);
     check_saxpy(&fresh, &k, 3.0);
@@ -404,7 +404,7 @@ fn across_processes(kind: BackendKind, test: &str) {
     assert_eq!(std::fs::read(dir.join("id")).unwrap(), id);
     let k = from_blob(&ctx, &spec, &std::fs::read(dir.join("blob")).unwrap()).unwrap();
     assert_eq!(k.source(), Source::Blob);
-    assert_eq!(ctx.backend_stats().programs_built, 0);
+    assert_eq!(ctx.stats().backend_counters.programs_built, 0);
     check_saxpy(&ctx, &k, 5.0);
 }
 
@@ -441,14 +441,14 @@ fn unknown_entry(kind: BackendKind, test: &str) {
         matches!(refused, Err(Error::UnknownKernel { .. })),
         "{refused:?}"
     );
-    assert_eq!(fresh.memory_stats().programs, 0, "nothing of it is cached");
+    assert_eq!(fresh.stats().memory.programs, 0, "nothing of it is cached");
     let k = from_blob(&fresh, &bias(3), &blob).unwrap();
     assert_eq!(
         k.source(),
         Source::Blob,
         "the genuine blob is loaded, not found"
     );
-    assert_eq!(fresh.backend_stats().programs_built, 0);
+    assert_eq!(fresh.stats().backend_counters.programs_built, 0);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::disk::{TempDir, capture, disk_warnings};
-use common::fake_backend::{FakeBackend, image};
+use common::fake_backend::{AsFake, FakeBackend, image};
 use kpc::backend::{DeviceImage, ImageFormat};
 use kpc::cache::disk::{PersistentCache, WarnCause};
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
@@ -43,7 +43,7 @@ fn a_new_context_loads_what_an_earlier_one_built() {
     let pm1 = ProgramManager::new(be.clone(), &config(t.path()));
     let p = pm1.program(&img, &spec(), &opts).unwrap();
     assert_eq!(p.source, Source::Built);
-    assert!(!p.value.from_disk);
+    assert!(!p.value.fake().from_disk);
     assert_eq!(
         pm1.program(&img, &spec(), &opts).unwrap().source,
         Source::Memory
@@ -55,9 +55,9 @@ fn a_new_context_loads_what_an_earlier_one_built() {
     let pm2 = ProgramManager::new(be.clone(), &config(t.path()));
     let p2 = pm2.program(&img, &spec(), &opts).unwrap();
     assert_eq!(p2.source, Source::Disk);
-    assert!(p2.value.from_disk);
-    assert_eq!(p2.value.binary, p.value.binary);
-    assert_eq!(p2.value.spec0, Some(64));
+    assert!(p2.value.fake().from_disk);
+    assert_eq!(p2.value.fake().binary, p.value.fake().binary);
+    assert_eq!(p2.value.fake().spec0, Some(64));
     assert_eq!((be.builds(), loads(&be)), (1, 1));
     assert_eq!(
         pm2.program(&img, &spec(), &opts).unwrap().source,
@@ -67,9 +67,9 @@ fn a_new_context_loads_what_an_earlier_one_built() {
     let pm3 = ProgramManager::new(be.clone(), &config(t.path()));
     let k = pm3.kernel(&img, "main", &spec(), &opts).unwrap();
     assert_eq!(k.source, Source::Disk);
-    assert_eq!(k.value.entry, "main");
-    assert!(k.value.program.from_disk);
-    assert_eq!(k.value.run(3), 192);
+    assert_eq!(k.value.fake().entry, "main");
+    assert!(k.value.fake().program.from_disk);
+    assert_eq!(k.value.fake().run(3), 192);
     assert_eq!(
         pm3.kernel(&img, "main", &spec(), &opts).unwrap().source,
         Source::Memory

@@ -72,7 +72,7 @@ fn acquire_and_run(d: &DeviceInfo, root: &Path) -> String {
             out[i]
         );
     }
-    let s = ctx.backend_stats();
+    let s = ctx.stats().backend_counters;
     format!(
         "source={} built={} loaded={}",
         k.source(),

@@ -450,7 +450,7 @@ fn kernel_handles_are_made_once_and_the_eviction_threshold_counts_the_code() {
     assert!(std::ptr::eq(a, b) && a.bindings.as_ptr() == b.bindings.as_ptr());
     // Each program counts at least its SPIR-V, so a threshold of two images' bytes keeps at most
     // two of the four programs (lavapipe's pipeline-cache data alone is a 32-byte stub).
-    let s = ctx.memory_stats();
+    let s = ctx.stats().memory;
     assert!(s.programs <= 2 && s.evictions >= 2, "{s:?}");
     assert!(s.program_bytes >= image.bytes().len() as u64, "{s:?}");
     drop(kernels);

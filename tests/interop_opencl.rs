@@ -286,8 +286,8 @@ fn interop_and_owned_contexts_share_fingerprint_and_disk_cache() {
     assert_eq!(get(&interop, 1).source(), Source::Disk);
     assert_eq!(get(&interop, 2).source(), Source::Built);
     assert_eq!(get(&owned, 2).source(), Source::Disk);
-    assert_eq!(interop.backend_stats().programs_built, 1);
-    assert_eq!(interop.backend_stats().programs_loaded, 1);
+    assert_eq!(interop.stats().backend_counters.programs_built, 1);
+    assert_eq!(interop.stats().backend_counters.programs_loaded, 1);
     // The binary the owned context built computes through the embedder's queue.
     let k = get(&interop, 1);
     let lease = k.opencl_lease().unwrap();

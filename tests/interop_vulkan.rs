@@ -446,9 +446,9 @@ fn interop_and_owned_contexts_share_fingerprint_and_disk_cache() {
     assert_eq!(get(&interop, 1).source(), Source::Disk);
     assert_eq!(get(&interop, 2).source(), Source::Built);
     assert_eq!(get(&owned, 2).source(), Source::Disk);
-    assert_eq!(owned.backend_stats().programs_built, 1);
-    assert_eq!(interop.backend_stats().programs_built, 1);
-    assert_eq!(interop.backend_stats().programs_loaded, 1);
+    assert_eq!(owned.stats().backend_counters.programs_built, 1);
+    assert_eq!(interop.stats().backend_counters.programs_built, 1);
+    assert_eq!(interop.stats().backend_counters.programs_loaded, 1);
     // And the binary the owned context built computes on the embedder's device.
     let k = get(&interop, 1);
     assert_eq!(k.source(), Source::Memory);
@@ -490,7 +490,7 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
-    assert_eq!(ctx.backend_stats().programs_built, 0);
+    assert_eq!(ctx.stats().backend_counters.programs_built, 0);
 
     // A declaration the device cannot support is refused: it cannot have been enabled.
     // SAFETY: `pd` belongs to the live instance.
@@ -551,7 +551,7 @@ fn handles_and_blobs_outlive_in_memory_eviction() {
     let first = get(11);
     let h = first.vulkan_handles().unwrap();
     let _second = get(12);
-    assert!(ctx.memory_stats().evictions >= 1);
+    assert!(ctx.stats().memory.evictions >= 1);
     // The evicted kernel's pipeline is still alive and computes, and its blob is still there.
     let n = 200;
     let (x, y) = (random_f32(n), random_f32(n));
@@ -565,7 +565,7 @@ fn handles_and_blobs_outlive_in_memory_eviction() {
         .kernel_from_blob(&image, "saxpy", &spec, &opts, &blob)
         .unwrap();
     assert_eq!(again.source(), Source::Blob);
-    assert_eq!(other.backend_stats().programs_built, 0);
+    assert_eq!(other.stats().backend_counters.programs_built, 0);
     check(
         &e.saxpy(again.vulkan_handles().unwrap(), 2.0, &x, &y),
         2.0,

@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
-use common::fake_backend::{FakeBackend, image};
+use common::fake_backend::{AsFake, FakeBackend, image};
 use kpc::cache::{
     BuildError, BuildOptions, CacheCost, Digest, KernelKey, KernelProgramCache,
     MAX_TRANSIENT_RETRIES, MemCacheSettings, ProgramKey, SpecConstants, SpecValue,
@@ -355,7 +355,7 @@ fn in_mem_off_from_the_environment_bypasses_the_runtime_cache() {
     assert_eq!(fake.builds(), 3);
 }
 
-fn manager() -> (Arc<FakeBackend>, ProgramManager<FakeBackend>) {
+fn manager() -> (Arc<FakeBackend>, ProgramManager) {
     let fake = Arc::new(FakeBackend::new());
     let config = Config::builder().persistent(false).build().unwrap();
     let pm = ProgramManager::new(fake.clone(), &config);
@@ -372,7 +372,10 @@ fn spec_constants_80_and_70_give_two_programs_each_with_its_value() {
     let k80 = pm.kernel(&img, "main", &s80, &none).unwrap();
     let k70 = pm.kernel(&img, "main", &s70, &none).unwrap();
     assert_eq!(fake.builds(), 2);
-    assert_eq!((k80.value.run(2), k70.value.run(2)), (160, 140));
+    assert_eq!(
+        (k80.value.fake().run(2), k70.value.fake().run(2)),
+        (160, 140)
+    );
     // Asking again is served from memory, still with each program's own value.
     let again = pm.kernel(&img, "main", &s80, &none).unwrap();
     assert_eq!(again.source, Source::Memory);
@@ -395,7 +398,7 @@ fn build_options_a_b_b_none_a_give_three_programs() {
     assert_eq!(pm.memory_stats().programs, 3);
     assert!(Arc::ptr_eq(&got[0].value, &got[4].value));
     assert!(Arc::ptr_eq(&got[1].value, &got[2].value));
-    assert_eq!(got[3].value.options, "");
+    assert_eq!(got[3].value.fake().options, "");
     assert_eq!(
         got.iter().map(|a| a.source).collect::<Vec<_>>(),
         [

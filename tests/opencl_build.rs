@@ -59,8 +59,8 @@ fn a_cached_failed_build_returns_the_same_error_without_rebuilding() {
     let (spec, opts) = none();
     let image = cl("broken", BROKEN);
     let first = ctx.kernel(&image, "broken", &spec, &opts).unwrap_err();
-    let builds = ctx.memory_stats().builds;
-    let failed = ctx.memory_stats().failed_builds;
+    let builds = ctx.stats().memory.builds;
+    let failed = ctx.stats().memory.failed_builds;
     let started = std::time::Instant::now();
     let second = ctx.kernel(&image, "broken", &spec, &opts).unwrap_err();
     let third = ctx
@@ -68,12 +68,12 @@ fn a_cached_failed_build_returns_the_same_error_without_rebuilding() {
         .unwrap_err();
     assert_eq!(first, second, "the same error, log and all");
     assert_eq!(first, third);
-    assert_eq!(ctx.memory_stats().builds, builds, "nothing was rebuilt");
+    assert_eq!(ctx.stats().memory.builds, builds, "nothing was rebuilt");
     assert_eq!(
-        ctx.memory_stats().failed_builds,
+        ctx.stats().memory.failed_builds,
         failed,
         "{:?}",
-        ctx.memory_stats()
+        ctx.stats().memory
     );
     // Only a timing hint for a person reading a failure: the two cached answers took no compile.
     eprintln!("two cached failures took {:?}", started.elapsed());

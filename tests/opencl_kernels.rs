@@ -136,7 +136,7 @@ fn second_request_is_a_memory_hit() {
     let (spec, opts) = (SpecConstants::new(), BuildOptions::default());
     let first = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap();
     assert_eq!(first.source(), Source::Built);
-    let before = ctx.memory_stats();
+    let before = ctx.stats().memory;
     // A fresh copy of the same bytes is the same key.
     let again = kpc::backend::DeviceImage::new(
         "saxpy",
@@ -145,10 +145,10 @@ fn second_request_is_a_memory_hit() {
     );
     let second = ctx.kernel(&again, "saxpy", &spec, &opts).unwrap();
     assert_eq!(second.source(), Source::Memory);
-    let after = ctx.memory_stats();
+    let after = ctx.stats().memory;
     assert_eq!(after.builds, before.builds, "nothing was built again");
     assert_eq!(after.hits, before.hits + 1);
-    assert_eq!(ctx.backend_stats().programs_built, 1);
+    assert_eq!(ctx.stats().backend_counters.programs_built, 1);
     // The hit is the same kernel: it still computes.
     let (x, y) = (random_f32(300), random_f32(300));
     check_saxpy(&run_saxpy(&ctx, &second, -1.0, &x, &y), -1.0, &x, &y, 0.0);
@@ -174,8 +174,8 @@ fn spec_constants_are_definitions_and_part_of_the_key() {
     // A float constant goes through -D exactly.
     let kf = saxpy(&ctx, &SpecConstants::new().with(1, SpecValue::f32(0.1)));
     check_saxpy(&run_saxpy(&ctx, &kf, 1.0, &x, &y), 1.0, &x, &y, 0.1);
-    assert_eq!(ctx.memory_stats().programs, 3);
-    assert_eq!(ctx.backend_stats().programs_built, 3);
+    assert_eq!(ctx.stats().memory.programs, 3);
+    assert_eq!(ctx.stats().backend_counters.programs_built, 3);
 
     // The workgroup size is a spec constant too, and the kernel reports the specialized one.
     let k32 = saxpy(&ctx, &SpecConstants::new().with(0, SpecValue::U32(32)));
@@ -321,8 +321,8 @@ fn thirty_two_threads(ctx: &Context) {
             });
         }
     });
-    assert_eq!(ctx.backend_stats().programs_built, 1);
-    assert_eq!(ctx.backend_stats().launches, 32 * 4);
+    assert_eq!(ctx.stats().backend_counters.programs_built, 1);
+    assert_eq!(ctx.stats().backend_counters.launches, 32 * 4);
     drop(k);
 }
 
@@ -339,16 +339,16 @@ fn thirty_two_threads_launch_one_cached_kernel_pool() {
     let ctx = Context::from_backend(b, &test_config());
     thirty_two_threads(&ctx);
     // The pool grew to at most one object per concurrent launch.
-    let pm = ctx.program_manager::<OpenClBackend>().unwrap();
-    let k: std::sync::Arc<OpenClKernel> = pm
+    let pm = ctx.program_manager();
+    let a = pm
         .kernel(
             &opencl_image("saxpy").unwrap(),
             "saxpy",
             &SpecConstants::new().with(1, SpecValue::I32(3)),
             &BuildOptions::default(),
         )
-        .unwrap()
-        .value;
+        .unwrap();
+    let k = a.value.downcast_ref::<OpenClKernel>().unwrap();
     assert_eq!(k.sharing(), KernelSharing::Pool);
     assert!(
         (1..=32).contains(&k.pooled_objects()),

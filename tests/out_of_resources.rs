@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::disk::TempDir;
-use common::fake_backend::{FakeBackend, image};
+use common::fake_backend::{AsFake, FakeBackend, image};
 use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::config::BackendKind;
 use kpc::runtime::{ProgramManager, Source};
@@ -24,7 +24,7 @@ fn oom(code: i32) -> Error {
     }
 }
 
-fn manager(fake: FakeBackend) -> (Arc<FakeBackend>, ProgramManager<FakeBackend>) {
+fn manager(fake: FakeBackend) -> (Arc<FakeBackend>, ProgramManager) {
     let fake = Arc::new(fake);
     let config = Config::builder().persistent(false).build().unwrap();
     let pm = ProgramManager::new(fake.clone(), &config);
@@ -69,7 +69,7 @@ fn a_build_out_of_resources_releases_unused_programs_and_the_retry_succeeds() {
     let again = pm.kernel(&held, "main", &spec, &opts).unwrap();
     assert_eq!(again.source, Source::Memory);
     assert!(Arc::ptr_eq(&again.value, &live));
-    assert_eq!(live.run(3), 3);
+    assert_eq!(live.fake().run(3), 3);
     // The released ones are built again on their next request.
     assert_eq!(
         pm.kernel(&dropped, "main", &spec, &opts).unwrap().source,

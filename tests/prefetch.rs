@@ -9,13 +9,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::drivers::{check_read_kernel, opencl_device, test_config, vulkan_device};
-use common::fake_backend::{FakeBackend, image};
+use common::fake_backend::{AsFake, FakeBackend, image};
 use kpc::backend::DeviceImage;
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::runtime::{KernelRequest, ProgramManager, Source, prefetch_kernels};
 use kpc::{Context, Error};
 
-fn manager(backend: FakeBackend) -> Arc<ProgramManager<FakeBackend>> {
+fn manager(backend: FakeBackend) -> Arc<ProgramManager> {
     Arc::new(ProgramManager::new(Arc::new(backend), &test_config()))
 }
 
@@ -45,7 +45,10 @@ fn one_result_per_request_each_with_its_own_error() {
     let r = p.wait();
     assert_eq!(r.len(), 4);
     let x = r[0].as_ref().expect("a:x builds");
-    assert_eq!((x.value.entry.as_str(), x.source), ("x", Source::Built));
+    assert_eq!(
+        (x.value.fake().entry.as_str(), x.source),
+        ("x", Source::Built)
+    );
     match &r[1] {
         Err(Error::UnknownKernel {
             entry, available, ..
@@ -61,9 +64,9 @@ fn one_result_per_request_each_with_its_own_error() {
         r[2]
     );
     let y = r[3].as_ref().expect("a:y with spec 3 builds");
-    assert_eq!(y.value.run(2), 6);
+    assert_eq!(y.value.fake().run(2), 6);
     // a (unspecialized), broken, a (spec 3): one build each, whatever the order the workers took.
-    assert_eq!(pm.backend().builds(), 3);
+    assert_eq!(pm.fake().builds(), 3);
 }
 
 #[test]
@@ -94,9 +97,9 @@ fn single_flight_holds_under_prefetch_and_concurrent_callers() {
         .collect();
     let results = p.wait();
     let caller_ptrs: Vec<usize> = callers.into_iter().map(|c| c.join().unwrap()).collect();
-    assert_eq!(pm.backend().builds(), 1, "one program, built once");
+    assert_eq!(pm.fake().builds(), 1, "one program, built once");
     assert_eq!(
-        pm.backend().kernels_created.load(Ordering::SeqCst),
+        pm.fake().kernels_created.load(Ordering::SeqCst),
         3,
         "one kernel per entry point"
     );
@@ -105,7 +108,7 @@ fn single_flight_holds_under_prefetch_and_concurrent_callers() {
         results
             .iter()
             .map(|r| r.as_ref().unwrap())
-            .find(|k| k.value.entry == e)
+            .find(|k| k.value.fake().entry == e)
             .map(|k| Arc::as_ptr(&k.value) as usize)
             .unwrap()
     };
@@ -136,7 +139,7 @@ fn an_empty_batch_and_a_dropped_handle() {
         .kernel(&img, "k", &SpecConstants::new(), &BuildOptions::default())
         .unwrap();
     assert!(matches!(k.source, Source::Memory | Source::Built));
-    assert_eq!(pm.backend().builds(), 1);
+    assert_eq!(pm.fake().builds(), 1);
 }
 
 /// Prefetches every shipped kernel of `ctx`'s backend while another thread asks for `read`, then
@@ -174,7 +177,7 @@ fn prefetch_on_driver(ctx: &Context, images: Vec<DeviceImage>, read: DeviceImage
         results[n]
     );
     assert_eq!(
-        ctx.backend_stats().programs_built,
+        ctx.stats().backend_counters.programs_built,
         n as u64,
         "each image built once"
     );
@@ -221,10 +224,10 @@ fn dropping_a_prefetch_cancels_what_has_not_begun_and_waits_for_what_runs() {
     std::thread::sleep(Duration::from_millis(20));
     drop(p);
     // Every build that began has finished when the drop returns, and none begins afterwards.
-    let at_drop = pm.backend().builds();
+    let at_drop = pm.fake().builds();
     assert_eq!(pm.memory_stats().programs as usize, at_drop);
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(pm.backend().builds(), at_drop, "no build after the drop");
+    assert_eq!(pm.fake().builds(), at_drop, "no build after the drop");
     assert!(
         at_drop < 40,
         "{at_drop} of 40 built: the rest was cancelled"

@@ -34,12 +34,12 @@ fn config(root: &Path, url: &str, key: Option<&str>) -> Config {
         .unwrap()
 }
 
-fn manager(be: &Arc<FakeBackend>, cfg: &Config) -> ProgramManager<FakeBackend> {
+fn manager(be: &Arc<FakeBackend>, cfg: &Config) -> ProgramManager {
     ProgramManager::new(be.clone(), cfg)
 }
 
 /// Acquires program `i` and returns where it came from.
-fn program(pm: &ProgramManager<FakeBackend>, i: usize) -> Source {
+fn program(pm: &ProgramManager, i: usize) -> Source {
     let img = image(&format!("k{i}.cl"), &["main"]);
     pm.program(&img, &SpecConstants::new(), &BuildOptions::new("-O2"))
         .unwrap()
@@ -47,7 +47,7 @@ fn program(pm: &ProgramManager<FakeBackend>, i: usize) -> Source {
 }
 
 /// The remote level's (hits, misses, errors, puts) as the store counted them.
-fn remote_stats(pm: &ProgramManager<FakeBackend>) -> (u64, u64, u64, u64) {
+fn remote_stats(pm: &ProgramManager) -> (u64, u64, u64, u64) {
     let l = pm
         .store_stats()
         .into_iter()
@@ -207,7 +207,7 @@ fn a_remote_slower_than_the_timeout_does_not_hold_builds_back() {
 }
 
 /// The remote level's counters.
-fn remote_level(pm: &ProgramManager<FakeBackend>) -> kpc::cache::StoreStats {
+fn remote_level(pm: &ProgramManager) -> kpc::cache::StoreStats {
     pm.store_stats()
         .into_iter()
         .find(|l| l.kind == StoreKind::Remote)

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::disk::TempDir;
 use common::drivers::{opencl_device, random_f32, test_config, vulkan_device};
-use common::fake_backend::{FakeBackend, image};
+use common::fake_backend::{AsFake, FakeBackend, image};
 use kpc::backend::DeviceInfo;
 use kpc::cache::disk::DiskKey;
 use kpc::cache::store::{LevelStats, PutOutcome, StoreCounters, StoreEntry, seal, sealed_record};
@@ -162,8 +162,8 @@ fn an_embedders_store_receives_puts_and_serves_a_fresh_manager() {
     let pm2 = ProgramManager::with_stores(be.clone(), &no_disk(), only_mem());
     let p2 = pm2.program(&img, &spec(), &o).unwrap();
     assert_eq!(p2.source, Source::Store);
-    assert!(p2.value.from_disk);
-    assert_eq!(p2.value.binary, p1.value.binary);
+    assert!(p2.value.fake().from_disk);
+    assert_eq!(p2.value.fake().binary, p1.value.fake().binary);
     assert_eq!((be.builds(), loads(&be)), (1, 1));
     assert_eq!(
         pm2.program(&img, &spec(), &o).unwrap().source,
@@ -172,11 +172,11 @@ fn an_embedders_store_receives_puts_and_serves_a_fresh_manager() {
     let k = ProgramManager::with_stores(be.clone(), &no_disk(), only_mem())
         .kernel(&img, "main", &spec(), &o)
         .unwrap();
-    assert_eq!((k.source, k.value.run(5)), (Source::Store, 15));
+    assert_eq!((k.source, k.value.fake().run(5)), (Source::Store, 15));
     assert_eq!(be.builds(), 1);
     let s = mem.stats();
     assert_eq!((s.hits, s.misses, s.puts, s.errors), (2, 1, 1, 0));
-    assert_eq!(s.bytes_read, 2 * p1.value.binary.len() as u64);
+    assert_eq!(s.bytes_read, 2 * p1.value.fake().binary.len() as u64);
     let lv = pm2.store_stats();
     assert_eq!((lv[0].hits, lv[0].kind), (1, StoreKind::Other));
 }
@@ -348,7 +348,7 @@ fn saxpy_through(d: &DeviceInfo, mem: &Arc<MemStore>) -> (Source, u64, u64) {
         let want = 2.0 * x[i] + y[i] + 7.0;
         assert!((o - want).abs() <= 1e-5 * (1.0 + want.abs()), "out[{i}]");
     }
-    let s = ctx.backend_stats();
+    let s = ctx.stats().backend_counters;
     (k.source(), s.programs_built, s.programs_loaded)
 }
 

@@ -46,13 +46,13 @@ fn invalid_spirv_is_a_typed_error_and_nothing_is_cached() {
             .unwrap_err();
         assert_eq!(e2, e);
     }
-    let s = ctx.memory_stats();
+    let s = ctx.stats().memory;
     assert_eq!((s.programs, s.kernels, s.hits), (0, 0, 0), "{s:?}");
     assert!(
         s.failed_builds >= 2,
         "both requests went to the build path: {s:?}"
     );
-    assert_eq!(ctx.backend_stats().programs_built, 0);
+    assert_eq!(ctx.stats().backend_counters.programs_built, 0);
 }
 
 #[test]
@@ -69,10 +69,10 @@ fn a_failed_build_returns_the_same_error_from_the_cache() {
         matches!(&e1, Error::Build { message, .. } if message.contains("workgroup size")),
         "{e1}"
     );
-    let after_first = ctx.memory_stats();
+    let after_first = ctx.stats().memory;
     let e2 = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap_err();
     assert_eq!(e1, e2);
-    let after_second = ctx.memory_stats();
+    let after_second = ctx.stats().memory;
     assert_eq!(
         after_second.builds, after_first.builds,
         "the failure was not rebuilt"
@@ -101,9 +101,9 @@ fn a_failed_build_returns_the_same_error_from_the_cache() {
     ] {
         let e1 = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap_err();
         assert!(matches!(e1, Error::InvalidArgument(_)), "{e1}");
-        let builds = ctx.memory_stats().builds;
+        let builds = ctx.stats().memory.builds;
         assert_eq!(ctx.kernel(&image, "saxpy", &spec, &opts).unwrap_err(), e1);
-        assert_eq!(ctx.memory_stats().builds, builds);
+        assert_eq!(ctx.stats().memory.builds, builds);
     }
 }
 
@@ -121,7 +121,7 @@ fn optimized_build_is_its_own_program_with_the_same_results() {
     let opt = ctx
         .kernel(&image, "saxpy", &spec, &BuildOptions::new("-O"))
         .unwrap();
-    assert_eq!(ctx.memory_stats().programs, 2);
+    assert_eq!(ctx.stats().memory.programs, 2);
     assert_eq!(
         plain.info(),
         opt.info(),

@@ -145,15 +145,15 @@ fn second_request_is_a_memory_hit() {
     let (spec, opts) = (SpecConstants::new(), BuildOptions::default());
     let first = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap();
     assert_eq!(first.source(), Source::Built);
-    let before = ctx.memory_stats();
+    let before = ctx.stats().memory;
     // A clone of the image and a fresh copy of its bytes are the same key.
     let again = kpc::backend::DeviceImage::spirv("saxpy", image.bytes().to_vec()).unwrap();
     let second = ctx.kernel(&again, "saxpy", &spec, &opts).unwrap();
     assert_eq!(second.source(), Source::Memory);
-    let after = ctx.memory_stats();
+    let after = ctx.stats().memory;
     assert_eq!(after.builds, before.builds, "nothing was built again");
     assert_eq!(after.hits, before.hits + 1);
-    assert_eq!(ctx.backend_stats().programs_built, 1);
+    assert_eq!(ctx.stats().backend_counters.programs_built, 1);
 }
 
 #[test]
@@ -177,8 +177,8 @@ fn spec_constants_80_and_70_are_two_pipelines_with_different_results() {
     let o70 = run_saxpy(&ctx, &k70, 2.0, &x, &y);
     check_saxpy(&o80, 2.0, &x, &y, 80.0);
     check_saxpy(&o70, 2.0, &x, &y, 70.0);
-    assert_eq!(ctx.memory_stats().programs, 2);
-    assert_eq!(ctx.backend_stats().programs_built, 2);
+    assert_eq!(ctx.stats().memory.programs, 2);
+    assert_eq!(ctx.stats().backend_counters.programs_built, 2);
 
     // The workgroup size is a spec constant too, and the kernel reports the specialized one.
     let k32 = saxpy(&ctx, &SpecConstants::new().with(0, SpecValue::U32(32)));

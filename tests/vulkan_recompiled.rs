@@ -47,10 +47,11 @@ fn disk_hits_the_driver_recompiled_save_no_build_time() {
     let ctx = Context::with_device(&d, &config).unwrap();
     let k = get(&ctx);
     assert_eq!(k.source(), Source::Disk);
-    let disk = ctx.disk_stats().expect("the disk cache is on");
-    let backend = ctx.backend_stats();
+    let disk = ctx.stats().disk.expect("the disk cache is on");
+    let backend = ctx.stats().backend_counters;
     let level = ctx
-        .store_stats()
+        .stats()
+        .stores
         .into_iter()
         .find(|l| l.kind == kpc::cache::StoreKind::Disk)
         .expect("the local disk level");

@@ -159,13 +159,13 @@ fn missing_subgroup_operation_is_a_typed_cached_error() {
         }
         other => panic!("expected Error::Unsupported, got {other}"),
     }
-    let builds = ctx.memory_stats().builds;
+    let builds = ctx.stats().memory.builds;
     let again = ctx
         .kernel(&image, "clustered", &none, &BuildOptions::default())
         .expect_err("still refused");
     assert_eq!(again, first);
     assert_eq!(
-        ctx.memory_stats().builds,
+        ctx.stats().memory.builds,
         builds,
         "the failure is cached: no second build"
     );

@@ -11,8 +11,8 @@ use std::sync::atomic::Ordering;
 
 use common::disk::{TempDir, capture, child, child_role};
 use common::drivers::{opencl_device, vulkan_device};
-use common::fake_backend::{FakeBackend, image};
-use kpc::backend::{Backend, DeviceImage};
+use common::fake_backend::{AsFake, FakeBackend, image};
+use kpc::backend::DeviceImage;
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::runtime::warm_start::{LoadOutcome, WarmStart, load_if_stored, manifest};
 use kpc::runtime::{KernelRequest, ManifestState, ProgramManager, Source};
@@ -28,11 +28,11 @@ fn disk_config(root: &Path, app: Option<&str>) -> Config {
         .unwrap()
 }
 
-fn fake_manager(root: &Path) -> ProgramManager<FakeBackend> {
+fn fake_manager(root: &Path) -> ProgramManager {
     ProgramManager::new(Arc::new(FakeBackend::new()), &disk_config(root, None))
 }
 
-fn acquire(pm: &ProgramManager<FakeBackend>, r: &KernelRequest) -> Source {
+fn acquire(pm: &ProgramManager, r: &KernelRequest) -> Source {
     pm.kernel(&r.image, &r.entry, &r.spec, &r.options)
         .unwrap()
         .source
@@ -66,7 +66,7 @@ fn first_run(root: &Path, reqs: &[KernelRequest]) -> WarmStart {
     ws
 }
 
-fn new_run(root: &Path) -> (Arc<ProgramManager<FakeBackend>>, Arc<WarmStart>) {
+fn new_run(root: &Path) -> (Arc<ProgramManager>, Arc<WarmStart>) {
     let pm = Arc::new(fake_manager(root));
     let ws = Arc::new(WarmStart::new(
         root,
@@ -93,9 +93,9 @@ fn a_new_run_finds_the_last_runs_kernels_in_memory_without_building() {
     for r in &reqs {
         assert_eq!(acquire(&pm, r), Source::Memory, "{}", r.entry);
     }
-    assert_eq!(pm.backend().builds(), 0);
+    assert_eq!(pm.fake().builds(), 0);
     // Two programs (a, b with spec 7) loaded from disk, once each.
-    assert_eq!(pm.backend().binary_loads.load(Ordering::SeqCst), 2);
+    assert_eq!(pm.fake().binary_loads.load(Ordering::SeqCst), 2);
     // Nothing new was learned: nothing to write.
     assert_eq!(ws.save().unwrap(), None);
 }
@@ -120,7 +120,7 @@ fn keys_no_longer_on_disk_are_skipped_silently_and_forgotten() {
     let (pm, ws) = new_run(dir.path());
     let rep = ws.wait().unwrap();
     assert_eq!((rep.loaded, rep.not_stored, rep.failed), (2, 1, 0));
-    assert_eq!(pm.backend().builds(), 0, "a warm start never builds");
+    assert_eq!(pm.fake().builds(), 0, "a warm start never builds");
     // The next write drops it from the manifest.
     assert_eq!(ws.save().unwrap(), Some(2));
     let listed = manifest::decode(&std::fs::read(ws.manifest_path()).unwrap()).unwrap();
@@ -285,8 +285,8 @@ fn warm_child(backend: &str) {
             .unwrap();
         assert_eq!(k.source(), Source::Memory, "{}", img.name());
     }
-    assert_eq!(ctx.backend_stats().programs_built, 0);
-    assert_eq!(ctx.backend_stats().programs_loaded, 3);
+    assert_eq!(ctx.stats().backend_counters.programs_built, 0);
+    assert_eq!(ctx.stats().backend_counters.programs_loaded, 3);
     common::drivers::check_read_kernel(&ctx, &shipped(&d)[2]);
     println!("WARM-CHILD-OK");
 }

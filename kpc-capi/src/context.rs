@@ -257,14 +257,14 @@ pub struct kpc_stats {
     pub backend_counters: kpc_backend_stats,
 }
 
+/// The C shape of [`Context::stats`]: its first four parts, field for field.
 fn stats_of(ctx: &Context) -> kpc_stats {
-    let m = ctx.memory_stats();
-    let b = ctx.backend_stats();
-    let disk = ctx.disk_stats();
+    let s = ctx.stats();
+    let (m, b) = (s.memory, s.backend_counters);
     let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     kpc_stats {
         struct_size: 0,
-        backend: c_backend(ctx.backend()) as u32,
+        backend: c_backend(s.backend) as u32,
         memory: kpc_memory_stats {
             hits: m.hits,
             misses: m.misses,
@@ -277,25 +277,27 @@ fn stats_of(ctx: &Context) -> kpc_stats {
             kernels: m.kernels,
             program_bytes: m.program_bytes,
         },
-        disk: disk.map_or_else(kpc_disk_stats::default, |d| kpc_disk_stats {
-            enabled: 1,
-            hits: d.hits,
-            misses: d.misses,
-            puts: d.puts,
-            bytes_written: d.bytes_written,
-            bytes_read: d.bytes_read,
-            evictions: d.evictions,
-            evicted_bytes: d.evicted_bytes,
-            corruptions: d.corruptions,
-            rejected: d.rejected,
-            lock_waits: d.lock_waits,
-            lock_wait_time_ns: ns(d.lock_wait_time),
-            lock_timeouts: d.lock_timeouts,
-            build_time_saved_ns: ns(d.build_time_saved),
-            skipped: d.skipped,
-            failed_puts: d.failed_puts,
-            read_errors: d.read_errors,
-        }),
+        disk: s
+            .disk
+            .map_or_else(kpc_disk_stats::default, |d| kpc_disk_stats {
+                enabled: 1,
+                hits: d.hits,
+                misses: d.misses,
+                puts: d.puts,
+                bytes_written: d.bytes_written,
+                bytes_read: d.bytes_read,
+                evictions: d.evictions,
+                evicted_bytes: d.evicted_bytes,
+                corruptions: d.corruptions,
+                rejected: d.rejected,
+                lock_waits: d.lock_waits,
+                lock_wait_time_ns: ns(d.lock_wait_time),
+                lock_timeouts: d.lock_timeouts,
+                build_time_saved_ns: ns(d.build_time_saved),
+                skipped: d.skipped,
+                failed_puts: d.failed_puts,
+                read_errors: d.read_errors,
+            }),
         backend_counters: kpc_backend_stats {
             programs_built: b.programs_built,
             programs_loaded: b.programs_loaded,

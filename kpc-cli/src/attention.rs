@@ -52,7 +52,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     let result = workload(&mut report, args, &device, &ctx, shape, dtype, options);
     report.print(result.is_ok());
     let code = result?;
-    for l in ctx.store_stats() {
+    for l in ctx.stats().stores {
         if l.kind == kpc::cache::StoreKind::Remote {
             // What the fleet's cache did for this run (KPC_CACHE_REMOTE).
             let s = l.store;
@@ -70,7 +70,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     }
     if config.cache_debug {
         // KPC_CACHE_DEBUG: every program above was built fresh and compared with the cached binary.
-        outln!("cache debug: {}", ctx.cache_debug_stats());
+        outln!("cache debug: {}", ctx.stats().cache_debug);
     }
     Ok(code)
 }
@@ -191,7 +191,7 @@ fn workload(
         }
     }
 
-    if let Some(d) = ctx.disk_stats().filter(|d| d.hits > 0) {
+    if let Some(d) = ctx.stats().disk.filter(|d| d.hits > 0) {
         outln!(
             "disk cache: {} hits, {} of them compiled again by the driver; build time saved {:.1} ms \
              ({:.1} ms served but recompiled)",

@@ -45,7 +45,7 @@ fn config(root: &Path, debug: bool) -> Config {
 }
 
 fn disk_stats(ctx: &Context) -> DiskStats {
-    ctx.disk_stats().expect("a disk cache")
+    ctx.stats().disk.expect("a disk cache")
 }
 
 /// saxpy with two spec constant values and copy: the first two are cached before debug mode runs,
@@ -85,13 +85,13 @@ fn debug_mode_builds_and_compares(d: &DeviceInfo) {
     let ctx = Context::with_device(d, &config(&root, true)).unwrap();
     let sources = acquire_all(&ctx, true);
     assert_eq!(sources, [Source::Built; 3], "every program is built fresh");
-    assert_eq!(ctx.backend_stats().programs_built, 3);
-    assert_eq!(ctx.backend_stats().programs_loaded, 0);
+    assert_eq!(ctx.stats().backend_counters.programs_built, 3);
+    assert_eq!(ctx.stats().backend_counters.programs_loaded, 0);
     // The lookups ran and report as usual.
     let s = disk_stats(&ctx);
     assert_eq!((s.hits, s.misses, s.puts), (2, 1, 0), "{s:?}");
     assert_eq!(s.misses_spec_changed, 1, "{s:?}");
-    let dbg = ctx.cache_debug_stats();
+    let dbg = ctx.stats().cache_debug;
     assert_eq!(dbg.missing, 1, "{dbg}");
     assert_eq!(dbg.equal + dbg.different, 2, "{dbg}");
     assert_eq!(dbg.diffs.len() as u64, dbg.different, "{dbg}");

@@ -43,7 +43,7 @@ fn miss_lines(events: &[common::disk::Ev]) -> Vec<String> {
 }
 
 fn disk_stats(ctx: &Context) -> DiskStats {
-    ctx.disk_stats().expect("a disk cache")
+    ctx.stats().disk.expect("a disk cache")
 }
 
 /// The same shipped kernel with different bytes under the same name: a comment for OpenCL C, another
@@ -113,16 +113,7 @@ fn each_field_is_named(d: &DeviceInfo) {
 
     // The explanation on demand agrees with the trace line.
     let pm_key = |spec: &SpecConstants| -> kpc::cache::disk::DiskKey {
-        match d.backend {
-            BackendKind::Vulkan => ctx
-                .program_manager::<kpc::backend::vulkan::VulkanBackend>()
-                .unwrap()
-                .disk_key(&base, spec, &none),
-            BackendKind::OpenCl => ctx
-                .program_manager::<kpc::backend::opencl::OpenClBackend>()
-                .unwrap()
-                .disk_key(&base, spec, &none),
-        }
+        ctx.program_manager().disk_key(&base, spec, &none)
     };
     let disk = kpc::cache::disk::PersistentCache::new(
         kpc::cache::disk::DiskCacheSettings::from_config_at(&disk_config(t.path()), t.path()),

@@ -257,7 +257,7 @@ fn vulkan_include_edit_is_named_for_spirv_and_program_and_by_the_cli() {
             .filter(|e| e.fields.get("message").is_some_and(|m| m == "miss"))
             .filter_map(|e| e.fields.get("why").cloned())
             .collect();
-        (whys, ctx.disk_stats().unwrap())
+        (whys, ctx.stats().disk.unwrap())
     };
     let sel = format!("vulkan:{}", d.index);
     let (whys, _) = acquire();

@@ -133,7 +133,7 @@ fn a_glsl_kernel_with_a_define_runs_correctly() {
     assert_eq!(k.spirv_step().unwrap().source, Source::Built);
     let k = run_and_check(&ctx, &scaled("-2", inc), |x| x * -2.0 + 0.25);
     assert_eq!(k.spirv_step().unwrap().source, Source::Built);
-    assert_eq!(ctx.spirv_stats().compiles, 2);
+    assert_eq!(ctx.stats().spirv.compiles, 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -149,7 +149,7 @@ fn a_changed_define_or_include_misses_only_its_own_entries() {
         let ctx = disk_context(&root);
         run_and_check(&ctx, &scaled("2", inc.clone()), |x| x * 2.0 + 1.0);
         run_and_check(&ctx, &plus_one(), |x| x + 1.0);
-        let s = ctx.spirv_stats();
+        let s = ctx.stats().spirv;
         assert_eq!((s.compiles, s.store_hits), (2, 0), "{s:?}");
     }
     // A new context (empty memory) with the same disk: one define changed.
@@ -162,7 +162,7 @@ fn a_changed_define_or_include_misses_only_its_own_entries() {
         assert_eq!(k.source(), Source::Disk, "the program too");
         let k = run_and_check(&ctx, &plus_one(), |x| x + 1.0);
         assert_eq!(k.spirv_step().unwrap().source, Source::Disk);
-        let s = ctx.spirv_stats();
+        let s = ctx.stats().spirv;
         assert_eq!((s.compiles, s.store_hits), (1, 2), "{s:?}");
     }
     // The included file changed: only the images that include it miss.
@@ -173,7 +173,7 @@ fn a_changed_define_or_include_misses_only_its_own_entries() {
         assert_eq!(k.spirv_step().unwrap().source, Source::Built);
         let k = run_and_check(&ctx, &plus_one(), |x| x + 1.0);
         assert_eq!(k.spirv_step().unwrap().source, Source::Disk);
-        let s = ctx.spirv_stats();
+        let s = ctx.stats().spirv;
         assert_eq!((s.compiles, s.store_hits), (1, 1), "{s:?}");
     }
     let _ = std::fs::remove_dir_all(&root);
@@ -206,7 +206,7 @@ fn a_compile_error_carries_its_line_and_is_cached() {
     assert_eq!(name, "broken");
     assert!(message.contains("broken:5:"), "no line 5 in: {message}");
     assert!(message.contains("'y'"), "{message}");
-    assert_eq!(ctx.spirv_stats().compiles, 1);
+    assert_eq!(ctx.stats().spirv.compiles, 1);
     // A new image of the same source: the cached failure, no second compile.
     let again = ctx
         .kernel(
@@ -217,7 +217,7 @@ fn a_compile_error_carries_its_line_and_is_cached() {
         )
         .unwrap_err();
     assert_eq!(again.to_string(), err.to_string());
-    let s = ctx.spirv_stats();
+    let s = ctx.stats().spirv;
     assert_eq!((s.compiles, s.compile_errors), (1, 1), "{s:?}");
 
     // An include without a resolver is a compile error that says so, at its line.
@@ -248,12 +248,12 @@ fn child_acquires_a_glsl_kernel() {
     };
     let ctx = disk_context(Path::new(&root));
     let k = run_and_check(&ctx, &plus_one(), |x| x + 1.0);
-    let s = ctx.backend_stats();
+    let s = ctx.stats().backend_counters;
     println!(
         "KPCGLSL spirv={} program={} compiles={} built={}",
         k.spirv_step().unwrap().source,
         k.source(),
-        ctx.spirv_stats().compiles,
+        ctx.stats().spirv.compiles,
         s.programs_built
     );
 }
@@ -338,7 +338,7 @@ fn shipped_glsl_compiles_to_valid_spirv_that_computes_the_same() {
         );
         compiled += 1;
     }
-    assert_eq!(ctx.spirv_stats().compiles, compiled);
+    assert_eq!(ctx.stats().spirv.compiles, compiled);
     // The read kernel from GLSL computes what the committed one does (the checker's own invariants).
     check_read_kernel(&ctx, &glsl_image("read").unwrap());
     assert!(glsl_image("attn_prefill_coop").is_err());

@@ -4,9 +4,11 @@
 //!
 //! Two traits split the work. [`Backend`] is the program part the cache layer drives (build, binary
 //! out, binary in, kernel). [`ComputeBackend`] adds what running kernels needs (device description,
-//! buffers, launches, events); the runtime's `Context` erases it so that user code and the attention
-//! workload are the same on every backend.
+//! buffers, launches, events). [`dynamic`] erases both once, for every backend, so that the runtime
+//! above it (its program manager, `Context`, user code and the attention workload) is written once
+//! and is the same on every backend.
 
+pub mod dynamic;
 #[cfg(not(loom))]
 pub mod glsl;
 pub mod image;
@@ -90,7 +92,7 @@ pub trait Backend: Send + Sync + 'static {
     /// A built program (Vulkan: shader module + pipeline cache; OpenCL: cl_program).
     type Program: CacheCost + Send + Sync + 'static;
     /// A kernel of a program, ready to launch (Vulkan: compute pipeline; OpenCL: cl_kernel).
-    type Kernel: Send + Sync + 'static;
+    type Kernel: KernelObject;
 
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
@@ -357,7 +359,7 @@ pub struct Launch<'a, B: ComputeBackend + ?Sized> {
 /// Ordering: every method behaves as on an in-order queue. A launch starts after everything submitted
 /// before it has finished; `write_buffer` and `read_buffer` are synchronous and ordered after every
 /// earlier launch. Methods may be called from many threads at once.
-pub trait ComputeBackend: Backend<Kernel: KernelObject> {
+pub trait ComputeBackend: Backend {
     /// A device buffer of bytes.
     type Buffer: Send + Sync + 'static;
     /// A submitted batch of launches that can be waited on and timed.

@@ -37,12 +37,17 @@
 //! backend still checks its own payload header (Vulkan: the pipeline-cache header against the
 //! device; OpenCL: kpc's container with the fingerprint and build digests) before the driver sees it.
 
-use crate::backend::{DeviceFingerprint, DeviceImage, ImageFormat, KPC_FORMAT_VERSION};
+use std::sync::Arc;
+
+use crate::backend::{
+    DeviceFingerprint, DeviceImage, ImageFormat, KPC_FORMAT_VERSION, KernelObject,
+};
 use crate::cache::{BuildOptions, Digest, SpecConstants};
 use crate::config::BackendKind;
 use crate::error::{Error, Result};
 
-use super::context::{Context, Kernel};
+use super::context::Context;
+use super::kernel::Kernel;
 
 /// The first bytes of every cache blob.
 pub const BLOB_MAGIC: [u8; 8] = *b"KPCBLOB\0";
@@ -351,14 +356,15 @@ impl Context {
         );
         check_key(&expected, &parsed.fields)?;
         self.check_entry(image, entry)?;
-        let (obj, source, elapsed) =
+        let a =
             self.inner
+                .programs
                 .kernel_from_binary(image, entry, spec, options, &parsed.payload)?;
         Ok(Kernel {
-            obj,
-            context: self.inner.id(),
-            source,
-            elapsed,
+            obj: a.value as Arc<dyn KernelObject>,
+            context: self.inner.id,
+            source: a.source,
+            elapsed: a.elapsed,
             spirv,
         })
     }

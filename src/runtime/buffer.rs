@@ -8,7 +8,7 @@ use crate::backend::Pod;
 use crate::backend::pod::{as_bytes, as_bytes_mut};
 use crate::error::{Error, Result};
 
-use super::context::{AnyBuffer, ContextImpl};
+use crate::backend::dynamic::{AnyBuffer, DynComputeBackend};
 
 /// A buffer handle with its size and owning context, whatever its element type.
 #[derive(Clone)]
@@ -41,7 +41,7 @@ pub trait BufferArg: sealed::Sealed {
 pub struct Buffer<T: Pod> {
     raw: RawBuffer,
     len: usize,
-    ctx: Arc<dyn ContextImpl>,
+    backend: Arc<dyn DynComputeBackend>,
     _t: PhantomData<T>,
 }
 
@@ -50,7 +50,7 @@ impl<T: Pod> Clone for Buffer<T> {
         Buffer {
             raw: self.raw.clone(),
             len: self.len,
-            ctx: self.ctx.clone(),
+            backend: self.backend.clone(),
             _t: PhantomData,
         }
     }
@@ -74,11 +74,11 @@ impl<T: Pod> BufferArg for Buffer<T> {
 }
 
 impl<T: Pod> Buffer<T> {
-    pub(crate) fn new(raw: RawBuffer, len: usize, ctx: Arc<dyn ContextImpl>) -> Self {
+    pub(crate) fn new(raw: RawBuffer, len: usize, backend: Arc<dyn DynComputeBackend>) -> Self {
         Buffer {
             raw,
             len,
-            ctx,
+            backend,
             _t: PhantomData,
         }
     }
@@ -128,7 +128,8 @@ impl<T: Pod> Buffer<T> {
     /// Errors: [`Error::Size`] when the range does not fit.
     pub fn write_at(&self, offset: usize, data: &[T]) -> Result<()> {
         let at = self.range("write", offset, data.len())?;
-        self.ctx.write(&self.raw.handle, at, as_bytes(data))
+        self.backend
+            .write_buffer(&self.raw.handle, at, as_bytes(data))
     }
 
     /// The whole buffer.
@@ -143,6 +144,7 @@ impl<T: Pod> Buffer<T> {
     /// Errors: [`Error::Size`] when the range does not fit.
     pub fn read_at(&self, offset: usize, out: &mut [T]) -> Result<()> {
         let at = self.range("read", offset, out.len())?;
-        self.ctx.read(&self.raw.handle, at, as_bytes_mut(out))
+        self.backend
+            .read_buffer(&self.raw.handle, at, as_bytes_mut(out))
     }
 }

@@ -71,7 +71,8 @@ pub use crate::backend::vulkan::{
 use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
 
-use super::context::{Context, Kernel};
+use super::context::Context;
+use super::kernel::Kernel;
 
 impl Context {
     /// A context over the embedder's Vulkan instance, device and queue, which kpc borrows and never

@@ -88,10 +88,10 @@ impl super::Context {
     ///
     /// Errors: [`crate::Error::Backend`] when waiting for a submission fails (a lost device).
     pub fn quiesce(&self) -> Result<()> {
-        if let Some(w) = self.inner.warm_start() {
+        if let Some(w) = &self.inner.warm {
             w.stop();
         }
-        self.inner.background().cancel_all();
-        self.inner.finish()
+        self.inner.background.cancel_all();
+        self.inner.compute.finish()
     }
 }

@@ -33,6 +33,8 @@ pub mod device;
 #[cfg(not(loom))]
 pub mod interop;
 #[cfg(not(loom))]
+pub mod kernel;
+#[cfg(not(loom))]
 mod lifecycle;
 mod out_of_resources;
 #[cfg(not(loom))]
@@ -44,6 +46,8 @@ pub mod source;
 #[cfg(not(loom))]
 pub mod spirv_cache;
 #[cfg(not(loom))]
+pub mod stats;
+#[cfg(not(loom))]
 pub mod warm_start;
 
 #[cfg(not(loom))]
@@ -51,7 +55,7 @@ pub use blob::CacheBlob;
 #[cfg(not(loom))]
 pub use buffer::{Buffer, BufferArg, RawBuffer};
 #[cfg(not(loom))]
-pub use context::{Context, Kernel};
+pub use context::Context;
 #[cfg(not(loom))]
 pub use device::{Platform, platforms, select_device};
 #[cfg(not(loom))]
@@ -60,6 +64,8 @@ pub use interop::{
     VulkanQueueLock,
 };
 #[cfg(not(loom))]
+pub use kernel::Kernel;
+#[cfg(not(loom))]
 pub use prefetch::{KernelRequest, Prefetch, prefetch_kernels};
 pub use program_manager::{Acquired, ProgramManager};
 #[cfg(not(loom))]
@@ -67,5 +73,7 @@ pub use queue::{Event, LaunchDesc, PushConstants, Queue};
 pub use source::Source;
 #[cfg(not(loom))]
 pub use spirv_cache::{SpirvStats, SpirvStep};
+#[cfg(not(loom))]
+pub use stats::ContextStats;
 #[cfg(not(loom))]
 pub use warm_start::{LoadOutcome, ManifestState, WarmStart, WarmStartReport};

@@ -10,11 +10,10 @@
 //! `out_of_resources_*`) and traced (`kpc::build`, with `KPC_CACHE_TRACE` bit 4).
 
 use super::program_manager::ProgramManager;
-use crate::backend::Backend;
 use crate::config::TraceFlags;
 use crate::error::{Error, Result};
 
-impl<B: Backend> ProgramManager<B> {
+impl ProgramManager {
     /// Runs `op` (`what` names it for the trace); when it runs out of resources, releases the unused
     /// programs and runs it once more.
     pub(crate) fn retry_out_of_resources<T>(

@@ -1,11 +1,12 @@
 //! Parallel acquisition: many kernels at once on a bounded pool of worker threads
-//! ([`Context::prefetch`]), so disk loads and cold builds overlap instead of running one after the
-//! other on the caller's thread.
+//! ([`Context::prefetch`](super::Context::prefetch)), so disk loads and cold builds overlap instead
+//! of running one after the other on the caller's thread.
 //!
-//! Prefetching adds no synchronization of its own to the caches: every request goes through the same
-//! `get_or_build` as [`Context::kernel`], so a key a worker is building while a caller asks for it is
-//! built once (the caller waits on the entry's build), and a program shared by several requested entry
-//! points is built once. What runs concurrently is the backends' work for *different* programs:
+//! Prefetching adds no synchronization of its own to the caches: every request goes through the
+//! same `get_or_build` as [`Context::kernel`](super::Context::kernel), so a key a worker is
+//! building while a caller asks for it is built once (the caller waits on the entry's build), and a
+//! program shared by several requested entry points is built once. What runs concurrently is the
+//! backends' work for *different* programs:
 //! - Vulkan: every program has its own `VkPipelineCache` (created without
 //!   `VK_PIPELINE_CACHE_CREATE_EXTERNALLY_SYNCHRONIZED_BIT`, so even a shared one would be internally
 //!   synchronized for `vkCreateComputePipelines`), and `vkCreateShaderModule`/
@@ -21,7 +22,8 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{Backend, DeviceImage};
+use crate::backend::DeviceImage;
+use crate::backend::dynamic::DynKernel;
 use crate::cache::{BuildOptions, SpecConstants};
 use crate::error::{Error, Result};
 
@@ -320,10 +322,10 @@ impl<T> Drop for Prefetch<T> {
 /// Acquires every request's kernel through `manager` on a bounded pool of worker threads (one per
 /// core, at most one per request): the [`ProgramManager`]-level twin of
 /// [`super::Context::prefetch`], for tools and tests that drive a manager directly.
-pub fn prefetch_kernels<B: Backend>(
-    manager: &Arc<ProgramManager<B>>,
+pub fn prefetch_kernels(
+    manager: &Arc<ProgramManager>,
     requests: Vec<KernelRequest>,
-) -> Prefetch<Acquired<B::Kernel>> {
+) -> Prefetch<Acquired<DynKernel>> {
     let m = manager.clone();
     let workers = default_workers(requests.len());
     Prefetch::spawn(requests, workers, move |r: &KernelRequest| {
@@ -341,7 +343,7 @@ impl super::Context {
         let p = Prefetch::spawn(requests, workers, move |r: &KernelRequest| {
             ctx.kernel(&r.image, &r.entry, &r.spec, &r.options)
         });
-        self.inner.background().register(&p.canceller());
+        self.inner.background.register(&p.canceller());
         p
     }
 }

@@ -12,14 +12,16 @@ use super::cache_debug::{CacheDebugStats, DebugCounters, DebugOutcome};
 pub use super::source::Source;
 #[cfg(not(loom))]
 use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
+use crate::backend::dynamic::{DynBackend, DynKernel, DynProgram};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
 use crate::cache::store::{LevelStats, Turn};
 use crate::cache::{
-    BuildOptions, CacheStats, DiskKey, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
-    MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain,
+    BuildOptions, CacheStats, Digest, DiskKey, DiskStats, KernelKey, KernelKeyRef,
+    KernelProgramCache, MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store,
+    StoreChain,
 };
-use crate::config::{Config, TraceFlags};
+use crate::config::{BackendKind, Config, TraceFlags};
 use crate::error::{Error, Result};
 
 impl fmt::Display for Source {
@@ -47,24 +49,28 @@ pub struct Acquired<T> {
     pub elapsed: Duration,
 }
 
-/// One context's programs and kernels on one backend device.
+/// One context's programs and kernels on one backend device, whatever its backend (it drives the
+/// device through the [`DynBackend`] seam; the constructors take any [`Backend`]).
 ///
 /// Guarantees: a program or kernel is built at most once per context while cached; every caller gets
 /// the same `Arc`; a failed build returns the same error again without rebuilding. With stores (the disk
 /// cache, read-only layers, an embedder's), a program missing from memory is loaded from a verified
 /// persisted binary when one exists, and a freshly built one is persisted; no store's problem ever
 /// fails a request.
-pub struct ProgramManager<B: Backend> {
-    backend: Arc<B>,
+pub struct ProgramManager {
+    backend: Arc<dyn DynBackend>,
+    /// The backend's kind and its fingerprint's digest, kept here so that a memory hit makes no
+    /// call through the seam.
+    kind: BackendKind,
+    device: Digest,
     config: Config,
-    cache: KernelProgramCache<B::Program, B::Kernel, crate::Error>,
+    cache: KernelProgramCache<DynProgram, DynKernel, crate::Error>,
     stores: StoreChain,
     /// The fingerprint's `describe()`, computed once: part of every disk key.
     device_description: String,
     /// Cache debug mode's comparisons (`KPC_CACHE_DEBUG`).
     debug: DebugCounters,
     /// GLSL images' SPIR-V, in front of the program cache.
-    #[cfg(not(loom))]
     #[cfg(not(loom))]
     spirv: SpirvCache,
 }
@@ -74,26 +80,26 @@ pub struct ProgramManager<B: Backend> {
 /// a read-only one out of the request, so this only bounds a storm).
 const MAX_REJECTED_BINARIES: usize = 3;
 
-impl<B: Backend> fmt::Debug for ProgramManager<B> {
+impl fmt::Debug for ProgramManager {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProgramManager")
-            .field("backend", &self.backend.kind())
+            .field("backend", &self.kind)
             .field("cache", &self.cache)
             .finish()
     }
 }
 
-impl<B: Backend> ProgramManager<B> {
+impl ProgramManager {
     /// A manager with an empty in-memory cache configured by `config`, and the stores `config` asks
     /// for: its own disk cache at `config`'s directory (none when `KPC_CACHE_PERSISTENT=0` or no
     /// directory resolves), then the read-only layers of `KPC_CACHE_READONLY_DIRS`.
-    pub fn new(backend: Arc<B>, config: &Config) -> Self {
+    pub fn new<B: Backend>(backend: Arc<B>, config: &Config) -> Self {
         Self::with_stores(backend, config, StoreChain::from_config(config))
     }
 
     /// A manager that uses `disk` (shared with other managers, or `None` for none) as its local disk
     /// cache instead of opening its own, followed by `config`'s read-only layers.
-    pub fn with_disk_cache(
+    pub fn with_disk_cache<B: Backend>(
         backend: Arc<B>,
         config: &Config,
         disk: Option<PersistentCache>,
@@ -104,7 +110,7 @@ impl<B: Backend> ProgramManager<B> {
     /// A manager with the stores `config` asks for (as [`ProgramManager::new`]) followed by `store`,
     /// the embedder's own: looked up after them, written after them, and a hit from it copied to the
     /// local disk.
-    pub fn with_store(backend: Arc<B>, config: &Config, store: Arc<dyn Store>) -> Self {
+    pub fn with_store<B: Backend>(backend: Arc<B>, config: &Config, store: Arc<dyn Store>) -> Self {
         Self::with_stores(
             backend,
             config,
@@ -114,16 +120,23 @@ impl<B: Backend> ProgramManager<B> {
 
     /// A manager with exactly the stores of `stores`, in its order (nothing from `config` is added;
     /// [`StoreChain::from_config`] gives what it would add).
-    pub fn with_stores(backend: Arc<B>, config: &Config, stores: StoreChain) -> Self {
-        let device_description = backend.fingerprint().describe();
+    pub fn with_stores<B: Backend>(backend: Arc<B>, config: &Config, stores: StoreChain) -> Self {
+        Self::erased(backend, config, stores)
+    }
+
+    /// As [`ProgramManager::with_stores`], for a backend already behind the seam.
+    pub fn erased(backend: Arc<dyn DynBackend>, config: &Config, stores: StoreChain) -> Self {
+        let fingerprint = backend.fingerprint();
+        let device_description = fingerprint.describe();
         ProgramManager {
+            kind: backend.kind(),
+            device: fingerprint.digest,
             backend,
             config: config.clone(),
             cache: KernelProgramCache::new(MemCacheSettings::from(config)),
             stores,
             device_description,
             debug: DebugCounters::default(),
-            #[cfg(not(loom))]
             #[cfg(not(loom))]
             spirv: SpirvCache::default(),
         }
@@ -158,7 +171,7 @@ impl<B: Backend> ProgramManager<B> {
     ) -> DiskKey {
         DiskKey::new(
             &self.device_description,
-            self.backend.fingerprint().digest,
+            self.device,
             image.digest(),
             image.bytes().len() as u64,
             &spec.canonical_bytes(),
@@ -178,11 +191,11 @@ impl<B: Backend> ProgramManager<B> {
         if image.format() != crate::backend::ImageFormat::Glsl {
             return Ok(None);
         }
-        if self.backend.kind() != crate::config::BackendKind::Vulkan {
+        if self.kind != BackendKind::Vulkan {
             return Err(crate::Error::InvalidArgument(format!(
                 "GLSL image {:?} needs a Vulkan context; this one is {}",
                 image.name(),
-                self.backend.kind()
+                self.kind
             )));
         }
         self.spirv
@@ -196,9 +209,19 @@ impl<B: Backend> ProgramManager<B> {
         self.spirv.stats()
     }
 
-    /// The backend device.
-    pub fn backend(&self) -> &Arc<B> {
+    /// The backend device, behind the seam.
+    pub fn backend(&self) -> &Arc<dyn DynBackend> {
         &self.backend
+    }
+
+    /// The backend device, when it is a `B`: typed access for tools and tests.
+    pub fn backend_as<B: Backend>(&self) -> Option<&B> {
+        self.backend.as_any().downcast_ref::<B>()
+    }
+
+    /// The backend's kind.
+    pub fn kind(&self) -> BackendKind {
+        self.kind
     }
 
     /// The configuration in force.
@@ -216,7 +239,7 @@ impl<B: Backend> ProgramManager<B> {
         ProgramKey {
             image: image.digest(),
             spec: spec.clone(),
-            device: self.backend.fingerprint().digest,
+            device: self.device,
             options: options.clone(),
         }
     }
@@ -228,7 +251,7 @@ impl<B: Backend> ProgramManager<B> {
         image: &DeviceImage,
         spec: &SpecConstants,
         options: &BuildOptions,
-    ) -> Result<Acquired<B::Program>> {
+    ) -> Result<Acquired<DynProgram>> {
         let start = Instant::now();
         let source = Cell::new(Source::Memory);
         let key = self.program_key(image, spec, options);
@@ -252,12 +275,12 @@ impl<B: Backend> ProgramManager<B> {
         entry: &str,
         spec: &SpecConstants,
         options: &BuildOptions,
-    ) -> Result<Acquired<B::Kernel>> {
+    ) -> Result<Acquired<DynKernel>> {
         let start = Instant::now();
         let view = KernelKeyRef {
             image: image.digest(),
             spec,
-            device: self.backend.fingerprint().digest,
+            device: self.device,
             options,
             entry,
         };
@@ -287,18 +310,19 @@ impl<B: Backend> ProgramManager<B> {
     /// As [`ProgramManager::kernel`], but the kernel comes behind a handle of the calling thread's own
     /// ([`Local`]): a repeated hit on one thread writes no cache line other threads use, so hits scale
     /// with threads. What `Context::kernel` uses.
+    #[inline]
     pub fn kernel_local(
         &self,
         image: &DeviceImage,
         entry: &str,
         spec: &SpecConstants,
         options: &BuildOptions,
-    ) -> Result<Acquired<Local<B::Kernel>>> {
+    ) -> Result<Acquired<Local<DynKernel>>> {
         let start = Instant::now();
         let view = KernelKeyRef {
             image: image.digest(),
             spec,
-            device: self.backend.fingerprint().digest,
+            device: self.device,
             options,
             entry,
         };
@@ -329,7 +353,7 @@ impl<B: Backend> ProgramManager<B> {
         spec: &SpecConstants,
         options: &BuildOptions,
         binary: &[u8],
-    ) -> Result<Acquired<B::Kernel>> {
+    ) -> Result<Acquired<DynKernel>> {
         let start = Instant::now();
         let key = self.program_key(image, spec, options);
         let mut loaded = if self.cache.contains_program(&key) {
@@ -343,13 +367,18 @@ impl<B: Backend> ProgramManager<B> {
             // refused for it must leave nothing there, or a later genuine binary for the key
             // would be answered from memory instead of loaded and checked.
             drop(self.backend.create_kernel(&p, entry)?);
-            Some(Arc::try_unwrap(p).map_err(|_| {
+            let kept = || {
                 Error::Panicked(format!(
                     "the {} backend kept a reference to a program it was only asked to make a \
                      kernel of",
-                    self.backend.kind()
+                    self.kind
                 ))
-            })?)
+            };
+            let p = Arc::try_unwrap(p).map_err(|_| kept())?;
+            if p.is_shared() {
+                return Err(kept());
+            }
+            Some(p)
         };
         let source = Cell::new(Source::Memory);
         let program = self
@@ -379,7 +408,7 @@ impl<B: Backend> ProgramManager<B> {
     }
 
     /// The in-memory cache itself.
-    pub fn memory_cache(&self) -> &KernelProgramCache<B::Program, B::Kernel, crate::Error> {
+    pub fn memory_cache(&self) -> &KernelProgramCache<DynProgram, DynKernel, crate::Error> {
         &self.cache
     }
 
@@ -399,7 +428,7 @@ impl<B: Backend> ProgramManager<B> {
         image: &DeviceImage,
         spec: &SpecConstants,
         options: &BuildOptions,
-    ) -> Result<(B::Program, Source)> {
+    ) -> Result<(DynProgram, Source)> {
         if self.stores.is_empty() {
             return Ok((self.build_fresh(image, spec, options)?.0, Source::Built));
         }
@@ -469,7 +498,7 @@ impl<B: Backend> ProgramManager<B> {
         spec: &SpecConstants,
         options: &BuildOptions,
         key: &DiskKey,
-    ) -> Result<(B::Program, Source)> {
+    ) -> Result<(DynProgram, Source)> {
         let cached = self.stores.peek(key);
         let (program, _) = self.build_fresh(image, spec, options)?;
         let outcome = match (&cached, self.backend.program_binary(&program)) {
@@ -496,7 +525,7 @@ impl<B: Backend> ProgramManager<B> {
         image: &DeviceImage,
         spec: &SpecConstants,
         options: &BuildOptions,
-    ) -> Result<(B::Program, Duration)> {
+    ) -> Result<(DynProgram, Duration)> {
         let start = Instant::now();
         let r = self
             .retry_out_of_resources("build", || self.backend.build_program(image, spec, options));
@@ -509,7 +538,7 @@ impl<B: Backend> ProgramManager<B> {
         if self.config.trace.contains(TraceFlags::BUILDS) {
             tracing::info!(
                 target: "kpc::build",
-                backend = %self.backend.kind(),
+                backend = %self.kind,
                 image = image.name(),
                 ok,
                 ms = took.map(|t| t.as_secs_f64() * 1e3),

@@ -4,29 +4,26 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::dynamic::{AnyEvent, DynComputeBackend, DynLaunch};
 use crate::error::{Error, Result};
 
 use super::buffer::BufferArg;
-use super::context::{ContextImpl, ErasedLaunch, Kernel};
-
-/// A submitted batch as the backend tracks it.
-pub(crate) trait EventImpl: Send + Sync {
-    fn wait(&self) -> Result<()>;
-    fn launch_intervals(&self) -> Result<Option<Vec<(u64, u64)>>>;
-}
+use super::kernel::Kernel;
 
 /// A context's in-order queue: each launch starts after everything submitted before it has finished,
 /// and buffer reads and writes are ordered after every earlier launch. Cloning is cheap; every clone
 /// is the same queue.
 #[derive(Clone)]
 pub struct Queue {
-    pub(crate) ctx: Arc<dyn ContextImpl>,
+    pub(crate) backend: Arc<dyn DynComputeBackend>,
+    /// The id of the context it belongs to: kernels and buffers must carry the same.
+    pub(crate) context: u64,
 }
 
 impl fmt::Debug for Queue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Queue")
-            .field("context", &self.ctx.id())
+            .field("context", &self.context)
             .finish()
     }
 }
@@ -74,9 +71,10 @@ impl Queue {
         for l in launches {
             erased.push(self.check(l)?);
         }
-        let inner = self.ctx.submit(&erased)?;
+        let event = self.backend.submit(&erased)?;
         Ok(Event {
-            inner,
+            event,
+            backend: self.backend.clone(),
             names: launches
                 .iter()
                 .map(|l| l.kernel.name().to_string())
@@ -86,16 +84,16 @@ impl Queue {
 
     /// Blocks until everything submitted so far has finished.
     pub fn finish(&self) -> Result<()> {
-        self.ctx.finish()
+        self.backend.finish()
     }
 
-    fn check<'a>(&self, l: &LaunchDesc<'a>) -> Result<ErasedLaunch<'a>> {
+    fn check<'a>(&self, l: &LaunchDesc<'a>) -> Result<DynLaunch<'a>> {
         let info = l.kernel.info();
         let bad = |message: String| Error::Launch {
             kernel: info.name.clone(),
             message,
         };
-        if l.kernel.context != self.ctx.id() {
+        if l.kernel.context != self.context {
             return Err(Error::InvalidArgument(format!(
                 "kernel {:?} belongs to another context",
                 info.name
@@ -117,7 +115,7 @@ impl Queue {
         let mut buffers = Vec::with_capacity(l.buffers.len());
         for (param, b) in info.buffers.iter().zip(l.buffers) {
             let raw = b.raw();
-            if raw.context != self.ctx.id() {
+            if raw.context != self.context {
                 return Err(bad(format!(
                     "the buffer for binding {} ({}) belongs to another context",
                     param.binding, param.name
@@ -142,7 +140,7 @@ impl Queue {
                 expected: format!("{} bytes", info.push_constant_bytes),
             });
         }
-        Ok(ErasedLaunch {
+        Ok(DynLaunch {
             kernel: &*l.kernel.obj,
             groups: l.groups,
             buffers,
@@ -153,7 +151,9 @@ impl Queue {
 
 /// A submitted batch of launches.
 pub struct Event {
-    inner: Box<dyn EventImpl>,
+    // Field order is drop order: the backend's event goes before the handle on its backend.
+    event: AnyEvent,
+    backend: Arc<dyn DynComputeBackend>,
     names: Vec<String>,
 }
 
@@ -168,13 +168,13 @@ impl fmt::Debug for Event {
 impl Event {
     /// Blocks until every launch of the batch has finished.
     pub fn wait(&self) -> Result<()> {
-        self.inner.wait()
+        self.backend.wait(&self.event)
     }
 
     /// Waits, then each launch's device execution time, in submission order; `None` where the device
     /// cannot time launches.
     pub fn launch_times(&self) -> Result<Option<Vec<Duration>>> {
-        Ok(self.inner.launch_intervals()?.map(|iv| {
+        Ok(self.backend.launch_intervals(&self.event)?.map(|iv| {
             iv.iter()
                 .map(|&(s, e)| Duration::from_nanos(e.saturating_sub(s)))
                 .collect()
@@ -184,7 +184,7 @@ impl Event {
     /// Waits, then the batch's device time from the first launch's start to the last one's end, so
     /// the gaps and barriers between its launches count; `None` where the device cannot time.
     pub fn device_time(&self) -> Result<Option<Duration>> {
-        Ok(self.inner.launch_intervals()?.and_then(|iv| {
+        Ok(self.backend.launch_intervals(&self.event)?.and_then(|iv| {
             let start = iv.iter().map(|&(s, _)| s).min()?;
             let end = iv.iter().map(|&(_, e)| e).max()?;
             Some(Duration::from_nanos(end.saturating_sub(start)))

@@ -33,7 +33,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::backend::Backend;
 use crate::cache::Digest;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -450,10 +449,7 @@ impl Drop for WarmStart {
 ///
 /// Errors: what the backend says when it refuses the stored binary (the request is then left to the
 /// normal path, which removes such an entry and rebuilds).
-pub fn load_if_stored<B: Backend>(
-    manager: &ProgramManager<B>,
-    r: &KernelRequest,
-) -> Result<LoadOutcome> {
+pub fn load_if_stored(manager: &ProgramManager, r: &KernelRequest) -> Result<LoadOutcome> {
     if manager.stores().is_empty() {
         return Ok(LoadOutcome::NotStored);
     }

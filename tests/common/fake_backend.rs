@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use kpc::backend::{Backend, DeviceFingerprint, DeviceImage, ImageFormat};
+use kpc::backend::dynamic::{DynKernel, DynProgram};
+use kpc::backend::{
+    Backend, DeviceFingerprint, DeviceImage, ImageFormat, KernelInfo, KernelObject,
+};
 use kpc::cache::{BuildOptions, CacheCost, SpecConstants, SpecValue};
 use kpc::config::BackendKind;
 use kpc::{Error, Result};
@@ -38,6 +41,49 @@ impl CacheCost for FakeProgram {
 pub struct FakeKernel {
     pub program: Arc<FakeProgram>,
     pub entry: String,
+    /// What it describes itself as: its entry point, no parameters, a local size of one.
+    pub info: KernelInfo,
+}
+
+impl KernelObject for FakeKernel {
+    fn info(&self) -> &KernelInfo {
+        &self.info
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The fake's own objects behind the manager's erased handles.
+pub trait AsFake {
+    /// The fake type inside.
+    type Fake;
+    /// The fake object; panics when it is not one (a test bug).
+    fn fake(&self) -> &Self::Fake;
+}
+
+impl AsFake for DynKernel {
+    type Fake = FakeKernel;
+    fn fake(&self) -> &FakeKernel {
+        self.downcast_ref::<FakeKernel>()
+            .expect("a kernel of the fake backend")
+    }
+}
+
+impl AsFake for kpc::runtime::ProgramManager {
+    type Fake = FakeBackend;
+    fn fake(&self) -> &FakeBackend {
+        self.backend_as::<FakeBackend>()
+            .expect("a manager over the fake backend")
+    }
+}
+
+impl AsFake for DynProgram {
+    type Fake = FakeProgram;
+    fn fake(&self) -> &FakeProgram {
+        self.downcast_ref::<FakeProgram>()
+            .expect("a program of the fake backend")
+    }
 }
 
 impl FakeKernel {
@@ -259,6 +305,14 @@ impl Backend for FakeBackend {
         Ok(FakeKernel {
             program: program.clone(),
             entry: entry.to_string(),
+            info: KernelInfo {
+                name: entry.to_string(),
+                buffers: Vec::new(),
+                push_constant_bytes: 0,
+                local_size: [1, 1, 1],
+                driver_cache_hit: None,
+                driver_stats: Vec::new(),
+            },
         })
     }
 }

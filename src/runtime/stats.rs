@@ -1,0 +1,54 @@
+//! [`ContextStats`]: everything a context counts, in one snapshot.
+
+use crate::backend::BackendStats;
+use crate::cache::store::LevelStats;
+use crate::cache::{CacheStats, DiskStats};
+use crate::config::BackendKind;
+
+use super::cache_debug::CacheDebugStats;
+use super::context::Context;
+use super::spirv_cache::SpirvStats;
+
+/// A context's counters at one moment, shaped like the C API's `kpc_stats` (whose fields are the
+/// first four here: backend, memory, disk, backend counters) plus what only Rust callers see.
+///
+/// Each part is read on its own, without a lock across them: a request that runs meanwhile may be
+/// counted in one part and not yet in another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContextStats {
+    /// The context's backend.
+    pub backend: BackendKind,
+    /// The in-memory cache's counters.
+    pub memory: CacheStats,
+    /// The local disk cache's counters, or `None` when it is off (the C API then reports zeros).
+    pub disk: Option<DiskStats>,
+    /// The backend's own counters (programs built and loaded, driver pipeline-cache hits,
+    /// launches).
+    pub backend_counters: BackendStats,
+    /// What each persistent store (local disk, read-only layers, an embedder's, remote) did for this
+    /// context, in lookup order.
+    pub stores: Vec<LevelStats>,
+    /// What the SPIR-V cache did for GLSL images: compiles, compile errors, hits from memory and from
+    /// stores.
+    pub spirv: SpirvStats,
+    /// Cache debug mode's comparisons of fresh builds with cached binaries (all zero unless
+    /// `KPC_CACHE_DEBUG=1`).
+    pub cache_debug: CacheDebugStats,
+}
+
+impl Context {
+    /// Every counter of this context, in one snapshot (see [`ContextStats`]).
+    pub fn stats(&self) -> ContextStats {
+        let programs = &self.inner.programs;
+        ContextStats {
+            backend: programs.kind(),
+            memory: programs.memory_stats(),
+            disk: programs.disk_stats(),
+            backend_counters: self.inner.compute.stats(),
+            stores: programs.store_stats(),
+            spirv: programs.spirv_stats(),
+            cache_debug: programs.debug_stats(),
+        }
+    }
+}
