@@ -84,8 +84,8 @@ impl SpecValue {
         }
     }
     /// The value as C source text, for an OpenCL `-D NAME=value` definition.
-    pub(crate) fn to_c_literal(&self) -> String {
-        match *self {
+    pub(crate) fn to_c_literal(self) -> String {
+        match self {
             SpecValue::Bool(b) => (b as u32).to_string(),
             SpecValue::I32(v) => v.to_string(),
             SpecValue::U32(v) => format!("{v}u"),
