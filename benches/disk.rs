@@ -11,13 +11,14 @@ use criterion::{
     BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
 use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache, PutOutcome};
+use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
+use kpc::cache::store::{PutOutcome, StoreKey};
 
 const DEVICE: &str =
     "backend=vulkan\nkpc_format=1\nvendorID=0x10de\ndeviceID=0x2335\ndeviceName=bench\n";
 
-fn key(i: u64) -> DiskKey {
-    DiskKey::new(
+fn key(i: u64) -> StoreKey {
+    StoreKey::new(
         DEVICE,
         Digest::of(DEVICE.as_bytes()),
         Digest::of(&i.to_le_bytes()),

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache};
+use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
+use kpc::cache::store::StoreKey;
 use kpc::cache::store::{Access, RemoteStore, Store};
 use kpc::config::MacKey;
 use kpc::config::RemoteUrl;
@@ -16,8 +17,8 @@ use kpc::config::RemoteUrl;
 const DEVICE: &str =
     "backend=vulkan\nkpc_format=1\nvendorID=0x10de\ndeviceID=0x2335\ndeviceName=bench\n";
 
-fn key(i: u64) -> DiskKey {
-    DiskKey::new(
+fn key(i: u64) -> StoreKey {
+    StoreKey::new(
         DEVICE,
         Digest::of(DEVICE.as_bytes()),
         Digest::of(&i.to_le_bytes()),

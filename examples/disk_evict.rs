@@ -14,7 +14,8 @@
 use std::time::{Duration, Instant};
 
 use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache, PutOutcome};
+use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
+use kpc::cache::store::{PutOutcome, StoreKey};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -39,7 +40,7 @@ fn main() {
     let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
     let start = Instant::now();
     for i in 0..n {
-        let key = DiskKey::new(
+        let key = StoreKey::new(
             device,
             Digest::of(device.as_bytes()),
             Digest::of(&i.to_le_bytes()),

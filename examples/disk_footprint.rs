@@ -14,7 +14,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache, PutOutcome};
+use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
+use kpc::cache::store::{PutOutcome, StoreKey};
 
 #[derive(Default)]
 struct Census {
@@ -62,7 +63,7 @@ fn main() {
     let device = "backend=vulkan\nkpc_format=1\ndeviceName=footprint\n";
     let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
     for i in 0..n {
-        let key = DiskKey::new(
+        let key = StoreKey::new(
             device,
             Digest::of(device.as_bytes()),
             Digest::of(&i.to_le_bytes()),

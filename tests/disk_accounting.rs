@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::disk::*;
-use kpc::cache::disk::{DiskCacheSettings, DiskStats, Lookup, PersistentCache, WarnCause};
+use kpc::cache::disk::{DiskCacheSettings, DiskStats, Lookup, PersistentCache};
+use kpc::cache::store::WarnCause;
 use rand::Rng;
 
 const KEYS: u64 = 400;

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use common::disk::*;
 use kpc::cache::Digest;
-use kpc::cache::disk::{
-    DiskCacheSettings, DiskKey, Lookup, PersistentCache, PutOutcome, WarnCause,
-};
+use kpc::cache::disk::{DiskCacheSettings, Lookup, PersistentCache};
+use kpc::cache::store::{PutOutcome, StoreKey, WarnCause};
 
 #[test]
 fn put_then_get_round_trips_and_lays_out_files() {
@@ -110,14 +109,14 @@ fn keys_differing_in_any_part_are_distinct_entries() {
     let dev = Digest::of(b"dev");
     let img = Digest::of(b"img");
     let keys = [
-        DiskKey::new("backend=a\n", dev, img, 10, b"s", "-O1"),
-        DiskKey::new("backend=b\n", dev, img, 10, b"s", "-O1"),
-        DiskKey::new("backend=a\n", Digest::of(b"dev2"), img, 10, b"s", "-O1"),
-        DiskKey::new("backend=a\n", dev, Digest::of(b"img2"), 10, b"s", "-O1"),
-        DiskKey::new("backend=a\n", dev, img, 11, b"s", "-O1"),
-        DiskKey::new("backend=a\n", dev, img, 10, b"t", "-O1"),
-        DiskKey::new("backend=a\n", dev, img, 10, b"s", "-O2"),
-        DiskKey::new("backend=a\n", dev, img, 10, b"", ""),
+        StoreKey::new("backend=a\n", dev, img, 10, b"s", "-O1"),
+        StoreKey::new("backend=b\n", dev, img, 10, b"s", "-O1"),
+        StoreKey::new("backend=a\n", Digest::of(b"dev2"), img, 10, b"s", "-O1"),
+        StoreKey::new("backend=a\n", dev, Digest::of(b"img2"), 10, b"s", "-O1"),
+        StoreKey::new("backend=a\n", dev, img, 11, b"s", "-O1"),
+        StoreKey::new("backend=a\n", dev, img, 10, b"t", "-O1"),
+        StoreKey::new("backend=a\n", dev, img, 10, b"s", "-O2"),
+        StoreKey::new("backend=a\n", dev, img, 10, b"", ""),
     ];
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(

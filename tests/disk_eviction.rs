@@ -9,18 +9,19 @@ use std::time::{Duration, SystemTime};
 
 use common::disk::*;
 use filetime::FileTime;
-use kpc::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache, PutOutcome};
+use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
+use kpc::cache::store::{PutOutcome, StoreKey};
 
-fn age(c: &PersistentCache, k: &DiskKey, secs: u64) {
+fn age(c: &PersistentCache, k: &StoreKey, secs: u64) {
     let t = FileTime::from_system_time(SystemTime::now() - Duration::from_secs(secs));
     filetime::set_file_atime(c.entry_dir(k).join("0.bin"), t).unwrap();
 }
 
-fn atime(c: &PersistentCache, k: &DiskKey) -> FileTime {
+fn atime(c: &PersistentCache, k: &StoreKey) -> FileTime {
     FileTime::from_last_access_time(&std::fs::metadata(c.entry_dir(k).join("0.bin")).unwrap())
 }
 
-fn ctime(c: &PersistentCache, k: &DiskKey) -> (i64, i64) {
+fn ctime(c: &PersistentCache, k: &StoreKey) -> (i64, i64) {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(c.entry_dir(k).join("0.bin")).unwrap();
     (m.ctime(), m.ctime_nsec())

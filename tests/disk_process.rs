@@ -9,7 +9,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::disk::*;
-use kpc::cache::disk::{DiskCacheSettings, Lookup, PersistentCache, PutOutcome};
+use kpc::cache::disk::{DiskCacheSettings, Lookup, PersistentCache};
+use kpc::cache::store::PutOutcome;
 
 const BIG: usize = 16 << 20;
 

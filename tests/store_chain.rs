@@ -16,7 +16,7 @@ use common::disk::TempDir;
 use common::drivers::{opencl_device, random_f32, test_config, vulkan_device};
 use common::fake_backend::{AsFake, FakeBackend, image};
 use kpc::backend::DeviceInfo;
-use kpc::cache::disk::DiskKey;
+use kpc::cache::store::StoreKey;
 use kpc::cache::store::{LevelStats, PutOutcome, StoreCounters, StoreEntry, seal, sealed_record};
 use kpc::cache::{
     Access, BuildOptions, Removal, SpecConstants, SpecValue, Store, StoreChain, StoreHit,
@@ -52,7 +52,7 @@ impl Store for MemStore {
         "mem".into()
     }
 
-    fn get(&self, key: &DiskKey, _access: Access) -> Option<StoreHit> {
+    fn get(&self, key: &StoreKey, _access: Access) -> Option<StoreHit> {
         // Cloned out so the map's lock is not held while the entry is verified.
         let sealed = self.map.lock().unwrap().get(&key.digest().0).cloned();
         let Some(sealed) = sealed else {
@@ -72,14 +72,14 @@ impl Store for MemStore {
         }
     }
 
-    fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
+    fn put(&self, key: &StoreKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
         let sealed = seal(key, bytes, build_time);
         self.counters.put(sealed.len());
         self.map.lock().unwrap().insert(key.digest().0, sealed);
         PutOutcome::Published(0)
     }
 
-    fn remove(&self, key: &DiskKey, what: Removal<'_>) -> bool {
+    fn remove(&self, key: &StoreKey, what: Removal<'_>) -> bool {
         let mut map = self.map.lock().unwrap();
         let go = match (what, map.get(&key.digest().0)) {
             (_, None) => false,

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use kpc::backend::DeviceImage;
 use kpc::backend::glsl::{DirIncludes, GlslSource};
-use kpc::cache::disk::{DiskCacheSettings, DiskKey, MissExplanation, PersistentCache};
+use kpc::cache::disk::{DiskCacheSettings, MissExplanation, PersistentCache};
+use kpc::cache::store::StoreKey;
 use kpc::cache::store::{Access, PutOutcome, Removal, Store, StoreEntry, StoreHit, StoreStats};
 use kpc::cache::{BuildOptions, Digest, SpecConstants, StoreChain};
 use kpc::config::BackendKind;
@@ -61,23 +62,23 @@ pub struct ExplainArgs {
 
 /// A store that records every key it is asked for and holds nothing.
 #[derive(Debug, Default)]
-struct KeyRecorder(Mutex<Vec<DiskKey>>);
+struct KeyRecorder(Mutex<Vec<StoreKey>>);
 
 impl Store for KeyRecorder {
     fn name(&self) -> String {
         "key-recorder".into()
     }
-    fn get(&self, key: &DiskKey, _: Access) -> Option<StoreHit> {
+    fn get(&self, key: &StoreKey, _: Access) -> Option<StoreHit> {
         let mut keys = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if !keys.iter().any(|k| k.digest() == key.digest()) {
             keys.push(key.clone());
         }
         None
     }
-    fn put(&self, _: &DiskKey, _: &[u8], _: Duration) -> PutOutcome {
+    fn put(&self, _: &StoreKey, _: &[u8], _: Duration) -> PutOutcome {
         PutOutcome::Skipped
     }
-    fn remove(&self, _: &DiskKey, _: Removal<'_>) -> bool {
+    fn remove(&self, _: &StoreKey, _: Removal<'_>) -> bool {
         false
     }
     fn list(&self) -> io::Result<Vec<StoreEntry>> {
@@ -170,7 +171,7 @@ fn parse_blob_id(id: &[u8]) -> kpc::Result<BlobIdParts> {
     })
 }
 
-fn verdicts(stores: &[(String, PersistentCache)], key: &DiskKey) -> Vec<Verdict> {
+fn verdicts(stores: &[(String, PersistentCache)], key: &StoreKey) -> Vec<Verdict> {
     stores
         .iter()
         .map(|(name, c)| {
@@ -238,7 +239,7 @@ fn glsl_image(file: &Path, args: &ExplainArgs) -> kpc::Result<(DeviceImage, Stri
 }
 
 /// Whether `key` is a SPIR-V cache key (compiled from GLSL) rather than a program's.
-fn is_spirv_key(key: &DiskKey) -> bool {
+fn is_spirv_key(key: &StoreKey) -> bool {
     key.device().starts_with("backend=glsl\n")
 }
 
@@ -256,7 +257,7 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
     // Why the kernel could not be acquired here, if it could not (keys looked up before that are
     // still explained).
     let mut note = None;
-    let keys: Vec<DiskKey> = match (&args.blob_id, &args.glsl) {
+    let keys: Vec<StoreKey> = match (&args.blob_id, &args.glsl) {
         (_, Some(file)) => {
             if device.backend != BackendKind::Vulkan {
                 return Err(Error::InvalidArgument(format!(
@@ -292,7 +293,7 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
                     device.fingerprint.digest.short_hex(8)
                 )));
             }
-            let key = DiskKey::new(
+            let key = StoreKey::new(
                 &description,
                 p.device,
                 p.image,
@@ -327,7 +328,7 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             recorder.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
         }
     };
-    let rows: Vec<(DiskKey, Vec<Verdict>)> = keys
+    let rows: Vec<(StoreKey, Vec<Verdict>)> = keys
         .into_iter()
         .map(|k| {
             let v = verdicts(&stores, &k);

@@ -16,7 +16,7 @@ use common::disk::{TempDir, cache, key, payload};
 use common::drivers::{opencl_device, vulkan_device};
 use kpc::Error;
 use kpc::cache::bundle::{self, ImportReport};
-use kpc::cache::disk::PutOutcome;
+use kpc::cache::store::PutOutcome;
 use kpc::config::MacKey;
 
 const SECRET: &str = "the fleet's shared secret, 2026";

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use common::disk::*;
 use filetime::FileTime;
 use kpc::cache::Digest;
-use kpc::cache::disk::DiskKey;
+use kpc::cache::store::StoreKey;
 use serde_json::Value;
 
 fn kpc(root: Option<&Path>, args: &[&str]) -> Output {
@@ -39,7 +39,7 @@ fn populate(root: &Path) {
         c.put(&key(i), &payload(i, 2000), Duration::from_millis(25));
     }
     let cl = "backend=opencl\nkpc_format=1\ndevice_name=pthread-cpu\n";
-    let k = DiskKey::new(
+    let k = StoreKey::new(
         cl,
         Digest::of(cl.as_bytes()),
         Digest::of(b"cl"),

@@ -112,7 +112,7 @@ fn each_field_is_named(d: &DeviceInfo) {
     assert_eq!(s.misses_device_changed + s.misses_entry_unusable, 0);
 
     // The explanation on demand agrees with the trace line.
-    let pm_key = |spec: &SpecConstants| -> kpc::cache::disk::DiskKey {
+    let pm_key = |spec: &SpecConstants| -> kpc::cache::store::StoreKey {
         ctx.program_manager().disk_key(&base, spec, &none)
     };
     let disk = kpc::cache::disk::PersistentCache::new(

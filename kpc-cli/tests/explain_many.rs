@@ -18,9 +18,8 @@ use common::disk::{TempDir, capture, payload, settings};
 use common::drivers::vulkan_device;
 use kpc::backend::DeviceImage;
 use kpc::backend::glsl::{DirIncludes, GlslSource, MapIncludes};
-use kpc::cache::disk::{
-    DiskCacheSettings, DiskKey, FieldDiff, MissCause, PersistentCache, PutOutcome,
-};
+use kpc::cache::disk::{DiskCacheSettings, FieldDiff, MissCause, PersistentCache};
+use kpc::cache::store::{PutOutcome, StoreKey};
 use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::config::TraceFlags;
 use kpc::runtime::spirv_cache::spirv_key;
@@ -49,7 +48,7 @@ fn source(i: usize, j: usize, common: &str) -> GlslSource {
         .includes(Arc::new(includes))
 }
 
-fn key_of(src: GlslSource) -> DiskKey {
+fn key_of(src: GlslSource) -> StoreKey {
     let image = DeviceImage::glsl(src).unwrap();
     let pre = image.glsl_preprocessed().unwrap().as_ref().unwrap();
     spirv_key(image.glsl_source().unwrap(), pre)

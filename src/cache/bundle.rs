@@ -19,9 +19,10 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::cache::Digest;
-use crate::cache::disk::{DiskKey, PersistentCache, PutOutcome};
+use crate::cache::disk::PersistentCache;
 use crate::cache::store::auth::{self, Refusal};
 use crate::cache::store::seal;
+use crate::cache::store::{PutOutcome, StoreKey};
 use crate::config::MacKey;
 use crate::error::{Error, Result};
 
@@ -308,7 +309,7 @@ fn take(
 ) -> std::result::Result<PutOutcome, String> {
     let record = auth::claimed_record(envelope)
         .ok_or_else(|| "its key record is missing or damaged".to_string())?;
-    let key: DiskKey = record
+    let key: StoreKey = record
         .to_key()
         .ok_or_else(|| "its key record has malformed values".to_string())?;
     if key.digest().to_hex() != claimed_digest {

@@ -22,9 +22,7 @@ pub use build_result::{
     MAX_TRANSIENT_RETRIES, Resolved, Served, get_or_build,
 };
 pub use counters::CacheStats;
-pub use disk::{
-    BuildGuard, DiskCacheSettings, DiskHit, DiskKey, DiskStats, Lookup, PersistentCache, PutOutcome,
-};
+pub use disk::{BuildGuard, DiskCacheSettings, DiskHit, DiskStats, Lookup, PersistentCache};
 pub use front::Local;
 pub use kernel_program_cache::{CacheCost, KernelProgramCache, MemCacheSettings};
 pub use keys::{
@@ -32,5 +30,6 @@ pub use keys::{
     SpecValue,
 };
 pub use store::{
-    Access, BuildLock, ReadOnlyStore, Removal, Store, StoreChain, StoreHit, StoreKind, StoreStats,
+    Access, BuildLock, PutOutcome, ReadOnlyStore, Removal, Store, StoreChain, StoreHit, StoreKey,
+    StoreKind, StoreStats,
 };

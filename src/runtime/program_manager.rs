@@ -17,9 +17,8 @@ use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
 use crate::cache::store::{LevelStats, Turn};
 use crate::cache::{
-    BuildOptions, CacheStats, Digest, DiskKey, DiskStats, KernelKey, KernelKeyRef,
-    KernelProgramCache, MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store,
-    StoreChain,
+    BuildOptions, CacheStats, Digest, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
+    MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain, StoreKey,
 };
 use crate::config::{BackendKind, Config, TraceFlags};
 use crate::error::{Error, Result};
@@ -168,8 +167,8 @@ impl ProgramManager {
         image: &DeviceImage,
         spec: &SpecConstants,
         options: &BuildOptions,
-    ) -> DiskKey {
-        DiskKey::new(
+    ) -> StoreKey {
+        StoreKey::new(
             &self.device_description,
             self.device,
             image.digest(),
@@ -497,7 +496,7 @@ impl ProgramManager {
         image: &DeviceImage,
         spec: &SpecConstants,
         options: &BuildOptions,
-        key: &DiskKey,
+        key: &StoreKey,
     ) -> Result<(DynProgram, Source)> {
         let cached = self.stores.peek(key);
         let (program, _) = self.build_fresh(image, spec, options)?;

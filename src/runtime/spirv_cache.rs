@@ -4,7 +4,7 @@
 //! A GLSL image's SPIR-V is looked up in memory (one map per context, single flight per key, compile
 //! errors cached like any deterministic build failure), then in the context's stores (the same
 //! [`StoreChain`] the programs use: local disk, read-only layers, remote, an embedder's), then compiled
-//! and stored. The store key is a [`DiskKey`] whose device part describes the compile, not a GPU:
+//! and stored. The store key is a [`StoreKey`] whose device part describes the compile, not a GPU:
 //! `backend=glsl`, the compiler's identity and the target environment and SPIR-V version; its image
 //! part is the digest of the source and its includes; its spec part the defines; its
 //! options part the stage, entry point and optimization level. So editing one shader, one include
@@ -29,7 +29,7 @@ use crate::backend::glsl::GlslSource;
 use crate::backend::glsl::compile::{self, Preprocessed};
 use crate::backend::{DeviceImage, ImageFormat};
 use crate::cache::store::Turn;
-use crate::cache::{BuildResult, Digest, DiskKey, StoreChain};
+use crate::cache::{BuildResult, Digest, StoreChain, StoreKey};
 use crate::config::{Config, TraceFlags};
 use crate::error::{Error, Result};
 
@@ -101,14 +101,14 @@ impl fmt::Debug for SpirvCache {
 }
 
 /// The store key of `src` whose includes resolved to `pre`.
-pub fn spirv_key(src: &GlslSource, pre: &Preprocessed) -> DiskKey {
+pub fn spirv_key(src: &GlslSource, pre: &Preprocessed) -> StoreKey {
     let (major, minor) = src.spirv_target().spirv_version();
     let device = format!(
         "backend=glsl\ncompiler={}\ntarget_env={}\nspirv={major}.{minor}",
         compile::compiler_identity(),
         src.spirv_target().name()
     );
-    DiskKey::new(
+    StoreKey::new(
         &device,
         Digest::of(device.as_bytes()),
         pre.digest,
@@ -187,7 +187,7 @@ impl SpirvCache {
         &self,
         src: &GlslSource,
         pre: &Preprocessed,
-        key: &DiskKey,
+        key: &StoreKey,
         stores: &StoreChain,
         config: &Config,
     ) -> Result<(DeviceImage, Source)> {

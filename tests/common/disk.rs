@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache};
+use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
+use kpc::cache::store::StoreKey;
 
 /// The environment variable that turns a test binary run into a child role. Read only by tests.
 pub const CHILD_ENV: &str = "KPC_DISK_TEST_CHILD";
@@ -61,8 +62,8 @@ impl Drop for TempDir {
 pub const DEVICE: &str = "backend=fake\nkpc_format=1\ndevice_name=Fake Device 9000\ndriver=1.2.3\n";
 
 /// Key number `i` with an image of `image_len` bytes; every key differs in its image digest.
-pub fn key_n(i: u64, image_len: u64) -> DiskKey {
-    DiskKey::new(
+pub fn key_n(i: u64, image_len: u64) -> StoreKey {
+    StoreKey::new(
         DEVICE,
         Digest::of(DEVICE.as_bytes()),
         Digest::of(format!("image-{i}").as_bytes()),
@@ -73,7 +74,7 @@ pub fn key_n(i: u64, image_len: u64) -> DiskKey {
     .with_label(&format!("image{i}.spv"))
 }
 
-pub fn key(i: u64) -> DiskKey {
+pub fn key(i: u64) -> StoreKey {
     key_n(i, 4096)
 }
 

@@ -16,10 +16,10 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use super::key::hex;
 use super::nearest::{Differs, Exact, search};
 pub use super::nearest::{MAX_EXPLAIN_PROBES, MAX_EXPLAIN_RECORDS};
-use super::{DiskKey, Inner, PersistentCache};
+use super::{Inner, PersistentCache, StoreKey};
+use crate::cache::store::key::hex;
 
 /// Why a key missed, judged by the nearest entry found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -218,13 +218,13 @@ impl PersistentCache {
     /// Why `key` is not (usably) in this cache: the nearest entry and how it differs, or
     /// [`MissCause::Cached`] when it is cached after all. Reads key records (bounded, see the module
     /// documentation) and the key's own entry, and changes nothing on disk.
-    pub fn explain_miss(&self, key: &DiskKey) -> MissExplanation {
+    pub fn explain_miss(&self, key: &StoreKey) -> MissExplanation {
         self.inner.explain_miss(key)
     }
 }
 
 impl Inner {
-    pub(super) fn explain_miss(&self, key: &DiskKey) -> MissExplanation {
+    pub(super) fn explain_miss(&self, key: &StoreKey) -> MissExplanation {
         let found = search(&self.v1, key);
         let truncated = found.truncated;
         let own = |cause, path| MissExplanation {
@@ -265,7 +265,7 @@ impl Inner {
     }
 }
 
-fn diffs(old: &DiskKey, new: &DiskKey, d: Differs) -> Vec<FieldDiff> {
+fn diffs(old: &StoreKey, new: &StoreKey, d: Differs) -> Vec<FieldDiff> {
     let mut out = Vec::new();
     if d.device {
         let fields = |s: &str| -> Vec<(String, String)> {

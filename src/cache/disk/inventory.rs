@@ -8,10 +8,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::PersistentCache;
 use super::evict::Plan;
-use super::key::KeyRecord;
 use super::lock;
 use super::slot::{SlotCheck, check_slot, read_src, slot_file};
 use super::walk::scan;
+use crate::cache::store::key::KeyRecord;
 
 /// One complete entry, as `kpc cache ls` shows it.
 #[derive(Debug, Clone)]

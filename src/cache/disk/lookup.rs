@@ -13,10 +13,12 @@ use super::entry::{self, Defect, FileKind, read_verified};
 use super::lock::{self, HeldLock, Waited};
 use super::put::BuildGuard;
 use super::slot::{SlotCheck, check_slot, list_slots, read_src, slot_file};
-use super::stats::{WarnCause, bump, nanos};
-use super::{DiskKey, Inner, PersistentCache};
+use super::stats::{bump, nanos};
+use super::{Inner, PersistentCache, StoreKey};
+use crate::cache::store::warn::WarnCause;
 
-/// How long a reader that met a defective slot waits for the leaf's lock to repair it.
+/// How long a reader that met a defective slot, or a binary the backend refused, waits for the leaf's
+/// lock to remove it.
 const DEFECT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// A verified binary found on disk.
@@ -72,7 +74,7 @@ enum SlotRead {
 
 impl PersistentCache {
     /// Looks `key` up without locking anything. `None` on a miss or any disk problem.
-    pub fn get(&self, key: &DiskKey) -> Option<DiskHit> {
+    pub fn get(&self, key: &StoreKey) -> Option<DiskHit> {
         let i = &self.inner;
         if !self.persists_image_of_size(key.image_len()) {
             bump(&i.counters.skipped, 1);
@@ -86,7 +88,7 @@ impl PersistentCache {
     /// Looks `key` up changing nothing on disk: no access time is recorded and a defective entry is
     /// counted and warned about but left in place (no lock file is created either). What a read-only
     /// layer does. `None` on a miss or any disk problem.
-    pub fn get_read_only(&self, key: &DiskKey) -> Option<DiskHit> {
+    pub fn get_read_only(&self, key: &StoreKey) -> Option<DiskHit> {
         let i = &self.inner;
         if !self.persists_image_of_size(key.image_len()) {
             bump(&i.counters.skipped, 1);
@@ -101,7 +103,7 @@ impl PersistentCache {
     /// `lock_timeout` while another process (or thread) holds it and then reading again. Returns the hit,
     /// or a guard for the caller to build under. After a timeout, or when the lock cannot be taken at all
     /// (unwritable cache), the guard holds no lock and the caller builds anyway.
-    pub fn get_or_lock(&self, key: &DiskKey) -> Lookup {
+    pub fn get_or_lock(&self, key: &StoreKey) -> Lookup {
         let i = &self.inner;
         if !self.persists_image_of_size(key.image_len()) {
             bump(&i.counters.skipped, 1);
@@ -131,7 +133,7 @@ impl PersistentCache {
     /// build lock, waiting as `get_or_lock` does, and reads again. A hit found then is counted as a hit;
     /// a miss is not counted again (the `get` counted it). Images outside the size limits are not
     /// locked: the guard then persists nothing.
-    pub fn lock_for_build(&self, key: &DiskKey) -> Lookup {
+    pub fn lock_for_build(&self, key: &StoreKey) -> Lookup {
         if !self.persists_image_of_size(key.image_len()) {
             return self.miss(key, None, false);
         }
@@ -145,7 +147,7 @@ impl PersistentCache {
         }
     }
 
-    fn miss(&self, key: &DiskKey, lock: Option<HeldLock>, persist: bool) -> Lookup {
+    fn miss(&self, key: &StoreKey, lock: Option<HeldLock>, persist: bool) -> Lookup {
         Lookup::Miss(BuildGuard {
             cache: self.clone(),
             key: Box::new(key.clone()),
@@ -160,7 +162,7 @@ impl PersistentCache {
     #[allow(clippy::type_complexity)]
     fn lock_and_look(
         &self,
-        key: &DiskKey,
+        key: &StoreKey,
     ) -> Result<(Option<HeldLock>, Option<Duration>, Option<DiskHit>), ()> {
         let i = &self.inner;
         let leaf = i.leaf(key);
@@ -212,7 +214,13 @@ impl PersistentCache {
             &format_args!("the backend refused a verified binary ({reason})"),
         );
         i.trace(|| tracing::debug!(target: "kpc::cache::disk", path = %hit.bin_path().display(), %reason, "rejected"));
-        if let Ok(Some(_l)) = lock::try_lock_leaf(&hit.leaf) {
+        // A bounded wait, as for a defect: a leaf held for a moment (a put on another thread, a lock
+        // a forked child briefly shares) must not leave the refused binary to be found, refused and
+        // rebuilt again by every later lookup.
+        let locked = lock::lock_leaf(&hit.leaf, DEFECT_LOCK_WAIT, || {
+            Err(std::io::ErrorKind::NotFound.into())
+        });
+        if let Ok(lock::Waited::Acquired { lock: _l, .. }) = locked {
             let same = fs::read(hit.bin_path()).ok().and_then(|b| {
                 entry::verify_bytes(&b, FileKind::Bin)
                     .ok()
@@ -225,7 +233,7 @@ impl PersistentCache {
     }
     /// Removes `key`'s entry: every slot holding it, or only those whose binary is exactly `only` when
     /// given, each under its leaf's lock (a leaf being written is left alone). Returns whether any went.
-    pub fn remove(&self, key: &DiskKey, only: Option<&[u8]>) -> bool {
+    pub fn remove(&self, key: &StoreKey, only: Option<&[u8]>) -> bool {
         let i = &self.inner;
         let leaf = i.leaf(key);
         let Ok(slots) = list_slots(&leaf) else {
@@ -259,7 +267,7 @@ impl PersistentCache {
 }
 
 impl Inner {
-    fn count_lookup(&self, key: &DiskKey, hit: Option<&DiskHit>, waited: Option<Duration>) {
+    fn count_lookup(&self, key: &StoreKey, hit: Option<&DiskHit>, waited: Option<Duration>) {
         match hit {
             Some(h) => {
                 bump(&self.counters.hits, 1);
@@ -291,7 +299,7 @@ impl Inner {
     pub(super) fn find(
         &self,
         leaf: &Path,
-        key: &DiskKey,
+        key: &StoreKey,
         touch: bool,
         repair: bool,
     ) -> Option<DiskHit> {
@@ -319,7 +327,7 @@ impl Inner {
         self.warn_io(e, path, "cannot read an entry");
     }
 
-    fn read_slot(&self, leaf: &Path, n: u32, key: &DiskKey, touch: bool) -> SlotRead {
+    fn read_slot(&self, leaf: &Path, n: u32, key: &StoreKey, touch: bool) -> SlotRead {
         let src = slot_file(leaf, n, "src");
         let (header, rec) = match read_src(&src) {
             Ok(Ok(x)) => x,

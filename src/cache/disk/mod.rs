@@ -1,5 +1,5 @@
 //! `PersistentCache`: verified program binaries on disk, shared by every process that uses the same
-//! cache directory. It knows nothing of Vulkan or OpenCL: it stores opaque bytes under a [`DiskKey`].
+//! cache directory. It knows nothing of Vulkan or OpenCL: it stores opaque bytes under a [`StoreKey`].
 //! It is the first [`Store`](crate::cache::Store) (`store.rs`): the local, read-write level of the
 //! store chain, and, opened read-only, each layer of `KPC_CACHE_READONLY_DIRS`.
 //!
@@ -15,7 +15,7 @@
 //! <root>/quarantine/                                    entries `kpc cache verify --fix` set aside
 //! <root>/trash/<pid>-<nanos>-<i>/                       files an eviction pass removed, until its sweep
 //! ```
-//! Directory names are 16 hex characters of BLAKE3 ([`DiskKey::dir_names`]). Several keys can share a
+//! Directory names are 16 hex characters of BLAKE3 ([`StoreKey::dir_names`]). Several keys can share a
 //! leaf directory only through a hash collision; their entries then take successive slots `n`, and a
 //! reader compares the full key values in each `.src`. Both files carry a header with a checksum
 //! ([`entry`]), so nothing unverified is returned.
@@ -75,7 +75,6 @@ pub mod entry;
 mod evict;
 pub mod explain;
 mod inventory;
-pub mod key;
 mod lock;
 mod lookup;
 mod names;
@@ -93,11 +92,10 @@ pub use entry::{Defect, FileKind};
 pub use evict::EvictReport;
 pub use explain::{FieldDiff, MissCause, MissExplanation};
 pub use inventory::{BadEntry, ClearReport, EntryInfo, VerifyReport};
-pub use key::{DiskKey, KeyRecord};
 pub use lookup::{DiskHit, Lookup};
-pub use put::{BuildGuard, PutOutcome};
+pub use put::BuildGuard;
 pub use settings::DiskCacheSettings;
-pub use stats::{DiskStats, WarnCause};
+pub use stats::DiskStats;
 
 use std::fmt;
 use std::io;
@@ -108,6 +106,9 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 
 use crate::cache::pass_gate::PassGate;
+use crate::cache::store::key::StoreKey;
+use crate::cache::store::outcome::PutOutcome;
+use crate::cache::store::warn::WarnCause;
 use crate::config::Config;
 use stats::{DiskCounters, Warned};
 
@@ -202,7 +203,7 @@ impl PersistentCache {
     }
 
     /// The leaf directory entries of `key` live in (whether or not any exist).
-    pub fn entry_dir(&self, key: &DiskKey) -> PathBuf {
+    pub fn entry_dir(&self, key: &StoreKey) -> PathBuf {
         self.inner.leaf(key)
     }
 
@@ -293,7 +294,7 @@ impl PersistentCache {
 }
 
 impl Inner {
-    fn leaf(&self, key: &DiskKey) -> PathBuf {
+    fn leaf(&self, key: &StoreKey) -> PathBuf {
         let [a, b, c, d] = key.dir_names();
         self.v1.join(a).join(b).join(c).join(d)
     }

@@ -32,9 +32,9 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use super::key::DIR_HEX_BYTES;
 use super::lock::{self, Waited};
 use crate::cache::Digest;
+use crate::cache::store::key::DIR_HEX_BYTES;
 
 /// The directory under `<root>/v1` holding one index per device directory.
 pub(crate) const NAMES_DIR: &str = "names";

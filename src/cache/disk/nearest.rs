@@ -21,10 +21,10 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::DiskKey;
-use super::key::DIR_HEX_BYTES;
+use super::StoreKey;
 use super::names;
 use super::slot::{SlotCheck, check_slot, list_slots, read_src};
+use crate::cache::store::key::DIR_HEX_BYTES;
 
 /// Most key records step 4 of a search reads (subtrees of entries two or more parts away).
 pub const MAX_EXPLAIN_RECORDS: usize = 128;
@@ -41,7 +41,7 @@ pub(super) struct Differs {
 }
 
 impl Differs {
-    pub fn of(a: &DiskKey, b: &DiskKey) -> Differs {
+    pub fn of(a: &StoreKey, b: &StoreKey) -> Differs {
         Differs {
             device: a.device() != b.device() || a.device_digest() != b.device_digest(),
             image: a.image_digest() != b.image_digest() || a.image_len() != b.image_len(),
@@ -71,7 +71,7 @@ pub(super) enum Exact {
 pub(super) struct Found {
     pub exact: Option<Exact>,
     /// The nearest other entry's key and key record path.
-    pub best: Option<(DiskKey, PathBuf)>,
+    pub best: Option<(StoreKey, PathBuf)>,
     /// Whether a limit stopped the search before it could rule out anything nearer.
     pub truncated: bool,
 }
@@ -80,13 +80,13 @@ pub(super) struct Found {
 type Rank = (usize, bool);
 
 struct Search<'k> {
-    key: &'k DiskKey,
+    key: &'k StoreKey,
     /// Step 4 counts records against [`MAX_EXPLAIN_RECORDS`]; steps 1-3 count leaves.
     budgeted: bool,
     records: usize,
     probes: usize,
     truncated: bool,
-    best: Option<(Rank, DiskKey, PathBuf)>,
+    best: Option<(Rank, StoreKey, PathBuf)>,
     exact: Option<Exact>,
     read: HashSet<PathBuf>,
 }
@@ -186,7 +186,7 @@ fn leaves_of(image_dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Searches the tree under `v1` for `key`'s own entry and its nearest neighbour (module docs).
-pub(super) fn search(v1: &Path, key: &DiskKey) -> Found {
+pub(super) fn search(v1: &Path, key: &StoreKey) -> Found {
     let [dev, img, spec, opts] = key.dir_names();
     let dev_dir = v1.join(dev);
     let img_dir = dev_dir.join(img);

@@ -12,22 +12,10 @@ use super::entry::{FileKind, HEADER_LEN, encode_header};
 use super::lock::{self, HeldLock, Waited};
 use super::names;
 use super::slot::{holds_valid, slot_file, sync_dir, write_file};
-use super::stats::{WarnCause, bump};
-use super::{DiskKey, Inner, MAX_SLOTS, PersistentCache};
-
-/// What a put did. None of these is an error for the caller: the disk cache is an optimization.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PutOutcome {
-    /// Published in slot `n`.
-    Published(u32),
-    /// A valid entry for the key was already there (another process published it first).
-    AlreadyPresent,
-    /// Not attempted: image size outside the limits, entry larger than `max_size`, or every slot of the
-    /// leaf taken.
-    Skipped,
-    /// Attempted and failed (warned once per cause).
-    Failed,
-}
+use super::stats::bump;
+use super::{Inner, MAX_SLOTS, PersistentCache, StoreKey};
+use crate::cache::store::outcome::PutOutcome;
+use crate::cache::store::warn::WarnCause;
 
 /// The right, and the duty, to build one key. Holds the key's cross-process build lock (when it could be
 /// taken) until [`BuildGuard::put`] or drop; dropping it without a put (the build failed) lets a waiting
@@ -35,7 +23,7 @@ pub enum PutOutcome {
 pub struct BuildGuard {
     pub(super) cache: PersistentCache,
     // Boxed: a key is a few hundred bytes and a miss is the rare case, so `Lookup` stays small.
-    pub(super) key: Box<DiskKey>,
+    pub(super) key: Box<StoreKey>,
     pub(super) lock: Option<HeldLock>,
     pub(super) persist: bool,
 }
@@ -76,7 +64,7 @@ impl BuildGuard {
 impl PersistentCache {
     /// Stores `bytes` (built in `build_time`) under `key` without taking the build lock. Never fails the
     /// caller; see [`PutOutcome`].
-    pub fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
+    pub fn put(&self, key: &StoreKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
         if !self.persists_image_of_size(key.image_len()) {
             bump(&self.inner.counters.skipped, 1);
             return PutOutcome::Skipped;
@@ -88,7 +76,7 @@ impl PersistentCache {
 impl Inner {
     /// Creates the leaf directory of `key` (and its parents). Retries a few times because an evictor may
     /// remove an emptied parent between our mkdir calls.
-    pub(super) fn ensure_leaf(&self, key: &DiskKey) -> io::Result<PathBuf> {
+    pub(super) fn ensure_leaf(&self, key: &StoreKey) -> io::Result<PathBuf> {
         let leaf = self.leaf(key);
         if leaf.is_dir() {
             return Ok(leaf);
@@ -104,7 +92,7 @@ impl Inner {
         Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::NotFound)))
     }
 
-    fn create_chain(&self, key: &DiskKey) -> io::Result<()> {
+    fn create_chain(&self, key: &StoreKey) -> io::Result<()> {
         if !self.s.root.is_dir() {
             fs::create_dir_all(&self.s.root)?;
         }
@@ -139,7 +127,7 @@ impl Inner {
 
     /// Records in the name index that `key`'s image directory is being made, before it is (see
     /// `names.rs`). Best effort: without the line, only a later miss explanation falls short.
-    fn index_image(&self, key: &DiskKey) {
+    fn index_image(&self, key: &StoreKey) {
         let [dev, img, ..] = key.dir_names();
         if let Err(e) = names::record(&self.v1, dev, img, key.label()) {
             self.trace(|| {
@@ -149,7 +137,7 @@ impl Inner {
         }
     }
 
-    fn put(self: &Arc<Inner>, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
+    fn put(self: &Arc<Inner>, key: &StoreKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
         let src = key.record_json(build_time, bytes.len() as u64);
         let total = (2 * HEADER_LEN + src.len() + bytes.len()) as u64;
         if self.s.max_size > 0 && total > self.s.max_size {
@@ -195,7 +183,7 @@ impl Inner {
     fn put_in_leaf(
         self: &Arc<Inner>,
         leaf: &Path,
-        key: &DiskKey,
+        key: &StoreKey,
         bytes: &[u8],
         src: &[u8],
         total: u64,
@@ -270,7 +258,7 @@ impl Inner {
         &self,
         leaf: &Path,
         n: u32,
-        key: &DiskKey,
+        key: &StoreKey,
         bytes: &[u8],
         src: &[u8],
     ) -> io::Result<Option<u64>> {

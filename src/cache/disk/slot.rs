@@ -7,7 +7,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::entry::{self, Defect, FileKind, read_verified};
-use super::key::{DiskKey, KeyRecord};
+use crate::cache::store::key::{KeyRecord, StoreKey};
 
 /// The state of one slot, checked in full (both files, key binding).
 #[derive(Debug)]
@@ -98,7 +98,7 @@ pub(crate) fn check_slot(leaf: &Path, n: u32) -> SlotCheck {
 
 /// Whether `leaf` holds a valid entry (both files checked in full) for exactly `key`. Reads only:
 /// counts, repairs and touches nothing.
-pub(super) fn holds_valid(leaf: &Path, key: &DiskKey) -> bool {
+pub(super) fn holds_valid(leaf: &Path, key: &StoreKey) -> bool {
     list_slots(leaf)
         .unwrap_or_default()
         .into_iter()

@@ -10,7 +10,7 @@ use std::io;
 use std::time::Duration;
 
 use super::stats::bump;
-use super::{DiskKey, Lookup, PersistentCache, PutOutcome, WarnCause};
+use super::{Lookup, PersistentCache, PutOutcome, StoreKey, WarnCause};
 use crate::cache::store::{
     Access, BuildLock, LockGuard, Removal, Store, StoreEntry, StoreHit, StoreKind, StoreStats,
 };
@@ -24,7 +24,7 @@ impl Store for PersistentCache {
         StoreKind::Disk
     }
 
-    fn get(&self, key: &DiskKey, access: Access) -> Option<StoreHit> {
+    fn get(&self, key: &StoreKey, access: Access) -> Option<StoreHit> {
         let hit = match access {
             Access::ReadWrite => PersistentCache::get(self, key),
             Access::ReadOnly => self.get_read_only(key),
@@ -33,7 +33,7 @@ impl Store for PersistentCache {
         Some(StoreHit::verified(hit.into_bytes(), build_time))
     }
 
-    fn lock_for_build(&self, key: &DiskKey) -> BuildLock {
+    fn lock_for_build(&self, key: &StoreKey) -> BuildLock {
         match PersistentCache::lock_for_build(self, key) {
             Lookup::Hit(hit) => {
                 let build_time = hit.build_time();
@@ -51,7 +51,7 @@ impl Store for PersistentCache {
         PersistentCache::note_recompiled(self, build_time);
     }
 
-    fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
+    fn put(&self, key: &StoreKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
         // The lookup that preceded this put already counted a key outside the size limits as skipped;
         // counting it again would make one request two.
         if !self.persists_image_of_size(key.image_len()) {
@@ -60,7 +60,7 @@ impl Store for PersistentCache {
         PersistentCache::put(self, key, bytes, build_time)
     }
 
-    fn remove(&self, key: &DiskKey, what: Removal<'_>) -> bool {
+    fn remove(&self, key: &StoreKey, what: Removal<'_>) -> bool {
         match what {
             Removal::Any => PersistentCache::remove(self, key, None),
             Removal::Refused { bytes, reason } => {

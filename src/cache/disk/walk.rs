@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use filetime::FileTime;
 
-use super::key::DIR_HEX_BYTES;
+use crate::cache::store::key::DIR_HEX_BYTES;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FileMeta {

@@ -13,8 +13,8 @@
 //! 32-byte MAC if flagged, then the sealed entry.
 
 use super::StoreHit;
-use crate::cache::disk::DiskKey;
 use crate::cache::disk::entry::Defect;
+use crate::cache::store::StoreKey;
 use crate::config::MacKey;
 
 const MAGIC: &[u8; 4] = b"KPCE";
@@ -24,7 +24,7 @@ const HEADER: usize = 8;
 const MAC_LEN: usize = 32;
 /// The MAC of a sealed entry under `key`: keyed BLAKE3 over the entry key's digest, the length and the
 /// sealed bytes.
-fn mac_of(mac_key: &MacKey, key: &DiskKey, sealed: &[u8]) -> blake3::Hash {
+fn mac_of(mac_key: &MacKey, key: &StoreKey, sealed: &[u8]) -> blake3::Hash {
     let mut h = blake3::Hasher::new_keyed(mac_key.bytes());
     h.update(&key.digest().0);
     h.update(&(sealed.len() as u64).to_le_bytes());
@@ -59,7 +59,7 @@ impl Refusal {
 
 /// Wraps `sealed` (the bytes [`seal`](super::seal) made for `key`) in an envelope, with a MAC when
 /// `mac_key` is given.
-pub fn wrap(mac_key: Option<&MacKey>, key: &DiskKey, sealed: &[u8]) -> Vec<u8> {
+pub fn wrap(mac_key: Option<&MacKey>, key: &StoreKey, sealed: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + MAC_LEN + sealed.len());
     out.extend_from_slice(MAGIC);
     out.push(VERSION);
@@ -106,7 +106,7 @@ fn split(envelope: &[u8]) -> Result<(Option<[u8; MAC_LEN]>, &[u8]), Refusal> {
 /// use [`open`], which does both.
 pub(crate) fn authenticate<'a>(
     mac_key: Option<&MacKey>,
-    key: &DiskKey,
+    key: &StoreKey,
     envelope: &'a [u8],
 ) -> Result<&'a [u8], Refusal> {
     let (mac, sealed) = split(envelope)?;
@@ -124,7 +124,11 @@ pub(crate) fn authenticate<'a>(
 
 /// Authenticates `envelope` for `key` ([`authenticate`]) and verifies the entry inside
 /// ([`StoreHit::unseal`]): the only way a shared store's bytes become a [`StoreHit`].
-pub fn open(mac_key: Option<&MacKey>, key: &DiskKey, envelope: &[u8]) -> Result<StoreHit, Refusal> {
+pub fn open(
+    mac_key: Option<&MacKey>,
+    key: &StoreKey,
+    envelope: &[u8],
+) -> Result<StoreHit, Refusal> {
     let sealed = authenticate(mac_key, key, envelope)?;
     StoreHit::unseal(key, sealed).map_err(Refusal::Entry)
 }
@@ -143,8 +147,8 @@ mod tests {
     use crate::cache::store::seal;
     use std::time::Duration;
 
-    fn key(n: u8) -> DiskKey {
-        DiskKey::new(
+    fn key(n: u8) -> StoreKey {
+        StoreKey::new(
             "backend=test\n",
             Digest([n; 32]),
             Digest([2; 32]),

@@ -23,7 +23,8 @@ use super::{
     BuildLock, LockGuard, PutOutcome, ReadOnlyStore, Removal, Store, StoreHit, StoreKind,
     StoreStats, StoreWarnings, WarnCause,
 };
-use crate::cache::disk::{DiskCacheSettings, DiskKey, PersistentCache};
+use crate::cache::disk::{DiskCacheSettings, PersistentCache};
+use crate::cache::store::StoreKey;
 use crate::config::{Config, TraceFlags};
 
 /// A verified hit and the level of the chain it came from.
@@ -259,7 +260,7 @@ impl StoreChain {
 
     /// The first verified hit for `key`, asking the levels in order except those in `skip` (levels
     /// whose binary the backend refused earlier in this request).
-    pub fn get(&self, key: &DiskKey, skip: &[usize]) -> Option<ChainHit> {
+    pub fn get(&self, key: &StoreKey, skip: &[usize]) -> Option<ChainHit> {
         // A writable store may record the access and repair what it finds broken; a read-only one
         // is asked for a pure read (ReadOnlyStore enforces it whatever is asked).
         self.first_hit(key, skip, false)
@@ -268,11 +269,11 @@ impl StoreChain {
     /// The first verified hit for `key`, asking every level for a pure read ([`super::Access::ReadOnly`]),
     /// writable ones included: no access time recorded, nothing repaired, no lock file. What cache
     /// debug mode looks up with, since it must leave every store as it was. Counted as [`Self::get`].
-    pub(crate) fn peek(&self, key: &DiskKey) -> Option<ChainHit> {
+    pub(crate) fn peek(&self, key: &StoreKey) -> Option<ChainHit> {
         self.first_hit(key, &[], true)
     }
 
-    fn first_hit(&self, key: &DiskKey, skip: &[usize], read_only: bool) -> Option<ChainHit> {
+    fn first_hit(&self, key: &StoreKey, skip: &[usize], read_only: bool) -> Option<ChainHit> {
         for (i, l) in self.levels.iter().enumerate() {
             if skip.contains(&i) {
                 continue;
@@ -305,7 +306,7 @@ impl StoreChain {
     /// `skip`): the local disk's, then the remote's fleet lock. Each level waits (bounded) for another
     /// builder and looks again; what it found then is [`Turn::Published`] (locks taken so far are
     /// released). A level whose lock cannot be had is passed over.
-    pub(crate) fn lock_for_build(&self, key: &DiskKey, skip: &[usize]) -> Turn {
+    pub(crate) fn lock_for_build(&self, key: &StoreKey, skip: &[usize]) -> Turn {
         let mut held = Vec::new();
         for (i, l) in self.levels.iter().enumerate() {
             if skip.contains(&i) {
@@ -329,7 +330,7 @@ impl StoreChain {
 
     /// The backend accepted `hit`: copies it to the first writable level above the one it came from
     /// (none when it came from the first writable level).
-    pub(crate) fn backfill(&self, key: &DiskKey, hit: &ChainHit) {
+    pub(crate) fn backfill(&self, key: &StoreKey, hit: &ChainHit) {
         let Some((i, l)) = self.levels[..hit.level]
             .iter()
             .enumerate()
@@ -358,7 +359,7 @@ impl StoreChain {
     /// The backend refused `hit` (`reason` says why): the level it came from removes it if it can.
     /// Returns whether that level may be asked again in this request: a writable one removed the bytes
     /// (or a replacement took their place), a read-only one would return them again.
-    pub(crate) fn reject(&self, key: &DiskKey, hit: &ChainHit, reason: &dyn fmt::Display) -> bool {
+    pub(crate) fn reject(&self, key: &StoreKey, hit: &ChainHit, reason: &dyn fmt::Display) -> bool {
         let l = &self.levels[hit.level];
         bump(&l.counters.rejected);
         l.store.remove(
@@ -373,7 +374,7 @@ impl StoreChain {
 
     /// Stores a fresh build in every writable level, in order, releasing each of `lock`'s locks as
     /// soon as the level it came from holds the entry (that is where its waiters look).
-    pub fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration, lock: Option<ChainLock>) {
+    pub fn put(&self, key: &StoreKey, bytes: &[u8], build_time: Duration, lock: Option<ChainLock>) {
         let mut lock = lock;
         for (i, l) in self.levels.iter().enumerate() {
             if l.kind.writable() {

@@ -28,20 +28,25 @@ pub mod chain;
 pub mod readonly;
 pub mod remote;
 
-pub use crate::cache::disk::{KeyRecord, PutOutcome, WarnCause};
+pub mod key;
+pub(crate) mod outcome;
+pub(crate) mod warn;
 pub use chain::{ChainHit, ChainLock, LevelStats, StoreChain, Turn};
+pub use key::{KeyRecord, StoreKey};
+pub use outcome::PutOutcome;
 pub use readonly::ReadOnlyStore;
 #[cfg(all(feature = "remote", not(loom)))]
 pub use remote::RemoteStore;
+pub use warn::WarnCause;
 
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use crate::cache::disk::DiskStats;
 use crate::cache::disk::entry::{self, Defect, FileKind, HEADER_LEN};
 use crate::cache::disk::stats::Warned;
-use crate::cache::disk::{DiskKey, DiskStats};
 
 /// What kind of place a store is: decides how the runtime reports a hit from it
 /// ([`Source`](crate::runtime::Source)) and whether the chain writes to it.
@@ -107,7 +112,7 @@ impl StoreHit {
     /// Errors: the [`Defect`] found: truncated or trailing bytes, bad magic or version, a checksum
     /// mismatch, a key record that is not `key`'s (every value compared, not just hashes), or a binary
     /// bound to another key.
-    pub fn unseal(key: &DiskKey, sealed: &[u8]) -> Result<StoreHit, Defect> {
+    pub fn unseal(key: &StoreKey, sealed: &[u8]) -> Result<StoreHit, Defect> {
         let (src, bin) = split_sealed(sealed)?;
         let (src_header, record) = entry::verify_bytes(src, FileKind::Src)?;
         let record = KeyRecord::parse(record).ok_or(Defect::BadRecord)?;
@@ -143,7 +148,7 @@ impl StoreHit {
 /// `key`'s entry for `bytes` built in `build_time` as one self-verifying byte string: the disk cache's
 /// two files back to back (the key record, then the binary, each behind a header with the key's digest
 /// and a checksum; see `src/cache/disk/entry.rs`). [`StoreHit::unseal`] checks it.
-pub fn seal(key: &DiskKey, bytes: &[u8], build_time: Duration) -> Vec<u8> {
+pub fn seal(key: &StoreKey, bytes: &[u8], build_time: Duration) -> Vec<u8> {
     let digest = key.digest().0;
     let src = key.record_json(build_time, bytes.len() as u64);
     let mut out = Vec::with_capacity(2 * HEADER_LEN + src.len() + bytes.len());
@@ -373,7 +378,7 @@ impl StoreWarnings {
 /// A place persisted binaries live: the local disk cache, a read-only layer, an embedder's own store,
 /// a remote one. Object safe; shared as `Arc<dyn Store>`.
 ///
-/// Keys are [`DiskKey`]s: the full key values (device description and digest, image digest and length,
+/// Keys are [`StoreKey`]s: the full key values (device description and digest, image digest and length,
 /// spec constant bytes, build options) and their hashes. No method fails the caller: every problem is
 /// a miss, a skipped put, or no lock, counted and warned about once per cause.
 ///
@@ -384,7 +389,7 @@ impl StoreWarnings {
 /// use std::collections::HashMap;
 /// use std::sync::{Arc, Mutex};
 /// use std::time::Duration;
-/// use kpc::cache::disk::DiskKey;
+/// use kpc::cache::store::StoreKey;
 /// use kpc::cache::store::*;
 ///
 /// #[derive(Debug, Default)]
@@ -392,15 +397,15 @@ impl StoreWarnings {
 ///
 /// impl Store for Mine {
 ///     fn name(&self) -> String { "mine".into() }
-///     fn get(&self, key: &DiskKey, _: Access) -> Option<StoreHit> {
+///     fn get(&self, key: &StoreKey, _: Access) -> Option<StoreHit> {
 ///         let sealed = self.0.lock().unwrap().get(&key.digest().0).cloned()?;
 ///         StoreHit::unseal(key, &sealed).ok() // a damaged entry is a miss
 ///     }
-///     fn put(&self, key: &DiskKey, bytes: &[u8], t: Duration) -> PutOutcome {
+///     fn put(&self, key: &StoreKey, bytes: &[u8], t: Duration) -> PutOutcome {
 ///         self.0.lock().unwrap().insert(key.digest().0, seal(key, bytes, t));
 ///         PutOutcome::Published(0)
 ///     }
-///     fn remove(&self, key: &DiskKey, _: Removal<'_>) -> bool {
+///     fn remove(&self, key: &StoreKey, _: Removal<'_>) -> bool {
 ///         self.0.lock().unwrap().remove(&key.digest().0).is_some()
 ///     }
 ///     fn list(&self) -> std::io::Result<Vec<StoreEntry>> {
@@ -430,13 +435,13 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// The verified binary stored under `key`, or `None`. See [`Access`] for what the lookup may
     /// change in the store.
-    fn get(&self, key: &DiskKey, access: Access) -> Option<StoreHit>;
+    fn get(&self, key: &StoreKey, access: Access) -> Option<StoreHit>;
 
     /// Takes `key`'s build lock, waiting (bounded) while another builder holds it; after a wait, looks
     /// again and returns [`BuildLock::Published`] when that builder's entry is there. The chain calls
     /// this only after every store missed. Stores without locking return [`BuildLock::NotOffered`]
     /// (the default).
-    fn lock_for_build(&self, key: &DiskKey) -> BuildLock {
+    fn lock_for_build(&self, key: &StoreKey) -> BuildLock {
         let _ = key;
         BuildLock::NotOffered
     }
@@ -450,11 +455,11 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Stores `bytes`, built in `build_time`, under `key`. Never fails the caller; see
     /// [`PutOutcome`].
-    fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome;
+    fn put(&self, key: &StoreKey, bytes: &[u8], build_time: Duration) -> PutOutcome;
 
     /// Removes `key`'s entry (see [`Removal`]). Returns whether an entry went; a store that never
     /// changes (a read-only layer) returns false.
-    fn remove(&self, key: &DiskKey, what: Removal<'_>) -> bool;
+    fn remove(&self, key: &StoreKey, what: Removal<'_>) -> bool;
 
     /// Every entry, with its key record.
     ///
@@ -470,8 +475,8 @@ mod tests {
     use super::*;
     use crate::cache::Digest;
 
-    fn key(i: u8) -> DiskKey {
-        DiskKey::new(
+    fn key(i: u8) -> StoreKey {
+        StoreKey::new(
             "backend=fake\n",
             Digest::of(b"dev"),
             Digest::of(&[i]),

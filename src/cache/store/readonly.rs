@@ -15,7 +15,7 @@ use super::{
     Access, BuildLock, PutOutcome, Removal, Store, StoreEntry, StoreHit, StoreKind, StoreStats,
     StoreWarnings, WarnCause,
 };
-use crate::cache::disk::DiskKey;
+use crate::cache::store::StoreKey;
 
 /// `inner`, read-only. Its hits are still verified by `inner` (a disk cache's checksums and key
 /// records; [`StoreHit::unseal`] for others); a corrupt entry is a miss and stays where it is.
@@ -47,7 +47,7 @@ impl Store for ReadOnlyStore {
         StoreKind::ReadOnly
     }
 
-    fn get(&self, key: &DiskKey, _access: Access) -> Option<StoreHit> {
+    fn get(&self, key: &StoreKey, _access: Access) -> Option<StoreHit> {
         self.inner.get(key, Access::ReadOnly)
     }
 
@@ -55,15 +55,15 @@ impl Store for ReadOnlyStore {
         self.inner.note_recompiled(build_time);
     }
 
-    fn lock_for_build(&self, _key: &DiskKey) -> BuildLock {
+    fn lock_for_build(&self, _key: &StoreKey) -> BuildLock {
         BuildLock::NotOffered
     }
 
-    fn put(&self, _key: &DiskKey, _bytes: &[u8], _build_time: Duration) -> PutOutcome {
+    fn put(&self, _key: &StoreKey, _bytes: &[u8], _build_time: Duration) -> PutOutcome {
         PutOutcome::Skipped
     }
 
-    fn remove(&self, _key: &DiskKey, what: Removal<'_>) -> bool {
+    fn remove(&self, _key: &StoreKey, what: Removal<'_>) -> bool {
         if let Removal::Refused { reason, .. } = what {
             // Nothing can be done about it here; the chain stops asking this layer for the key for the
             // rest of the request, and the layer's owner should hear of it.

@@ -48,8 +48,8 @@ mod imp {
     use super::ops::{Failure, Ops};
     use super::publish::{Publish, Publisher, Report};
     use crate::cache::Digest;
-    use crate::cache::disk::DiskKey;
     use crate::cache::disk::entry::FORMAT_VERSION;
+    use crate::cache::store::StoreKey;
     use crate::cache::store::auth;
     use crate::cache::store::{
         Access, BuildLock, LockGuard, PutOutcome, Removal, Store, StoreCounters, StoreEntry,
@@ -110,7 +110,7 @@ mod imp {
     }
 
     /// Where `key`'s entry lives on the remote.
-    pub(crate) fn path_of(key: &DiskKey) -> String {
+    pub(crate) fn path_of(key: &StoreKey) -> String {
         format!(
             "{}{}/{}",
             namespace(),
@@ -119,7 +119,7 @@ mod imp {
         )
     }
 
-    fn lock_name(key: &DiskKey) -> String {
+    fn lock_name(key: &StoreKey) -> String {
         format!("kpc-lock/{}", &path_of(key)["kpc/".len()..])
     }
 
@@ -231,7 +231,7 @@ mod imp {
 
         /// Reads and opens `key`'s entry, counting and warning. `poll`: a fleet waiter looking for
         /// the entry again, whose empty answers are not counted as misses (one request, one miss).
-        fn fetch_as(&self, key: &DiskKey, poll: bool) -> Option<StoreHit> {
+        fn fetch_as(&self, key: &StoreKey, poll: bool) -> Option<StoreHit> {
             let sh = &self.shared;
             let value = match sh.ops.read(&path_of(key)) {
                 Ok(Some(v)) => v,
@@ -274,7 +274,7 @@ mod imp {
             }
         }
 
-        fn fetch(&self, key: &DiskKey) -> Option<StoreHit> {
+        fn fetch(&self, key: &StoreKey) -> Option<StoreHit> {
             self.fetch_as(key, false)
         }
 
@@ -312,7 +312,7 @@ mod imp {
             Ok(out)
         }
 
-        fn wait_for_fleet(&self, fleet: &FleetLocks, key: &DiskKey) -> BuildLock {
+        fn wait_for_fleet(&self, fleet: &FleetLocks, key: &StoreKey) -> BuildLock {
             let (name, token) = (lock_name(key), token());
             let deadline = Instant::now() + self.lock_timeout;
             let mut pause = Duration::from_millis(10);
@@ -388,11 +388,11 @@ mod imp {
             StoreKind::Remote
         }
 
-        fn get(&self, key: &DiskKey, _access: Access) -> Option<StoreHit> {
+        fn get(&self, key: &StoreKey, _access: Access) -> Option<StoreHit> {
             self.fetch(key)
         }
 
-        fn lock_for_build(&self, key: &DiskKey) -> BuildLock {
+        fn lock_for_build(&self, key: &StoreKey) -> BuildLock {
             match &self.fleet {
                 // The breaker is consulted for every command of the wait.
                 Some(f) => self.wait_for_fleet(f, key),
@@ -400,7 +400,7 @@ mod imp {
             }
         }
 
-        fn put(&self, key: &DiskKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
+        fn put(&self, key: &StoreKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
             let Some(publisher) = &self.publisher else {
                 return PutOutcome::Skipped;
             };
@@ -437,7 +437,7 @@ mod imp {
             }
         }
 
-        fn remove(&self, key: &DiskKey, what: Removal<'_>) -> bool {
+        fn remove(&self, key: &StoreKey, what: Removal<'_>) -> bool {
             let path = path_of(key);
             if let Removal::Refused { bytes, reason } = what {
                 // Only the exact bytes refused go: a replacement published meanwhile stays.

@@ -1,4 +1,5 @@
-//! The disk cache's key and the key record kept in every `<n>.src`.
+//! The key every store files a binary under, and the key record kept beside each entry (in the disk
+//! cache's `<n>.src`, in a remote object's envelope).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -17,7 +18,7 @@ pub const DIR_HEX_BYTES: usize = 8;
 /// digest, image digest and length, spec constant bytes, options. The label is informational (shown by
 /// `kpc cache ls`) and never compared.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiskKey {
+pub struct StoreKey {
     device: String,
     device_digest: Digest,
     image_digest: Digest,
@@ -43,7 +44,7 @@ fn dir_name(domain: &str, parts: &[&[u8]]) -> String {
     Digest(*h.finalize().as_bytes()).short_hex(DIR_HEX_BYTES)
 }
 
-impl DiskKey {
+impl StoreKey {
     /// The key of a binary built for the device described by `device` (name=value lines, e.g. a
     /// fingerprint's `describe()`) whose digest is `device_digest`, from an image of `image_len` bytes
     /// with digest `image_digest`, with specialization constants `spec` (canonical bytes) and build
@@ -55,7 +56,7 @@ impl DiskKey {
         image_len: u64,
         spec: &[u8],
         options: &str,
-    ) -> DiskKey {
+    ) -> StoreKey {
         let dirs = [
             dir_name("device", &[device.as_bytes(), &device_digest.0]),
             dir_name("image", &[&image_digest.0, &image_len.to_le_bytes()]),
@@ -70,7 +71,7 @@ impl DiskKey {
         put_part(&mut h, &image_len.to_le_bytes());
         put_part(&mut h, spec);
         put_part(&mut h, options.as_bytes());
-        DiskKey {
+        StoreKey {
             device: device.to_owned(),
             device_digest,
             image_digest,
@@ -84,7 +85,7 @@ impl DiskKey {
     }
 
     /// Sets the informational label (the image's name), shown by `kpc cache ls`; not part of the key.
-    pub fn with_label(mut self, label: &str) -> DiskKey {
+    pub fn with_label(mut self, label: &str) -> StoreKey {
         self.label = label.to_owned();
         self
     }
@@ -148,7 +149,7 @@ impl DiskKey {
             "spec": hex(&self.spec),
             "options": self.options,
             "label": self.label,
-            "build_ns": super::stats::nanos(build_time),
+            "build_ns": build_time.as_nanos().min(u64::MAX as u128) as u64,
             "bin_len": bin_len,
             "created_unix": created,
         });
@@ -204,7 +205,7 @@ impl KeyRecord {
     }
 
     /// Whether this record is exactly `key`: every compared value equal, not just the hashes.
-    pub fn matches(&self, key: &DiskKey) -> bool {
+    pub fn matches(&self, key: &StoreKey) -> bool {
         self.image_len == key.image_len
             && self.options == key.options
             && self.device == key.device
@@ -214,8 +215,8 @@ impl KeyRecord {
     }
 
     /// The key this record describes, if its values are well formed.
-    pub fn to_key(&self) -> Option<DiskKey> {
-        let key = DiskKey::new(
+    pub fn to_key(&self) -> Option<StoreKey> {
+        let key = StoreKey::new(
             &self.device,
             Digest(unhex(&self.device_digest)?.try_into().ok()?),
             Digest(unhex(&self.image_digest)?.try_into().ok()?),
