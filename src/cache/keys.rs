@@ -84,6 +84,8 @@ impl SpecValue {
         }
     }
     /// The value as C source text, for an OpenCL `-D NAME=value` definition.
+    // Only the backends and the warm start use it; the loom build has neither.
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn to_c_literal(self) -> String {
         match self {
             SpecValue::Bool(b) => (b as u32).to_string(),
@@ -147,6 +149,8 @@ impl SpecConstants {
     }
     /// The constants [`SpecConstants::canonical_bytes`] encoded, or `None` when `bytes` is not such an
     /// encoding (a length not a multiple of 13, an unknown type tag, ids out of order or repeated).
+    // Only the backends and the warm start use it; the loom build has neither.
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn from_canonical_bytes(bytes: &[u8]) -> Option<SpecConstants> {
         if bytes.len() % 13 != 0 {
             return None;
