@@ -3,7 +3,7 @@
 # HEAD with an empty target directory and empty driver caches (a new XDG_CACHE_HOME: Mesa's shader
 # cache, PoCL's kernel cache and kpc's own cache all start empty):
 #   1. scripts/main.sh, end to end, then its phases separately (apt via scripts/setup.sh, the release
-#      build with cargo's --timings, `kpc attention --check`);
+#      build with cargo's --timings, the library alone, `kpc attention --check`);
 #   2. scripts/test.sh, end to end, with each test binary's own time and the loom models'.
 # The crates.io download is included (cargo's registry cache is kept; a fresh machine also fetches
 # the crates, which here took seconds). Apt is timed as installed: run `scripts/fresh-timings.sh
@@ -50,6 +50,9 @@ for u in units[:5]:
     what = u['name'] + (' (' + u['target'].strip() + ')' if u.get('target', '').strip() else '')
     print(f"|     {what} | {u['duration']:.1f} |")
 EOF
+# What an embedder pays: the library alone with its default features, from an empty target directory.
+t=$(now); CARGO_TARGET_DIR="$work/lib-target" cargo build --release -p kpc > "$work/lib-build.log" 2>&1; row "  cargo build --release -p kpc (the library alone, default features, empty target)" "$(since "$t")"
+rm -rf "$work/lib-target"
 # main.sh's run filled the caches under XDG_CACHE_HOME; the first run is timed with empty ones again.
 export XDG_CACHE_HOME="$work/xdg-cache-2"; mkdir -p "$XDG_CACHE_HOME"
 t=$(now); target/release/kpc attention --check > "$work/attention.log" 2>&1; row "  kpc attention --check (first run, cold caches)" "$(since "$t")"
