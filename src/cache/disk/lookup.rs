@@ -21,6 +21,18 @@ use crate::cache::store::warn::WarnCause;
 /// lock to remove it.
 const DEFECT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// Locks `leaf` within [`DEFECT_LOCK_WAIT`], to remove a slot a reader found unusable: `Ok(None)` when
+/// another holder kept it the whole time, `NotFound` when the leaf is gone.
+fn lock_leaf_briefly(leaf: &Path) -> std::io::Result<Option<HeldLock>> {
+    let waited = lock::lock_leaf(leaf, DEFECT_LOCK_WAIT, || {
+        Err(std::io::ErrorKind::NotFound.into())
+    })?;
+    Ok(match waited {
+        Waited::Acquired { lock, .. } => Some(lock),
+        Waited::TimedOut => None,
+    })
+}
+
 /// A verified binary found on disk.
 #[derive(Debug)]
 pub struct DiskHit {
@@ -214,13 +226,9 @@ impl PersistentCache {
             &format_args!("the backend refused a verified binary ({reason})"),
         );
         i.trace(|| tracing::debug!(target: "kpc::cache::disk", path = %hit.bin_path().display(), %reason, "rejected"));
-        // A bounded wait, as for a defect: a leaf held for a moment (a put on another thread, a lock
-        // a forked child briefly shares) must not leave the refused binary to be found, refused and
-        // rebuilt again by every later lookup.
-        let locked = lock::lock_leaf(&hit.leaf, DEFECT_LOCK_WAIT, || {
-            Err(std::io::ErrorKind::NotFound.into())
-        });
-        if let Ok(lock::Waited::Acquired { lock: _l, .. }) = locked {
+        // A leaf held for a moment (a put on another thread, a lock a forked child briefly shares)
+        // must not leave the refused binary to be found, refused and rebuilt by every later lookup.
+        if let Ok(Some(_l)) = lock_leaf_briefly(&hit.leaf) {
             let same = fs::read(hit.bin_path()).ok().and_then(|b| {
                 entry::verify_bytes(&b, FileKind::Bin)
                     .ok()
@@ -404,13 +412,7 @@ impl Inner {
         // A short bounded wait, not a try: a writer or evictor holding the leaf for a moment (or the
         // leaf lock a put just released on another thread) must not make a defect this reader saw
         // go uncounted and unrepaired.
-        let waited = lock::lock_leaf(leaf, DEFECT_LOCK_WAIT, || {
-            Err(std::io::ErrorKind::NotFound.into())
-        });
-        match waited.map(|w| match w {
-            lock::Waited::Acquired { lock, .. } => Some(lock),
-            lock::Waited::TimedOut => None,
-        }) {
+        match lock_leaf_briefly(leaf) {
             Ok(Some(_l)) => {
                 if let SlotCheck::Defective(..) = check_slot(leaf, n) {
                     match self.remove_slot(leaf, n) {
