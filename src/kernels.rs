@@ -115,6 +115,13 @@ pub const SPIRV: &[ShippedSpirv] = &[
         cooperative_matrix: false,
     },
     ShippedSpirv {
+        name: "mha_gemm_coop",
+        source: "kernels/mha_gemm_coop.comp",
+        spirv: include_bytes!("../kernels/mha_gemm_coop.spv"),
+        glsl: include_str!("../kernels/mha_gemm_coop.comp"),
+        cooperative_matrix: true,
+    },
+    ShippedSpirv {
         name: "mha_gemv",
         source: "kernels/mha_gemv.comp",
         spirv: include_bytes!("../kernels/mha_gemv.spv"),

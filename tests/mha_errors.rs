@@ -86,6 +86,19 @@ fn bad_calls(ctx: &Context) {
         "{e}"
     );
 
+    // The cooperative-matrix projection asked for where it cannot run: no cooperative matrices
+    // on lavapipe or PoCL, and fp32 weights anywhere.
+    let coop = MhaParams {
+        projection: ProjectionKernel::Cooperative,
+        ..p
+    };
+    let e = MultiHeadAttention::new(ctx, &coop, &w.view()).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("cooperative-matrix projection")
+            && (m.contains("cooperative matrices") || m.contains("fp16 weights"))),
+        "{e}"
+    );
+
     let mut layer =
         MultiHeadAttention::new(ctx, &MhaParams { capacity: 6, ..p }, &w.view()).unwrap();
     let size = |e: Error| assert!(matches!(e, Error::Size { .. }), "{e}");

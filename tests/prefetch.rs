@@ -45,9 +45,13 @@ fn one_result_per_request_each_with_its_own_error() {
     let r = p.wait();
     assert_eq!(r.len(), 4);
     let x = r[0].as_ref().expect("a:x builds");
-    assert_eq!(
-        (x.value.fake().entry.as_str(), x.source),
-        ("x", Source::Built)
+    // `a:x` and `a:nope` share program `a`: whichever worker got there first built it, and the other
+    // waited on that build (Memory).
+    assert_eq!(x.value.fake().entry.as_str(), "x");
+    assert!(
+        matches!(x.source, Source::Built | Source::Memory),
+        "a:x came from {:?}",
+        x.source
     );
     match &r[1] {
         Err(Error::UnknownKernel {
@@ -91,12 +95,13 @@ fn single_flight_holds_under_prefetch_and_concurrent_callers() {
                         &BuildOptions::default(),
                     )
                     .unwrap();
-                Arc::as_ptr(&k.value) as usize
+                (Arc::as_ptr(&k.value) as usize, k.source)
             })
         })
         .collect();
     let results = p.wait();
-    let caller_ptrs: Vec<usize> = callers.into_iter().map(|c| c.join().unwrap()).collect();
+    let caller_results: Vec<(usize, Source)> =
+        callers.into_iter().map(|c| c.join().unwrap()).collect();
     assert_eq!(pm.fake().builds(), 1, "one program, built once");
     assert_eq!(
         pm.fake().kernels_created.load(Ordering::SeqCst),
@@ -112,16 +117,23 @@ fn single_flight_holds_under_prefetch_and_concurrent_callers() {
             .map(|k| Arc::as_ptr(&k.value) as usize)
             .unwrap()
     };
-    for (i, p) in caller_ptrs.iter().enumerate() {
+    for (i, (p, _)) in caller_results.iter().enumerate() {
         assert_eq!(*p, by_entry(&format!("e{}", i % 3)));
     }
+    // The program build is won by whichever request arrives first: a prefetch worker or one of
+    // the callers. Across both, exactly one request reports it.
+    let prefetch_built = results
+        .iter()
+        .filter(|r| r.as_ref().unwrap().source == Source::Built)
+        .count();
+    let callers_built = caller_results
+        .iter()
+        .filter(|(_, s)| *s == Source::Built)
+        .count();
     assert_eq!(
-        results
-            .iter()
-            .filter(|r| r.as_ref().unwrap().source == Source::Built)
-            .count(),
+        prefetch_built + callers_built,
         1,
-        "exactly one request reports the build"
+        "exactly one request reports the build (prefetch {prefetch_built}, callers {callers_built})"
     );
 }
 

@@ -98,6 +98,31 @@ fn copy_is_reflected_from_its_spirv() {
 /// SPIR-V 1.6 with cooperative matrices: its workgroup size comes from OpExecutionModeId
 /// (LocalSizeId) on specialization constants, and its matrix types must not stop reflection.
 #[test]
+fn coopmat_projection_has_the_tiled_projections_interface() {
+    // mha_gemm_coop stands in for mha_gemm where it fits: the host launches either with the same
+    // buffers and push constants, so their reflected interfaces must agree.
+    let coop = spirv_image("mha_gemm_coop").unwrap();
+    let m = coop.spirv_module().unwrap();
+    assert_eq!(m.version, (1, 6));
+    let c = m.entry("mha_gemm_coop", "mha_gemm_coop").unwrap();
+    let tiled = spirv_image("mha_gemm").unwrap();
+    let tm = tiled.spirv_module().unwrap();
+    let t = tm.entry("mha_gemm", "mha_gemm").unwrap();
+    assert_eq!(c.local_size[0].default, 256);
+    assert_eq!(c.push_constant_bytes, t.push_constant_bytes);
+    assert_eq!(c.push_constant_bytes, 36);
+    assert_eq!(c.bindings.len(), 6);
+    assert_eq!(c.bindings.len(), t.bindings.len());
+    for (a, b) in c.bindings.iter().zip(&t.bindings) {
+        assert_eq!(
+            (a.set, a.binding, a.read_only),
+            (b.set, b.binding, b.read_only)
+        );
+    }
+    assert!(c.bindings[..3].iter().all(|b| b.read_only) && !c.bindings[3].read_only);
+}
+
+#[test]
 fn coopmat_prefill_is_reflected_from_its_spirv() {
     let image = spirv_image("attn_prefill_coop").unwrap();
     let m = image.spirv_module().unwrap();

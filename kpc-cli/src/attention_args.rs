@@ -39,6 +39,11 @@ pub struct Args {
     /// projected once, after the self-attention layer at every step.
     #[arg(long)]
     pub(crate) cross: Option<usize>,
+    /// With `--layer mha`: the projection kernel (`auto`: the matrix-vector one for decode steps
+    /// where it fits, else the cooperative-matrix GEMM where the device and shape allow it, else
+    /// the tiled GEMM).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) projection: ProjectionArg,
     /// Backend; without it (and without --device) KPC_DEVICE decides.
     #[arg(long, value_enum)]
     pub(crate) backend: Option<BackendArg>,
@@ -144,6 +149,27 @@ pub(crate) enum PrefillArg {
     Generic,
     Tiled,
     Cooperative,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ProjectionArg {
+    Auto,
+    Tiled,
+    Matvec,
+    Cooperative,
+}
+
+impl ProjectionArg {
+    /// The layer's setting.
+    pub(crate) fn kernel(self) -> kpc::attention::ProjectionKernel {
+        use kpc::attention::ProjectionKernel as P;
+        match self {
+            ProjectionArg::Auto => P::Auto,
+            ProjectionArg::Tiled => P::Tiled,
+            ProjectionArg::Matvec => P::MatVec,
+            ProjectionArg::Cooperative => P::Cooperative,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

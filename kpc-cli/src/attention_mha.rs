@@ -128,6 +128,7 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
         capacity: prompt + steps,
         weight_dtype: plan.dtype,
         cache_dtype: plan.dtype,
+        projection: args.projection.kernel(),
         ..MhaParams::new(e, s.q_heads)
     };
     outln!(
@@ -169,11 +170,12 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
         _ => None,
     };
     outln!(
-        "kernels (steps project with {}):",
+        "kernels (prefill projects with {}, steps with {}):",
+        layer.prefill_projection(),
         if layer.uses_matvec() {
             "mha_gemv"
         } else {
-            "mha_gemm"
+            layer.prefill_projection()
         }
     );
     let mut seen = std::collections::HashSet::new();

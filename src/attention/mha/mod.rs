@@ -55,14 +55,18 @@ pub enum MhaKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ProjectionKernel {
     /// The matrix-vector kernel for decode steps where it fits (at most
-    /// [`MAX_GEMV_BATCH`] sequences, input widths a multiple of 16 bytes of weights), the tiled
-    /// GEMM otherwise.
+    /// [`MAX_GEMV_BATCH`] sequences, input widths a multiple of 16 bytes of weights); for the
+    /// rest the cooperative-matrix GEMM where it fits (see [`ProjectionKernel::Cooperative`]),
+    /// else the tiled GEMM.
     #[default]
     Auto,
     /// `mha_gemm` for everything.
     Tiled,
     /// `mha_gemv` for decode steps; an error at creation where it does not fit.
     MatVec,
+    /// `mha_gemm_coop` (the matrix units, VK_KHR_cooperative_matrix) for every projection but
+    /// decode steps' matrix-vector ones; an error at creation where it does not fit.
+    Cooperative,
 }
 
 /// The most sequences the matrix-vector projection serves in one launch.
@@ -353,6 +357,12 @@ impl MultiHeadAttention {
     /// Whether decode steps project with the matrix-vector kernel (`mha_gemv`).
     pub fn uses_matvec(&self) -> bool {
         self.proj.has_gemv()
+    }
+
+    /// The kernel that projects prefills (and [`MultiHeadAttention::set_memory`]): `mha_gemm_coop`
+    /// or `mha_gemm`.
+    pub fn prefill_projection(&self) -> &'static str {
+        self.proj.gemm_name()
     }
 
     /// The SDPA kernels underneath.

@@ -1,8 +1,10 @@
-//! The projection kernels: `mha_gemm` (tiled, any shape, head-split layouts) and `mha_gemv` (decode
-//! steps: matrix-vector, bound by reading the weights), chosen per layer and launched into up to three
-//! outputs (fused Q/K/V).
+//! The projection kernels: `mha_gemm` (tiled, any shape, head-split layouts), `mha_gemm_coop` (the
+//! same on the matrix units, fp16 weights) and `mha_gemv` (decode steps: matrix-vector, bound by
+//! reading the weights), chosen per layer and launched into up to three outputs (fused Q/K/V).
 
+use crate::backend::DeviceInfo;
 use crate::cache::{SpecConstants, SpecValue};
+use crate::config::BackendKind;
 use crate::error::{Error, Result};
 use crate::runtime::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
 
@@ -13,6 +15,8 @@ use super::{KvDtype, MAX_GEMV_BATCH, MhaParams, ProjectionKernel};
 const GEMM_TILE: usize = 64;
 /// Output columns per `mha_gemv` workgroup (its `ROWS`).
 const GEMV_ROWS: usize = 2;
+/// Output rows and columns per `mha_gemm_coop` workgroup.
+const COOP_TILE: usize = 128;
 
 /// Where a projection's outputs go: up to three buffers taking consecutive column ranges, the first
 /// scaled by `alpha0`.
@@ -39,8 +43,50 @@ impl<'a> Outputs<'a> {
 /// The layer's projection kernels.
 pub(super) struct Projector {
     gemm: Kernel,
+    /// `mha_gemm_coop`, which then takes every projection `gemm` would.
+    coop: Option<Kernel>,
     gemv: Option<Kernel>,
     head_dim: usize,
+}
+
+/// Why `mha_gemm_coop` cannot project `p`'s layer on `device`, if it cannot.
+fn coop_unfit(device: &DeviceInfo, p: &MhaParams) -> Option<String> {
+    let l = &device.limits;
+    if device.backend != BackendKind::Vulkan || !l.cooperative_matrix_f16 {
+        return Some(
+            "the device has no 16x16 fp16 cooperative matrices with fp32 accumulation \
+             (VK_KHR_cooperative_matrix)"
+                .into(),
+        );
+    }
+    if l.subgroup_size != Some(32) {
+        return Some(format!(
+            "it needs subgroups of 32; the device's are {:?}",
+            l.subgroup_size
+        ));
+    }
+    if l.max_workgroup_invocations < 256 {
+        return Some(format!(
+            "it needs workgroups of 256 invocations; the device allows {}",
+            l.max_workgroup_invocations
+        ));
+    }
+    if p.weight_dtype != KvDtype::F16 {
+        return Some("it needs fp16 weights".into());
+    }
+    // Each invocation stages 8 consecutive k of one row (16 bytes of W, 32 of A).
+    for (name, k) in [
+        ("qdim", p.qdim),
+        ("kdim", p.kdim),
+        ("vdim", p.vdim),
+        ("embed_dim", p.embed_dim),
+        ("head_dim", p.head_dim()),
+    ] {
+        if k % 8 != 0 {
+            return Some(format!("{name} {k} is not a multiple of 8"));
+        }
+    }
+    None
 }
 
 /// Why `mha_gemv` cannot project `p`'s decode steps, if it cannot.
@@ -71,7 +117,7 @@ impl Projector {
             super::super::shipped_kernel(ctx, "mha_gemm", &SpecConstants::new().with(0, f16))?;
         let want_gemv = match p.projection {
             ProjectionKernel::Tiled => false,
-            ProjectionKernel::Auto => gemv_unfit(p).is_none(),
+            ProjectionKernel::Auto | ProjectionKernel::Cooperative => gemv_unfit(p).is_none(),
             ProjectionKernel::MatVec => match gemv_unfit(p) {
                 None => true,
                 Some(why) => {
@@ -92,11 +138,41 @@ impl Projector {
         } else {
             None
         };
+        let want_coop = match p.projection {
+            ProjectionKernel::Tiled | ProjectionKernel::MatVec => false,
+            ProjectionKernel::Auto => coop_unfit(ctx.device(), p).is_none(),
+            ProjectionKernel::Cooperative => match coop_unfit(ctx.device(), p) {
+                None => true,
+                Some(why) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "the cooperative-matrix projection cannot run this layer: {why}"
+                    )));
+                }
+            },
+        };
+        let coop = if want_coop {
+            Some(super::super::shipped_kernel(
+                ctx,
+                "mha_gemm_coop",
+                &SpecConstants::new(),
+            )?)
+        } else {
+            None
+        };
         Ok(Projector {
             gemm,
+            coop,
             gemv,
             head_dim: p.head_dim(),
         })
+    }
+
+    pub(super) fn gemm_name(&self) -> &'static str {
+        if self.coop.is_some() {
+            "mha_gemm_coop"
+        } else {
+            "mha_gemm"
+        }
     }
 
     pub(super) fn has_gemv(&self) -> bool {
@@ -105,6 +181,7 @@ impl Projector {
 
     pub(super) fn kernels(&self) -> Vec<&Kernel> {
         std::iter::once(&self.gemm)
+            .chain(self.coop.as_ref())
             .chain(self.gemv.as_ref())
             .collect()
     }
@@ -148,7 +225,11 @@ impl Projector {
                 push_constants: push.as_bytes(),
             }]);
         }
-        let groups = [w.n.div_ceil(GEMM_TILE), rows.div_ceil(GEMM_TILE)];
+        let (kernel, tile) = match &self.coop {
+            Some(coop) => (coop, COOP_TILE),
+            None => (&self.gemm, GEMM_TILE),
+        };
+        let groups = [w.n.div_ceil(tile), rows.div_ceil(tile)];
         if groups[0] > max_groups[0] as usize || groups[1] > max_groups[1] as usize {
             return Err(Error::InvalidArgument(format!(
                 "a {rows} x {} projection needs {groups:?} workgroups; the device allows {:?}",
@@ -166,7 +247,7 @@ impl Projector {
             .u32(self.head_dim as u32)
             .f32(out.alpha0);
         ctx.queue().submit(&[LaunchDesc {
-            kernel: &self.gemm,
+            kernel,
             groups: [groups[0] as u32, groups[1] as u32, 1],
             buffers: &args,
             push_constants: push.as_bytes(),
