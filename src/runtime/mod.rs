@@ -42,6 +42,7 @@ pub mod prefetch;
 pub mod program_manager;
 #[cfg(not(loom))]
 pub mod queue;
+pub mod seal;
 pub mod source;
 #[cfg(not(loom))]
 pub mod spirv_cache;
@@ -70,6 +71,7 @@ pub use prefetch::{KernelRequest, Prefetch, prefetch_kernels};
 pub use program_manager::{Acquired, ProgramManager};
 #[cfg(not(loom))]
 pub use queue::{Event, LaunchDesc, PushConstants, Queue};
+pub use seal::SealStats;
 pub use source::Source;
 #[cfg(not(loom))]
 pub use spirv_cache::{SpirvStats, SpirvStep};

@@ -23,7 +23,7 @@ use super::{
     BuildLock, LockGuard, PutOutcome, ReadOnlyStore, Removal, Store, StoreHit, StoreKind,
     StoreStats, StoreWarnings, WarnCause,
 };
-use crate::cache::disk::{DiskCacheSettings, PersistentCache};
+use crate::cache::disk::{DiskCacheSettings, MissCause, MissExplanation, PersistentCache};
 use crate::cache::store::StoreKey;
 use crate::config::{Config, TraceFlags};
 
@@ -403,6 +403,23 @@ impl StoreChain {
                 &format_args!("could not serialize a built program ({reason})"),
             ),
         }
+    }
+
+    /// Why `key` missed, as the levels that can tell explain it (see [`Store::explain_miss`]): the
+    /// first explanation that names a near entry, else the first one, with the name and kind of the
+    /// level that gave it; `None` when no level explains misses. Changes nothing.
+    pub fn explain_miss(&self, key: &StoreKey) -> Option<(String, StoreKind, MissExplanation)> {
+        let mut first = None;
+        for l in &self.levels {
+            let Some(e) = l.store.explain_miss(key) else {
+                continue;
+            };
+            if e.cause != MissCause::NewKey {
+                return Some((l.name.clone(), l.kind, e));
+            }
+            first.get_or_insert((l.name.clone(), l.kind, e));
+        }
+        first
     }
 
     /// Per-level counters, in lookup order.

@@ -45,6 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::cache::disk::DiskStats;
+use crate::cache::disk::MissExplanation;
 use crate::cache::disk::entry::{self, Defect, FileKind, HEADER_LEN};
 use crate::cache::disk::stats::Warned;
 
@@ -460,6 +461,14 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Removes `key`'s entry (see [`Removal`]). Returns whether an entry went; a store that never
     /// changes (a read-only layer) returns false.
     fn remove(&self, key: &StoreKey, what: Removal<'_>) -> bool;
+
+    /// Why `key` is not (usably) here: the nearest entry this store holds and the key fields that
+    /// differ from it. Only stores that can tell cheaply answer (the disk cache and read-only layers
+    /// over it, which read a bounded number of key records); the default is `None`. Changes nothing.
+    fn explain_miss(&self, key: &StoreKey) -> Option<MissExplanation> {
+        let _ = key;
+        None
+    }
 
     /// Every entry, with its key record.
     ///
