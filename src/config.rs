@@ -601,10 +601,10 @@ pub use remote_url::RemoteUrl;
 mod parse;
 pub mod prefetch;
 pub mod seal;
-pub use seal::SealMode;
 pub(crate) use parse::parse_bool;
 use parse::{DIRS_ACCEPTED, TRACE_ACCEPTED, dir_problem, parse_trace};
 pub use parse::{parse_dir_list, parse_duration, parse_size};
+pub use seal::SealMode;
 
 #[cfg(test)]
 mod tests;

@@ -404,10 +404,12 @@ impl ProgramManager {
                     Ok(p)
                 }
                 // Evicted between the check and here: what any request for the key would do.
-                None => self.build_program(image, spec, options, Some(entry)).map(|(p, s)| {
-                    source.set(s);
-                    p
-                }),
+                None => self
+                    .build_program(image, spec, options, Some(entry))
+                    .map(|(p, s)| {
+                        source.set(s);
+                        p
+                    }),
             })?;
         let kernel_key = KernelKey::new(key, entry);
         let value = self.cache.get_or_build_kernel(&kernel_key, || {
