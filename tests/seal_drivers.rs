@@ -39,24 +39,39 @@ fn saxpy(ctx: &Context, bias: i32) -> kpc::Result<Kernel> {
 fn sealed_after_warm_start(d: &DeviceInfo) {
     let dir = TempDir::new("seal-drv");
     {
-        let ctx = Context::with_device(d, &config(dir.path(), SealMode::Off, Some("seal-drv"))).unwrap();
+        let ctx =
+            Context::with_device(d, &config(dir.path(), SealMode::Off, Some("seal-drv"))).unwrap();
         assert_eq!(saxpy(&ctx, 7).unwrap().source(), Source::Built);
         assert_eq!(ctx.seal_mode(), SealMode::Off);
     }
-    let ctx = Context::with_device(d, &config(dir.path(), SealMode::Error, Some("seal-drv"))).unwrap();
+    let ctx =
+        Context::with_device(d, &config(dir.path(), SealMode::Error, Some("seal-drv"))).unwrap();
     let report = ctx.wait_warm_start().unwrap();
     assert_eq!((report.listed, report.loaded), (1, 1), "{report:?}");
-    assert_eq!(ctx.seal_mode(), SealMode::Error, "sealed once the warm start ended");
+    assert_eq!(
+        ctx.seal_mode(),
+        SealMode::Error,
+        "sealed once the warm start ended"
+    );
     assert_eq!(saxpy(&ctx, 7).unwrap().source(), Source::Memory);
     let e = saxpy(&ctx, 9).unwrap_err();
     let Error::Sealed { kernel, why } = &e else {
         panic!("expected Error::Sealed, got {e:?}");
     };
-    assert!(kernel.starts_with("saxpy") && kernel.ends_with(":saxpy"), "{kernel}");
+    assert!(
+        kernel.starts_with("saxpy") && kernel.ends_with(":saxpy"),
+        "{kernel}"
+    );
     assert_eq!(why, "spec-changed: spec constant 1: 7 → 9");
     let s = ctx.stats();
-    assert_eq!((s.seal.mode, s.seal.builds, s.seal.refused), (SealMode::Error, 0, 1));
-    assert_eq!(s.backend_counters.programs_built, 0, "nothing built after sealing");
+    assert_eq!(
+        (s.seal.mode, s.seal.builds, s.seal.refused),
+        (SealMode::Error, 0, 1)
+    );
+    assert_eq!(
+        s.backend_counters.programs_built, 0,
+        "nothing built after sealing"
+    );
     // An explicit seal with the configured mode, then unsealed: it builds.
     assert_eq!(ctx.seal(), SealMode::Error);
     ctx.seal_with(SealMode::Off);

@@ -91,7 +91,7 @@ impl Seal {
         self.builds.fetch_add(1, Ordering::Relaxed);
         let ms = took.as_secs_f64() * 1e3;
         let outcome = if ok { "built" } else { "tried to build" };
-        tracing::warn!(target: "kpc::seal", kernel, ms, why,
+        tracing::warn!(target: "kpc::seal", kernel, ms,
             "sealed context {outcome} {kernel} in {ms:.1} ms: {why}");
     }
 
