@@ -90,7 +90,7 @@ mod walk;
 
 pub use entry::{Defect, FileKind};
 pub use evict::EvictReport;
-pub use explain::{FieldDiff, MissCause, MissExplanation};
+pub use explain::{FieldDiff, MissCause, MissExplanation, compare_keys};
 pub use inventory::{BadEntry, ClearReport, EntryInfo, VerifyReport};
 pub use lookup::{DiskHit, Lookup};
 pub use put::BuildGuard;
