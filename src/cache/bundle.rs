@@ -220,7 +220,11 @@ fn parse_index(path: &Path, raw: &[u8]) -> Result<(bool, Vec<IndexEntry>)> {
 
 /// The bundle at `path`, opened: the decompressing reader positioned at its first envelope, whether
 /// it says its entries are signed, and its index.
-type Opened = (zstd::Decoder<'static, io::BufReader<fs::File>>, bool, Vec<IndexEntry>);
+type Opened = (
+    zstd::Decoder<'static, io::BufReader<fs::File>>,
+    bool,
+    Vec<IndexEntry>,
+);
 
 fn open_bundle(path: &Path) -> Result<Opened> {
     let mut f =

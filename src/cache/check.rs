@@ -102,7 +102,9 @@ pub fn dir_entries(cache: &PersistentCache, target: Target<'_>) -> io::Result<Ve
     let mut out = Vec::new();
     for e in cache.entries()? {
         let key = e.record.as_ref().and_then(|r| r.to_key());
-        let label = key.as_ref().map_or_else(String::new, |k| k.label().to_owned());
+        let label = key
+            .as_ref()
+            .map_or_else(String::new, |k| k.label().to_owned());
         let problem = match &key {
             Some(k) if cache.get_read_only(k).is_none() => {
                 Some("its binary does not verify (corrupt or incomplete)".to_string())
@@ -141,9 +143,7 @@ pub fn coverage(entries: &[CheckedEntry], wanted: &[(String, StoreKey)]) -> Vec<
                 .find(|e| e.key.as_ref().is_some_and(|k| k.digest() == key.digest()));
             let why = match exact.map(|e| &e.usability) {
                 Some(Usability::Usable) => None,
-                Some(Usability::Damaged(p)) => {
-                    Some(format!("{}: {p}", MissCause::EntryUnusable))
-                }
+                Some(Usability::Damaged(p)) => Some(format!("{}: {p}", MissCause::EntryUnusable)),
                 _ => Some(nearest(entries, key)),
             };
             Covered {
@@ -158,8 +158,10 @@ pub fn coverage(entries: &[CheckedEntry], wanted: &[(String, StoreKey)]) -> Vec<
 /// The nearest entry to `key` (same image, else same image name; fewest differing fields, the same
 /// image first), explained; `new-key` when none shares the image or its name.
 fn nearest(entries: &[CheckedEntry], key: &StoreKey) -> String {
+    // An entry of another backend is never near: it could not serve this device whatever it holds.
     let best = entries
         .iter()
+        .filter(|e| !matches!(e.usability, Usability::OtherBackend(_)))
         .filter_map(|e| e.key.as_ref())
         .filter(|k| {
             (k.image_digest() == key.image_digest() && k.image_len() == key.image_len())
@@ -173,7 +175,7 @@ fn nearest(entries: &[CheckedEntry], key: &StoreKey) -> String {
             format!("{cause}: {}", text.join("; "))
         }
         None => format!(
-            "{}: no entry holds this image or one of its name",
+            "{}: no entry of this backend holds this image or one of its name",
             MissCause::NewKey
         ),
     }
@@ -247,7 +249,7 @@ mod tests {
         );
         assert_eq!(
             c[2].why.as_deref(),
-            Some("new-key: no entry holds this image or one of its name")
+            Some("new-key: no entry of this backend holds this image or one of its name")
         );
         assert_eq!(
             c[3].why.as_deref(),
