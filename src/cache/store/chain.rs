@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::idle::IdleWatch;
 use super::{
     BuildLock, LockGuard, PutOutcome, ReadOnlyStore, Removal, Store, StoreHit, StoreKind,
     StoreStats, StoreWarnings, WarnCause,
@@ -126,6 +127,19 @@ struct Level {
     kind: StoreKind,
     name: String,
     counters: LevelCounters,
+    /// Read-only layers and the remote: warned about once if they serve nothing (`idle.rs`).
+    idle: IdleWatch,
+}
+
+impl Level {
+    fn watch(&self, key: &StoreKey, hit: bool) {
+        if super::idle::watched(self.kind) {
+            let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            let totals = (l(&self.counters.hits), l(&self.counters.misses));
+            self.idle
+                .after_lookup(&self.name, &*self.store, key, hit, totals);
+        }
+    }
 }
 
 /// Stores looked up in order after the in-memory cache. Cheap to share behind the `ProgramManager`
@@ -228,6 +242,7 @@ impl StoreChain {
             name: store.name(),
             store,
             counters: LevelCounters::default(),
+            idle: IdleWatch::default(),
         });
         self
     }
@@ -286,6 +301,7 @@ impl StoreChain {
             match l.store.get(key, access) {
                 Some(hit) => {
                     bump(&l.counters.hits);
+                    l.watch(key, true);
                     self.trace(|| {
                         tracing::debug!(target: "kpc::cache::store", store = %l.name, key = %key.digest(),
                             bytes = hit.bytes().len(), read_only, "hit")
@@ -296,7 +312,10 @@ impl StoreChain {
                         hit,
                     });
                 }
-                None => bump(&l.counters.misses),
+                None => {
+                    bump(&l.counters.misses);
+                    l.watch(key, false);
+                }
             }
         }
         None
