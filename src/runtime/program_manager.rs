@@ -493,11 +493,22 @@ impl ProgramManager {
                     }
                 },
             };
+            // A binary that crashed a process loading it is refused like one the driver refused.
+            let record = match self.stores.begin_load(&key, hit.bytes()) {
+                Ok(r) => r,
+                Err(crashed) => {
+                    if !self.stores.reject(&key, &hit, &crashed) {
+                        skip.push(hit.level());
+                    }
+                    continue;
+                }
+            };
             // Out of resources is not a refusal of the binary: retried, then returned, never rejected.
             let loaded = self.retry_out_of_resources("binary load", || {
                 self.backend
                     .program_from_binary(image, spec, options, hit.bytes())
             });
+            drop(record);
             match loaded {
                 Err(e @ crate::Error::OutOfResources { .. }) => return Err(e),
                 Ok(p) => {
@@ -526,6 +537,8 @@ impl ProgramManager {
         // A refused or failed build drops the lock here, releasing it for a waiting process.
         let (program, took) = self.build_sealed(image, spec, options, seal()?, &kernel)?;
         match self.backend.program_binary(&program) {
+            // Bytes that crashed a load before are not stored again for anyone to load.
+            Ok(Some(bytes)) if self.stores.crashed_before(&key, &bytes) => {}
             Ok(Some(bytes)) => self.stores.put(&key, &bytes, took, lock),
             Ok(None) => {}
             Err(e) => self.stores.note_serialize_failure(&e),

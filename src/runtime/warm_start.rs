@@ -483,7 +483,13 @@ pub fn load_if_stored(manager: &ProgramManager, r: &KernelRequest) -> Result<Loa
     let Some(hit) = manager.stores().get(&key, &[]) else {
         return Ok(LoadOutcome::NotStored);
     };
+    // A binary that crashed a process loading it is left to the request's normal path, which
+    // removes it and builds; the warm start never builds.
+    let Ok(record) = manager.stores().begin_load(&key, hit.bytes()) else {
+        return Ok(LoadOutcome::NotStored);
+    };
     manager.kernel_from_binary(&r.image, &r.entry, &r.spec, &r.options, hit.bytes())?;
+    drop(record);
     manager.stores().backfill(&key, &hit);
     Ok(LoadOutcome::Loaded)
 }

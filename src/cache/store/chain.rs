@@ -24,7 +24,9 @@ use super::{
     BuildLock, LockGuard, PutOutcome, ReadOnlyStore, Removal, Store, StoreHit, StoreKind,
     StoreStats, StoreWarnings, WarnCause,
 };
-use crate::cache::disk::{DiskCacheSettings, MissCause, MissExplanation, PersistentCache};
+use crate::cache::disk::{
+    CrashedLoading, DiskCacheSettings, LoadRecord, MissCause, MissExplanation, PersistentCache,
+};
 use crate::cache::store::StoreKey;
 use crate::config::{Config, TraceFlags};
 
@@ -389,6 +391,29 @@ impl StoreChain {
             },
         );
         l.kind.writable()
+    }
+
+    /// Right before `bytes` (a hit for `key` from any level) go to the driver: refused when they
+    /// crashed a process that loaded them before, else the load is recorded in the local disk cache
+    /// until the record drops (see `src/cache/disk/loading.rs`). Without a local disk, nothing is
+    /// recorded.
+    pub(crate) fn begin_load(
+        &self,
+        key: &StoreKey,
+        bytes: &[u8],
+    ) -> Result<Option<LoadRecord>, CrashedLoading> {
+        match &self.local {
+            Some(d) => d.begin_load(key, bytes),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether `bytes` for `key` crashed a process that loaded them before (then a fresh build
+    /// that produced the same bytes is not stored, so no process loads them again).
+    pub(crate) fn crashed_before(&self, key: &StoreKey, bytes: &[u8]) -> bool {
+        self.local
+            .as_ref()
+            .is_some_and(|d| d.crashed_before(key, bytes).is_some())
     }
 
     /// Stores a fresh build in every writable level, in order, releasing each of `lock`'s locks as
