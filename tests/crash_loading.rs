@@ -12,20 +12,31 @@ use std::sync::Arc;
 
 use common::disk::{CHILD_ENV, TempDir, child, child_role};
 use common::fake_backend::{FakeBackend, image};
+use std::time::Duration;
+
+use common::redis::RedisServer;
 use kpc::Config;
 use kpc::cache::store::StoreKey;
 use kpc::cache::{BuildOptions, Digest, PersistentCache, SpecConstants};
+use kpc::config::{MacKey, RemoteUrl};
 use kpc::runtime::{ProgramManager, Source};
 
 const ROOT: &str = "KPC_TEST_ROOT";
 
-fn manager(root: &Path, crash_on: Option<&str>) -> ProgramManager {
+const REMOTE: &str = "KPC_TEST_REMOTE";
+const SECRET: &str = "crash-test-fleet-secret-0123456789";
+
+fn manager(root: &Path, crash_on: Option<&str>, remote: Option<&str>) -> ProgramManager {
     let be = FakeBackend::new();
     *be.abort_loading.lock() = crash_on.map(str::to_owned);
-    ProgramManager::new(
-        Arc::new(be),
-        &Config::builder().cache_dir(root).build().unwrap(),
-    )
+    let config = Config::builder()
+        .cache_dir(root)
+        .remote(remote.map(|u| RemoteUrl::parse(u).unwrap()))
+        .remote_timeout(Duration::from_secs(5))
+        .remote_key(remote.map(|_| MacKey::from_secret("KPC_CACHE_REMOTE_KEY", SECRET).unwrap()))
+        .build()
+        .unwrap();
+    ProgramManager::new(Arc::new(be), &config)
 }
 
 fn acquire(pm: &ProgramManager, name: &str) -> Source {
@@ -51,7 +62,8 @@ fn child_process() {
         .with_max_level(tracing::Level::WARN)
         .try_init();
     let crash = (role != "build" && role != "plain").then_some("boom.cl");
-    let pm = manager(&root, crash);
+    let remote = std::env::var(REMOTE).ok();
+    let pm = manager(&root, crash, remote.as_deref());
     let fine = acquire(&pm, "fine.cl");
     if role == "unrelated" {
         // Dies after its loads, for reasons of its own.
@@ -68,6 +80,15 @@ fn child_process() {
 fn run(root: &Path, role: &str) -> Output {
     child("child_process", role)
         .env(ROOT, root)
+        .env_remove(REMOTE)
+        .output()
+        .unwrap()
+}
+
+fn run_with_remote(root: &Path, role: &str, url: &str) -> Output {
+    child("child_process", role)
+        .env(ROOT, root)
+        .env(REMOTE, url)
         .output()
         .unwrap()
 }
@@ -224,4 +245,50 @@ fn a_live_loaders_record_is_not_a_crash_and_a_dead_ones_is() {
         "",
     );
     assert!(cache.begin_load(&other, b"binary").unwrap().is_some());
+}
+
+/// Two machines (two cache directories) sharing a real redis-server: the first crashes loading a
+/// binary it published, finds out in its next process and publishes a crashed-loading marker; when a
+/// third machine has published the same bytes again, a machine whose driver would crash on them too
+/// never loads them from the remote.
+#[test]
+fn a_crash_on_one_machine_keeps_every_machine_from_loading_that_binary() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let Some(redis) =
+        RedisServer::start("a_crash_on_one_machine_keeps_every_machine_from_loading_that_binary")
+    else {
+        return;
+    };
+    let url = redis.url();
+    let t = TempDir::new("crash-fleet");
+    let (a, b) = (t.join("machine-a"), t.join("machine-b"));
+    assert_eq!(
+        result(&run_with_remote(&a, "build", &url)),
+        "fine=built boom=built crashed_loads=0 crashed_refusals=0 rejected=0"
+    );
+    let crashed = run_with_remote(&a, "crash", &url);
+    assert!(!crashed.status.success(), "{crashed:?}");
+    assert_eq!(
+        result(&run_with_remote(&a, "after", &url)),
+        "fine=disk boom=built crashed_loads=1 crashed_refusals=1 rejected=1"
+    );
+    let markers = redis.keys("kpc-crashed/*");
+    assert_eq!(markers.len(), 1, "{markers:?}");
+    // Machine C, whose driver is fine with it, builds boom (A removed the remote copy it refused) and
+    // publishes the same bytes again.
+    assert_eq!(
+        result(&run_with_remote(&t.join("machine-c"), "build", &url)),
+        "fine=remote boom=built crashed_loads=0 crashed_refusals=0 rejected=0"
+    );
+    // Machine B: fine comes from the remote; boom's remote binary is marked, so it is built (had it
+    // been loaded, this process would have aborted).
+    let b_run = run_with_remote(&b, "after", &url);
+    assert_eq!(
+        result(&b_run),
+        "fine=remote boom=built crashed_loads=0 crashed_refusals=0 rejected=0"
+    );
+    let err = String::from_utf8_lossy(&b_run.stderr);
+    assert!(err.contains("crashed-loading marker kpc-crashed/"), "{err}");
 }

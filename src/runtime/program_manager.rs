@@ -494,7 +494,7 @@ impl ProgramManager {
                 },
             };
             // A binary that crashed a process loading it is refused like one the driver refused.
-            let record = match self.stores.begin_load(&key, hit.bytes()) {
+            let record = match self.stores.begin_load(&key, &hit) {
                 Ok(r) => r,
                 Err(crashed) => {
                     if !self.stores.reject(&key, &hit, &crashed) {

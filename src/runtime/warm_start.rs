@@ -485,7 +485,7 @@ pub fn load_if_stored(manager: &ProgramManager, r: &KernelRequest) -> Result<Loa
     };
     // A binary that crashed a process loading it is left to the request's normal path, which
     // removes it and builds; the warm start never builds.
-    let Ok(record) = manager.stores().begin_load(&key, hit.bytes()) else {
+    let Ok(record) = manager.stores().begin_load(&key, &hit) else {
         return Ok(LoadOutcome::NotStored);
     };
     manager.kernel_from_binary(&r.image, &r.entry, &r.spec, &r.options, hit.bytes())?;

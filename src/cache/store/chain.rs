@@ -397,15 +397,30 @@ impl StoreChain {
     /// crashed a process that loaded them before, else the load is recorded in the local disk cache
     /// until the record drops (see `src/cache/disk/loading.rs`). Without a local disk, nothing is
     /// recorded.
+    ///
+    /// A binary from a shared level that another machine marked as crashing is refused too; one this
+    /// machine found crashing is marked on every shared level that does not know yet.
     pub(crate) fn begin_load(
         &self,
         key: &StoreKey,
-        bytes: &[u8],
+        hit: &ChainHit,
     ) -> Result<Option<LoadRecord>, CrashedLoading> {
-        match &self.local {
-            Some(d) => d.begin_load(key, bytes),
-            None => Ok(None),
+        let bytes = hit.bytes();
+        if let Some(m) = self.levels[hit.level].store.crashed_marker(key, bytes) {
+            return Err(CrashedLoading { marker: m.into() });
         }
+        let Some(d) = &self.local else {
+            return Ok(None);
+        };
+        let r = d.begin_load(key, bytes);
+        if r.is_err() {
+            for l in self.levels.iter().filter(|l| l.kind == StoreKind::Remote) {
+                if l.store.crashed_marker(key, bytes).is_none() {
+                    l.store.note_crashed(key, bytes);
+                }
+            }
+        }
+        r
     }
 
     /// Whether `bytes` for `key` crashed a process that loaded them before (then a fresh build

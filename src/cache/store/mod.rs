@@ -463,6 +463,20 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// changes (a read-only layer) returns false.
     fn remove(&self, key: &StoreKey, what: Removal<'_>) -> bool;
 
+    /// Another machine found that `bytes`, stored for `key`, crashed a process that loaded them (a
+    /// crash marker it published, see `src/cache/disk/loading.rs`): `Some` with where the marker is,
+    /// and the caller refuses them. Only a shared store answers; the default is `None`.
+    fn crashed_marker(&self, key: &StoreKey, bytes: &[u8]) -> Option<String> {
+        let _ = (key, bytes);
+        None
+    }
+
+    /// `bytes`, stored for `key`, crashed a process that loaded them: a shared store publishes a
+    /// marker, so that no other machine loads them ([`Store::crashed_marker`]). Default: nothing.
+    fn note_crashed(&self, key: &StoreKey, bytes: &[u8]) {
+        let _ = (key, bytes);
+    }
+
     /// Why `key` is not (usably) here: the nearest entry this store holds and the key fields that
     /// differ from it. Only stores that can tell cheaply answer (the disk cache and read-only layers
     /// over it, which read a bounded number of key records); the default is `None`. Changes nothing.
