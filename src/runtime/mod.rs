@@ -38,6 +38,8 @@ pub mod kernel;
 mod lifecycle;
 mod out_of_resources;
 #[cfg(not(loom))]
+pub mod prebuild;
+#[cfg(not(loom))]
 pub mod prefetch;
 pub mod program_manager;
 #[cfg(not(loom))]
@@ -66,6 +68,8 @@ pub use interop::{
 };
 #[cfg(not(loom))]
 pub use kernel::Kernel;
+#[cfg(not(loom))]
+pub use prebuild::PrebuildReport;
 #[cfg(not(loom))]
 pub use prefetch::{KernelRequest, Prefetch, prefetch_kernels};
 pub use program_manager::{Acquired, ProgramManager};
