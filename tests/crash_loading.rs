@@ -9,14 +9,13 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::disk::{CHILD_ENV, TempDir, child, child_role};
 use common::fake_backend::{FakeBackend, image};
-use std::time::Duration;
-
 use common::redis::RedisServer;
 use kpc::Config;
-use kpc::cache::store::StoreKey;
+use kpc::cache::store::{StoreKey, auth, seal};
 use kpc::cache::{BuildOptions, Digest, PersistentCache, SpecConstants};
 use kpc::config::{MacKey, RemoteUrl};
 use kpc::runtime::{ProgramManager, Source};
@@ -291,4 +290,30 @@ fn a_crash_on_one_machine_keeps_every_machine_from_loading_that_binary() {
     );
     let err = String::from_utf8_lossy(&b_run.stderr);
     assert!(err.contains("crashed-loading marker kpc-crashed/"), "{err}");
+
+    // A marker is authenticated like an entry: one made without the fleet's key is not honored.
+    let name = &markers[0];
+    let pm = manager(&t.join("keys"), None, None);
+    let key = pm.disk_key(
+        &image("boom.cl", &["main"]),
+        &SpecConstants::new(),
+        &BuildOptions::default(),
+    );
+    let fleet = MacKey::from_secret("KPC_CACHE_REMOTE_KEY", SECRET).unwrap();
+    let genuine = auth::open(Some(&fleet), &key, &redis.get(name)).unwrap();
+    assert_eq!(genuine.bytes(), name.as_bytes(), "the marker names itself");
+    let other =
+        MacKey::from_secret("KPC_CACHE_REMOTE_KEY", "not the fleet's secret at all").unwrap();
+    redis.set(
+        name,
+        &auth::wrap(
+            Some(&other),
+            &key,
+            &seal(&key, name.as_bytes(), Duration::ZERO),
+        ),
+    );
+    assert_eq!(
+        result(&run_with_remote(&t.join("machine-d"), "plain", &url)),
+        "fine=remote boom=remote crashed_loads=0 crashed_refusals=0 rejected=0"
+    );
 }
