@@ -131,6 +131,7 @@ fn preflight(backend: &str) {
     let shipped_s = shipped.path().display().to_string();
     let o = check(home.path(), backend, &[&shipped_s, "--app", APP]);
     let t = text(&o);
+    println!("{t}");
     assert_eq!(o.status.code(), Some(1), "{t}");
     let field = format!("driver_version OLD-DRIVER → {current}");
     let entries: Vec<&str> = t
