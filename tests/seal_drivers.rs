@@ -138,3 +138,54 @@ fn opencl_sealed_warn_without_warm_start() {
         warn_without_warm_start(&d);
     }
 }
+
+const GLSL: &str = "#version 450
+layout(local_size_x = 8) in;
+layout(std430, binding = 0) buffer O { float o[]; };
+void main() { o[gl_GlobalInvocationID.x] = 1.0; }
+";
+
+/// A GLSL image's compile to SPIR-V is a build too: refused when sealed (`error`), and under `warn`
+/// logged on its own line before the pipeline build's.
+#[test]
+fn vulkan_sealed_glsl_compile_is_refused_then_warned() {
+    let Some(d) = vulkan_device("vulkan_sealed_glsl_compile_is_refused_then_warned") else {
+        return;
+    };
+    let dir = TempDir::new("seal-drv-glsl");
+    let ctx = Context::with_device(&d, &config(dir.path(), SealMode::Error, None)).unwrap();
+    let img = kpc::DeviceImage::glsl(kpc::backend::glsl::GlslSource::compute(
+        "sealed_glsl",
+        GLSL.to_string(),
+    ))
+    .unwrap();
+    let (spec, opts) = (SpecConstants::new(), BuildOptions::default());
+    let e = ctx.kernel(&img, "sealed_glsl", &spec, &opts).unwrap_err();
+    let Error::Sealed { kernel, why } = &e else {
+        panic!("expected Error::Sealed, got {e:?}");
+    };
+    assert_eq!(kernel, "sealed_glsl (GLSL compile)");
+    assert!(why.starts_with("new-key: "), "{why}");
+    assert_eq!(ctx.stats().spirv.compiles, 0, "nothing compiled");
+
+    ctx.seal_with(SealMode::Warn);
+    let (k, events) = capture(|| ctx.kernel(&img, "sealed_glsl", &spec, &opts).unwrap());
+    assert_eq!(k.source(), Source::Built);
+    let lines: Vec<&String> = events
+        .iter()
+        .filter(|e| e.target == "kpc::seal" && e.level == tracing::Level::WARN)
+        .filter_map(|e| e.fields.get("message"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0].starts_with("sealed context built sealed_glsl (GLSL compile) in "),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].starts_with("sealed context built sealed_glsl:sealed_glsl in "),
+        "{}",
+        lines[1]
+    );
+    assert_eq!(ctx.stats().seal.builds, 2);
+}

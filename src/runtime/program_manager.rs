@@ -202,7 +202,7 @@ impl ProgramManager {
             )));
         }
         self.spirv
-            .resolve(image, &self.stores, &self.config)
+            .resolve(image, &self.stores, &self.config, &self.seal)
             .map(Some)
     }
 

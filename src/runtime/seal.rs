@@ -6,7 +6,8 @@
 //! A context is sealed explicitly ([`crate::Context::seal`], C `kpc_context_seal`) or, with
 //! `KPC_CACHE_SEAL=warn|error`, when its warm start has finished (at creation when it has none: there
 //! is no warm-up then). Hits of every layer are unaffected: the check runs only on the path that is
-//! about to call the backend's build, so a hit pays nothing for it.
+//! about to call the backend's build (or the GLSL compiler, for a GLSL image whose SPIR-V no layer
+//! holds), so a hit pays nothing for it.
 //!
 //! The explanation is the stores' own ([`StoreChain::explain_miss`]: the nearest cached entry and the
 //! key fields that differ, e.g. `spec-changed: spec constant 3: 64 → 128`), computed only for a
