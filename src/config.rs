@@ -45,6 +45,8 @@ pub mod vars {
     pub const CACHE_REMOTE_TIMEOUT: &str = "KPC_CACHE_REMOTE_TIMEOUT";
     /// Shared secret: remote entries carry a keyed BLAKE3 MAC and are verified.
     pub const CACHE_REMOTE_KEY: &str = "KPC_CACHE_REMOTE_KEY";
+    /// Sealed mode: off, warn or error for a build after warm-up.
+    pub const CACHE_SEAL: &str = "KPC_CACHE_SEAL";
     /// Fallback cache root base (XDG base directory spec).
     pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
     /// Last-resort cache root base.
@@ -295,6 +297,8 @@ pub struct Config {
     pub remote_timeout: Duration,
     /// The fleet's MAC key (`KPC_CACHE_REMOTE_KEY`, default none: entries unauthenticated).
     pub remote_key: Option<MacKey>,
+    /// Sealed mode (`KPC_CACHE_SEAL`, default off): what a context does with a build once sealed.
+    pub seal: SealMode,
 }
 
 /// 1 GiB, the default disk limit and largest persisted image.
@@ -321,6 +325,7 @@ impl Default for Config {
             remote: None,
             remote_timeout: Duration::from_secs(2),
             remote_key: None,
+            seal: SealMode::Off,
         }
     }
 }
@@ -387,6 +392,9 @@ impl Config {
         }
         if let Some(v) = get(vars::CACHE_REMOTE_KEY)? {
             b = b.remote_key(MacKey::from_secret(vars::CACHE_REMOTE_KEY, &v)?);
+        }
+        if let Some(v) = get(vars::CACHE_SEAL)? {
+            b = b.seal(seal::parse_seal(&v)?);
         }
         // Paths are bytes on Unix, so the cache roots are the variables not required to be UTF-8.
         if let Some(v) = lookup(vars::CACHE_READONLY_DIRS) {
@@ -527,6 +535,11 @@ impl ConfigBuilder {
         self.config.remote_key = key.into();
         self
     }
+    /// Sets sealed mode ([`Config::seal`]).
+    pub fn seal(mut self, mode: SealMode) -> Self {
+        self.config.seal = mode;
+        self
+    }
     /// Checks cross-field invariants and returns the configuration.
     pub fn build(self) -> Result<Config, ConfigError> {
         let c = self.config;
@@ -587,9 +600,11 @@ pub use remote_url::RemoteUrl;
 
 mod parse;
 pub mod prefetch;
+pub mod seal;
 pub(crate) use parse::parse_bool;
 use parse::{DIRS_ACCEPTED, TRACE_ACCEPTED, dir_problem, parse_trace};
 pub use parse::{parse_dir_list, parse_duration, parse_size};
+pub use seal::SealMode;
 
 #[cfg(test)]
 mod tests;

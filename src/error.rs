@@ -208,6 +208,18 @@ pub enum Error {
         problem: String,
     },
 
+    /// A sealed context ([`crate::Context::seal`], `KPC_CACHE_SEAL=error`) was asked for a kernel no
+    /// layer could serve, so serving it would have meant a build; nothing was built. Not cached: once
+    /// a store holds the kernel (or the context is unsealed) the same request succeeds.
+    #[error("sealed: {kernel} is not cached and this context does not build after sealing ({why})")]
+    Sealed {
+        /// The kernel: `image:entry` (the image's name alone for a program acquired without one).
+        kernel: String,
+        /// Why no layer served it: the miss cause and the key fields that differ from the nearest
+        /// cached entry, e.g. `spec-changed: spec constant 3: 64 → 128`.
+        why: String,
+    },
+
     /// An operation of one backend asked of another backend's object (Vulkan handles of an OpenCL
     /// kernel, say).
     #[error("{operation} needs a {} kernel; this one is {}", api(expected), found.as_ref().map_or("from a backend outside kpc", api))]
@@ -250,7 +262,9 @@ impl BuildFailure for Error {
     fn is_cacheable(&self) -> bool {
         // Invalid SPIR-V is the caller's input to fix; caching it would pin a failure on an image
         // digest the issue says must leave no trace.
-        !matches!(self, Error::InvalidSpirv { .. })
+        // A sealed refusal depends on the stores and the seal, not the key: asked again once either
+        // changed, the request must look again.
+        !matches!(self, Error::InvalidSpirv { .. } | Error::Sealed { .. })
     }
 }
 

@@ -29,7 +29,7 @@ pub mod runtime;
 // `use kpc::prelude::*;` or these root names.
 pub use backend::{DeviceImage, ImageFormat};
 pub use cache::{BuildOptions, SpecConstants, SpecValue};
-pub use config::{BackendKind, Config, ConfigError};
+pub use config::{BackendKind, Config, ConfigError, SealMode};
 pub use error::{Error, Result};
 #[cfg(not(loom))]
 pub use runtime::Source;

@@ -241,6 +241,13 @@ typedef enum kpc_status {
    */
   KPC_STATUS_CANCELLED = 20,
   /**
+   * The context is sealed (`kpc_context_seal`, `KPC_CACHE_SEAL=error`) and the kernel asked for
+   * is in no cache layer, so serving it would have meant a build; nothing was built. The message
+   * names the kernel and why no layer served it (the key field that differs from the nearest
+   * cached entry). Not cached: the same call succeeds once a store holds the kernel.
+   */
+  KPC_STATUS_SEALED = 21,
+  /**
    * A panic inside kpc was caught at the boundary; the message is the panic's. kpc is still
    * usable, but the object the call was working on may not be.
    */
@@ -397,6 +404,29 @@ typedef enum kpc_cache_layout {
    */
   KPC_CACHE_LAYOUT_SDPA = 2,
 } kpc_cache_layout;
+
+/**
+ * What a sealed context does with a kernel request no cache layer can serve.
+ */
+typedef enum kpc_seal_mode {
+  /**
+   * `kpc_context_seal`: the mode the context's configuration names (`KPC_CACHE_SEAL`,
+   * `kpc_config_set_seal`), or `KPC_SEAL_ERROR` when that is off.
+   */
+  KPC_SEAL_CONFIGURED = 0,
+  /**
+   * Not sealed: builds happen as needed (`kpc_context_seal` with it unseals).
+   */
+  KPC_SEAL_OFF = 1,
+  /**
+   * Build, and log one warning line with the kernel, why no layer served it and the build time.
+   */
+  KPC_SEAL_WARN = 2,
+  /**
+   * Do not build: the request fails with `KPC_STATUS_SEALED`.
+   */
+  KPC_SEAL_ERROR = 3,
+} kpc_seal_mode;
 
 /**
  * A configuration (opaque). Create with `kpc_config_create` or `kpc_config_from_env`, destroy with
@@ -645,6 +675,24 @@ typedef struct kpc_backend_stats {
 } kpc_backend_stats;
 
 /**
+ * What sealing did for a context (`kpc_context_seal`, `KPC_CACHE_SEAL`).
+ */
+typedef struct kpc_seal_stats {
+  /**
+   * The seal in force: a `kpc_seal_mode` value, `KPC_SEAL_OFF` while not sealed.
+   */
+  uint64_t mode;
+  /**
+   * Builds that ran after sealing (`KPC_SEAL_WARN`), each logged with why no layer served it.
+   */
+  uint64_t builds;
+  /**
+   * Kernel requests refused after sealing (`KPC_SEAL_ERROR`) because they would have built.
+   */
+  uint64_t refused;
+} kpc_seal_stats;
+
+/**
  * A context's statistics. Versioned: set `struct_size = sizeof(kpc_stats)` before the call; kpc
  * fills as much as fits (a caller built against an older, smaller struct gets its fields) and sets
  * `struct_size` to the bytes it wrote.
@@ -670,6 +718,10 @@ typedef struct kpc_stats {
    * The backend.
    */
   struct kpc_backend_stats backend_counters;
+  /**
+   * Sealed mode. Last, so older callers' structs still fit.
+   */
+  struct kpc_seal_stats seal;
 } kpc_stats;
 
 /**
@@ -1263,6 +1315,19 @@ enum kpc_status kpc_config_set_warm_start(struct kpc_config *config, const char 
 enum kpc_status kpc_config_set_cache_debug(struct kpc_config *config, int32_t on);
 
 /**
+ * Sets sealed mode (`KPC_CACHE_SEAL`): `KPC_SEAL_OFF` (the default), `KPC_SEAL_WARN` or
+ * `KPC_SEAL_ERROR`. A context made with warn or error seals itself when its warm start has finished
+ * (at creation without warm start); see `kpc_context_seal`.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or a `mode` that is not one of those three.
+ *
+ * # Safety
+ * None beyond the handle's (which is checked).
+ */
+enum kpc_status kpc_config_set_seal(struct kpc_config *config,
+                                    uint32_t mode);
+
+/**
  * Creates a context on the device `selector` names (`KPC_DEVICE` syntax: `auto`, `vulkan:0`,
  * `vulkan:gpu`, `opencl:1`, `any:cpu`, ...), or, when `selector` is NULL, the one `config`'s device
  * selector names. kpc creates and owns the device (for a device the caller owns, see the interop
@@ -1333,6 +1398,25 @@ enum kpc_status kpc_context_device_name(const struct kpc_context *context,
                                         char *buffer,
                                         size_t capacity,
                                         size_t *size);
+
+/**
+ * Seals the context (or, with `KPC_SEAL_OFF`, unseals it): from now on a kernel request that no
+ * cache layer (memory, disk, read-only layer, remote, a cache blob) can serve is built and logged
+ * (`KPC_SEAL_WARN`) or refused with `KPC_STATUS_SEALED` (`KPC_SEAL_ERROR`); hits are unaffected.
+ * `KPC_SEAL_CONFIGURED` takes the configuration's mode (`KPC_CACHE_SEAL`), or `KPC_SEAL_ERROR` when
+ * that is off. With `KPC_CACHE_SEAL` set, a context seals itself when its warm start has finished
+ * (at creation without warm start); this seals it now. `*mode_out` (may be NULL) receives the
+ * mode put in force.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or a `mode` that is not a
+ * `kpc_seal_mode` value; nothing changes then.
+ *
+ * # Safety
+ * `mode_out` is NULL or writable.
+ */
+enum kpc_status kpc_context_seal(const struct kpc_context *context,
+                                 uint32_t mode,
+                                 uint32_t *mode_out);
 
 /**
  * Writes a snapshot of the context's counters (memory cache, disk cache, backend) to `*out`. Set

@@ -1,5 +1,5 @@
 //! The `kpc_config` setters for the stores below the local disk and the run-time modes: read-only
-//! layers, the remote tier and its key, warm start and cache debug. With `kpc.h`'s other
+//! layers, the remote tier and its key, warm start, cache debug and sealed mode. With `kpc.h`'s other
 //! setters, C reaches every setting the environment does (ENVIRONMENT.md).
 
 use std::ffi::{OsStr, c_char};
@@ -169,6 +169,25 @@ pub unsafe extern "C" fn kpc_config_set_cache_debug(
         let on = switch_arg(on, "on")?;
         with_config(config, |c| {
             c.cache_debug = on;
+            Ok(())
+        })
+    })
+}
+
+/// Sets sealed mode (`KPC_CACHE_SEAL`): `KPC_SEAL_OFF` (the default), `KPC_SEAL_WARN` or
+/// `KPC_SEAL_ERROR`. A context made with warn or error seals itself when its warm start has finished
+/// (at creation without warm start); see `kpc_context_seal`.
+///
+/// Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or a `mode` that is not one of those three.
+///
+/// # Safety
+/// None beyond the handle's (which is checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_config_set_seal(config: *mut kpc_config, mode: u32) -> kpc_status {
+    guard("kpc_config_set_seal", || {
+        let mode = super::context::seal_arg(mode, false)?.unwrap_or_default();
+        with_config(config, |c| {
+            c.seal = mode;
             Ok(())
         })
     })

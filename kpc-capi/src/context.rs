@@ -6,8 +6,8 @@ use std::ffi::c_char;
 use super::config::resolved;
 use super::registry::{self, Object};
 use super::util::{check_out, copy_out, opt_str_arg, write_out, write_versioned};
-use super::{guard, kpc_config, kpc_status};
-use kpc::config::{BackendKind, DeviceSelector};
+use super::{Failure, guard, kpc_config, kpc_status};
+use kpc::config::{BackendKind, DeviceSelector, SealMode};
 use kpc::runtime::Context;
 
 /// A context (opaque): one device, its in-memory kernel cache, and the disk cache its configuration
@@ -255,6 +255,97 @@ pub struct kpc_stats {
     pub disk: kpc_disk_stats,
     /// The backend.
     pub backend_counters: kpc_backend_stats,
+    /// Sealed mode. Last, so older callers' structs still fit.
+    pub seal: kpc_seal_stats,
+}
+
+/// What sealing did for a context (`kpc_context_seal`, `KPC_CACHE_SEAL`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct kpc_seal_stats {
+    /// The seal in force: a `kpc_seal_mode` value, `KPC_SEAL_OFF` while not sealed.
+    pub mode: u64,
+    /// Builds that ran after sealing (`KPC_SEAL_WARN`), each logged with why no layer served it.
+    pub builds: u64,
+    /// Kernel requests refused after sealing (`KPC_SEAL_ERROR`) because they would have built.
+    pub refused: u64,
+}
+
+/// What a sealed context does with a kernel request no cache layer can serve.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kpc_seal_mode {
+    /// `kpc_context_seal`: the mode the context's configuration names (`KPC_CACHE_SEAL`,
+    /// `kpc_config_set_seal`), or `KPC_SEAL_ERROR` when that is off.
+    KPC_SEAL_CONFIGURED = 0,
+    /// Not sealed: builds happen as needed (`kpc_context_seal` with it unseals).
+    KPC_SEAL_OFF = 1,
+    /// Build, and log one warning line with the kernel, why no layer served it and the build time.
+    KPC_SEAL_WARN = 2,
+    /// Do not build: the request fails with `KPC_STATUS_SEALED`.
+    KPC_SEAL_ERROR = 3,
+}
+
+pub(crate) fn c_seal(m: SealMode) -> kpc_seal_mode {
+    match m {
+        SealMode::Off => kpc_seal_mode::KPC_SEAL_OFF,
+        SealMode::Warn => kpc_seal_mode::KPC_SEAL_WARN,
+        SealMode::Error => kpc_seal_mode::KPC_SEAL_ERROR,
+    }
+}
+
+/// A `kpc_seal_mode` value from C (any integer): `None` for `KPC_SEAL_CONFIGURED`.
+pub(crate) fn seal_arg(mode: u32, configured_ok: bool) -> Result<Option<SealMode>, Failure> {
+    match mode {
+        0 if configured_ok => Ok(None),
+        1 => Ok(Some(SealMode::Off)),
+        2 => Ok(Some(SealMode::Warn)),
+        3 => Ok(Some(SealMode::Error)),
+        _ => Err(Failure::invalid(format!(
+            "mode is {mode}: expected {}KPC_SEAL_OFF (1), KPC_SEAL_WARN (2) or KPC_SEAL_ERROR (3)",
+            if configured_ok {
+                "KPC_SEAL_CONFIGURED (0), "
+            } else {
+                ""
+            }
+        ))),
+    }
+}
+
+/// Seals the context (or, with `KPC_SEAL_OFF`, unseals it): from now on a kernel request that no
+/// cache layer (memory, disk, read-only layer, remote, a cache blob) can serve is built and logged
+/// (`KPC_SEAL_WARN`) or refused with `KPC_STATUS_SEALED` (`KPC_SEAL_ERROR`); hits are unaffected.
+/// `KPC_SEAL_CONFIGURED` takes the configuration's mode (`KPC_CACHE_SEAL`), or `KPC_SEAL_ERROR` when
+/// that is off. With `KPC_CACHE_SEAL` set, a context seals itself when its warm start has finished
+/// (at creation without warm start); this seals it now. `*mode_out` (may be NULL) receives the
+/// mode put in force.
+///
+/// Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or a `mode` that is not a
+/// `kpc_seal_mode` value; nothing changes then.
+///
+/// # Safety
+/// `mode_out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_context_seal(
+    context: *const kpc_context,
+    mode: u32,
+    mode_out: *mut u32,
+) -> kpc_status {
+    guard("kpc_context_seal", || {
+        let ctx = registry::get::<Context>(context, "context")?;
+        let put = match seal_arg(mode, true)? {
+            None => ctx.seal(),
+            Some(m) => {
+                ctx.seal_with(m);
+                m
+            }
+        };
+        if !mode_out.is_null() {
+            // SAFETY: non-NULL, and writable by the caller's promise.
+            unsafe { write_out(mode_out, c_seal(put) as u32, "mode_out")? };
+        }
+        Ok(())
+    })
 }
 
 /// The C shape of [`Context::stats`]: its first four parts, field for field.
@@ -307,6 +398,11 @@ fn stats_of(ctx: &Context) -> kpc_stats {
             driver_cache_unknown: b.driver_cache_unknown,
             launches: b.launches,
             programs_loaded_recompiled: b.programs_loaded_recompiled,
+        },
+        seal: kpc_seal_stats {
+            mode: c_seal(s.seal.mode) as u64,
+            builds: s.seal.builds,
+            refused: s.seal.refused,
         },
     }
 }

@@ -106,6 +106,11 @@ pub enum kpc_status {
     KPC_STATUS_CALL_ORDER = 19,
     /// Work kpc had not begun when it was cancelled (a quiesced context's background work).
     KPC_STATUS_CANCELLED = 20,
+    /// The context is sealed (`kpc_context_seal`, `KPC_CACHE_SEAL=error`) and the kernel asked for
+    /// is in no cache layer, so serving it would have meant a build; nothing was built. The message
+    /// names the kernel and why no layer served it (the key field that differs from the nearest
+    /// cached entry). Not cached: the same call succeeds once a store holds the kernel.
+    KPC_STATUS_SEALED = 21,
     /// A panic inside kpc was caught at the boundary; the message is the panic's. kpc is still
     /// usable, but the object the call was working on may not be.
     KPC_STATUS_PANIC = 100,
@@ -152,6 +157,7 @@ pub(crate) fn status_of(e: &Error) -> kpc_status {
         Error::CorruptBlob { .. } | Error::Bundle { .. } => KPC_STATUS_CORRUPT_BLOB,
         Error::WrongBackend { .. } => KPC_STATUS_WRONG_BACKEND,
         Error::Cancelled(_) => KPC_STATUS_CANCELLED,
+        Error::Sealed { .. } => KPC_STATUS_SEALED,
         // A build that panicked on another thread: the same condition a caught panic reports.
         Error::Panicked(_) => KPC_STATUS_PANIC,
         _ => KPC_STATUS_BACKEND,
@@ -296,6 +302,7 @@ pub extern "C" fn kpc_status_name(status: i32) -> *const c_char {
         KPC_STATUS_GLSL_COMPILE,
         KPC_STATUS_CALL_ORDER,
         KPC_STATUS_CANCELLED,
+        KPC_STATUS_SEALED,
         KPC_STATUS_PANIC,
     ];
     let name: &'static [u8] = match all.iter().find(|s| **s as i32 == status) {
@@ -329,6 +336,7 @@ fn status_name(s: kpc_status) -> &'static [u8] {
         KPC_STATUS_GLSL_COMPILE => b"KPC_STATUS_GLSL_COMPILE\0",
         KPC_STATUS_CALL_ORDER => b"KPC_STATUS_CALL_ORDER\0",
         KPC_STATUS_CANCELLED => b"KPC_STATUS_CANCELLED\0",
+        KPC_STATUS_SEALED => b"KPC_STATUS_SEALED\0",
         KPC_STATUS_PANIC => b"KPC_STATUS_PANIC\0",
     }
 }
@@ -384,6 +392,26 @@ mod tests {
         // Interior NULs are shown, not cut.
         guard("kpc_x", || Err(Failure::invalid("a\0b")));
         assert_eq!(last(), "kpc_x: a\\0b");
+    }
+
+    #[test]
+    fn a_sealed_refusal_has_its_own_status_and_names_the_kernel() {
+        let s = guard("kpc_kernel_create", || {
+            Err(Error::Sealed {
+                kernel: "saxpy.spv:saxpy".into(),
+                why: "spec-changed: spec constant 1: 2 → 3".into(),
+            }
+            .into())
+        });
+        assert_eq!(s, kpc_status::KPC_STATUS_SEALED);
+        assert!(
+            last().contains("saxpy.spv:saxpy") && last().contains("spec constant 1: 2 → 3"),
+            "{}",
+            last()
+        );
+        // SAFETY: kpc_status_name returns a static NUL-terminated string.
+        let name = unsafe { CStr::from_ptr(kpc_status_name(21)) };
+        assert_eq!(name.to_str().unwrap(), "KPC_STATUS_SEALED");
     }
 
     #[test]

@@ -460,3 +460,56 @@ fn c_mha_layer_opencl() {
         mha_from_c("opencl", format!("opencl:{}", dev.index), test);
     }
 }
+
+/// Sealed mode from C on one backend: `populate` builds into the disk cache, `sealed` (run with
+/// `KPC_CACHE_SEAL=error`) gets that kernel from disk and `KPC_STATUS_SEALED` for another variant.
+fn seal_from_c(selector: String, kernel: &str, dir: &TempDir) -> [String; 2] {
+    let exe = compile("seal", &[], dir.path());
+    let cache = dir.join("cache");
+    let kernel = kernel_file(kernel);
+    let args = |mode| [mode, selector.as_str(), kernel.as_str()];
+    let first = run(&exe, &args("populate"), &[("KPC_CACHE_DIR", &cache)]);
+    let sealed = run(
+        &exe,
+        &args("sealed"),
+        &[
+            ("KPC_CACHE_DIR", &cache),
+            ("KPC_CACHE_SEAL", Path::new("error")),
+        ],
+    );
+    [first, sealed]
+}
+
+#[test]
+fn c_seal_vulkan() {
+    let test = "c_seal_vulkan";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
+    let Some(dev) = drivers::vulkan_device(test) else {
+        return;
+    };
+    let dir = TempDir::new("capi-seal-vk");
+    let [first, sealed] = seal_from_c(format!("vulkan:{}", dev.index), "saxpy.spv", &dir);
+    assert!(first.contains("populated: saxpy bias 2 built"), "{first}");
+    assert!(sealed.contains("ok KPC_STATUS_SEALED"), "{sealed}");
+    assert!(
+        sealed.contains("sealed: disk hit served, build refused then built under warn"),
+        "{sealed}"
+    );
+}
+
+#[test]
+fn c_seal_opencl() {
+    let test = "c_seal_opencl";
+    let Some(()) = cc_available("opencl", test) else {
+        return;
+    };
+    let Some(dev) = drivers::opencl_device(test) else {
+        return;
+    };
+    let dir = TempDir::new("capi-seal-cl");
+    let [first, sealed] = seal_from_c(format!("opencl:{}", dev.index), "saxpy.cl", &dir);
+    assert!(first.contains("populated: saxpy bias 2 built"), "{first}");
+    assert!(sealed.contains("ok KPC_STATUS_SEALED"), "{sealed}");
+}

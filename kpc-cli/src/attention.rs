@@ -48,9 +48,11 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         ));
     }
     let ctx = Context::with_device(&device, config)?;
+    crate::attention_report::seal_before_first_acquisition(&ctx);
     let mut report = Report::default();
     let result = workload(&mut report, args, &device, &ctx, shape, dtype, options);
     report.print(result.is_ok());
+    crate::attention_report::seal_summary(&ctx);
     let code = result?;
     for l in ctx.stats().stores {
         if l.kind == kpc::cache::StoreKind::Remote {

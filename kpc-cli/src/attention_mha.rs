@@ -119,6 +119,14 @@ impl StepTimes {
 /// Runs the MHA layers `args` and `plan` select on a new context.
 pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
     let ctx = Context::with_device(&plan.device, config)?;
+    crate::attention_report::seal_before_first_acquisition(&ctx);
+    let r = run_on(&ctx, args, plan);
+    crate::attention_report::seal_summary(&ctx);
+    r
+}
+
+fn run_on(ctx: &Context, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
+    let ctx = ctx.clone();
     let s = plan.shape;
     let (prompt, steps) = (args.prompt, args.steps);
     let e = s.q_heads * s.head_dim;

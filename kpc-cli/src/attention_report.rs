@@ -74,3 +74,35 @@ impl Report {
         }
     }
 }
+
+/// With `KPC_CACHE_SEAL` set: waits for the context's warm start, so that the seal is in force
+/// before the first acquisition (a kernel the manifest lacks is then reported or refused here too),
+/// and says so in one line.
+pub(crate) fn seal_before_first_acquisition(ctx: &kpc::Context) {
+    let mode = ctx.config().seal;
+    if mode == kpc::SealMode::Off {
+        return;
+    }
+    match ctx.wait_warm_start() {
+        Some(r) => outln!(
+            "sealed ({mode}) after warm start: {} of {} remembered kernels loaded in {:.1} ms",
+            r.loaded,
+            r.listed,
+            r.elapsed.as_secs_f64() * 1e3
+        ),
+        None => outln!("sealed ({mode}) from the start (no warm start: KPC_CACHE_PREFETCH is off)"),
+    }
+}
+
+/// What sealing did in this run, when the context was sealed at any point.
+pub(crate) fn seal_summary(ctx: &kpc::Context) {
+    let s = ctx.stats().seal;
+    if s.mode != kpc::SealMode::Off || s.builds + s.refused > 0 {
+        outln!(
+            "sealed ({}): {} builds after sealing, {} refused",
+            s.mode,
+            s.builds,
+            s.refused
+        );
+    }
+}

@@ -1,5 +1,5 @@
 //! `kpc cache path|stats|ls|verify|prune|clear` (`explain` lives in `cache_explain.rs`, `export` and
-//! `import` in `cache_bundle.rs`): inspect and maintain the on-disk cache.
+//! `import` in `cache_bundle.rs`, `check` in `cache_check.rs`, `prebuild` in `cache_prebuild.rs`): inspect and maintain the on-disk cache.
 //!
 //! The commands work on the configured cache directory even when `KPC_CACHE_PERSISTENT=0` (a disabled
 //! cache can still be inspected or cleared). Output is for people by default; `--json` prints one JSON
@@ -65,6 +65,14 @@ pub enum CacheCommand {
     /// Verify every entry of a bundle (and its MAC when KPC_CACHE_REMOTE_KEY is set) and publish
     /// those that pass to this cache; exit with status 1 if any entry was refused.
     Import(crate::cache_bundle::ImportArgs),
+    /// Preflight: whether this device can use each entry of a bundle or cache directory (the field
+    /// that differs when not) and, with --app, how many of the app's kernels it would serve; exit
+    /// with status 1 unless every requested kernel would be served.
+    Check(crate::cache_check::CheckArgs),
+    /// Build, in parallel, every kernel the app's warm-start manifests name (also those recorded
+    /// under an older driver) for the selected device, into every writable store (with a redis
+    /// remote, each kernel once per fleet); exit with status 1 if any failed.
+    Prebuild(crate::cache_prebuild::PrebuildArgs),
     /// Remove every entry and the quarantine directory.
     Clear {
         /// Machine-readable output.
@@ -158,6 +166,12 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
     if let CacheCommand::Ls { json, remote: true } = cmd {
         return crate::cache_remote::ls(config, json);
     }
+    if let CacheCommand::Check(args) = &cmd {
+        return crate::cache_check::run(config, args);
+    }
+    if let CacheCommand::Prebuild(args) = &cmd {
+        return crate::cache_prebuild::run(config, args);
+    }
     let Some(settings) = DiskCacheSettings::from_config_dir(config) else {
         eprintln!(
             "kpc: no cache directory: none of KPC_CACHE_DIR, XDG_CACHE_HOME (absolute) or HOME (absolute) is set"
@@ -176,6 +190,8 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
         CacheCommand::Explain(args) => crate::cache_explain::run(config, cache, &args),
         CacheCommand::Export(args) => crate::cache_bundle::export(config, &cache, &args),
         CacheCommand::Import(args) => crate::cache_bundle::import(config, &cache, &args),
+        CacheCommand::Check(args) => crate::cache_check::run(config, &args),
+        CacheCommand::Prebuild(args) => crate::cache_prebuild::run(config, &args),
         CacheCommand::Path => {
             outln!("{}", cache.root().display());
             Ok(ExitCode::SUCCESS)

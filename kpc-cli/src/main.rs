@@ -21,7 +21,9 @@ mod bench_launch;
 mod bench_start;
 mod cache;
 mod cache_bundle;
+mod cache_check;
 mod cache_explain;
+mod cache_prebuild;
 // `kpc cache ls --remote` and the remote in `kpc cache stats`.
 mod cache_remote;
 mod devices;

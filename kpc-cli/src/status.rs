@@ -108,6 +108,7 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
                 "on, application {a:?}"
             ))
     );
+    outln!("  KPC_CACHE_SEAL                      = {}", c.seal);
     outln!();
     match c.disk_cache_root() {
         None if !c.persistent => outln!("disk cache: off (KPC_CACHE_PERSISTENT=0)"),

@@ -22,7 +22,7 @@ use crate::cache::Digest;
 use crate::cache::disk::PersistentCache;
 use crate::cache::store::auth::{self, Refusal};
 use crate::cache::store::seal;
-use crate::cache::store::{PutOutcome, StoreKey};
+use crate::cache::store::{PutOutcome, StoreHit, StoreKey};
 use crate::config::MacKey;
 use crate::error::{Error, Result};
 
@@ -218,16 +218,15 @@ fn parse_index(path: &Path, raw: &[u8]) -> Result<(bool, Vec<IndexEntry>)> {
     Ok((signed, out))
 }
 
-/// Reads the bundle at `path` and publishes each entry that verifies into `cache`.
-///
-/// Each entry is authenticated with `mac` when given (an entry without a MAC, or with a wrong one, is
-/// refused), then verified (checksums, the full key it claims, the binary bound to it) before the
-/// cache's ordinary put; nothing unverified is written. Entries are judged one by one: a refused entry
-/// does not stop the others.
-///
-/// Errors: `path` cannot be read ([`Error::Io`]), or it is not a kpc bundle of a known format, or its
-/// compressed data or index is damaged so that no entry can be located ([`Error::Bundle`]).
-pub fn import(cache: &PersistentCache, mac: Option<&MacKey>, path: &Path) -> Result<ImportReport> {
+/// The bundle at `path`, opened: the decompressing reader positioned at its first envelope, whether
+/// it says its entries are signed, and its index.
+type Opened = (
+    zstd::Decoder<'static, io::BufReader<fs::File>>,
+    bool,
+    Vec<IndexEntry>,
+);
+
+fn open_bundle(path: &Path) -> Result<Opened> {
     let mut f =
         fs::File::open(path).map_err(|e| Error::Io(format!("opening {}: {e}", path.display())))?;
     let mut head = [0u8; 8];
@@ -257,6 +256,62 @@ pub fn import(cache: &PersistentCache, mac: Option<&MacKey>, path: &Path) -> Res
     let mut index = vec![0u8; index_len as usize];
     z.read_exact(&mut index).map_err(damaged)?;
     let (signed, entries) = parse_index(path, &index)?;
+    Ok((z, signed, entries))
+}
+
+/// One entry of a bundle as [`read_entries`] found it.
+#[derive(Debug, Clone)]
+pub struct BundleEntry {
+    /// Its label (the kernel image's name) as the bundle claims it.
+    pub label: String,
+    /// The key its record claims, when the record parses (also for an entry that failed to verify).
+    pub key: Option<StoreKey>,
+    /// Why it did not verify (damaged, not authentic, truncated); `None` when it did.
+    pub problem: Option<String>,
+}
+
+/// Reads the bundle at `path` and verifies every entry as [`import`] would (its MAC with `mac`, its
+/// checksums and full key), without storing anything: what `kpc cache check` judges. Returns whether
+/// the bundle says its entries are signed, and each entry.
+///
+/// Errors: as [`import`]'s.
+pub fn read_entries(mac: Option<&MacKey>, path: &Path) -> Result<(bool, Vec<BundleEntry>)> {
+    let (mut z, signed, entries) = open_bundle(path)?;
+    let damaged = |e: io::Error| bad(path, format!("its compressed data is damaged ({e})"));
+    let mut out = Vec::with_capacity(entries.len());
+    for e in &entries {
+        let mut envelope = Vec::new();
+        let got = (&mut z)
+            .take(e.len)
+            .read_to_end(&mut envelope)
+            .map_err(damaged)?;
+        let key = auth::claimed_record(&envelope).and_then(|r| r.to_key());
+        let problem = if (got as u64) < e.len {
+            Some("the bundle ends before this entry does (truncated file)".to_string())
+        } else {
+            verify(mac, &envelope, &e.key_digest).err()
+        };
+        out.push(BundleEntry {
+            label: e.label.clone(),
+            key,
+            problem,
+        });
+    }
+    Ok((signed, out))
+}
+
+/// Reads the bundle at `path` and publishes each entry that verifies into `cache`.
+///
+/// Each entry is authenticated with `mac` when given (an entry without a MAC, or with a wrong one, is
+/// refused), then verified (checksums, the full key it claims, the binary bound to it) before the
+/// cache's ordinary put; nothing unverified is written. Entries are judged one by one: a refused entry
+/// does not stop the others.
+///
+/// Errors: `path` cannot be read ([`Error::Io`]), or it is not a kpc bundle of a known format, or its
+/// compressed data or index is damaged so that no entry can be located ([`Error::Bundle`]).
+pub fn import(cache: &PersistentCache, mac: Option<&MacKey>, path: &Path) -> Result<ImportReport> {
+    let (mut z, signed, entries) = open_bundle(path)?;
+    let damaged = |e: io::Error| bad(path, format!("its compressed data is damaged ({e})"));
     let mut report = ImportReport {
         total: entries.len(),
         signed,
@@ -300,13 +355,12 @@ pub fn import(cache: &PersistentCache, mac: Option<&MacKey>, path: &Path) -> Res
     Ok(report)
 }
 
-/// Verifies one envelope and puts it; `Err` is why it was refused.
-fn take(
-    cache: &PersistentCache,
+/// Verifies one envelope: its key and the verified entry, or why it was refused.
+fn verify(
     mac: Option<&MacKey>,
     envelope: &[u8],
     claimed_digest: &str,
-) -> std::result::Result<PutOutcome, String> {
+) -> std::result::Result<(StoreKey, StoreHit), String> {
     let record = auth::claimed_record(envelope)
         .ok_or_else(|| "its key record is missing or damaged".to_string())?;
     let key: StoreKey = record
@@ -316,6 +370,17 @@ fn take(
         return Err("the index names another key for it".into());
     }
     let hit = auth::open(mac, &key, envelope).map_err(|r: Refusal| r.to_string())?;
+    Ok((key, hit))
+}
+
+/// Verifies one envelope and puts it; `Err` is why it was refused.
+fn take(
+    cache: &PersistentCache,
+    mac: Option<&MacKey>,
+    envelope: &[u8],
+    claimed_digest: &str,
+) -> std::result::Result<PutOutcome, String> {
+    let (key, hit) = verify(mac, envelope, claimed_digest)?;
     // The put itself answers AlreadyPresent for a key the cache holds a valid entry of.
     Ok(cache.put(&key, hit.bytes(), hit.build_time()))
 }

@@ -136,7 +136,7 @@ impl SpecConstants {
         self.0.is_empty()
     }
     /// A canonical, stable byte encoding (for disk keys): per constant, id, type tag and value.
-    pub(crate) fn canonical_bytes(&self) -> Vec<u8> {
+    pub fn canonical_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.0.len() * 13);
         for (id, v) in &self.0 {
             out.extend_from_slice(&id.to_le_bytes());

@@ -8,6 +8,7 @@
 
 pub mod build_result;
 pub mod bundle;
+pub mod check;
 pub mod counters;
 pub mod disk;
 pub mod front;

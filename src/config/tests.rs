@@ -112,6 +112,7 @@ fn every_malformed_variable_is_named_in_its_error() {
         ("KPC_CACHE_DEBUG", "verbose"),
         ("KPC_DEVICE", "cuda:0"),
         ("KPC_DEVICE", "vulkan:fast"),
+        ("KPC_CACHE_SEAL", "strict"),
     ] {
         let e = Config::from_lookup(env(&[(var, bad)])).unwrap_err();
         let msg = e.to_string();

@@ -12,6 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::cache::store::{ChainHit, StoreKey};
+use crate::error::Result;
+
 /// Most differing programs kept for the report; the counters count them all.
 pub const MAX_DEBUG_DIFFS: usize = 64;
 
@@ -138,6 +141,35 @@ impl DebugCounters {
             DebugOutcome::NoFreshBinary => &self.no_fresh_binary,
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Debug mode's comparison of a fresh build of `image` (its binary `fresh`) with what the stores
+    /// held for `key` (`cached`, looked up without changing any store), recorded and, with `trace`,
+    /// traced. Debug mode writes nothing to any store (no put, backfill, lock or repair).
+    pub fn compare(
+        &self,
+        image: &str,
+        key: &StoreKey,
+        cached: Option<&ChainHit>,
+        fresh: Result<Option<Vec<u8>>>,
+        trace: bool,
+    ) {
+        let outcome = match (cached, fresh) {
+            (None, _) => DebugOutcome::Missing,
+            (Some(hit), Ok(Some(fresh))) if fresh == hit.bytes() => {
+                DebugOutcome::Equal { len: fresh.len() }
+            }
+            (Some(hit), Ok(Some(fresh))) => DebugOutcome::Different {
+                cached: hit.bytes().len(),
+                fresh: fresh.len(),
+            },
+            (Some(_), Ok(None) | Err(_)) => DebugOutcome::NoFreshBinary,
+        };
+        self.record(image, &outcome);
+        if trace {
+            tracing::debug!(target: "kpc::cache::debug", image, key = %key.digest(),
+                cached = cached.is_some(), "{outcome}");
+        }
     }
 
     pub fn snapshot(&self) -> CacheDebugStats {

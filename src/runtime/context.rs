@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::backend::dynamic::DynComputeBackend;
 use crate::backend::{ComputeBackend, DeviceImage, DeviceInfo, KernelObject, Pod};
 use crate::cache::{BuildOptions, SpecConstants, StoreChain};
-use crate::config::{BackendKind, Config};
+use crate::config::{BackendKind, Config, SealMode};
 use crate::error::{Error, Result};
 
 use super::buffer::{Buffer, RawBuffer};
@@ -135,16 +135,29 @@ impl Context {
             warm: warm.clone(),
             background: Background::default(),
         });
+        let seal = config.seal;
         if let Some(w) = &warm {
             // Weak: the loader must not keep a context alive that its owner dropped. A load holds
             // the context while it runs; the owner's last drop stops the loader and waits for the
             // loads running then (Life), so none outlives that drop.
             let ctx = Arc::downgrade(&inner);
-            w.start(move |r| {
-                ctx.upgrade().map_or(Ok(LoadOutcome::Cancelled), |c| {
-                    super::warm_start::load_if_stored(&c.programs, r)
-                })
-            });
+            let sealer = ctx.clone();
+            w.start_then(
+                move |r| {
+                    ctx.upgrade().map_or(Ok(LoadOutcome::Cancelled), |c| {
+                        super::warm_start::load_if_stored(&c.programs, r)
+                    })
+                },
+                // KPC_CACHE_SEAL: sealed once the warm-up is over.
+                move || {
+                    if let Some(c) = sealer.upgrade().filter(|_| seal != SealMode::Off) {
+                        c.programs.seal(seal);
+                    }
+                },
+            );
+        } else {
+            // No warm start, no warm-up: sealed from the start (hits of every store still serve).
+            inner.programs.seal(seal);
         }
         Context {
             _life: Some(Arc::new(Life { warm })),
@@ -292,6 +305,31 @@ impl Context {
     /// error; dropping the handle cancels the requests not yet begun and waits for the running ones.
     pub fn prefetch(&self, requests: impl IntoIterator<Item = KernelRequest>) -> Prefetch<Kernel> {
         self.prefetch_impl(requests.into_iter().collect())
+    }
+
+    /// Seals the context: from now on an acquisition that no layer (memory, disk, read-only layer,
+    /// remote, an embedder's store, a blob) can serve is reported and built (`warn`), or refused
+    /// with [`Error::Sealed`] without building (`error`), as `KPC_CACHE_SEAL` ([`Config::seal`])
+    /// says; with that off, an explicit seal fails closed (`error`). Returns the mode put in force.
+    /// With `KPC_CACHE_SEAL` set, a context seals itself when its warm start has finished (see
+    /// `src/runtime/seal.rs`); this seals it now.
+    pub fn seal(&self) -> SealMode {
+        let mode = match self.config().seal {
+            SealMode::Off => SealMode::Error,
+            m => m,
+        };
+        self.seal_with(mode);
+        mode
+    }
+
+    /// Puts `mode` in force now, whatever the configuration says; [`SealMode::Off`] unseals.
+    pub fn seal_with(&self, mode: SealMode) {
+        self.inner.programs.seal(mode);
+    }
+
+    /// The seal in force ([`SealMode::Off`] while not sealed).
+    pub fn seal_mode(&self) -> SealMode {
+        self.inner.programs.seal_stats().mode
     }
 
     /// Blocks until the warm start begun at creation (`KPC_CACHE_PREFETCH`, [`Config::warm_start`])

@@ -38,10 +38,13 @@ pub mod kernel;
 mod lifecycle;
 mod out_of_resources;
 #[cfg(not(loom))]
+pub mod prebuild;
+#[cfg(not(loom))]
 pub mod prefetch;
 pub mod program_manager;
 #[cfg(not(loom))]
 pub mod queue;
+pub mod seal;
 pub mod source;
 #[cfg(not(loom))]
 pub mod spirv_cache;
@@ -66,10 +69,13 @@ pub use interop::{
 #[cfg(not(loom))]
 pub use kernel::Kernel;
 #[cfg(not(loom))]
+pub use prebuild::PrebuildReport;
+#[cfg(not(loom))]
 pub use prefetch::{KernelRequest, Prefetch, prefetch_kernels};
 pub use program_manager::{Acquired, ProgramManager};
 #[cfg(not(loom))]
 pub use queue::{Event, LaunchDesc, PushConstants, Queue};
+pub use seal::SealStats;
 pub use source::Source;
 #[cfg(not(loom))]
 pub use spirv_cache::{SpirvStats, SpirvStep};

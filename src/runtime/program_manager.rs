@@ -8,7 +8,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::cache_debug::{CacheDebugStats, DebugCounters, DebugOutcome};
+use super::cache_debug::{CacheDebugStats, DebugCounters};
+use super::seal::{Seal, SealStats, kernel_name};
 pub use super::source::Source;
 #[cfg(not(loom))]
 use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
@@ -20,7 +21,7 @@ use crate::cache::{
     BuildOptions, CacheStats, Digest, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
     MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain, StoreKey,
 };
-use crate::config::{BackendKind, Config, TraceFlags};
+use crate::config::{BackendKind, Config, SealMode, TraceFlags};
 use crate::error::{Error, Result};
 
 impl fmt::Display for Source {
@@ -69,6 +70,8 @@ pub struct ProgramManager {
     device_description: String,
     /// Cache debug mode's comparisons (`KPC_CACHE_DEBUG`).
     debug: DebugCounters,
+    /// Sealed mode: what a build after sealing does (`seal.rs`).
+    seal: Seal,
     /// GLSL images' SPIR-V, in front of the program cache.
     #[cfg(not(loom))]
     spirv: SpirvCache,
@@ -136,6 +139,7 @@ impl ProgramManager {
             stores,
             device_description,
             debug: DebugCounters::default(),
+            seal: Seal::default(),
             #[cfg(not(loom))]
             spirv: SpirvCache::default(),
         }
@@ -198,7 +202,7 @@ impl ProgramManager {
             )));
         }
         self.spirv
-            .resolve(image, &self.stores, &self.config)
+            .resolve(image, &self.stores, &self.config, &self.seal)
             .map(Some)
     }
 
@@ -251,11 +255,23 @@ impl ProgramManager {
         spec: &SpecConstants,
         options: &BuildOptions,
     ) -> Result<Acquired<DynProgram>> {
+        self.program_for(image, spec, options, None)
+    }
+
+    /// [`ProgramManager::program`], for the kernel `entry` when one is known (named if sealed mode
+    /// reports or refuses its build).
+    fn program_for(
+        &self,
+        image: &DeviceImage,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+        entry: Option<&str>,
+    ) -> Result<Acquired<DynProgram>> {
         let start = Instant::now();
         let source = Cell::new(Source::Memory);
         let key = self.program_key(image, spec, options);
         let value = self.cache.get_or_build_program(&key, || {
-            let (p, s) = self.build_program(image, spec, options)?;
+            let (p, s) = self.build_program(image, spec, options, entry)?;
             source.set(s);
             Ok(p)
         })?;
@@ -293,7 +309,7 @@ impl ProgramManager {
         let source = Cell::new(Source::Memory);
         let key = KernelKey::new(self.program_key(image, spec, options), entry);
         let value = self.cache.get_or_build_kernel(&key, || {
-            let p = self.program(image, spec, options)?;
+            let p = self.program_for(image, spec, options, Some(entry))?;
             source.set(p.source);
             self.retry_out_of_resources("kernel creation", || {
                 self.backend.create_kernel(&p.value, entry)
@@ -388,10 +404,12 @@ impl ProgramManager {
                     Ok(p)
                 }
                 // Evicted between the check and here: what any request for the key would do.
-                None => self.build_program(image, spec, options).map(|(p, s)| {
-                    source.set(s);
-                    p
-                }),
+                None => self
+                    .build_program(image, spec, options, Some(entry))
+                    .map(|(p, s)| {
+                        source.set(s);
+                        p
+                    }),
             })?;
         let kernel_key = KernelKey::new(key, entry);
         let value = self.cache.get_or_build_kernel(&kernel_key, || {
@@ -421,19 +439,45 @@ impl ProgramManager {
         self.debug.snapshot()
     }
 
+    /// Seals this manager: from now on a build is reported (`warn`) or refused (`error`) as
+    /// `mode` says; [`SealMode::Off`] unseals. See `src/runtime/seal.rs`.
+    pub fn seal(&self, mode: SealMode) {
+        self.seal.set(mode);
+    }
+
+    /// What sealing did so far, and the mode in force.
+    pub fn seal_stats(&self) -> SealStats {
+        self.seal.stats()
+    }
+
     /// A memory miss: a persisted binary if a store has a usable one, else a build (stored afterwards).
     fn build_program(
         &self,
         image: &DeviceImage,
         spec: &SpecConstants,
         options: &BuildOptions,
+        entry: Option<&str>,
     ) -> Result<(DynProgram, Source)> {
-        if self.stores.is_empty() {
-            return Ok((self.build_fresh(image, spec, options)?.0, Source::Built));
-        }
         let key = self.disk_key(image, spec, options);
+        let kernel = kernel_name(image.name(), entry);
+        let seal = || {
+            self.seal
+                .before_build(&kernel, || super::seal::explain(&self.stores, &key))
+        };
+        if self.stores.is_empty() {
+            let (p, _) = self.build_sealed(image, spec, options, seal()?, &kernel)?;
+            return Ok((p, Source::Built));
+        }
         if self.config.cache_debug {
-            return self.build_debug(image, spec, options, &key);
+            // Debug mode builds every program by design; only a genuine miss is a sealed build.
+            let cached = self.stores.peek(&key);
+            let sealed = if cached.is_none() { seal()? } else { None };
+            let (program, _) = self.build_sealed(image, spec, options, sealed, &kernel)?;
+            let fresh = self.backend.program_binary(&program);
+            let trace = self.config.trace.contains(TraceFlags::DISK);
+            self.debug
+                .compare(image.name(), &key, cached.as_ref(), fresh, trace);
+            return Ok((program, Source::Built));
         }
         // Levels whose binary the backend refused and which would serve it again (read-only ones).
         let mut skip = Vec::new();
@@ -449,11 +493,22 @@ impl ProgramManager {
                     }
                 },
             };
+            // A binary that crashed a process loading it is refused like one the driver refused.
+            let record = match self.stores.begin_load(&key, &hit) {
+                Ok(r) => r,
+                Err(crashed) => {
+                    if !self.stores.reject(&key, &hit, &crashed) {
+                        skip.push(hit.level());
+                    }
+                    continue;
+                }
+            };
             // Out of resources is not a refusal of the binary: retried, then returned, never rejected.
             let loaded = self.retry_out_of_resources("binary load", || {
                 self.backend
                     .program_from_binary(image, spec, options, hit.bytes())
             });
+            drop(record);
             match loaded {
                 Err(e @ crate::Error::OutOfResources { .. }) => return Err(e),
                 Ok(p) => {
@@ -479,9 +534,11 @@ impl ProgramManager {
                 }
             }
         }
-        // A failed build drops the lock here, releasing it for a waiting process.
-        let (program, took) = self.build_fresh(image, spec, options)?;
+        // A refused or failed build drops the lock here, releasing it for a waiting process.
+        let (program, took) = self.build_sealed(image, spec, options, seal()?, &kernel)?;
         match self.backend.program_binary(&program) {
+            // Bytes that crashed a load before are not stored again for anyone to load.
+            Ok(Some(bytes)) if self.stores.crashed_before(&key, &bytes) => {}
             Ok(Some(bytes)) => self.stores.put(&key, &bytes, took, lock),
             Ok(None) => {}
             Err(e) => self.stores.note_serialize_failure(&e),
@@ -489,34 +546,22 @@ impl ProgramManager {
         Ok((program, Source::Built))
     }
 
-    /// Debug mode: looks `key` up without changing any store, builds anyway, and compares the fresh
-    /// binary with the cached one. Writes nothing to any store (no put, backfill, lock or repair).
-    fn build_debug(
+    /// [`ProgramManager::build_fresh`], reported by the seal when `sealed` holds the reason it let
+    /// the build through (`warn`).
+    fn build_sealed(
         &self,
         image: &DeviceImage,
         spec: &SpecConstants,
         options: &BuildOptions,
-        key: &StoreKey,
-    ) -> Result<(DynProgram, Source)> {
-        let cached = self.stores.peek(key);
-        let (program, _) = self.build_fresh(image, spec, options)?;
-        let outcome = match (&cached, self.backend.program_binary(&program)) {
-            (None, _) => DebugOutcome::Missing,
-            (Some(hit), Ok(Some(fresh))) if fresh == hit.bytes() => {
-                DebugOutcome::Equal { len: fresh.len() }
-            }
-            (Some(hit), Ok(Some(fresh))) => DebugOutcome::Different {
-                cached: hit.bytes().len(),
-                fresh: fresh.len(),
-            },
-            (Some(_), Ok(None) | Err(_)) => DebugOutcome::NoFreshBinary,
-        };
-        self.debug.record(image.name(), &outcome);
-        if self.config.trace.contains(TraceFlags::DISK) {
-            tracing::debug!(target: "kpc::cache::debug", image = image.name(), key = %key.digest(),
-                cached = cached.is_some(), "{outcome}");
+        sealed: Option<String>,
+        kernel: &str,
+    ) -> Result<(DynProgram, Duration)> {
+        let start = Instant::now();
+        let r = self.build_fresh(image, spec, options);
+        if let Some(why) = sealed {
+            self.seal.built(kernel, &why, start.elapsed(), r.is_ok());
         }
-        Ok((program, Source::Built))
+        r
     }
 
     fn build_fresh(

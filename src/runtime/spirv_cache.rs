@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
+use super::seal::Seal;
 use super::source::Source;
 use crate::backend::glsl::GlslSource;
 use crate::backend::glsl::compile::{self, Preprocessed};
@@ -138,11 +139,12 @@ impl SpirvCache {
     /// Errors: [`Error::GlslCompile`] with the compiler's message (cached: the same key fails again
     /// without compiling); [`Error::InvalidSpirv`] if the compiler's output does not validate;
     /// [`Error::InvalidArgument`] for an image that is not GLSL.
-    pub fn resolve(
+    pub(crate) fn resolve(
         &self,
         image: &DeviceImage,
         stores: &StoreChain,
         config: &Config,
+        seal: &Seal,
     ) -> Result<(DeviceImage, SpirvStep)> {
         let start = Instant::now();
         let step = |source| SpirvStep {
@@ -165,7 +167,7 @@ impl SpirvCache {
         let key = spirv_key(src, &pre);
         let source = Cell::new(Source::Memory);
         let build = || {
-            let (spirv, s) = self.load_or_compile(src, &pre, &key, stores, config)?;
+            let (spirv, s) = self.load_or_compile(src, &pre, &key, stores, config, seal)?;
             source.set(s);
             Ok(spirv)
         };
@@ -190,6 +192,7 @@ impl SpirvCache {
         key: &StoreKey,
         stores: &StoreChain,
         config: &Config,
+        seal: &Seal,
     ) -> Result<(DeviceImage, Source)> {
         let mut lock = None;
         if !stores.is_empty() && !config.cache_debug {
@@ -227,12 +230,19 @@ impl SpirvCache {
                 }
             }
         }
+        // A compile is a build: a sealed context reports or refuses it like a program's.
+        let what = format!("{} (GLSL compile)", src.name());
+        let sealed = seal.before_build(&what, || super::seal::explain(stores, key))?;
         let start = Instant::now();
         bump(&self.counters.compiles);
-        let bytes = compile::compile(src, pre).inspect_err(|_| {
+        let compiled = compile::compile(src, pre).inspect_err(|_| {
             bump(&self.counters.compile_errors);
-        })?;
+        });
         let took = start.elapsed();
+        if let Some(why) = sealed {
+            seal.built(&what, &why, took, compiled.is_ok());
+        }
+        let bytes = compiled?;
         trace(config, src, "glsl compiled", Some(took));
         let image = DeviceImage::spirv(src.name(), bytes)?;
         if !config.cache_debug {

@@ -7,6 +7,7 @@ use crate::config::BackendKind;
 
 use super::cache_debug::CacheDebugStats;
 use super::context::Context;
+use super::seal::SealStats;
 use super::spirv_cache::SpirvStats;
 
 /// A context's counters at one moment, shaped like the C API's `kpc_stats` (whose fields are the
@@ -35,6 +36,9 @@ pub struct ContextStats {
     /// Cache debug mode's comparisons of fresh builds with cached binaries (all zero unless
     /// `KPC_CACHE_DEBUG=1`).
     pub cache_debug: CacheDebugStats,
+    /// Sealed mode: the seal in force, builds after sealing (`warn`) and acquisitions refused
+    /// (`error`).
+    pub seal: SealStats,
 }
 
 impl Context {
@@ -49,6 +53,7 @@ impl Context {
             stores: programs.store_stats(),
             spirv: programs.spirv_stats(),
             cache_debug: programs.debug_stats(),
+            seal: programs.seal_stats(),
         }
     }
 }

@@ -238,19 +238,43 @@ impl WarmStart {
         self: &Arc<Self>,
         load: impl Fn(&KernelRequest) -> Result<LoadOutcome> + Send + Sync + 'static,
     ) {
+        self.start_then(load, || {});
+    }
+
+    /// [`WarmStart::start`], then `finished` once the load has ended (done, or stopped), on the
+    /// loader's thread before [`WarmStart::wait`] returns; at once when the loader cannot start.
+    /// What sealing after warm-up (`KPC_CACHE_SEAL`) hangs on. Not run by a call that does nothing.
+    pub fn start_then(
+        self: &Arc<Self>,
+        load: impl Fn(&KernelRequest) -> Result<LoadOutcome> + Send + Sync + 'static,
+        finished: impl FnOnce() + Send + 'static,
+    ) {
         let mut loader = self.loader.lock();
         if loader.is_some() || self.report.lock().is_some() {
             return;
         }
         let ws = self.clone();
         let started = Instant::now();
-        let run = move || ws.load_all(started, load);
+        let finished = Arc::new(Mutex::new(Some(finished)));
+        let f = finished.clone();
+        let run = move || {
+            let report = ws.load_all(started, load);
+            if let Some(f) = f.lock().take() {
+                f();
+            }
+            report
+        };
         match std::thread::Builder::new()
             .name("kpc-warm-start".into())
             .spawn(run)
         {
             Ok(h) => *loader = Some(h),
-            Err(e) => self.warn("could not start the background load", &e),
+            Err(e) => {
+                self.warn("could not start the background load", &e);
+                if let Some(f) = finished.lock().take() {
+                    f();
+                }
+            }
         }
     }
 
@@ -459,7 +483,13 @@ pub fn load_if_stored(manager: &ProgramManager, r: &KernelRequest) -> Result<Loa
     let Some(hit) = manager.stores().get(&key, &[]) else {
         return Ok(LoadOutcome::NotStored);
     };
+    // A binary that crashed a process loading it is left to the request's normal path, which
+    // removes it and builds; the warm start never builds.
+    let Ok(record) = manager.stores().begin_load(&key, &hit) else {
+        return Ok(LoadOutcome::NotStored);
+    };
     manager.kernel_from_binary(&r.image, &r.entry, &r.spec, &r.options, hit.bytes())?;
+    drop(record);
     manager.stores().backfill(&key, &hit);
     Ok(LoadOutcome::Loaded)
 }

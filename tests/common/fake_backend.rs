@@ -110,6 +110,9 @@ pub struct FakeBackend {
     pub binary_error: AtomicBool,
     /// This many of the next `program_from_binary` calls fail with out-of-resources (OpenCL's -5).
     pub oom_loads: AtomicUsize,
+    /// `program_from_binary` of the image with this name aborts the process: a driver that crashes
+    /// on one stored binary.
+    pub abort_loading: Mutex<Option<String>>,
 }
 
 pub const MAGIC: &[u8] = b"FAKEBIN1";
@@ -137,6 +140,7 @@ impl FakeBackend {
             no_binary: AtomicBool::new(false),
             binary_error: AtomicBool::new(false),
             oom_loads: AtomicUsize::new(0),
+            abort_loading: Mutex::new(None),
         }
     }
     /// A fake device named `name` whose fingerprint reports driver version `driver` (the default is
@@ -261,6 +265,10 @@ impl Backend for FakeBackend {
         binary: &[u8],
     ) -> Result<FakeProgram> {
         self.binary_loads.fetch_add(1, Ordering::SeqCst);
+        if self.abort_loading.lock().as_deref() == Some(image.name()) {
+            eprintln!("fake driver: crashing while loading {}", image.name());
+            std::process::abort();
+        }
         let oom = self
             .oom_loads
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));

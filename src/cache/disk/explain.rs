@@ -246,23 +246,34 @@ impl Inner {
                 truncated,
             };
         };
-        let d = Differs::of(&near, key);
-        let cause = if d.device {
-            MissCause::DeviceChanged
-        } else if d.image {
-            MissCause::ImageChanged
-        } else if d.spec {
-            MissCause::SpecChanged
-        } else {
-            MissCause::OptionsChanged
-        };
+        let (cause, diffs) = compare_keys(&near, key);
         MissExplanation {
             cause,
-            diffs: diffs(&near, key, d),
+            diffs,
             nearest: Some(path),
             truncated,
         }
     }
+}
+
+/// How a cached entry's key (`old`) differs from the key looked up (`new`): the cause, judged as a
+/// miss is (device first, then image, spec constants, options), and the fields that differ.
+/// [`MissCause::Cached`] with no fields when the keys are equal. For callers that hold both keys
+/// (a bundle's entries, `kpc cache check`) rather than a cache directory to search.
+pub fn compare_keys(old: &StoreKey, new: &StoreKey) -> (MissCause, Vec<FieldDiff>) {
+    let d = Differs::of(old, new);
+    let cause = if d.device {
+        MissCause::DeviceChanged
+    } else if d.image {
+        MissCause::ImageChanged
+    } else if d.spec {
+        MissCause::SpecChanged
+    } else if d.options {
+        MissCause::OptionsChanged
+    } else {
+        MissCause::Cached
+    };
+    (cause, diffs(old, new, d))
 }
 
 fn diffs(old: &StoreKey, new: &StoreKey, d: Differs) -> Vec<FieldDiff> {

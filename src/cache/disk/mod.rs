@@ -75,6 +75,7 @@ pub mod entry;
 mod evict;
 pub mod explain;
 mod inventory;
+mod loading;
 mod lock;
 mod lookup;
 mod names;
@@ -90,8 +91,9 @@ mod walk;
 
 pub use entry::{Defect, FileKind};
 pub use evict::EvictReport;
-pub use explain::{FieldDiff, MissCause, MissExplanation};
+pub use explain::{FieldDiff, MissCause, MissExplanation, compare_keys};
 pub use inventory::{BadEntry, ClearReport, EntryInfo, VerifyReport};
+pub use loading::{CrashedLoading, LoadRecord};
 pub use lookup::{DiskHit, Lookup};
 pub use put::BuildGuard;
 pub use settings::DiskCacheSettings;

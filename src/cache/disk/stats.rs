@@ -81,6 +81,11 @@ pub struct DiskStats {
     /// Misses whose key was cached and valid by the time the miss was explained: another process
     /// published it after the lookup.
     pub misses_cached: u64,
+    /// Stored binaries found to have crashed a process while it loaded them (its loading record was
+    /// left behind by a process that died), quarantined (`loading.rs`): never loaded again here.
+    pub crashed_loads: u64,
+    /// Loads refused because their binary crashed a process before (a quarantine marker names it).
+    pub crashed_refusals: u64,
 }
 
 #[derive(Debug, Default)]
@@ -106,6 +111,8 @@ pub(crate) struct DiskCounters {
     pub size_rebuilds: AtomicU64,
     pub size_corrections: AtomicU64,
     pub misses_by_cause: [AtomicU64; 7],
+    pub crashed_loads: AtomicU64,
+    pub crashed_refusals: AtomicU64,
 }
 
 pub(crate) fn bump(a: &AtomicU64, by: u64) {
@@ -160,6 +167,8 @@ impl DiskCounters {
             misses_options_changed: l(&self.misses_by_cause[MissCause::OptionsChanged as usize]),
             misses_entry_unusable: l(&self.misses_by_cause[MissCause::EntryUnusable as usize]),
             misses_cached: l(&self.misses_by_cause[MissCause::Cached as usize]),
+            crashed_loads: l(&self.crashed_loads),
+            crashed_refusals: l(&self.crashed_refusals),
         }
     }
 }

@@ -79,6 +79,10 @@ impl Store for PersistentCache {
         }
     }
 
+    fn explain_miss(&self, key: &StoreKey) -> Option<super::MissExplanation> {
+        Some(PersistentCache::explain_miss(self, key))
+    }
+
     fn list(&self) -> io::Result<Vec<StoreEntry>> {
         Ok(self
             .entries()?

@@ -19,11 +19,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::idle::IdleWatch;
 use super::{
     BuildLock, LockGuard, PutOutcome, ReadOnlyStore, Removal, Store, StoreHit, StoreKind,
     StoreStats, StoreWarnings, WarnCause,
 };
-use crate::cache::disk::{DiskCacheSettings, PersistentCache};
+use crate::cache::disk::{
+    CrashedLoading, DiskCacheSettings, LoadRecord, MissCause, MissExplanation, PersistentCache,
+};
 use crate::cache::store::StoreKey;
 use crate::config::{Config, TraceFlags};
 
@@ -126,6 +129,19 @@ struct Level {
     kind: StoreKind,
     name: String,
     counters: LevelCounters,
+    /// Read-only layers and the remote: warned about once if they serve nothing (`idle.rs`).
+    idle: IdleWatch,
+}
+
+impl Level {
+    fn watch(&self, key: &StoreKey, hit: bool) {
+        if super::idle::watched(self.kind) {
+            let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            let totals = (l(&self.counters.hits), l(&self.counters.misses));
+            self.idle
+                .after_lookup(&self.name, &*self.store, key, hit, totals);
+        }
+    }
 }
 
 /// Stores looked up in order after the in-memory cache. Cheap to share behind the `ProgramManager`
@@ -228,6 +244,7 @@ impl StoreChain {
             name: store.name(),
             store,
             counters: LevelCounters::default(),
+            idle: IdleWatch::default(),
         });
         self
     }
@@ -286,6 +303,7 @@ impl StoreChain {
             match l.store.get(key, access) {
                 Some(hit) => {
                     bump(&l.counters.hits);
+                    l.watch(key, true);
                     self.trace(|| {
                         tracing::debug!(target: "kpc::cache::store", store = %l.name, key = %key.digest(),
                             bytes = hit.bytes().len(), read_only, "hit")
@@ -296,7 +314,10 @@ impl StoreChain {
                         hit,
                     });
                 }
-                None => bump(&l.counters.misses),
+                None => {
+                    bump(&l.counters.misses);
+                    l.watch(key, false);
+                }
             }
         }
         None
@@ -372,6 +393,44 @@ impl StoreChain {
         l.kind.writable()
     }
 
+    /// Right before `bytes` (a hit for `key` from any level) go to the driver: refused when they
+    /// crashed a process that loaded them before, else the load is recorded in the local disk cache
+    /// until the record drops (see `src/cache/disk/loading.rs`). Without a local disk, nothing is
+    /// recorded.
+    ///
+    /// A binary from a shared level that another machine marked as crashing is refused too; one this
+    /// machine found crashing is marked on every shared level that does not know yet.
+    pub(crate) fn begin_load(
+        &self,
+        key: &StoreKey,
+        hit: &ChainHit,
+    ) -> Result<Option<LoadRecord>, CrashedLoading> {
+        let bytes = hit.bytes();
+        if let Some(m) = self.levels[hit.level].store.crashed_marker(key, bytes) {
+            return Err(CrashedLoading { marker: m.into() });
+        }
+        let Some(d) = &self.local else {
+            return Ok(None);
+        };
+        let r = d.begin_load(key, bytes);
+        if r.is_err() {
+            for l in self.levels.iter().filter(|l| l.kind == StoreKind::Remote) {
+                if l.store.crashed_marker(key, bytes).is_none() {
+                    l.store.note_crashed(key, bytes);
+                }
+            }
+        }
+        r
+    }
+
+    /// Whether `bytes` for `key` crashed a process that loaded them before (then a fresh build
+    /// that produced the same bytes is not stored, so no process loads them again).
+    pub(crate) fn crashed_before(&self, key: &StoreKey, bytes: &[u8]) -> bool {
+        self.local
+            .as_ref()
+            .is_some_and(|d| d.crashed_before(key, bytes).is_some())
+    }
+
     /// Stores a fresh build in every writable level, in order, releasing each of `lock`'s locks as
     /// soon as the level it came from holds the entry (that is where its waiters look).
     pub fn put(&self, key: &StoreKey, bytes: &[u8], build_time: Duration, lock: Option<ChainLock>) {
@@ -403,6 +462,23 @@ impl StoreChain {
                 &format_args!("could not serialize a built program ({reason})"),
             ),
         }
+    }
+
+    /// Why `key` missed, as the levels that can tell explain it (see [`Store::explain_miss`]): the
+    /// first explanation that names a near entry, else the first one, with the name and kind of the
+    /// level that gave it; `None` when no level explains misses. Changes nothing.
+    pub fn explain_miss(&self, key: &StoreKey) -> Option<(String, StoreKind, MissExplanation)> {
+        let mut first = None;
+        for l in &self.levels {
+            let Some(e) = l.store.explain_miss(key) else {
+                continue;
+            };
+            if e.cause != MissCause::NewKey {
+                return Some((l.name.clone(), l.kind, e));
+            }
+            first.get_or_insert((l.name.clone(), l.kind, e));
+        }
+        first
     }
 
     /// Per-level counters, in lookup order.

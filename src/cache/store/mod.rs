@@ -25,6 +25,7 @@
 
 pub mod auth;
 pub mod chain;
+pub mod idle;
 pub mod readonly;
 pub mod remote;
 
@@ -45,6 +46,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::cache::disk::DiskStats;
+use crate::cache::disk::MissExplanation;
 use crate::cache::disk::entry::{self, Defect, FileKind, HEADER_LEN};
 use crate::cache::disk::stats::Warned;
 
@@ -460,6 +462,28 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Removes `key`'s entry (see [`Removal`]). Returns whether an entry went; a store that never
     /// changes (a read-only layer) returns false.
     fn remove(&self, key: &StoreKey, what: Removal<'_>) -> bool;
+
+    /// Another machine found that `bytes`, stored for `key`, crashed a process that loaded them (a
+    /// crash marker it published, see `src/cache/disk/loading.rs`): `Some` with where the marker is,
+    /// and the caller refuses them. Only a shared store answers; the default is `None`.
+    fn crashed_marker(&self, key: &StoreKey, bytes: &[u8]) -> Option<String> {
+        let _ = (key, bytes);
+        None
+    }
+
+    /// `bytes`, stored for `key`, crashed a process that loaded them: a shared store publishes a
+    /// marker, so that no other machine loads them ([`Store::crashed_marker`]). Default: nothing.
+    fn note_crashed(&self, key: &StoreKey, bytes: &[u8]) {
+        let _ = (key, bytes);
+    }
+
+    /// Why `key` is not (usably) here: the nearest entry this store holds and the key fields that
+    /// differ from it. Only stores that can tell cheaply answer (the disk cache and read-only layers
+    /// over it, which read a bounded number of key records); the default is `None`. Changes nothing.
+    fn explain_miss(&self, key: &StoreKey) -> Option<MissExplanation> {
+        let _ = key;
+        None
+    }
 
     /// Every entry, with its key record.
     ///

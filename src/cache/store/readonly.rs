@@ -77,6 +77,10 @@ impl Store for ReadOnlyStore {
         false
     }
 
+    fn explain_miss(&self, key: &StoreKey) -> Option<crate::cache::disk::MissExplanation> {
+        self.inner.explain_miss(key)
+    }
+
     fn list(&self) -> io::Result<Vec<StoreEntry>> {
         self.inner.list()
     }

@@ -19,6 +19,10 @@
 //!   call (lookup, fleet lock, publish) for a hold-off that grows from 2 s to 60 s while the remote
 //!   stays unhealthy; one answered probe closes it. A frozen remote costs a process one timeout.
 //!
+//! - **Crashed loads**: a binary found to crash a process that loaded it (`disk/loading.rs`) gets a
+//!   marker under `kpc-crashed/v<format>/<device digest>/<key digest>.<binary hash>`, authenticated
+//!   like an entry, and no machine loads that binary from the remote again.
+//!
 //! The URL type is the configuration's (`crate::config::RemoteUrl`); everything here needs the `remote`
 //! feature.
 
@@ -116,6 +120,16 @@ mod imp {
             namespace(),
             key.device_digest().to_hex(),
             key.digest().to_hex()
+        )
+    }
+
+    /// Where the marker saying that `bytes` for `key` crashed a loading process lives: beside the
+    /// namespace of entries (so listings never meet it), under the same format and device.
+    fn crash_marker_path(key: &StoreKey, bytes: &[u8]) -> String {
+        format!(
+            "kpc-crashed/{}.{}",
+            &path_of(key)["kpc/".len()..],
+            &blake3::hash(bytes).to_hex()[..32]
         )
     }
 
@@ -462,6 +476,37 @@ mod imp {
                     self.shared.failed("a removal", &f);
                     false
                 }
+            }
+        }
+
+        fn crashed_marker(&self, key: &StoreKey, bytes: &[u8]) -> Option<String> {
+            let path = crash_marker_path(key, bytes);
+            let value = self.shared.ops.read(&path).ok()??;
+            // A marker is a sealed entry for the key whose binary is its own path, authenticated
+            // like any entry: a forger without the fleet's key cannot make machines rebuild.
+            let hit = auth::open(self.shared.mac.as_ref(), key, &value).ok()?;
+            (hit.bytes() == path.as_bytes()).then(|| {
+                self.shared.warnings.warn(
+                    WarnCause::Rejected,
+                    &format_args!(
+                        "not loading a remote binary another machine found to crash its loader \
+                         (crashed-loading marker {path})"
+                    ),
+                );
+                format!("remote:{}/{path}", self.url)
+            })
+        }
+
+        fn note_crashed(&self, key: &StoreKey, bytes: &[u8]) {
+            let path = crash_marker_path(key, bytes);
+            let value = auth::wrap(
+                self.shared.mac.as_ref(),
+                key,
+                &seal(key, path.as_bytes(), Duration::ZERO),
+            );
+            if let Err(f) = self.shared.ops.write(&path, value) {
+                self.shared
+                    .warn("publishing a crashed-loading marker", &self.diagnose(f));
             }
         }
 

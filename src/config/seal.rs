@@ -1,0 +1,82 @@
+//! `KPC_CACHE_SEAL`: what a context does with a build once it is sealed (after its warm-up).
+
+use std::fmt;
+
+use super::{ConfigError, invalid, vars};
+
+/// What `KPC_CACHE_SEAL` (and [`super::ConfigBuilder::seal`]) accept.
+pub const SEAL_ACCEPTED: &str = "off (also 0, false, no or empty: never sealed), warn (a build after sealing is logged with its miss explanation) or error (a build after sealing is refused with Error::Sealed)";
+
+/// What a sealed context does when an acquisition would build (see `src/runtime/seal.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SealMode {
+    /// Not sealed: builds happen as needed, silently (the default).
+    #[default]
+    Off,
+    /// Builds, and logs one warning line per build with the kernel, why no store served it and the
+    /// build time.
+    Warn,
+    /// Does not build: the acquisition fails with [`crate::Error::Sealed`].
+    Error,
+}
+
+impl SealMode {
+    /// The name `KPC_CACHE_SEAL` uses for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SealMode::Off => "off",
+            SealMode::Warn => "warn",
+            SealMode::Error => "error",
+        }
+    }
+}
+
+impl fmt::Display for SealMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Parses a `KPC_CACHE_SEAL` value (case-insensitive, surrounding blanks ignored).
+pub(crate) fn parse_seal(v: &str) -> Result<SealMode, ConfigError> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" | "off" | "0" | "false" | "no" => Ok(SealMode::Off),
+        "warn" => Ok(SealMode::Warn),
+        "error" => Ok(SealMode::Error),
+        _ => Err(invalid(vars::CACHE_SEAL, v, SEAL_ACCEPTED)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_and_errors() {
+        for (v, want) in [
+            ("", SealMode::Off),
+            ("off", SealMode::Off),
+            ("0", SealMode::Off),
+            (" Warn ", SealMode::Warn),
+            ("ERROR", SealMode::Error),
+        ] {
+            assert_eq!(parse_seal(v).unwrap(), want, "{v:?}");
+        }
+        for bad in ["1", "on", "strict", "warn,error"] {
+            let e = parse_seal(bad).unwrap_err();
+            assert_eq!(
+                e,
+                ConfigError::Invalid {
+                    var: "KPC_CACHE_SEAL",
+                    value: bad.into(),
+                    accepted: SEAL_ACCEPTED
+                }
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains("KPC_CACHE_SEAL") && msg.contains(bad) && msg.contains("warn"),
+                "{msg}"
+            );
+        }
+    }
+}

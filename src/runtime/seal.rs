@@ -1,0 +1,139 @@
+//! Sealed mode: once a context is sealed, an acquisition that no layer can serve (memory, disk,
+//! read-only layers, remote, an embedder's store, a blob) and that would therefore build is either
+//! reported (`warn`: it builds, and one warning line names the kernel, why no store served it and
+//! the build time) or refused (`error`: nothing is built and the caller gets [`Error::Sealed`]).
+//!
+//! A context is sealed explicitly ([`crate::Context::seal`], C `kpc_context_seal`) or, with
+//! `KPC_CACHE_SEAL=warn|error`, when its warm start has finished (at creation when it has none: there
+//! is no warm-up then). Hits of every layer are unaffected: the check runs only on the path that is
+//! about to call the backend's build (or the GLSL compiler, for a GLSL image whose SPIR-V no layer
+//! holds), so a hit pays nothing for it.
+//!
+//! The explanation is the stores' own ([`StoreChain::explain_miss`]: the nearest cached entry and the
+//! key fields that differ, e.g. `spec-changed: spec constant 3: 64 → 128`), computed only for a
+//! sealed build, which is about to cost far more than the few key records it reads.
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::cache::StoreChain;
+use crate::cache::store::{StoreKey, StoreKind};
+use crate::config::SealMode;
+use crate::error::{Error, Result};
+
+/// What sealing did for one context (part of [`crate::runtime::ContextStats`] and the C `kpc_stats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SealStats {
+    /// The seal in force now: [`SealMode::Off`] while the context is not sealed.
+    pub mode: SealMode,
+    /// Builds that ran after sealing (`warn`), each logged with its explanation.
+    pub builds: u64,
+    /// Acquisitions refused after sealing (`error`) because they would have built.
+    pub refused: u64,
+}
+
+/// One context's seal: the mode in force and what it counted.
+#[derive(Debug, Default)]
+pub(crate) struct Seal {
+    mode: AtomicU8,
+    builds: AtomicU64,
+    refused: AtomicU64,
+}
+
+fn code(m: SealMode) -> u8 {
+    match m {
+        SealMode::Off => 0,
+        SealMode::Warn => 1,
+        SealMode::Error => 2,
+    }
+}
+
+impl Seal {
+    /// Puts `mode` in force (`Off` unseals).
+    pub(crate) fn set(&self, mode: SealMode) {
+        self.mode.store(code(mode), Ordering::Release);
+    }
+
+    /// The mode in force.
+    pub(crate) fn mode(&self) -> SealMode {
+        match self.mode.load(Ordering::Acquire) {
+            1 => SealMode::Warn,
+            2 => SealMode::Error,
+            _ => SealMode::Off,
+        }
+    }
+
+    /// Called where `kernel` is about to be built: `Ok(None)` when not sealed (build silently),
+    /// `Ok(Some(why))` under `warn` (build, then [`Seal::built`]), and under `error` the refusal.
+    /// `why` is computed only when sealed.
+    pub(crate) fn before_build(
+        &self,
+        kernel: &str,
+        why: impl FnOnce() -> String,
+    ) -> Result<Option<String>> {
+        match self.mode() {
+            SealMode::Off => Ok(None),
+            SealMode::Warn => Ok(Some(why())),
+            SealMode::Error => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                let why = why();
+                tracing::debug!(target: "kpc::seal", kernel, why = %why, "refused a build");
+                Err(Error::Sealed {
+                    kernel: kernel.to_owned(),
+                    why,
+                })
+            }
+        }
+    }
+
+    /// A build that [`Seal::before_build`] let through under `warn` ran for `took` (`ok`: whether it
+    /// succeeded): counted and logged, one line.
+    pub(crate) fn built(&self, kernel: &str, why: &str, took: Duration, ok: bool) {
+        self.builds.fetch_add(1, Ordering::Relaxed);
+        let ms = took.as_secs_f64() * 1e3;
+        let outcome = if ok { "built" } else { "tried to build" };
+        tracing::warn!(target: "kpc::seal", kernel, ms,
+            "sealed context {outcome} {kernel} in {ms:.1} ms: {why}");
+    }
+
+    /// The counters and the mode in force.
+    pub(crate) fn stats(&self) -> SealStats {
+        SealStats {
+            mode: self.mode(),
+            builds: self.builds.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// `image:entry`, or the image's name alone when no entry point is known (a program acquired on its
+/// own).
+pub(crate) fn kernel_name(image: &str, entry: Option<&str>) -> String {
+    match entry {
+        Some(e) => format!("{image}:{e}"),
+        None => image.to_owned(),
+    }
+}
+
+/// Why no store served `key`, in one line: `<cause>: <fields that differ>` from the store that
+/// explains it best (named when it is not the local disk), or what the chain is when none can.
+pub(crate) fn explain(stores: &StoreChain, key: &StoreKey) -> String {
+    if stores.is_empty() {
+        return "no persistent store is configured (KPC_CACHE_PERSISTENT=0 or no cache directory), \
+                and it is not in memory"
+            .into();
+    }
+    match stores.explain_miss(key) {
+        Some((name, kind, e)) => {
+            let mut s = format!("{}: {e}", e.cause);
+            if kind != StoreKind::Disk {
+                s.push_str(&format!(" (nearest entry in {name})"));
+            }
+            s
+        }
+        None => {
+            let names: Vec<String> = stores.stats().into_iter().map(|l| l.name).collect();
+            format!("no store holds it (asked: {})", names.join(", "))
+        }
+    }
+}

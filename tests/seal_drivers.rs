@@ -1,0 +1,191 @@
+//! Sealed mode on real drivers (lavapipe and PoCL in CI), through `Context` and the configuration
+//! (`KPC_CACHE_SEAL`'s `Config::seal`): a context with warm start seals itself when the warm start
+//! has finished and then serves what it loaded from memory and refuses a variant no store holds; a
+//! context without warm start is sealed from creation and, under `warn`, builds with one warning.
+
+mod common;
+
+use std::path::Path;
+
+use common::disk::{TempDir, capture};
+use common::drivers::{opencl_device, vulkan_device};
+use kpc::backend::DeviceInfo;
+use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::config::BackendKind;
+use kpc::kernels::{opencl_image, spirv_image};
+use kpc::runtime::Source;
+use kpc::{Config, Context, Error, Kernel, SealMode};
+
+fn config(root: &Path, seal: SealMode, app: Option<&str>) -> Config {
+    Config::builder()
+        .cache_dir(root)
+        .warm_start(app)
+        .seal(seal)
+        .build()
+        .unwrap()
+}
+
+fn saxpy(ctx: &Context, bias: i32) -> kpc::Result<Kernel> {
+    let image = match ctx.backend() {
+        BackendKind::Vulkan => spirv_image("saxpy")?,
+        BackendKind::OpenCl => opencl_image("saxpy")?,
+    };
+    let spec = SpecConstants::new().with(1, SpecValue::I32(bias));
+    ctx.kernel(&image, "saxpy", &spec, &BuildOptions::default())
+}
+
+/// A first run remembers saxpy (bias 7); a sealed second run (`error`) warms it up, seals itself
+/// when the warm start ends, serves it from memory and refuses bias 9 without building.
+fn sealed_after_warm_start(d: &DeviceInfo) {
+    let dir = TempDir::new("seal-drv");
+    {
+        let ctx =
+            Context::with_device(d, &config(dir.path(), SealMode::Off, Some("seal-drv"))).unwrap();
+        assert_eq!(saxpy(&ctx, 7).unwrap().source(), Source::Built);
+        assert_eq!(ctx.seal_mode(), SealMode::Off);
+    }
+    let ctx =
+        Context::with_device(d, &config(dir.path(), SealMode::Error, Some("seal-drv"))).unwrap();
+    let report = ctx.wait_warm_start().unwrap();
+    assert_eq!((report.listed, report.loaded), (1, 1), "{report:?}");
+    assert_eq!(
+        ctx.seal_mode(),
+        SealMode::Error,
+        "sealed once the warm start ended"
+    );
+    assert_eq!(saxpy(&ctx, 7).unwrap().source(), Source::Memory);
+    let e = saxpy(&ctx, 9).unwrap_err();
+    let Error::Sealed { kernel, why } = &e else {
+        panic!("expected Error::Sealed, got {e:?}");
+    };
+    assert!(
+        kernel.starts_with("saxpy") && kernel.ends_with(":saxpy"),
+        "{kernel}"
+    );
+    assert_eq!(why, "spec-changed: spec constant 1: 7 → 9");
+    let s = ctx.stats();
+    assert_eq!(
+        (s.seal.mode, s.seal.builds, s.seal.refused),
+        (SealMode::Error, 0, 1)
+    );
+    assert_eq!(
+        s.backend_counters.programs_built, 0,
+        "nothing built after sealing"
+    );
+    // An explicit seal with the configured mode, then unsealed: it builds.
+    assert_eq!(ctx.seal(), SealMode::Error);
+    ctx.seal_with(SealMode::Off);
+    assert_eq!(saxpy(&ctx, 9).unwrap().source(), Source::Built);
+}
+
+/// Without warm start a `warn` context is sealed from creation: a disk hit is silent, a build logs
+/// one line naming the kernel and the spec constant that differs.
+fn warn_without_warm_start(d: &DeviceInfo) {
+    let dir = TempDir::new("seal-drv-warn");
+    {
+        let ctx = Context::with_device(d, &config(dir.path(), SealMode::Off, None)).unwrap();
+        assert_eq!(saxpy(&ctx, 7).unwrap().source(), Source::Built);
+    }
+    let ctx = Context::with_device(d, &config(dir.path(), SealMode::Warn, None)).unwrap();
+    assert_eq!(ctx.seal_mode(), SealMode::Warn);
+    let (sources, events) = capture(|| {
+        [
+            saxpy(&ctx, 7).unwrap().source(),
+            saxpy(&ctx, 11).unwrap().source(),
+        ]
+    });
+    assert_eq!(sources, [Source::Disk, Source::Built]);
+    let lines: Vec<&String> = events
+        .iter()
+        .filter(|e| e.target == "kpc::seal" && e.level == tracing::Level::WARN)
+        .filter_map(|e| e.fields.get("message"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("sealed context built saxpy")
+            && lines[0].ends_with(" ms: spec-changed: spec constant 1: 7 → 11"),
+        "{}",
+        lines[0]
+    );
+    let s = ctx.stats().seal;
+    assert_eq!((s.builds, s.refused), (1, 0));
+}
+
+#[test]
+fn vulkan_sealed_after_warm_start() {
+    if let Some(d) = vulkan_device("vulkan_sealed_after_warm_start") {
+        sealed_after_warm_start(&d);
+    }
+}
+
+#[test]
+fn opencl_sealed_after_warm_start() {
+    if let Some(d) = opencl_device("opencl_sealed_after_warm_start") {
+        sealed_after_warm_start(&d);
+    }
+}
+
+#[test]
+fn vulkan_sealed_warn_without_warm_start() {
+    if let Some(d) = vulkan_device("vulkan_sealed_warn_without_warm_start") {
+        warn_without_warm_start(&d);
+    }
+}
+
+#[test]
+fn opencl_sealed_warn_without_warm_start() {
+    if let Some(d) = opencl_device("opencl_sealed_warn_without_warm_start") {
+        warn_without_warm_start(&d);
+    }
+}
+
+const GLSL: &str = "#version 450
+layout(local_size_x = 8) in;
+layout(std430, binding = 0) buffer O { float o[]; };
+void main() { o[gl_GlobalInvocationID.x] = 1.0; }
+";
+
+/// A GLSL image's compile to SPIR-V is a build too: refused when sealed (`error`), and under `warn`
+/// logged on its own line before the pipeline build's.
+#[test]
+fn vulkan_sealed_glsl_compile_is_refused_then_warned() {
+    let Some(d) = vulkan_device("vulkan_sealed_glsl_compile_is_refused_then_warned") else {
+        return;
+    };
+    let dir = TempDir::new("seal-drv-glsl");
+    let ctx = Context::with_device(&d, &config(dir.path(), SealMode::Error, None)).unwrap();
+    let img = kpc::DeviceImage::glsl(kpc::backend::glsl::GlslSource::compute(
+        "sealed_glsl",
+        GLSL.to_string(),
+    ))
+    .unwrap();
+    let (spec, opts) = (SpecConstants::new(), BuildOptions::default());
+    let e = ctx.kernel(&img, "sealed_glsl", &spec, &opts).unwrap_err();
+    let Error::Sealed { kernel, why } = &e else {
+        panic!("expected Error::Sealed, got {e:?}");
+    };
+    assert_eq!(kernel, "sealed_glsl (GLSL compile)");
+    assert!(why.starts_with("new-key: "), "{why}");
+    assert_eq!(ctx.stats().spirv.compiles, 0, "nothing compiled");
+
+    ctx.seal_with(SealMode::Warn);
+    let (k, events) = capture(|| ctx.kernel(&img, "sealed_glsl", &spec, &opts).unwrap());
+    assert_eq!(k.source(), Source::Built);
+    let lines: Vec<&String> = events
+        .iter()
+        .filter(|e| e.target == "kpc::seal" && e.level == tracing::Level::WARN)
+        .filter_map(|e| e.fields.get("message"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0].starts_with("sealed context built sealed_glsl (GLSL compile) in "),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].starts_with("sealed context built sealed_glsl:sealed_glsl in "),
+        "{}",
+        lines[1]
+    );
+    assert_eq!(ctx.stats().seal.builds, 2);
+}
