@@ -29,9 +29,13 @@ pub enum CacheCommand {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
-        /// List what the remote (KPC_CACHE_REMOTE) holds for the selected device instead.
+        /// List what the remote (KPC_CACHE_REMOTE) holds for the selected device instead, each entry
+        /// verified as a lookup would (MAC, writer signature, checksums).
         #[arg(long)]
         remote: bool,
+        /// Show who built each entry: host, kpc version, driver, build time and duration, signer.
+        #[arg(long)]
+        provenance: bool,
     },
     /// Check every entry's checksums; exit with status 1 if any entry is bad.
     Verify {
@@ -65,6 +69,9 @@ pub enum CacheCommand {
     /// Verify every entry of a bundle (and its MAC when KPC_CACHE_REMOTE_KEY is set) and publish
     /// those that pass to this cache; exit with status 1 if any entry was refused.
     Import(crate::cache_bundle::ImportArgs),
+    /// Write a new Ed25519 key pair for writer signatures: the private key to FILE (mode 0600), the
+    /// public key to FILE.pub.
+    Keygen(crate::cache_keys::KeygenArgs),
     /// Remove every entry and the quarantine directory.
     Clear {
         /// Machine-readable output.
@@ -111,7 +118,7 @@ fn unix(t: SystemTime) -> u64 {
 }
 
 /// "2025-11-21 09:37:05 UTC" without a date crate (days-to-civil, H. Hinnant's algorithm).
-fn utc(secs: u64) -> String {
+pub(crate) fn utc(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     let z = days + 719_468;
@@ -155,8 +162,14 @@ fn device_of(e: &EntryInfo) -> (String, String) {
 }
 
 pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
-    if let CacheCommand::Ls { json, remote: true } = cmd {
-        return crate::cache_remote::ls(config, json);
+    match cmd {
+        CacheCommand::Ls {
+            json,
+            remote: true,
+            provenance,
+        } => return crate::cache_remote::ls(config, json, provenance),
+        CacheCommand::Keygen(args) => return crate::cache_keys::keygen(config, &args),
+        _ => {}
     }
     let Some(settings) = DiskCacheSettings::from_config_dir(config) else {
         eprintln!(
@@ -270,6 +283,12 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        CacheCommand::Keygen(args) => crate::cache_keys::keygen(config, &args),
+        CacheCommand::Ls {
+            json,
+            provenance: true,
+            ..
+        } => crate::cache_remote::ls_local_provenance(&cache, json),
         CacheCommand::Ls { json, .. } => {
             let entries = cache.entries().map_err(io)?;
             if json {

@@ -22,6 +22,7 @@ mod bench_start;
 mod cache;
 mod cache_bundle;
 mod cache_explain;
+mod cache_keys;
 // `kpc cache ls --remote` and the remote in `kpc cache stats`.
 mod cache_remote;
 mod devices;
