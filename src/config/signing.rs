@@ -279,3 +279,7 @@ pub fn hostname() -> String {
         .find(|s| valid_host_id(s))
         .unwrap_or_else(|| "unknown".into())
 }
+
+#[cfg(test)]
+#[path = "signing_tests.rs"]
+mod tests;
