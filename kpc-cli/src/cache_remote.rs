@@ -118,14 +118,8 @@ pub fn ls(config: &Config, json: bool, provenance: bool) -> kpc::Result<ExitCode
         outln!("remote {url}");
         if provenance {
             outln!(
-                "{:<28}  {:<16}  {:<7}  {:<23}  {:>9}  {:<24}  {:<28}  VERIFIED",
-                "IMAGE",
-                "HOST",
-                "KPC",
-                "BUILT",
-                "BUILD MS",
-                "SIGNER",
-                "DRIVER"
+                "{:<30}  {:<16}  {:<7}  {:<23}  {:>9}  {:<24}  {:<8}  DRIVER",
+                "IMAGE", "HOST", "KPC", "BUILT", "BUILD MS", "SIGNER", "VERIFIED"
             );
         } else {
             outln!(
@@ -138,15 +132,12 @@ pub fn ls(config: &Config, json: bool, provenance: bool) -> kpc::Result<ExitCode
         }
         for (e, v) in &entries {
             let r = &e.record;
-            let verdict = match v {
-                Ok(_) => "ok".to_string(),
-                Err(why) => format!("REFUSED: {why}"),
-            };
+            let verdict = if v.is_ok() { "ok" } else { "REFUSED" };
             if provenance {
                 let p = v.as_ref().ok().and_then(Option::as_ref);
                 let f = |g: fn(&Provenance) -> String| p.map_or("-".to_string(), g);
                 outln!(
-                    "{:<28}  {:<16}  {:<7}  {:<23}  {:>9.1}  {:<24}  {:<28}  {verdict}",
+                    "{:<30}  {:<16}  {:<7}  {:<23}  {:>9.1}  {:<24}  {verdict:<8}  {}",
                     image_of(e),
                     f(|p| p.host.clone()),
                     f(|p| p.kpc_version.clone()),
@@ -167,6 +158,9 @@ pub fn ls(config: &Config, json: bool, provenance: bool) -> kpc::Result<ExitCode
                     e.bytes,
                     r.build_time.as_secs_f64() * 1e3
                 );
+            }
+            if let Err(why) = v {
+                outln!("  refused: {why}");
             }
         }
         outln!("{} entries, {refused} refused", entries.len());
