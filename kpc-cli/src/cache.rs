@@ -63,11 +63,13 @@ pub enum CacheCommand {
     /// For each kernel `kpc attention` would use (same arguments), whether it is cached and if not,
     /// why: the nearest cached entry and the key fields that differ. Or one key, given as a blob id.
     Explain(Box<crate::cache_explain::ExplainArgs>),
-    /// Write every verified entry (of one device with --device) to one zstd-compressed file, signed
-    /// when KPC_CACHE_REMOTE_KEY is set: for container images and offline machines.
+    /// Write every verified entry (of one device with --device) to one zstd-compressed file, MAC'd
+    /// when KPC_CACHE_REMOTE_KEY is set and signed when KPC_CACHE_SIGNING_KEY is: for container
+    /// images and offline machines.
     Export(crate::cache_bundle::ExportArgs),
-    /// Verify every entry of a bundle (and its MAC when KPC_CACHE_REMOTE_KEY is set) and publish
-    /// those that pass to this cache; exit with status 1 if any entry was refused.
+    /// Verify every entry of a bundle (its MAC when KPC_CACHE_REMOTE_KEY is set, a trusted signature
+    /// when KPC_CACHE_TRUSTED_KEYS is) and publish those that pass to this cache; exit with status 1
+    /// if any entry was refused.
     Import(crate::cache_bundle::ImportArgs),
     /// Write a new Ed25519 key pair for writer signatures: the private key to FILE (mode 0600), the
     /// public key to FILE.pub.
