@@ -330,7 +330,10 @@ fn take(
     if key.digest().to_hex() != claimed_digest {
         return Err("the index names another key for it".into());
     }
-    let hit = auth::open(auth, &key, envelope).map_err(|r: Refusal| r.to_string())?;
+    let hit = auth::open(auth, &key, envelope).map_err(|r: Refusal| {
+        crate::cache::metrics::refused("bundle", r.reason());
+        r.to_string()
+    })?;
     // The put itself answers AlreadyPresent for a key the cache holds a valid entry of.
     Ok(cache.put(&key, hit.bytes(), hit.build_time()))
 }

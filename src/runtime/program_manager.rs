@@ -21,19 +21,13 @@ use crate::cache::{
     MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain, StoreKey,
 };
 use crate::config::{BackendKind, Config, TraceFlags};
+use super::metrics;
+use crate::cache::metrics as count;
 use crate::error::{Error, Result};
 
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Source::Memory => "memory",
-            Source::Disk => "disk",
-            Source::ReadOnly => "readonly",
-            Source::Store => "store",
-            Source::Remote => "remote",
-            Source::Built => "built",
-            Source::Blob => "blob",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -72,6 +66,8 @@ pub struct ProgramManager {
     /// GLSL images' SPIR-V, in front of the program cache.
     #[cfg(not(loom))]
     spirv: SpirvCache,
+    /// Publishes the counters through the `metrics` facade (`src/runtime/metrics.rs`).
+    metrics: metrics::Publisher,
 }
 
 /// How many persisted binaries in a row the backend may refuse for one request before it is built
@@ -138,6 +134,7 @@ impl ProgramManager {
             debug: DebugCounters::default(),
             #[cfg(not(loom))]
             spirv: SpirvCache::default(),
+            metrics: metrics::Publisher::default(),
         }
     }
 
@@ -259,11 +256,27 @@ impl ProgramManager {
             source.set(s);
             Ok(p)
         })?;
+        let source = source.get();
+        count::program_acquired(source.name());
+        if source != Source::Memory {
+            // A miss paid for a lookup or a build: publishing the snapshot deltas costs nothing next
+            // to it.
+            self.publish_metrics();
+        }
         Ok(Acquired {
             value,
-            source: source.get(),
+            source,
             elapsed: start.elapsed(),
         })
+    }
+
+    /// Publishes this manager's counters through the `metrics` facade (see `src/runtime/metrics.rs`):
+    /// what the hit path counts (memory hits) and the stores' counters, as differences since the
+    /// last call. Called at every miss and by `Context::stats`; an embedder that scrapes between misses
+    /// may call it to bring memory hits up to date.
+    pub fn publish_metrics(&self) {
+        self.metrics
+            .publish(self.memory_stats(), self.disk_stats(), &self.store_stats());
     }
 
     /// The kernel `entry` of `image`. A hit is one lookup in the kernel map; on a miss the program is
@@ -530,6 +543,9 @@ impl ProgramManager {
             .retry_out_of_resources("build", || self.backend.build_program(image, spec, options));
         let took = start.elapsed();
         self.trace_build(image, "build program", r.is_ok(), Some(took));
+        if r.is_ok() {
+            count::built(took);
+        }
         Ok((r?, took))
     }
 

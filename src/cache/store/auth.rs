@@ -131,6 +131,19 @@ impl Refusal {
         )
     }
 
+    /// A stable kebab-case name for the reason (the `reason` label of `kpc_refusals_total`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Malformed(_) => "malformed",
+            Refusal::MissingMac => "missing-mac",
+            Refusal::BadMac => "bad-mac",
+            Refusal::Unsigned => "unsigned",
+            Refusal::UntrustedSigner(_) => "untrusted-signer",
+            Refusal::BadSignature(_) => "bad-signature",
+            Refusal::Entry(_) => "corrupt",
+        }
+    }
+
     /// Whether this refusal is about the writer signature (unsigned, untrusted or bad).
     pub fn is_signature(&self) -> bool {
         matches!(

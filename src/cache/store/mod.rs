@@ -364,8 +364,19 @@ impl StoreWarnings {
         }
     }
 
+    /// The `level` label of this store's metrics: the kind its name starts with (`remote:`, ...).
+    fn level(&self) -> &'static str {
+        match self.store.split(':').next() {
+            Some("remote") => "remote",
+            Some("disk") => "disk",
+            Some("readonly") => "readonly",
+            _ => "store",
+        }
+    }
+
     /// Logs `detail` for `cause` unless this store already warned about that cause.
     pub(crate) fn warn(&self, cause: WarnCause, detail: &dyn fmt::Display) {
+        crate::cache::metrics::store_failure(self.level(), cause.name());
         if self.warned.first(cause) {
             tracing::warn!(
                 target: "kpc::cache::store",

@@ -261,6 +261,7 @@ mod imp {
                         sh.counters.miss();
                         sh.counters.error();
                         sh.refusals.fetch_add(1, Ordering::Relaxed);
+                        crate::cache::metrics::refused("remote", refusal.reason());
                     }
                     let cause = if refusal.is_signature() {
                         WarnCause::Untrusted
