@@ -20,9 +20,13 @@ pub enum CacheCommand {
     Path,
     /// Entries and bytes per device.
     Stats {
-        /// Machine-readable output.
+        /// Machine-readable output (the same as --format json).
         #[arg(long)]
         json: bool,
+        /// Output format: text, json, or prometheus (the text exposition format, for a node
+        /// exporter's textfile collector or a push gateway).
+        #[arg(long, value_enum, default_value = "text")]
+        format: crate::cache_metrics::Format,
     },
     /// One row per entry: device, image, options, size, last access.
     Ls {
@@ -153,7 +157,7 @@ fn ago(t: SystemTime) -> String {
     }
 }
 
-fn device_of(e: &EntryInfo) -> (String, String) {
+pub(crate) fn device_of(e: &EntryInfo) -> (String, String) {
     match &e.record {
         Some(r) => (
             r.backend().to_string(),
@@ -195,7 +199,12 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
             outln!("{}", cache.root().display());
             Ok(ExitCode::SUCCESS)
         }
-        CacheCommand::Stats { json } => {
+        CacheCommand::Stats {
+            format: crate::cache_metrics::Format::Prometheus,
+            ..
+        } => crate::cache_metrics::prometheus(config, &cache, max_size),
+        CacheCommand::Stats { json, format } => {
+            let json = json || format == crate::cache_metrics::Format::Json;
             let entries = cache.entries().map_err(io)?;
             let mut per: BTreeMap<String, (String, String, u64, u64)> = BTreeMap::new();
             for e in &entries {

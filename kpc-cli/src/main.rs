@@ -23,6 +23,7 @@ mod cache;
 mod cache_bundle;
 mod cache_explain;
 mod cache_keys;
+mod cache_metrics;
 // `kpc cache ls --remote` and the remote in `kpc cache stats`.
 mod cache_remote;
 mod devices;
