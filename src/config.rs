@@ -545,8 +545,8 @@ mod mac_key;
 mod remote_url;
 pub mod signing;
 pub use mac_key::MacKey;
-pub use signing::{PublicKey, SigningKey};
 pub use remote_url::RemoteUrl;
+pub use signing::{PublicKey, SigningKey};
 
 mod parse;
 pub mod prefetch;

@@ -48,10 +48,16 @@ fn scrape(port: u16) -> String {
                 .unwrap();
             let mut raw = String::new();
             if s.read_to_string(&mut raw).is_ok() && raw.starts_with("HTTP/1.1 200") {
-                return raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap();
+                return raw
+                    .split_once("\r\n\r\n")
+                    .map(|(_, b)| b.to_string())
+                    .unwrap();
             }
         }
-        assert!(Instant::now() < deadline, "the exporter never answered on {port}");
+        assert!(
+            Instant::now() < deadline,
+            "the exporter never answered on {port}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -63,15 +69,22 @@ fn value(body: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .filter_map(|l| {
             let (series, v) = l.rsplit_once(' ')?;
             let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-            (n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
-                .then(|| v.parse::<f64>().ok())?
+            (n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
+            .then(|| v.parse::<f64>().ok())?
         })
         .sum()
 }
 
 #[test]
 fn a_prometheus_scrape_shows_builds_hits_per_level_and_refusals() {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .with_http_listener(([127, 0, 0, 1], port))
         .install()
@@ -82,7 +95,10 @@ fn a_prometheus_scrape_shows_builds_hits_per_level_and_refusals() {
     let key = SigningKey::from_seed(&[9; 32]);
     let be = Arc::new(FakeBackend::new().binary_size(4096));
     // A builder: three programs built, stored on its disk and published (signed).
-    let builder = ProgramManager::new(be.clone(), &config(&t.join("a"), &url, Some(key.clone()), &key));
+    let builder = ProgramManager::new(
+        be.clone(),
+        &config(&t.join("a"), &url, Some(key.clone()), &key),
+    );
     for i in 0..3 {
         assert_eq!(program(&builder, i), Source::Built);
     }
@@ -91,7 +107,11 @@ fn a_prometheus_scrape_shows_builds_hits_per_level_and_refusals() {
     builder.publish_metrics();
 
     // The remote entry of program 2 replaced by one an attacker signed with their own key.
-    let k2 = builder.disk_key(&image("k2.cl", &["main"]), &SpecConstants::new(), &BuildOptions::new("-O2"));
+    let k2 = builder.disk_key(
+        &image("k2.cl", &["main"]),
+        &SpecConstants::new(),
+        &BuildOptions::new("-O2"),
+    );
     let evil = EntryAuth {
         signer: Some(SigningKey::from_seed(&[66; 32])),
         ..EntryAuth::default()
@@ -102,9 +122,11 @@ fn a_prometheus_scrape_shows_builds_hits_per_level_and_refusals() {
         &seal(&k2, b"FAKEBIN1 evil", Duration::ZERO),
         &Provenance::for_key("attacker", &k2, None, Duration::ZERO),
     );
-    let path = t
-        .join("remote")
-        .join(format!("kpc/v1/{}/{}", k2.device_digest().to_hex(), k2.digest().to_hex()));
+    let path = t.join("remote").join(format!(
+        "kpc/v1/{}/{}",
+        k2.device_digest().to_hex(),
+        k2.digest().to_hex()
+    ));
     assert!(path.exists(), "{}", path.display());
     std::fs::write(&path, forged).unwrap();
 
@@ -134,15 +156,27 @@ fn a_prometheus_scrape_shows_builds_hits_per_level_and_refusals() {
     assert_eq!(v("kpc_cache_puts_total", &[("level", "disk")]), 4.0);
     assert_eq!(v("kpc_cache_puts_total", &[("level", "remote")]), 3.0);
     assert_eq!(v("kpc_cache_backfills_total", &[("level", "disk")]), 2.0);
-    assert!(v("kpc_cache_read_bytes_total", &[("level", "remote")]) >= 2.0 * 4096.0, "{body}");
-    assert!(v("kpc_cache_written_bytes_total", &[("level", "remote")]) > 3.0 * 4096.0, "{body}");
+    assert!(
+        v("kpc_cache_read_bytes_total", &[("level", "remote")]) >= 2.0 * 4096.0,
+        "{body}"
+    );
+    assert!(
+        v("kpc_cache_written_bytes_total", &[("level", "remote")]) > 3.0 * 4096.0,
+        "{body}"
+    );
     assert_eq!(
-        v("kpc_refusals_total", &[("level", "remote"), ("reason", "untrusted-signer")]),
+        v(
+            "kpc_refusals_total",
+            &[("level", "remote"), ("reason", "untrusted-signer")]
+        ),
         1.0
     );
     // The refusal and the serving node's skipped publish, each one failure of cause `untrusted`.
     assert_eq!(
-        v("kpc_store_failures_total", &[("level", "remote"), ("cause", "untrusted")]),
+        v(
+            "kpc_store_failures_total",
+            &[("level", "remote"), ("cause", "untrusted")]
+        ),
         2.0
     );
     assert!(body.contains("# TYPE kpc_programs_total counter"), "{body}");

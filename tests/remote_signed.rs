@@ -36,7 +36,13 @@ fn pub_of(private: &Path) -> String {
 
 /// A node's configuration as its environment gives it: local cache `root`, remote `url`, signing key
 /// file `signing`, trusted keys `trusted` (a KPC_CACHE_TRUSTED_KEYS value), host id `host`.
-fn node(root: &Path, url: &str, signing: Option<&Path>, trusted: Option<&str>, host: &str) -> Config {
+fn node(
+    root: &Path,
+    url: &str,
+    signing: Option<&Path>,
+    trusted: Option<&str>,
+    host: &str,
+) -> Config {
     let mut vars: Vec<(&str, String)> = vec![
         ("KPC_CACHE_DIR", root.display().to_string()),
         ("KPC_CACHE_REMOTE", url.into()),
@@ -88,7 +94,9 @@ fn remote_warnings(events: &[Ev]) -> Vec<String> {
         .filter(|e| {
             e.level == tracing::Level::WARN
                 && e.target == "kpc::cache::store"
-                && e.fields.get("store").is_some_and(|s| s.starts_with("remote:"))
+                && e.fields
+                    .get("store")
+                    .is_some_and(|s| s.starts_with("remote:"))
         })
         .map(|e| e.fields.get("cause").cloned().unwrap_or_default())
         .collect()
@@ -143,16 +151,29 @@ fn a_serving_node_with_only_trusted_keys_cannot_produce_an_entry_another_node_ac
         signer: Some(SigningKey::from_seed(&[99; 32])),
         ..EntryAuth::from_config(&serving)
     };
-    for (tag, auth) in [("unsigned", EntryAuth::from_config(&serving)), ("own key", own)] {
+    for (tag, auth) in [
+        ("unsigned", EntryAuth::from_config(&serving)),
+        ("own key", own),
+    ] {
         r.set(&path_of(&k0), &auth::wrap(&auth, &k0, &forged, &prov));
         let reader = node(&t.join(tag), &r.url(), None, Some(&trusted), "serving-2");
         let (src, stats, warned) = read_as(&reader, &[0]);
         assert_eq!(src, vec![Source::Built], "{tag}");
-        assert_eq!((stats.0, stats.2), (0, 1), "{tag}: refused and counted: {stats:?}");
+        assert_eq!(
+            (stats.0, stats.2),
+            (0, 1),
+            "{tag}: refused and counted: {stats:?}"
+        );
         assert_eq!(warned, vec!["untrusted"], "{tag}: warned once");
     }
     // The builder's own entry for key 1 is accepted by the same reader.
-    let builder = node(&t.join("b"), &r.url(), Some(&builder_key), Some(&trusted), "builder-1");
+    let builder = node(
+        &t.join("b"),
+        &r.url(),
+        Some(&builder_key),
+        Some(&trusted),
+        "builder-1",
+    );
     let (src, stats, _) = read_as(&builder, &[1]);
     assert_eq!((src, stats.3), (vec![Source::Built], 1));
     let fresh_reader = node(&t.join("r2"), &r.url(), None, Some(&trusted), "serving-3");
@@ -190,7 +211,13 @@ fn rotation_old_and_new_keys_accepted_then_the_old_one_removed() {
     assert_eq!((stats.0, stats.2), (1, 1), "{stats:?}");
     assert_eq!(warned, vec!["untrusted"]);
     // A builder re-signs key 0 with the new key: served again after rotation.
-    let b2 = node(&t.join("b2"), &r.url(), Some(&new), Some(new_inline), "builder-b");
+    let b2 = node(
+        &t.join("b2"),
+        &r.url(),
+        Some(&new),
+        Some(new_inline),
+        "builder-b",
+    );
     let (src, stats, _) = read_as(&b2, &[0]);
     assert_eq!((src, stats.3), (vec![Source::Built], 1));
     let rotated2 = node(&t.join("r3"), &r.url(), None, Some(new_inline), "serving-3");
@@ -205,8 +232,17 @@ fn forged_resigned_and_replayed_entries_are_refused() {
     let t = TempDir::new("signed-forgery");
     let key = keypair(&t, "builder.key", 1);
     let trusted = pub_of(&key);
-    let builder = node(&t.join("b"), &r.url(), Some(&key), Some(&trusted), "builder-1");
-    assert_eq!(read_as(&builder, &[0, 1]).0, vec![Source::Built, Source::Built]);
+    let builder = node(
+        &t.join("b"),
+        &r.url(),
+        Some(&key),
+        Some(&trusted),
+        "builder-1",
+    );
+    assert_eq!(
+        read_as(&builder, &[0, 1]).0,
+        vec![Source::Built, Source::Built]
+    );
     let pm = ProgramManager::new(Arc::new(FakeBackend::new()), &builder);
     let (k0, k1) = (store_key(&pm, 0), store_key(&pm, 1));
     let (p0, p1) = (path_of(&k0), path_of(&k1));
@@ -225,10 +261,18 @@ fn forged_resigned_and_replayed_entries_are_refused() {
     let sealed_at = 12 + prov_len + 96;
     let cases: Vec<(&str, &str, Vec<u8>)> = vec![
         // Re-signed: the attacker's own signature over their binary.
-        ("re-signed", p0.as_str(), auth::wrap(&evil_auth, &k0, &evil_bin, &prov)),
+        (
+            "re-signed",
+            p0.as_str(),
+            auth::wrap(&evil_auth, &k0, &evil_bin, &prov),
+        ),
         // Forged: the genuine signature kept, the binary swapped for the attacker's (its own
         // checksums valid).
-        ("forged", p0.as_str(), [&good0[..sealed_at], &evil_bin[..]].concat()),
+        (
+            "forged",
+            p0.as_str(),
+            [&good0[..sealed_at], &evil_bin[..]].concat(),
+        ),
         // Altered: one byte of the genuine binary changed.
         ("altered", p0.as_str(), {
             let mut v = good0.clone();
@@ -241,21 +285,40 @@ fn forged_resigned_and_replayed_entries_are_refused() {
     for (i, (tag, at, value)) in cases.into_iter().enumerate() {
         let orig = r.get(at);
         r.set(at, &value);
-        let reader = node(&t.join(format!("r{i}")), &r.url(), None, Some(&trusted), "serving");
+        let reader = node(
+            &t.join(format!("r{i}")),
+            &r.url(),
+            None,
+            Some(&trusted),
+            "serving",
+        );
         let want = if at == p0 { 0 } else { 1 };
         let (src, stats, warned) = read_as(&reader, &[want]);
         r.set(at, &orig);
         assert_eq!(src, vec![Source::Built], "{tag}: never loaded");
-        assert_eq!((stats.0, stats.2), (0, 1), "{tag}: refused and counted: {stats:?}");
+        assert_eq!(
+            (stats.0, stats.2),
+            (0, 1),
+            "{tag}: refused and counted: {stats:?}"
+        );
         assert_eq!(warned, vec!["untrusted"], "{tag}: warned once");
         // The reader's local disk holds its own build, not the remote's bytes.
-        let cfg_again = node(&t.join(format!("r{i}")), &r.url(), None, Some(&trusted), "serving");
+        let cfg_again = node(
+            &t.join(format!("r{i}")),
+            &r.url(),
+            None,
+            Some(&trusted),
+            "serving",
+        );
         assert_eq!(read_as(&cfg_again, &[want]).0, vec![Source::Disk], "{tag}");
     }
     // Untouched, both entries are served.
     assert_eq!((r.get(&p0), r.get(&p1)), (good0, good1));
     let reader = node(&t.join("ok"), &r.url(), None, Some(&trusted), "serving");
-    assert_eq!(read_as(&reader, &[0, 1]).0, vec![Source::Remote, Source::Remote]);
+    assert_eq!(
+        read_as(&reader, &[0, 1]).0,
+        vec![Source::Remote, Source::Remote]
+    );
 }
 
 #[test]
@@ -281,9 +344,19 @@ fn signatures_work_the_same_on_an_fs_remote() {
     let p = listed[0].verdict.clone().unwrap().unwrap();
     assert_eq!(p.host, "builder-fs");
     assert_eq!(p.kpc_version, env!("CARGO_PKG_VERSION"));
-    let fp = SigningKey::from_file("K", &key).unwrap().public_key().fingerprint();
+    let fp = SigningKey::from_file("K", &key)
+        .unwrap()
+        .public_key()
+        .fingerprint();
     assert_eq!(p.signer.as_deref(), Some(fp.as_str()));
     let strange = kpc::cache::store::RemoteStore::from_config(&stranger).unwrap();
     let listed = strange.list_verified(None).unwrap();
-    assert!(listed[0].verdict.as_ref().unwrap_err().to_string().contains("not in KPC_CACHE_TRUSTED_KEYS"));
+    assert!(
+        listed[0]
+            .verdict
+            .as_ref()
+            .unwrap_err()
+            .to_string()
+            .contains("not in KPC_CACHE_TRUSTED_KEYS")
+    );
 }

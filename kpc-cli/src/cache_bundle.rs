@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::Args;
 use kpc::cache::bundle::{self, ImportReport};
 use kpc::cache::disk::PersistentCache;
-use kpc::config::DeviceSelector;
 use kpc::cache::store::EntryAuth;
+use kpc::config::DeviceSelector;
 use kpc::{Config, Error};
 use serde_json::json;
 

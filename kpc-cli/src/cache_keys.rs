@@ -47,9 +47,7 @@ pub fn keygen(config: &kpc::Config, args: &KeygenArgs) -> kpc::Result<ExitCode> 
             "private key: {} (mode 0600; give it to builders as KPC_CACHE_SIGNING_KEY)",
             args.file.display()
         );
-        outln!(
-            "public key:  {pub_file} (give it to every reader in KPC_CACHE_TRUSTED_KEYS)"
-        );
+        outln!("public key:  {pub_file} (give it to every reader in KPC_CACHE_TRUSTED_KEYS)");
         outln!("fingerprint: {}", public.fingerprint());
     }
     Ok(ExitCode::SUCCESS)

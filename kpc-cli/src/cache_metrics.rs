@@ -21,7 +21,11 @@ pub enum Format {
 }
 
 /// Prints the gauges of the disk cache at `cache` (limit `max_size`) and of the remote, if any.
-pub fn prometheus(config: &Config, cache: &PersistentCache, max_size: u64) -> kpc::Result<ExitCode> {
+pub fn prometheus(
+    config: &Config,
+    cache: &PersistentCache,
+    max_size: u64,
+) -> kpc::Result<ExitCode> {
     let entries = cache
         .entries()
         .map_err(|e| kpc::Error::Io(format!("{}: {e}", cache.root().display())))?;
@@ -37,8 +41,14 @@ pub fn prometheus(config: &Config, cache: &PersistentCache, max_size: u64) -> kp
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
-        metrics::describe_gauge!("kpc_disk_entries", "Entries in the local disk cache, per device fingerprint.");
-        metrics::describe_gauge!("kpc_disk_bytes", "Bytes of the local disk cache's entries, per device fingerprint.");
+        metrics::describe_gauge!(
+            "kpc_disk_entries",
+            "Entries in the local disk cache, per device fingerprint."
+        );
+        metrics::describe_gauge!(
+            "kpc_disk_bytes",
+            "Bytes of the local disk cache's entries, per device fingerprint."
+        );
         for ((device, backend, name), (n, b)) in &per {
             let labels = [
                 ("device", device.clone()),
@@ -55,7 +65,10 @@ pub fn prometheus(config: &Config, cache: &PersistentCache, max_size: u64) -> kp
         metrics::gauge!("kpc_disk_quarantine_bytes").set(qb as f64);
         if let Some(r) = &remote {
             let up = r.get("error").is_none();
-            metrics::describe_gauge!("kpc_remote_up", "1 if the remote (KPC_CACHE_REMOTE) could be listed.");
+            metrics::describe_gauge!(
+                "kpc_remote_up",
+                "1 if the remote (KPC_CACHE_REMOTE) could be listed."
+            );
             metrics::gauge!("kpc_remote_up").set(if up { 1.0 } else { 0.0 });
             if up {
                 let n = |k: &str| r[k].as_u64().unwrap_or(0) as f64;

@@ -111,15 +111,19 @@ pub fn ls(config: &Config, json: bool, provenance: bool) -> kpc::Result<ExitCode
                 })
             })
             .collect();
-        crate::output::print_json(
-            &json!({"remote": url, "entries": rows, "refused": refused}),
-        );
+        crate::output::print_json(&json!({"remote": url, "entries": rows, "refused": refused}));
     } else {
         outln!("remote {url}");
         if provenance {
             outln!(
                 "{:<30}  {:<16}  {:<7}  {:<23}  {:>9}  {:<24}  {:<8}  DRIVER",
-                "IMAGE", "HOST", "KPC", "BUILT", "BUILD MS", "SIGNER", "VERIFIED"
+                "IMAGE",
+                "HOST",
+                "KPC",
+                "BUILT",
+                "BUILD MS",
+                "SIGNER",
+                "VERIFIED"
             );
         } else {
             outln!(

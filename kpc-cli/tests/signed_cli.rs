@@ -76,7 +76,11 @@ fn auth(signing: Option<&Path>, trusted: &[&Path]) -> EntryAuth {
 fn filled(dir: &TempDir, n: u64) -> kpc::cache::disk::PersistentCache {
     let c = cache(dir.path());
     for i in 0..n {
-        let out = c.put(&key(i), &payload(i, 900 + i as usize), Duration::from_millis(i));
+        let out = c.put(
+            &key(i),
+            &payload(i, 900 + i as usize),
+            Duration::from_millis(i),
+        );
         assert!(matches!(out, PutOutcome::Published(_)), "{out:?}");
     }
     c
@@ -92,7 +96,11 @@ fn keygen_writes_a_0600_private_key_and_never_overwrites() {
     let public = std::fs::read_to_string(pub_of(&file)).unwrap();
     assert!(kpc::config::PublicKey::parse(&public).is_some(), "{public}");
     let before = std::fs::read(&file).unwrap();
-    let (code, _, err) = run(kpc(d.path()).args(["cache", "keygen"]).arg(&file).output().unwrap());
+    let (code, _, err) = run(kpc(d.path())
+        .args(["cache", "keygen"])
+        .arg(&file)
+        .output()
+        .unwrap());
     assert_ne!(code, Some(0));
     assert!(err.contains("exists") && !err.contains("panicked"), "{err}");
     assert_eq!(std::fs::read(&file).unwrap(), before);
@@ -103,7 +111,10 @@ fn keygen_writes_a_0600_private_key_and_never_overwrites() {
         .output()
         .unwrap());
     assert_eq!(code, Some(2));
-    assert!(err.contains("KPC_CACHE_TRUSTED_KEYS") && err.contains("element 1"), "{err}");
+    assert!(
+        err.contains("KPC_CACHE_TRUSTED_KEYS") && err.contains("element 1"),
+        "{err}"
+    );
     let (code, _, err) = run(kpc(d.path())
         .args(["cache", "ls"])
         .env("KPC_CACHE_SIGNING_KEY", pub_of(&file))
@@ -116,11 +127,23 @@ fn keygen_writes_a_0600_private_key_and_never_overwrites() {
 #[test]
 fn bundles_are_signed_and_checked_like_the_remote() {
     let d = TempDir::new("bundle-sig");
-    let (old, new, evil) = (keygen(&d, "old.key"), keygen(&d, "new.key"), keygen(&d, "evil.key"));
+    let (old, new, evil) = (
+        keygen(&d, "old.key"),
+        keygen(&d, "new.key"),
+        keygen(&d, "evil.key"),
+    );
     let src = filled(&d, 3);
     let signed_old = d.join("old.kpcb");
     let r = bundle::export(&src, None, &auth(Some(&old), &[]), &signed_old).unwrap();
-    assert_eq!(r.signer, Some(SigningKey::from_file("K", &old).unwrap().public_key().fingerprint()));
+    assert_eq!(
+        r.signer,
+        Some(
+            SigningKey::from_file("K", &old)
+                .unwrap()
+                .public_key()
+                .fingerprint()
+        )
+    );
     let signed_evil = d.join("evil.kpcb");
     bundle::export(&src, None, &auth(Some(&evil), &[]), &signed_evil).unwrap();
     let unsigned = d.join("unsigned.kpcb");
@@ -135,12 +158,20 @@ fn bundles_are_signed_and_checked_like_the_remote() {
     assert_eq!((r.taken, r.refused.len()), (3, 0), "{r:?}");
     let r = import(&signed_old, auth(None, &[&new]));
     assert_eq!(r.taken, 0, "{r:?}");
-    assert!(r.refused.iter().all(|x| x.reason.contains("not in KPC_CACHE_TRUSTED_KEYS")), "{r:?}");
+    assert!(
+        r.refused
+            .iter()
+            .all(|x| x.reason.contains("not in KPC_CACHE_TRUSTED_KEYS")),
+        "{r:?}"
+    );
     // Signed by a key nobody trusts, or not signed at all.
     let r = import(&signed_evil, auth(None, &[&old]));
     assert_eq!((r.taken, r.refused.len()), (0, 3), "{r:?}");
     let r = import(&unsigned, auth(None, &[&old]));
-    assert!(r.refused.iter().all(|x| x.reason.contains("not signed")), "{r:?}");
+    assert!(
+        r.refused.iter().all(|x| x.reason.contains("not signed")),
+        "{r:?}"
+    );
     assert_eq!(r.taken, 0);
     // A reader trusting no key takes all three (checksums only), as before signatures.
     assert_eq!(import(&unsigned, auth(None, &[])).taken, 3);
@@ -149,7 +180,10 @@ fn bundles_are_signed_and_checked_like_the_remote() {
     // re-sign it with the old key).
     let raw = std::fs::read(&signed_old).unwrap();
     let mut body = Vec::new();
-    zstd::Decoder::new(&raw[8..]).unwrap().read_to_end(&mut body).unwrap();
+    zstd::Decoder::new(&raw[8..])
+        .unwrap()
+        .read_to_end(&mut body)
+        .unwrap();
     let good = payload(1, 901);
     let at = body.windows(good.len()).position(|w| w == good).unwrap();
     body[at..at + good.len()].copy_from_slice(&vec![0xCC; good.len()]);
@@ -181,11 +215,17 @@ fn bundles_are_signed_and_checked_like_the_remote() {
         .output()
         .unwrap());
     assert_eq!(code, Some(1), "refused entries: exit 1: {out}{err}");
-    assert!(out.contains("0 taken") && out.contains("not in KPC_CACHE_TRUSTED_KEYS"), "{out}");
+    assert!(
+        out.contains("0 taken") && out.contains("not in KPC_CACHE_TRUSTED_KEYS"),
+        "{out}"
+    );
     let (code, out, err) = run(kpc(e.path())
         .args(["cache", "import"])
         .arg(d.join("cli.kpcb"))
-        .env("KPC_CACHE_TRUSTED_KEYS", format!("{},{}", pub_of(&old), pub_of(&new)))
+        .env(
+            "KPC_CACHE_TRUSTED_KEYS",
+            format!("{},{}", pub_of(&old), pub_of(&new)),
+        )
         .output()
         .unwrap());
     assert_eq!(code, Some(0), "{out}{err}");
@@ -208,7 +248,10 @@ fn a_signed_attention_run_on_an_fs_remote_is_listed_with_provenance_and_served()
             .env("KPC_CACHE_TRUSTED_KEYS", &trusted)
             .env("KPC_HOST_ID", "builder-7");
     });
-    assert!(kernel_sources(&built).iter().all(|s| *s == "built"), "{built}");
+    assert!(
+        kernel_sources(&built).iter().all(|s| *s == "built"),
+        "{built}"
+    );
     // The listing verifies each entry and shows who built it.
     let ls = |trust: &str| {
         run(kpc(&d.join("serving"))
@@ -222,10 +265,16 @@ fn a_signed_attention_run_on_an_fs_remote_is_listed_with_provenance_and_served()
     let (code, out, err) = ls(&trusted);
     eprintln!("{out}");
     assert_eq!(code, Some(0), "{out}{err}");
-    let fp = SigningKey::from_file("K", &key).unwrap().public_key().fingerprint();
+    let fp = SigningKey::from_file("K", &key)
+        .unwrap()
+        .public_key()
+        .fingerprint();
     let rows: Vec<&str> = out.lines().filter(|l| l.contains("builder-7")).collect();
     assert!(rows.len() >= kernel_sources(&built).len(), "{out}");
-    assert!(rows.iter().all(|l| l.contains(&fp) && l.contains("  ok  ")), "{out}");
+    assert!(
+        rows.iter().all(|l| l.contains(&fp) && l.contains("  ok  ")),
+        "{out}"
+    );
     assert!(rows.iter().all(|l| l.contains("driver_name=")), "{out}");
     assert!(out.contains(", 0 refused"), "{out}");
     // A serving node (public key only) is served every kernel by the remote.
@@ -233,7 +282,10 @@ fn a_signed_attention_run_on_an_fs_remote_is_listed_with_provenance_and_served()
         c.env("KPC_CACHE_REMOTE", &remote)
             .env("KPC_CACHE_TRUSTED_KEYS", &trusted);
     });
-    assert!(kernel_sources(&served).iter().all(|s| *s == "remote"), "{served}");
+    assert!(
+        kernel_sources(&served).iter().all(|s| *s == "remote"),
+        "{served}"
+    );
     // A node trusting another key sees every entry refused, and the listing exits 1.
     let other = keygen(&d, "other.key");
     let (code, out, _) = ls(&pub_of(&other));

@@ -23,7 +23,11 @@ fn stats(dir: &TempDir, remote: Option<&str>) -> String {
     }
     let out = c.output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     text
 }
 
@@ -44,16 +48,27 @@ fn cache_stats_prints_the_prometheus_text_exposition() {
     let d = TempDir::new("stats-prom");
     let c = cache(d.path());
     for i in 0..5 {
-        c.put(&key(i), &payload(i, 2000 + i as usize), Duration::from_millis(3));
+        c.put(
+            &key(i),
+            &payload(i, 2000 + i as usize),
+            Duration::from_millis(3),
+        );
     }
     drop(c);
     let text = stats(&d, None);
     assert!(text.contains("# TYPE kpc_disk_entries gauge"), "{text}");
     assert_eq!(sum(&text, "kpc_disk_entries"), 5.0, "{text}");
-    assert_eq!(sum(&text, "kpc_disk_bytes"), entry_bytes(d.path()) as f64, "{text}");
+    assert_eq!(
+        sum(&text, "kpc_disk_bytes"),
+        entry_bytes(d.path()) as f64,
+        "{text}"
+    );
     assert_eq!(sum(&text, "kpc_disk_limit_bytes"), (64u64 << 20) as f64);
     assert_eq!(sum(&text, "kpc_disk_quarantine_files"), 0.0);
-    assert!(!text.contains("kpc_remote_up"), "no remote, no remote series: {text}");
+    assert!(
+        !text.contains("kpc_remote_up"),
+        "no remote, no remote series: {text}"
+    );
 
     let remote = TempDir::new("stats-prom-remote");
     let text = stats(&d, Some(&format!("fs://{}", remote.path().display())));

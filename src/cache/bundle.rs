@@ -25,7 +25,7 @@ use crate::cache::Digest;
 use crate::cache::disk::PersistentCache;
 use crate::cache::store::auth::{self, EntryAuth, Refusal};
 use crate::cache::store::seal;
-use crate::cache::store::{PutOutcome, Provenance, StoreKey};
+use crate::cache::store::{Provenance, PutOutcome, StoreKey};
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 7] = b"KPCBNDL";

@@ -233,8 +233,11 @@ pub fn parse_trusted_keys(var: &'static str, value: &str) -> Result<Vec<PublicKe
             keys.push(k);
             continue;
         }
-        let text = std::fs::read_to_string(element)
-            .map_err(|e| err(format!("element {n}: the file {element:?} cannot be read ({e})")))?;
+        let text = std::fs::read_to_string(element).map_err(|e| {
+            err(format!(
+                "element {n}: the file {element:?} cannot be read ({e})"
+            ))
+        })?;
         let before = keys.len();
         for (l, line) in text.lines().enumerate() {
             let line = line.trim();

@@ -69,13 +69,19 @@ fn bad_signing_key_files_are_typed_errors() {
     let d = dir("bad-signing");
     let var = |p: &std::path::Path| config(&[("KPC_CACHE_SIGNING_KEY", p.display().to_string())]);
     let missing = message(var(&d.join("nope")).unwrap_err());
-    assert!(missing.contains("KPC_CACHE_SIGNING_KEY") && missing.contains("cannot be read"), "{missing}");
+    assert!(
+        missing.contains("KPC_CACHE_SIGNING_KEY") && missing.contains("cannot be read"),
+        "{missing}"
+    );
     assert!(missing.contains("kpc cache keygen"), "{missing}");
     let file = d.join("k");
     SigningKey::write_pair(&[1; 32], &file, "c").unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     let open = message(var(&file).unwrap_err());
-    assert!(open.contains("mode 0644") && open.contains("chmod 600"), "{open}");
+    assert!(
+        open.contains("mode 0644") && open.contains("chmod 600"),
+        "{open}"
+    );
     // The public key given where the private one belongs.
     let pubf = d.join("k.pub");
     std::fs::set_permissions(&pubf, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -85,7 +91,10 @@ fn bad_signing_key_files_are_typed_errors() {
     std::fs::set_permissions(&junk, std::fs::Permissions::from_mode(0o600)).unwrap();
     let m = message(var(&junk).unwrap_err());
     assert!(m.contains("does not hold a kpc Ed25519 private key"), "{m}");
-    assert!(!m.contains("zz"), "the error must not echo key material: {m}");
+    assert!(
+        !m.contains("zz"),
+        "the error must not echo key material: {m}"
+    );
 }
 
 #[test]
@@ -96,7 +105,10 @@ fn bad_trusted_key_lists_are_typed_errors() {
     assert!(t(&format!("{good},")).contains("element 2 is empty"));
     assert!(t("ed25519:1234").contains("element 1"));
     let m = t(&format!("{good},/no/such/file"));
-    assert!(m.contains("KPC_CACHE_TRUSTED_KEYS") && m.contains("element 2"), "{m}");
+    assert!(
+        m.contains("KPC_CACHE_TRUSTED_KEYS") && m.contains("element 2"),
+        "{m}"
+    );
     let privf = d.join("k");
     SigningKey::write_pair(&[1; 32], &privf, "c").unwrap();
     assert!(t(&privf.display().to_string()).contains("holds a private key"));
@@ -114,7 +126,12 @@ fn bad_trusted_key_lists_are_typed_errors() {
     assert_eq!(c.trusted_keys.len(), 2);
     assert!(c.trusted_keys.contains(&other));
     // Empty means unset; a bad host id is refused.
-    assert!(config(&[("KPC_CACHE_TRUSTED_KEYS", " ".into())]).unwrap().trusted_keys.is_empty());
+    assert!(
+        config(&[("KPC_CACHE_TRUSTED_KEYS", " ".into())])
+            .unwrap()
+            .trusted_keys
+            .is_empty()
+    );
     let e = config(&[("KPC_HOST_ID", "a\nb".into())]).unwrap_err();
     assert!(e.to_string().contains("KPC_HOST_ID"), "{e}");
     assert!(config(&[("KPC_HOST_ID", "".into())]).is_err());

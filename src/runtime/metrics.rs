@@ -55,19 +55,44 @@ fn add(name: &'static str, level: &'static str, now: u64, before: u64) {
 
 impl Publisher {
     /// Publishes what changed since the last call.
-    pub(crate) fn publish(&self, memory: CacheStats, disk: Option<DiskStats>, levels: &[LevelStats]) {
+    pub(crate) fn publish(
+        &self,
+        memory: CacheStats,
+        disk: Option<DiskStats>,
+        levels: &[LevelStats],
+    ) {
         let mut last = self.last.lock();
         let m = &last.memory;
         add("kpc_cache_hits_total", "memory", memory.hits, m.hits);
         add("kpc_cache_misses_total", "memory", memory.misses, m.misses);
-        add("kpc_cache_evictions_total", "memory", memory.evictions, m.evictions);
+        add(
+            "kpc_cache_evictions_total",
+            "memory",
+            memory.evictions,
+            m.evictions,
+        );
         add("kpc_cache_waits_total", "memory", memory.waits, m.waits);
         last.memory = memory;
         if let Some(d) = disk {
             let b = &last.disk;
-            add("kpc_cache_evictions_total", "disk", d.evictions, b.evictions);
-            add("kpc_cache_evicted_bytes_total", "disk", d.evicted_bytes, b.evicted_bytes);
-            add("kpc_cache_corruptions_total", "disk", d.corruptions, b.corruptions);
+            add(
+                "kpc_cache_evictions_total",
+                "disk",
+                d.evictions,
+                b.evictions,
+            );
+            add(
+                "kpc_cache_evicted_bytes_total",
+                "disk",
+                d.evicted_bytes,
+                b.evicted_bytes,
+            );
+            add(
+                "kpc_cache_corruptions_total",
+                "disk",
+                d.corruptions,
+                b.corruptions,
+            );
             last.disk = d;
         }
         if last.levels.len() != levels.len() {
@@ -91,12 +116,32 @@ impl Publisher {
             let level = level_name(now.kind);
             add("kpc_cache_hits_total", level, now.hits, before.hits);
             add("kpc_cache_misses_total", level, now.misses, before.misses);
-            add("kpc_cache_backfills_total", level, now.backfills, before.backfills);
+            add(
+                "kpc_cache_backfills_total",
+                level,
+                now.backfills,
+                before.backfills,
+            );
             add("kpc_cache_puts_total", level, now.puts, before.puts);
-            add("kpc_cache_rejected_total", level, now.rejected, before.rejected);
+            add(
+                "kpc_cache_rejected_total",
+                level,
+                now.rejected,
+                before.rejected,
+            );
             let (s, p) = (&now.store, &before.store);
-            add("kpc_cache_read_bytes_total", level, s.bytes_read, p.bytes_read);
-            add("kpc_cache_written_bytes_total", level, s.bytes_written, p.bytes_written);
+            add(
+                "kpc_cache_read_bytes_total",
+                level,
+                s.bytes_read,
+                p.bytes_read,
+            );
+            add(
+                "kpc_cache_written_bytes_total",
+                level,
+                s.bytes_written,
+                p.bytes_written,
+            );
             add("kpc_cache_errors_total", level, s.errors, p.errors);
             add("kpc_cache_skipped_total", level, s.skipped, p.skipped);
             *before = now.clone();

@@ -9,20 +9,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cache_debug::{CacheDebugStats, DebugCounters, DebugOutcome};
+use super::metrics;
 pub use super::source::Source;
 #[cfg(not(loom))]
 use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
 use crate::backend::dynamic::{DynBackend, DynKernel, DynProgram};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
+use crate::cache::metrics as count;
 use crate::cache::store::{LevelStats, Turn};
 use crate::cache::{
     BuildOptions, CacheStats, Digest, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
     MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain, StoreKey,
 };
 use crate::config::{BackendKind, Config, TraceFlags};
-use super::metrics;
-use crate::cache::metrics as count;
 use crate::error::{Error, Result};
 
 impl fmt::Display for Source {

@@ -254,7 +254,10 @@ fn split(envelope: &[u8]) -> Result<Parts<'_>, Refusal> {
     }
     let mac = if flags & FLAG_MAC != 0 {
         let m = take(&mut b, MAC_LEN, "truncated MAC")?;
-        Some(m.try_into().map_err(|_| Refusal::Malformed("truncated MAC"))?)
+        Some(
+            m.try_into()
+                .map_err(|_| Refusal::Malformed("truncated MAC"))?,
+        )
     } else {
         None
     };
@@ -330,8 +333,8 @@ pub(crate) fn authenticate<'a>(
     let provenance = if p.version == V1 {
         None
     } else {
-        let mut prov = Provenance::decode(p.provenance)
-            .ok_or(Refusal::Malformed("unreadable provenance"))?;
+        let mut prov =
+            Provenance::decode(p.provenance).ok_or(Refusal::Malformed("unreadable provenance"))?;
         prov.signer = signer;
         Some(prov)
     };

@@ -29,14 +29,14 @@ pub mod readonly;
 pub mod remote;
 
 pub mod key;
-pub mod provenance;
 pub(crate) mod outcome;
+pub mod provenance;
 pub(crate) mod warn;
+pub use auth::EntryAuth;
 pub use chain::{ChainHit, ChainLock, LevelStats, StoreChain, Turn};
 pub use key::{KeyRecord, StoreKey};
 pub use outcome::PutOutcome;
 pub use provenance::Provenance;
-pub use auth::EntryAuth;
 pub use readonly::ReadOnlyStore;
 #[cfg(all(feature = "remote", not(loom)))]
 pub use remote::{RemoteStore, VerifiedEntry};

@@ -30,10 +30,7 @@ pub struct Provenance {
 
 /// The `driver*` fields of a device description (name=value lines), joined: which driver built it.
 pub fn driver_of(device: &str) -> String {
-    let v: Vec<&str> = device
-        .lines()
-        .filter(|l| l.starts_with("driver"))
-        .collect();
+    let v: Vec<&str> = device.lines().filter(|l| l.starts_with("driver")).collect();
     if v.is_empty() {
         "-".into()
     } else {

@@ -21,7 +21,12 @@ fn secret(s: &str) -> MacKey {
 }
 
 fn prov(k: &StoreKey) -> Provenance {
-    Provenance::for_key("builder-1", k, Some(1_700_000_000), Duration::from_millis(42))
+    Provenance::for_key(
+        "builder-1",
+        k,
+        Some(1_700_000_000),
+        Duration::from_millis(42),
+    )
 }
 
 fn mac_only(k: Option<&MacKey>) -> EntryAuth {
@@ -71,11 +76,20 @@ fn signed_entries_open_only_with_the_same_secret() {
     let sealed = seal(&k, b"binary bytes", Duration::from_millis(5));
     let a = secret("fleet secret number one");
     let env = wrap_mac(Some(&a), &k, &sealed);
-    assert_eq!(open(&mac_only(Some(&a)), &k, &env).unwrap().bytes(), b"binary bytes");
+    assert_eq!(
+        open(&mac_only(Some(&a)), &k, &env).unwrap().bytes(),
+        b"binary bytes"
+    );
     // No key configured: the checksums still verify, the MAC is not checked.
-    assert_eq!(open(&mac_only(None), &k, &env).unwrap().bytes(), b"binary bytes");
+    assert_eq!(
+        open(&mac_only(None), &k, &env).unwrap().bytes(),
+        b"binary bytes"
+    );
     let b = secret("another fleet's secret!");
-    assert_eq!(open(&mac_only(Some(&b)), &k, &env).unwrap_err(), Refusal::BadMac);
+    assert_eq!(
+        open(&mac_only(Some(&b)), &k, &env).unwrap_err(),
+        Refusal::BadMac
+    );
 }
 
 #[test]
@@ -86,9 +100,15 @@ fn version_1_envelopes_are_still_read() {
     let (hit, p) = open_with_provenance(&mac_only(Some(&a)), &k, &env).unwrap();
     assert_eq!((hit.bytes(), p), (&b"old"[..], None));
     let b = secret("another fleet's secret!");
-    assert_eq!(open(&mac_only(Some(&b)), &k, &env).unwrap_err(), Refusal::BadMac);
+    assert_eq!(
+        open(&mac_only(Some(&b)), &k, &env).unwrap_err(),
+        Refusal::BadMac
+    );
     // A reader that requires signatures refuses it: version 1 has none.
-    assert_eq!(open(&reader(&[1]), &k, &env).unwrap_err(), Refusal::Unsigned);
+    assert_eq!(
+        open(&reader(&[1]), &k, &env).unwrap_err(),
+        Refusal::Unsigned
+    );
 }
 
 #[test]
@@ -111,9 +131,15 @@ fn a_forged_binary_under_a_valid_looking_entry_is_refused() {
     let genuine_len = seal(&k, b"genuine", Duration::ZERO).len();
     let mut env2 = env[..env.len() - genuine_len].to_vec();
     env2.extend_from_slice(&forged);
-    assert_eq!(open(&mac_only(Some(&s)), &k, &env2).unwrap_err(), Refusal::BadMac);
+    assert_eq!(
+        open(&mac_only(Some(&s)), &k, &env2).unwrap_err(),
+        Refusal::BadMac
+    );
     // Without a key the forged entry verifies: the plain warning ENVIRONMENT.md gives.
-    assert_eq!(open(&mac_only(None), &k, &env2).unwrap().bytes(), b"evil!!!");
+    assert_eq!(
+        open(&mac_only(None), &k, &env2).unwrap().bytes(),
+        b"evil!!!"
+    );
 }
 
 #[test]
@@ -121,7 +147,10 @@ fn an_entry_replayed_under_another_key_is_refused() {
     let (k1, k2) = (key(1), key(9));
     let s = secret("fleet secret number one");
     let env = wrap_mac(Some(&s), &k1, &seal(&k1, b"one", Duration::ZERO));
-    assert_eq!(open(&mac_only(Some(&s)), &k2, &env).unwrap_err(), Refusal::BadMac);
+    assert_eq!(
+        open(&mac_only(Some(&s)), &k2, &env).unwrap_err(),
+        Refusal::BadMac
+    );
     assert!(matches!(
         open(&mac_only(None), &k2, &env).unwrap_err(),
         Refusal::Entry(Defect::KeyMismatch)
@@ -141,9 +170,19 @@ fn garbage_and_truncation_are_typed_refusals() {
         mac: Some(s.clone()),
         ..reader(&[1])
     };
-    for cut in [0, 3, HEADER, HEADER + 10, HEADER + MAC_LEN + 2, env.len() - 1] {
+    for cut in [
+        0,
+        3,
+        HEADER,
+        HEADER + 10,
+        HEADER + MAC_LEN + 2,
+        env.len() - 1,
+    ] {
         assert!(open(&strict, &k, &env[..cut]).is_err(), "cut at {cut}");
-        assert!(open(&mac_only(None), &k, &env[..cut]).is_err(), "cut at {cut}");
+        assert!(
+            open(&mac_only(None), &k, &env[..cut]).is_err(),
+            "cut at {cut}"
+        );
     }
     assert_eq!(
         open(&mac_only(None), &k, b"GARBAGE!garbage").unwrap_err(),
@@ -174,13 +213,21 @@ fn short_secrets_are_config_errors_that_hide_the_value() {
     assert!(!msg.contains("short\""), "{msg}");
     assert!(msg.contains("at least 16 bytes"), "{msg}");
     assert!(MacKey::from_secret("V", "                ").is_err());
-    assert_eq!(format!("{:?}", secret("0123456789abcdef")), "MacKey(<redacted>)");
+    assert_eq!(
+        format!("{:?}", secret("0123456789abcdef")),
+        "MacKey(<redacted>)"
+    );
 }
 
 #[test]
 fn a_trusted_signature_opens_with_its_provenance() {
     let k = key(1);
-    let env = wrap(&builder(1), &k, &seal(&k, b"bin", Duration::from_millis(42)), &prov(&k));
+    let env = wrap(
+        &builder(1),
+        &k,
+        &seal(&k, b"bin", Duration::from_millis(42)),
+        &prov(&k),
+    );
     let (hit, p) = open_with_provenance(&reader(&[1]), &k, &env).unwrap();
     assert_eq!(hit.bytes(), b"bin");
     let p = p.unwrap();
@@ -200,7 +247,10 @@ fn a_reader_refuses_unsigned_untrusted_and_resigned_entries() {
     let serving = reader(&[1]);
     assert!(!serving.may_publish());
     let env = wrap(&serving, &k, &sealed, &prov(&k));
-    assert_eq!(open(&reader(&[1]), &k, &env).unwrap_err(), Refusal::Unsigned);
+    assert_eq!(
+        open(&reader(&[1]), &k, &env).unwrap_err(),
+        Refusal::Unsigned
+    );
     // Signed by a key nobody trusts (an attacker's own key pair).
     let env = wrap(&builder(66), &k, &sealed, &prov(&k));
     let fp = signer(66).public_key().fingerprint();
@@ -232,7 +282,10 @@ fn a_reader_refuses_unsigned_untrusted_and_resigned_entries() {
     let mut stripped = good[..at].to_vec();
     stripped[5] &= !FLAG_SIG;
     stripped.extend_from_slice(&good[at + SIG_BLOCK..]);
-    assert_eq!(open(&reader(&[1]), &k, &stripped).unwrap_err(), Refusal::Unsigned);
+    assert_eq!(
+        open(&reader(&[1]), &k, &stripped).unwrap_err(),
+        Refusal::Unsigned
+    );
     // A trusted builder's binary swapped for the attacker's (checksums valid).
     let mut swapped = good[..good.len() - sealed.len()].to_vec();
     let evil_sealed = seal(&k, b"EVIL", Duration::ZERO);
@@ -260,7 +313,12 @@ fn a_reader_refuses_unsigned_untrusted_and_resigned_entries() {
 #[test]
 fn a_signed_entry_replayed_under_another_key_is_refused() {
     let (k1, k2) = (key(1), key(9));
-    let env = wrap(&builder(1), &k1, &seal(&k1, b"one", Duration::ZERO), &prov(&k1));
+    let env = wrap(
+        &builder(1),
+        &k1,
+        &seal(&k1, b"one", Duration::ZERO),
+        &prov(&k1),
+    );
     // Looked up as k2 (stored at k2's name): the signature binds k1's digest.
     assert!(matches!(
         open(&reader(&[1]), &k2, &env).unwrap_err(),

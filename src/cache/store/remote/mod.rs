@@ -50,12 +50,12 @@ mod imp {
     use crate::cache::disk::entry::FORMAT_VERSION;
     use crate::cache::store::StoreKey;
     use crate::cache::store::auth;
+    use crate::cache::store::auth::{EntryAuth, Refusal};
+    use crate::cache::store::provenance::Provenance;
     use crate::cache::store::{
         Access, BuildLock, LockGuard, PutOutcome, Removal, Store, StoreCounters, StoreEntry,
         StoreHit, StoreKind, StoreStats, StoreWarnings, WarnCause, seal,
     };
-    use crate::cache::store::auth::{EntryAuth, Refusal};
-    use crate::cache::store::provenance::Provenance;
     use crate::config::Config;
     use crate::config::RemoteUrl;
 
