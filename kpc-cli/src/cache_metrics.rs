@@ -31,7 +31,7 @@ pub fn prometheus(
         .map_err(|e| kpc::Error::Io(format!("{}: {e}", cache.root().display())))?;
     let mut per: BTreeMap<(String, String, String), (u64, u64)> = BTreeMap::new();
     for e in &entries {
-        let (backend, name) = crate::cache::device_of(e);
+        let (backend, name) = crate::entry_fmt::device_of(e);
         let d = per.entry((e.dirs[0].clone(), backend, name)).or_default();
         d.0 += 1;
         d.1 += e.bytes;

@@ -9,6 +9,8 @@ use kpc::cache::disk::PersistentCache;
 use kpc::cache::store::{Provenance, StoreEntry};
 use serde_json::{Value, json};
 
+use crate::entry_fmt::utc;
+
 /// One listed remote entry: the entry as its record claims, and `Ok(provenance)` if a lookup would
 /// load it, else why not.
 type Listed = (StoreEntry, Result<Option<Provenance>, String>);
@@ -53,10 +55,6 @@ fn all_entries(config: &Config) -> Result<(String, Vec<StoreEntry>), String> {
 #[cfg(not(feature = "remote"))]
 fn all_entries(_: &Config) -> Result<(String, Vec<StoreEntry>), String> {
     Err("this kpc was built without the `remote` feature".into())
-}
-
-fn utc(secs: u64) -> String {
-    crate::cache::utc(secs)
 }
 
 fn provenance_json(p: Option<&Provenance>) -> Value {

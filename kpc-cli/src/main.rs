@@ -27,6 +27,7 @@ mod cache_metrics;
 // `kpc cache ls --remote` and the remote in `kpc cache stats`.
 mod cache_remote;
 mod devices;
+mod entry_fmt;
 mod output;
 mod status;
 
