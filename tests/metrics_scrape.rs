@@ -153,6 +153,14 @@ fn a_prometheus_scrape_shows_builds_hits_per_level_and_refusals() {
     // serving node's forged one.
     assert_eq!(v("kpc_cache_misses_total", &[("level", "disk")]), 6.0);
     assert_eq!(v("kpc_cache_misses_total", &[("level", "remote")]), 4.0);
+    // Every disk miss explained: nothing similar was cached on either machine.
+    assert_eq!(
+        v(
+            "kpc_cache_miss_causes_total",
+            &[("level", "disk"), ("cause", "new-key")]
+        ),
+        6.0
+    );
     assert_eq!(v("kpc_cache_puts_total", &[("level", "disk")]), 4.0);
     assert_eq!(v("kpc_cache_puts_total", &[("level", "remote")]), 3.0);
     assert_eq!(v("kpc_cache_backfills_total", &[("level", "disk")]), 2.0);

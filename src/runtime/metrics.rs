@@ -93,6 +93,38 @@ impl Publisher {
                 d.corruptions,
                 b.corruptions,
             );
+            let causes = [
+                ("new-key", d.misses_new_key, b.misses_new_key),
+                (
+                    "device-changed",
+                    d.misses_device_changed,
+                    b.misses_device_changed,
+                ),
+                (
+                    "image-changed",
+                    d.misses_image_changed,
+                    b.misses_image_changed,
+                ),
+                ("spec-changed", d.misses_spec_changed, b.misses_spec_changed),
+                (
+                    "options-changed",
+                    d.misses_options_changed,
+                    b.misses_options_changed,
+                ),
+                (
+                    "entry-unusable",
+                    d.misses_entry_unusable,
+                    b.misses_entry_unusable,
+                ),
+                ("cached", d.misses_cached, b.misses_cached),
+            ];
+            for (cause, now, before) in causes {
+                let delta = now.saturating_sub(before);
+                if delta > 0 {
+                    metrics::counter!("kpc_cache_miss_causes_total", "level" => "disk", "cause" => cause)
+                        .increment(delta);
+                }
+            }
             last.disk = d;
         }
         if last.levels.len() != levels.len() {
