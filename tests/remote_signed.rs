@@ -349,6 +349,25 @@ fn signatures_work_the_same_on_an_fs_remote() {
         .public_key()
         .fingerprint();
     assert_eq!(p.signer.as_deref(), Some(fp.as_str()));
+    // The local disks record who built each entry: the builder itself, and on the reader (which took
+    // it from the remote) the original builder and the signer it verified.
+    let record = |root: &str| {
+        let c = common::disk::cache(&t.join(root));
+        let e = c.entries().unwrap();
+        assert_eq!(e.len(), 1, "{root}");
+        e[0].record.clone().unwrap().provenance.unwrap()
+    };
+    let built = record("b");
+    assert_eq!(
+        (built.host.as_str(), built.signer.as_deref()),
+        ("builder-fs", None)
+    );
+    let copied = record("r");
+    assert_eq!(copied.host, "builder-fs");
+    assert_eq!(copied.built_unix, p.built_unix);
+    assert_eq!(copied.signer.as_deref(), Some(fp.as_str()));
+    // The stranger built it itself.
+    assert_eq!(record("x").host, "serving-x");
     let strange = kpc::cache::store::RemoteStore::from_config(&stranger).unwrap();
     let listed = strange.list_verified(None).unwrap();
     assert!(

@@ -174,10 +174,10 @@ pub fn ls(config: &Config, json: bool, provenance: bool) -> kpc::Result<ExitCode
     })
 }
 
-/// `kpc cache ls --provenance` (local): what the local disk knows of each entry's origin. A local
-/// entry records its driver, when it was written and how long its build took, not its builder (an
-/// entry copied down from the remote or imported from a bundle is rewritten here): the writer,
-/// kpc version and signer are recorded on what is published or exported (`--remote`).
+/// `kpc cache ls --provenance` (local): who built each entry of the local disk cache, as its key
+/// record says: the builder's host, kpc version, when and how long, the signer whose signature this
+/// machine verified when it took the entry from the remote or a bundle, and the driver. An entry
+/// written by a kpc before provenance records none (`-`).
 pub fn ls_local_provenance(cache: &PersistentCache, json: bool) -> kpc::Result<ExitCode> {
     let entries = cache
         .entries()
@@ -194,9 +194,9 @@ pub fn ls_local_provenance(cache: &PersistentCache, json: bool) -> kpc::Result<E
                     "device": e.dirs[0],
                     "image": r.label,
                     "image_digest": r.image_digest,
-                    "driver": kpc::cache::store::provenance::driver_of(&r.device),
                     "written_unix": r.created_unix,
                     "build_ms": r.build_time.as_secs_f64() * 1e3,
+                    "provenance": provenance_json(r.provenance.as_ref()),
                 })
             })
             .collect();
@@ -205,25 +205,30 @@ pub fn ls_local_provenance(cache: &PersistentCache, json: bool) -> kpc::Result<E
     }
     outln!("cache {}", cache.root().display());
     outln!(
-        "{:<28}  {:<23}  {:>9}  DRIVER",
+        "{:<30}  {:<16}  {:<7}  {:<23}  {:>9}  {:<24}  DRIVER",
         "IMAGE",
-        "WRITTEN",
-        "BUILD MS"
+        "HOST",
+        "KPC",
+        "BUILT",
+        "BUILD MS",
+        "SIGNER"
     );
     for (_, r) in &rows {
         let label = if r.label.is_empty() { "-" } else { &r.label };
+        let p = r.provenance.as_ref();
+        let f = |g: fn(&Provenance) -> String| p.map_or("-".to_string(), g);
         outln!(
-            "{:<28}  {:<23}  {:>9.1}  {}",
+            "{:<30}  {:<16}  {:<7}  {:<23}  {:>9.1}  {:<24}  {}",
             format!("{label} ({})", r.image_digest.get(..8).unwrap_or("")),
-            utc(r.created_unix),
+            f(|p| p.host.clone()),
+            f(|p| p.kpc_version.clone()),
+            f(|p| utc(p.built_unix)),
             r.build_time.as_secs_f64() * 1e3,
+            f(|p| p.signer.clone().unwrap_or_else(|| "-".into())),
             kpc::cache::store::provenance::driver_of(&r.device)
         );
     }
-    outln!(
-        "{} entries (local entries do not record their builder; `kpc cache ls --remote --provenance` shows the host, kpc version and signer of what was published)",
-        rows.len()
-    );
+    outln!("{} entries", rows.len());
     Ok(ExitCode::SUCCESS)
 }
 

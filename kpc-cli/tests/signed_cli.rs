@@ -286,6 +286,49 @@ fn a_signed_attention_run_on_an_fs_remote_is_listed_with_provenance_and_served()
         kernel_sources(&served).iter().all(|s| *s == "remote"),
         "{served}"
     );
+    // The serving node's disk records the builder's provenance and the signer it verified.
+    let (code, local, err) = run(kpc(&d.join("serving"))
+        .args(["cache", "ls", "--provenance"])
+        .output()
+        .unwrap());
+    eprintln!("{local}");
+    assert_eq!(code, Some(0), "{local}{err}");
+    let rows: Vec<&str> = local.lines().filter(|l| l.contains("builder-7")).collect();
+    assert!(rows.len() >= kernel_sources(&built).len(), "{local}");
+    assert!(rows.iter().all(|l| l.contains(&fp)), "{local}");
+    // Exported by the serving node with its own key, imported elsewhere: the builder is still the
+    // builder, the signer the exporter.
+    let exporter = keygen(&d, "exporter.key");
+    let bundle_file = d.join("served.kpcb");
+    let (code, out, err) = run(kpc(&d.join("serving"))
+        .args(["cache", "export"])
+        .arg(&bundle_file)
+        .env("KPC_CACHE_SIGNING_KEY", &exporter)
+        .output()
+        .unwrap());
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = run(kpc(&d.join("third"))
+        .args(["cache", "import"])
+        .arg(&bundle_file)
+        .env("KPC_CACHE_TRUSTED_KEYS", pub_of(&exporter))
+        .output()
+        .unwrap());
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (_, third, _) = run(kpc(&d.join("third"))
+        .args(["cache", "ls", "--provenance", "--json"])
+        .output()
+        .unwrap());
+    let v: serde_json::Value = serde_json::from_str(&third).unwrap();
+    let efp = SigningKey::from_file("K", &exporter)
+        .unwrap()
+        .public_key()
+        .fingerprint();
+    let entries = v["entries"].as_array().unwrap();
+    assert!(!entries.is_empty(), "{third}");
+    for e in entries {
+        assert_eq!(e["provenance"]["host"], "builder-7", "{third}");
+        assert_eq!(e["provenance"]["signer"], efp.as_str(), "{third}");
+    }
     // A node trusting another key sees every entry refused, and the listing exits 1.
     let other = keygen(&d, "other.key");
     let (code, out, _) = ls(&pub_of(&other));

@@ -134,8 +134,15 @@ pub fn export(
             report.unverified += 1;
             continue;
         };
-        let built = e.record.as_ref().map(|r| r.created_unix);
-        let provenance = Provenance::for_key(&auth.host, &key, built, hit.build_time());
+        // The builder's provenance as this cache recorded it; for an entry that records none (written
+        // by an older kpc, or copied from a place that had none), this machine as the writer.
+        let provenance = match e.record.as_ref().and_then(|r| r.provenance.clone()) {
+            Some(p) => p,
+            None => {
+                let written = e.record.as_ref().map(|r| r.created_unix);
+                Provenance::for_key(&auth.host, &key, written, hit.build_time())
+            }
+        };
         let sealed = seal(&key, hit.bytes(), hit.build_time());
         let envelope = auth::wrap(auth, &key, &sealed, &provenance);
         index.push(json!({
@@ -335,5 +342,5 @@ fn take(
         r.to_string()
     })?;
     // The put itself answers AlreadyPresent for a key the cache holds a valid entry of.
-    Ok(cache.put(&key, hit.bytes(), hit.build_time()))
+    Ok(cache.put_copy(&key, hit.bytes(), hit.build_time(), hit.provenance()))
 }

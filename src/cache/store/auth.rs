@@ -356,7 +356,7 @@ pub fn open_with_provenance(
 ) -> Result<(StoreHit, Option<Provenance>), Refusal> {
     let (sealed, prov) = authenticate(auth, key, envelope)?;
     let hit = StoreHit::unseal(key, sealed).map_err(Refusal::Entry)?;
-    Ok((hit, prov))
+    Ok((hit.with_provenance(prov.clone()), prov))
 }
 
 /// The key record of an envelope's entry, read without authentication (for listings and for finding

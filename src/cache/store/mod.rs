@@ -93,6 +93,7 @@ pub enum Access {
 pub struct StoreHit {
     bytes: Vec<u8>,
     build_time: Duration,
+    provenance: Option<Provenance>,
 }
 
 impl fmt::Debug for StoreHit {
@@ -107,7 +108,11 @@ impl fmt::Debug for StoreHit {
 impl StoreHit {
     /// A hit from bytes a store verified itself (the disk cache).
     pub(crate) fn verified(bytes: Vec<u8>, build_time: Duration) -> StoreHit {
-        StoreHit { bytes, build_time }
+        StoreHit {
+            bytes,
+            build_time,
+            provenance: None,
+        }
     }
 
     /// Verifies `sealed` (as [`seal`] made it) against `key` and returns the binary it holds.
@@ -129,7 +134,19 @@ impl StoreHit {
         Ok(StoreHit {
             bytes: payload.to_vec(),
             build_time: record.build_time,
+            provenance: record.provenance,
         })
+    }
+
+    /// The same hit, with the provenance its envelope carried.
+    pub(crate) fn with_provenance(mut self, provenance: Option<Provenance>) -> StoreHit {
+        self.provenance = provenance;
+        self
+    }
+
+    /// Who built the binary, where the store knew it (a verified remote or bundle envelope).
+    pub fn provenance(&self) -> Option<&Provenance> {
+        self.provenance.as_ref()
     }
 
     /// The binary, exactly as it was put.
@@ -153,7 +170,7 @@ impl StoreHit {
 /// and a checksum; see `src/cache/disk/entry.rs`). [`StoreHit::unseal`] checks it.
 pub fn seal(key: &StoreKey, bytes: &[u8], build_time: Duration) -> Vec<u8> {
     let digest = key.digest().0;
-    let src = key.record_json(build_time, bytes.len() as u64);
+    let src = key.record_json(build_time, bytes.len() as u64, None);
     let mut out = Vec::with_capacity(2 * HEADER_LEN + src.len() + bytes.len());
     out.extend_from_slice(&entry::encode_header(FileKind::Src, &digest, &src));
     out.extend_from_slice(&src);
@@ -470,6 +487,20 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Stores `bytes`, built in `build_time`, under `key`. Never fails the caller; see
     /// [`PutOutcome`].
     fn put(&self, key: &StoreKey, bytes: &[u8], build_time: Duration) -> PutOutcome;
+
+    /// Stores `bytes` copied from another place (a lower store's hit, a bundle) whose entry recorded
+    /// `provenance`: stores that record provenance keep the original builder's; the default is
+    /// [`Store::put`].
+    fn put_copy(
+        &self,
+        key: &StoreKey,
+        bytes: &[u8],
+        build_time: Duration,
+        provenance: Option<&Provenance>,
+    ) -> PutOutcome {
+        let _ = provenance;
+        self.put(key, bytes, build_time)
+    }
 
     /// Removes `key`'s entry (see [`Removal`]). Returns whether an entry went; a store that never
     /// changes (a read-only layer) returns false.

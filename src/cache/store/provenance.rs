@@ -2,11 +2,9 @@
 //! driver, when, and how long its build took. Carried in the entry's envelope ([`super::auth`]) and
 //! covered by its MAC and signature, so a reader that verified the entry can believe it.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::{Value, json};
-
-use crate::cache::store::StoreKey;
 
 /// The provenance of one shared entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,43 +37,19 @@ pub fn driver_of(device: &str) -> String {
 }
 
 impl Provenance {
-    /// The provenance of an entry this process writes now for `key`, built `built_unix` (`None`:
-    /// now) in `build_time`, by host `host`.
-    pub fn for_key(
-        host: &str,
-        key: &StoreKey,
-        built_unix: Option<u64>,
-        build_time: Duration,
-    ) -> Provenance {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        Provenance {
-            host: host.to_owned(),
-            kpc_version: env!("CARGO_PKG_VERSION").to_owned(),
-            driver: driver_of(key.device()),
-            built_unix: built_unix.unwrap_or(now),
-            build_time,
-            signer: None,
-        }
-    }
-
-    /// The bytes the envelope carries (JSON; the signer is not in them).
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(&json!({
+    /// As JSON (the signer is not in it: an envelope's comes from its signature).
+    pub(crate) fn to_value(&self) -> Value {
+        json!({
             "host": self.host,
             "kpc": self.kpc_version,
             "driver": self.driver,
             "built_unix": self.built_unix,
             "build_ns": self.build_time.as_nanos().min(u64::MAX as u128) as u64,
-        }))
-        .expect("a JSON value always serializes")
+        })
     }
 
-    /// Parses what [`Provenance::encode`] wrote; `None` if it is not that.
-    pub(crate) fn decode(raw: &[u8]) -> Option<Provenance> {
-        let v: Value = serde_json::from_slice(raw).ok()?;
+    /// Parses what [`Provenance::to_value`] made; `None` if it is not that.
+    pub(crate) fn from_value(v: &Value) -> Option<Provenance> {
         let s = |k: &str| v.get(k)?.as_str().map(str::to_owned);
         Some(Provenance {
             host: s("host")?,
@@ -85,5 +59,15 @@ impl Provenance {
             build_time: Duration::from_nanos(v.get("build_ns")?.as_u64()?),
             signer: None,
         })
+    }
+
+    /// The bytes the envelope carries (JSON; the signer is not in them).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.to_value()).expect("a JSON value always serializes")
+    }
+
+    /// Parses what [`Provenance::encode`] wrote; `None` if it is not that.
+    pub(crate) fn decode(raw: &[u8]) -> Option<Provenance> {
+        Provenance::from_value(&serde_json::from_slice(raw).ok()?)
     }
 }
