@@ -139,6 +139,14 @@ fn a_serving_node_with_only_trusted_keys_cannot_produce_an_entry_another_node_ac
     assert_eq!(stats.3, 0, "a serving node publishes nothing: {stats:?}");
     assert_eq!(warned, vec!["untrusted"]);
     assert!(r.keys("kpc/v*").is_empty(), "{:?}", r.keys("kpc/v*"));
+    // Nor did it take the fleet build lock while building: its build lock level was not offered.
+    let be = Arc::new(FakeBackend::new());
+    let pm = ProgramManager::new(be.clone(), &serving);
+    let k5 = store_key(&pm, 5);
+    let store = kpc::cache::store::RemoteStore::from_config(&serving).unwrap();
+    use kpc::cache::store::{BuildLock, Store};
+    assert!(matches!(store.lock_for_build(&k5), BuildLock::NotOffered));
+    assert!(r.keys("kpc-lock/*").is_empty());
 
     // Everything a serving node could write: unsigned (it has no private key), or signed with a key
     // pair it made up. Written straight into redis; another reader refuses both and builds.

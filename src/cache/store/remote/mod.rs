@@ -448,6 +448,9 @@ mod imp {
 
         fn lock_for_build(&self, key: &StoreKey) -> BuildLock {
             match &self.fleet {
+                // A node that will not publish (trusted keys, no signing key) takes no fleet lock:
+                // others would wait for an entry that never comes.
+                Some(_) if !self.shared.auth.may_publish() => BuildLock::NotOffered,
                 // The breaker is consulted for every command of the wait.
                 Some(f) => self.wait_for_fleet(f, key),
                 None => BuildLock::NotOffered,
