@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-/// Counts one program acquisition served from `source` (`kpc_programs_total{source}`).
+/// Counts one program acquisition that missed memory, served from `source`
+/// (`kpc_programs_total{source}`).
 pub fn program_acquired(source: &'static str) {
     metrics::counter!("kpc_programs_total", "source" => source).increment(1);
 }

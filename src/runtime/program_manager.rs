@@ -257,10 +257,10 @@ impl ProgramManager {
             Ok(p)
         })?;
         let source = source.get();
-        count::program_acquired(source.name());
         if source != Source::Memory {
-            // A miss paid for a lookup or a build: publishing the snapshot deltas costs nothing next
-            // to it.
+            // A miss paid for a lookup or a build: counting it and publishing the snapshot deltas
+            // costs nothing next to that. Memory hits are published with the deltas.
+            count::program_acquired(source.name());
             self.publish_metrics();
         }
         Ok(Acquired {
