@@ -296,6 +296,26 @@ fn a_signed_attention_run_on_an_fs_remote_is_listed_with_provenance_and_served()
     let rows: Vec<&str> = local.lines().filter(|l| l.contains("builder-7")).collect();
     assert!(rows.len() >= kernel_sources(&built).len(), "{local}");
     assert!(rows.iter().all(|l| l.contains(&fp)), "{local}");
+    // `kpc cache explain` says the same of each cached kernel.
+    let (code, explained, err) = run(kpc(&d.join("serving"))
+        .args(["cache", "explain", "--backend", "vulkan"])
+        .args(["--prompt", "40", "--heads", "4", "--kv-heads", "2"])
+        .output()
+        .unwrap());
+    eprintln!("{explained}");
+    assert_eq!(code, Some(0), "{explained}{err}");
+    let lines: Vec<&str> = explained
+        .lines()
+        .filter(|l| l.starts_with("attn_"))
+        .collect();
+    assert!(!lines.is_empty(), "{explained}");
+    for l in lines {
+        assert!(
+            l.contains("cached (disk; built by builder-7")
+                && l.contains(&format!("signed by {fp}")),
+            "{explained}"
+        );
+    }
     // Exported by the serving node with its own key, imported elsewhere: the builder is still the
     // builder, the signer the exporter.
     let exporter = keygen(&d, "exporter.key");
