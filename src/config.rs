@@ -11,107 +11,13 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Names of every environment variable kpc reads. ENVIRONMENT.md documents each of them.
-pub mod vars {
-    /// 0/1: use the on-disk cache.
-    pub const CACHE_PERSISTENT: &str = "KPC_CACHE_PERSISTENT";
-    /// Root directory of the on-disk cache.
-    pub const CACHE_DIR: &str = "KPC_CACHE_DIR";
-    /// Read-only cache roots searched after the local one (colon-separated, like PATH).
-    pub const CACHE_READONLY_DIRS: &str = "KPC_CACHE_READONLY_DIRS";
-    /// Disk cache size limit.
-    pub const CACHE_MAX_SIZE: &str = "KPC_CACHE_MAX_SIZE";
-    /// Smallest device image that is persisted.
-    pub const CACHE_MIN_DEVICE_IMAGE_SIZE: &str = "KPC_CACHE_MIN_DEVICE_IMAGE_SIZE";
-    /// Largest device image that is persisted.
-    pub const CACHE_MAX_DEVICE_IMAGE_SIZE: &str = "KPC_CACHE_MAX_DEVICE_IMAGE_SIZE";
-    /// 0/1: use the in-memory cache.
-    pub const CACHE_IN_MEM: &str = "KPC_CACHE_IN_MEM";
-    /// Bytes of programs ([`crate::cache::CacheCost`]) kept in memory before LRU eviction (0 = off).
-    pub const IN_MEM_CACHE_EVICTION_THRESHOLD: &str = "KPC_IN_MEM_CACHE_EVICTION_THRESHOLD";
-    /// How long to wait for another process building the same key.
-    pub const CACHE_LOCK_TIMEOUT: &str = "KPC_CACHE_LOCK_TIMEOUT";
-    /// Trace bitmask: 1 disk, 2 memory, 4 builds.
-    pub const CACHE_TRACE: &str = "KPC_CACHE_TRACE";
-    /// 0/1: debug mode, every program built fresh and compared with the cached binary.
-    pub const CACHE_DEBUG: &str = "KPC_CACHE_DEBUG";
-    /// Device selector.
-    pub const DEVICE: &str = "KPC_DEVICE";
-    /// Warm start: off, on, or on under an application name.
-    pub const CACHE_PREFETCH: &str = "KPC_CACHE_PREFETCH";
-    /// Remote store URL (redis://, fs://, s3://).
-    pub const CACHE_REMOTE: &str = "KPC_CACHE_REMOTE";
-    /// Bound on each remote call, and on how long a publish may hold a build back.
-    pub const CACHE_REMOTE_TIMEOUT: &str = "KPC_CACHE_REMOTE_TIMEOUT";
-    /// Shared secret: remote entries carry a keyed BLAKE3 MAC and are verified.
-    pub const CACHE_REMOTE_KEY: &str = "KPC_CACHE_REMOTE_KEY";
-    /// Sealed mode: off, warn or error for a build after warm-up.
-    pub const CACHE_SEAL: &str = "KPC_CACHE_SEAL";
-    /// Fallback cache root base (XDG base directory spec).
-    pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
-    /// Last-resort cache root base.
-    pub const HOME: &str = "HOME";
-}
+pub mod vars;
 
 const DEVICE_ACCEPTED: &str = "auto, or BACKEND:INDEX or BACKEND:TYPE where BACKEND is vulkan|opencl|any and TYPE is gpu|discrete|integrated|cpu (e.g. vulkan:0, vulkan:gpu, opencl:1, any:cpu)";
 
-/// A configuration value that could not be accepted.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// A variable (or builder field) held a value that does not parse.
-    #[error("{var}={value:?} is not valid: expected {accepted}")]
-    Invalid {
-        /// The variable (or builder field) name.
-        var: &'static str,
-        /// The value as given.
-        value: String,
-        /// What would have been accepted.
-        accepted: &'static str,
-    },
-    /// One element of a list variable is not valid.
-    #[error(
-        "{var}={value:?} is not valid: element {index} ({element:?}) {problem}; expected {accepted}"
-    )]
-    InvalidListElement {
-        /// The variable (or builder field) name.
-        var: &'static str,
-        /// The whole value as given.
-        value: String,
-        /// The element at fault, 1-based.
-        index: usize,
-        /// The element as given.
-        element: String,
-        /// What is wrong with it.
-        problem: &'static str,
-        /// What would have been accepted.
-        accepted: &'static str,
-    },
-    /// Two values are each valid but contradict each other.
-    #[error("{0}")]
-    Inconsistent(String),
-    /// A URL variable (`KPC_CACHE_REMOTE`) that does not parse; the value shown has any password
-    /// redacted.
-    #[error("{var}={value:?} is not valid: the URL {problem}; expected {accepted}")]
-    InvalidUrl {
-        /// The variable name.
-        var: &'static str,
-        /// The value as given, password redacted.
-        value: String,
-        /// What is wrong with it.
-        problem: &'static str,
-        /// What would have been accepted.
-        accepted: &'static str,
-    },
-}
-
-fn invalid(var: &'static str, value: &str, accepted: &'static str) -> ConfigError {
-    ConfigError::Invalid {
-        var,
-        value: value.to_owned(),
-        accepted,
-    }
-}
+mod error;
+pub use error::ConfigError;
+pub(crate) use error::invalid;
 
 /// Which backend a [`DeviceSelector`] restricts to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -297,6 +203,16 @@ pub struct Config {
     pub remote_timeout: Duration,
     /// The fleet's MAC key (`KPC_CACHE_REMOTE_KEY`, default none: entries unauthenticated).
     pub remote_key: Option<MacKey>,
+    /// This process's signing key (`KPC_CACHE_SIGNING_KEY`, default none): what it publishes to the
+    /// remote or exports to a bundle is signed with it.
+    pub signing_key: Option<SigningKey>,
+    /// Keys whose signatures this process accepts on shared entries (`KPC_CACHE_TRUSTED_KEYS`,
+    /// default none: signatures are not required). With any, an unsigned entry or one signed by
+    /// another key is refused.
+    pub trusted_keys: Vec<PublicKey>,
+    /// This machine's name in the provenance of what it publishes or exports (`KPC_HOST_ID`;
+    /// `None`: the host name, see [`Config::host_id`]).
+    pub host_id: Option<String>,
     /// Sealed mode (`KPC_CACHE_SEAL`, default off): what a context does with a build once sealed.
     pub seal: SealMode,
 }
@@ -325,6 +241,9 @@ impl Default for Config {
             remote: None,
             remote_timeout: Duration::from_secs(2),
             remote_key: None,
+            signing_key: None,
+            trusted_keys: Vec::new(),
+            host_id: None,
             seal: SealMode::Off,
         }
     }
@@ -393,6 +312,16 @@ impl Config {
         if let Some(v) = get(vars::CACHE_REMOTE_KEY)? {
             b = b.remote_key(MacKey::from_secret(vars::CACHE_REMOTE_KEY, &v)?);
         }
+        if let Some(v) = get(vars::CACHE_SIGNING_KEY)?.filter(|v| !v.trim().is_empty()) {
+            let path = std::path::Path::new(v.trim());
+            b = b.signing_key(SigningKey::from_file(vars::CACHE_SIGNING_KEY, path)?);
+        }
+        if let Some(v) = get(vars::CACHE_TRUSTED_KEYS)?.filter(|v| !v.trim().is_empty()) {
+            b = b.trusted_keys(signing::parse_trusted_keys(vars::CACHE_TRUSTED_KEYS, &v)?);
+        }
+        if let Some(v) = get(vars::HOST_ID)? {
+            b.config.host_id = Some(v);
+        }
         if let Some(v) = get(vars::CACHE_SEAL)? {
             b = b.seal(seal::parse_seal(&v)?);
         }
@@ -433,6 +362,11 @@ impl Config {
         ConfigBuilder {
             config: Config::default(),
         }
+    }
+
+    /// The host id provenance records: `KPC_HOST_ID`, else this machine's host name.
+    pub fn host_id(&self) -> String {
+        self.host_id.clone().unwrap_or_else(signing::hostname)
     }
 
     /// The directory the disk cache uses, or `None` when it is off (disabled or unresolvable).
@@ -535,6 +469,22 @@ impl ConfigBuilder {
         self.config.remote_key = key.into();
         self
     }
+    /// Sets this process's signing key (see [`Config::signing_key`]).
+    pub fn signing_key(mut self, key: impl Into<Option<SigningKey>>) -> Self {
+        self.config.signing_key = key.into();
+        self
+    }
+    /// Sets the trusted public keys (see [`Config::trusted_keys`]).
+    pub fn trusted_keys(mut self, keys: impl IntoIterator<Item = PublicKey>) -> Self {
+        self.config.trusted_keys = keys.into_iter().collect();
+        self
+    }
+    /// Sets the host id provenance records. [`ConfigBuilder::build`] rejects an empty one, one longer
+    /// than 255 bytes or one with control characters.
+    pub fn host_id(mut self, id: impl Into<Option<String>>) -> Self {
+        self.config.host_id = id.into();
+        self
+    }
     /// Sets sealed mode ([`Config::seal`]).
     pub fn seal(mut self, mode: SealMode) -> Self {
         self.config.seal = mode;
@@ -572,6 +522,15 @@ impl ConfigBuilder {
                 });
             }
         }
+        if let Some(id) = &c.host_id
+            && !signing::valid_host_id(id)
+        {
+            return Err(invalid(
+                vars::HOST_ID,
+                id,
+                "a name for this machine of 1 to 255 bytes without control characters (unset it to use the host name)",
+            ));
+        }
         if c.remote_timeout.is_zero() {
             return Err(invalid(
                 vars::CACHE_REMOTE_TIMEOUT,
@@ -595,8 +554,10 @@ impl ConfigBuilder {
 
 mod mac_key;
 mod remote_url;
+pub mod signing;
 pub use mac_key::MacKey;
 pub use remote_url::RemoteUrl;
+pub use signing::{PublicKey, SigningKey};
 
 mod parse;
 pub mod prefetch;

@@ -15,7 +15,7 @@ use common::disk::{CHILD_ENV, TempDir, child, child_role};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::RedisServer;
 use kpc::Config;
-use kpc::cache::store::{StoreKey, auth, seal};
+use kpc::cache::store::{Provenance, StoreKey, auth, seal};
 use kpc::cache::{BuildOptions, Digest, PersistentCache, SpecConstants};
 use kpc::config::{MacKey, RemoteUrl};
 use kpc::runtime::{ProgramManager, Source};
@@ -300,16 +300,17 @@ fn a_crash_on_one_machine_keeps_every_machine_from_loading_that_binary() {
         &BuildOptions::default(),
     );
     let fleet = MacKey::from_secret("KPC_CACHE_REMOTE_KEY", SECRET).unwrap();
-    let genuine = auth::open(Some(&fleet), &key, &redis.get(name)).unwrap();
+    let genuine = auth::open(&Some(fleet).into(), &key, &redis.get(name)).unwrap();
     assert_eq!(genuine.bytes(), name.as_bytes(), "the marker names itself");
     let other =
         MacKey::from_secret("KPC_CACHE_REMOTE_KEY", "not the fleet's secret at all").unwrap();
     redis.set(
         name,
         &auth::wrap(
-            Some(&other),
+            &Some(other).into(),
             &key,
             &seal(&key, name.as_bytes(), Duration::ZERO),
+            &Provenance::for_key("forger", &key, None, Duration::ZERO),
         ),
     );
     assert_eq!(

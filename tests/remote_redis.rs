@@ -364,9 +364,10 @@ fn poisoned_garbage_truncated_and_misplaced_values_are_refused() {
     // A poisoner without the key: a well-formed entry (its own binary, checksums right) with no MAC,
     // or MAC'd with another secret.
     let forged = kpc::cache::store::seal(&key0, b"FAKEBIN1 evil binary", Duration::ZERO);
-    let no_mac = auth::wrap(None, &key0, &forged);
+    let prov = kpc::cache::store::Provenance::for_key("forger", &key0, None, Duration::ZERO);
+    let no_mac = auth::wrap(&None.into(), &key0, &forged, &prov);
     let other = MacKey::from_secret("KPC_CACHE_REMOTE_KEY", "another-secret-of-16+").unwrap();
-    let wrong_mac = auth::wrap(Some(&other), &key0, &forged);
+    let wrong_mac = auth::wrap(&Some(other).into(), &key0, &forged, &prov);
     for (tag, v) in [("nomac", no_mac), ("wrongmac", wrong_mac)] {
         let orig = r.get(target);
         r.set(target, &v);

@@ -1292,6 +1292,46 @@ enum kpc_status kpc_config_set_remote_timeout_ms(struct kpc_config *config, uint
 enum kpc_status kpc_config_set_remote_key(struct kpc_config *config, const char *secret);
 
 /**
+ * Sets this process's signing key from a private key file written by `kpc cache keygen`
+ * (`KPC_CACHE_SIGNING_KEY`): what it publishes to the remote or exports is signed. NULL unsets it.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle; `KPC_STATUS_CONFIG` for a file that cannot
+ * be read, that group or others may read, or that holds no private key (the message names the
+ * path, never the key).
+ *
+ * # Safety
+ * `path` is NULL or a NUL-terminated string.
+ */
+enum kpc_status kpc_config_set_signing_key(struct kpc_config *config,
+                                           const char *path);
+
+/**
+ * Sets the public keys whose signatures this process accepts on shared entries
+ * (`KPC_CACHE_TRUSTED_KEYS` syntax: `ed25519:<hex>` keys or files of them, separated by `,`). With
+ * any, unsigned entries and entries signed by other keys are refused. NULL or an empty string
+ * clears them.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or non-UTF-8; `KPC_STATUS_CONFIG` for a
+ * malformed key or an unreadable file, naming the element.
+ *
+ * # Safety
+ * `keys` is NULL or a NUL-terminated string.
+ */
+enum kpc_status kpc_config_set_trusted_keys(struct kpc_config *config, const char *keys);
+
+/**
+ * Sets the host id recorded in the provenance of what this process publishes or exports
+ * (`KPC_HOST_ID`). NULL: the host name.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or non-UTF-8; `KPC_STATUS_CONFIG` for an
+ * empty id, one over 255 bytes or one with control characters.
+ *
+ * # Safety
+ * `id` is NULL or a NUL-terminated string.
+ */
+enum kpc_status kpc_config_set_host_id(struct kpc_config *config, const char *id);
+
+/**
  * Turns warm start on under an application name (`KPC_CACHE_PREFETCH=NAME`): a context remembers
  * the kernels it acquires and reloads those of the last run in the background. NULL turns it off.
  *

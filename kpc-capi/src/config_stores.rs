@@ -1,6 +1,6 @@
 //! The `kpc_config` setters for the stores below the local disk and the run-time modes: read-only
-//! layers, the remote tier and its key, warm start, cache debug and sealed mode. With `kpc.h`'s other
-//! setters, C reaches every setting the environment does (ENVIRONMENT.md).
+//! layers, the remote tier, its key and writer signatures, warm start, cache debug and sealed mode.
+//! With `kpc.h`'s other setters, C reaches every setting the environment does (ENVIRONMENT.md).
 
 use std::ffi::{OsStr, c_char};
 use std::os::unix::ffi::OsStrExt;
@@ -10,7 +10,8 @@ use super::config::{kpc_config, with_config};
 use super::util::{cstr_bytes, str_arg, switch_arg};
 use super::{Failure, guard, kpc_status};
 use kpc::config::prefetch::valid_app_name;
-use kpc::config::{MacKey, RemoteUrl, parse_dir_list, vars};
+use kpc::config::signing::parse_trusted_keys;
+use kpc::config::{MacKey, RemoteUrl, SigningKey, parse_dir_list, vars};
 
 /// Sets the read-only cache layers searched after the local disk (`KPC_CACHE_READONLY_DIRS`
 /// syntax: absolute directories separated by `:`). NULL or an empty string clears them.
@@ -114,6 +115,98 @@ pub unsafe extern "C" fn kpc_config_set_remote_key(
         };
         with_config(config, |c| {
             c.remote_key = key;
+            Ok(())
+        })
+    })
+}
+
+/// Sets this process's signing key from a private key file written by `kpc cache keygen`
+/// (`KPC_CACHE_SIGNING_KEY`): what it publishes to the remote or exports is signed. NULL unsets it.
+///
+/// Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle; `KPC_STATUS_CONFIG` for a file that cannot
+/// be read, that group or others may read, or that holds no private key (the message names the
+/// path, never the key).
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_config_set_signing_key(
+    config: *mut kpc_config,
+    path: *const c_char,
+) -> kpc_status {
+    guard("kpc_config_set_signing_key", || {
+        // The handle is checked first; the file is read only for a live configuration.
+        with_config(config, |c| {
+            c.signing_key = if path.is_null() {
+                None
+            } else {
+                // SAFETY: forwarded to the caller.
+                let raw = unsafe { cstr_bytes(path, "path")? };
+                let p = std::path::Path::new(OsStr::from_bytes(raw));
+                Some(SigningKey::from_file(vars::CACHE_SIGNING_KEY, p)?)
+            };
+            Ok(())
+        })
+    })
+}
+
+/// Sets the public keys whose signatures this process accepts on shared entries
+/// (`KPC_CACHE_TRUSTED_KEYS` syntax: `ed25519:<hex>` keys or files of them, separated by `,`). With
+/// any, unsigned entries and entries signed by other keys are refused. NULL or an empty string
+/// clears them.
+///
+/// Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or non-UTF-8; `KPC_STATUS_CONFIG` for a
+/// malformed key or an unreadable file, naming the element.
+///
+/// # Safety
+/// `keys` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_config_set_trusted_keys(
+    config: *mut kpc_config,
+    keys: *const c_char,
+) -> kpc_status {
+    guard("kpc_config_set_trusted_keys", || {
+        with_config(config, |c| {
+            c.trusted_keys = if keys.is_null() {
+                Vec::new()
+            } else {
+                // SAFETY: forwarded to the caller.
+                let s = unsafe { str_arg(keys, "keys")? };
+                if s.trim().is_empty() {
+                    Vec::new()
+                } else {
+                    parse_trusted_keys(vars::CACHE_TRUSTED_KEYS, s)?
+                }
+            };
+            Ok(())
+        })
+    })
+}
+
+/// Sets the host id recorded in the provenance of what this process publishes or exports
+/// (`KPC_HOST_ID`). NULL: the host name.
+///
+/// Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or non-UTF-8; `KPC_STATUS_CONFIG` for an
+/// empty id, one over 255 bytes or one with control characters.
+///
+/// # Safety
+/// `id` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_config_set_host_id(
+    config: *mut kpc_config,
+    id: *const c_char,
+) -> kpc_status {
+    guard("kpc_config_set_host_id", || {
+        with_config(config, |c| {
+            c.host_id = if id.is_null() {
+                None
+            } else {
+                // SAFETY: forwarded to the caller.
+                let s = unsafe { str_arg(id, "id")? }.to_string();
+                // The builder checks it as KPC_HOST_ID is checked.
+                kpc::Config::builder().host_id(Some(s.clone())).build()?;
+                Some(s)
+            };
             Ok(())
         })
     })

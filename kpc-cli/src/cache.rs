@@ -11,8 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{ArgGroup, Subcommand};
 use kpc::Config;
-use kpc::cache::disk::{DiskCacheSettings, EntryInfo, PersistentCache};
+use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
 use serde_json::{Value, json};
+
+use crate::entry_fmt::{device_of, utc};
 
 #[derive(Subcommand, Debug)]
 pub enum CacheCommand {
@@ -20,18 +22,26 @@ pub enum CacheCommand {
     Path,
     /// Entries and bytes per device.
     Stats {
-        /// Machine-readable output.
+        /// Machine-readable output (the same as --format json).
         #[arg(long)]
         json: bool,
+        /// Output format: text, json, or prometheus (the text exposition format, for a node
+        /// exporter's textfile collector or a push gateway).
+        #[arg(long, value_enum, default_value = "text")]
+        format: crate::cache_metrics::Format,
     },
     /// One row per entry: device, image, options, size, last access.
     Ls {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
-        /// List what the remote (KPC_CACHE_REMOTE) holds for the selected device instead.
+        /// List what the remote (KPC_CACHE_REMOTE) holds for the selected device instead, each entry
+        /// verified as a lookup would (MAC, writer signature, checksums).
         #[arg(long)]
         remote: bool,
+        /// Show who built each entry: host, kpc version, driver, build time and duration, signer.
+        #[arg(long)]
+        provenance: bool,
     },
     /// Check every entry's checksums; exit with status 1 if any entry is bad.
     Verify {
@@ -59,11 +69,13 @@ pub enum CacheCommand {
     /// For each kernel `kpc attention` would use (same arguments), whether it is cached and if not,
     /// why: the nearest cached entry and the key fields that differ. Or one key, given as a blob id.
     Explain(Box<crate::cache_explain::ExplainArgs>),
-    /// Write every verified entry (of one device with --device) to one zstd-compressed file, signed
-    /// when KPC_CACHE_REMOTE_KEY is set: for container images and offline machines.
+    /// Write every verified entry (of one device with --device) to one zstd-compressed file, MAC'd
+    /// when KPC_CACHE_REMOTE_KEY is set and signed when KPC_CACHE_SIGNING_KEY is: for container
+    /// images and offline machines.
     Export(crate::cache_bundle::ExportArgs),
-    /// Verify every entry of a bundle (and its MAC when KPC_CACHE_REMOTE_KEY is set) and publish
-    /// those that pass to this cache; exit with status 1 if any entry was refused.
+    /// Verify every entry of a bundle (its MAC when KPC_CACHE_REMOTE_KEY is set, a trusted signature
+    /// when KPC_CACHE_TRUSTED_KEYS is) and publish those that pass to this cache; exit with status 1
+    /// if any entry was refused.
     Import(crate::cache_bundle::ImportArgs),
     /// Preflight: whether this device can use each entry of a bundle or cache directory (the field
     /// that differs when not) and, with --app, how many of the app's kernels it would serve; exit
@@ -73,6 +85,9 @@ pub enum CacheCommand {
     /// under an older driver) for the selected device, into every writable store (with a redis
     /// remote, each kernel once per fleet); exit with status 1 if any failed.
     Prebuild(crate::cache_prebuild::PrebuildArgs),
+    /// Write a new Ed25519 key pair for writer signatures: the private key to FILE (mode 0600), the
+    /// public key to FILE.pub.
+    Keygen(crate::cache_keys::KeygenArgs),
     /// Remove every entry and the quarantine directory.
     Clear {
         /// Machine-readable output.
@@ -118,27 +133,6 @@ fn unix(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// "2025-11-21 09:37:05 UTC" without a date crate (days-to-civil, H. Hinnant's algorithm).
-fn utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
 fn ago(t: SystemTime) -> String {
     let s = SystemTime::now()
         .duration_since(t)
@@ -152,19 +146,15 @@ fn ago(t: SystemTime) -> String {
     }
 }
 
-fn device_of(e: &EntryInfo) -> (String, String) {
-    match &e.record {
-        Some(r) => (
-            r.backend().to_string(),
-            r.device_name().unwrap_or("-").to_string(),
-        ),
-        None => ("?".into(), "(unreadable .src)".into()),
-    }
-}
-
 pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
-    if let CacheCommand::Ls { json, remote: true } = cmd {
-        return crate::cache_remote::ls(config, json);
+    match cmd {
+        CacheCommand::Ls {
+            json,
+            remote: true,
+            provenance,
+        } => return crate::cache_remote::ls(config, json, provenance),
+        CacheCommand::Keygen(args) => return crate::cache_keys::keygen(config, &args),
+        _ => {}
     }
     if let CacheCommand::Check(args) = &cmd {
         return crate::cache_check::run(config, args);
@@ -196,7 +186,12 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
             outln!("{}", cache.root().display());
             Ok(ExitCode::SUCCESS)
         }
-        CacheCommand::Stats { json } => {
+        CacheCommand::Stats {
+            format: crate::cache_metrics::Format::Prometheus,
+            ..
+        } => crate::cache_metrics::prometheus(config, &cache, max_size),
+        CacheCommand::Stats { json, format } => {
+            let json = json || format == crate::cache_metrics::Format::Json;
             let entries = cache.entries().map_err(io)?;
             let mut per: BTreeMap<String, (String, String, u64, u64)> = BTreeMap::new();
             for e in &entries {
@@ -286,6 +281,12 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        CacheCommand::Keygen(args) => crate::cache_keys::keygen(config, &args),
+        CacheCommand::Ls {
+            json,
+            provenance: true,
+            ..
+        } => crate::cache_remote::ls_local_provenance(&cache, json),
         CacheCommand::Ls { json, .. } => {
             let entries = cache.entries().map_err(io)?;
             if json {

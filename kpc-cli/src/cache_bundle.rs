@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::Args;
 use kpc::cache::bundle::{self, ImportReport};
 use kpc::cache::disk::PersistentCache;
+use kpc::cache::store::EntryAuth;
 use kpc::config::DeviceSelector;
-use kpc::config::MacKey;
 use kpc::{Config, Error};
 use serde_json::json;
 
@@ -39,10 +39,10 @@ fn parse_selector(s: &str) -> Result<DeviceSelector, String> {
     DeviceSelector::parse(s).map_err(|e| e.to_string())
 }
 
-/// The fleet's MAC key, if `KPC_CACHE_REMOTE_KEY` sets one: entries are signed on export and must be
-/// signed with it on import.
-fn mac_key(config: &Config) -> Option<&MacKey> {
-    config.remote_key.as_ref()
+/// What entries are written and checked with: the MAC key (`KPC_CACHE_REMOTE_KEY`), the signing key
+/// (`KPC_CACHE_SIGNING_KEY`), the trusted keys (`KPC_CACHE_TRUSTED_KEYS`) and the host id.
+fn entry_auth(config: &Config) -> EntryAuth {
+    EntryAuth::from_config(config)
 }
 
 pub fn export(
@@ -57,7 +57,7 @@ pub fn export(
     let r = bundle::export(
         cache,
         device.as_ref().map(|d| d.fingerprint.digest),
-        mac_key(config),
+        &entry_auth(config),
         &args.file,
     )?;
     if args.json {
@@ -69,6 +69,7 @@ pub fn export(
             "raw_bytes": r.raw_bytes,
             "file_bytes": r.file_bytes,
             "signed": r.signed,
+            "signer": r.signer,
             "device": device.as_ref().map(|d| d.fingerprint.digest.to_hex()),
         }));
     } else {
@@ -88,10 +89,12 @@ pub fn export(
             args.file.display(),
             r.file_bytes,
             r.raw_bytes,
-            if r.signed {
-                "signed with KPC_CACHE_REMOTE_KEY"
-            } else {
-                "unsigned: set KPC_CACHE_REMOTE_KEY to sign"
+            match (r.signed, &r.signer) {
+                (true, Some(s)) => format!("MAC'd with KPC_CACHE_REMOTE_KEY, signed by {s}"),
+                (true, None) => "MAC'd with KPC_CACHE_REMOTE_KEY, not signed".into(),
+                (false, Some(s)) => format!("signed by {s}"),
+                (false, None) =>
+                    "unsigned: set KPC_CACHE_SIGNING_KEY (or KPC_CACHE_REMOTE_KEY) to sign".into(),
             }
         );
         if r.unverified > 0 {
@@ -160,7 +163,7 @@ pub fn import(
             "KPC_CACHE_PERSISTENT=0: the disk cache is disabled, so there is nowhere to import to; unset it or set it to 1".into(),
         ));
     }
-    let r = bundle::import(cache, mac_key(config), &args.file)?;
+    let r = bundle::import(cache, &entry_auth(config), &args.file)?;
     print_import(args, &r);
     Ok(if r.refused.is_empty() {
         ExitCode::SUCCESS

@@ -168,7 +168,10 @@ pub fn run(config: &Config, args: &CheckArgs) -> kpc::Result<ExitCode> {
             .map_err(|e| Error::Io(format!("listing {}: {e}", args.path.display())))?;
         ("cache directory", None, e)
     } else {
-        let (signed, raw) = bundle::read_entries(config.remote_key.as_ref(), &args.path)?;
+        let (signed, raw) = bundle::read_entries(
+            &kpc::cache::store::auth::EntryAuth::from_config(config),
+            &args.path,
+        )?;
         let e = raw
             .into_iter()
             .map(|b| check::judge(b.label, b.key, b.problem, target))

@@ -94,6 +94,8 @@ struct Verdict {
     store: String,
     cached: bool,
     why: Option<MissExplanation>,
+    /// Who built the cached entry, where its record says.
+    provenance: Option<kpc::cache::store::Provenance>,
 }
 
 fn parse_hex(s: &str) -> kpc::Result<Vec<u8>> {
@@ -176,10 +178,21 @@ fn verdicts(stores: &[(String, PersistentCache)], key: &StoreKey) -> Vec<Verdict
         .iter()
         .map(|(name, c)| {
             let cached = c.get_read_only(key).is_some();
+            // Read only for a cached key: one listing of that store.
+            let provenance = cached
+                .then(|| c.entries().ok())
+                .flatten()
+                .and_then(|es| {
+                    es.into_iter()
+                        .filter_map(|e| e.record)
+                        .find(|r| r.matches(key))
+                })
+                .and_then(|r| r.provenance);
             Verdict {
                 store: name.clone(),
                 cached,
                 why: (!cached).then(|| c.explain_miss(key)),
+                provenance,
             }
         })
         .collect()
@@ -187,6 +200,16 @@ fn verdicts(stores: &[(String, PersistentCache)], key: &StoreKey) -> Vec<Verdict
 
 fn verdict_json(v: &Verdict) -> Value {
     let mut o = json!({"store": v.store, "cached": v.cached});
+    if let Some(p) = &v.provenance {
+        o["provenance"] = json!({
+            "host": p.host,
+            "kpc": p.kpc_version,
+            "driver": p.driver,
+            "built_unix": p.built_unix,
+            "build_ms": p.build_time.as_secs_f64() * 1e3,
+            "signer": p.signer,
+        });
+    }
     if let Some(why) = &v.why {
         let diffs: Vec<Value> = why
             .diffs
@@ -207,7 +230,20 @@ fn verdict_json(v: &Verdict) -> Value {
 
 fn verdict_text(v: &Verdict) -> String {
     match &v.why {
-        None => format!("cached ({})", v.store),
+        None => match &v.provenance {
+            None => format!("cached ({})", v.store),
+            Some(p) => format!(
+                "cached ({}; built by {} with kpc {} at {}, {:.1} ms{})",
+                v.store,
+                p.host,
+                p.kpc_version,
+                crate::entry_fmt::utc(p.built_unix),
+                p.build_time.as_secs_f64() * 1e3,
+                p.signer
+                    .as_ref()
+                    .map_or(String::new(), |s| format!(", signed by {s}"))
+            ),
+        },
         Some(why) => format!("miss in {} [{}]: {why}", v.store, why.cause),
     }
 }

@@ -23,10 +23,13 @@ mod cache;
 mod cache_bundle;
 mod cache_check;
 mod cache_explain;
+mod cache_keys;
+mod cache_metrics;
 mod cache_prebuild;
 // `kpc cache ls --remote` and the remote in `kpc cache stats`.
 mod cache_remote;
 mod devices;
+mod entry_fmt;
 mod output;
 mod status;
 

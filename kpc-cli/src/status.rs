@@ -66,6 +66,20 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
             "- (unset: entries unauthenticated)"
         }
     );
+    match &c.signing_key {
+        Some(k) => outln!(
+            "  KPC_CACHE_SIGNING_KEY               = set (signs as {})",
+            k.public_key().fingerprint()
+        ),
+        None => outln!("  KPC_CACHE_SIGNING_KEY               = - (unset: publishes unsigned)"),
+    }
+    if c.trusted_keys.is_empty() {
+        outln!("  KPC_CACHE_TRUSTED_KEYS              = - (unset: signatures not required)");
+    } else {
+        let fps: Vec<String> = c.trusted_keys.iter().map(|k| k.fingerprint()).collect();
+        outln!("  KPC_CACHE_TRUSTED_KEYS              = {}", fps.join(", "));
+    }
+    outln!("  KPC_HOST_ID                         = {}", c.host_id());
     let max = if c.max_size == 0 {
         "unlimited".to_string()
     } else {

@@ -16,10 +16,15 @@ use common::disk::{TempDir, cache, key, payload};
 use common::drivers::{opencl_device, vulkan_device};
 use kpc::Error;
 use kpc::cache::bundle::{self, ImportReport};
-use kpc::cache::store::PutOutcome;
+use kpc::cache::store::{EntryAuth, PutOutcome};
 use kpc::config::MacKey;
 
 const SECRET: &str = "the fleet's shared secret, 2026";
+
+/// What a process with MAC key `k` (and no signing or trusted keys) writes and reads with.
+fn auth_mac(k: Option<&MacKey>) -> EntryAuth {
+    EntryAuth::from(k.cloned())
+}
 
 fn mac(s: &str) -> MacKey {
     MacKey::from_secret("KPC_CACHE_REMOTE_KEY", s).unwrap()
@@ -60,12 +65,12 @@ fn export_then_import_into_an_empty_cache_takes_every_entry_and_serves_them() {
     let (a, b) = (TempDir::new("bundle-src"), TempDir::new("bundle-dst"));
     let src = filled(&a, 12);
     let file = a.join("cache.kpcb");
-    let e = bundle::export(&src, None, None, &file).unwrap();
+    let e = bundle::export(&src, None, &auth_mac(None), &file).unwrap();
     assert_eq!((e.entries, e.unverified, e.signed), (12, 0, false));
     assert!(e.file_bytes > 0 && e.file_bytes == std::fs::metadata(&file).unwrap().len());
 
     let dst = cache(b.path());
-    let r = bundle::import(&dst, None, &file).unwrap();
+    let r = bundle::import(&dst, &auth_mac(None), &file).unwrap();
     assert_eq!((r.total, r.taken, r.present), (12, 12, 0), "{r:?}");
     assert!(r.refused.is_empty(), "{r:?}");
     for i in 0..12 {
@@ -75,13 +80,13 @@ fn export_then_import_into_an_empty_cache_takes_every_entry_and_serves_them() {
     }
     // The device filter: none of these entries are of another device's fingerprint.
     let other = kpc::cache::Digest::of(b"another device");
-    let none = bundle::export(&src, Some(other), None, &a.join("none.kpcb")).unwrap();
+    let none = bundle::export(&src, Some(other), &auth_mac(None), &a.join("none.kpcb")).unwrap();
     assert_eq!((none.entries, none.other_devices), (0, 12));
     let same = key(0).device_digest();
-    let all = bundle::export(&src, Some(same), None, &a.join("same.kpcb")).unwrap();
+    let all = bundle::export(&src, Some(same), &auth_mac(None), &a.join("same.kpcb")).unwrap();
     assert_eq!((all.entries, all.other_devices), (12, 0));
     // A second import finds everything present and writes nothing.
-    let again = bundle::import(&dst, None, &file).unwrap();
+    let again = bundle::import(&dst, &auth_mac(None), &file).unwrap();
     assert_eq!((again.taken, again.present), (0, 12), "{again:?}");
 }
 
@@ -93,14 +98,14 @@ fn a_tampered_bundle_is_refused_entry_by_entry() {
     );
     let src = filled(&a, 5);
     let file = a.join("t.kpcb");
-    bundle::export(&src, None, None, &file).unwrap();
+    bundle::export(&src, None, &auth_mac(None), &file).unwrap();
     // Flip one byte near the end of the body: inside the last entry's binary.
     rewrite_body(&file, |body| {
         let n = body.len();
         body[n - 10] ^= 0x40;
     });
     let dst = cache(b.path());
-    let r = bundle::import(&dst, None, &file).unwrap();
+    let r = bundle::import(&dst, &auth_mac(None), &file).unwrap();
     assert_eq!(r.taken, 4, "{r:?}");
     assert_eq!(r.refused.len(), 1, "{r:?}");
     assert_eq!(
@@ -126,15 +131,15 @@ fn signed_bundles_need_the_same_key_and_unsigned_ones_are_refused_with_a_key() {
     let src = filled(&a, 3);
     let (signed, unsigned) = (a.join("signed.kpcb"), a.join("unsigned.kpcb"));
     assert!(
-        bundle::export(&src, None, Some(&mac(SECRET)), &signed)
+        bundle::export(&src, None, &auth_mac(Some(&mac(SECRET))), &signed)
             .unwrap()
             .signed
     );
-    bundle::export(&src, None, None, &unsigned).unwrap();
+    bundle::export(&src, None, &auth_mac(None), &unsigned).unwrap();
 
     let check = |file: &Path, key: Option<&MacKey>, taken: u64, reason: &str| {
         let dir = TempDir::new("bundle-mac-dst");
-        let r: ImportReport = bundle::import(&cache(dir.path()), key, file).unwrap();
+        let r: ImportReport = bundle::import(&cache(dir.path()), &auth_mac(key), file).unwrap();
         assert_eq!(r.taken, taken, "{r:?}");
         assert_eq!(r.refused.len() as u64, 3 - taken, "{r:?}");
         assert!(r.refused.iter().all(|x| x.reason.contains(reason)), "{r:?}");
@@ -157,7 +162,7 @@ fn a_forged_entry_in_a_signed_bundle_is_refused_and_the_rest_taken() {
     let src = filled(&a, 3);
     let file = a.join("f.kpcb");
     let k = mac(SECRET);
-    bundle::export(&src, None, Some(&k), &file).unwrap();
+    bundle::export(&src, None, &auth_mac(Some(&k)), &file).unwrap();
     // The forger replaces entry 1's binary with their own, correctly sealed (valid checksums) but
     // without the secret: its MAC cannot match.
     rewrite_body(&file, |body| {
@@ -171,7 +176,7 @@ fn a_forged_entry_in_a_signed_bundle_is_refused_and_the_rest_taken() {
     });
     let dir = TempDir::new("bundle-forge-dst");
     let dst = cache(dir.path());
-    let r = bundle::import(&dst, Some(&k), &file).unwrap();
+    let r = bundle::import(&dst, &auth_mac(Some(&k)), &file).unwrap();
     assert_eq!(r.taken, 2, "{r:?}");
     assert_eq!(r.refused.len(), 1);
     assert_eq!(r.refused[0].index, 1);
@@ -185,22 +190,22 @@ fn garbage_truncation_and_missing_files_are_typed_errors() {
     let dst = cache(a.path());
     let garbage = a.join("garbage.kpcb");
     std::fs::write(&garbage, b"this is not a bundle at all").unwrap();
-    let err = bundle::import(&dst, None, &garbage).unwrap_err();
+    let err = bundle::import(&dst, &auth_mac(None), &garbage).unwrap_err();
     assert!(matches!(err, Error::Bundle { .. }), "{err:?}");
     assert!(err.to_string().contains("kpc cache export"), "{err}");
 
-    let missing = bundle::import(&dst, None, &a.join("nope.kpcb")).unwrap_err();
+    let missing = bundle::import(&dst, &auth_mac(None), &a.join("nope.kpcb")).unwrap_err();
     assert!(matches!(missing, Error::Io(_)), "{missing:?}");
 
     let src_dir = TempDir::new("bundle-trunc-src");
     let src = filled(&src_dir, 4);
     let file = src_dir.join("b.kpcb");
-    bundle::export(&src, None, None, &file).unwrap();
+    bundle::export(&src, None, &auth_mac(None), &file).unwrap();
     let raw = std::fs::read(&file).unwrap();
     let mut future = raw.clone();
     future[7] = 9;
     std::fs::write(&garbage, &future).unwrap();
-    let err = bundle::import(&dst, None, &garbage).unwrap_err();
+    let err = bundle::import(&dst, &auth_mac(None), &garbage).unwrap_err();
     assert!(err.to_string().contains("format 9"), "{err}");
     // Cut anywhere in the compressed stream: an error or a report with refusals, never a panic,
     // and never an entry that does not verify.
@@ -208,7 +213,7 @@ fn garbage_truncation_and_missing_files_are_typed_errors() {
         std::fs::write(&garbage, &raw[..cut]).unwrap();
         let dir = TempDir::new("bundle-trunc-dst");
         let c = cache(dir.path());
-        match bundle::import(&c, None, &garbage) {
+        match bundle::import(&c, &auth_mac(None), &garbage) {
             Err(e) => assert!(matches!(e, Error::Bundle { .. }), "{e:?}"),
             Ok(r) => assert!(!r.refused.is_empty() || r.taken < 4, "{r:?}"),
         }
@@ -260,7 +265,7 @@ fn round_trip(backend: &str) {
         .env("KPC_CACHE_REMOTE_KEY", SECRET)
         .output()
         .unwrap());
-    assert!(text.contains("signed with KPC_CACHE_REMOTE_KEY"), "{text}");
+    assert!(text.contains("MAC'd with KPC_CACHE_REMOTE_KEY"), "{text}");
 
     // Export, clear, import: the cache that built the kernels gets them back from the file alone.
     let cleared = ok(kpc(a.path()).args(["cache", "clear"]).output().unwrap());

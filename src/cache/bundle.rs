@@ -3,14 +3,17 @@
 //!
 //! A bundle is written on a machine that has built the kernels and read on machines that have not.
 //! The reader trusts nothing in it: every entry is an authenticated envelope
-//! ([`auth`](crate::cache::store::auth)) around a sealed entry, and import checks each one (its MAC when
-//! `KPC_CACHE_REMOTE_KEY` is set, then its checksums and full key) before it publishes it to the local
-//! cache through the cache's ordinary put. One bad entry is refused on its own; the others are taken.
+//! ([`auth`](crate::cache::store::auth)) around a sealed entry, with the exporter's provenance, and
+//! import checks each one exactly as a remote lookup would (its MAC when `KPC_CACHE_REMOTE_KEY` is set,
+//! a signature by a key of `KPC_CACHE_TRUSTED_KEYS` when that is set, then its checksums and full key)
+//! before it publishes it to the local cache through the cache's ordinary put. One bad entry is
+//! refused on its own; the others are taken. The index's own claims (signed, signer) are informational
+//! only: each entry's envelope decides.
 //!
-//! File layout: `b"KPCBNDL"`, a format byte (`1`), then one zstd frame holding: the index length
-//! (u64 little-endian), the index (JSON: format, kpc version, whether entries are signed, and per
-//! entry its label, backend, device digest, key digest and envelope length), then the envelopes back
-//! to back in index order.
+//! File layout: `b"KPCBNDL"`, a format byte (`2`; `1` is still read), then one zstd frame holding: the
+//! index length (u64 little-endian), the index (JSON: format, kpc version, whether entries are MAC'd,
+//! the signer's fingerprint if signed, and per entry its label, backend, device digest, key digest and
+//! envelope length), then the envelopes back to back in index order.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -20,14 +23,15 @@ use serde_json::{Value, json};
 
 use crate::cache::Digest;
 use crate::cache::disk::PersistentCache;
-use crate::cache::store::auth::{self, Refusal};
+use crate::cache::store::auth::{self, EntryAuth, Refusal};
 use crate::cache::store::seal;
-use crate::cache::store::{PutOutcome, StoreHit, StoreKey};
-use crate::config::MacKey;
+use crate::cache::store::{Provenance, PutOutcome, StoreHit, StoreKey};
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 7] = b"KPCBNDL";
-const FORMAT: u8 = 1;
+const FORMAT: u8 = 2;
+/// The format before writer signatures: version-1 envelopes, read the same way.
+const FORMAT_V1: u8 = 1;
 /// The index may not claim more than this (a hostile file cannot make import allocate without bound).
 const MAX_INDEX: u64 = 64 << 20;
 /// Nor may a single entry.
@@ -51,6 +55,8 @@ pub struct ExportReport {
     pub file_bytes: u64,
     /// Whether the entries carry a MAC (a key was given).
     pub signed: bool,
+    /// The signer's public key fingerprint, when entries are signed (`KPC_CACHE_SIGNING_KEY`).
+    pub signer: Option<String>,
 }
 
 /// One entry import did not take, and why.
@@ -90,22 +96,26 @@ fn bad(path: &Path, problem: impl Into<String>) -> Error {
 }
 
 /// Writes every verified entry of `cache` (only those of the device whose fingerprint digest is
-/// `device`, if given) to a bundle at `path`, each signed with `mac` if given. The file is written
-/// to a temporary name beside `path` and renamed, so a reader never sees half a bundle.
+/// `device`, if given) to a bundle at `path`, each in an envelope as `auth` writes it (MAC'd with its
+/// MAC key, signed with its signing key, with provenance naming its host). The file is written to a
+/// temporary name beside `path` and renamed, so a reader never sees half a bundle.
 ///
 /// Errors: the cache cannot be listed, or `path` cannot be written ([`Error::Io`]).
 pub fn export(
     cache: &PersistentCache,
     device: Option<Digest>,
-    mac: Option<&MacKey>,
+    auth: &EntryAuth,
     path: &Path,
 ) -> Result<ExportReport> {
+    let mac = auth.mac.as_ref();
+    let signer = auth.signer.as_ref().map(|k| k.public_key().fingerprint());
     let io = |what: &str, e: io::Error| Error::Io(format!("{what} {}: {e}", path.display()));
     let entries = cache
         .entries()
         .map_err(|e| Error::Io(format!("listing {}: {e}", cache.root().display())))?;
     let mut report = ExportReport {
         signed: mac.is_some(),
+        signer: signer.clone(),
         ..ExportReport::default()
     };
     let mut index = Vec::new();
@@ -124,7 +134,17 @@ pub fn export(
             report.unverified += 1;
             continue;
         };
-        let envelope = auth::wrap(mac, &key, &seal(&key, hit.bytes(), hit.build_time()));
+        // The builder's provenance as this cache recorded it; for an entry that records none (written
+        // by an older kpc, or copied from a place that had none), this machine as the writer.
+        let provenance = match e.record.as_ref().and_then(|r| r.provenance.clone()) {
+            Some(p) => p,
+            None => {
+                let written = e.record.as_ref().map(|r| r.created_unix);
+                Provenance::for_key(&auth.host, &key, written, hit.build_time())
+            }
+        };
+        let sealed = seal(&key, hit.bytes(), hit.build_time());
+        let envelope = auth::wrap(auth, &key, &sealed, &provenance);
         index.push(json!({
             "label": key.label(),
             "backend": e.record.as_ref().map_or("?", |r| r.backend()),
@@ -140,6 +160,7 @@ pub fn export(
         "format": FORMAT,
         "kpc": env!("CARGO_PKG_VERSION"),
         "signed": mac.is_some(),
+        "signer": signer,
         "entries": index,
     }))
     .expect("a JSON value always serializes");
@@ -193,7 +214,8 @@ struct IndexEntry {
 fn parse_index(path: &Path, raw: &[u8]) -> Result<(bool, Vec<IndexEntry>)> {
     let v: Value = serde_json::from_slice(raw)
         .map_err(|e| bad(path, format!("its index is not valid JSON ({e})")))?;
-    if v.get("format").and_then(Value::as_u64) != Some(u64::from(FORMAT)) {
+    let format = v.get("format").and_then(Value::as_u64);
+    if format != Some(u64::from(FORMAT)) && format != Some(u64::from(FORMAT_V1)) {
         return Err(bad(path, "its index has an unknown format"));
     }
     let signed = v.get("signed").and_then(Value::as_bool).unwrap_or(false);
@@ -235,7 +257,7 @@ fn open_bundle(path: &Path) -> Result<Opened> {
     if &head[..7] != MAGIC {
         return Err(bad(path, "it does not start with a kpc bundle header"));
     }
-    if head[7] != FORMAT {
+    if head[7] != FORMAT && head[7] != FORMAT_V1 {
         return Err(bad(
             path,
             format!(
@@ -270,12 +292,12 @@ pub struct BundleEntry {
     pub problem: Option<String>,
 }
 
-/// Reads the bundle at `path` and verifies every entry as [`import`] would (its MAC with `mac`, its
-/// checksums and full key), without storing anything: what `kpc cache check` judges. Returns whether
-/// the bundle says its entries are signed, and each entry.
+/// Reads the bundle at `path` and verifies every entry as [`import`] would (as `auth` requires, then
+/// its checksums and full key), without storing anything: what `kpc cache check` judges. Returns
+/// whether the bundle says its entries are signed, and each entry.
 ///
 /// Errors: as [`import`]'s.
-pub fn read_entries(mac: Option<&MacKey>, path: &Path) -> Result<(bool, Vec<BundleEntry>)> {
+pub fn read_entries(auth: &EntryAuth, path: &Path) -> Result<(bool, Vec<BundleEntry>)> {
     let (mut z, signed, entries) = open_bundle(path)?;
     let damaged = |e: io::Error| bad(path, format!("its compressed data is damaged ({e})"));
     let mut out = Vec::with_capacity(entries.len());
@@ -289,7 +311,7 @@ pub fn read_entries(mac: Option<&MacKey>, path: &Path) -> Result<(bool, Vec<Bund
         let problem = if (got as u64) < e.len {
             Some("the bundle ends before this entry does (truncated file)".to_string())
         } else {
-            verify(mac, &envelope, &e.key_digest).err()
+            verify(auth, &envelope, &e.key_digest).err()
         };
         out.push(BundleEntry {
             label: e.label.clone(),
@@ -302,14 +324,14 @@ pub fn read_entries(mac: Option<&MacKey>, path: &Path) -> Result<(bool, Vec<Bund
 
 /// Reads the bundle at `path` and publishes each entry that verifies into `cache`.
 ///
-/// Each entry is authenticated with `mac` when given (an entry without a MAC, or with a wrong one, is
-/// refused), then verified (checksums, the full key it claims, the binary bound to it) before the
+/// Each entry is authenticated as `auth` requires (with a MAC key, an entry without a MAC or with a
+/// wrong one is refused; with trusted keys, one not signed by one of them), then verified (checksums, the full key it claims, the binary bound to it) before the
 /// cache's ordinary put; nothing unverified is written. Entries are judged one by one: a refused entry
 /// does not stop the others.
 ///
 /// Errors: `path` cannot be read ([`Error::Io`]), or it is not a kpc bundle of a known format, or its
 /// compressed data or index is damaged so that no entry can be located ([`Error::Bundle`]).
-pub fn import(cache: &PersistentCache, mac: Option<&MacKey>, path: &Path) -> Result<ImportReport> {
+pub fn import(cache: &PersistentCache, auth: &EntryAuth, path: &Path) -> Result<ImportReport> {
     let (mut z, signed, entries) = open_bundle(path)?;
     let damaged = |e: io::Error| bad(path, format!("its compressed data is damaged ({e})"));
     let mut report = ImportReport {
@@ -334,7 +356,7 @@ pub fn import(cache: &PersistentCache, mac: Option<&MacKey>, path: &Path) -> Res
             }
             return Ok(report);
         }
-        match take(cache, mac, &envelope, &e.key_digest) {
+        match take(cache, auth, &envelope, &e.key_digest) {
             Ok(PutOutcome::Published(_)) => report.taken += 1,
             Ok(PutOutcome::AlreadyPresent) => report.present += 1,
             Ok(PutOutcome::Skipped | PutOutcome::Failed) => report.not_stored += 1,
@@ -357,7 +379,7 @@ pub fn import(cache: &PersistentCache, mac: Option<&MacKey>, path: &Path) -> Res
 
 /// Verifies one envelope: its key and the verified entry, or why it was refused.
 fn verify(
-    mac: Option<&MacKey>,
+    auth: &EntryAuth,
     envelope: &[u8],
     claimed_digest: &str,
 ) -> std::result::Result<(StoreKey, StoreHit), String> {
@@ -369,18 +391,21 @@ fn verify(
     if key.digest().to_hex() != claimed_digest {
         return Err("the index names another key for it".into());
     }
-    let hit = auth::open(mac, &key, envelope).map_err(|r: Refusal| r.to_string())?;
+    let hit = auth::open(auth, &key, envelope).map_err(|r: Refusal| {
+        crate::cache::metrics::refused("bundle", r.reason());
+        r.to_string()
+    })?;
     Ok((key, hit))
 }
 
 /// Verifies one envelope and puts it; `Err` is why it was refused.
 fn take(
     cache: &PersistentCache,
-    mac: Option<&MacKey>,
+    auth: &EntryAuth,
     envelope: &[u8],
     claimed_digest: &str,
 ) -> std::result::Result<PutOutcome, String> {
-    let (key, hit) = verify(mac, envelope, claimed_digest)?;
+    let (key, hit) = verify(auth, envelope, claimed_digest)?;
     // The put itself answers AlreadyPresent for a key the cache holds a valid entry of.
-    Ok(cache.put(&key, hit.bytes(), hit.build_time()))
+    Ok(cache.put_copy(&key, hit.bytes(), hit.build_time(), hit.provenance()))
 }

@@ -14,6 +14,7 @@ pub mod disk;
 pub mod front;
 pub mod kernel_program_cache;
 pub mod keys;
+pub mod metrics;
 pub mod pass_gate;
 pub mod store;
 pub mod sync;

@@ -36,6 +36,7 @@ pub mod interop;
 pub mod kernel;
 #[cfg(not(loom))]
 mod lifecycle;
+pub mod metrics;
 mod out_of_resources;
 #[cfg(not(loom))]
 pub mod prebuild;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cache_debug::{CacheDebugStats, DebugCounters};
+use super::metrics;
 use super::seal::{Seal, SealStats, kernel_name};
 pub use super::source::Source;
 #[cfg(not(loom))]
@@ -16,6 +17,7 @@ use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
 use crate::backend::dynamic::{DynBackend, DynKernel, DynProgram};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
+use crate::cache::metrics as count;
 use crate::cache::store::{LevelStats, Turn};
 use crate::cache::{
     BuildOptions, CacheStats, Digest, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
@@ -26,15 +28,7 @@ use crate::error::{Error, Result};
 
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Source::Memory => "memory",
-            Source::Disk => "disk",
-            Source::ReadOnly => "readonly",
-            Source::Store => "store",
-            Source::Remote => "remote",
-            Source::Built => "built",
-            Source::Blob => "blob",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -75,6 +69,8 @@ pub struct ProgramManager {
     /// GLSL images' SPIR-V, in front of the program cache.
     #[cfg(not(loom))]
     spirv: SpirvCache,
+    /// Publishes the counters through the `metrics` facade (`src/runtime/metrics.rs`).
+    metrics: metrics::Publisher,
 }
 
 /// How many persisted binaries in a row the backend may refuse for one request before it is built
@@ -142,6 +138,7 @@ impl ProgramManager {
             seal: Seal::default(),
             #[cfg(not(loom))]
             spirv: SpirvCache::default(),
+            metrics: metrics::Publisher::default(),
         }
     }
 
@@ -275,11 +272,27 @@ impl ProgramManager {
             source.set(s);
             Ok(p)
         })?;
+        let source = source.get();
+        if source != Source::Memory {
+            // A miss paid for a lookup or a build: counting it and publishing the snapshot deltas
+            // costs nothing next to that. Memory hits are published with the deltas.
+            count::program_acquired(source.name());
+            self.publish_metrics();
+        }
         Ok(Acquired {
             value,
-            source: source.get(),
+            source,
             elapsed: start.elapsed(),
         })
+    }
+
+    /// Publishes this manager's counters through the `metrics` facade (see `src/runtime/metrics.rs`):
+    /// what the hit path counts (memory hits) and the stores' counters, as differences since the
+    /// last call. Called at every miss and by `Context::stats`; an embedder that scrapes between misses
+    /// may call it to bring memory hits up to date.
+    pub fn publish_metrics(&self) {
+        self.metrics
+            .publish(self.memory_stats(), self.disk_stats(), &self.store_stats());
     }
 
     /// The kernel `entry` of `image`. A hit is one lookup in the kernel map; on a miss the program is
@@ -575,6 +588,9 @@ impl ProgramManager {
             .retry_out_of_resources("build", || self.backend.build_program(image, spec, options));
         let took = start.elapsed();
         self.trace_build(image, "build program", r.is_ok(), Some(took));
+        if r.is_ok() {
+            count::built(took);
+        }
         Ok((r?, took))
     }
 

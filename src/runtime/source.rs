@@ -24,6 +24,19 @@ pub enum Source {
 }
 
 impl Source {
+    /// A stable lower-case name: `memory`, `disk`, `readonly`, `store`, `remote`, `built`, `blob`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Memory => "memory",
+            Source::Disk => "disk",
+            Source::ReadOnly => "readonly",
+            Source::Store => "store",
+            Source::Remote => "remote",
+            Source::Built => "built",
+            Source::Blob => "blob",
+        }
+    }
+
     /// What a hit from a store of `kind` reports.
     pub fn of_store(kind: StoreKind) -> Source {
         match kind {

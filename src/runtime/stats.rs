@@ -45,6 +45,7 @@ impl Context {
     /// Every counter of this context, in one snapshot (see [`ContextStats`]).
     pub fn stats(&self) -> ContextStats {
         let programs = &self.inner.programs;
+        programs.publish_metrics();
         ContextStats {
             backend: programs.kind(),
             memory: programs.memory_stats(),

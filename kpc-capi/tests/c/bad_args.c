@@ -70,6 +70,9 @@ int main(int argc, char **argv) {
         EXPECT(INVALID, kpc_config_set_remote(b, "fs:///tmp/r"));
         EXPECT(INVALID, kpc_config_set_remote_timeout_ms(b, 1));
         EXPECT(INVALID, kpc_config_set_remote_key(b, "0123456789abcdef0123"));
+        EXPECT(INVALID, kpc_config_set_signing_key(b, "/tmp/k"));
+        EXPECT(INVALID, kpc_config_set_trusted_keys(b, NULL));
+        EXPECT(INVALID, kpc_config_set_host_id(b, "node"));
         EXPECT(INVALID, kpc_config_set_warm_start(b, "app"));
         EXPECT(INVALID, kpc_config_set_cache_debug(b, 1));
     }
@@ -98,6 +101,16 @@ int main(int argc, char **argv) {
     EXPECT(KPC_STATUS_CONFIG, kpc_config_set_remote_key(cfg, "short"));
     CHECK(kpc_config_set_remote_key(cfg, "0123456789abcdef0123"));
     CHECK(kpc_config_set_remote_key(cfg, NULL));
+    EXPECT(KPC_STATUS_CONFIG, kpc_config_set_signing_key(cfg, "/nonexistent/kpc-builder.key"));
+    CHECK(kpc_config_set_signing_key(cfg, NULL));
+    EXPECT(KPC_STATUS_CONFIG, kpc_config_set_trusted_keys(cfg, "ed25519:not-a-key"));
+    EXPECT(KPC_STATUS_CONFIG, kpc_config_set_trusted_keys(cfg, "/nonexistent/builders.pub"));
+    CHECK(kpc_config_set_trusted_keys(cfg, "ed25519:044674f2272744983100cec4fb7c66d50b6b8eb8345a8311130d3e2c03c7ea3f"));
+    CHECK(kpc_config_set_trusted_keys(cfg, NULL));
+    EXPECT(KPC_STATUS_CONFIG, kpc_config_set_host_id(cfg, "two\nlines"));
+    EXPECT(KPC_STATUS_CONFIG, kpc_config_set_host_id(cfg, ""));
+    CHECK(kpc_config_set_host_id(cfg, "build-7"));
+    CHECK(kpc_config_set_host_id(cfg, NULL));
     EXPECT(INVALID, kpc_config_set_warm_start(cfg, "-bad"));
     EXPECT(INVALID, kpc_config_set_warm_start(cfg, ""));
     CHECK(kpc_config_set_warm_start(cfg, "my-engine"));

@@ -15,6 +15,7 @@ use super::slot::{holds_valid, slot_file, sync_dir, write_file};
 use super::stats::bump;
 use super::{Inner, MAX_SLOTS, PersistentCache, StoreKey};
 use crate::cache::store::outcome::PutOutcome;
+use crate::cache::store::provenance::Provenance;
 use crate::cache::store::warn::WarnCause;
 
 /// The right, and the duty, to build one key. Holds the key's cross-process build lock (when it could be
@@ -55,7 +56,11 @@ impl BuildGuard {
         if !self.persist {
             return PutOutcome::Skipped;
         }
-        let r = self.cache.inner.put(&self.key, bytes, build_time);
+        let built_here = self.cache.built_here(&self.key, build_time);
+        let r = self
+            .cache
+            .inner
+            .put(&self.key, bytes, build_time, Some(&built_here));
         drop(self.lock);
         r
     }
@@ -69,7 +74,30 @@ impl PersistentCache {
             bump(&self.inner.counters.skipped, 1);
             return PutOutcome::Skipped;
         }
-        self.inner.put(key, bytes, build_time)
+        let built_here = self.built_here(key, build_time);
+        self.inner.put(key, bytes, build_time, Some(&built_here))
+    }
+
+    /// Stores `bytes` copied from elsewhere (a lower store, a bundle) under `key`, recording the
+    /// original builder's `provenance` (none if unknown) instead of this machine. Never fails the
+    /// caller.
+    pub fn put_copy(
+        &self,
+        key: &StoreKey,
+        bytes: &[u8],
+        build_time: Duration,
+        provenance: Option<&Provenance>,
+    ) -> PutOutcome {
+        if !self.persists_image_of_size(key.image_len()) {
+            bump(&self.inner.counters.skipped, 1);
+            return PutOutcome::Skipped;
+        }
+        self.inner.put(key, bytes, build_time, provenance)
+    }
+
+    /// The provenance of a binary this process built just now.
+    fn built_here(&self, key: &StoreKey, build_time: Duration) -> Provenance {
+        Provenance::for_key(&self.inner.s.host_id, key, None, build_time)
     }
 }
 
@@ -137,8 +165,14 @@ impl Inner {
         }
     }
 
-    fn put(self: &Arc<Inner>, key: &StoreKey, bytes: &[u8], build_time: Duration) -> PutOutcome {
-        let src = key.record_json(build_time, bytes.len() as u64);
+    fn put(
+        self: &Arc<Inner>,
+        key: &StoreKey,
+        bytes: &[u8],
+        build_time: Duration,
+        provenance: Option<&Provenance>,
+    ) -> PutOutcome {
+        let src = key.record_json(build_time, bytes.len() as u64, provenance);
         let total = (2 * HEADER_LEN + src.len() + bytes.len()) as u64;
         if self.s.max_size > 0 && total > self.s.max_size {
             bump(&self.counters.skipped, 1);

@@ -30,6 +30,9 @@ pub struct DiskCacheSettings {
     /// fsync files and directories when publishing (default). `false` gives up durability across power
     /// loss (never atomicity); for benchmarks and throwaway caches only.
     pub sync: bool,
+    /// The host id recorded in the provenance of what this process builds (`KPC_HOST_ID`, default
+    /// the host name).
+    pub host_id: String,
 }
 
 impl DiskCacheSettings {
@@ -46,6 +49,7 @@ impl DiskCacheSettings {
             low_watermark_percent: 75,
             background_eviction: true,
             sync: true,
+            host_id: crate::config::signing::hostname(),
         }
     }
 
@@ -64,6 +68,7 @@ impl DiskCacheSettings {
             max_image_size: c.max_device_image_size,
             lock_timeout: c.lock_timeout,
             trace: c.trace.contains(TraceFlags::DISK),
+            host_id: c.host_id(),
             ..DiskCacheSettings::new(root)
         }
     }

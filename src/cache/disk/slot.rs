@@ -13,7 +13,7 @@ use crate::cache::store::key::{KeyRecord, StoreKey};
 #[derive(Debug)]
 pub(crate) enum SlotCheck {
     Absent,
-    Valid(KeyRecord),
+    Valid(Box<KeyRecord>),
     /// `.bin` (or temporaries) without `.src`: invisible to readers; removed by eviction.
     Orphan,
     Defective(FileKind, Defect),
@@ -89,7 +89,7 @@ pub(crate) fn check_slot(leaf: &Path, n: u32) -> SlotCheck {
         Err(e) => return SlotCheck::Unreadable(FileKind::Bin, e),
     };
     match read_verified(&mut f, len, FileKind::Bin) {
-        Ok(Ok(v)) if v.header.key_digest == header.key_digest => SlotCheck::Valid(rec),
+        Ok(Ok(v)) if v.header.key_digest == header.key_digest => SlotCheck::Valid(Box::new(rec)),
         Ok(Ok(_)) => SlotCheck::Defective(FileKind::Bin, Defect::KeyMismatch),
         Ok(Err(d)) => SlotCheck::Defective(FileKind::Bin, d),
         Err(e) => SlotCheck::Unreadable(FileKind::Bin, e),

@@ -12,7 +12,8 @@ use std::time::Duration;
 use super::stats::bump;
 use super::{Lookup, PersistentCache, PutOutcome, StoreKey, WarnCause};
 use crate::cache::store::{
-    Access, BuildLock, LockGuard, Removal, Store, StoreEntry, StoreHit, StoreKind, StoreStats,
+    Access, BuildLock, LockGuard, Provenance, Removal, Store, StoreEntry, StoreHit, StoreKind,
+    StoreStats,
 };
 
 impl Store for PersistentCache {
@@ -58,6 +59,19 @@ impl Store for PersistentCache {
             return PutOutcome::Skipped;
         }
         PersistentCache::put(self, key, bytes, build_time)
+    }
+
+    fn put_copy(
+        &self,
+        key: &StoreKey,
+        bytes: &[u8],
+        build_time: Duration,
+        provenance: Option<&Provenance>,
+    ) -> PutOutcome {
+        if !self.persists_image_of_size(key.image_len()) {
+            return PutOutcome::Skipped;
+        }
+        PersistentCache::put_copy(self, key, bytes, build_time, provenance)
     }
 
     fn remove(&self, key: &StoreKey, what: Removal<'_>) -> bool {

@@ -1,35 +1,93 @@
-//! Authenticated entries: what a shared store (the remote, a bundle) holds, and how a reader with the
-//! fleet's secret (`KPC_CACHE_REMOTE_KEY`) tells an entry a fleet member wrote from one anybody else
-//! wrote.
+//! Authenticated entries: what a shared store (the remote, a bundle) holds, and how a reader tells an
+//! entry a trusted writer wrote from one anybody else wrote.
 //!
 //! A sealed entry ([`seal`](super::seal)) protects itself against damage (checksums, the full key),
 //! not against a writer: whoever can write the shared store can seal a binary of their own under any
-//! key. So what leaves the machine is wrapped in an *envelope*: a short header and, when a secret is
-//! configured, a keyed BLAKE3 MAC over the key's digest and the whole sealed entry (key record and
-//! binary). A reader with the secret refuses an envelope without a MAC or with a wrong one before it
-//! looks at the entry; the entry is then verified as any other ([`StoreHit::unseal`]).
+//! key. So what leaves the machine is wrapped in an *envelope* that may carry two proofs:
+//! - a keyed BLAKE3 **MAC** (`KPC_CACHE_REMOTE_KEY`, a secret every fleet member shares): proves a
+//!   fleet member wrote it, but every machine that can check it can also make it;
+//! - an Ed25519 **writer signature** (`KPC_CACHE_SIGNING_KEY` on builders, `KPC_CACHE_TRUSTED_KEYS`
+//!   on readers): only holders of a private key can make it, and readers hold public keys only, so a
+//!   serving node verifies but cannot forge. Several trusted keys allow rotation.
 //!
-//! Layout (little-endian): `b"KPCE"`, version `1`, flags (bit 0: a MAC follows), two zero bytes, the
-//! 32-byte MAC if flagged, then the sealed entry.
+//! The two combine: a reader checks every proof it is configured for (the MAC with a secret, the
+//! signature with trusted keys), and an entry must pass all of them. A present signature is always
+//! checked against the key it names, so an altered signed entry is refused even by a reader that
+//! trusts no key; whether that key is *trusted* matters only with `KPC_CACHE_TRUSTED_KEYS`.
+//!
+//! Layout, version 2 (little-endian): `b"KPCE"`, version `2`, flags (bit 0: a MAC follows, bit 1: a
+//! signature follows), two zero bytes; the 32-byte MAC if flagged; the provenance's length (u32) and
+//! the provenance ([`Provenance`], JSON); the signer's 32-byte public key and the 64-byte signature if
+//! flagged; then the sealed entry. The signature covers a domain string, the entry key's digest, the
+//! header (so its flags), the provenance and the sealed entry; the MAC covers the key's digest, the
+//! header and everything after the MAC (signature included). Version 1 (no provenance, no signature,
+//! MAC over the key digest and the sealed entry) is still read; kpc writes version 2.
 
 use super::StoreHit;
+use super::provenance::Provenance;
 use crate::cache::disk::entry::Defect;
 use crate::cache::store::StoreKey;
-use crate::config::MacKey;
+use crate::config::{Config, MacKey, PublicKey, SigningKey};
 
 const MAGIC: &[u8; 4] = b"KPCE";
-const VERSION: u8 = 1;
+const V1: u8 = 1;
+const V2: u8 = 2;
 const FLAG_MAC: u8 = 1;
+const FLAG_SIG: u8 = 2;
 const HEADER: usize = 8;
 const MAC_LEN: usize = 32;
-/// The MAC of a sealed entry under `key`: keyed BLAKE3 over the entry key's digest, the length and the
-/// sealed bytes.
-fn mac_of(mac_key: &MacKey, key: &StoreKey, sealed: &[u8]) -> blake3::Hash {
-    let mut h = blake3::Hasher::new_keyed(mac_key.bytes());
-    h.update(&key.digest().0);
-    h.update(&(sealed.len() as u64).to_le_bytes());
-    h.update(sealed);
-    h.finalize()
+const SIG_BLOCK: usize = 32 + 64;
+/// Longest provenance accepted (a hostile entry cannot make a reader parse without bound).
+const MAX_PROVENANCE: usize = 64 << 10;
+const SIG_DOMAIN: &[u8] = b"kpc shared cache entry signature v2\0";
+
+/// What a process brings to shared entries: the fleet's MAC key, its own signing key, the public keys
+/// it trusts, and its host id for provenance.
+#[derive(Debug, Clone, Default)]
+pub struct EntryAuth {
+    /// MAC key (`KPC_CACHE_REMOTE_KEY`): written entries carry a MAC, read ones must.
+    pub mac: Option<MacKey>,
+    /// Signing key (`KPC_CACHE_SIGNING_KEY`): written entries are signed with it.
+    pub signer: Option<SigningKey>,
+    /// Trusted keys (`KPC_CACHE_TRUSTED_KEYS`): with any, read entries must be signed by one of them.
+    pub trusted: Vec<PublicKey>,
+    /// Host id recorded in the provenance of written entries (`KPC_HOST_ID`).
+    pub host: String,
+}
+
+impl EntryAuth {
+    /// What `config` sets: its MAC key, signing key, trusted keys and host id.
+    pub fn from_config(config: &Config) -> EntryAuth {
+        EntryAuth {
+            mac: config.remote_key.clone(),
+            signer: config.signing_key.clone(),
+            trusted: config.trusted_keys.clone(),
+            host: config.host_id(),
+        }
+    }
+
+    /// Whether entries read must carry a trusted signature.
+    pub fn requires_signature(&self) -> bool {
+        !self.trusted.is_empty()
+    }
+
+    /// Whether this process should publish what it builds: not when it requires signatures and
+    /// cannot sign (a serving node), since every reader like it would refuse the entry, and a
+    /// published unsigned entry would replace a signed one.
+    pub fn may_publish(&self) -> bool {
+        self.signer.is_some() || self.trusted.is_empty()
+    }
+}
+
+impl From<Option<MacKey>> for EntryAuth {
+    /// MAC only, as before writer signatures; host id from the host name.
+    fn from(mac: Option<MacKey>) -> EntryAuth {
+        EntryAuth {
+            mac,
+            host: crate::config::signing::hostname(),
+            ..EntryAuth::default()
+        }
+    }
 }
 
 /// Why an envelope was refused. Every refusal means the entry was not loaded.
@@ -44,6 +102,16 @@ pub enum Refusal {
     /// The MAC does not match: written with another secret, or forged, or altered after signing.
     #[error("the entry's MAC does not match the configured key (KPC_CACHE_REMOTE_KEY)")]
     BadMac,
+    /// Trusted keys are configured and the entry carries no signature.
+    #[error("the entry is not signed, and KPC_CACHE_TRUSTED_KEYS requires a signature")]
+    Unsigned,
+    /// The entry is signed, validly, by a key that is not among the trusted ones.
+    #[error("the entry is signed by {0}, which is not in KPC_CACHE_TRUSTED_KEYS")]
+    UntrustedSigner(String),
+    /// The signature does not verify under the key it names: altered after signing, forged, or
+    /// moved under another entry key.
+    #[error("the entry's signature (by {0}) does not verify: altered, forged or moved")]
+    BadSignature(String),
     /// The envelope is authentic (or unauthenticated and accepted) but the entry inside fails its own
     /// verification: damaged, truncated, or for another key.
     #[error("the entry does not verify: {0}")]
@@ -51,200 +119,251 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// Whether this refusal is an authentication failure (missing or wrong MAC) rather than damage.
+    /// Whether this refusal is an authentication failure (MAC or signature) rather than damage.
     pub fn is_auth(&self) -> bool {
-        matches!(self, Refusal::MissingMac | Refusal::BadMac)
+        matches!(
+            self,
+            Refusal::MissingMac
+                | Refusal::BadMac
+                | Refusal::Unsigned
+                | Refusal::UntrustedSigner(_)
+                | Refusal::BadSignature(_)
+        )
+    }
+
+    /// A stable kebab-case name for the reason (the `reason` label of `kpc_refusals_total`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Malformed(_) => "malformed",
+            Refusal::MissingMac => "missing-mac",
+            Refusal::BadMac => "bad-mac",
+            Refusal::Unsigned => "unsigned",
+            Refusal::UntrustedSigner(_) => "untrusted-signer",
+            Refusal::BadSignature(_) => "bad-signature",
+            Refusal::Entry(_) => "corrupt",
+        }
+    }
+
+    /// Whether this refusal is about the writer signature (unsigned, untrusted or bad).
+    pub fn is_signature(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Unsigned | Refusal::UntrustedSigner(_) | Refusal::BadSignature(_)
+        )
     }
 }
 
-/// Wraps `sealed` (the bytes [`seal`](super::seal) made for `key`) in an envelope, with a MAC when
-/// `mac_key` is given.
-pub fn wrap(mac_key: Option<&MacKey>, key: &StoreKey, sealed: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + MAC_LEN + sealed.len());
-    out.extend_from_slice(MAGIC);
-    out.push(VERSION);
-    out.push(if mac_key.is_some() { FLAG_MAC } else { 0 });
-    out.extend_from_slice(&[0, 0]);
-    if let Some(k) = mac_key {
-        out.extend_from_slice(mac_of(k, key, sealed).as_bytes());
+/// The version-1 MAC: keyed BLAKE3 over the entry key's digest, the length and the sealed bytes.
+fn mac_v1(mac_key: &MacKey, key: &StoreKey, sealed: &[u8]) -> blake3::Hash {
+    let mut h = blake3::Hasher::new_keyed(mac_key.bytes());
+    h.update(&key.digest().0);
+    h.update(&(sealed.len() as u64).to_le_bytes());
+    h.update(sealed);
+    h.finalize()
+}
+
+/// The version-2 MAC: over the key's digest, the header and everything after the MAC.
+fn mac_v2(mac_key: &MacKey, key: &StoreKey, header: &[u8], rest: &[u8]) -> blake3::Hash {
+    let mut h = blake3::Hasher::new_keyed(mac_key.bytes());
+    h.update(b"v2");
+    h.update(&key.digest().0);
+    h.update(header);
+    h.update(&(rest.len() as u64).to_le_bytes());
+    h.update(rest);
+    h.finalize()
+}
+
+/// What a version-2 signature covers.
+fn signed_message(key: &StoreKey, header: &[u8], provenance: &[u8], sealed: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(SIG_DOMAIN.len() + 32 + HEADER + 12 + provenance.len());
+    m.extend_from_slice(SIG_DOMAIN);
+    m.extend_from_slice(&key.digest().0);
+    m.extend_from_slice(header);
+    m.extend_from_slice(&(provenance.len() as u32).to_le_bytes());
+    m.extend_from_slice(provenance);
+    m.extend_from_slice(&(sealed.len() as u64).to_le_bytes());
+    m.extend_from_slice(sealed);
+    m
+}
+
+/// Wraps `sealed` (the bytes [`seal`](super::seal) made for `key`) in a version-2 envelope with
+/// `provenance`, signed when `auth` has a signing key and MAC'd when it has a MAC key.
+pub fn wrap(auth: &EntryAuth, key: &StoreKey, sealed: &[u8], provenance: &Provenance) -> Vec<u8> {
+    let prov = provenance.encode();
+    let mut flags = 0;
+    if auth.mac.is_some() {
+        flags |= FLAG_MAC;
     }
-    out.extend_from_slice(sealed);
+    if auth.signer.is_some() {
+        flags |= FLAG_SIG;
+    }
+    let header = [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], V2, flags, 0, 0];
+    let mut rest = Vec::with_capacity(4 + prov.len() + SIG_BLOCK + sealed.len());
+    rest.extend_from_slice(&(prov.len() as u32).to_le_bytes());
+    rest.extend_from_slice(&prov);
+    if let Some(signer) = &auth.signer {
+        let sig = signer.sign(&signed_message(key, &header, &prov, sealed));
+        rest.extend_from_slice(&signer.public_key().to_bytes());
+        rest.extend_from_slice(&sig);
+    }
+    rest.extend_from_slice(sealed);
+    let mut out = Vec::with_capacity(HEADER + MAC_LEN + rest.len());
+    out.extend_from_slice(&header);
+    if let Some(k) = &auth.mac {
+        out.extend_from_slice(mac_v2(k, key, &header, &rest).as_bytes());
+    }
+    out.extend_from_slice(&rest);
     out
 }
 
-/// The parts of an envelope: its MAC, if any, and the sealed entry.
-fn split(envelope: &[u8]) -> Result<(Option<[u8; MAC_LEN]>, &[u8]), Refusal> {
-    if envelope.len() < HEADER {
-        return Err(Refusal::Malformed("shorter than its header"));
-    }
-    if &envelope[..4] != MAGIC {
-        return Err(Refusal::Malformed("wrong magic"));
-    }
-    if envelope[4] != VERSION {
-        return Err(Refusal::Malformed("unknown version"));
-    }
-    if envelope[5] & !FLAG_MAC != 0 || envelope[6..8] != [0, 0] {
-        return Err(Refusal::Malformed("unknown flags"));
-    }
-    if envelope[5] & FLAG_MAC == 0 {
-        return Ok((None, &envelope[HEADER..]));
-    }
-    if envelope.len() < HEADER + MAC_LEN {
-        return Err(Refusal::Malformed("truncated MAC"));
-    }
-    let mac: [u8; MAC_LEN] = envelope[HEADER..HEADER + MAC_LEN]
-        .try_into()
-        .expect("slice of MAC_LEN bytes");
-    Ok((Some(mac), &envelope[HEADER + MAC_LEN..]))
+/// The parts of an envelope.
+struct Parts<'a> {
+    version: u8,
+    header: &'a [u8],
+    mac: Option<[u8; MAC_LEN]>,
+    /// Everything after the MAC (what the version-2 MAC covers).
+    rest: &'a [u8],
+    provenance: &'a [u8],
+    signature: Option<([u8; 32], [u8; 64])>,
+    sealed: &'a [u8],
 }
 
-/// The sealed entry inside `envelope`, authenticated for `key` when `mac_key` is given.
+fn take<'a>(b: &mut &'a [u8], n: usize, what: &'static str) -> Result<&'a [u8], Refusal> {
+    if b.len() < n {
+        return Err(Refusal::Malformed(what));
+    }
+    let (head, tail) = b.split_at(n);
+    *b = tail;
+    Ok(head)
+}
+
+fn split(envelope: &[u8]) -> Result<Parts<'_>, Refusal> {
+    let mut b = envelope;
+    let header = take(&mut b, HEADER, "shorter than its header")?;
+    if &header[..4] != MAGIC {
+        return Err(Refusal::Malformed("wrong magic"));
+    }
+    let (version, flags) = (header[4], header[5]);
+    let known = match version {
+        V1 => FLAG_MAC,
+        V2 => FLAG_MAC | FLAG_SIG,
+        _ => return Err(Refusal::Malformed("unknown version")),
+    };
+    if flags & !known != 0 || header[6..8] != [0, 0] {
+        return Err(Refusal::Malformed("unknown flags"));
+    }
+    let mac = if flags & FLAG_MAC != 0 {
+        let m = take(&mut b, MAC_LEN, "truncated MAC")?;
+        Some(
+            m.try_into()
+                .map_err(|_| Refusal::Malformed("truncated MAC"))?,
+        )
+    } else {
+        None
+    };
+    let rest = b;
+    let (mut provenance, mut signature): (&[u8], _) = (&[], None);
+    if version == V2 {
+        let len = take(&mut b, 4, "truncated provenance")?;
+        let len = u32::from_le_bytes(len.try_into().map_err(|_| Refusal::Malformed("length"))?);
+        if len as usize > MAX_PROVENANCE {
+            return Err(Refusal::Malformed("oversized provenance"));
+        }
+        provenance = take(&mut b, len as usize, "truncated provenance")?;
+        if flags & FLAG_SIG != 0 {
+            let block = take(&mut b, SIG_BLOCK, "truncated signature")?;
+            let (k, s) = block.split_at(32);
+            let bad = |_| Refusal::Malformed("truncated signature");
+            signature = Some((k.try_into().map_err(bad)?, s.try_into().map_err(bad)?));
+        }
+    }
+    Ok(Parts {
+        version,
+        header,
+        mac,
+        rest,
+        provenance,
+        signature,
+        sealed: b,
+    })
+}
+
+/// The sealed entry inside `envelope` and its provenance (none for version 1), authenticated for
+/// `key` as `auth` requires: its MAC with a MAC key, a signature by a trusted key with trusted keys,
+/// and any signature present against the key it names.
 ///
-/// With a key, an envelope without a MAC or with a wrong one is refused; without one, the MAC (if
-/// present) cannot be checked and is ignored: the entry's own checksums still catch damage, not a
-/// forger. The returned bytes are not yet verified as an entry: pass them to [`StoreHit::unseal`], or
-/// use [`open`], which does both.
+/// Without a MAC key a MAC present is not checked; without trusted keys an unsigned entry is
+/// accepted: the entry's own checksums still catch damage, not a forger. The returned bytes are not
+/// yet verified as an entry: pass them to [`StoreHit::unseal`], or use [`open`], which does both.
 pub(crate) fn authenticate<'a>(
-    mac_key: Option<&MacKey>,
+    auth: &EntryAuth,
     key: &StoreKey,
     envelope: &'a [u8],
-) -> Result<&'a [u8], Refusal> {
-    let (mac, sealed) = split(envelope)?;
-    if let Some(k) = mac_key {
-        let Some(mac) = mac else {
+) -> Result<(&'a [u8], Option<Provenance>), Refusal> {
+    let p = split(envelope)?;
+    if let Some(k) = &auth.mac {
+        let Some(mac) = p.mac else {
             return Err(Refusal::MissingMac);
         };
+        let expected = match p.version {
+            V1 => mac_v1(k, key, p.sealed),
+            _ => mac_v2(k, key, p.header, p.rest),
+        };
         // blake3::Hash compares in constant time.
-        if mac_of(k, key, sealed) != blake3::Hash::from(mac) {
+        if expected != blake3::Hash::from(mac) {
             return Err(Refusal::BadMac);
         }
     }
-    Ok(sealed)
+    let mut signer = None;
+    if let Some((raw_key, sig)) = &p.signature {
+        let bad = || Refusal::BadSignature(format!("ed25519:{}", super::key::hex(&raw_key[..8])));
+        let public = PublicKey::from_bytes(raw_key).ok_or_else(bad)?;
+        let fp = public.fingerprint();
+        let message = signed_message(key, p.header, p.provenance, p.sealed);
+        if !public.verify(&message, sig) {
+            return Err(Refusal::BadSignature(fp));
+        }
+        if auth.requires_signature() && !auth.trusted.contains(&public) {
+            return Err(Refusal::UntrustedSigner(fp));
+        }
+        signer = Some(fp);
+    } else if auth.requires_signature() {
+        return Err(Refusal::Unsigned);
+    }
+    let provenance = if p.version == V1 {
+        None
+    } else {
+        let mut prov =
+            Provenance::decode(p.provenance).ok_or(Refusal::Malformed("unreadable provenance"))?;
+        prov.signer = signer;
+        Some(prov)
+    };
+    Ok((p.sealed, provenance))
 }
 
 /// Authenticates `envelope` for `key` ([`authenticate`]) and verifies the entry inside
 /// ([`StoreHit::unseal`]): the only way a shared store's bytes become a [`StoreHit`].
-pub fn open(
-    mac_key: Option<&MacKey>,
+pub fn open(auth: &EntryAuth, key: &StoreKey, envelope: &[u8]) -> Result<StoreHit, Refusal> {
+    open_with_provenance(auth, key, envelope).map(|(hit, _)| hit)
+}
+
+/// [`open`], also returning the entry's provenance (none for a version-1 envelope). Its `signer` is
+/// the fingerprint of the key whose signature verified.
+pub fn open_with_provenance(
+    auth: &EntryAuth,
     key: &StoreKey,
     envelope: &[u8],
-) -> Result<StoreHit, Refusal> {
-    let sealed = authenticate(mac_key, key, envelope)?;
-    StoreHit::unseal(key, sealed).map_err(Refusal::Entry)
+) -> Result<(StoreHit, Option<Provenance>), Refusal> {
+    let (sealed, prov) = authenticate(auth, key, envelope)?;
+    let hit = StoreHit::unseal(key, sealed).map_err(Refusal::Entry)?;
+    Ok((hit.with_provenance(prov.clone()), prov))
 }
 
 /// The key record of an envelope's entry, read without authentication (for listings and for finding
 /// the key an imported entry claims, which [`open`] then checks). `None` if it does not parse.
 pub(crate) fn claimed_record(envelope: &[u8]) -> Option<super::KeyRecord> {
-    let (_, sealed) = split(envelope).ok()?;
-    super::sealed_record(sealed)
+    super::sealed_record(split(envelope).ok()?.sealed)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cache::Digest;
-    use crate::cache::store::seal;
-    use std::time::Duration;
-
-    fn key(n: u8) -> StoreKey {
-        StoreKey::new(
-            "backend=test\n",
-            Digest([n; 32]),
-            Digest([2; 32]),
-            64,
-            b"",
-            "-O2",
-        )
-    }
-
-    fn secret(s: &str) -> MacKey {
-        MacKey::from_secret("KPC_CACHE_REMOTE_KEY", s).unwrap()
-    }
-
-    #[test]
-    fn signed_entries_open_only_with_the_same_secret() {
-        let k = key(1);
-        let sealed = seal(&k, b"binary bytes", Duration::from_millis(5));
-        let a = secret("fleet secret number one");
-        let env = wrap(Some(&a), &k, &sealed);
-        assert_eq!(open(Some(&a), &k, &env).unwrap().bytes(), b"binary bytes");
-        // No key configured: the checksums still verify, the MAC is not checked.
-        assert_eq!(open(None, &k, &env).unwrap().bytes(), b"binary bytes");
-        let b = secret("another fleet's secret!");
-        assert_eq!(open(Some(&b), &k, &env).unwrap_err(), Refusal::BadMac);
-    }
-
-    #[test]
-    fn unsigned_entries_are_refused_when_a_key_is_set() {
-        let k = key(1);
-        let env = wrap(None, &k, &seal(&k, b"x", Duration::ZERO));
-        assert_eq!(open(None, &k, &env).unwrap().bytes(), b"x");
-        let err = open(Some(&secret("0123456789abcdef")), &k, &env).unwrap_err();
-        assert_eq!(err, Refusal::MissingMac);
-        assert!(err.is_auth());
-    }
-
-    #[test]
-    fn a_forged_binary_under_a_valid_looking_entry_is_refused() {
-        let k = key(1);
-        let s = secret("fleet secret number one");
-        let mut env = wrap(Some(&s), &k, &seal(&k, b"genuine", Duration::ZERO));
-        // The forger reseals their own binary (checksums valid) but cannot recompute the MAC.
-        let forged = seal(&k, b"evil!!!", Duration::ZERO);
-        env.truncate(HEADER + MAC_LEN);
-        env.extend_from_slice(&forged);
-        assert_eq!(open(Some(&s), &k, &env).unwrap_err(), Refusal::BadMac);
-        // Without a key the forged entry verifies: the plain warning ENVIRONMENT.md gives.
-        assert_eq!(open(None, &k, &env).unwrap().bytes(), b"evil!!!");
-    }
-
-    #[test]
-    fn an_entry_replayed_under_another_key_is_refused() {
-        let (k1, k2) = (key(1), key(9));
-        let s = secret("fleet secret number one");
-        let env = wrap(Some(&s), &k1, &seal(&k1, b"one", Duration::ZERO));
-        assert_eq!(open(Some(&s), &k2, &env).unwrap_err(), Refusal::BadMac);
-        assert!(matches!(
-            open(None, &k2, &env).unwrap_err(),
-            Refusal::Entry(Defect::KeyMismatch)
-        ));
-    }
-
-    #[test]
-    fn garbage_and_truncation_are_typed_refusals() {
-        let k = key(1);
-        let s = secret("fleet secret number one");
-        let env = wrap(Some(&s), &k, &seal(&k, b"payload", Duration::ZERO));
-        for cut in [0, 3, HEADER, HEADER + 10, env.len() - 1] {
-            assert!(open(Some(&s), &k, &env[..cut]).is_err(), "cut at {cut}");
-            assert!(open(None, &k, &env[..cut]).is_err(), "cut at {cut}");
-        }
-        assert_eq!(
-            open(None, &k, b"GARBAGE!garbage").unwrap_err(),
-            Refusal::Malformed("wrong magic")
-        );
-        let mut flipped = env.clone();
-        *flipped.last_mut().unwrap() ^= 1;
-        assert_eq!(open(Some(&s), &k, &flipped).unwrap_err(), Refusal::BadMac);
-        assert!(matches!(
-            open(None, &k, &flipped).unwrap_err(),
-            Refusal::Entry(_)
-        ));
-        assert_eq!(claimed_record(&env).unwrap().image_len, 64);
-    }
-
-    #[test]
-    fn short_secrets_are_config_errors_that_hide_the_value() {
-        let err = MacKey::from_secret("KPC_CACHE_REMOTE_KEY", "short").unwrap_err();
-        let msg = err.to_string();
-        assert!(msg.contains("KPC_CACHE_REMOTE_KEY"), "{msg}");
-        assert!(!msg.contains("short\""), "{msg}");
-        assert!(msg.contains("at least 16 bytes"), "{msg}");
-        assert!(MacKey::from_secret("V", "                ").is_err());
-        assert_eq!(
-            format!("{:?}", secret("0123456789abcdef")),
-            "MacKey(<redacted>)"
-        );
-    }
-}
+mod tests;

@@ -359,7 +359,9 @@ impl StoreChain {
         else {
             return;
         };
-        let outcome = l.store.put(key, hit.bytes(), hit.build_time());
+        let outcome = l
+            .store
+            .put_copy(key, hit.bytes(), hit.build_time(), hit.hit.provenance());
         if let PutOutcome::Published(_) = outcome {
             bump(&l.counters.backfills);
         }

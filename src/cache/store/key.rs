@@ -6,6 +6,34 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use crate::cache::Digest;
+use crate::cache::store::provenance::{Provenance, driver_of};
+
+impl Provenance {
+    /// The provenance of an entry for `key` written now by host `host`: built at `built_unix`
+    /// (`None`: now) in `build_time`, by this kpc, with the key's driver.
+    pub fn for_key(
+        host: &str,
+        key: &StoreKey,
+        built_unix: Option<u64>,
+        build_time: Duration,
+    ) -> Provenance {
+        Provenance {
+            host: host.to_owned(),
+            kpc_version: env!("CARGO_PKG_VERSION").to_owned(),
+            driver: driver_of(key.device()),
+            built_unix: built_unix.unwrap_or_else(now_unix),
+            build_time,
+            signer: None,
+        }
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
 
 /// Hex characters of each directory name: 8 bytes of BLAKE3. Collisions at this length are rare, and
 /// harmless when they happen: the full key values in `.src` decide, and a colliding key takes the next n.
@@ -135,13 +163,17 @@ impl StoreKey {
         &self.options
     }
 
-    /// The `.src` payload: the full key values plus what `kpc cache ls` shows.
-    pub(crate) fn record_json(&self, build_time: Duration, bin_len: u64) -> Vec<u8> {
-        let created = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let v = json!({
+    /// The `.src` payload: the full key values plus what `kpc cache ls` shows, and where given the
+    /// entry's provenance (who built it; the disk cache records it, a sealed entry leaves it to its
+    /// envelope).
+    pub(crate) fn record_json(
+        &self,
+        build_time: Duration,
+        bin_len: u64,
+        provenance: Option<&Provenance>,
+    ) -> Vec<u8> {
+        let created = now_unix();
+        let mut v = json!({
             "device": self.device,
             "device_digest": self.device_digest.to_hex(),
             "image_digest": self.image_digest.to_hex(),
@@ -153,6 +185,13 @@ impl StoreKey {
             "bin_len": bin_len,
             "created_unix": created,
         });
+        if let Some(p) = provenance {
+            let mut pv = p.to_value();
+            if let Some(s) = &p.signer {
+                pv["signer"] = json!(s);
+            }
+            v["provenance"] = pv;
+        }
         let mut out = serde_json::to_vec_pretty(&v).expect("a JSON value always serializes");
         out.push(b'\n');
         out
@@ -182,6 +221,9 @@ pub struct KeyRecord {
     pub bin_len: u64,
     /// When the entry was written (seconds since the Unix epoch).
     pub created_unix: u64,
+    /// Who built the binary, where the entry records it (disk entries written by this kpc; the
+    /// signer is the key whose signature this machine verified when it took the entry).
+    pub provenance: Option<Provenance>,
 }
 
 impl KeyRecord {
@@ -201,6 +243,11 @@ impl KeyRecord {
             build_time: Duration::from_nanos(n("build_ns").unwrap_or(0)),
             bin_len: n("bin_len").unwrap_or(0),
             created_unix: n("created_unix").unwrap_or(0),
+            provenance: v.get("provenance").and_then(|p| {
+                let mut prov = Provenance::from_value(p)?;
+                prov.signer = p.get("signer").and_then(Value::as_str).map(str::to_owned);
+                Some(prov)
+            }),
         })
     }
 

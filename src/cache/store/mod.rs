@@ -31,13 +31,16 @@ pub mod remote;
 
 pub mod key;
 pub(crate) mod outcome;
+pub mod provenance;
 pub(crate) mod warn;
+pub use auth::EntryAuth;
 pub use chain::{ChainHit, ChainLock, LevelStats, StoreChain, Turn};
 pub use key::{KeyRecord, StoreKey};
 pub use outcome::PutOutcome;
+pub use provenance::Provenance;
 pub use readonly::ReadOnlyStore;
 #[cfg(all(feature = "remote", not(loom)))]
-pub use remote::RemoteStore;
+pub use remote::{RemoteStore, VerifiedEntry};
 pub use warn::WarnCause;
 
 use std::fmt;
@@ -92,6 +95,7 @@ pub enum Access {
 pub struct StoreHit {
     bytes: Vec<u8>,
     build_time: Duration,
+    provenance: Option<Provenance>,
 }
 
 impl fmt::Debug for StoreHit {
@@ -106,7 +110,11 @@ impl fmt::Debug for StoreHit {
 impl StoreHit {
     /// A hit from bytes a store verified itself (the disk cache).
     pub(crate) fn verified(bytes: Vec<u8>, build_time: Duration) -> StoreHit {
-        StoreHit { bytes, build_time }
+        StoreHit {
+            bytes,
+            build_time,
+            provenance: None,
+        }
     }
 
     /// Verifies `sealed` (as [`seal`] made it) against `key` and returns the binary it holds.
@@ -128,7 +136,19 @@ impl StoreHit {
         Ok(StoreHit {
             bytes: payload.to_vec(),
             build_time: record.build_time,
+            provenance: record.provenance,
         })
+    }
+
+    /// The same hit, with the provenance its envelope carried.
+    pub(crate) fn with_provenance(mut self, provenance: Option<Provenance>) -> StoreHit {
+        self.provenance = provenance;
+        self
+    }
+
+    /// Who built the binary, where the store knew it (a verified remote or bundle envelope).
+    pub fn provenance(&self) -> Option<&Provenance> {
+        self.provenance.as_ref()
     }
 
     /// The binary, exactly as it was put.
@@ -152,7 +172,7 @@ impl StoreHit {
 /// and a checksum; see `src/cache/disk/entry.rs`). [`StoreHit::unseal`] checks it.
 pub fn seal(key: &StoreKey, bytes: &[u8], build_time: Duration) -> Vec<u8> {
     let digest = key.digest().0;
-    let src = key.record_json(build_time, bytes.len() as u64);
+    let src = key.record_json(build_time, bytes.len() as u64, None);
     let mut out = Vec::with_capacity(2 * HEADER_LEN + src.len() + bytes.len());
     out.extend_from_slice(&entry::encode_header(FileKind::Src, &digest, &src));
     out.extend_from_slice(&src);
@@ -363,8 +383,19 @@ impl StoreWarnings {
         }
     }
 
+    /// The `level` label of this store's metrics: the kind its name starts with (`remote:`, ...).
+    fn level(&self) -> &'static str {
+        match self.store.split(':').next() {
+            Some("remote") => "remote",
+            Some("disk") => "disk",
+            Some("readonly") => "readonly",
+            _ => "store",
+        }
+    }
+
     /// Logs `detail` for `cause` unless this store already warned about that cause.
     pub(crate) fn warn(&self, cause: WarnCause, detail: &dyn fmt::Display) {
+        crate::cache::metrics::store_failure(self.level(), cause.name());
         if self.warned.first(cause) {
             tracing::warn!(
                 target: "kpc::cache::store",
@@ -458,6 +489,20 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Stores `bytes`, built in `build_time`, under `key`. Never fails the caller; see
     /// [`PutOutcome`].
     fn put(&self, key: &StoreKey, bytes: &[u8], build_time: Duration) -> PutOutcome;
+
+    /// Stores `bytes` copied from another place (a lower store's hit, a bundle) whose entry recorded
+    /// `provenance`: stores that record provenance keep the original builder's; the default is
+    /// [`Store::put`].
+    fn put_copy(
+        &self,
+        key: &StoreKey,
+        bytes: &[u8],
+        build_time: Duration,
+        provenance: Option<&Provenance>,
+    ) -> PutOutcome {
+        let _ = provenance;
+        self.put(key, bytes, build_time)
+    }
 
     /// Removes `key`'s entry (see [`Removal`]). Returns whether an entry went; a store that never
     /// changes (a read-only layer) returns false.

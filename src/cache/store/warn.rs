@@ -31,10 +31,13 @@ pub enum WarnCause {
     Timeout,
     /// A shared entry failed authentication (no MAC or a wrong one, with `KPC_CACHE_REMOTE_KEY` set).
     Unauthentic,
+    /// A shared entry's writer signature was missing, by an untrusted key or wrong
+    /// (`KPC_CACHE_TRUSTED_KEYS`), or this node cannot sign what it would publish.
+    Untrusted,
 }
 
 impl WarnCause {
-    pub(crate) const ALL: [WarnCause; 12] = [
+    pub(crate) const ALL: [WarnCause; 13] = [
         WarnCause::Unavailable,
         WarnCause::PermissionDenied,
         WarnCause::NoSpace,
@@ -47,6 +50,7 @@ impl WarnCause {
         WarnCause::Io,
         WarnCause::Timeout,
         WarnCause::Unauthentic,
+        WarnCause::Untrusted,
     ];
 
     /// A stable kebab-case name, used as the `cause` field of the warning event.
@@ -64,6 +68,7 @@ impl WarnCause {
             WarnCause::Io => "io",
             WarnCause::Timeout => "timeout",
             WarnCause::Unauthentic => "unauthentic",
+            WarnCause::Untrusted => "untrusted",
         }
     }
 

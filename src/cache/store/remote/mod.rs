@@ -36,8 +36,7 @@ mod ops;
 mod publish;
 
 #[cfg(all(feature = "remote", not(loom)))]
-#[cfg(all(feature = "remote", not(loom)))]
-pub use imp::RemoteStore;
+pub use imp::{RemoteStore, VerifiedEntry};
 
 #[cfg(all(feature = "remote", not(loom)))]
 mod imp {
@@ -55,17 +54,18 @@ mod imp {
     use crate::cache::disk::entry::FORMAT_VERSION;
     use crate::cache::store::StoreKey;
     use crate::cache::store::auth;
+    use crate::cache::store::auth::{EntryAuth, Refusal};
+    use crate::cache::store::provenance::Provenance;
     use crate::cache::store::{
         Access, BuildLock, LockGuard, PutOutcome, Removal, Store, StoreCounters, StoreEntry,
         StoreHit, StoreKind, StoreStats, StoreWarnings, WarnCause, seal,
     };
     use crate::config::Config;
-    use crate::config::MacKey;
     use crate::config::RemoteUrl;
 
     struct Shared {
         ops: Arc<Ops>,
-        mac: Option<MacKey>,
+        auth: EntryAuth,
         counters: StoreCounters,
         warnings: StoreWarnings,
         refusals: AtomicU64,
@@ -157,19 +157,21 @@ mod imp {
             RemoteStore::open(
                 url,
                 config.remote_timeout,
-                config.remote_key.clone(),
+                EntryAuth::from_config(config),
                 config.lock_timeout,
             )
         }
 
-        /// `url`, every call bounded by `timeout`, entries MAC'd with `mac` when given, fleet lock
-        /// waits bounded by `lock_timeout`. `None` (warned) if it could not be set up.
+        /// `url`, every call bounded by `timeout`, entries written and read as `auth` says (MAC,
+        /// signature, trusted keys; an `Option<MacKey>` converts to MAC only), fleet lock waits bounded
+        /// by `lock_timeout`. `None` (warned) if it could not be set up.
         pub fn open(
             url: &RemoteUrl,
             timeout: Duration,
-            mac: Option<MacKey>,
+            auth: impl Into<EntryAuth>,
             lock_timeout: Duration,
         ) -> Option<RemoteStore> {
+            let auth = auth.into();
             let warnings = StoreWarnings::new(format!("remote:{url}"));
             let ops = match Ops::open(url, timeout) {
                 Ok(o) => Arc::new(o),
@@ -180,7 +182,7 @@ mod imp {
             };
             let shared = Arc::new(Shared {
                 ops: Arc::clone(&ops),
-                mac,
+                auth,
                 counters: StoreCounters::default(),
                 warnings,
                 refusals: AtomicU64::new(0),
@@ -261,7 +263,7 @@ mod imp {
                     return None;
                 }
             };
-            match auth::open(sh.mac.as_ref(), key, &value) {
+            match auth::open(&sh.auth, key, &value) {
                 Ok(hit) => {
                     sh.counters.hit(hit.bytes().len());
                     Some(hit)
@@ -273,8 +275,11 @@ mod imp {
                         sh.counters.miss();
                         sh.counters.error();
                         sh.refusals.fetch_add(1, Ordering::Relaxed);
+                        crate::cache::metrics::refused("remote", refusal.reason());
                     }
-                    let cause = if refusal.is_auth() {
+                    let cause = if refusal.is_signature() {
+                        WarnCause::Untrusted
+                    } else if refusal.is_auth() {
                         WarnCause::Unauthentic
                     } else {
                         WarnCause::Corrupt
@@ -298,6 +303,21 @@ mod imp {
         ///
         /// Errors: the remote could not be listed.
         pub fn list_device(&self, device: Option<Digest>) -> io::Result<Vec<StoreEntry>> {
+            let mut out = Vec::new();
+            for (_, value) in self.values(device)? {
+                if let Some(record) = auth::claimed_record(&value) {
+                    out.push(StoreEntry {
+                        record,
+                        bytes: value.len() as u64,
+                        last_access: None,
+                    });
+                }
+            }
+            Ok(out)
+        }
+
+        /// Every object (path and bytes) under the namespace of the device `device` (all if `None`).
+        fn values(&self, device: Option<Digest>) -> io::Result<Vec<(String, Vec<u8>)>> {
             let prefix = match device {
                 Some(d) => format!("{}{}/", namespace(), d.to_hex()),
                 None => namespace(),
@@ -310,18 +330,42 @@ mod imp {
             };
             let mut out = Vec::new();
             for p in paths {
-                let value = match self.shared.ops.read(&p) {
-                    Ok(Some(v)) => v,
+                match self.shared.ops.read(&p) {
+                    Ok(Some(v)) => out.push((p, v)),
                     Ok(None) => continue,
                     Err(f) => return Err(io::Error::other(f.detail)),
+                }
+            }
+            Ok(out)
+        }
+
+        /// Like [`RemoteStore::list_device`], but each entry is also opened as a lookup would open it
+        /// (MAC, signature, trusted keys, checksums, and that it lies under its own key's name): the
+        /// verdict and, for an entry that passed, its provenance.
+        ///
+        /// Errors: the remote could not be listed.
+        pub fn list_verified(&self, device: Option<Digest>) -> io::Result<Vec<VerifiedEntry>> {
+            let mut out = Vec::new();
+            for (p, value) in self.values(device)? {
+                let Some(record) = auth::claimed_record(&value) else {
+                    continue;
                 };
-                if let Some(record) = auth::claimed_record(&value) {
-                    out.push(StoreEntry {
+                let verdict = match record.to_key() {
+                    None => Err(Refusal::Malformed("malformed key record")),
+                    Some(key) if path_of(&key) != p => {
+                        Err(Refusal::Malformed("stored under another key's name"))
+                    }
+                    Some(key) => auth::open_with_provenance(&self.shared.auth, &key, &value)
+                        .map(|(_, prov)| prov),
+                };
+                out.push(VerifiedEntry {
+                    entry: StoreEntry {
                         record,
                         bytes: value.len() as u64,
                         last_access: None,
-                    });
-                }
+                    },
+                    verdict,
+                });
             }
             Ok(out)
         }
@@ -393,6 +437,16 @@ mod imp {
         }
     }
 
+    /// One remote entry as [`RemoteStore::list_verified`] found it.
+    #[derive(Debug, Clone)]
+    pub struct VerifiedEntry {
+        /// The entry as its key record claims it.
+        pub entry: StoreEntry,
+        /// `Ok` with its provenance (none for a version-1 envelope) if a lookup would load it, else
+        /// why it would be refused.
+        pub verdict: Result<Option<Provenance>, Refusal>,
+    }
+
     impl Store for RemoteStore {
         fn name(&self) -> String {
             format!("remote:{}", self.url)
@@ -408,6 +462,9 @@ mod imp {
 
         fn lock_for_build(&self, key: &StoreKey) -> BuildLock {
             match &self.fleet {
+                // A node that will not publish (trusted keys, no signing key) takes no fleet lock:
+                // others would wait for an entry that never comes.
+                Some(_) if !self.shared.auth.may_publish() => BuildLock::NotOffered,
                 // The breaker is consulted for every command of the wait.
                 Some(f) => self.wait_for_fleet(f, key),
                 None => BuildLock::NotOffered,
@@ -418,12 +475,23 @@ mod imp {
             let Some(publisher) = &self.publisher else {
                 return PutOutcome::Skipped;
             };
+            // A node that requires signatures and cannot sign (a serving node) publishes nothing:
+            // readers like it would refuse the entry, and it would replace a signed one.
+            if !self.shared.auth.may_publish() {
+                self.shared.warnings.warn(
+                    WarnCause::Untrusted,
+                    &"KPC_CACHE_TRUSTED_KEYS is set and KPC_CACHE_SIGNING_KEY is not: this node verifies but does not publish what it builds",
+                );
+                return PutOutcome::Skipped;
+            }
             // A build never waits on a remote that just failed: the entry is on the local disk.
             if self.shared.ops.breaker.is_open() {
                 self.shared.ops.breaker.count_skip();
                 return PutOutcome::Skipped;
             }
-            let value = auth::wrap(self.shared.mac.as_ref(), key, &seal(key, bytes, build_time));
+            let sh = &self.shared;
+            let provenance = Provenance::for_key(&sh.auth.host, key, None, build_time);
+            let value = auth::wrap(&sh.auth, key, &seal(key, bytes, build_time), &provenance);
             match publisher.publish(path_of(key), value) {
                 Publish::Done(Ok(())) => PutOutcome::Published(0),
                 Publish::Done(Err(f)) => {
@@ -459,7 +527,7 @@ mod imp {
                     Ok(Some(v)) => v,
                     _ => return false,
                 };
-                match auth::open(self.shared.mac.as_ref(), key, &current) {
+                match auth::open(&self.shared.auth, key, &current) {
                     Ok(hit) if hit.bytes() == bytes => {}
                     _ => return false,
                 }
@@ -484,7 +552,7 @@ mod imp {
             let value = self.shared.ops.read(&path).ok()??;
             // A marker is a sealed entry for the key whose binary is its own path, authenticated
             // like any entry: a forger without the fleet's key cannot make machines rebuild.
-            let hit = auth::open(self.shared.mac.as_ref(), key, &value).ok()?;
+            let hit = auth::open(&self.shared.auth, key, &value).ok()?;
             (hit.bytes() == path.as_bytes()).then(|| {
                 self.shared.warnings.warn(
                     WarnCause::Rejected,
@@ -498,11 +566,19 @@ mod imp {
         }
 
         fn note_crashed(&self, key: &StoreKey, bytes: &[u8]) {
+            // Readers would refuse a marker this node cannot sign (a serving node under
+            // KPC_CACHE_TRUSTED_KEYS): it quarantines locally only.
+            if !self.shared.auth.may_publish() {
+                return;
+            }
             let path = crash_marker_path(key, bytes);
+            let sh = &self.shared;
+            let provenance = Provenance::for_key(&sh.auth.host, key, None, Duration::ZERO);
             let value = auth::wrap(
-                self.shared.mac.as_ref(),
+                &sh.auth,
                 key,
                 &seal(key, path.as_bytes(), Duration::ZERO),
+                &provenance,
             );
             if let Err(f) = self.shared.ops.write(&path, value) {
                 self.shared
