@@ -28,7 +28,7 @@ echo "# first process with the JIT cache on, empty ($jit): $(one on serial)"
 echo "JIT cache after it: $(du -sk "$jit" | cut -f1) KiB, $(find "$jit" -type f | wc -l) files"
 declare -A tot=() ker=()
 for ((i = 0; i < runs; i++)); do
-  for m in floor:off serial:off serial:on; do
+  for m in floor:off floor:on serial:off serial:on; do
     line=$(one "${m#*:}" "${m%%:*}")
     tot[$m]+="$(val total_ms "$line") "
     ker[$m]+="$(val kernels_ms "$line") "
@@ -36,6 +36,6 @@ for ((i = 0; i < runs; i++)); do
 done
 echo "| device | phase | JIT cache | total ms | kernels ms |"
 echo "|---|---|---|---|---|"
-for m in floor:off serial:off serial:on; do
+for m in floor:off floor:on serial:off serial:on; do
   echo "| $dev | ${m%%:*} | ${m#*:} | $(tr ' ' '\n' <<<"${tot[$m]}" | grep . | median) | $(tr ' ' '\n' <<<"${ker[$m]}" | grep . | median) |"
 done
