@@ -568,18 +568,13 @@ mod imp {
         fn note_crashed(&self, key: &StoreKey, bytes: &[u8]) {
             // Readers would refuse a marker this node cannot sign (a serving node under
             // KPC_CACHE_TRUSTED_KEYS): it quarantines locally only.
-            if !self.shared.auth.may_publish() {
+            let (path, sh) = (crash_marker_path(key, bytes), &self.shared);
+            if !sh.auth.may_publish() {
                 return;
             }
-            let path = crash_marker_path(key, bytes);
-            let sh = &self.shared;
-            let provenance = Provenance::for_key(&sh.auth.host, key, None, Duration::ZERO);
-            let value = auth::wrap(
-                &sh.auth,
-                key,
-                &seal(key, path.as_bytes(), Duration::ZERO),
-                &provenance,
-            );
+            let prov = Provenance::for_key(&sh.auth.host, key, None, Duration::ZERO);
+            let sealed = seal(key, path.as_bytes(), Duration::ZERO);
+            let value = auth::wrap(&sh.auth, key, &sealed, &prov);
             if let Err(f) = self.shared.ops.write(&path, value) {
                 self.shared
                     .warn("publishing a crashed-loading marker", &self.diagnose(f));
