@@ -23,23 +23,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# s3rver (npm): the S3 tests start their own on a loopback port (tests/common/s3.rs; BENCHMARKS.md, "S3
-# test server choice", says why this server). npm comes with Node.js where Node.js is installed from
-# elsewhere (NodeSource), and Debian's npm package conflicts with that one, so Debian's is installed only
-# where there is no npm at all. The version is pinned; a global install puts `s3rver` on PATH.
-s3rver_version=3.7.1
-if [ "$(s3rver --version 2>/dev/null || true)" != "$s3rver_version" ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  if ! command -v npm >/dev/null 2>&1; then
-    echo "setup: installing nodejs npm" >&2
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nodejs npm >/dev/null
-  fi
-  echo "setup: installing s3rver@$s3rver_version (npm)" >&2
-  $sudo npm install --global --silent --no-audit --no-fund "s3rver@$s3rver_version" >/dev/null
-fi
 if ! command -v cargo >/dev/null 2>&1; then
   [ -f "$HOME/.cargo/env" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
   # shellcheck disable=SC1091
   . "$HOME/.cargo/env"
+fi
+# s3s-fs (crates.io): the S3 tests start their own on a loopback port (tests/common/s3.rs; BENCHMARKS.md,
+# "S3 test server choice", says why this server). Pinned, built with its own lock file; later releases
+# need a newer rustc than some machines have (0.17 needs 1.96). About 2.5 CPU-minutes, once per machine.
+s3s_version=0.14.1
+if [ "$(s3s-fs --version 2>/dev/null || true)" != "s3s-fs $s3s_version" ]; then
+  echo "setup: building s3s-fs $s3s_version (cargo install)" >&2
+  cargo install --quiet --locked "s3s-fs@$s3s_version" --features binary
 fi

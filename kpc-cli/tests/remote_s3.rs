@@ -1,10 +1,10 @@
-//! The remote tier against a real S3-compatible server (s3rver, its own per test, started on a
+//! The remote tier against a real S3-compatible server (s3s-fs, its own per test, started on a
 //! loopback port and killed afterwards: tests/common/s3.rs). Each machine is a process of its own with
 //! its own local cache directory and the AWS credentials in its environment, as a fleet member has
 //! them: the test binary re-run as a child (the counting fake backend), or `kpc` itself (Vulkan
 //! attention, `kpc cache ls --remote`). Covered: two machines sharing the bucket, a server down at
-//! start, a server killed mid-run, garbage and truncated objects, wrong credentials (s3rver checks the
-//! signature), and the listing.
+//! start, a server killed mid-run, garbage and truncated objects, a wrong secret (the server checks
+//! each request's signature), and the listing.
 #![cfg(feature = "remote")]
 
 // The support code all of the workspace's integration tests share.
@@ -178,7 +178,11 @@ fn namespace(prefix: &str) -> String {
 fn object(prefix: &str, i: usize) -> String {
     let cfg = kpc::Config::builder().persistent(false).build().unwrap();
     let pm = ProgramManager::new(Arc::new(FakeBackend::new()), &cfg);
-    format!("{}{}", namespace(prefix), program_key(&pm, i).digest().to_hex())
+    format!(
+        "{}{}",
+        namespace(prefix),
+        program_key(&pm, i).digest().to_hex()
+    )
 }
 
 #[test]
@@ -225,7 +229,10 @@ fn a_server_down_at_start_is_one_warning_and_local_builds() {
     assert_eq!(a.warnings, vec!["unavailable"], "{a:?}");
     // A port nobody ever listened on says the same.
     let b = run(&t.join("b"), &dead_url("fleet"), &[0]);
-    assert_eq!((b.sources, b.warnings), (all("built", 1), vec!["unavailable".into()]));
+    assert_eq!(
+        (b.sources, b.warnings),
+        (all("built", 1), vec!["unavailable".into()])
+    );
     // The local disk still serves the first machine.
     let a2 = run(&t.join("a"), &url, &[0, 1, 2, 3, 4]);
     assert_eq!(a2.sources, all("disk", 5), "{a2:?}");
@@ -286,8 +293,8 @@ fn garbage_and_truncated_objects_are_refused_and_rebuilt() {
 }
 
 #[test]
-fn wrong_credentials_are_one_permission_warning_and_nothing_is_published() {
-    let Some(r) = S3Server::start("wrong_s3_credentials") else {
+fn a_wrong_secret_is_one_permission_warning_and_nothing_is_published() {
+    let Some(r) = S3Server::start("a_wrong_s3_secret") else {
         return;
     };
     let t = TempDir::new("s3-creds");

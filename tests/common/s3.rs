@@ -1,19 +1,20 @@
-//! A real S3-compatible server for remote-tier tests: each test starts its own s3rver (npm's
-//! `s3rver`, installed by scripts/setup.sh; BENCHMARKS.md says why this one) on a free loopback port
-//! with its own data directory, creates the bucket, and kills it when the handle drops.
+//! A real S3-compatible server for remote-tier tests: each test starts its own s3s-fs (crates.io's
+//! `s3s-fs`, installed by scripts/setup.sh; BENCHMARKS.md says why this one) on a free loopback port
+//! with its own data directory and bucket, and kills it when the handle drops.
 //!
-//! s3rver is a test tool like a driver: where it is missing the test is reported skipped
+//! s3s-fs is a test tool like a driver: where it is missing the test is reported skipped
 //! (`skipped s3 <test>` in `KPC_TEST_DRIVER_LOG`), which fails CI (scripts/test.sh), and under
 //! `KPC_TEST_REQUIRE_DRIVERS=1` the test fails outright.
 //!
-//! The test's own requests (bucket creation, listing, reading and replacing objects) are plain
-//! unsigned HTTP/1.1 over a `TcpStream`: s3rver lets anonymous requests through, and this keeps an S3
-//! client out of the tests. kpc's requests are signed (SigV4) with the credentials of
-//! [`S3Server::credentials`], which s3rver checks.
+//! The server checks every request's SigV4 signature against one key pair, so kpc's requests carry
+//! the credentials of [`S3Server::credentials`] as a fleet member's would. The test itself never
+//! speaks S3: s3s-fs keeps each object as a plain file `<data>/<bucket>/<key>`, so the bucket is a
+//! directory made before the start, and the test lists, reads and replaces objects as files, which is
+//! what another writer of the bucket would do through the server.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,20 +24,20 @@ use super::drivers::{ran, skip};
 /// The bucket every test server holds.
 pub const BUCKET: &str = "kpc-test";
 
-/// The one key pair s3rver accepts (its built-in account).
-const ACCESS_KEY: &str = "S3RVER";
-const SECRET_KEY: &str = "S3RVER";
+/// The one key pair the test servers accept.
+const ACCESS_KEY: &str = "kpc-test-access";
+const SECRET_KEY: &str = "kpc-test-secret";
 
-/// A running s3rver, killed on drop.
+/// A running s3s-fs, killed on drop.
 pub struct S3Server {
     child: Option<Child>,
     port: u16,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 fn free_port() -> u16 {
-    // The port is free when the listener drops; s3rver binds it a moment later. Another process
-    // taking it in between makes s3rver exit at start, which `wait_ready` reports.
+    // The port is free when the listener drops; s3s-fs binds it a moment later. Another process
+    // taking it in between makes s3s-fs exit at start, which `wait_ready` reports.
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -44,72 +45,86 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// `s3rver` on `PATH` (npm's global bin directory, where scripts/setup.sh installs it).
-fn s3rver() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join("s3rver"))
+/// `s3s-fs` on `PATH`, or in cargo's bin directory (where `cargo install` in scripts/setup.sh puts it)
+/// when a test runs outside a shell that has it on `PATH`.
+fn s3s_fs() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let cargo_bin = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .map(|c| c.join("bin"));
+    on_path
+        .into_iter()
+        .chain(cargo_bin)
+        .map(|d| d.join("s3s-fs"))
         .find(|p| p.is_file())
 }
 
-/// One HTTP response: status and body.
-pub struct Response {
-    /// The status code.
-    pub status: u16,
-    /// The body, de-chunked.
-    pub body: Vec<u8>,
-}
-
 impl S3Server {
-    /// Starts a server for `test`, or reports the test skipped if s3rver is not installed.
+    /// Starts a server for `test`, or reports the test skipped if s3s-fs is not installed.
     pub fn start(test: &str) -> Option<S3Server> {
-        let Some(bin) = s3rver() else {
+        let Some(bin) = s3s_fs() else {
             return skip(
                 "s3",
                 test,
-                "s3rver is not on PATH (scripts/setup.sh installs it with npm)",
+                "s3s-fs is not installed (scripts/setup.sh builds it with cargo install)",
             );
         };
-        let dir = TempDir::new("s3rver");
+        let dir = TempDir::new("s3s-fs");
+        std::fs::create_dir_all(dir.join(BUCKET)).unwrap();
         let port = free_port();
         let child = Command::new(bin)
-            .arg("--directory")
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
             .arg(dir.path())
-            .args(["--address", "127.0.0.1", "--port", &port.to_string()])
-            .arg("--silent")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("start s3rver");
+            .expect("start s3s-fs");
         let mut s = S3Server {
             child: Some(child),
             port,
-            _dir: dir,
+            dir,
         };
         s.wait_ready();
         ran("s3", test);
         Some(s)
     }
 
-    /// Creates the bucket, retrying until the server answers: the first success is the moment it is
-    /// ready.
+    /// Waits for the server's first HTTP answer (an unsigned request: refused, but answered).
     fn wait_ready(&mut self) {
         let start = Instant::now();
         loop {
             if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("s3rver on port {} exited at start ({st})", self.port);
+                panic!("s3s-fs on port {} exited at start ({st})", self.port);
             }
-            if let Ok(r) = self.request("PUT", &format!("/{BUCKET}"), &[]) {
-                assert_eq!(r.status, 200, "create bucket: {}", r.text());
+            if self.answers() {
                 return;
             }
             // A bound so a wedged server fails the test instead of hanging CI.
             assert!(
                 start.elapsed() < Duration::from_secs(30),
-                "s3rver never answered"
+                "s3s-fs never answered"
             );
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    fn answers(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let req = format!(
+            "GET / HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            self.port
+        );
+        let mut head = [0u8; 12];
+        s.write_all(req.as_bytes()).is_ok()
+            && s.read_exact(&mut head).is_ok()
+            && head.starts_with(b"HTTP/1.1 ")
     }
 
     /// The port it listens on (127.0.0.1).
@@ -122,8 +137,9 @@ impl S3Server {
         url_at(self.port, prefix)
     }
 
-    /// The variables a kpc process needs to sign its requests for this server, and the removal of any
-    /// other AWS setting the test's environment has (a profile, a session token, an endpoint).
+    /// Gives `cmd` the credentials the test servers accept, and removes any other AWS setting the
+    /// test's environment has (a profile, a session token, an endpoint, credential files), so that
+    /// what kpc signs with is exactly these.
     pub fn credentials(cmd: &mut Command) -> &mut Command {
         for v in [
             "AWS_SESSION_TOKEN",
@@ -140,60 +156,50 @@ impl S3Server {
             .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("AWS_CONFIG_FILE", "/nonexistent/kpc-test-aws-config")
-            .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/kpc-test-aws-credentials")
-    }
-
-    /// One unsigned request to the server, `Connection: close`.
-    pub fn request(&self, method: &str, path: &str, body: &[u8]) -> std::io::Result<Response> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            self.port,
-            body.len()
-        );
-        s.write_all(head.as_bytes())?;
-        s.write_all(body)?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw)?;
-        parse_response(&raw)
-    }
-
-    /// Every object key under `prefix`, sorted (ListObjectsV2; the test's objects fit one page).
-    pub fn keys(&self, prefix: &str) -> Vec<String> {
-        let r = self
-            .request(
-                "GET",
-                &format!("/{BUCKET}?list-type=2&max-keys=1000&prefix={prefix}"),
-                &[],
+            .env(
+                "AWS_SHARED_CREDENTIALS_FILE",
+                "/nonexistent/kpc-test-aws-credentials",
             )
-            .expect("list the test bucket");
-        assert_eq!(r.status, 200, "list: {}", r.text());
-        let text = r.text();
-        let mut keys: Vec<String> = text
-            .split("<Key>")
-            .skip(1)
-            .filter_map(|s| s.split_once("</Key>").map(|(k, _)| k.to_owned()))
-            .collect();
+    }
+
+    fn object_path(&self, key: &str) -> PathBuf {
+        self.dir.join(BUCKET).join(key)
+    }
+
+    /// Every object key under `prefix` (a directory-like prefix: `fleet/`), sorted.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        fn walk(dir: &Path, rel: &str, out: &mut Vec<String>) {
+            let Ok(rd) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let key = format!("{rel}{name}");
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    walk(&e.path(), &format!("{key}/"), out);
+                } else {
+                    out.push(key);
+                }
+            }
+        }
+        let mut keys = Vec::new();
+        walk(&self.object_path(prefix), prefix, &mut keys);
         keys.sort();
         keys
     }
 
     /// The object at `key`.
     pub fn get(&self, key: &str) -> Vec<u8> {
-        let r = self
-            .request("GET", &format!("/{BUCKET}/{key}"), &[])
-            .expect("read an object");
-        assert_eq!(r.status, 200, "get {key}: {}", r.text());
-        r.body
+        std::fs::read(self.object_path(key)).expect("read an object")
     }
 
-    /// Stores `value` at `key`, replacing what was there.
+    /// Replaces the object at `key` with `value` (a new file renamed over it, so the server never
+    /// serves half of it).
     pub fn put(&self, key: &str, value: &[u8]) {
-        let r = self
-            .request("PUT", &format!("/{BUCKET}/{key}"), value)
-            .expect("write an object");
-        assert_eq!(r.status, 200, "put {key}: {}", r.text());
+        let path = self.object_path(key);
+        let tmp = path.with_extension("kpc-test-tmp");
+        std::fs::write(&tmp, value).expect("write an object");
+        std::fs::rename(&tmp, &path).expect("replace an object");
     }
 
     /// Kills the server now (SIGKILL) and waits for it.
@@ -202,13 +208,6 @@ impl S3Server {
             let _ = c.kill();
             let _ = c.wait();
         }
-    }
-}
-
-impl Response {
-    /// The body as text, for messages and XML.
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
     }
 }
 
@@ -225,52 +224,4 @@ fn url_at(port: u16, prefix: &str) -> String {
 /// A loopback S3 URL on which nothing listens: a remote that is down.
 pub fn dead_url(prefix: &str) -> String {
     url_at(free_port(), prefix)
-}
-
-fn bad(what: &str) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned())
-}
-
-/// Status and body of a whole HTTP/1.1 response (the connection was closed after it).
-fn parse_response(raw: &[u8]) -> std::io::Result<Response> {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| bad("no end of headers"))?;
-    let head = String::from_utf8_lossy(&raw[..end]);
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("no status"))?;
-    let chunked = head.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
-    });
-    let mut rest = &raw[end + 4..];
-    if !chunked {
-        return Ok(Response {
-            status,
-            body: rest.to_vec(),
-        });
-    }
-    let mut body = Vec::new();
-    loop {
-        let line_end = rest
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or_else(|| bad("truncated chunk"))?;
-        let size_text = String::from_utf8_lossy(&rest[..line_end]);
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
-            .map_err(|_| bad("bad chunk size"))?;
-        rest = &rest[line_end + 2..];
-        if size == 0 {
-            return Ok(Response { status, body });
-        }
-        if rest.len() < size + 2 {
-            return Err(bad("truncated chunk"));
-        }
-        body.extend_from_slice(&rest[..size]);
-        rest = &rest[size + 2..];
-    }
 }

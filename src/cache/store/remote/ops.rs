@@ -47,8 +47,24 @@ impl fmt::Display for Failure {
     }
 }
 
-fn classify(e: &opendal::Error) -> WarnCause {
-    let text = format!("{e:#}");
+/// `e` with the causes beneath it. OpenDAL's text for an HTTP service (s3) stops at reqwest's "error
+/// sending request": that a connection was refused, the one thing that says the server is down, is
+/// only in the source chain (hyper's and the OS's errors).
+fn describe(e: &opendal::Error) -> String {
+    let mut text = format!("{e:#}");
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+fn classify(e: &opendal::Error, text: &str) -> WarnCause {
     let lower = text.to_ascii_lowercase();
     if e.kind() == ErrorKind::PermissionDenied {
         WarnCause::PermissionDenied
@@ -180,10 +196,13 @@ impl Ops {
         } else {
             f(&self.op)
         };
-        let result = result.map_err(|e| Failure {
-            cause: classify(&e),
-            detail: format!("{e:#}"),
-            skipped: false,
+        let result = result.map_err(|e| {
+            let detail = describe(&e);
+            Failure {
+                cause: classify(&e, &detail),
+                detail,
+                skipped: false,
+            }
         });
         match &result {
             Err(f) if f.trips() => self.breaker.failed(admit),
