@@ -31,7 +31,7 @@ if [ "$status" -ne 0 ]; then
   exit "$status"
 fi
 echo "== driver tests"
-for backend in vulkan opencl glslang redis; do
+for backend in vulkan opencl glslang redis s3; do
   ran=$(grep -c "^ran $backend " "$KPC_TEST_DRIVER_LOG" || true)
   skipped=$(grep -c "^skipped $backend " "$KPC_TEST_DRIVER_LOG" || true)
   echo "driver tests: $backend ran $ran, skipped $skipped"

@@ -86,11 +86,12 @@ fn child_s3_machine() {
         .collect();
     let (sources, s) = report;
     println!(
-        "MACHINE builds={} hits={} misses={} errors={} puts={} sources={} warnings={}",
+        "MACHINE builds={} hits={} misses={} errors={} trips={} puts={} sources={} warnings={}",
         be.builds(),
         s.hits,
         s.misses,
         s.errors,
+        s.trips,
         s.puts,
         sources.join(","),
         warnings.join(",")
@@ -103,6 +104,7 @@ struct Report {
     builds: usize,
     hits: u64,
     errors: u64,
+    trips: u64,
     puts: u64,
     sources: Vec<String>,
     warnings: Vec<String>,
@@ -151,6 +153,7 @@ fn report(ch: Child) -> Report {
         builds: field("builds=").parse().unwrap(),
         hits: field("hits=").parse().unwrap(),
         errors: field("errors=").parse().unwrap(),
+        trips: field("trips=").parse().unwrap(),
         puts: field("puts=").parse().unwrap(),
         sources: list("sources="),
         warnings: list("warnings="),
@@ -226,6 +229,9 @@ fn a_server_down_at_start_is_one_warning_and_local_builds() {
     assert_eq!(a.sources, all("built", 5), "{a:?}");
     assert_eq!(a.builds, 5);
     assert!(a.errors >= 1, "{a:?}");
+    // A refused connection is the server being down: it opens the circuit breaker, so the run does
+    // not pay one failed call per kernel.
+    assert!(a.trips >= 1, "{a:?}");
     assert_eq!(a.warnings, vec!["unavailable"], "{a:?}");
     // A port nobody ever listened on says the same.
     let b = run(&t.join("b"), &dead_url("fleet"), &[0]);
@@ -259,7 +265,7 @@ fn a_server_killed_mid_run_degrades_to_builds_with_one_warning() {
     let a = report(ch);
     assert_eq!(a.sources, all("built", 6), "{a:?}");
     assert_eq!((a.builds, a.puts), (6, 1), "{a:?}");
-    assert!(a.errors >= 1, "{a:?}");
+    assert!(a.errors >= 1 && a.trips >= 1, "{a:?}");
     assert_eq!(a.warnings, vec!["unavailable"], "{a:?}");
 }
 

@@ -154,7 +154,6 @@ impl S3Server {
         }
         cmd.env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
             .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-            .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("AWS_CONFIG_FILE", "/nonexistent/kpc-test-aws-config")
             .env(
                 "AWS_SHARED_CREDENTIALS_FILE",
