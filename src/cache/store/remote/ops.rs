@@ -247,3 +247,39 @@ impl Ops {
             .map_err(|f| io::Error::other(f.detail))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// reqwest's error as OpenDAL wraps it: its text says the send failed, its source says why.
+    #[derive(Debug)]
+    struct Sending(io::Error);
+
+    impl fmt::Display for Sending {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("error sending request for url (http://127.0.0.1:9/b/k)")
+        }
+    }
+
+    impl std::error::Error for Sending {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_refused_connection_under_an_http_error_is_unavailable() {
+        let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = opendal::Error::new(ErrorKind::Unexpected, "send http request")
+            .set_source(Sending(refused))
+            .set_temporary();
+        assert!(!format!("{e:#}").contains("refused"), "{e:#}");
+        let text = describe(&e);
+        assert!(text.contains("Connection refused"), "{text}");
+        assert_eq!(classify(&e, &text), WarnCause::Unavailable);
+        // Nothing below it: classified by its own text, as before.
+        let plain = opendal::Error::new(ErrorKind::Unexpected, "unexpected reply");
+        assert_eq!(classify(&plain, &describe(&plain)), WarnCause::Io);
+    }
+}
