@@ -5,7 +5,7 @@
 # (s3s-fs refuses an unsigned request, the others list their buckets: either is the server up), then
 # killed. Prints the median and the range in milliseconds.
 #   scripts/bench-s3-servers.sh [RUNS]
-# Only s3s-fs is installed by scripts/setup.sh; to compare, put the others on PATH, e.g.
+# Only s3s-fs is installed (by scripts/test.sh); to compare, put the others on PATH, e.g.
 #   python3 -m venv /tmp/moto && /tmp/moto/bin/pip install 'moto[server]'
 #   npm install --prefix /tmp/s3rver s3rver@3.7.1
 #   PATH=/tmp/moto/bin:/tmp/s3rver/node_modules/.bin:$PATH scripts/bench-s3-servers.sh

@@ -28,11 +28,3 @@ if ! command -v cargo >/dev/null 2>&1; then
   # shellcheck disable=SC1091
   . "$HOME/.cargo/env"
 fi
-# s3s-fs (crates.io): the S3 tests start their own on a loopback port (tests/common/s3.rs; BENCHMARKS.md,
-# "S3 test server choice", says why this server). Pinned, built with its own lock file; later releases
-# need a newer rustc than some machines have (0.17 needs 1.96). About 2.5 CPU-minutes, once per machine.
-s3s_version=0.14.1
-if [ "$(s3s-fs --version 2>/dev/null || true)" != "s3s-fs $s3s_version" ]; then
-  echo "setup: building s3s-fs $s3s_version (cargo install)" >&2
-  cargo install --quiet --locked "s3s-fs@$s3s_version" --features binary
-fi

@@ -1,5 +1,5 @@
 //! A real S3-compatible server for remote-tier tests: each test starts its own s3s-fs (crates.io's
-//! `s3s-fs`, installed by scripts/setup.sh; BENCHMARKS.md says why this one) on a free loopback port
+//! `s3s-fs`, installed by scripts/test.sh; BENCHMARKS.md says why this one) on a free loopback port
 //! with its own data directory and bucket, and kills it when the handle drops.
 //!
 //! s3s-fs is a test tool like a driver: where it is missing the test is reported skipped
@@ -45,7 +45,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// `s3s-fs` on `PATH`, or in cargo's bin directory (where `cargo install` in scripts/setup.sh puts it)
+/// `s3s-fs` on `PATH`, or in cargo's bin directory (where `cargo install` in scripts/test.sh puts it)
 /// when a test runs outside a shell that has it on `PATH`.
 fn s3s_fs() -> Option<PathBuf> {
     let on_path = std::env::var_os("PATH")
@@ -69,7 +69,7 @@ impl S3Server {
             return skip(
                 "s3",
                 test,
-                "s3s-fs is not installed (scripts/setup.sh builds it with cargo install)",
+                "s3s-fs is not installed (scripts/test.sh builds it with cargo install)",
             );
         };
         let dir = TempDir::new("s3s-fs");
