@@ -293,6 +293,10 @@ impl Inner {
                 // complete: a bounded read of nearby key records, on a path about to build anyway.
                 let why = self.explain_miss(key);
                 bump(&self.counters.misses_by_cause[why.cause as usize], 1);
+                if let Some(ev) = &why.evicted {
+                    self.record_evicted_miss(key, ev);
+                }
+                self.miss_causes.note(key, why.cause);
                 self.trace(|| {
                     tracing::debug!(target: "kpc::cache::disk", key = %key.digest(), label = key.label(),
                         waited_ms = waited.map(|w| w.as_secs_f64() * 1e3), cause = why.cause.name(),

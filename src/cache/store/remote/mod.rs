@@ -19,6 +19,9 @@
 //!   call (lookup, fleet lock, publish) for a hold-off that grows from 2 s to 60 s while the remote
 //!   stays unhealthy; one answered probe closes it. A frozen remote costs a process one timeout.
 //!
+//! - **Miss journal** (Redis only): the fleet's miss journal records go to the capped stream
+//!   `kpc-journal/v1` (`crate::cache::journal`), behind the breaker; `kpc cache report --remote`
+//!   reads it.
 //! - **Crashed loads**: a binary found to crash a process that loaded it (`disk/loading.rs`) gets a
 //!   marker under `kpc-crashed/v<format>/<device digest>/<key digest>.<binary hash>`, authenticated
 //!   like an entry, and no machine loads that binary from the remote again.
@@ -132,6 +135,9 @@ mod imp {
             &blake3::hash(bytes).to_hex()[..32]
         )
     }
+
+    /// The Redis stream holding the fleet's miss journal (`crate::cache::journal`).
+    const JOURNAL_STREAM: &str = "kpc-journal/v1";
 
     fn lock_name(key: &StoreKey) -> String {
         format!("kpc-lock/{}", &path_of(key)["kpc/".len()..])
@@ -584,6 +590,44 @@ mod imp {
                 self.shared
                     .warn("publishing a crashed-loading marker", &self.diagnose(f));
             }
+        }
+
+        fn share_journal(&self, lines: &[String]) {
+            let Some(fleet) = &self.fleet else {
+                return;
+            };
+            let admit = self.shared.ops.breaker.admit();
+            if admit == Admit::Skip || lines.is_empty() {
+                return;
+            }
+            let r =
+                fleet.append_capped(JOURNAL_STREAM, crate::cache::journal::FLEET_RECORDS, lines);
+            match &r {
+                Err(e) if e.is_timeout() || e.is_connection_refusal() || e.is_io_error() => {
+                    self.shared.ops.breaker.failed(admit)
+                }
+                _ => self.shared.ops.breaker.answered(admit),
+            }
+            if let Err(e) = r {
+                let cause = if e.is_timeout() {
+                    WarnCause::Timeout
+                } else {
+                    WarnCause::Unavailable
+                };
+                self.shared.warnings.warn(
+                    cause,
+                    &format_args!("sharing the miss journal failed ({e})"),
+                );
+            }
+        }
+
+        fn read_journal(&self) -> Option<io::Result<Vec<String>>> {
+            let fleet = self.fleet.as_ref()?;
+            Some(
+                fleet
+                    .read_stream(JOURNAL_STREAM, crate::cache::journal::FLEET_RECORDS)
+                    .map_err(|e| io::Error::other(format!("{}: {e}", self.url))),
+            )
         }
 
         fn list(&self) -> io::Result<Vec<StoreEntry>> {
