@@ -29,6 +29,11 @@ pub enum CacheCommand {
         /// exporter's textfile collector or a push gateway).
         #[arg(long, value_enum, default_value = "text")]
         format: crate::cache_metrics::Format,
+        /// Count what eviction cost (misses on evicted entries, their bytes, the KPC_CACHE_MAX_SIZE
+        /// that would have served them) over this last period only, e.g. 30m, 12h, 7d (default:
+        /// everything the eviction record holds).
+        #[arg(long, value_parser = parse_age)]
+        since: Option<Duration>,
     },
     /// One row per entry: device, image, options, size, last access.
     Ls {
@@ -88,6 +93,9 @@ pub enum CacheCommand {
     /// Write a new Ed25519 key pair for writer signatures: the private key to FILE (mode 0600), the
     /// public key to FILE.pub.
     Keygen(crate::cache_keys::KeygenArgs),
+    /// Rank the miss journal: miss causes, kernels built more than once (across the fleet with
+    /// --remote), compile seconds spent building and saved by hits.
+    Report(crate::cache_report::ReportArgs),
     /// Remove every entry and the quarantine directory.
     Clear {
         /// Machine-readable output.
@@ -100,7 +108,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
     kpc::config::parse_size("--max-size", s).map_err(|e| e.to_string())
 }
 
-fn parse_age(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_age(s: &str) -> Result<Duration, String> {
     if let Some(days) = s.trim().strip_suffix('d') {
         return days
             .trim()
@@ -112,7 +120,7 @@ fn parse_age(s: &str) -> Result<Duration, String> {
 }
 
 /// Bytes for people: 1536 -> "1.5 KiB".
-fn human(b: u64) -> String {
+pub(crate) fn human(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
     let mut u = 0;
@@ -178,6 +186,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
     let io = |e: std::io::Error| kpc::Error::Io(format!("{}: {e}", cache.root().display()));
     match cmd {
         CacheCommand::Explain(args) => crate::cache_explain::run(config, cache, &args),
+        CacheCommand::Report(args) => crate::cache_report::run(config, &cache, &args),
         CacheCommand::Export(args) => crate::cache_bundle::export(config, &cache, &args),
         CacheCommand::Import(args) => crate::cache_bundle::import(config, &cache, &args),
         CacheCommand::Check(args) => crate::cache_check::run(config, &args),
@@ -190,7 +199,11 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
             format: crate::cache_metrics::Format::Prometheus,
             ..
         } => crate::cache_metrics::prometheus(config, &cache, max_size),
-        CacheCommand::Stats { json, format } => {
+        CacheCommand::Stats {
+            json,
+            format,
+            since,
+        } => {
             let json = json || format == crate::cache_metrics::Format::Json;
             let entries = cache.entries().map_err(io)?;
             let mut per: BTreeMap<String, (String, String, u64, u64)> = BTreeMap::new();
@@ -220,6 +233,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "bytes": total,
                     "devices": devices,
                     "quarantine": {"files": qn, "bytes": qb},
+                    "eviction": crate::cache_report::eviction_json(&cache, since),
                     "remote": crate::cache_remote::stats(config),
                 }));
             } else {
@@ -260,6 +274,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     entries.len(),
                     human(total)
                 );
+                crate::cache_report::eviction_text(&cache, since, max_size);
                 if qn > 0 {
                     outln!(
                         "quarantine: {qn} files, {} in {}",

@@ -70,9 +70,21 @@ pub struct EvictionCost {
     pub miss_bytes: u64,
     /// An estimate of the `KPC_CACHE_MAX_SIZE` under which none of those misses would have happened:
     /// for each miss, the limit then in force plus every byte evicted from its entry's eviction to the
-    /// miss (the room that would have kept it), the largest over the misses, rounded up to a MiB.
+    /// miss (the room that would have kept it), the largest over the misses, rounded up to a MiB
+    /// (to a KiB below 1 MiB).
     /// `None` without misses, or when every one was of an entry removed by age rather than size.
     pub suggested_max_size: Option<u64>,
+}
+
+/// A size as `KPC_CACHE_MAX_SIZE` takes it: `512K`, `3M`, `2G` when exact, else bytes.
+pub fn size_arg(b: u64) -> String {
+    match b {
+        0 => "0".into(),
+        b if b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => b.to_string(),
+    }
 }
 
 pub(super) fn unix_ms(t: SystemTime) -> u64 {
@@ -193,7 +205,9 @@ impl Inner {
                             _ => None,
                         })
                         .sum();
-                    let need = (m.limit + window.max(m.bytes)).div_ceil(1 << 20) << 20;
+                    let need = m.limit + window.max(m.bytes);
+                    let unit = if need >= 1 << 20 { 1 << 20 } else { 1 << 10 };
+                    let need = need.div_ceil(unit) * unit;
                     suggest = Some(suggest.map_or(need, |s| s.max(need)));
                 }
                 _ => {}

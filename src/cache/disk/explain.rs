@@ -215,7 +215,7 @@ impl fmt::Display for MissExplanation {
                     if e.limit == 0 {
                         "unlimited (removed by age)".to_string()
                     } else {
-                        e.limit.to_string()
+                        super::evicted::size_arg(e.limit)
                     }
                 )?,
                 None => f.write_str("evicted")?,
