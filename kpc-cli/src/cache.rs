@@ -32,7 +32,7 @@ pub enum CacheCommand {
         /// Count what eviction cost (misses on evicted entries, their bytes, the KPC_CACHE_MAX_SIZE
         /// that would have served them) over this last period only, e.g. 30m, 12h, 7d (default:
         /// everything the eviction record holds).
-        #[arg(long, value_parser = parse_age)]
+        #[arg(long, value_parser = parse_since)]
         since: Option<Duration>,
     },
     /// One row per entry: device, image, options, size, last access.
@@ -108,15 +108,26 @@ fn parse_size(s: &str) -> Result<u64, String> {
     kpc::config::parse_size("--max-size", s).map_err(|e| e.to_string())
 }
 
-pub(crate) fn parse_age(s: &str) -> Result<Duration, String> {
+fn parse_age(s: &str) -> Result<Duration, String> {
+    parse_period("--older-than", s)
+}
+
+/// `--since`'s value: a period such as 30m, 12h or 7d.
+pub(crate) fn parse_since(s: &str) -> Result<Duration, String> {
+    parse_period("--since", s)
+}
+
+fn parse_period(flag: &'static str, s: &str) -> Result<Duration, String> {
     if let Some(days) = s.trim().strip_suffix('d') {
         return days
             .trim()
             .parse::<u64>()
-            .map(|d| Duration::from_secs(d * 86_400))
-            .map_err(|_| format!("--older-than={s:?} is not valid: expected e.g. 30m, 12h or 7d"));
+            .ok()
+            .and_then(|d| d.checked_mul(86_400))
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("{flag}={s:?} is not valid: expected e.g. 30m, 12h or 7d"));
     }
-    kpc::config::parse_duration("--older-than", s).map_err(|e| e.to_string())
+    kpc::config::parse_duration(flag, s).map_err(|e| e.to_string())
 }
 
 /// Bytes for people: 1536 -> "1.5 KiB".

@@ -20,7 +20,7 @@ pub struct ReportArgs {
     #[arg(long)]
     remote: bool,
     /// Only records of this last period, e.g. 30m, 12h, 7d (default: everything recorded).
-    #[arg(long, value_parser = crate::cache::parse_age)]
+    #[arg(long, value_parser = crate::cache::parse_since)]
     since: Option<Duration>,
     /// Machine-readable output.
     #[arg(long)]
