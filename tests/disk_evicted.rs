@@ -42,7 +42,9 @@ fn fill(root: &Path) -> Vec<u64> {
         c.put(&key(i), &payload(i, PAYLOAD), Duration::from_millis(30));
     }
     c.wait_for_eviction();
-    let evicted: Vec<u64> = (0..6).filter(|&i| c.get_read_only(&key(i)).is_none()).collect();
+    let evicted: Vec<u64> = (0..6)
+        .filter(|&i| c.get_read_only(&key(i)).is_none())
+        .collect();
     assert!(!evicted.is_empty(), "nothing was evicted");
     evicted
 }
@@ -133,7 +135,10 @@ fn a_torn_or_damaged_record_is_skipped() {
     fs::write(&path, text).unwrap();
     let c = small(&root);
     // Explained by the intact records (new-key for the damaged one), never misread.
-    let causes: Vec<MissCause> = evicted.iter().map(|&i| c.explain_miss(&key(i)).cause).collect();
+    let causes: Vec<MissCause> = evicted
+        .iter()
+        .map(|&i| c.explain_miss(&key(i)).cause)
+        .collect();
     assert!(
         causes
             .iter()
