@@ -14,7 +14,7 @@ use kpc::Config;
 use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
 use serde_json::{Value, json};
 
-use crate::entry_fmt::{device_of, utc};
+use crate::entry_fmt::{device_of, human, utc};
 
 #[derive(Subcommand, Debug)]
 pub enum CacheCommand {
@@ -32,7 +32,7 @@ pub enum CacheCommand {
         /// Count what eviction cost (misses on evicted entries, their bytes, the KPC_CACHE_MAX_SIZE
         /// that would have served them) over this last period only, e.g. 30m, 12h, 7d (default:
         /// everything the eviction record holds).
-        #[arg(long, value_parser = parse_since)]
+        #[arg(long, value_parser = crate::cache_report::parse_since)]
         since: Option<Duration>,
     },
     /// One row per entry: device, image, options, size, last access.
@@ -109,41 +109,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn parse_age(s: &str) -> Result<Duration, String> {
-    parse_period("--older-than", s)
-}
-
-/// `--since`'s value: a period such as 30m, 12h or 7d.
-pub(crate) fn parse_since(s: &str) -> Result<Duration, String> {
-    parse_period("--since", s)
-}
-
-fn parse_period(flag: &'static str, s: &str) -> Result<Duration, String> {
-    if let Some(days) = s.trim().strip_suffix('d') {
-        return days
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .and_then(|d| d.checked_mul(86_400))
-            .map(Duration::from_secs)
-            .ok_or_else(|| format!("{flag}={s:?} is not valid: expected e.g. 30m, 12h or 7d"));
-    }
-    kpc::config::parse_duration(flag, s).map_err(|e| e.to_string())
-}
-
-/// Bytes for people: 1536 -> "1.5 KiB".
-pub(crate) fn human(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    crate::cache_report::parse_period("--older-than", s)
 }
 
 fn unix(t: SystemTime) -> u64 {

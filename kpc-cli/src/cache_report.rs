@@ -10,7 +10,7 @@ use kpc::cache::disk::PersistentCache;
 use kpc::cache::journal::{self, JournalRecord, Report};
 use serde_json::{Value, json};
 
-use crate::cache::human;
+use crate::entry_fmt::human;
 
 /// Arguments of `kpc cache report`.
 #[derive(clap::Args, Debug)]
@@ -20,11 +20,30 @@ pub struct ReportArgs {
     #[arg(long)]
     remote: bool,
     /// Only records of this last period, e.g. 30m, 12h, 7d (default: everything recorded).
-    #[arg(long, value_parser = crate::cache::parse_since)]
+    #[arg(long, value_parser = parse_since)]
     since: Option<Duration>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+}
+
+/// `--since`'s value: a period such as 30m, 12h or 7d.
+pub(crate) fn parse_since(s: &str) -> Result<Duration, String> {
+    parse_period("--since", s)
+}
+
+/// A period for `flag`: a duration (`30m`, `12h`) or whole days (`7d`).
+pub(crate) fn parse_period(flag: &'static str, s: &str) -> Result<Duration, String> {
+    if let Some(days) = s.trim().strip_suffix('d') {
+        return days
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .and_then(|d| d.checked_mul(86_400))
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("{flag}={s:?} is not valid: expected e.g. 30m, 12h or 7d"));
+    }
+    kpc::config::parse_duration(flag, s).map_err(|e| e.to_string())
 }
 
 fn since_time(since: Option<Duration>) -> Option<SystemTime> {

@@ -114,9 +114,9 @@ enum Record<'a> {
 fn parse(line: &str) -> Option<Record<'_>> {
     let f: Vec<&str> = line.split(' ').collect();
     let n = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok());
-    match f.first()? {
-        &"E" if f.len() == 5 => Some(Record::Evicted(n(1)?, f[2], n(3)?, n(4)?)),
-        &"M" if f.len() == 6 => Some(Record::Missed(
+    match *f.first()? {
+        "E" if f.len() == 5 => Some(Record::Evicted(n(1)?, f[2], n(3)?, n(4)?)),
+        "M" if f.len() == 6 => Some(Record::Missed(
             n(1)?,
             EvictedMiss {
                 at: from_ms(n(1)?),
