@@ -96,7 +96,7 @@ pub enum CacheCommand {
     /// Rank the miss journal: miss causes, kernels built more than once (across the fleet with
     /// --remote), compile seconds spent building and saved by hits.
     Report(crate::cache_report::ReportArgs),
-    /// Remove every entry and the quarantine directory.
+    /// Remove every entry, the quarantine directory and the eviction record.
     Clear {
         /// Machine-readable output.
         #[arg(long)]

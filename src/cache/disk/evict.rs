@@ -361,7 +361,14 @@ impl Inner {
             }
         }
         removed_bytes_counted += report.removed_bytes;
-        self.record_evicted(&evicted);
+        // A pass a put asked for evicts under KPC_CACHE_MAX_SIZE; an explicit one (prune) under its
+        // own target, or none (by age, 0).
+        let limit = if plan.asked {
+            self.s.max_size
+        } else {
+            plan.target.unwrap_or(0)
+        };
+        self.record_evicted(&evicted, limit);
 
         // Directories left empty, leaves found empty included (a killed process's, or emptied by
         // readers), are the sweep's, with the trash.

@@ -6,8 +6,9 @@
 //! Two kinds of record, one line each ([`BoundedLog`]: checksummed, a torn line skipped, the last
 //! [`EVICTED_RECORDS`] kept across restarts and processes):
 //! - `E <unix ms> <entry> <bytes> <limit>`: an eviction pass removed the entry (its leaf directory,
-//!   the key's four directory names, which name the key) of `bytes`, under a limit of `limit` bytes
-//!   (`0`: none; a `kpc cache prune` by age).
+//!   the key's four directory names, which name the key) of `bytes`, under a limit of `limit` bytes:
+//!   `KPC_CACHE_MAX_SIZE` for a pass a put asked for, `--max-size` for `kpc cache prune`, `0` for a
+//!   prune by age. `kpc cache clear` removes the record with the entries.
 //! - `M <unix ms> <entry> <bytes> <limit> <evicted unix ms>`: a counted lookup missed a key whose
 //!   latest record is an eviction.
 //!
@@ -130,8 +131,8 @@ fn parse(line: &str) -> Option<Record<'_>> {
 }
 
 impl Inner {
-    /// Records the entries (leaf directories and bytes) an eviction pass removed.
-    pub(super) fn record_evicted(&self, removed: &[(&std::path::Path, u64)]) {
+    /// Records the entries (leaf directories and bytes) an eviction pass removed under `limit`.
+    pub(super) fn record_evicted(&self, removed: &[(&std::path::Path, u64)], limit: u64) {
         if removed.is_empty() {
             return;
         }
@@ -140,7 +141,7 @@ impl Inner {
             .iter()
             .filter_map(|(leaf, bytes)| {
                 let rel = leaf.strip_prefix(&self.v1).ok()?.to_str()?.to_owned();
-                Some(format!("E {now} {rel} {bytes} {}", self.s.max_size))
+                Some(format!("E {now} {rel} {bytes} {limit}"))
             })
             .collect();
         let log = log(&self.s.root);
