@@ -50,6 +50,8 @@ mod imp {
     use std::time::{Duration, Instant};
 
     use super::breaker::Admit;
+
+    mod journal;
     use super::fleet_lock::FleetLocks;
     use super::ops::{Failure, Ops};
     use super::publish::{Publish, Publisher, Report};
@@ -135,9 +137,6 @@ mod imp {
             &blake3::hash(bytes).to_hex()[..32]
         )
     }
-
-    /// The Redis stream holding the fleet's miss journal (`crate::cache::journal`).
-    const JOURNAL_STREAM: &str = "kpc-journal/v1";
 
     fn lock_name(key: &StoreKey) -> String {
         format!("kpc-lock/{}", &path_of(key)["kpc/".len()..])
@@ -593,41 +592,11 @@ mod imp {
         }
 
         fn share_journal(&self, lines: &[String]) {
-            let Some(fleet) = &self.fleet else {
-                return;
-            };
-            let admit = self.shared.ops.breaker.admit();
-            if admit == Admit::Skip || lines.is_empty() {
-                return;
-            }
-            let r =
-                fleet.append_capped(JOURNAL_STREAM, crate::cache::journal::FLEET_RECORDS, lines);
-            match &r {
-                Err(e) if e.is_timeout() || e.is_connection_refusal() || e.is_io_error() => {
-                    self.shared.ops.breaker.failed(admit)
-                }
-                _ => self.shared.ops.breaker.answered(admit),
-            }
-            if let Err(e) = r {
-                let cause = if e.is_timeout() {
-                    WarnCause::Timeout
-                } else {
-                    WarnCause::Unavailable
-                };
-                self.shared.warnings.warn(
-                    cause,
-                    &format_args!("sharing the miss journal failed ({e})"),
-                );
-            }
+            self.append_journal(lines);
         }
 
         fn read_journal(&self) -> Option<io::Result<Vec<String>>> {
-            let fleet = self.fleet.as_ref()?;
-            Some(
-                fleet
-                    .read_stream(JOURNAL_STREAM, crate::cache::journal::FLEET_RECORDS)
-                    .map_err(|e| io::Error::other(format!("{}: {e}", self.url))),
-            )
+            self.fleet_journal()
         }
 
         fn list(&self) -> io::Result<Vec<StoreEntry>> {
