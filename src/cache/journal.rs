@@ -371,9 +371,14 @@ impl Journal {
 mod tests {
     use super::*;
 
+    /// Now, to the millisecond (what a record keeps).
+    fn now() -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(ms(SystemTime::now()))
+    }
+
     fn build(host: &str, key: &str, cause: &str, ms: u64) -> JournalRecord {
         JournalRecord {
-            at: SystemTime::now(),
+            at: now(),
             host: host.into(),
             kind: RecordKind::Build {
                 key: key.into(),
@@ -394,7 +399,7 @@ mod tests {
             build("a", "2", "evicted", 40),
             build("a", "3", "evicted", 10),
             JournalRecord {
-                at: SystemTime::now(),
+                at: now(),
                 host: "b".into(),
                 kind: RecordKind::Hits {
                     count: 3,

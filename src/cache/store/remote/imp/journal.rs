@@ -17,10 +17,12 @@ impl RemoteStore {
         let Some(fleet) = &self.fleet else {
             return;
         };
-        let admit = self.shared.ops.breaker.admit();
-        if admit == Admit::Skip || lines.is_empty() {
+        // Journal records are not store calls: while the breaker is open they are dropped without
+        // counting a skip, and they never probe it.
+        if self.shared.ops.breaker.is_open() || lines.is_empty() {
             return;
         }
+        let admit = Admit::Call;
         let r = fleet.append_capped(JOURNAL_STREAM, crate::cache::journal::FLEET_RECORDS, lines);
         match &r {
             Err(e) if e.is_timeout() || e.is_connection_refusal() || e.is_io_error() => {
@@ -31,6 +33,9 @@ impl RemoteStore {
         if let Err(e) = r {
             let cause = if e.is_timeout() {
                 WarnCause::Timeout
+            } else if e.to_string().contains("OOM") {
+                // A full Redis (maxmemory, noeviction) refuses the XADD as it refuses entries.
+                WarnCause::NoSpace
             } else {
                 WarnCause::Unavailable
             };
