@@ -14,7 +14,7 @@ use common::redis::RedisServer;
 use kpc::cache::{SpecConstants, SpecValue};
 use kpc::config::{BackendKind, RemoteUrl};
 use kpc::runtime::prebuild::{app_manifests, prebuild};
-use kpc::runtime::warm_start::WarmStart;
+use kpc::runtime::warm_start::{WarmStart, shared_requests};
 use kpc::runtime::{KernelRequest, ProgramManager};
 use kpc::{Config, Error};
 
@@ -153,4 +153,98 @@ fn a_second_prebuild_finds_everything_present_and_failures_are_reported() {
     assert_eq!(r.failed.len(), 1);
     assert_eq!(r.failed[0].0, "k2.cl:main");
     assert!(matches!(r.failed[0].1, Error::Build { .. }));
+}
+
+/// A fresh machine that never ran the application prebuilds what the fleet shared: every process
+/// that writes its manifest merges it into the remote's, authenticated like an entry.
+#[test]
+fn a_fresh_machine_prebuilds_from_the_manifest_the_fleet_shares() {
+    let Some(redis) =
+        RedisServer::start("a_fresh_machine_prebuilds_from_the_manifest_the_fleet_shares")
+    else {
+        return;
+    };
+    let t = TempDir::new("prebuild-shared");
+    // Two machines ran the application, each using half of the kernels (and one in common).
+    let all = requests();
+    for (m, part) in [("a", &all[..N / 2 + 1]), ("b", &all[N / 2..])] {
+        let pm = new_driver_manager(&t.join(m), Some(&redis.url()));
+        let old = FakeBackend::with_driver_version("fake-device-0", "1");
+        let digest = kpc::backend::Backend::fingerprint(&old).digest;
+        let ws = WarmStart::new(&t.join(m), &digest, APP);
+        ws.share_through(pm.stores().stores().cloned().collect());
+        for r in part {
+            ws.record(r);
+        }
+        assert_eq!(ws.save().unwrap(), Some(part.len()));
+    }
+    // A third machine, new driver, empty cache directory, no manifest of its own.
+    let pm = new_driver_manager(&t.join("c"), Some(&redis.url()));
+    assert!(
+        app_manifests(&t.join("c"), APP, BackendKind::OpenCl)
+            .0
+            .is_empty()
+    );
+    let shared = shared_requests(pm.stores().stores(), APP);
+    assert_eq!(shared.len(), N, "the union of both machines' manifests");
+    let p = pm.clone();
+    let r = prebuild(shared, move |r| {
+        p.kernel(&r.image, &r.entry, &r.spec, &r.options)
+            .map(|a| a.source)
+    });
+    assert_eq!((r.kernels, r.built, r.failed.len()), (N, N, 0));
+    assert_eq!(
+        shared_requests(pm.stores().stores(), "another-app").len(),
+        0
+    );
+
+    // With the fleet's MAC key set, the unauthenticated manifest is refused, never used.
+    let keyed = Config::builder()
+        .cache_dir(t.join("d"))
+        .remote(Some(RemoteUrl::parse(&redis.url()).unwrap()))
+        .remote_key(
+            kpc::config::MacKey::from_secret("KPC_CACHE_REMOTE_KEY", "a fleet secret of 16+")
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let pm = ProgramManager::new(Arc::new(FakeBackend::new()), &keyed);
+    assert!(shared_requests(pm.stores().stores(), APP).is_empty());
+}
+
+/// The progress hook (what `kpc cache prebuild` draws its terminal line from) sees every kernel
+/// once, numbered 1 to N, with its result.
+#[test]
+fn progress_reports_each_kernel_once_in_order_of_completion() {
+    let t = TempDir::new("prebuild-progress");
+    record_old_manifest(t.path());
+    let pm = new_driver_manager(t.path(), None);
+    let (_, reqs) = app_manifests(t.path(), APP, BackendKind::OpenCl);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let r = kpc::runtime::prebuild::prebuild_with_progress(
+        reqs,
+        move |r| {
+            pm.kernel(&r.image, &r.entry, &r.spec, &r.options)
+                .map(|a| a.source)
+        },
+        move |p: &kpc::runtime::prebuild::Progress<'_>| {
+            assert_eq!(p.total, N);
+            log.lock()
+                .unwrap()
+                .push((p.done, p.kernel.to_string(), p.result.is_ok()));
+        },
+    );
+    assert_eq!(r.built, N);
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(
+        seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        (1..=N).collect::<Vec<_>>()
+    );
+    let mut kernels: Vec<_> = seen.iter().map(|s| s.1.clone()).collect();
+    kernels.sort();
+    kernels.dedup();
+    assert_eq!(kernels.len(), N);
+    assert!(seen.iter().all(|s| s.2));
 }

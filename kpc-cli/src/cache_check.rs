@@ -308,7 +308,11 @@ fn print_report(
     }
     outln!(
         "{}",
-        if ok {
+        if ok && app.is_none() && counts[0] == 0 {
+            "ok: nothing in it is for this device's backend (no --app: no kernel was requested)"
+        } else if ok && app.is_none() {
+            "ok: every entry for this device's backend is usable (no --app: coverage not checked)"
+        } else if ok {
             "ok: every requested kernel would be served"
         } else {
             "NOT OK: some requested kernels would not be served (they would be built)"

@@ -3,12 +3,13 @@
 //! images) for the selected device, into every writable store; with a redis remote each key is built
 //! under the fleet lock (see `kpc::runtime::prebuild`). Exit status 0 unless a kernel failed.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Args;
 use kpc::config::DeviceSelector;
 use kpc::config::prefetch::valid_app_name;
-use kpc::runtime::prebuild::app_manifests;
+use kpc::runtime::prebuild::{Progress, app_manifests};
 use kpc::{Config, Context, Error, SealMode};
 use serde_json::json;
 
@@ -54,21 +55,53 @@ pub fn run(config: &Config, args: &PrebuildArgs) -> kpc::Result<ExitCode> {
         ));
     };
     let device = kpc::runtime::select_device(args.device.as_ref().unwrap_or(&config.device))?;
-    let (manifests, requests) = app_manifests(root, &app, device.backend);
-    if manifests.is_empty() {
-        return Err(Error::InvalidArgument(format!(
-            "--app {app}: no warm-start manifest with {} kernels under {}; run the application once \
-             with KPC_CACHE_PREFETCH={app} to record one",
-            device.backend,
-            root.display()
-        )));
-    }
+    let (mut manifests, mut requests): (Vec<String>, _) = {
+        let (paths, reqs) = app_manifests(root, &app, device.backend);
+        (
+            paths.iter().map(|p| p.display().to_string()).collect(),
+            reqs,
+        )
+    };
     // Prebuilding is building ahead of serving: never sealed, and no warm start of its own.
     let mut c = config.clone();
     c.seal = SealMode::Off;
     c.warm_start = None;
     let ctx = Context::with_device(&device, &c)?;
-    let r = ctx.prebuild(requests);
+    // The fleet's manifest (shared through the remote): what other machines ran, for a machine
+    // that never ran the application.
+    let shared = ctx.shared_manifest(&app);
+    if !shared.is_empty() {
+        manifests.push(format!(
+            "{} (shared)",
+            config
+                .remote
+                .as_ref()
+                .map_or_else(|| "a shared store".to_string(), |u| u.to_string(),)
+        ));
+        requests.extend(shared);
+    }
+    if manifests.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "--app {app}: no warm-start manifest with {} kernels under {} or shared through a \
+             remote; run the application once with KPC_CACHE_PREFETCH={app} to record one",
+            device.backend,
+            root.display()
+        )));
+    }
+    // A progress line on a terminal only: logs and pipes get the report alone.
+    let tty = !args.json && std::io::stderr().is_terminal();
+    let r = ctx.prebuild_with_progress(requests, move |p: &Progress<'_>| {
+        if tty {
+            let what = match p.result {
+                Ok(s) => s.to_string(),
+                Err(_) => "failed".to_string(),
+            };
+            eprint!("\r\x1b[2K[{}/{}] {} ({what})", p.done, p.total, p.kernel);
+            if p.done == p.total {
+                eprintln!();
+            }
+        }
+    });
     let dev = format!("{}:{} {}", device.backend, device.index, device.name);
     if args.json {
         let failed: Vec<_> = r
@@ -78,7 +111,7 @@ pub fn run(config: &Config, args: &PrebuildArgs) -> kpc::Result<ExitCode> {
             .collect();
         print_json(&json!({
             "app": app, "device": dev,
-            "manifests": manifests.iter().map(|m| m.display().to_string()).collect::<Vec<_>>(),
+            "manifests": manifests,
             "kernels": r.kernels, "built": r.built, "present": r.present, "failed": failed,
             "elapsed_ms": r.elapsed.as_secs_f64() * 1e3,
         }));

@@ -137,6 +137,7 @@ impl Context {
         });
         let seal = config.seal;
         if let Some(w) = &warm {
+            w.share_through(inner.programs.stores().stores().cloned().collect());
             // Weak: the loader must not keep a context alive that its owner dropped. A load holds
             // the context while it runs; the owner's last drop stops the loader and waits for the
             // loads running then (Life), so none outlives that drop.

@@ -11,6 +11,7 @@
 use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::backend::ImageFormat;
@@ -45,10 +46,7 @@ pub fn app_manifests(
     app: &str,
     backend: BackendKind,
 ) -> (Vec<PathBuf>, Vec<KernelRequest>) {
-    let fits = |r: &KernelRequest| match backend {
-        BackendKind::Vulkan => r.image.format() != ImageFormat::OpenClC,
-        BackendKind::OpenCl => r.image.format() == ImageFormat::OpenClC,
-    };
+    let fits = |r: &KernelRequest| fits(backend, r);
     let name = format!("{app}.manifest");
     let mut paths: Vec<PathBuf> = fs::read_dir(root.join("warm").join("v1"))
         .into_iter()
@@ -69,6 +67,14 @@ pub fn app_manifests(
         }
     }
     (used, distinct(requests))
+}
+
+/// Whether `r` builds on `backend`: SPIR-V and GLSL images on Vulkan, OpenCL C on OpenCL.
+fn fits(backend: BackendKind, r: &KernelRequest) -> bool {
+    match backend {
+        BackendKind::Vulkan => r.image.format() != ImageFormat::OpenClC,
+        BackendKind::OpenCl => r.image.format() == ImageFormat::OpenClC,
+    }
 }
 
 /// The distinct requests of `requests` (the same image, entry, spec constants and options once),
@@ -94,8 +100,41 @@ pub fn prebuild(
     requests: impl IntoIterator<Item = KernelRequest>,
     acquire: impl Fn(&KernelRequest) -> Result<Source> + Send + Sync + 'static,
 ) -> PrebuildReport {
+    prebuild_with_progress(requests, acquire, |_: &Progress<'_>| {})
+}
+
+/// One finished kernel of a prebuild, as [`prebuild_with_progress`] reports it.
+#[derive(Debug)]
+pub struct Progress<'a> {
+    /// Kernels finished so far, this one included.
+    pub done: usize,
+    /// Kernels in the prebuild.
+    pub total: usize,
+    /// This kernel, `image:entry`.
+    pub kernel: &'a str,
+    /// Where it came from, or why it failed.
+    pub result: &'a Result<Source>,
+}
+
+/// [`prebuild`], calling `progress` (from the worker that finished it) after each kernel.
+pub fn prebuild_with_progress(
+    requests: impl IntoIterator<Item = KernelRequest>,
+    acquire: impl Fn(&KernelRequest) -> Result<Source> + Send + Sync + 'static,
+    progress: impl Fn(&Progress<'_>) + Send + Sync + 'static,
+) -> PrebuildReport {
     let start = Instant::now();
     let requests = distinct(requests);
+    let (total, finished) = (requests.len(), AtomicUsize::new(0));
+    let acquire = move |r: &KernelRequest| {
+        let result = acquire(r);
+        progress(&Progress {
+            done: finished.fetch_add(1, Ordering::Relaxed) + 1,
+            total,
+            kernel: &format!("{}:{}", r.image.name(), r.entry),
+            result: &result,
+        });
+        result
+    };
     let names: Vec<String> = requests
         .iter()
         .map(|r| format!("{}:{}", r.image.name(), r.entry))
@@ -118,6 +157,19 @@ pub fn prebuild(
 }
 
 impl super::Context {
+    /// The kernels of application `app`'s manifest that the fleet shares through this context's
+    /// stores (the remote: every process with warm start on merges its manifest into it), for
+    /// [`super::Context::prebuild`] on a machine that never ran the application; those of another
+    /// backend included (their images decide, as for [`app_manifests`]). Empty when no store shares
+    /// one or it does not verify.
+    pub fn shared_manifest(&self, app: &str) -> Vec<KernelRequest> {
+        let backend = self.device().backend;
+        super::warm_start::shared_requests(self.internal().inner.programs.stores().stores(), app)
+            .into_iter()
+            .filter(|r| fits(backend, r))
+            .collect()
+    }
+
     /// Builds every kernel of `requests` (typically an application's warm-start manifests, also
     /// those recorded under another fingerprint of this backend: they carry the images) that no
     /// store holds for this device, in parallel, and stores each in every writable store; with a
@@ -125,10 +177,20 @@ impl super::Context {
     /// it once in the fleet. Run it on an unsealed context (`kpc cache prebuild` opens its own): on
     /// a sealed one a kernel that would build fails with [`Error::Sealed`]. Returns what it did.
     pub fn prebuild(&self, requests: impl IntoIterator<Item = KernelRequest>) -> PrebuildReport {
+        self.prebuild_with_progress(requests, |_: &Progress<'_>| {})
+    }
+
+    /// [`super::Context::prebuild`], calling `progress` after each kernel (for a progress line).
+    pub fn prebuild_with_progress(
+        &self,
+        requests: impl IntoIterator<Item = KernelRequest>,
+        progress: impl Fn(&Progress<'_>) + Send + Sync + 'static,
+    ) -> PrebuildReport {
         let ctx = self.internal();
-        prebuild(requests, move |r| {
+        let acquire = move |r: &KernelRequest| {
             ctx.kernel(&r.image, &r.entry, &r.spec, &r.options)
                 .map(|k| k.source())
-        })
+        };
+        prebuild_with_progress(requests, acquire, progress)
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::cache_debug::{CacheDebugStats, DebugCounters};
 use super::metrics;
 use super::seal::{Seal, SealStats, kernel_name};
-pub use super::source::Source;
+pub use super::source::{Acquired, Source};
 #[cfg(not(loom))]
 use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
 use crate::backend::dynamic::{DynBackend, DynKernel, DynProgram};
@@ -25,23 +25,6 @@ use crate::cache::{
 };
 use crate::config::{BackendKind, Config, SealMode, TraceFlags};
 use crate::error::{Error, Result};
-
-impl fmt::Display for Source {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A cached object with where it came from and how long acquiring it took.
-#[derive(Debug)]
-pub struct Acquired<T> {
-    /// The shared object.
-    pub value: Arc<T>,
-    /// The layer that served it.
-    pub source: Source,
-    /// Wall time of the whole acquisition.
-    pub elapsed: Duration,
-}
 
 /// One context's programs and kernels on one backend device, whatever its backend (it drives the
 /// device through the [`DynBackend`] seam; the constructors take any [`Backend`]).

@@ -47,3 +47,20 @@ impl Source {
         }
     }
 }
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A cached object with where it came from and how long acquiring it took.
+#[derive(Debug)]
+pub struct Acquired<T> {
+    /// The shared object.
+    pub value: std::sync::Arc<T>,
+    /// The layer that served it.
+    pub source: Source,
+    /// Wall time of the whole acquisition.
+    pub elapsed: std::time::Duration,
+}

@@ -21,6 +21,8 @@
 //!   write concurrently each add their kernels and none sees a torn file.
 
 pub mod manifest;
+mod share;
+pub use share::shared_requests;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
@@ -107,6 +109,8 @@ pub struct WarmStart {
     stopped: AtomicBool,
     report: Mutex<Option<WarmStartReport>>,
     warned: Mutex<HashSet<&'static str>>,
+    /// The stores this manifest is also shared through ([`WarmStart::share_through`]).
+    shared: std::sync::OnceLock<Vec<Arc<dyn crate::cache::Store>>>,
 }
 
 #[derive(Default)]
@@ -166,6 +170,7 @@ impl WarmStart {
             stopped: AtomicBool::new(false),
             report: Mutex::new(None),
             warned: Mutex::new(HashSet::new()),
+            shared: std::sync::OnceLock::new(),
         }
     }
 
@@ -417,23 +422,9 @@ impl WarmStart {
 
         // Under the lock: what others wrote since we read it, then ours, without what is gone.
         let (theirs, _) = self.read_manifest();
-        let mut seen = HashSet::new();
-        let mut merged: Vec<KernelRequest> = Vec::new();
-        for r in theirs.iter().chain(ours) {
-            let id = manifest::id_of(r);
-            if !missing.contains(&id) && seen.insert(id) {
-                merged.push(r.clone());
-            }
-        }
+        let mut merged = share::merge(&theirs, ours, missing);
         // Oldest first: over the limits, the oldest go.
-        if merged.len() > MAX_RECORDS {
-            merged.drain(..merged.len() - MAX_RECORDS);
-        }
-        let mut bytes = manifest::encode(&merged);
-        while bytes.len() > manifest::MAX_BYTES && !merged.is_empty() {
-            merged.drain(..merged.len().div_ceil(4));
-            bytes = manifest::encode(&merged);
-        }
+        let bytes = share::encode_bounded(&mut merged);
 
         let tmp = self.dir.join(format!(
             ".{}.tmp-{}-{}",
@@ -453,6 +444,8 @@ impl WarmStart {
             let _ = fs::remove_file(&tmp);
             return Err(io("writing", &self.path, e));
         }
+        drop(_guard);
+        self.publish_shared(&merged);
         Ok(merged.len())
     }
 }

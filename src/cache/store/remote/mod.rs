@@ -34,6 +34,8 @@ mod breaker;
 #[cfg(all(feature = "remote", not(loom)))]
 mod fleet_lock;
 #[cfg(all(feature = "remote", not(loom)))]
+mod names;
+#[cfg(all(feature = "remote", not(loom)))]
 mod ops;
 #[cfg(all(feature = "remote", not(loom)))]
 mod publish;
@@ -53,10 +55,13 @@ mod imp {
 
     mod journal;
     use super::fleet_lock::FleetLocks;
+    pub(crate) use super::names::path_of;
+    use super::names::{
+        crash_marker_path, lock_name, manifest_key, manifest_path, namespace, token,
+    };
     use super::ops::{Failure, Ops};
     use super::publish::{Publish, Publisher, Report};
     use crate::cache::Digest;
-    use crate::cache::disk::entry::FORMAT_VERSION;
     use crate::cache::store::StoreKey;
     use crate::cache::store::auth;
     use crate::cache::store::auth::{EntryAuth, Refusal};
@@ -111,46 +116,6 @@ mod imp {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.debug_tuple("RemoteStore").field(&self.url).finish()
         }
-    }
-
-    /// The namespace of every entry: kpc's format version.
-    fn namespace() -> String {
-        format!("kpc/v{FORMAT_VERSION}/")
-    }
-
-    /// Where `key`'s entry lives on the remote.
-    pub(crate) fn path_of(key: &StoreKey) -> String {
-        format!(
-            "{}{}/{}",
-            namespace(),
-            key.device_digest().to_hex(),
-            key.digest().to_hex()
-        )
-    }
-
-    /// Where the marker saying that `bytes` for `key` crashed a loading process lives: beside the
-    /// namespace of entries (so listings never meet it), under the same format and device.
-    fn crash_marker_path(key: &StoreKey, bytes: &[u8]) -> String {
-        format!(
-            "kpc-crashed/{}.{}",
-            &path_of(key)["kpc/".len()..],
-            &blake3::hash(bytes).to_hex()[..32]
-        )
-    }
-
-    fn lock_name(key: &StoreKey) -> String {
-        format!("kpc-lock/{}", &path_of(key)["kpc/".len()..])
-    }
-
-    fn token() -> String {
-        let mut h = blake3::Hasher::new();
-        h.update(&std::process::id().to_le_bytes());
-        h.update(format!("{:?}{:?}", std::thread::current().id(), Instant::now()).as_bytes());
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        h.update(&now.as_nanos().to_le_bytes());
-        h.finalize().to_hex()[..32].to_owned()
     }
 
     impl RemoteStore {
@@ -573,18 +538,13 @@ mod imp {
         fn note_crashed(&self, key: &StoreKey, bytes: &[u8]) {
             // Readers would refuse a marker this node cannot sign (a serving node under
             // KPC_CACHE_TRUSTED_KEYS): it quarantines locally only.
-            if !self.shared.auth.may_publish() {
+            let (path, sh) = (crash_marker_path(key, bytes), &self.shared);
+            if !sh.auth.may_publish() {
                 return;
             }
-            let path = crash_marker_path(key, bytes);
-            let sh = &self.shared;
-            let provenance = Provenance::for_key(&sh.auth.host, key, None, Duration::ZERO);
-            let value = auth::wrap(
-                &sh.auth,
-                key,
-                &seal(key, path.as_bytes(), Duration::ZERO),
-                &provenance,
-            );
+            let prov = Provenance::for_key(&sh.auth.host, key, None, Duration::ZERO);
+            let sealed = seal(key, path.as_bytes(), Duration::ZERO);
+            let value = auth::wrap(&sh.auth, key, &sealed, &prov);
             if let Err(f) = self.shared.ops.write(&path, value) {
                 self.shared
                     .warn("publishing a crashed-loading marker", &self.diagnose(f));
@@ -597,6 +557,36 @@ mod imp {
 
         fn read_journal(&self) -> Option<io::Result<Vec<String>>> {
             self.fleet_journal()
+        }
+
+        fn put_manifest(&self, app: &str, manifest: &[u8]) {
+            let (key, sh) = (manifest_key(app), &self.shared);
+            if !sh.auth.may_publish() || sh.ops.breaker.is_open() {
+                return;
+            }
+            let prov = Provenance::for_key(&sh.auth.host, &key, None, Duration::ZERO);
+            let value = auth::wrap(&sh.auth, &key, &seal(&key, manifest, Duration::ZERO), &prov);
+            if let Err(f) = sh.ops.write(&manifest_path(app), value) {
+                sh.warn("publishing a warm-start manifest", &self.diagnose(f));
+            }
+        }
+
+        fn get_manifest(&self, app: &str) -> Option<Vec<u8>> {
+            let value = match self.shared.ops.read(&manifest_path(app)) {
+                Ok(v) => v?,
+                Err(f) => {
+                    self.shared.failed("reading a warm-start manifest", &f);
+                    return None;
+                }
+            };
+            match auth::open(&self.shared.auth, &manifest_key(app), &value) {
+                Ok(hit) => Some(hit.into_bytes()),
+                Err(r) => {
+                    let what = format_args!("a shared warm-start manifest for {app} refused: {r}");
+                    self.shared.warnings.warn(WarnCause::Rejected, &what);
+                    None
+                }
+            }
         }
 
         fn list(&self) -> io::Result<Vec<StoreEntry>> {
