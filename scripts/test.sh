@@ -4,6 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
+# s3s-fs (crates.io): the S3 tests start their own on a loopback port (tests/common/s3.rs; BENCHMARKS.md,
+# "S3 test server choice", says why this server). Installed here rather than in setup.sh because the
+# main job never needs it. Pinned and built with its own lock file (0.17 needs rustc 1.96, newer than
+# some machines have); about 3 CPU-minutes on 2 cores, once per machine (cargo's bin directory).
+s3s_version=0.14.1
+if [ "$(s3s-fs --version 2>/dev/null || true)" != "s3s-fs $s3s_version" ]; then
+  echo "test: building s3s-fs $s3s_version (cargo install)" >&2
+  cargo install --quiet --locked "s3s-fs@$s3s_version" --features binary
+fi
 export RUST_BACKTRACE=1
 # A driver test that finds no driver fails instead of skipping (CI installs lavapipe, PoCL, glslang),
 # and every driver test logs whether it ran, so the count below shows they did.
@@ -31,7 +40,7 @@ if [ "$status" -ne 0 ]; then
   exit "$status"
 fi
 echo "== driver tests"
-for backend in vulkan opencl glslang redis; do
+for backend in vulkan opencl glslang redis s3; do
   ran=$(grep -c "^ran $backend " "$KPC_TEST_DRIVER_LOG" || true)
   skipped=$(grep -c "^skipped $backend " "$KPC_TEST_DRIVER_LOG" || true)
   echo "driver tests: $backend ran $ran, skipped $skipped"

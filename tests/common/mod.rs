@@ -8,5 +8,6 @@ pub mod drivers;
 pub mod fake_backend;
 pub mod mha;
 pub mod redis;
+pub mod s3;
 pub mod validation;
 pub mod vk_device;

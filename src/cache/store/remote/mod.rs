@@ -60,7 +60,7 @@ mod imp {
         crash_marker_path, lock_name, manifest_key, manifest_path, namespace, token,
     };
     use super::ops::{Failure, Ops};
-    use super::publish::{Publish, Publisher, Report};
+    use super::publish::{Publish, Publisher, Report, Told};
     use crate::cache::Digest;
     use crate::cache::store::StoreKey;
     use crate::cache::store::auth;
@@ -158,15 +158,11 @@ mod imp {
                 refusals: AtomicU64::new(0),
             });
             let s = Arc::clone(&shared);
-            let report: Report = Arc::new(move |len, r, claimed| match r {
-                Ok(()) => s.counters.put(len),
-                Err(f) if f.skipped => {}
-                Err(f) => {
-                    s.counters.error();
-                    if !claimed {
-                        s.warn("publishing an entry", f);
-                    }
-                }
+            let report: Report = Arc::new(move |len, r, told| match (r, told) {
+                (Ok(()), Told::Count) => s.counters.put(len),
+                (Err(f), Told::Count) if !f.skipped => s.counters.error(),
+                (Err(f), Told::Unclaimed) if !f.skipped => s.warn("publishing an entry", f),
+                _ => {}
             });
             let publisher = Publisher::start(ops, report, timeout);
             let fleet = url

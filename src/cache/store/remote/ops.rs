@@ -47,8 +47,24 @@ impl fmt::Display for Failure {
     }
 }
 
-fn classify(e: &opendal::Error) -> WarnCause {
-    let text = format!("{e:#}");
+/// `e` with the causes beneath it. OpenDAL's text for an HTTP service (s3) stops at reqwest's "error
+/// sending request": that a connection was refused, the one thing that says the server is down, is
+/// only in the source chain (hyper's and the OS's errors).
+fn describe(e: &opendal::Error) -> String {
+    let mut text = format!("{e:#}");
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+fn classify(e: &opendal::Error, text: &str) -> WarnCause {
     let lower = text.to_ascii_lowercase();
     if e.kind() == ErrorKind::PermissionDenied {
         WarnCause::PermissionDenied
@@ -180,10 +196,13 @@ impl Ops {
         } else {
             f(&self.op)
         };
-        let result = result.map_err(|e| Failure {
-            cause: classify(&e),
-            detail: format!("{e:#}"),
-            skipped: false,
+        let result = result.map_err(|e| {
+            let detail = describe(&e);
+            Failure {
+                cause: classify(&e, &detail),
+                detail,
+                skipped: false,
+            }
         });
         match &result {
             Err(f) if f.trips() => self.breaker.failed(admit),
@@ -226,5 +245,41 @@ impl Ops {
                     .collect()
             })
             .map_err(|f| io::Error::other(f.detail))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// reqwest's error as OpenDAL wraps it: its text says the send failed, its source says why.
+    #[derive(Debug)]
+    struct Sending(io::Error);
+
+    impl fmt::Display for Sending {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("error sending request for url (http://127.0.0.1:9/b/k)")
+        }
+    }
+
+    impl std::error::Error for Sending {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_refused_connection_under_an_http_error_is_unavailable() {
+        let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = opendal::Error::new(ErrorKind::Unexpected, "send http request")
+            .set_source(Sending(refused))
+            .set_temporary();
+        assert!(!format!("{e:#}").contains("refused"), "{e:#}");
+        let text = describe(&e);
+        assert!(text.contains("Connection refused"), "{text}");
+        assert_eq!(classify(&e, &text), WarnCause::Unavailable);
+        // Nothing below it: classified by its own text, as before.
+        let plain = opendal::Error::new(ErrorKind::Unexpected, "unexpected reply");
+        assert_eq!(classify(&plain, &describe(&plain)), WarnCause::Io);
     }
 }

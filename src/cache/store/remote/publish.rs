@@ -36,10 +36,20 @@ struct Job {
     done: mpsc::Sender<Result<(), Failure>>,
 }
 
-/// Told of every background put's result (its size, the result, and whether its caller was still
-/// waiting for it, which then warns itself on its own thread): counts, and warns about failures
-/// nobody waited for.
-pub(crate) type Report = Arc<dyn Fn(usize, &Result<(), Failure>, bool) + Send + Sync>;
+/// Told of every background put's result (its size and the result) twice at most: to count it, before
+/// its caller wakes, so that counters read as soon as a build returns include its put; and, for a put
+/// whose caller had stopped waiting, to warn about a failure (a caller still waiting warns itself, on
+/// its own thread).
+pub(crate) type Report = Arc<dyn Fn(usize, &Result<(), Failure>, Told) + Send + Sync>;
+
+/// Which of its calls a [`Report`] gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Told {
+    /// Every put, once, before its caller is told.
+    Count,
+    /// A put whose caller was no longer waiting.
+    Unclaimed,
+}
 
 /// The background publisher of one remote store.
 pub(crate) struct Publisher {
@@ -60,9 +70,11 @@ impl Publisher {
                 for job in rx {
                     let len = job.value.len();
                     let r = ops.write(&job.path, job.value);
+                    report(len, &r, Told::Count);
                     // The caller may have stopped waiting: then the report warns.
-                    let claimed = job.done.send(r.clone()).is_ok();
-                    report(len, &r, claimed);
+                    if job.done.send(r.clone()).is_err() {
+                        report(len, &r, Told::Unclaimed);
+                    }
                 }
                 let _ = fin_tx.send(());
             })
