@@ -14,7 +14,7 @@ use kpc::Config;
 use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
 use serde_json::{Value, json};
 
-use crate::entry_fmt::{device_of, utc};
+use crate::entry_fmt::{device_of, human, utc};
 
 #[derive(Subcommand, Debug)]
 pub enum CacheCommand {
@@ -29,6 +29,11 @@ pub enum CacheCommand {
         /// exporter's textfile collector or a push gateway).
         #[arg(long, value_enum, default_value = "text")]
         format: crate::cache_metrics::Format,
+        /// Count what eviction cost (misses on evicted entries, their bytes, the KPC_CACHE_MAX_SIZE
+        /// that would have served them) over this last period only, e.g. 30m, 12h, 7d (default:
+        /// everything the eviction record holds).
+        #[arg(long, value_parser = crate::cache_report::parse_since)]
+        since: Option<Duration>,
     },
     /// One row per entry: device, image, options, size, last access.
     Ls {
@@ -88,7 +93,10 @@ pub enum CacheCommand {
     /// Write a new Ed25519 key pair for writer signatures: the private key to FILE (mode 0600), the
     /// public key to FILE.pub.
     Keygen(crate::cache_keys::KeygenArgs),
-    /// Remove every entry and the quarantine directory.
+    /// Rank the miss journal: miss causes, kernels built more than once (across the fleet with
+    /// --remote), compile seconds spent building and saved by hits.
+    Report(crate::cache_report::ReportArgs),
+    /// Remove every entry, the quarantine directory and the eviction record.
     Clear {
         /// Machine-readable output.
         #[arg(long)]
@@ -101,30 +109,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn parse_age(s: &str) -> Result<Duration, String> {
-    if let Some(days) = s.trim().strip_suffix('d') {
-        return days
-            .trim()
-            .parse::<u64>()
-            .map(|d| Duration::from_secs(d * 86_400))
-            .map_err(|_| format!("--older-than={s:?} is not valid: expected e.g. 30m, 12h or 7d"));
-    }
-    kpc::config::parse_duration("--older-than", s).map_err(|e| e.to_string())
-}
-
-/// Bytes for people: 1536 -> "1.5 KiB".
-fn human(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    crate::cache_report::parse_period("--older-than", s)
 }
 
 fn unix(t: SystemTime) -> u64 {
@@ -178,6 +163,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
     let io = |e: std::io::Error| kpc::Error::Io(format!("{}: {e}", cache.root().display()));
     match cmd {
         CacheCommand::Explain(args) => crate::cache_explain::run(config, cache, &args),
+        CacheCommand::Report(args) => crate::cache_report::run(config, &cache, &args),
         CacheCommand::Export(args) => crate::cache_bundle::export(config, &cache, &args),
         CacheCommand::Import(args) => crate::cache_bundle::import(config, &cache, &args),
         CacheCommand::Check(args) => crate::cache_check::run(config, &args),
@@ -190,7 +176,11 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
             format: crate::cache_metrics::Format::Prometheus,
             ..
         } => crate::cache_metrics::prometheus(config, &cache, max_size),
-        CacheCommand::Stats { json, format } => {
+        CacheCommand::Stats {
+            json,
+            format,
+            since,
+        } => {
             let json = json || format == crate::cache_metrics::Format::Json;
             let entries = cache.entries().map_err(io)?;
             let mut per: BTreeMap<String, (String, String, u64, u64)> = BTreeMap::new();
@@ -220,6 +210,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "bytes": total,
                     "devices": devices,
                     "quarantine": {"files": qn, "bytes": qb},
+                    "eviction": crate::cache_report::eviction_json(&cache, since),
                     "remote": crate::cache_remote::stats(config),
                 }));
             } else {
@@ -260,6 +251,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     entries.len(),
                     human(total)
                 );
+                crate::cache_report::eviction_text(&cache, since, max_size);
                 if qn > 0 {
                     outln!(
                         "quarantine: {qn} files, {} in {}",

@@ -33,3 +33,19 @@ pub fn device_of(e: &EntryInfo) -> (String, String) {
         None => ("?".into(), "(unreadable .src)".into()),
     }
 }
+
+/// Bytes for people: 1536 -> "1.5 KiB".
+pub fn human(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}

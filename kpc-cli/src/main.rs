@@ -28,6 +28,7 @@ mod cache_metrics;
 mod cache_prebuild;
 // `kpc cache ls --remote` and the remote in `kpc cache stats`.
 mod cache_remote;
+mod cache_report;
 mod devices;
 mod entry_fmt;
 mod output;

@@ -12,6 +12,7 @@ pub mod check;
 pub mod counters;
 pub mod disk;
 pub mod front;
+pub mod journal;
 pub mod kernel_program_cache;
 pub mod keys;
 pub mod metrics;

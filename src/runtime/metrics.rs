@@ -117,6 +117,7 @@ impl Publisher {
                     b.misses_entry_unusable,
                 ),
                 ("cached", d.misses_cached, b.misses_cached),
+                ("evicted", d.misses_evicted, b.misses_evicted),
             ];
             for (cause, now, before) in causes {
                 let delta = now.saturating_sub(before);

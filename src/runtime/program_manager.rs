@@ -532,6 +532,7 @@ impl ProgramManager {
         }
         // A refused or failed build drops the lock here, releasing it for a waiting process.
         let (program, took) = self.build_sealed(image, spec, options, seal()?, &kernel)?;
+        self.stores.note_built(&key, took);
         match self.backend.program_binary(&program) {
             // Bytes that crashed a load before are not stored again for anyone to load.
             Ok(Some(bytes)) if self.stores.crashed_before(&key, &bytes) => {}

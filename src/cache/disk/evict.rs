@@ -295,8 +295,11 @@ impl Inner {
             plan.target.is_some_and(|t| total > t) || cutoff.is_some_and(|c| atime < c)
         };
         let mut remaining = cands.len() as u64;
+        // What was removed (leaf, bytes), for the eviction record (`evicted.rs`).
+        let mut evicted: Vec<(&Path, u64)> = Vec::new();
         let mut apply = |li: usize, o: Outcome, total: &mut u64, report: &mut EvictReport| match o {
             Outcome::Removed(freed) => {
+                evicted.push((leaves[li].path.as_path(), freed));
                 *total = total.saturating_sub(freed);
                 report.removed += 1;
                 report.removed_bytes += freed;
@@ -358,6 +361,14 @@ impl Inner {
             }
         }
         removed_bytes_counted += report.removed_bytes;
+        // A pass a put asked for evicts under KPC_CACHE_MAX_SIZE; an explicit one (prune) under its
+        // own target, or none (by age, 0).
+        let limit = if plan.asked {
+            self.s.max_size
+        } else {
+            plan.target.unwrap_or(0)
+        };
+        self.record_evicted(&evicted, limit);
 
         // Directories left empty, leaves found empty included (a killed process's, or emptied by
         // readers), are the sweep's, with the trash.

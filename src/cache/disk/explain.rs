@@ -16,6 +16,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use super::evicted::Evicted;
 use super::nearest::{Differs, Exact, search};
 pub use super::nearest::{MAX_EXPLAIN_PROBES, MAX_EXPLAIN_RECORDS};
 use super::{Inner, PersistentCache, StoreKey};
@@ -40,6 +41,10 @@ pub enum MissCause {
     /// An entry with exactly this key is there and verifies: the key is cached. A lookup that missed
     /// and is explained so raced with another process publishing it.
     Cached,
+    /// An entry with exactly this key was there until an eviction pass removed it (the eviction
+    /// record, `evicted.rs`, says when and under which limit): a larger `KPC_CACHE_MAX_SIZE` would
+    /// have served it.
+    Evicted,
 }
 
 impl MissCause {
@@ -53,6 +58,7 @@ impl MissCause {
             MissCause::OptionsChanged => "options-changed",
             MissCause::EntryUnusable => "entry-unusable",
             MissCause::Cached => "cached",
+            MissCause::Evicted => "evicted",
         }
     }
 }
@@ -188,6 +194,8 @@ pub struct MissExplanation {
     /// Whether the search stopped at [`MAX_EXPLAIN_RECORDS`] or [`MAX_EXPLAIN_PROBES`] before it
     /// could rule out a nearer entry.
     pub truncated: bool,
+    /// For [`MissCause::Evicted`]: when the entry was evicted, its size and the limit then in force.
+    pub evicted: Option<Evicted>,
 }
 
 impl fmt::Display for MissExplanation {
@@ -198,6 +206,20 @@ impl fmt::Display for MissExplanation {
                 "an entry with this key is cached but is not usable (corrupt, incomplete or unreadable)",
             )?,
             MissCause::Cached => f.write_str("cached: an entry with exactly this key verifies")?,
+            MissCause::Evicted => match &self.evicted {
+                Some(e) => write!(
+                    f,
+                    "evicted {} ago ({} bytes) under KPC_CACHE_MAX_SIZE={}",
+                    ago(e.ago()),
+                    e.bytes,
+                    if e.limit == 0 {
+                        "unlimited (removed by age)".to_string()
+                    } else {
+                        super::evicted::size_arg(e.limit)
+                    }
+                )?,
+                None => f.write_str("evicted")?,
+            },
             _ => {
                 for (i, d) in self.diffs.iter().enumerate() {
                     if i > 0 {
@@ -232,11 +254,22 @@ impl Inner {
             diffs: Vec::new(),
             nearest: Some(path),
             truncated: false,
+            evicted: None,
         };
         match found.exact {
             Some(Exact::Valid(path)) => return own(MissCause::Cached, path),
             Some(Exact::Unusable(path)) => return own(MissCause::EntryUnusable, path),
             None => {}
+        }
+        // Evicted wins over a near entry: this very key would have hit.
+        if let Some(ev) = self.evicted(key) {
+            return MissExplanation {
+                cause: MissCause::Evicted,
+                diffs: Vec::new(),
+                nearest: None,
+                truncated: false,
+                evicted: Some(ev),
+            };
         }
         let Some((near, path)) = found.best else {
             return MissExplanation {
@@ -244,6 +277,7 @@ impl Inner {
                 diffs: Vec::new(),
                 nearest: None,
                 truncated,
+                evicted: None,
             };
         };
         let (cause, diffs) = compare_keys(&near, key);
@@ -252,7 +286,18 @@ impl Inner {
             diffs,
             nearest: Some(path),
             truncated,
+            evicted: None,
         }
+    }
+}
+
+/// `3s`, `5m`, `2h`, `4d`: a duration for people.
+fn ago(d: std::time::Duration) -> String {
+    match d.as_secs() {
+        s @ 0..60 => format!("{s}s"),
+        s @ 60..3600 => format!("{}m", s / 60),
+        s @ 3600..86_400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
     }
 }
 

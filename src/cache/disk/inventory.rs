@@ -233,7 +233,8 @@ impl PersistentCache {
         moved.is_some_and(|(ok, _)| ok)
     }
 
-    /// Removes every entry (except those being written) and the quarantine directory. Waits up to the
+    /// Removes every entry (except those being written), the quarantine directory and the eviction
+    /// record (`evicted.rs`: what was cleared was not evicted). Waits up to the
     /// lock timeout for a running eviction.
     pub fn clear(&self) -> io::Result<ClearReport> {
         let r = self.inner.evict(Plan {
@@ -249,6 +250,12 @@ impl PersistentCache {
                 io::ErrorKind::WouldBlock,
                 "another process kept the eviction lock past the lock timeout",
             ));
+        }
+        // What was cleared was not evicted: no later miss is explained by it.
+        match fs::remove_file(self.root().join(super::evicted::EVICTED_FILE)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
         let (quarantine_removed, _) = self.quarantined();
         match fs::remove_dir_all(self.quarantine_dir()) {

@@ -107,7 +107,7 @@ impl PersistentCache {
             return None;
         }
         let r = i.find(&i.leaf(key), key, false, false);
-        i.count_lookup(key, r.as_ref(), None);
+        i.count_lookup_as(key, r.as_ref(), None, false);
         r
     }
 
@@ -276,6 +276,17 @@ impl PersistentCache {
 
 impl Inner {
     fn count_lookup(&self, key: &StoreKey, hit: Option<&DiskHit>, waited: Option<Duration>) {
+        self.count_lookup_as(key, hit, waited, true);
+    }
+
+    /// Counts a lookup; `writes`: it may write (the eviction record), false for a read-only one.
+    fn count_lookup_as(
+        &self,
+        key: &StoreKey,
+        hit: Option<&DiskHit>,
+        waited: Option<Duration>,
+        writes: bool,
+    ) {
         match hit {
             Some(h) => {
                 bump(&self.counters.hits, 1);
@@ -293,6 +304,10 @@ impl Inner {
                 // complete: a bounded read of nearby key records, on a path about to build anyway.
                 let why = self.explain_miss(key);
                 bump(&self.counters.misses_by_cause[why.cause as usize], 1);
+                if let Some(ev) = why.evicted.as_ref().filter(|_| writes) {
+                    self.record_evicted_miss(key, ev);
+                }
+                self.miss_causes.note(key, why.cause);
                 self.trace(|| {
                     tracing::debug!(target: "kpc::cache::disk", key = %key.digest(), label = key.label(),
                         waited_ms = waited.map(|w| w.as_secs_f64() * 1e3), cause = why.cause.name(),

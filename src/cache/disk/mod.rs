@@ -12,6 +12,8 @@
 //! <root>/v1/evict.lock                                  held by the one process evicting
 //! <root>/v1/names/<device>                              image directories per image name (`names.rs`)
 //! <root>/v1/evict.recheck                               "run again": left for the evicting process
+//! <root>/evicted.log                                   what eviction removed, and misses it caused (`evicted.rs`)
+//! <root>/misses.log                                    the miss journal (`crate::cache::journal`)
 //! <root>/quarantine/                                    entries `kpc cache verify --fix` set aside
 //! <root>/trash/<pid>-<nanos>-<i>/                       files an eviction pass removed, until its sweep
 //! ```
@@ -70,9 +72,11 @@
 //! again, once. Hits record access by setting the `.bin`'s access time explicitly, at most once per
 //! `touch_interval`, so recency works on noatime and relatime mounts and a hit writes nothing else.
 
+mod boundlog;
 mod count;
 pub mod entry;
 mod evict;
+pub mod evicted;
 pub mod explain;
 mod inventory;
 mod loading;
@@ -81,6 +85,7 @@ mod lookup;
 mod names;
 mod nearest;
 mod put;
+mod recent;
 mod schedule;
 mod settings;
 mod slot;
@@ -91,6 +96,7 @@ mod walk;
 
 pub use entry::{Defect, FileKind};
 pub use evict::EvictReport;
+pub use evicted::{Evicted, EvictionCost};
 pub use explain::{FieldDiff, MissCause, MissExplanation, compare_keys};
 pub use inventory::{BadEntry, ClearReport, EntryInfo, VerifyReport};
 pub use loading::{CrashedLoading, LoadRecord};
@@ -152,6 +158,8 @@ struct Inner {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// This instance, for the runner a pass request starts from code that holds only `&Inner`.
     me: std::sync::Weak<Inner>,
+    /// Causes of counted misses, until their builds take them (the miss journal).
+    miss_causes: recent::RecentCauses,
 }
 
 static UNRESOLVED_WARNING: std::sync::Once = std::sync::Once::new();
@@ -169,6 +177,7 @@ impl PersistentCache {
                 passes: PassGate::new(),
                 threads: Mutex::new(Vec::new()),
                 me: me.clone(),
+                miss_causes: recent::RecentCauses::default(),
             }),
         }
     }
@@ -282,6 +291,31 @@ impl PersistentCache {
             asked: false,
             wait_busy: false,
         })
+    }
+
+    /// `key`'s latest eviction, if the eviction record (`<root>/evicted.log`) has one. Reads the record (bounded); changes nothing.
+    pub fn evicted(&self, key: &StoreKey) -> Option<Evicted> {
+        self.inner.evicted(key)
+    }
+
+    /// What eviction cost since `since`, by the eviction record: entries and bytes evicted, the
+    /// misses on evicted entries and their bytes, and the limit that would have served them
+    /// ([`EvictionCost`]). Every process sharing the directory contributes; the record keeps the last
+    /// [`evicted::EVICTED_RECORDS`] records, so a long period may be cut short. Errors: the record
+    /// exists but cannot be read.
+    pub fn eviction_cost(&self, since: std::time::SystemTime) -> io::Result<EvictionCost> {
+        self.inner.eviction_cost(since)
+    }
+
+    /// The cause this instance counted for `key`'s latest miss, taken (once) by the build that
+    /// followed it.
+    pub(crate) fn take_miss_cause(&self, key: &StoreKey) -> Option<MissCause> {
+        self.inner.miss_causes.take(key)
+    }
+
+    /// The miss journal's bounded record file under this cache (see `crate::cache::journal`).
+    pub(crate) fn journal_log(&self) -> boundlog::BoundedLog {
+        boundlog::BoundedLog::new(self.inner.s.root.join("misses.log"), 4096, 200)
     }
 
     /// The total size as tracked in `<root>/v1/size` (the `.src` and `.bin` files of the tree, see

@@ -81,6 +81,9 @@ pub struct DiskStats {
     /// Misses whose key was cached and valid by the time the miss was explained: another process
     /// published it after the lookup.
     pub misses_cached: u64,
+    /// Misses on a key that eviction had removed (the eviction record says so, `evicted.rs`): a
+    /// larger `KPC_CACHE_MAX_SIZE` would have served them.
+    pub misses_evicted: u64,
     /// Stored binaries found to have crashed a process while it loaded them (its loading record was
     /// left behind by a process that died), quarantined (`loading.rs`): never loaded again here.
     pub crashed_loads: u64,
@@ -110,7 +113,7 @@ pub(crate) struct DiskCounters {
     pub read_errors: AtomicU64,
     pub size_rebuilds: AtomicU64,
     pub size_corrections: AtomicU64,
-    pub misses_by_cause: [AtomicU64; 7],
+    pub misses_by_cause: [AtomicU64; 8],
     pub crashed_loads: AtomicU64,
     pub crashed_refusals: AtomicU64,
 }
@@ -167,6 +170,7 @@ impl DiskCounters {
             misses_options_changed: l(&self.misses_by_cause[MissCause::OptionsChanged as usize]),
             misses_entry_unusable: l(&self.misses_by_cause[MissCause::EntryUnusable as usize]),
             misses_cached: l(&self.misses_by_cause[MissCause::Cached as usize]),
+            misses_evicted: l(&self.misses_by_cause[MissCause::Evicted as usize]),
             crashed_loads: l(&self.crashed_loads),
             crashed_refusals: l(&self.crashed_refusals),
         }

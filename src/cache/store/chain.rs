@@ -27,8 +27,12 @@ use super::{
 use crate::cache::disk::{
     CrashedLoading, DiskCacheSettings, LoadRecord, MissCause, MissExplanation, PersistentCache,
 };
+use crate::cache::journal::Journal;
 use crate::cache::store::StoreKey;
 use crate::config::{Config, TraceFlags};
+
+#[path = "chain_journal.rs"]
+mod journal;
 
 /// A verified hit and the level of the chain it came from.
 #[derive(Debug)]
@@ -154,6 +158,8 @@ pub struct StoreChain {
     local: Option<PersistentCache>,
     trace: bool,
     warnings: StoreWarnings,
+    /// The miss journal (`crate::cache::journal`), local with the first disk cache appended.
+    journal: Journal,
 }
 
 impl fmt::Debug for StoreChain {
@@ -178,6 +184,7 @@ impl StoreChain {
             local: None,
             trace: false,
             warnings: StoreWarnings::new("store chain"),
+            journal: Journal::new(crate::config::signing::hostname(), None),
         }
     }
 
@@ -192,6 +199,7 @@ impl StoreChain {
     pub fn with_local_disk(disk: Option<PersistentCache>, config: &Config) -> StoreChain {
         let mut chain = StoreChain::new();
         chain.trace = config.trace.contains(TraceFlags::DISK);
+        chain.journal.host = config.host_id();
         if let Some(d) = disk {
             chain = chain.with_disk(d);
         }
@@ -220,6 +228,7 @@ impl StoreChain {
     pub fn with_disk(mut self, disk: PersistentCache) -> StoreChain {
         if self.local.is_none() {
             self.local = Some(disk.clone());
+            self.journal.local = Some(disk.clone());
         }
         self.with_store(Arc::new(disk))
     }
@@ -351,7 +360,9 @@ impl StoreChain {
 
     /// The backend accepted `hit`: copies it to the first writable level above the one it came from
     /// (none when it came from the first writable level).
+    /// Counts the hit in the miss journal as compile time saved.
     pub(crate) fn backfill(&self, key: &StoreKey, hit: &ChainHit) {
+        self.journal_hit(hit.build_time());
         let Some((i, l)) = self.levels[..hit.level]
             .iter()
             .enumerate()
@@ -375,6 +386,7 @@ impl StoreChain {
     /// the level and its store, so that time saved counts only compiles that were avoided.
     pub(crate) fn note_recompiled(&self, hit: &ChainHit) {
         let l = &self.levels[hit.level];
+        self.journal.recompiled(hit.build_time());
         bump(&l.counters.recompiled);
         l.store.note_recompiled(hit.build_time());
     }

@@ -530,6 +530,19 @@ pub trait Store: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Appends miss journal records (one JSON line each, `crate::cache::journal`) to the fleet's
+    /// shared journal, if this store keeps one; bounded by the store and best effort (a failure is
+    /// warned about, never returned). Default: nothing.
+    fn share_journal(&self, lines: &[String]) {
+        let _ = lines;
+    }
+
+    /// The fleet's shared miss journal records, oldest first, if this store keeps one (`None` when
+    /// it does not). Errors: the store keeps one but could not be read.
+    fn read_journal(&self) -> Option<io::Result<Vec<String>>> {
+        None
+    }
+
     /// Shares application `app`'s warm-start manifest (its encoded bytes) with other machines, for
     /// `kpc cache prebuild` there. Only a shared store keeps it, authenticated as its entries are;
     /// the default keeps nothing. Best effort: a failure is a warning, never the caller's.

@@ -25,8 +25,8 @@ pub(crate) const LOCK_TTL: Duration = Duration::from_secs(10);
 const RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
 
-/// Connections to one Redis server for fleet locks (and listing, which OpenDAL's redis service
-/// cannot do).
+/// Connections to one Redis server for fleet locks (and listing, and the fleet's miss journal
+/// stream, which OpenDAL's redis service cannot do).
 pub(crate) struct FleetLocks {
     client: redis::Client,
     conn: Mutex<Option<redis::Connection>>,
@@ -80,6 +80,57 @@ impl FleetLocks {
                 .arg(LOCK_TTL.as_millis() as u64)
                 .query(c)?;
             Ok(r.is_some())
+        })
+    }
+
+    /// Appends each of `values` to stream `stream` (field `r`), trimming it to about `cap` entries
+    /// (`MAXLEN ~`), in one round trip.
+    pub(crate) fn append_capped(
+        &self,
+        stream: &str,
+        cap: usize,
+        values: &[String],
+    ) -> redis::RedisResult<()> {
+        self.with_conn(|c| {
+            let mut p = redis::pipe();
+            for v in values {
+                p.cmd("XADD")
+                    .arg(stream)
+                    .arg("MAXLEN")
+                    .arg("~")
+                    .arg(cap)
+                    .arg("*")
+                    .arg("r")
+                    .arg(v)
+                    .ignore();
+            }
+            p.query::<()>(c)
+        })
+    }
+
+    /// The last `count` values (field `r`) of stream `stream`, oldest first.
+    pub(crate) fn read_stream(
+        &self,
+        stream: &str,
+        count: usize,
+    ) -> redis::RedisResult<Vec<String>> {
+        self.with_conn(|c| {
+            let rows: Vec<(String, Vec<String>)> = redis::cmd("XREVRANGE")
+                .arg(stream)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(count)
+                .query(c)?;
+            Ok(rows
+                .into_iter()
+                .rev()
+                .filter_map(|(_, kv)| {
+                    kv.chunks(2)
+                        .find(|p| p.len() == 2 && p[0] == "r")
+                        .map(|p| p[1].clone())
+                })
+                .collect())
         })
     }
 

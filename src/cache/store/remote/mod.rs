@@ -19,6 +19,9 @@
 //!   call (lookup, fleet lock, publish) for a hold-off that grows from 2 s to 60 s while the remote
 //!   stays unhealthy; one answered probe closes it. A frozen remote costs a process one timeout.
 //!
+//! - **Miss journal** (Redis only): the fleet's miss journal records go to the capped stream
+//!   `kpc-journal/v1` (`crate::cache::journal`), behind the breaker; `kpc cache report --remote`
+//!   reads it.
 //! - **Crashed loads**: a binary found to crash a process that loaded it (`disk/loading.rs`) gets a
 //!   marker under `kpc-crashed/v<format>/<device digest>/<key digest>.<binary hash>`, authenticated
 //!   like an entry, and no machine loads that binary from the remote again.
@@ -49,6 +52,8 @@ mod imp {
     use std::time::{Duration, Instant};
 
     use super::breaker::Admit;
+
+    mod journal;
     use super::fleet_lock::FleetLocks;
     pub(crate) use super::names::path_of;
     use super::names::{
@@ -540,6 +545,14 @@ mod imp {
                 self.shared
                     .warn("publishing a crashed-loading marker", &self.diagnose(f));
             }
+        }
+
+        fn share_journal(&self, lines: &[String]) {
+            self.append_journal(lines);
+        }
+
+        fn read_journal(&self) -> Option<io::Result<Vec<String>>> {
+            self.fleet_journal()
         }
 
         fn put_manifest(&self, app: &str, manifest: &[u8]) {
