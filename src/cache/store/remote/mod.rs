@@ -54,11 +54,10 @@ mod imp {
     use super::breaker::Admit;
 
     mod journal;
+    mod manifest;
     use super::fleet_lock::FleetLocks;
     pub(crate) use super::names::path_of;
-    use super::names::{
-        crash_marker_path, lock_name, manifest_key, manifest_path, namespace, token,
-    };
+    use super::names::{crash_marker_path, lock_name, namespace, token};
     use super::ops::{Failure, Ops};
     use super::publish::{Publish, Publisher, Report, Told};
     use crate::cache::Digest;
@@ -556,33 +555,11 @@ mod imp {
         }
 
         fn put_manifest(&self, app: &str, manifest: &[u8]) {
-            let (key, sh) = (manifest_key(app), &self.shared);
-            if !sh.auth.may_publish() || sh.ops.breaker.is_open() {
-                return;
-            }
-            let prov = Provenance::for_key(&sh.auth.host, &key, None, Duration::ZERO);
-            let value = auth::wrap(&sh.auth, &key, &seal(&key, manifest, Duration::ZERO), &prov);
-            if let Err(f) = sh.ops.write(&manifest_path(app), value) {
-                sh.warn("publishing a warm-start manifest", &self.diagnose(f));
-            }
+            self.publish_manifest(app, manifest);
         }
 
         fn get_manifest(&self, app: &str) -> Option<Vec<u8>> {
-            let value = match self.shared.ops.read(&manifest_path(app)) {
-                Ok(v) => v?,
-                Err(f) => {
-                    self.shared.failed("reading a warm-start manifest", &f);
-                    return None;
-                }
-            };
-            match auth::open(&self.shared.auth, &manifest_key(app), &value) {
-                Ok(hit) => Some(hit.into_bytes()),
-                Err(r) => {
-                    let what = format_args!("a shared warm-start manifest for {app} refused: {r}");
-                    self.shared.warnings.warn(WarnCause::Rejected, &what);
-                    None
-                }
-            }
+            self.shared_manifest(app)
         }
 
         fn list(&self) -> io::Result<Vec<StoreEntry>> {
