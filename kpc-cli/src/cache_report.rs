@@ -15,8 +15,8 @@ use crate::entry_fmt::human;
 /// Arguments of `kpc cache report`.
 #[derive(clap::Args, Debug)]
 pub struct ReportArgs {
-    /// Read the fleet's journal, shared through the remote (KPC_CACHE_REMOTE; a redis remote keeps
-    /// it), instead of this cache directory's.
+    /// Read the fleet's journal, shared through the remote (KPC_CACHE_REMOTE: a redis stream, or one
+    /// object per host on fs and s3), instead of this cache directory's.
     #[arg(long)]
     remote: bool,
     /// Only records of this last period, e.g. 30m, 12h, 7d (default: everything recorded).
@@ -64,9 +64,7 @@ fn remote_records(config: &Config) -> Result<(String, Vec<JournalRecord>), Strin
     let store = kpc::cache::store::RemoteStore::from_config(config)
         .ok_or_else(|| format!("could not set up the remote {url}"))?;
     match store.read_journal() {
-        None => Err(format!(
-            "the remote {url} keeps no miss journal (only a redis remote shares one)"
-        )),
+        None => Err(format!("the remote {url} keeps no miss journal")),
         Some(Err(e)) => Err(e.to_string()),
         Some(Ok(lines)) => Ok((
             format!("remote {url}"),

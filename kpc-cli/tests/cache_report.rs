@@ -1,6 +1,6 @@
 //! `kpc cache stats` with what eviction cost and the limit that would have served it, and `kpc cache
 //! report` ranking the miss journal, locally and across two machines (two cache directories) sharing
-//! a real redis-server; run as the real binary.
+//! a real redis-server or an fs remote; run as the real binary.
 
 // The support code all of the workspace's integration tests share.
 #[path = "../../tests/common/mod.rs"]
@@ -142,6 +142,35 @@ fn report_ranks_causes_and_kernels_built_more_than_once_across_two_machines() {
     ) else {
         return;
     };
+    two_machines(&r.url(), &|| {
+        for k in r.keys("kpc/v*") {
+            let _: i64 = r.cmd(&[b"DEL", k.as_bytes()]);
+        }
+    });
+    // The remote journal is a capped stream.
+    let len: u64 = r.cmd(&[b"XLEN", b"kpc-journal/v1"]);
+    assert!(len >= 6, "{len}");
+}
+
+/// The same fleet on an fs remote, which has no append: each machine keeps one object of its own.
+#[cfg(feature = "remote")]
+#[test]
+fn an_fs_remote_shares_the_journal_as_one_object_per_machine() {
+    let remote = TempDir::new("report-fs-remote");
+    let url = format!("fs://{}", remote.path().display());
+    two_machines(&url, &|| {
+        std::fs::remove_dir_all(remote.join("kpc")).unwrap();
+    });
+    let objects = std::fs::read_dir(remote.join("kpc-journal").join("v1"))
+        .unwrap()
+        .count();
+    assert_eq!(objects, 2, "one journal object per machine");
+}
+
+/// Two machines sharing `url`; `wipe` removes every entry the remote holds (its own eviction, a
+/// flush) and leaves its journal.
+#[cfg(feature = "remote")]
+fn two_machines(url: &str, wipe: &dyn Fn()) {
     let (a, b) = (TempDir::new("report-a"), TempDir::new("report-b"));
     let be = Arc::new(
         FakeBackend::new()
@@ -149,22 +178,19 @@ fn report_ranks_causes_and_kernels_built_more_than_once_across_two_machines() {
             .build_delay(Duration::from_millis(20)),
     );
     // Machine A, with room for about two entries: k0, k1, k2 are built, k0 is evicted.
-    let ca = machine(a.path(), "machine-a", &r.url(), 7 * 1024);
+    let ca = machine(a.path(), "machine-a", url, 7 * 1024);
     let s = build(&be, &ca, &["k0.cl", "k1.cl", "k2.cl"]);
     assert_eq!(s, [Source::Built; 3]);
     // The remote loses every entry (its own eviction, a flush): the fleet must build again.
-    for k in r.keys("kpc/v*") {
-        let _: i64 = r.cmd(&[b"DEL", k.as_bytes()]);
-    }
+    wipe();
     // A asks for k0 again: evicted here, so built again, and published.
     assert_eq!(build(&be, &ca, &["k0.cl"]), [Source::Built]);
     // Machine B: k0 comes from the remote (a hit that saved A's compile); k1 is built again.
-    let cb = machine(b.path(), "machine-b", &r.url(), 0);
+    let cb = machine(b.path(), "machine-b", url, 0);
     let s = build(&be, &cb, &["k0.cl", "k1.cl"]);
     assert_eq!(s, [Source::Remote, Source::Built]);
 
-    let env = [("KPC_CACHE_REMOTE", r.url())];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = [("KPC_CACHE_REMOTE", url)];
     let v = json(&kpc(
         a.path(),
         &env,
@@ -238,7 +264,4 @@ fn report_ranks_causes_and_kernels_built_more_than_once_across_two_machines() {
         s.contains("kernels built more than once") && s.contains("evicted"),
         "{s}"
     );
-    // The remote journal is a capped stream.
-    let len: u64 = r.cmd(&[b"XLEN", b"kpc-journal/v1"]);
-    assert!(len >= 6, "{len}");
 }

@@ -58,7 +58,10 @@ fn child_s3_machine() {
             sources.push(p.source.name());
             if let (0, Some(ready), Some(go)) = (n, env("KPC_TEST_READY"), env("KPC_TEST_GO")) {
                 std::fs::write(ready, b"").unwrap();
+                // Bounded: a test that failed before saying go must not leave this process behind.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
                 while !Path::new(&go).exists() {
+                    assert!(std::time::Instant::now() < deadline, "no go from the test");
                     std::thread::sleep(std::time::Duration::from_millis(2));
                 }
             }
@@ -199,8 +202,10 @@ fn two_machines_share_one_bucket_and_the_second_is_served_by_it() {
     assert_eq!(a.sources, all("built", 3), "{a:?}");
     assert_eq!((a.builds, a.puts, a.errors), (3, 3, 0), "{a:?}");
     assert!(a.warnings.is_empty(), "{a:?}");
-    // Published under the prefix, the format version and the device's digest.
-    let keys = r.keys("fleet/");
+    // Published under the prefix, the format version and the device's digest; beside them, the
+    // machine's share of the miss journal (one object per host).
+    assert_eq!(r.keys("fleet/kpc-journal/v1/").len(), 1);
+    let keys = r.keys("fleet/kpc/");
     assert_eq!(keys.len(), 3, "{keys:?}");
     assert!(
         keys.iter().all(|k| k.starts_with(&namespace("fleet"))),
@@ -259,7 +264,7 @@ fn a_server_killed_mid_run_degrades_to_builds_with_one_warning() {
         .unwrap();
     wait_for_file(&ready, &mut ch);
     // Program 0 was built and published before the kill.
-    assert_eq!(r.keys("fleet/").len(), 1);
+    assert_eq!(r.keys("fleet/kpc/").len(), 1);
     r.kill();
     std::fs::write(&go, b"").unwrap();
     let a = report(ch);
@@ -378,7 +383,7 @@ fn kpc_attention_on_two_machines_and_cache_ls_remote_on_a_bucket() {
         built.len() >= 2 && built.iter().all(|s| *s == "built"),
         "{first}"
     );
-    let published = r.keys("cli/");
+    let published = r.keys("cli/kpc/");
     assert!(published.len() > built.len(), "{published:?}\n{first}");
     // The listing: every published entry, each verified as a lookup would verify it.
     let (code, ls) = ls_remote(&t.join("ls"), &url);

@@ -13,7 +13,8 @@
 //!   journal.
 //! - **Shared**: each store that keeps a fleet journal gets the same records ([`Store::share_journal`]):
 //!   a Redis remote appends them to the stream `kpc-journal/v1`, capped (`MAXLEN ~`) at
-//!   [`FLEET_RECORDS`]. fs and s3 remotes keep none (the report then covers this machine only).
+//!   [`FLEET_RECORDS`]; an fs or s3 remote keeps one object per host id under `kpc-journal/v1/`,
+//!   its last 1024 records, rewritten at each share.
 //! - **Failures** lose records, never a request: one warning per cause.
 //!
 //! [`Store::share_journal`]: crate::cache::Store::share_journal
