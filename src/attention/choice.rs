@@ -90,6 +90,26 @@ fn probe_quad_layout(ctx: &Context) -> Result<bool> {
     Ok(quad)
 }
 
+/// Why `device` cannot run kpc's cooperative-matrix kernels (16x16 fp16 matrices accumulating in
+/// fp32, subgroups of 32), if it cannot.
+pub(crate) fn coop_matrix_unfit(device: &DeviceInfo) -> Option<String> {
+    let l = &device.limits;
+    if device.backend != BackendKind::Vulkan || !l.cooperative_matrix_f16 {
+        return Some(
+            "the device has no 16x16 fp16 cooperative matrices with fp32 accumulation \
+             (VK_KHR_cooperative_matrix)"
+                .into(),
+        );
+    }
+    if l.subgroup_size != Some(32) {
+        return Some(format!(
+            "it needs subgroups of 32; the device's are {:?}",
+            l.subgroup_size
+        ));
+    }
+    None
+}
+
 /// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype`; the
 /// error says why not.
 pub(super) fn coop_prefill_fits(
@@ -105,18 +125,8 @@ pub(super) fn coop_prefill_fits(
         ));
     }
     let subgroups = rows as usize / 16;
-    if device.backend != BackendKind::Vulkan || !l.cooperative_matrix_f16 {
-        return Err(
-            "the device has no 16x16 fp16 cooperative matrices with fp32 accumulation \
-             (VK_KHR_cooperative_matrix)"
-                .into(),
-        );
-    }
-    if l.subgroup_size != Some(32) {
-        return Err(format!(
-            "it needs subgroups of 32; the device's are {:?}",
-            l.subgroup_size
-        ));
+    if let Some(why) = coop_matrix_unfit(device) {
+        return Err(why);
     }
     if dtype != KvDtype::F16 {
         return Err("it needs fp16 K/V".into());

@@ -164,7 +164,7 @@ impl super::Context {
     /// one or it does not verify.
     pub fn shared_manifest(&self, app: &str) -> Vec<KernelRequest> {
         let backend = self.device().backend;
-        super::warm_start::shared_requests(self.internal().inner.programs.stores().stores(), app)
+        super::warm_start::shared_requests(self.inner.programs.stores().stores(), app)
             .into_iter()
             .filter(|r| fits(backend, r))
             .collect()

@@ -4,7 +4,6 @@
 
 use crate::backend::DeviceInfo;
 use crate::cache::{SpecConstants, SpecValue};
-use crate::config::BackendKind;
 use crate::error::{Error, Result};
 use crate::runtime::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
 
@@ -51,20 +50,10 @@ pub(super) struct Projector {
 
 /// Why `mha_gemm_coop` cannot project `p`'s layer on `device`, if it cannot.
 fn coop_unfit(device: &DeviceInfo, p: &MhaParams) -> Option<String> {
+    if let Some(why) = crate::attention::choice::coop_matrix_unfit(device) {
+        return Some(why);
+    }
     let l = &device.limits;
-    if device.backend != BackendKind::Vulkan || !l.cooperative_matrix_f16 {
-        return Some(
-            "the device has no 16x16 fp16 cooperative matrices with fp32 accumulation \
-             (VK_KHR_cooperative_matrix)"
-                .into(),
-        );
-    }
-    if l.subgroup_size != Some(32) {
-        return Some(format!(
-            "it needs subgroups of 32; the device's are {:?}",
-            l.subgroup_size
-        ));
-    }
     if l.max_workgroup_invocations < 256 {
         return Some(format!(
             "it needs workgroups of 256 invocations; the device allows {}",

@@ -19,6 +19,25 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+/// Whether a Redis error says the server is unreachable or slow (the breaker counts it as a failure)
+/// rather than that it answered.
+pub(crate) fn unreachable(e: &redis::RedisError) -> bool {
+    e.is_timeout() || e.is_connection_refusal() || e.is_io_error()
+}
+
+/// The warning cause of a failed Redis command: a timeout, a full server (maxmemory, noeviction:
+/// it refuses a lock's SET and the journal's XADD as it refuses entries), or unavailable.
+pub(crate) fn warn_cause(e: &redis::RedisError) -> crate::cache::store::WarnCause {
+    use crate::cache::store::WarnCause;
+    if e.is_timeout() {
+        WarnCause::Timeout
+    } else if e.to_string().contains("OOM") {
+        WarnCause::NoSpace
+    } else {
+        WarnCause::Unavailable
+    }
+}
+
 /// How long a lock lives without renewal: what a killed builder costs the fleet at most.
 pub(crate) const LOCK_TTL: Duration = Duration::from_secs(10);
 

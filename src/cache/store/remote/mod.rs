@@ -346,7 +346,7 @@ mod imp {
                 }
                 let tried = fleet.try_acquire(&name, &token);
                 match &tried {
-                    Err(e) if e.is_timeout() || e.is_connection_refusal() || e.is_io_error() => {
+                    Err(e) if super::fleet_lock::unreachable(e) => {
                         self.shared.ops.breaker.failed(admit)
                     }
                     _ => self.shared.ops.breaker.answered(admit),
@@ -366,17 +366,10 @@ mod imp {
                     Ok(false) => {}
                     Err(e) => {
                         self.shared.counters.error();
-                        let cause = if e.is_timeout() {
-                            WarnCause::Timeout
-                        } else if e.to_string().contains("OOM") {
-                            // A full Redis (maxmemory, noeviction) refuses the lock's SET too.
-                            WarnCause::NoSpace
-                        } else {
-                            WarnCause::Unavailable
-                        };
-                        self.shared
-                            .warnings
-                            .warn(cause, &format_args!("the fleet build lock failed ({e})"));
+                        self.shared.warnings.warn(
+                            super::fleet_lock::warn_cause(&e),
+                            &format_args!("the fleet build lock failed ({e})"),
+                        );
                         return BuildLock::Unavailable;
                     }
                 }

@@ -8,7 +8,6 @@ use std::io;
 
 use super::super::breaker::Admit;
 use super::RemoteStore;
-use crate::cache::store::WarnCause;
 
 /// The Redis stream holding the fleet's miss journal (on fs and s3, the folder of per-host objects).
 pub(crate) const JOURNAL_STREAM: &str = "kpc-journal/v1";
@@ -38,22 +37,14 @@ impl RemoteStore {
         let admit = Admit::Call;
         let r = fleet.append_capped(JOURNAL_STREAM, crate::cache::journal::FLEET_RECORDS, lines);
         match &r {
-            Err(e) if e.is_timeout() || e.is_connection_refusal() || e.is_io_error() => {
+            Err(e) if super::super::fleet_lock::unreachable(e) => {
                 self.shared.ops.breaker.failed(admit)
             }
             _ => self.shared.ops.breaker.answered(admit),
         }
         if let Err(e) = r {
-            let cause = if e.is_timeout() {
-                WarnCause::Timeout
-            } else if e.to_string().contains("OOM") {
-                // A full Redis (maxmemory, noeviction) refuses the XADD as it refuses entries.
-                WarnCause::NoSpace
-            } else {
-                WarnCause::Unavailable
-            };
             self.shared.warnings.warn(
-                cause,
+                super::super::fleet_lock::warn_cause(&e),
                 &format_args!("sharing the miss journal failed ({e})"),
             );
         }
