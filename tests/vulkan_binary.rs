@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use kpc::backend::vulkan::VulkanOptions;
-use kpc::backend::vulkan::pipeline_cache::{PIPELINE_CACHE_HEADER_BYTES, decode};
+use kpc::backend::vulkan::pipeline_cache::{PIPELINE_CACHE_HEADER_BYTES, Payload, decode};
 use kpc::backend::{Backend, ComputeBackend, KernelObject, Launch};
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::kernels::spirv_image;
@@ -36,10 +36,27 @@ fn a_program_comes_back_from_its_binary_and_computes() {
         .expect("Vulkan persists every program");
     let parsed = decode(&blob).unwrap();
     assert!(parsed.optimized_spirv.is_none());
-    // lavapipe's VkPipelineCache is a stub that keeps only its header; real drivers keep more.
-    assert!(
-        parsed.pipeline_cache.is_empty()
-            || parsed.pipeline_cache.len() >= PIPELINE_CACHE_HEADER_BYTES
+    match parsed.payload {
+        // lavapipe's VkPipelineCache is a stub that keeps only its header; real drivers keep more.
+        Payload::PipelineCache(c) => {
+            assert!(c.is_empty() || c.len() >= PIPELINE_CACHE_HEADER_BYTES)
+        }
+        // One pipeline (saxpy's one entry point), with at least one binary of non-empty data.
+        Payload::PipelineBinaries(b) => {
+            let sets = kpc::backend::vulkan::pipeline_binary::decode(b).unwrap();
+            assert_eq!(sets.len(), 1);
+            assert!(!sets[0].is_empty() && sets[0].iter().all(|x| !x.data.is_empty()));
+        }
+    }
+    assert_eq!(
+        b.device_info()
+            .fingerprint
+            .fields
+            .iter()
+            .find(|(k, _)| k == "kpc_vulkan_binary")
+            .map(|(_, v)| v.as_str()),
+        Some(parsed.payload.kind()),
+        "the fingerprint names the kind of binary the device persists"
     );
 
     let loaded = Arc::new(b.program_from_binary(&image, &spec, &opts, &blob).unwrap());
@@ -98,11 +115,38 @@ fn a_blob_whose_header_does_not_match_is_rejected() {
         .program_binary(&b.build_program(&image, &spec, &opts).unwrap())
         .unwrap()
         .unwrap();
-    let cache_len = decode(&blob).unwrap().pipeline_cache.len();
+    let payload = decode(&blob).unwrap().payload;
+    let cache_len = match payload {
+        Payload::PipelineCache(c) => c.len(),
+        Payload::PipelineBinaries(_) => 0,
+    };
     let mut tampered: Vec<(&str, Vec<u8>)> = vec![
         ("truncated", blob[..blob.len() - 1].to_vec()),
         ("not a kpc container", b"garbage!".repeat(8)),
     ];
+    // The other kind of payload, whole and well formed, is refused as of the wrong kind.
+    let other = match payload {
+        Payload::PipelineCache(c) => kpc::backend::vulkan::pipeline_cache::encode(
+            None,
+            Payload::PipelineBinaries(&kpc::backend::vulkan::pipeline_binary::encode(&[vec![
+                kpc::backend::vulkan::pipeline_binary::BinaryData {
+                    key: vec![1; 32],
+                    data: c.to_vec().into_iter().chain([0u8]).collect(),
+                },
+            ]])),
+        ),
+        Payload::PipelineBinaries(_) => {
+            kpc::backend::vulkan::pipeline_cache::encode(None, Payload::PipelineCache(&[]))
+        }
+    };
+    tampered.push(("the other kind", other));
+    if let Payload::PipelineBinaries(p) = payload {
+        // A forged key length (33 bytes, one past Vulkan's maximum) is refused by kpc's parser.
+        let mut t = blob.clone();
+        let len_at = blob.len() - p.len() + 4 + 4;
+        t[len_at..len_at + 4].copy_from_slice(&33u32.to_le_bytes());
+        tampered.push(("a binary key length", t));
+    }
     if cache_len >= PIPELINE_CACHE_HEADER_BYTES {
         for (what, field) in [
             ("headerSize", 0),

@@ -76,7 +76,8 @@ fn recorded(config: &Config, device: &DeviceInfo, app: &str) -> kpc::Result<Vec<
     let root = config.disk_cache_root().ok_or_else(|| {
         Error::InvalidArgument("bench-start needs the disk cache (KPC_CACHE_DIR)".into())
     })?;
-    let ws = WarmStart::new(root, &device.fingerprint.digest, app);
+    let fingerprint = kpc::runtime::device::cache_fingerprint(device, config)?;
+    let ws = WarmStart::new(root, &fingerprint.digest, app);
     let path = ws.manifest_path().to_path_buf();
     let bytes = std::fs::read(&path).map_err(|e| {
         Error::Io(format!(

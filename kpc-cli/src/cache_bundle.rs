@@ -54,9 +54,13 @@ pub fn export(
         None => None,
         Some(sel) => Some(kpc::runtime::select_device(sel)?),
     };
+    let fingerprint = device
+        .as_ref()
+        .map(|d| kpc::runtime::device::cache_fingerprint(d, config))
+        .transpose()?;
     let r = bundle::export(
         cache,
-        device.as_ref().map(|d| d.fingerprint.digest),
+        fingerprint.as_ref().map(|f| f.digest),
         &entry_auth(config),
         &args.file,
     )?;
@@ -70,18 +74,18 @@ pub fn export(
             "file_bytes": r.file_bytes,
             "signed": r.signed,
             "signer": r.signer,
-            "device": device.as_ref().map(|d| d.fingerprint.digest.to_hex()),
+            "device": fingerprint.as_ref().map(|f| f.digest.to_hex()),
         }));
     } else {
-        let which = match &device {
-            Some(d) => format!(
+        let which = match (&device, &fingerprint) {
+            (Some(d), Some(f)) => format!(
                 " of {}:{} {} (fingerprint {})",
                 d.backend,
                 d.index,
                 d.name,
-                d.fingerprint.digest.short_hex(8)
+                f.digest.short_hex(8)
             ),
-            None => String::new(),
+            _ => String::new(),
         };
         outln!(
             "exported {} entries{which} to {} ({} bytes, {} before compression, {})",

@@ -32,6 +32,23 @@ pub fn platforms() -> Vec<Platform> {
     ]
 }
 
+/// The fingerprint the cache keys `device`'s entries by. Discovery's, except for a Vulkan device
+/// that persists pipeline binaries: its fingerprint adds the driver's global pipeline key, which
+/// only an opened device gives, so it is opened (see `VulkanBackend::cache_fingerprint`).
+///
+/// Errors: as opening the device.
+pub fn cache_fingerprint(
+    device: &DeviceInfo,
+    config: &crate::Config,
+) -> Result<crate::backend::DeviceFingerprint> {
+    match device.backend {
+        BackendKind::Vulkan => {
+            crate::backend::vulkan::VulkanBackend::cache_fingerprint(device.index, config)
+        }
+        BackendKind::OpenCl => Ok(device.fingerprint.clone()),
+    }
+}
+
 /// The device `selector` names among [`platforms`].
 ///
 /// Errors: [`Error::NoSuchDevice`] listing the devices that exist when none matches;

@@ -53,6 +53,9 @@ pub(crate) struct Device {
     pub(crate) host_query_reset: bool,
     pub(crate) feedback: bool,
     pub(crate) spirv_1_4_ext: bool,
+    /// VK_KHR_pipeline_binary where kpc persists pipeline binaries on this device; `None`:
+    /// pipeline-cache data.
+    pub(crate) pipeline_binary: Option<super::pipeline_binary::BinaryPath>,
     /// Where the driver reports statistics about compiled kernels: its entry points.
     pub(crate) executable_stats: Option<ash::khr::pipeline_executable_properties::Device>,
     pub(crate) identity: CacheIdentity,
@@ -136,7 +139,8 @@ impl Device {
         // that a shader the device can run is never refused, and one it cannot is refused by
         // `capability_check` rather than reaching the driver.
         let api = pd.api_version.min(instance.api_version);
-        let enabled = pd.supported;
+        let mut enabled = pd.supported;
+        enabled.pipeline_binary = pd.pipeline_binaries;
         let host_query_reset = enabled.host_query_reset;
         let idle = {
             let mut idle = IDLE_DEVICES.lock();
@@ -166,6 +170,11 @@ impl Device {
         let executable_stats = pd
             .executable_stats
             .then(|| ash::khr::pipeline_executable_properties::Device::new(inst, &raw));
+        let pipeline_binary = if enabled.pipeline_binary {
+            super::pipeline_binary::BinaryPath::open(inst, &raw, &pd.info.name)
+        } else {
+            None
+        };
         Ok(Device {
             _instance: instance.clone(),
             physical: pd.raw,
@@ -187,6 +196,7 @@ impl Device {
                 borrowed: false,
             },
             executable_stats,
+            pipeline_binary,
             identity: CacheIdentity {
                 vendor_id: pd.vendor_id,
                 device_id: pd.device_id,

@@ -67,11 +67,15 @@ pub struct VulkanFeatures {
     pub vulkan_memory_model_device_scope: bool,
     /// `shaderIntegerDotProduct` (Vulkan 1.3; SPIR-V `DotProduct*`).
     pub shader_integer_dot_product: bool,
+    /// VK_KHR_pipeline_binary with `pipelineBinaries`, and VK_KHR_maintenance5 with `maintenance5`
+    /// (which it requires; Vulkan 1.3 devices only): kpc persists pipeline binaries instead of
+    /// pipeline-cache data (`KPC_VULKAN_PIPELINE_BINARY`).
+    pub pipeline_binary: bool,
 }
 
 impl VulkanFeatures {
     /// Every field as (field name, Vulkan's name, value), in declaration order.
-    pub fn fields(&self) -> [(&'static str, &'static str, bool); 24] {
+    pub fn fields(&self) -> [(&'static str, &'static str, bool); 25] {
         [
             ("shader_int16", "shaderInt16", self.shader_int16),
             ("shader_int64", "shaderInt64", self.shader_int64),
@@ -165,6 +169,11 @@ impl VulkanFeatures {
                 "shaderIntegerDotProduct",
                 self.shader_integer_dot_product,
             ),
+            (
+                "pipeline_binary",
+                "VK_KHR_pipeline_binary",
+                self.pipeline_binary,
+            ),
         ]
     }
 }
@@ -190,6 +199,11 @@ pub(crate) fn supported(
     let v13 = api >= vk::API_VERSION_1_3;
     let coop_ext = has_extension(exts, vk::KHR_COOPERATIVE_MATRIX_NAME);
     let stats_ext = has_extension(exts, vk::KHR_PIPELINE_EXECUTABLE_PROPERTIES_NAME);
+    let binary_ext = v13
+        && has_extension(exts, super::pipeline_binary::NAME)
+        && has_extension(exts, vk::KHR_MAINTENANCE5_NAME);
+    let mut m5 = vk::PhysicalDeviceMaintenance5FeaturesKHR::default();
+    let mut pb = super::pipeline_binary::FeaturesKhr::default();
     let mut s16 = vk::PhysicalDevice16BitStorageFeatures::default();
     let mut vp = vk::PhysicalDeviceVariablePointersFeatures::default();
     let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
@@ -221,6 +235,9 @@ pub(crate) fn supported(
     }
     if stats_ext {
         f2 = f2.push_next(&mut stats);
+    }
+    if binary_ext {
+        f2 = f2.push_next(&mut m5).push_next(&mut pb);
     }
     // SAFETY: the chain lives across the call; instance and device are 1.1+ (discovery and interop
     // check it), the 1.2 and 1.3 structs are chained only at those versions, and the extension
@@ -254,6 +271,7 @@ pub(crate) fn supported(
         variable_pointers: on(vp.variable_pointers),
         vulkan_memory_model_device_scope: v12 && on(mm.vulkan_memory_model_device_scope),
         shader_integer_dot_product: v13 && on(dot.shader_integer_dot_product),
+        pipeline_binary: binary_ext && on(m5.maintenance5) && on(pb.pipeline_binaries),
     }
 }
 
@@ -304,7 +322,14 @@ pub(crate) fn create_device(
         vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
     let mut stats = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
         .pipeline_executable_info(true);
+    let mut m5 = vk::PhysicalDeviceMaintenance5FeaturesKHR::default().maintenance5(true);
+    let mut pb = super::pipeline_binary::FeaturesKhr::default();
+    pb.pipeline_binaries = vk::TRUE;
     let mut extensions = Vec::new();
+    if f.pipeline_binary {
+        extensions.push(vk::KHR_MAINTENANCE5_NAME.as_ptr());
+        extensions.push(super::pipeline_binary::NAME.as_ptr());
+    }
     if f.pipeline_executable_info {
         extensions.push(vk::KHR_PIPELINE_EXECUTABLE_PROPERTIES_NAME.as_ptr());
     }
@@ -341,6 +366,9 @@ pub(crate) fn create_device(
     }
     if f.pipeline_executable_info {
         info = info.push_next(&mut stats);
+    }
+    if f.pipeline_binary {
+        info = info.push_next(&mut m5).push_next(&mut pb);
     }
     // SAFETY: `info` and its chain live across the call; every feature and extension enabled was
     // reported supported by `supported` (the caller's contract); the 1.2 and 1.3 structs are

@@ -186,6 +186,9 @@ pub(crate) struct PhysicalDevice {
     pub(crate) subgroup_ops: vk::SubgroupFeatureFlags,
     /// The optional features and extensions it supports: what kpc enables on it.
     pub(crate) supported: VulkanFeatures,
+    /// Whether a device kpc opens on it persists pipeline binaries (`supported.pipeline_binary`
+    /// and `KPC_VULKAN_PIPELINE_BINARY` not `off`); its fingerprint says so (`kpc_vulkan_binary`).
+    pub(crate) pipeline_binaries: bool,
 }
 
 fn has_extension(exts: &[vk::ExtensionProperties], name: &CStr) -> bool {
@@ -319,6 +322,29 @@ pub(crate) fn describe(
         vk::PhysicalDeviceType::CPU => DeviceType::Cpu,
         _ => DeviceType::Other,
     };
+    let feedback = api_version >= vk::API_VERSION_1_3
+        || has_extension(&exts, vk::EXT_PIPELINE_CREATION_FEEDBACK_NAME);
+    let spirv_1_4_ext = has_extension(&exts, vk::KHR_SPIRV_1_4_NAME);
+    let supported = if at_least(vk::API_VERSION_1_1) {
+        super::features::supported(
+            &instance.raw,
+            raw,
+            &exts,
+            api_version.min(instance.api_version),
+            feedback,
+            spirv_1_4_ext,
+        )
+    } else {
+        VulkanFeatures::default()
+    };
+    let mode = super::pipeline_binary::mode_from_env()?;
+    let pipeline_binaries =
+        supported.pipeline_binary && mode != super::pipeline_binary::Mode::Off;
+    let binary_kind = if pipeline_binaries {
+        super::pipeline_cache::PIPELINE_BINARY_KIND
+    } else {
+        super::pipeline_cache::PIPELINE_CACHE_KIND
+    };
     let fingerprint = DeviceFingerprint::new(
         BackendKind::Vulkan,
         vec![
@@ -338,23 +364,9 @@ pub(crate) fn describe(
             ),
             ("api_version".into(), version_string(api_version)),
             ("kpc_vulkan_blob".into(), BLOB_FORMAT_VERSION.to_string()),
+            (super::pipeline_binary::KIND_FIELD.into(), binary_kind.into()),
         ],
     );
-    let feedback = api_version >= vk::API_VERSION_1_3
-        || has_extension(&exts, vk::EXT_PIPELINE_CREATION_FEEDBACK_NAME);
-    let spirv_1_4_ext = has_extension(&exts, vk::KHR_SPIRV_1_4_NAME);
-    let supported = if at_least(vk::API_VERSION_1_1) {
-        super::features::supported(
-            &instance.raw,
-            raw,
-            &exts,
-            api_version.min(instance.api_version),
-            feedback,
-            spirv_1_4_ext,
-        )
-    } else {
-        VulkanFeatures::default()
-    };
     let unusable = if api_version < vk::API_VERSION_1_1 {
         Some(format!(
             "device supports Vulkan {} only; kpc needs 1.1",
@@ -364,6 +376,12 @@ pub(crate) fn describe(
         Some("the instance is Vulkan 1.0".into())
     } else if queue_family.is_none() {
         Some("no queue family supports compute".into())
+    } else if mode == super::pipeline_binary::Mode::Require && !pipeline_binaries {
+        Some(format!(
+            "{}=require, and the device lacks VK_KHR_pipeline_binary (with VK_KHR_maintenance5 \
+             at Vulkan 1.3)",
+            super::pipeline_binary::VAR
+        ))
     } else {
         None
     };
@@ -423,6 +441,7 @@ pub(crate) fn describe(
             vk::SubgroupFeatureFlags::empty()
         },
         supported,
+        pipeline_binaries,
     })
 }
 

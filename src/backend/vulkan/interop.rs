@@ -219,7 +219,16 @@ impl VulkanBackend {
         let executable_stats = f
             .pipeline_executable_info
             .then(|| ash::khr::pipeline_executable_properties::Device::new(&instance.raw, &raw));
+        // The embedder's declaration decides, as for every optional feature; `off` still wins.
+        let pipeline_binary = (f.pipeline_binary
+            && super::pipeline_binary::mode_from_env()? != super::pipeline_binary::Mode::Off)
+            .then(|| super::pipeline_binary::BinaryPath::open(&instance.raw, &raw, &pd.info.name))
+            .flatten();
         let mut info = pd.info.clone();
+        info.fingerprint = super::pipeline_binary::fingerprint_for(
+            &info.fingerprint,
+            pipeline_binary.as_ref().map(|p| p.global_key.as_slice()),
+        );
         let l = &mut info.limits;
         l.storage_16bit = f.storage_buffer_16bit_access;
         l.float16_arithmetic = f.shader_float16;
@@ -251,6 +260,7 @@ impl VulkanBackend {
                 borrowed: true,
             },
             executable_stats,
+            pipeline_binary,
             identity: CacheIdentity {
                 vendor_id: pd.vendor_id,
                 device_id: pd.device_id,

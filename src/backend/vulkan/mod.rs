@@ -22,7 +22,9 @@ mod features;
 mod instance;
 mod interop;
 mod kernel_handles;
+pub mod pipeline_binary;
 pub mod pipeline_cache;
+mod pipeline_stats;
 mod program;
 mod queue_lock;
 mod submit;
@@ -167,7 +169,12 @@ impl VulkanBackend {
             )));
         }
         let dev = Arc::new(Device::open(inst, &pd)?);
-        let place = match (options.buffers, pd.info.device_type) {
+        let mut info = pd.info;
+        info.fingerprint = pipeline_binary::fingerprint_for(
+            &info.fingerprint,
+            dev.pipeline_binary.as_ref().map(|p| p.global_key.as_slice()),
+        );
+        let place = match (options.buffers, info.device_type) {
             (BufferStrategy::Auto, crate::backend::DeviceType::Cpu) => BufferPlace::HostVisible,
             _ => BufferPlace::DeviceLocal,
         };
@@ -175,11 +182,26 @@ impl VulkanBackend {
             submitter: Submitter::new(&dev, None)?,
             staging: parking_lot::Mutex::new(None),
             dev,
-            info: pd.info,
+            info,
             place,
             trace: config.trace.contains(TraceFlags::BUILDS),
             counters: Counters::default(),
         })
+    }
+
+    /// The fingerprint cache entries of device `index` are keyed by. It is the discovered one except
+    /// on a device that persists pipeline binaries, whose fingerprint also holds the driver's
+    /// global pipeline key, readable only from an open device: that device is opened (and kept
+    /// for the next context, as every device kpc opens).
+    ///
+    /// Errors: as [`VulkanBackend::open`].
+    pub fn cache_fingerprint(index: usize, config: &Config) -> Result<DeviceFingerprint> {
+        let inst = instance::instance()?;
+        let pds = instance::physical_devices(&inst)?;
+        match pds.get(index) {
+            Some(pd) if !pd.pipeline_binaries => Ok(pd.info.fingerprint.clone()),
+            _ => Ok(VulkanBackend::open(index, config)?.info.fingerprint.clone()),
+        }
     }
 
     /// What a pipeline-cache blob made on this device carries in its header.
@@ -251,15 +273,13 @@ impl Backend for VulkanBackend {
             .has("-O")
             .then(|| crate::backend::spirv::optimize(image.name(), &module.words))
             .transpose()?;
-        let words = optimized.as_deref().unwrap_or(&module.words);
         let built = program::build(
             &self.dev,
             image.name(),
             module,
-            words,
-            optimized.is_some(),
+            optimized,
             spec,
-            &[],
+            program::Source::Spirv { initial_cache: &[] },
             ProgramOrigin::new(&self.info.fingerprint, image, spec, options),
         )?;
         self.counters.programs_built.fetch_add(1, Ordering::Relaxed);
@@ -290,8 +310,29 @@ impl Backend for VulkanBackend {
         };
         check_options(image, options)?;
         let blob = pipeline_cache::decode(binary).map_err(reject)?;
-        pipeline_cache::check_pipeline_cache_header(blob.pipeline_cache, &self.dev.identity)
-            .map_err(reject)?;
+        // The fingerprint keeps entries of the other kind from being looked up here; a blob that
+        // still arrives (copied by hand, forged) is refused before the driver sees it.
+        let binaries = match (blob.payload, &self.dev.pipeline_binary) {
+            (pipeline_cache::Payload::PipelineCache(data), None) => {
+                pipeline_cache::check_pipeline_cache_header(data, &self.dev.identity)
+                    .map_err(reject)?;
+                None
+            }
+            (pipeline_cache::Payload::PipelineBinaries(data), Some(_)) => {
+                Some(pipeline_binary::decode(data).map_err(reject)?)
+            }
+            (payload, path) => {
+                return Err(reject(format!(
+                    "a {} entry on a device that loads {}",
+                    payload.kind(),
+                    if path.is_some() {
+                        pipeline_cache::PIPELINE_BINARY_KIND
+                    } else {
+                        pipeline_cache::PIPELINE_CACHE_KIND
+                    }
+                )));
+            }
+        };
         // No spirv-tools pass here: a binary is persisted only after a build, which validated an image
         // with this digest (the persisted key compares it exactly), so validating again would only add
         // its cost (0.2-0.5 ms) to the disk-hit path it exists to make fast. Reflection (what the
@@ -318,15 +359,24 @@ impl Backend for VulkanBackend {
                 ));
             }
         };
-        let words = optimized.as_deref().unwrap_or(&module.words);
+        let how = if binaries.is_some() {
+            "from pipeline binaries"
+        } else {
+            "from pipeline cache data"
+        };
+        let source = match binaries {
+            Some(b) => program::Source::Binaries(b),
+            None => program::Source::Spirv {
+                initial_cache: blob.payload.bytes(),
+            },
+        };
         let built = program::build(
             &self.dev,
             image.name(),
             module,
-            words,
-            optimized.is_some(),
+            optimized,
             spec,
-            blob.pipeline_cache,
+            source,
             ProgramOrigin::new(&self.info.fingerprint, image, spec, options),
         )?;
         self.counters
@@ -341,7 +391,7 @@ impl Backend for VulkanBackend {
             image.name(),
             &built.program,
             &built.feedback,
-            "from pipeline cache data",
+            how,
         );
         Ok(built.program)
     }

@@ -4,10 +4,15 @@
 //! The persisted binary is a small kpc container around the driver's vkGetPipelineCacheData blob:
 //!
 //! ```text
-//! magic "kpcvkbin" | u32 format version | u32 flags | u64 SPIR-V bytes | u64 cache bytes |
+//! magic "kpcvkbin" | u32 format version | u32 flags | u64 SPIR-V bytes | u64 payload bytes |
 //! SPIR-V words (only for programs built with -O: the optimized module, so a load does not re-run the
-//! optimizer) | pipeline cache data (starts with VkPipelineCacheHeaderVersionOne)
+//! optimizer) | payload
 //! ```
+//!
+//! The payload is the pipeline cache data (starting with VkPipelineCacheHeaderVersionOne) or, with
+//! flag 2, the pipelines' VK_KHR_pipeline_binary binaries (`pipeline_binary.rs`). Which one a device
+//! writes and reads is fixed per device and named in its fingerprint (`kpc_vulkan_binary`), so an
+//! entry of one kind is never looked up for the other; a blob of the wrong kind is refused anyway.
 //!
 //! All integers are little endian. The disk layer checksums the whole binary; these checks are about
 //! meaning: is this blob for this device and driver, and is it shaped as kpc writes it?
@@ -21,6 +26,7 @@ pub const BLOB_FORMAT_VERSION: u32 = 1;
 const MAGIC: &[u8; 8] = b"kpcvkbin";
 const CONTAINER_HEADER: usize = 8 + 4 + 4 + 8 + 8;
 const FLAG_OPTIMIZED_SPIRV: u32 = 1;
+const FLAG_PIPELINE_BINARIES: u32 = 2;
 
 /// The bytes of a VkPipelineCacheHeaderVersionOne: headerSize, headerVersion, vendorID, deviceID,
 /// pipelineCacheUUID.
@@ -96,33 +102,69 @@ pub fn check_pipeline_cache_header(data: &[u8], device: &CacheIdentity) -> Resul
     Ok(())
 }
 
+/// What a persisted Vulkan program holds for the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload<'a> {
+    /// vkGetPipelineCacheData of the program's pipeline cache.
+    PipelineCache(&'a [u8]),
+    /// The pipelines' VK_KHR_pipeline_binary binaries, as `pipeline_binary::encode` writes them.
+    PipelineBinaries(&'a [u8]),
+}
+
+impl<'a> Payload<'a> {
+    /// The payload's bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        match *self {
+            Payload::PipelineCache(b) | Payload::PipelineBinaries(b) => b,
+        }
+    }
+
+    /// Its kind as the fingerprint names it: `pipeline-cache` or `pipeline-binary`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Payload::PipelineCache(_) => PIPELINE_CACHE_KIND,
+            Payload::PipelineBinaries(_) => PIPELINE_BINARY_KIND,
+        }
+    }
+}
+
+/// The fingerprint's `kpc_vulkan_binary` value of a device that persists pipeline-cache data.
+pub const PIPELINE_CACHE_KIND: &str = "pipeline-cache";
+/// The fingerprint's `kpc_vulkan_binary` value of a device that persists pipeline binaries.
+pub const PIPELINE_BINARY_KIND: &str = "pipeline-binary";
+
 /// A persisted Vulkan program, parsed.
 #[derive(Debug, PartialEq, Eq)]
 pub struct ProgramBlob<'a> {
     /// The optimized SPIR-V the program was built from, for programs built with -O.
     pub optimized_spirv: Option<&'a [u8]>,
-    /// The driver's pipeline cache data.
-    pub pipeline_cache: &'a [u8],
+    /// What the driver gets back.
+    pub payload: Payload<'a>,
 }
 
-/// The container bytes for `blob`.
-pub fn encode(optimized_spirv: Option<&[u32]>, pipeline_cache: &[u8]) -> Vec<u8> {
+/// The container bytes for a program built from `optimized_spirv` (with -O) whose driver data is
+/// `payload`.
+pub fn encode(optimized_spirv: Option<&[u32]>, payload: Payload<'_>) -> Vec<u8> {
+    let data = payload.bytes();
     let spirv_bytes = optimized_spirv.map_or(0, |w| w.len() * 4);
-    let mut out = Vec::with_capacity(CONTAINER_HEADER + spirv_bytes + pipeline_cache.len());
+    let mut out = Vec::with_capacity(CONTAINER_HEADER + spirv_bytes + data.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&BLOB_FORMAT_VERSION.to_le_bytes());
-    let flags = if optimized_spirv.is_some() {
+    let mut flags = if optimized_spirv.is_some() {
         FLAG_OPTIMIZED_SPIRV
     } else {
         0
     };
+    if matches!(payload, Payload::PipelineBinaries(_)) {
+        flags |= FLAG_PIPELINE_BINARIES;
+    }
     out.extend_from_slice(&flags.to_le_bytes());
     out.extend_from_slice(&(spirv_bytes as u64).to_le_bytes());
-    out.extend_from_slice(&(pipeline_cache.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(data.len() as u64).to_le_bytes());
     for w in optimized_spirv.unwrap_or_default() {
         out.extend_from_slice(&w.to_le_bytes());
     }
-    out.extend_from_slice(pipeline_cache);
+    out.extend_from_slice(data);
     out
 }
 
@@ -140,7 +182,7 @@ pub fn decode(bytes: &[u8]) -> Result<ProgramBlob<'_>, String> {
         ));
     }
     let flags = u32_at(bytes, 12);
-    if flags & !FLAG_OPTIMIZED_SPIRV != 0 {
+    if flags & !(FLAG_OPTIMIZED_SPIRV | FLAG_PIPELINE_BINARIES) != 0 {
         return Err(format!("unknown flags {flags:#x}"));
     }
     let spirv_len = u64_at(bytes, 16);
@@ -156,9 +198,14 @@ pub fn decode(bytes: &[u8]) -> Result<ProgramBlob<'_>, String> {
         return Err("SPIR-V flag and length disagree".into());
     }
     let split = CONTAINER_HEADER + spirv_len as usize;
+    let data = &bytes[split..];
     Ok(ProgramBlob {
         optimized_spirv: has_spirv.then(|| &bytes[CONTAINER_HEADER..split]),
-        pipeline_cache: &bytes[split..],
+        payload: if flags & FLAG_PIPELINE_BINARIES != 0 {
+            Payload::PipelineBinaries(data)
+        } else {
+            Payload::PipelineCache(data)
+        },
     })
 }
 
@@ -220,12 +267,20 @@ mod tests {
     fn container_round_trips_and_rejects_damage() {
         let words = [0x0723_0203u32, 0x0001_0300, 1, 2, 3];
         let cache = header(&identity(), 10);
-        let b = encode(Some(&words), &cache);
+        let b = encode(Some(&words), Payload::PipelineCache(&cache));
         let p = decode(&b).unwrap();
         assert_eq!(p.optimized_spirv.unwrap().len(), 20);
-        assert_eq!(p.pipeline_cache, &cache[..]);
-        let plain = encode(None, &cache);
+        assert_eq!(p.payload, Payload::PipelineCache(&cache[..]));
+        let plain = encode(None, Payload::PipelineCache(&cache));
         assert_eq!(decode(&plain).unwrap().optimized_spirv, None);
+        let bins = encode(None, Payload::PipelineBinaries(b"xyz"));
+        assert_eq!(
+            decode(&bins).unwrap().payload,
+            Payload::PipelineBinaries(b"xyz")
+        );
+        let mut unknown = plain.clone();
+        unknown[12] |= 4;
+        assert!(decode(&unknown).unwrap_err().contains("unknown flags"));
         assert!(decode(&b[..b.len() - 1]).is_err());
         assert!(decode(b"kpcvkbi").is_err());
         let mut v = b.clone();

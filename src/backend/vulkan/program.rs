@@ -12,13 +12,16 @@ use std::time::{Duration, Instant};
 
 use ash::vk;
 
-use crate::backend::spirv::{DescriptorKind, SpirvModule, required_vulkan};
+use crate::backend::spirv::{DescriptorKind, SpirvModule};
 use crate::backend::{BufferParam, KernelInfo, ProgramOrigin};
 use crate::cache::{CacheCost, SpecConstants};
 use crate::config::BackendKind;
 use crate::error::{Error, Result};
 
+use super::capability_check::build_error;
 use super::device::{Device, vk_err};
+use super::pipeline_binary::BinaryData;
+use super::pipeline_cache::Payload;
 
 /// A compute pipeline with its layouts: a kernel. Shared between the program that made it and every
 /// kernel handle and in-flight launch that uses it.
@@ -64,8 +67,12 @@ pub struct VulkanProgram {
     pub(crate) pipelines: Vec<Arc<Pipeline>>,
     /// The optimized module, for programs built with -O: persisted so that a load skips the optimizer.
     pub(crate) optimized: Option<Vec<u32>>,
-    /// Bytes of the pipeline cache data right after the build (what persisting it costs).
+    /// Bytes of the pipeline cache data right after the build, or of the pipeline binaries (what
+    /// persisting it costs).
     pub(crate) cache_data_bytes: u64,
+    /// Per pipeline, its VK_KHR_pipeline_binary binaries, on a device that persists those (`None`
+    /// elsewhere: the pipeline cache is what persists).
+    pub(crate) binaries: Option<Vec<Vec<BinaryData>>>,
     /// What it was built from (for cache blobs).
     pub(crate) origin: ProgramOrigin,
 }
@@ -113,15 +120,22 @@ impl VulkanProgram {
         self.pipelines.iter().map(|p| p.create_time).sum()
     }
 
-    /// What persisting it stores: its pipeline cache data (and optimized SPIR-V) in kpc's container.
+    /// What persisting it stores: its pipeline binaries or pipeline cache data (and optimized
+    /// SPIR-V) in kpc's container.
     pub fn binary(&self) -> Result<Vec<u8>> {
+        if let Some(b) = &self.binaries {
+            return Ok(super::pipeline_cache::encode(
+                self.optimized.as_deref(),
+                Payload::PipelineBinaries(&super::pipeline_binary::encode(b)),
+            ));
+        }
         // SAFETY: the cache is alive (owned by `self`); reading its data needs no external
         // synchronization, also while pipelines are created through it.
         let data = unsafe { self.dev.raw.get_pipeline_cache_data(self.cache) }
             .map_err(|e| vk_err("vkGetPipelineCacheData", e))?;
         Ok(super::pipeline_cache::encode(
             self.optimized.as_deref(),
-            &data,
+            Payload::PipelineCache(&data),
         ))
     }
 }
@@ -173,100 +187,6 @@ impl crate::backend::KernelObject for VulkanKernel {
     }
 }
 
-fn build_error(image: &str, code: i32, message: String) -> Error {
-    Error::Build {
-        backend: BackendKind::Vulkan,
-        image: image.to_string(),
-        code,
-        message,
-        log: String::new(),
-    }
-}
-
-/// Checks everything about `module` with `spec` that the device must accept, so that nothing
-/// undefined reaches vkCreateComputePipelines: SPIR-V version, capabilities and extensions against
-/// what the device enabled, workgroup size, descriptors and push constants against its limits.
-fn check_against_device(
-    dev: &Device,
-    image: &str,
-    module: &SpirvModule,
-    spec: &SpecConstants,
-) -> Result<()> {
-    let (maj, min) = required_vulkan(module.version);
-    let needs = vk::make_api_version(0, maj, min, 0);
-    let spirv14_ok = module.version == (1, 4) && dev.spirv_1_4_ext;
-    if dev.api_version < needs && !spirv14_ok {
-        return Err(build_error(
-            image,
-            vk::Result::ERROR_INITIALIZATION_FAILED.as_raw(),
-            format!(
-                "SPIR-V {}.{} needs Vulkan {maj}.{min}; the device supports {}",
-                module.version.0,
-                module.version.1,
-                super::instance::version_string(dev.api_version)
-            ),
-        ));
-    }
-    dev.caps.check(image, &module.needs)?;
-    let l = &dev.limits;
-    for e in &module.entry_points {
-        let ls = e.local_size_with(spec);
-        let invocations = ls.iter().map(|&v| u64::from(v)).product::<u64>();
-        if ls.contains(&0)
-            || (0..3).any(|k| ls[k] > l.max_compute_work_group_size[k])
-            || invocations > u64::from(l.max_compute_work_group_invocations)
-        {
-            return Err(build_error(
-                image,
-                vk::Result::ERROR_INITIALIZATION_FAILED.as_raw(),
-                format!(
-                    "entry point {:?}: workgroup size {}x{}x{} is outside the device's limits \
-                     (at most {:?} per dimension and {} invocations)",
-                    e.name,
-                    ls[0],
-                    ls[1],
-                    ls[2],
-                    l.max_compute_work_group_size,
-                    l.max_compute_work_group_invocations
-                ),
-            ));
-        }
-        if e.push_constant_bytes > l.max_push_constants_size {
-            return Err(build_error(
-                image,
-                vk::Result::ERROR_INITIALIZATION_FAILED.as_raw(),
-                format!(
-                    "entry point {:?}: {} bytes of push constants, the device allows {}",
-                    e.name, e.push_constant_bytes, l.max_push_constants_size
-                ),
-            ));
-        }
-        for b in &e.bindings {
-            if b.set != 0 {
-                return Err(build_error(
-                    image,
-                    -1,
-                    format!(
-                        "entry point {:?}: binding {} is in descriptor set {}; kpc binds set 0 only",
-                        e.name, b.binding, b.set
-                    ),
-                ));
-            }
-            if let DescriptorKind::Unsupported(what) = &b.kind {
-                return Err(build_error(
-                    image,
-                    -1,
-                    format!(
-                        "entry point {:?}: binding {} is a {what}; kpc binds storage and uniform buffers only",
-                        e.name, b.binding
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Feedback the driver gave about one pipeline's creation.
 pub(crate) struct Built {
     pub(crate) program: VulkanProgram,
@@ -274,20 +194,30 @@ pub(crate) struct Built {
     pub(crate) feedback: Vec<Option<bool>>,
 }
 
-/// Builds `module` (already validated; `words` is what to compile: the module itself or its
-/// optimized form) into a program whose pipeline cache starts from `initial_cache`.
+/// What a program's pipelines are made from.
+pub(crate) enum Source<'a> {
+    /// SPIR-V (the optimized module where there is one, else the module itself; validated),
+    /// through a pipeline cache that starts from `initial_cache` (pipeline-cache devices; empty for
+    /// a build).
+    Spirv { initial_cache: &'a [u8] },
+    /// Per entry point, the pipeline binaries a warm load hands back (pipeline-binary devices).
+    Binaries(Vec<Vec<BinaryData>>),
+}
+
+/// Builds `module` into a program from `source`. On a device that persists pipeline binaries, a
+/// build from SPIR-V captures them (and a load keeps the ones it was given), so the program can be
+/// persisted again.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build(
     dev: &Arc<Device>,
     image: &str,
     module: &SpirvModule,
-    words: &[u32],
-    optimized: bool,
+    optimized: Option<Vec<u32>>,
     spec: &SpecConstants,
-    initial_cache: &[u8],
+    source: Source<'_>,
     origin: ProgramOrigin,
 ) -> Result<Built> {
-    check_against_device(dev, image, module, spec)?;
+    super::capability_check::check_against_device(dev, image, module, spec)?;
     let specialization = module.specialization(image, spec)?;
     let map_entries: Vec<vk::SpecializationMapEntry> = specialization
         .entries
@@ -308,18 +238,59 @@ pub(crate) fn build(
         cache: vk::PipelineCache::null(),
         image: image.to_string(),
         pipelines: Vec::new(),
-        optimized: optimized.then(|| words.to_vec()),
+        optimized,
         cache_data_bytes: 0,
+        binaries: None,
         origin,
     };
-    // No VK_PIPELINE_CACHE_CREATE_EXTERNALLY_SYNCHRONIZED_BIT: the cache stays internally synchronized
-    // for vkCreateComputePipelines and vkGetPipelineCacheData, so programs built concurrently
-    // (Context::prefetch) need no lock; each program also has a cache of its own.
-    let cache_info = vk::PipelineCacheCreateInfo::default().initial_data(initial_cache);
-    // SAFETY: the initial data passed check_pipeline_cache_header against this device (or is empty);
-    // `program` owns the cache and destroys it in Drop.
-    program.cache = unsafe { d.create_pipeline_cache(&cache_info, None) }
-        .map_err(|e| vk_err("vkCreatePipelineCache", e))?;
+    let binary_path = dev.pipeline_binary.as_ref();
+    let mut feedback = Vec::new();
+    let (initial_cache, loaded) = match source {
+        Source::Spirv { initial_cache } => (initial_cache, None),
+        Source::Binaries(b) => (&[][..], Some(b)),
+    };
+    if let Some(loaded) = loaded {
+        let Some(path) = binary_path else {
+            return Err(build_error(
+                image,
+                -1,
+                "pipeline binaries given to a device that does not load them".into(),
+            ));
+        };
+        if loaded.len() != module.entry_points.len() {
+            return Err(build_error(
+                image,
+                -1,
+                format!(
+                    "{} sets of pipeline binaries for {} entry points",
+                    loaded.len(),
+                    module.entry_points.len()
+                ),
+            ));
+        }
+        for (entry, bins) in module.entry_points.iter().zip(&loaded) {
+            let uploaded = path.fns.upload(bins)?;
+            let with = PipelineFrom::Binaries(uploaded.info());
+            let (p, fb) = create_pipeline(dev, image, with, entry, spec, &spec_info)?;
+            drop(uploaded);
+            program.pipelines.push(Arc::new(p));
+            feedback.push(fb);
+        }
+        program.cache_data_bytes = binary_bytes(&loaded);
+        program.binaries = Some(loaded);
+        return Ok(Built { program, feedback });
+    }
+    let words = program.optimized.as_deref().unwrap_or(&module.words);
+    if binary_path.is_none() {
+        // No VK_PIPELINE_CACHE_CREATE_EXTERNALLY_SYNCHRONIZED_BIT: the cache stays internally
+        // synchronized for vkCreateComputePipelines and vkGetPipelineCacheData, so programs built
+        // concurrently (Context::prefetch) need no lock; each program also has a cache of its own.
+        let cache_info = vk::PipelineCacheCreateInfo::default().initial_data(initial_cache);
+        // SAFETY: the initial data passed check_pipeline_cache_header against this device (or is
+        // empty); `program` owns the cache and destroys it in Drop.
+        program.cache = unsafe { d.create_pipeline_cache(&cache_info, None) }
+            .map_err(|e| vk_err("vkCreatePipelineCache", e))?;
+    }
 
     let module_info = vk::ShaderModuleCreateInfo::default().code(words);
     // SAFETY: `words` passed spirv-tools validation for a Vulkan environment this device supports.
@@ -334,19 +305,31 @@ pub(crate) fn build(
             vk_err("vkCreateShaderModule", e)
         }
     })?;
-    let mut feedback = Vec::new();
+    let mut captured = Vec::new();
     let result = (|| {
         for entry in &module.entry_points {
-            let (p, fb) =
-                create_pipeline(dev, image, program.cache, shader, entry, spec, &spec_info)?;
-            program.pipelines.push(Arc::new(p));
+            let with = match binary_path {
+                Some(_) => PipelineFrom::Capture(shader),
+                None => PipelineFrom::Cache(program.cache, shader),
+            };
+            let (p, fb) = create_pipeline(dev, image, with, entry, spec, &spec_info)?;
+            let p = Arc::new(p);
+            program.pipelines.push(p.clone());
             feedback.push(fb);
+            if let Some(path) = binary_path {
+                captured.push(path.fns.capture(p.raw)?);
+            }
         }
         Ok::<(), Error>(())
     })();
     // SAFETY: pipelines do not need their shader module after creation; nothing else uses it.
     unsafe { d.destroy_shader_module(shader, None) };
     result?;
+    if binary_path.is_some() {
+        program.cache_data_bytes = binary_bytes(&captured);
+        program.binaries = Some(captured);
+        return Ok(Built { program, feedback });
+    }
     // SAFETY: the cache is alive and no pipeline is being created through it now.
     program.cache_data_bytes = unsafe { d.get_pipeline_cache_data(program.cache) }
         .map_err(|e| vk_err("vkGetPipelineCacheData", e))?
@@ -354,11 +337,24 @@ pub(crate) fn build(
     Ok(Built { program, feedback })
 }
 
+fn binary_bytes(b: &[Vec<BinaryData>]) -> u64 {
+    b.iter().flatten().map(|b| b.data.len() as u64).sum()
+}
+
+/// How one pipeline is created.
+enum PipelineFrom {
+    /// From the shader module, through the program's pipeline cache.
+    Cache(vk::PipelineCache, vk::ShaderModule),
+    /// From the shader module, keeping the driver's data for vkCreatePipelineBinariesKHR.
+    Capture(vk::ShaderModule),
+    /// From pipeline binaries handed to the driver (the shader module is ignored then).
+    Binaries(super::pipeline_binary::InfoKhr),
+}
+
 fn create_pipeline(
     dev: &Arc<Device>,
     image: &str,
-    cache: vk::PipelineCache,
-    shader: vk::ShaderModule,
+    from: PipelineFrom,
     entry: &crate::backend::spirv::EntryPointInfo,
     spec: &SpecConstants,
     spec_info: &vk::SpecializationInfo<'_>,
@@ -433,6 +429,11 @@ fn create_pipeline(
             format!("entry point name {:?} contains NUL", entry.name),
         )
     })?;
+    let (cache, shader) = match &from {
+        PipelineFrom::Cache(c, s) => (*c, *s),
+        PipelineFrom::Capture(s) => (vk::PipelineCache::null(), *s),
+        PipelineFrom::Binaries(_) => (vk::PipelineCache::null(), vk::ShaderModule::null()),
+    };
     let stage = vk::PipelineShaderStageCreateInfo::default()
         .stage(vk::ShaderStageFlags::COMPUTE)
         .module(shader)
@@ -452,10 +453,28 @@ fn create_pipeline(
     if dev.executable_stats.is_some() {
         info = info.flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
     }
+    // With VkPipelineCreateFlags2CreateInfoKHR chained, the driver reads the flags from it alone.
+    let mut flags2 = vk::PipelineCreateFlags2CreateInfoKHR::default().flags(
+        super::pipeline_binary::CAPTURE_DATA
+            | vk::PipelineCreateFlags2KHR::from_raw(info.flags.as_raw().into()),
+    );
+    let capture = matches!(from, PipelineFrom::Capture(_));
+    let mut binaries = match from {
+        PipelineFrom::Binaries(b) => Some(b),
+        _ => None,
+    };
+    let from_binaries = binaries.is_some();
+    if capture {
+        info = info.push_next(&mut flags2);
+    }
+    if let Some(b) = binaries.as_mut() {
+        info = info.push_next(b);
+    }
     let start = Instant::now();
     // SAFETY: every handle in `info` is alive; the specialization data matches the module's declared
     // constants (checked by `specialization`); the workgroup size and push constants are within the
-    // device's limits (checked by `check_against_device`).
+    // device's limits (checked by `check_against_device`); binaries and the capture flag come with
+    // a null pipeline cache, on a device with VK_KHR_pipeline_binary enabled.
     let created = unsafe { d.create_compute_pipelines(cache, &[info], None) };
     p.create_time = start.elapsed();
     p.raw = match created {
@@ -463,6 +482,14 @@ fn create_pipeline(
         Err((_, e)) => {
             return Err(match vk_err("vkCreateComputePipelines", e) {
                 oom @ Error::OutOfResources { .. } => oom,
+                _ if from_binaries => Error::BinaryRejected {
+                    backend: BackendKind::Vulkan,
+                    image: image.to_string(),
+                    reason: format!(
+                        "the driver refused the pipeline binaries of entry point {:?}: {e}",
+                        entry.name
+                    ),
+                },
                 _ => build_error(
                     image,
                     e.as_raw(),
@@ -474,60 +501,22 @@ fn create_pipeline(
             });
         }
     };
-    let hit = (dev.feedback
-        && whole
-            .flags
-            .contains(vk::PipelineCreationFeedbackFlags::VALID))
-    .then(|| {
-        whole
-            .flags
-            .contains(vk::PipelineCreationFeedbackFlags::APPLICATION_PIPELINE_CACHE_HIT)
-    });
-    p.info.driver_cache_hit = hit;
-    p.info.driver_stats = executable_stats(dev, p.raw);
-    Ok((p, hit))
-}
-
-/// The driver's statistics about `pipeline`'s compiled code, "name" or "executable: name" where it
-/// has several executables; empty where the extension is off or a query fails (they only inform).
-fn executable_stats(dev: &Device, pipeline: vk::Pipeline) -> Vec<(String, String)> {
-    use super::instance::c_chars;
-    let Some(ext) = dev.executable_stats.as_ref() else {
-        return Vec::new();
+    // A pipeline made from binaries compiled nothing: the specification has the driver use their
+    // data instead of recalculating it.
+    let hit = if from_binaries {
+        Some(true)
+    } else {
+        (dev.feedback
+            && whole
+                .flags
+                .contains(vk::PipelineCreationFeedbackFlags::VALID))
+        .then(|| {
+            whole
+                .flags
+                .contains(vk::PipelineCreationFeedbackFlags::APPLICATION_PIPELINE_CACHE_HIT)
+        })
     };
-    let info = vk::PipelineInfoKHR::default().pipeline(pipeline);
-    // SAFETY: `pipeline` is alive and was created with CAPTURE_STATISTICS on a device with the
-    // extension enabled.
-    let executables = unsafe { ext.get_pipeline_executable_properties(&info) }.unwrap_or_default();
-    let several = executables.len() > 1;
-    let mut out = Vec::new();
-    for (i, e) in executables.iter().enumerate() {
-        let exec = vk::PipelineExecutableInfoKHR::default()
-            .pipeline(pipeline)
-            .executable_index(i as u32);
-        // SAFETY: as above; `i` indexes the executables the driver listed.
-        let stats = unsafe { ext.get_pipeline_executable_statistics(&exec) }.unwrap_or_default();
-        for s in stats {
-            // SAFETY: `format` says which member of the union the driver wrote.
-            let value = unsafe {
-                match s.format {
-                    vk::PipelineExecutableStatisticFormatKHR::BOOL32 => {
-                        (s.value.b32 != 0).to_string()
-                    }
-                    vk::PipelineExecutableStatisticFormatKHR::INT64 => s.value.i64.to_string(),
-                    vk::PipelineExecutableStatisticFormatKHR::UINT64 => s.value.u64.to_string(),
-                    vk::PipelineExecutableStatisticFormatKHR::FLOAT64 => s.value.f64.to_string(),
-                    _ => continue,
-                }
-            };
-            let name = c_chars(&s.name);
-            let name = if several {
-                format!("{}: {name}", c_chars(&e.name))
-            } else {
-                name
-            };
-            out.push((name, value));
-        }
-    }
-    out
+    p.info.driver_cache_hit = hit;
+    p.info.driver_stats = super::pipeline_stats::executable_stats(dev, p.raw);
+    Ok((p, hit))
 }
