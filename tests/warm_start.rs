@@ -355,11 +355,15 @@ fn a_corrupt_manifest_does_not_stop_a_context_on_lavapipe() {
         return;
     };
     let dir = TempDir::new("warm-corrupt-vk");
-    let ws = WarmStart::new(dir.path(), &d.fingerprint.digest, APP);
+    let config = disk_config(dir.path(), Some(APP));
+    // The fingerprint entries are keyed by (on a device persisting pipeline binaries, the opened
+    // device's, which holds the driver's key).
+    let fp = kpc::runtime::device::cache_fingerprint(&d, &config).unwrap();
+    let ws = WarmStart::new(dir.path(), &fp.digest, APP);
     std::fs::create_dir_all(ws.manifest_path().parent().unwrap()).unwrap();
     std::fs::write(ws.manifest_path(), b"kpcwarm\0 not really").unwrap();
     drop(ws);
-    let ctx = Context::with_device(&d, &disk_config(dir.path(), Some(APP))).unwrap();
+    let ctx = Context::with_device(&d, &config).unwrap();
     let rep = ctx.wait_warm_start().unwrap();
     assert!(matches!(rep.state, ManifestState::Corrupt(_)), "{rep:?}");
     let read = kpc::kernels::spirv_image("read").unwrap();

@@ -76,9 +76,7 @@ fn recorded(config: &Config, device: &DeviceInfo, app: &str) -> kpc::Result<Vec<
     let root = config.disk_cache_root().ok_or_else(|| {
         Error::InvalidArgument("bench-start needs the disk cache (KPC_CACHE_DIR)".into())
     })?;
-    let fingerprint = kpc::runtime::device::cache_fingerprint(device, config)?;
-    let ws = WarmStart::new(root, &fingerprint.digest, app);
-    let path = ws.manifest_path().to_path_buf();
+    let path = bench_copy(root, device, app);
     let bytes = std::fs::read(&path).map_err(|e| {
         Error::Io(format!(
             "{}: {e} (run `kpc bench-start --phase record` first)",
@@ -114,8 +112,19 @@ fn shipped(device: &DeviceInfo, only: Option<&str>) -> kpc::Result<Vec<KernelReq
         .collect())
 }
 
+/// Where `record` leaves a copy of the warm-start manifest for the later phases, keyed by the
+/// discovered device: the manifest itself is keyed by the opened device's fingerprint, which on a
+/// device persisting pipeline binaries holds the driver's global key, known only once it is open,
+/// and opening it before the clock would hand the measured context a ready device.
+fn bench_copy(root: &std::path::Path, device: &DeviceInfo, app: &str) -> std::path::PathBuf {
+    root.join(format!(
+        "bench-start-{}-{app}.manifest",
+        device.fingerprint.digest.short_hex(16)
+    ))
+}
+
 /// The attention workload's kernels (what `kpc attention` acquires), with warm start recording them.
-fn record(ctx: &Context, args: &Args) -> kpc::Result<usize> {
+fn record(ctx: &Context, args: &Args, config: &Config, device: &DeviceInfo) -> kpc::Result<usize> {
     let shape = AttentionShape {
         batch: 1,
         q_heads: args.heads,
@@ -142,6 +151,12 @@ fn record(ctx: &Context, args: &Args) -> kpc::Result<usize> {
     names.push("copy".into());
     drop(attn);
     let listed = ctx.save_warm_start()?;
+    if let Some(root) = config.disk_cache_root() {
+        let ws = WarmStart::new(root, &ctx.device().fingerprint.digest, &args.app);
+        let copy = bench_copy(root, device, &args.app);
+        std::fs::copy(ws.manifest_path(), &copy)
+            .map_err(|e| Error::Io(format!("{}: {e}", copy.display())))?;
+    }
     outln!(
         "recorded: {} (the manifest lists {})",
         names.join(" "),
@@ -193,7 +208,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     match args.phase {
         Phase::Floor => {}
         Phase::Record => {
-            record(&ctx, args)?;
+            record(&ctx, args, &config, &device)?;
         }
         Phase::Serial => {
             for r in &reqs {
