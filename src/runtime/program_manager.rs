@@ -479,6 +479,7 @@ impl ProgramManager {
         let mut skip = Vec::new();
         let mut lock = None;
         for _ in 0..MAX_REJECTED_BINARIES {
+            let lookup_start = Instant::now();
             let hit = match self.stores.get(&key, &skip) {
                 Some(hit) => hit,
                 None => match self.stores.lock_for_build(&key, &skip) {
@@ -490,6 +491,7 @@ impl ProgramManager {
                 },
             };
             // A binary that crashed a process loading it is refused like one the driver refused.
+            let guard_start = Instant::now();
             let record = match self.stores.begin_load(&key, &hit) {
                 Ok(r) => r,
                 Err(crashed) => {
@@ -499,6 +501,7 @@ impl ProgramManager {
                     continue;
                 }
             };
+            let guarded = guard_start.elapsed();
             // Out of resources is not a refusal of the binary: retried, then returned, never rejected.
             let loaded = self.retry_out_of_resources("binary load", || {
                 self.backend
@@ -514,7 +517,17 @@ impl ProgramManager {
                         self.stores.note_recompiled(&hit);
                     }
                     let source = Source::of_store(hit.kind());
-                    self.trace_build(image, &format!("loaded from {source}"), true, None);
+                    self.trace_build(
+                        image,
+                        &format!(
+                            "loaded from {source} (lookup {:.3} ms before, load record {:.3} ms \
+                             of it)",
+                            (guard_start - lookup_start).as_secs_f64() * 1e3,
+                            guarded.as_secs_f64() * 1e3
+                        ),
+                        true,
+                        Some(guard_start.elapsed()),
+                    );
                     return Ok((p, source));
                 }
                 // The kernel needs what this device did not enable (an embedder's device that shares

@@ -31,6 +31,7 @@ mod submit;
 mod transfer;
 mod validation;
 
+use std::time::{Duration, Instant};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -219,14 +220,31 @@ impl VulkanBackend {
         self.place == BufferPlace::HostVisible
     }
 
-    fn record_feedback(
-        &self,
-        image: &str,
-        program: &VulkanProgram,
-        feedback: &[Option<bool>],
-        how: &str,
-    ) {
-        for (p, fb) in program.pipelines.iter().zip(feedback) {
+    /// Counts the driver's feedback and, with `KPC_CACHE_TRACE` builds on, traces each pipeline's
+    /// creation and where the program's time went (`before`: decoding and reflecting a stored
+    /// binary, zero for a build).
+    fn record_feedback(&self, image: &str, built: &program::Built, how: &str, before: Duration) {
+        let program = &built.program;
+        if self.trace {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let sum = |f: fn(&program::Pipeline) -> Duration| {
+                ms(program.pipelines.iter().map(|p| f(p)).sum())
+            };
+            tracing::info!(
+                target: "kpc::build",
+                backend = "vulkan",
+                image,
+                how,
+                decode_reflect_ms = ms(before),
+                check_ms = ms(built.check_time),
+                binaries_ms = ms(built.binary_time),
+                layouts_ms = sum(|p| p.layout_time),
+                create_ms = sum(|p| p.create_time),
+                stats_ms = sum(|p| p.stats_time),
+                "program steps"
+            );
+        }
+        for (p, fb) in program.pipelines.iter().zip(&built.feedback) {
             let c = match fb {
                 Some(true) => &self.counters.driver_cache_hits,
                 Some(false) => &self.counters.driver_cache_misses,
@@ -283,7 +301,7 @@ impl Backend for VulkanBackend {
             ProgramOrigin::new(&self.info.fingerprint, image, spec, options),
         )?;
         self.counters.programs_built.fetch_add(1, Ordering::Relaxed);
-        self.record_feedback(image.name(), &built.program, &built.feedback, "built");
+        self.record_feedback(image.name(), &built, "built", Duration::ZERO);
         Ok(built.program)
     }
 
@@ -309,6 +327,7 @@ impl Backend for VulkanBackend {
             }
         };
         check_options(image, options)?;
+        let decode_start = Instant::now();
         let blob = pipeline_cache::decode(binary).map_err(reject)?;
         // The fingerprint keeps entries of the other kind from being looked up here; a blob that
         // still arrives (copied by hand, forged) is refused before the driver sees it.
@@ -359,6 +378,7 @@ impl Backend for VulkanBackend {
                 ));
             }
         };
+        let before = decode_start.elapsed();
         let how = if binaries.is_some() {
             "from pipeline binaries"
         } else {
@@ -387,12 +407,7 @@ impl Backend for VulkanBackend {
                 .programs_loaded_recompiled
                 .fetch_add(1, Ordering::Relaxed);
         }
-        self.record_feedback(
-            image.name(),
-            &built.program,
-            &built.feedback,
-            how,
-        );
+        self.record_feedback(image.name(), &built, how, before);
         Ok(built.program)
     }
 

@@ -35,6 +35,9 @@ pub struct Pipeline {
     pub(crate) info: KernelInfo,
     /// How long vkCreateComputePipelines took for it.
     pub(crate) create_time: Duration,
+    /// How long its descriptor-set and pipeline layouts, and the driver's statistics, took.
+    pub(crate) layout_time: Duration,
+    pub(crate) stats_time: Duration,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -192,6 +195,10 @@ pub(crate) struct Built {
     pub(crate) program: VulkanProgram,
     /// Per pipeline: `Some(hit)` where the driver reported feedback.
     pub(crate) feedback: Vec<Option<bool>>,
+    /// Time in the checks against the device, and in handing pipeline binaries to the driver
+    /// (vkCreatePipelineBinariesKHR) or taking them out after a build: for the build trace.
+    pub(crate) check_time: Duration,
+    pub(crate) binary_time: Duration,
 }
 
 /// What a program's pipelines are made from.
@@ -217,8 +224,11 @@ pub(crate) fn build(
     source: Source<'_>,
     origin: ProgramOrigin,
 ) -> Result<Built> {
+    let check_start = Instant::now();
     super::capability_check::check_against_device(dev, image, module, spec)?;
     let specialization = module.specialization(image, spec)?;
+    let check_time = check_start.elapsed();
+    let mut binary_time = Duration::ZERO;
     let map_entries: Vec<vk::SpecializationMapEntry> = specialization
         .entries
         .iter()
@@ -269,7 +279,9 @@ pub(crate) fn build(
             ));
         }
         for (entry, bins) in module.entry_points.iter().zip(&loaded) {
+            let t = Instant::now();
             let uploaded = path.fns.upload(bins)?;
+            binary_time += t.elapsed();
             let with = PipelineFrom::Binaries(uploaded.info());
             let (p, fb) = create_pipeline(dev, image, with, entry, spec, &spec_info)?;
             drop(uploaded);
@@ -278,7 +290,12 @@ pub(crate) fn build(
         }
         program.cache_data_bytes = binary_bytes(&loaded);
         program.binaries = Some(loaded);
-        return Ok(Built { program, feedback });
+        return Ok(Built {
+            program,
+            feedback,
+            check_time,
+            binary_time,
+        });
     }
     let words = program.optimized.as_deref().unwrap_or(&module.words);
     if binary_path.is_none() {
@@ -317,7 +334,9 @@ pub(crate) fn build(
             program.pipelines.push(p.clone());
             feedback.push(fb);
             if let Some(path) = binary_path {
+                let t = Instant::now();
                 captured.push(path.fns.capture(p.raw)?);
+                binary_time += t.elapsed();
             }
         }
         Ok::<(), Error>(())
@@ -328,13 +347,23 @@ pub(crate) fn build(
     if binary_path.is_some() {
         program.cache_data_bytes = binary_bytes(&captured);
         program.binaries = Some(captured);
-        return Ok(Built { program, feedback });
+        return Ok(Built {
+            program,
+            feedback,
+            check_time,
+            binary_time,
+        });
     }
     // SAFETY: the cache is alive and no pipeline is being created through it now.
     program.cache_data_bytes = unsafe { d.get_pipeline_cache_data(program.cache) }
         .map_err(|e| vk_err("vkGetPipelineCacheData", e))?
         .len() as u64;
-    Ok(Built { program, feedback })
+    Ok(Built {
+        program,
+        feedback,
+        check_time,
+        binary_time,
+    })
 }
 
 fn binary_bytes(b: &[Vec<BinaryData>]) -> u64 {
@@ -392,7 +421,10 @@ fn create_pipeline(
             driver_stats: Vec::new(),
         },
         create_time: Duration::ZERO,
+        layout_time: Duration::ZERO,
+        stats_time: Duration::ZERO,
     };
+    let layouts_start = Instant::now();
     let bindings: Vec<vk::DescriptorSetLayoutBinding> = entry
         .bindings
         .iter()
@@ -421,6 +453,7 @@ fn create_pipeline(
     // SAFETY: as above.
     p.layout = unsafe { d.create_pipeline_layout(&layout_info, None) }
         .map_err(|e| vk_err("vkCreatePipelineLayout", e))?;
+    p.layout_time = layouts_start.elapsed();
 
     let name = std::ffi::CString::new(entry.name.as_str()).map_err(|_| {
         build_error(
@@ -517,6 +550,8 @@ fn create_pipeline(
         })
     };
     p.info.driver_cache_hit = hit;
+    let stats_start = Instant::now();
     p.info.driver_stats = super::pipeline_stats::executable_stats(dev, p.raw);
+    p.stats_time = stats_start.elapsed();
     Ok((p, hit))
 }

@@ -87,4 +87,38 @@ mod tests {
         let e = parse_mode(Some("always")).unwrap_err().to_string();
         assert!(e.contains(VAR) && e.contains("require"), "{e}");
     }
+
+    #[test]
+    fn the_fingerprint_names_the_kind_and_the_drivers_key() {
+        use crate::backend::DeviceFingerprint;
+        use crate::config::BackendKind;
+        let discovered = DeviceFingerprint::new(
+            BackendKind::Vulkan,
+            vec![
+                ("vendor_id".into(), "0x10de".into()),
+                (KIND_FIELD.into(), "pipeline-binary".into()),
+            ],
+        );
+        let cache = fingerprint_for(&discovered, None);
+        let a = fingerprint_for(&discovered, Some(&[1, 2, 3]));
+        let b = fingerprint_for(&a, Some(&[1, 2, 4]));
+        assert_eq!(
+            a.fields,
+            vec![
+                ("vendor_id".to_string(), "0x10de".to_string()),
+                (KIND_FIELD.to_string(), "pipeline-binary".to_string()),
+                (KEY_FIELD.to_string(), "010203".to_string()),
+            ]
+        );
+        // Another driver key, another fingerprint; the fields are replaced, never duplicated.
+        assert_ne!(a.digest, b.digest);
+        assert_eq!(b.fields.len(), 3);
+        assert_eq!(
+            cache.fields[1],
+            (KIND_FIELD.to_string(), "pipeline-cache".to_string())
+        );
+        assert_eq!(cache.fields.len(), 2);
+        // A device that persists pipeline-cache data keeps the fingerprint discovery gave it.
+        assert_eq!(fingerprint_for(&cache, None), cache);
+    }
 }
