@@ -238,7 +238,8 @@ impl VulkanBackend {
                 decode_reflect_ms = ms(before),
                 check_ms = ms(built.check_time),
                 binaries_ms = ms(built.binary_time),
-                layouts_ms = sum(|p| p.layout_time),
+                set_layout_ms = sum(|p| p.set_layout_time),
+                pipeline_layout_ms = sum(|p| p.layout_time),
                 create_ms = sum(|p| p.create_time),
                 stats_ms = sum(|p| p.stats_time),
                 "program steps"

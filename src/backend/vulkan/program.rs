@@ -35,7 +35,8 @@ pub struct Pipeline {
     pub(crate) info: KernelInfo,
     /// How long vkCreateComputePipelines took for it.
     pub(crate) create_time: Duration,
-    /// How long its descriptor-set and pipeline layouts, and the driver's statistics, took.
+    /// How long its descriptor-set layout, pipeline layout and the driver's statistics took.
+    pub(crate) set_layout_time: Duration,
     pub(crate) layout_time: Duration,
     pub(crate) stats_time: Duration,
 }
@@ -421,6 +422,7 @@ fn create_pipeline(
             driver_stats: Vec::new(),
         },
         create_time: Duration::ZERO,
+        set_layout_time: Duration::ZERO,
         layout_time: Duration::ZERO,
         stats_time: Duration::ZERO,
     };
@@ -441,6 +443,8 @@ fn create_pipeline(
     // SAFETY: plain object creation; `p` owns the handle.
     p.set_layout = unsafe { d.create_descriptor_set_layout(&set_info, None) }
         .map_err(|e| vk_err("vkCreateDescriptorSetLayout", e))?;
+    p.set_layout_time = layouts_start.elapsed();
+    let layouts_start = Instant::now();
     let ranges = [vk::PushConstantRange::default()
         .stage_flags(vk::ShaderStageFlags::COMPUTE)
         .offset(0)
