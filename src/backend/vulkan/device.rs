@@ -53,6 +53,8 @@ pub(crate) struct Device {
     pub(crate) host_query_reset: bool,
     pub(crate) feedback: bool,
     pub(crate) spirv_1_4_ext: bool,
+    /// The layouts kpc's pipelines share on this device (`layouts.rs`).
+    pub(crate) shared_layouts: super::layouts::SharedLayouts,
     /// VK_KHR_pipeline_binary where kpc persists pipeline binaries on this device; `None`:
     /// pipeline-cache data.
     pub(crate) pipeline_binary: Option<super::pipeline_binary::BinaryPath>,
@@ -87,7 +89,7 @@ impl Recycled {
     pub(crate) const QUERY_LAUNCHES: u32 = 16;
     /// Sets, storage and uniform descriptors a kept descriptor pool holds.
     pub(crate) const SETS: u32 = 16;
-    pub(crate) const STORAGE: u32 = 128;
+    pub(crate) const STORAGE: u32 = 256;
     pub(crate) const UNIFORM: u32 = 32;
 }
 
@@ -197,6 +199,7 @@ impl Device {
             },
             executable_stats,
             pipeline_binary,
+            shared_layouts: Default::default(),
             identity: CacheIdentity {
                 vendor_id: pd.vendor_id,
                 device_id: pd.device_id,
@@ -233,6 +236,7 @@ impl Drop for Device {
             // the embedder's too, externally synchronized), nor kept for reuse, nor destroyed: it
             // is not kpc's. Every batch kpc submitted held an Arc to this device and waited for its
             // fence when it went, so kpc's spare objects are idle; only they are destroyed.
+            self.shared_layouts.destroy(&self.raw);
             let r = self.recycled.get_mut();
             // SAFETY: as above: no submitted work uses them; the device is alive (the embedder's
             // contract keeps it so until every kpc object over it is gone).
@@ -253,6 +257,7 @@ impl Drop for Device {
         // thread uses the device or its queue; waiting idle makes sure no submitted work still runs
         // before the device is handed to the next context.
         let _ = unsafe { self.raw.device_wait_idle() };
+        self.shared_layouts.destroy(&self.raw);
         IDLE_DEVICES.lock().push(IdleDevice {
             physical: self.physical,
             raw: self.raw.clone(),

@@ -33,14 +33,10 @@ impl VulkanBackend {
         // One descriptor pool per batch: a reset spare where it fits, else sized exactly.
         let mut storage = 0;
         let mut uniform = 0;
-        for l in launches {
-            for t in &l.kernel.pipeline.descriptor_types {
-                if *t == vk::DescriptorType::UNIFORM_BUFFER {
-                    uniform += 1;
-                } else {
-                    storage += 1;
-                }
-            }
+        // What each set's layout holds, which for the shared layout is more than the kernel binds.
+        for l in launches.iter().filter(|l| !l.buffers.is_empty()) {
+            storage += l.kernel.pipeline.set_storage;
+            uniform += l.kernel.pipeline.set_uniform;
         }
         let d = &self.dev.raw;
         let mut sets = vec![vk::DescriptorSet::null(); launches.len()];

@@ -261,6 +261,7 @@ impl VulkanBackend {
             },
             executable_stats,
             pipeline_binary,
+            shared_layouts: Default::default(),
             identity: CacheIdentity {
                 vendor_id: pd.vendor_id,
                 device_id: pd.device_id,

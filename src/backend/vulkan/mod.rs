@@ -22,6 +22,7 @@ mod features;
 mod instance;
 mod interop;
 mod kernel_handles;
+mod layouts;
 pub mod pipeline_binary;
 pub mod pipeline_cache;
 mod pipeline_stats;

@@ -30,6 +30,11 @@ pub struct Pipeline {
     pub(crate) raw: vk::Pipeline,
     pub(crate) layout: vk::PipelineLayout,
     pub(crate) set_layout: vk::DescriptorSetLayout,
+    /// Whether the layouts are the device's shared pair (see `layouts.rs`), not this pipeline's.
+    pub(crate) shared_layout: bool,
+    /// Storage and uniform descriptors one set of `set_layout` takes from a pool.
+    pub(crate) set_storage: u32,
+    pub(crate) set_uniform: u32,
     /// Descriptor type per buffer parameter, in launch order.
     pub(crate) descriptor_types: Vec<vk::DescriptorType>,
     pub(crate) info: KernelInfo,
@@ -52,13 +57,16 @@ impl std::fmt::Debug for Pipeline {
 impl Drop for Pipeline {
     fn drop(&mut self) {
         // SAFETY: launches keep their pipeline alive (Arc) until their fence signaled, so nothing
-        // uses these objects now; null handles (a failed build) are ignored by Vulkan.
+        // uses these objects now; null handles (a failed build) are ignored by Vulkan. Shared
+        // layouts are the device's (destroyed with it).
         unsafe {
             self.dev.raw.destroy_pipeline(self.raw, None);
-            self.dev.raw.destroy_pipeline_layout(self.layout, None);
-            self.dev
-                .raw
-                .destroy_descriptor_set_layout(self.set_layout, None);
+            if !self.shared_layout {
+                self.dev.raw.destroy_pipeline_layout(self.layout, None);
+                self.dev
+                    .raw
+                    .destroy_descriptor_set_layout(self.set_layout, None);
+            }
         }
     }
 }
@@ -403,6 +411,9 @@ fn create_pipeline(
         raw: vk::Pipeline::null(),
         layout: vk::PipelineLayout::null(),
         set_layout: vk::DescriptorSetLayout::null(),
+        shared_layout: false,
+        set_storage: 0,
+        set_uniform: 0,
         descriptor_types: descriptor_types.clone(),
         info: KernelInfo {
             name: entry.name.clone(),
@@ -427,36 +438,14 @@ fn create_pipeline(
         stats_time: Duration::ZERO,
     };
     let layouts_start = Instant::now();
-    let bindings: Vec<vk::DescriptorSetLayoutBinding> = entry
-        .bindings
-        .iter()
-        .zip(&descriptor_types)
-        .map(|(b, t)| {
-            vk::DescriptorSetLayoutBinding::default()
-                .binding(b.binding)
-                .descriptor_type(*t)
-                .descriptor_count(1)
-                .stage_flags(vk::ShaderStageFlags::COMPUTE)
-        })
-        .collect();
-    let set_info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
-    // SAFETY: plain object creation; `p` owns the handle.
-    p.set_layout = unsafe { d.create_descriptor_set_layout(&set_info, None) }
-        .map_err(|e| vk_err("vkCreateDescriptorSetLayout", e))?;
+    let l = super::layouts::for_entry(dev, entry, &descriptor_types)?;
+    p.set_layout = l.set;
+    p.layout = l.pipeline;
+    p.shared_layout = l.shared;
+    p.set_storage = l.storage;
+    p.set_uniform = l.uniform;
     p.set_layout_time = layouts_start.elapsed();
     let layouts_start = Instant::now();
-    let ranges = [vk::PushConstantRange::default()
-        .stage_flags(vk::ShaderStageFlags::COMPUTE)
-        .offset(0)
-        .size(entry.push_constant_bytes)];
-    let set_layouts = [p.set_layout];
-    let mut layout_info = vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts);
-    if entry.push_constant_bytes > 0 {
-        layout_info = layout_info.push_constant_ranges(&ranges);
-    }
-    // SAFETY: as above.
-    p.layout = unsafe { d.create_pipeline_layout(&layout_info, None) }
-        .map_err(|e| vk_err("vkCreatePipelineLayout", e))?;
     p.layout_time = layouts_start.elapsed();
 
     let name = std::ffi::CString::new(entry.name.as_str()).map_err(|_| {
