@@ -237,3 +237,63 @@ fn f16_bits(v: f32) -> u16 {
     let mant = (bits >> 13) & 0x3ff;
     ((exp as u32) << 10 | mant) as u16
 }
+
+/// A uniform block at binding 0 and a storage buffer at binding 20: neither fits the layout kpc's
+/// pipelines share (storage buffers below binding 16), so the kernel gets layouts of its own.
+const UNIFORM_AND_HIGH_BINDING: &str = "#version 450
+layout(local_size_x = 8) in;
+layout(std140, binding = 0) uniform U { vec4 u; };
+layout(std430, binding = 20) buffer O { float o[]; };
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    o[i] = u.x + float(i);
+}
+";
+
+#[test]
+fn storage_kernels_share_one_layout_and_others_get_their_own() {
+    let Some(ctx) = vulkan_context("storage_kernels_share_one_layout_and_others_get_their_own")
+    else {
+        return;
+    };
+    let (none, opts) = (SpecConstants::new(), BuildOptions::default());
+    let get = |name: &str| {
+        let image = kpc::kernels::spirv_image(name).unwrap();
+        ctx.kernel(&image, name, &none, &opts).unwrap()
+    };
+    let (copy, read) = (get("copy"), get("read"));
+    let (hc, hr) = (copy.vulkan_handles().unwrap(), read.vulkan_handles().unwrap());
+    assert_eq!(hc.pipeline_layout, hr.pipeline_layout);
+    assert_eq!(hc.descriptor_set_layouts, hr.descriptor_set_layouts);
+    assert_ne!(hc.pipeline, hr.pipeline);
+
+    let own = ctx
+        .kernel(
+            &glsl("uniform_high", UNIFORM_AND_HIGH_BINDING),
+            "uniform_high",
+            &none,
+            &opts,
+        )
+        .unwrap();
+    let ho = own.vulkan_handles().unwrap();
+    assert_ne!(ho.pipeline_layout, hc.pipeline_layout);
+    assert_ne!(ho.descriptor_set_layouts, hc.descriptor_set_layouts);
+    // And it computes, with its uniform and its high binding written through its own layout, in
+    // one batch with a kernel on the shared layout.
+    let n = 32usize;
+    let u = ctx.buffer_from(&[2.5f32, 0.0, 0.0, 0.0]).unwrap();
+    let o = ctx.buffer_from(&vec![f32::NAN; n]).unwrap();
+    ctx.queue()
+        .launch(&own, [(n / 8) as u32, 1, 1], &[&u, &o], &[])
+        .unwrap()
+        .wait()
+        .unwrap();
+    let got = o.read().unwrap();
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(*g, 2.5 + i as f32, "element {i}");
+    }
+    drop((copy, read));
+    // The shared layout outlives the kernels that used it: a kernel acquired afterwards runs.
+    common::drivers::check_read_kernel(&ctx, &kpc::kernels::spirv_image("read").unwrap());
+    assert_no_validation_errors("storage_kernels_share_one_layout_and_others_get_their_own");
+}
