@@ -131,7 +131,7 @@ fn a_blob_whose_header_does_not_match_is_rejected() {
             Payload::PipelineBinaries(&kpc::backend::vulkan::pipeline_binary::encode(&[vec![
                 kpc::backend::vulkan::pipeline_binary::BinaryData {
                     key: vec![1; 32],
-                    data: c.to_vec().into_iter().chain([0u8]).collect(),
+                    data: c.iter().copied().chain([0u8]).collect(),
                 },
             ]])),
         ),

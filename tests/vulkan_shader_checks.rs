@@ -262,7 +262,10 @@ fn storage_kernels_share_one_layout_and_others_get_their_own() {
         ctx.kernel(&image, name, &none, &opts).unwrap()
     };
     let (copy, read) = (get("copy"), get("read"));
-    let (hc, hr) = (copy.vulkan_handles().unwrap(), read.vulkan_handles().unwrap());
+    let (hc, hr) = (
+        copy.vulkan_handles().unwrap(),
+        read.vulkan_handles().unwrap(),
+    );
     assert_eq!(hc.pipeline_layout, hr.pipeline_layout);
     assert_eq!(hc.descriptor_set_layouts, hr.descriptor_set_layouts);
     assert_ne!(hc.pipeline, hr.pipeline);

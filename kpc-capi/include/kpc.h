@@ -147,6 +147,12 @@
 #define KPC_VULKAN_FEATURE_SHADER_INTEGER_DOT_PRODUCT (1 << 23)
 
 /**
+ * VK_KHR_pipeline_binary with `pipelineBinaries`, and VK_KHR_maintenance5 with `maintenance5`
+ * (Vulkan 1.3): kpc persists pipeline binaries for this device.
+ */
+#define KPC_VULKAN_FEATURE_PIPELINE_BINARY (1 << 24)
+
+/**
  * What every kpc C function returns. `KPC_STATUS_OK` is 0; every other value is an error, with
  * details in `kpc_last_error()`. Values are stable across releases; new ones may be added.
  */

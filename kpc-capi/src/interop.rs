@@ -67,9 +67,12 @@ pub const KPC_VULKAN_FEATURE_VARIABLE_POINTERS: u64 = 1 << 21;
 pub const KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL_DEVICE_SCOPE: u64 = 1 << 22;
 /// `shaderIntegerDotProduct` (Vulkan 1.3).
 pub const KPC_VULKAN_FEATURE_SHADER_INTEGER_DOT_PRODUCT: u64 = 1 << 23;
+/// VK_KHR_pipeline_binary with `pipelineBinaries`, and VK_KHR_maintenance5 with `maintenance5`
+/// (Vulkan 1.3): kpc persists pipeline binaries for this device.
+pub const KPC_VULKAN_FEATURE_PIPELINE_BINARY: u64 = 1 << 24;
 
 fn features(bits: u64) -> Result<VulkanFeatures, Failure> {
-    const ALL: u64 = (1 << 24) - 1;
+    const ALL: u64 = (1 << 25) - 1;
     if bits & !ALL != 0 {
         return Err(Failure::invalid(format!(
             "enabled_features has unknown bits {:#x}: expected KPC_VULKAN_FEATURE_* bits only",
@@ -106,6 +109,7 @@ fn features(bits: u64) -> Result<VulkanFeatures, Failure> {
         variable_pointers: on(KPC_VULKAN_FEATURE_VARIABLE_POINTERS),
         vulkan_memory_model_device_scope: on(KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL_DEVICE_SCOPE),
         shader_integer_dot_product: on(KPC_VULKAN_FEATURE_SHADER_INTEGER_DOT_PRODUCT),
+        pipeline_binary: on(KPC_VULKAN_FEATURE_PIPELINE_BINARY),
     })
 }
 

@@ -241,79 +241,6 @@ impl ShaderCaps {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn caps(enabled: VulkanFeatures, borrowed: bool) -> ShaderCaps {
-        ShaderCaps {
-            enabled,
-            api: vk::API_VERSION_1_2,
-            subgroup_ops: vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC,
-            device: "test".into(),
-            borrowed,
-        }
-    }
-
-    fn needs(caps: &[Capability], exts: &[&str], ext_types: bool) -> ModuleNeeds {
-        ModuleNeeds {
-            capabilities: caps.to_vec(),
-            extensions: exts.iter().map(|s| s.to_string()).collect(),
-            subgroup_extended_types: ext_types,
-        }
-    }
-
-    #[test]
-    fn capabilities_need_their_features() {
-        let none = caps(VulkanFeatures::default(), true);
-        assert!(
-            none.check("m", &needs(&[Capability::Shader], &[], false))
-                .is_ok()
-        );
-        let fp16 = needs(
-            &[Capability::Shader, Capability::StorageBuffer16BitAccess],
-            &["SPV_KHR_16bit_storage"],
-            false,
-        );
-        let e = none.check("m", &fp16).unwrap_err();
-        assert!(matches!(e, Error::Unsupported { .. }), "{e}");
-        assert!(e.to_string().contains("storage_buffer_16bit_access"), "{e}");
-        let on = caps(
-            VulkanFeatures {
-                storage_buffer_16bit_access: true,
-                ..VulkanFeatures::default()
-            },
-            false,
-        );
-        assert!(on.check("m", &fp16).is_ok());
-        let never = needs(&[Capability::Geometry], &[], false);
-        assert!(on.check("m", &never).is_err());
-        let ext = needs(&[], &["SPV_NV_something"], false);
-        assert!(on.check("m", &ext).is_err());
-    }
-
-    #[test]
-    fn subgroup_operations_and_extended_types() {
-        let c = caps(VulkanFeatures::default(), false);
-        let arith = needs(&[Capability::GroupNonUniformArithmetic], &[], false);
-        assert!(c.check("m", &arith).is_ok());
-        let clustered = needs(&[Capability::GroupNonUniformClustered], &[], false);
-        let e = c.check("m", &clustered).unwrap_err();
-        assert!(e.to_string().contains("CLUSTERED"), "{e}");
-        let f16 = needs(&[Capability::GroupNonUniformArithmetic], &[], true);
-        let e = c.check("m", &f16).unwrap_err();
-        assert!(e.to_string().contains("shaderSubgroupExtendedTypes"), "{e}");
-        let with = caps(
-            VulkanFeatures {
-                shader_subgroup_extended_types: true,
-                ..VulkanFeatures::default()
-            },
-            false,
-        );
-        assert!(with.check("m", &f16).is_ok());
-    }
-}
-
 /// Checks everything about `module` with `spec` that the device must accept, so that nothing
 /// undefined reaches vkCreateComputePipelines: SPIR-V version, capabilities and extensions against
 /// what the device enabled, workgroup size, descriptors and push constants against its limits.
@@ -406,5 +333,78 @@ pub(crate) fn build_error(image: &str, code: i32, message: String) -> Error {
         code,
         message,
         log: String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(enabled: VulkanFeatures, borrowed: bool) -> ShaderCaps {
+        ShaderCaps {
+            enabled,
+            api: vk::API_VERSION_1_2,
+            subgroup_ops: vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC,
+            device: "test".into(),
+            borrowed,
+        }
+    }
+
+    fn needs(caps: &[Capability], exts: &[&str], ext_types: bool) -> ModuleNeeds {
+        ModuleNeeds {
+            capabilities: caps.to_vec(),
+            extensions: exts.iter().map(|s| s.to_string()).collect(),
+            subgroup_extended_types: ext_types,
+        }
+    }
+
+    #[test]
+    fn capabilities_need_their_features() {
+        let none = caps(VulkanFeatures::default(), true);
+        assert!(
+            none.check("m", &needs(&[Capability::Shader], &[], false))
+                .is_ok()
+        );
+        let fp16 = needs(
+            &[Capability::Shader, Capability::StorageBuffer16BitAccess],
+            &["SPV_KHR_16bit_storage"],
+            false,
+        );
+        let e = none.check("m", &fp16).unwrap_err();
+        assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+        assert!(e.to_string().contains("storage_buffer_16bit_access"), "{e}");
+        let on = caps(
+            VulkanFeatures {
+                storage_buffer_16bit_access: true,
+                ..VulkanFeatures::default()
+            },
+            false,
+        );
+        assert!(on.check("m", &fp16).is_ok());
+        let never = needs(&[Capability::Geometry], &[], false);
+        assert!(on.check("m", &never).is_err());
+        let ext = needs(&[], &["SPV_NV_something"], false);
+        assert!(on.check("m", &ext).is_err());
+    }
+
+    #[test]
+    fn subgroup_operations_and_extended_types() {
+        let c = caps(VulkanFeatures::default(), false);
+        let arith = needs(&[Capability::GroupNonUniformArithmetic], &[], false);
+        assert!(c.check("m", &arith).is_ok());
+        let clustered = needs(&[Capability::GroupNonUniformClustered], &[], false);
+        let e = c.check("m", &clustered).unwrap_err();
+        assert!(e.to_string().contains("CLUSTERED"), "{e}");
+        let f16 = needs(&[Capability::GroupNonUniformArithmetic], &[], true);
+        let e = c.check("m", &f16).unwrap_err();
+        assert!(e.to_string().contains("shaderSubgroupExtendedTypes"), "{e}");
+        let with = caps(
+            VulkanFeatures {
+                shader_subgroup_extended_types: true,
+                ..VulkanFeatures::default()
+            },
+            false,
+        );
+        assert!(with.check("m", &f16).is_ok());
     }
 }

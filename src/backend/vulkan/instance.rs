@@ -338,8 +338,7 @@ pub(crate) fn describe(
         VulkanFeatures::default()
     };
     let mode = super::pipeline_binary::mode_from_env()?;
-    let pipeline_binaries =
-        supported.pipeline_binary && mode != super::pipeline_binary::Mode::Off;
+    let pipeline_binaries = supported.pipeline_binary && mode != super::pipeline_binary::Mode::Off;
     let binary_kind = if pipeline_binaries {
         super::pipeline_cache::PIPELINE_BINARY_KIND
     } else {
@@ -364,7 +363,10 @@ pub(crate) fn describe(
             ),
             ("api_version".into(), version_string(api_version)),
             ("kpc_vulkan_blob".into(), BLOB_FORMAT_VERSION.to_string()),
-            (super::pipeline_binary::KIND_FIELD.into(), binary_kind.into()),
+            (
+                super::pipeline_binary::KIND_FIELD.into(),
+                binary_kind.into(),
+            ),
         ],
     );
     let unusable = if api_version < vk::API_VERSION_1_1 {

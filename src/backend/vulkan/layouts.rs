@@ -33,7 +33,9 @@ pub(crate) struct Layouts {
 
 /// The shared pair of a device, made on first use.
 #[derive(Default)]
-pub(crate) struct SharedLayouts(std::sync::OnceLock<Option<(vk::DescriptorSetLayout, vk::PipelineLayout)>>);
+pub(crate) struct SharedLayouts(
+    std::sync::OnceLock<Option<(vk::DescriptorSetLayout, vk::PipelineLayout)>>,
+);
 
 impl SharedLayouts {
     /// Destroys the pair, if it was made. The caller guarantees no pipeline uses it any more.

@@ -32,9 +32,9 @@ mod submit;
 mod transfer;
 mod validation;
 
-use std::time::{Duration, Instant};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::backend::{
     Backend, BackendStats, ComputeBackend, DeviceFingerprint, DeviceImage, DeviceInfo, Launch,
@@ -174,7 +174,9 @@ impl VulkanBackend {
         let mut info = pd.info;
         info.fingerprint = pipeline_binary::fingerprint_for(
             &info.fingerprint,
-            dev.pipeline_binary.as_ref().map(|p| p.global_key.as_slice()),
+            dev.pipeline_binary
+                .as_ref()
+                .map(|p| p.global_key.as_slice()),
         );
         let place = match (options.buffers, info.device_type) {
             (BufferStrategy::Auto, crate::backend::DeviceType::Cpu) => BufferPlace::HostVisible,

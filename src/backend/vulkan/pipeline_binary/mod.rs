@@ -195,9 +195,7 @@ impl PipelineBinaryFns {
             Some(PipelineBinaryFns {
                 device: device.handle(),
                 create: std::mem::transmute::<unsafe extern "system" fn(), CreateBinaries>(create),
-                destroy: std::mem::transmute::<unsafe extern "system" fn(), DestroyBinary>(
-                    destroy,
-                ),
+                destroy: std::mem::transmute::<unsafe extern "system" fn(), DestroyBinary>(destroy),
                 get_key: std::mem::transmute::<unsafe extern "system" fn(), GetPipelineKey>(
                     get_key,
                 ),
@@ -431,4 +429,3 @@ impl BinaryPath {
         }
     }
 }
-

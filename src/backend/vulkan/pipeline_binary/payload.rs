@@ -77,7 +77,10 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Vec<Vec<BinaryData>>, String>
                     "pipeline {p}: key of {k} bytes (1 to {MAX_KEY_SIZE})"
                 ));
             }
-            let key = bytes.get(at..at + k).ok_or_else(|| short("a key"))?.to_vec();
+            let key = bytes
+                .get(at..at + k)
+                .ok_or_else(|| short("a key"))?
+                .to_vec();
             at += k;
             let d = u64_at(bytes, at).ok_or_else(|| short("a data length"))?;
             at += 8;
