@@ -13,7 +13,7 @@ use ash::vk;
 use crate::backend::spirv::{DescriptorKind, EntryPointInfo};
 use crate::error::Result;
 
-use super::device::{Device, vk_err};
+use super::vk_error::vk_err;
 
 /// Storage-buffer bindings 0..STANDARD_BINDINGS in the shared set layout.
 pub(crate) const STANDARD_BINDINGS: u32 = 16;
@@ -51,22 +51,21 @@ impl SharedLayouts {
     }
 }
 
-fn fits_standard(dev: &Device, entry: &EntryPointInfo) -> bool {
+fn fits_standard(limits: &vk::PhysicalDeviceLimits, entry: &EntryPointInfo) -> bool {
     entry.push_constant_bytes <= STANDARD_PUSH_BYTES
-        && dev.limits.max_push_constants_size >= STANDARD_PUSH_BYTES
-        && dev.limits.max_per_stage_descriptor_storage_buffers >= STANDARD_BINDINGS
-        && dev.limits.max_descriptor_set_storage_buffers >= STANDARD_BINDINGS
+        && limits.max_push_constants_size >= STANDARD_PUSH_BYTES
+        && limits.max_per_stage_descriptor_storage_buffers >= STANDARD_BINDINGS
+        && limits.max_descriptor_set_storage_buffers >= STANDARD_BINDINGS
         && entry.bindings.iter().all(|b| {
             b.binding < STANDARD_BINDINGS && !matches!(b.kind, DescriptorKind::UniformBuffer)
         })
 }
 
 fn create(
-    dev: &Device,
+    d: &ash::Device,
     bindings: &[vk::DescriptorSetLayoutBinding<'_>],
     push_bytes: u32,
 ) -> Result<(vk::DescriptorSetLayout, vk::PipelineLayout)> {
-    let d = &dev.raw;
     let set_info = vk::DescriptorSetLayoutCreateInfo::default().bindings(bindings);
     // SAFETY: plain object creation; the caller owns the handle.
     let set = unsafe { d.create_descriptor_set_layout(&set_info, None) }
@@ -99,20 +98,22 @@ fn binding(n: u32, ty: vk::DescriptorType) -> vk::DescriptorSetLayoutBinding<'st
         .stage_flags(vk::ShaderStageFlags::COMPUTE)
 }
 
-/// The layouts for `entry`, whose bindings have `types`: the device's shared pair where it fits,
-/// else a pair of its own (which the pipeline destroys).
+/// The layouts on device `d` (with `limits`) for `entry`, whose bindings have `types`: the pair in
+/// `shared` where it fits, else a pair of its own (which the pipeline destroys).
 pub(crate) fn for_entry(
-    dev: &Device,
+    d: &ash::Device,
+    limits: &vk::PhysicalDeviceLimits,
+    shared: &SharedLayouts,
     entry: &EntryPointInfo,
     types: &[vk::DescriptorType],
 ) -> Result<Layouts> {
-    if fits_standard(dev, entry) {
-        let shared = dev.shared_layouts.0.get_or_init(|| {
+    if fits_standard(limits, entry) {
+        let shared = shared.0.get_or_init(|| {
             let all: Vec<_> = (0..STANDARD_BINDINGS)
                 .map(|n| binding(n, vk::DescriptorType::STORAGE_BUFFER))
                 .collect();
             // A failure falls back to layouts of each pipeline's own (reported there, if again).
-            create(dev, &all, STANDARD_PUSH_BYTES).ok()
+            create(d, &all, STANDARD_PUSH_BYTES).ok()
         });
         if let Some((set, pipeline)) = *shared {
             return Ok(Layouts {
@@ -130,7 +131,7 @@ pub(crate) fn for_entry(
         .zip(types)
         .map(|(b, t)| binding(b.binding, *t))
         .collect();
-    let (set, pipeline) = create(dev, &bindings, entry.push_constant_bytes)?;
+    let (set, pipeline) = create(d, &bindings, entry.push_constant_bytes)?;
     let uniform = types
         .iter()
         .filter(|t| **t == vk::DescriptorType::UNIFORM_BUFFER)

@@ -17,6 +17,7 @@
 
 mod capability_check;
 mod device;
+mod device_check;
 mod dispatch;
 mod features;
 mod instance;
@@ -31,6 +32,7 @@ mod queue_lock;
 mod submit;
 mod transfer;
 mod validation;
+mod vk_error;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

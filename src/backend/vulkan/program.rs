@@ -18,8 +18,8 @@ use crate::cache::{CacheCost, SpecConstants};
 use crate::config::BackendKind;
 use crate::error::{Error, Result};
 
-use super::capability_check::build_error;
 use super::device::{Device, vk_err};
+use super::device_check::build_error;
 use super::pipeline_binary::BinaryData;
 use super::pipeline_cache::Payload;
 
@@ -234,7 +234,7 @@ pub(crate) fn build(
     origin: ProgramOrigin,
 ) -> Result<Built> {
     let check_start = Instant::now();
-    super::capability_check::check_against_device(dev, image, module, spec)?;
+    super::device_check::check_against_device(dev, image, module, spec)?;
     let specialization = module.specialization(image, spec)?;
     let check_time = check_start.elapsed();
     let mut binary_time = Duration::ZERO;
@@ -438,7 +438,13 @@ fn create_pipeline(
         stats_time: Duration::ZERO,
     };
     let layouts_start = Instant::now();
-    let l = super::layouts::for_entry(dev, entry, &descriptor_types)?;
+    let l = super::layouts::for_entry(
+        &dev.raw,
+        &dev.limits,
+        &dev.shared_layouts,
+        entry,
+        &descriptor_types,
+    )?;
     p.set_layout = l.set;
     p.layout = l.pipeline;
     p.shared_layout = l.shared;

@@ -173,7 +173,7 @@ pub(crate) struct PipelineBinaryFns {
 }
 
 fn failed(call: &'static str, r: vk::Result) -> Error {
-    super::device::vk_err(call, r)
+    super::vk_error::vk_err(call, r)
 }
 
 impl PipelineBinaryFns {
