@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 
 if [ -x .gpu/attention-test ]; then
   echo "## attention tests (Vulkan)"
-  .gpu/attention-test vulkan:: --test-threads 4 2>&1 | grep -E '^test |test result|panicked|error' | tail -25
+  .gpu/attention-test vulkan::cm2 vulkan::coop vulkan::prefill vulkan::chunked --test-threads 4 2>&1 | grep -E '^test |test result|panicked|error' | tail -25
 fi
 
 echo "## checks (cm2 forced unless noted)"
