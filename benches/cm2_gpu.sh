@@ -5,17 +5,23 @@
 # resolved by Auto and refused when forced), then causal prefill TFLOP/s at L=2k/4k/8k for cm2 tile
 # variants, the KHR cooperative-matrix kernel and PyTorch SDPA, in the same session. Builds nothing.
 #   source .gpu/prelude.sh; benches/cm2_gpu.sh
+# The kpc binary, the test binary (attention-test) and attention_torch.py are taken from the
+# script's own folder where they are there (a packed folder), else from .gpu/ and benches/.
 # CM2_VARIANTS: rows:keys:invocations triples (default 64:64:128 128:64:256 64:32:128 128:128:256).
 # CM2_L: prompt lengths (default 2048 4096 8192). KPC: the kpc binary (default .gpu/kpc).
 set -uo pipefail
-K=${KPC:-.gpu/kpc}
+here=$(dirname "$0")
+pick() { if [ -e "$here/$1" ]; then echo "$here/$1"; else echo "$2"; fi; }
+K=${KPC:-$(pick kpc .gpu/kpc)}
+T=$(pick attention-test .gpu/attention-test)
+torch=$(pick attention_torch.py benches/attention_torch.py)
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 "$K" devices 2>&1 | grep -E '^ *(vulkan|opencl)|limits' | head -8
 
-if [ -x .gpu/attention-test ]; then
+if [ -x "$T" ]; then
   echo "## attention tests (Vulkan)"
-  .gpu/attention-test vulkan::cm2 vulkan::coop vulkan::prefill vulkan::chunked --test-threads 4 2>&1 | grep -E '^test |test result|panicked|error' | tail -25
+  "$T" vulkan::cm2 vulkan::coop vulkan::prefill vulkan::chunked --test-threads 4 2>&1 | grep -E '^test |test result|panicked|error' | tail -25
 fi
 
 echo "## checks (cm2 forced unless noted)"
@@ -55,4 +61,4 @@ for L in ${CM2_L:-2048 4096 8192}; do
 done
 
 echo "## PyTorch SDPA"
-python3 "$(dirname "$0")/attention_torch.py" --batch 1 --heads 32 --head-dim 128 --decode "" --prefill 2048,4096,8192 2>&1 | tail -20
+python3 "$torch" --batch 1 --heads 32 --head-dim 128 --decode "" --prefill 2048,4096,8192 2>&1 | tail -20
