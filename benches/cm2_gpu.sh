@@ -7,7 +7,7 @@
 #   source .gpu/prelude.sh; benches/cm2_gpu.sh
 # The kpc binary, the test binary (attention-test) and attention_torch.py are taken from the
 # script's own folder where they are there (a packed folder), else from .gpu/ and benches/.
-# CM2_VARIANTS: rows:keys:invocations triples (default 64:64:128 128:64:256 64:32:128 128:128:256).
+# CM2_VARIANTS: rows:keys:invocations triples (default 64:64:128 128:64:256 128:32:256 64:32:128 64:128:128 128:128:256).
 # CM2_L: prompt lengths (default 2048 4096 8192). KPC: the kpc binary (default .gpu/kpc).
 set -uo pipefail
 here=$(dirname "$0")
@@ -43,7 +43,7 @@ echo "## prefill TFLOP/s (B=1 H=32 D=128 causal fp16 K/V, median of 5)"
 echo "| kernel | tile | L | ms | TFLOP/s | driver statistics |"
 echo "|---|---|---|---|---|---|"
 for L in ${CM2_L:-2048 4096 8192}; do
-  for v in ${CM2_VARIANTS:-64:64:128 128:64:256 64:32:128 128:128:256} khr; do
+  for v in ${CM2_VARIANTS:-64:64:128 128:64:256 128:32:256 64:32:128 64:128:128 128:128:256} khr; do
     if [ "$v" = khr ]; then
       args="--prefill-kernel cooperative"; name=khr; tile="128 rows"
     else

@@ -14,10 +14,11 @@
 // transposing view) whose rows past the visible keys read as zero, so nothing beyond the cache's
 // written positions is read. Per tile: S = Q K^T; the causal mask only on tiles that reach past the
 // first row's position; the row max by a row reduction; P = exp2(S - m) per element; the row sums
-// of P as the product of P (fp16, as in P V) with a BC x BC matrix of ones, on the matrix units
-// rather than as another reduction; then O = alpha O + P V with alpha = exp2(m_old - m) smeared
-// over the row by a second reduction. The row statistics (m, l) are kept as BR x BC matrices whose
-// rows are constant, so that they combine element-wise with S.
+// of P as the product of P (fp16, as in P V) with a BC x 16 matrix of ones, on the matrix units
+// rather than as another reduction; then O = alpha O + P V with alpha = exp2(m_old - m). The row
+// statistics (m, l, alpha) are BR x 16 matrices whose rows are constant, widened by a row reduction
+// only where they meet a wider matrix: kept BR x BC wide (as first written) they cost 2 x 32
+// registers per invocation at 64 x 64 over 128 invocations, and the kernel spilled (BENCHMARKS.md).
 //
 // Q and O are [batch][q_head][q_len][head_dim] (f32). K and V are the KV cache's
 // [batch][kv_head][capacity][head_dim] (f16). Query i of the launch sits at position
@@ -54,14 +55,17 @@ layout(push_constant) uniform Params {
 
 #define MatS coopmat<float, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseAccumulator>
 #define MatO coopmat<float, gl_ScopeWorkgroup, BR, HEAD_DIM, gl_MatrixUseAccumulator>
+#define MatR coopmat<float, gl_ScopeWorkgroup, BR, 16, gl_MatrixUseAccumulator>
 #define Clamped tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV>
 
 float max_of(const in float a, const in float b) { return max(a, b); }
 // A row reduction of a matrix whose rows are constant: any element is the row's value.
 float first_of(const in float a, const in float b) { return a; }
-float exp2_of(const in uint32_t row, const in uint32_t col, const in float x) { return exp2(x); }
 float max_with(const in uint32_t row, const in uint32_t col, const in float x, const in float y) {
     return max(x, y);
+}
+float exp2_minus(const in uint32_t row, const in uint32_t col, const in float x, const in float y) {
+    return exp2(x - y);
 }
 // Key `col` of the tile is past row `row`'s position when col > row + diag, diag being the first
 // row's position minus the tile's first key.
@@ -99,10 +103,10 @@ void main() {
         coopmat<float16_t, gl_ScopeWorkgroup, BR, HEAD_DIM, gl_MatrixUseA>(qf);
 
     MatO acc = MatO(0.0);
-    MatS m = MatS(NONE);
-    MatS l = MatS(0.0);
-    coopmat<float16_t, gl_ScopeWorkgroup, BC, BC, gl_MatrixUseB> ones =
-        coopmat<float16_t, gl_ScopeWorkgroup, BC, BC, gl_MatrixUseB>(1.0);
+    MatR m = MatR(NONE);
+    MatR l = MatR(0.0);
+    coopmat<float16_t, gl_ScopeWorkgroup, BC, 16, gl_MatrixUseB> ones =
+        coopmat<float16_t, gl_ScopeWorkgroup, BC, 16, gl_MatrixUseB>(1.0);
     uint first = offset + q0;  // position of row 0
     for (uint j0 = 0u; j0 < visible; j0 += BC) {
         coopmat<float16_t, gl_ScopeWorkgroup, HEAD_DIM, BC, gl_MatrixUseB> kt;
@@ -115,17 +119,19 @@ void main() {
         if (j0 + BC > first + 1u) {
             coopMatPerElementNV(s, s, causal, int(first) - int(j0));
         }
-        MatS rowmax;
+        MatR rowmax;
         coopMatReduceNV(rowmax, s, gl_CooperativeMatrixReduceRowNV, max_of);
-        MatS m_old = m;
-        coopMatPerElementNV(m, rowmax, max_with, m_old);
-        MatS pm;
-        coopMatPerElementNV(pm, s - m, exp2_of);
-        MatS alpha;
-        coopMatPerElementNV(alpha, m_old - m, exp2_of);
+        MatR m_new;
+        coopMatPerElementNV(m_new, rowmax, max_with, m);
+        MatR alpha;
+        coopMatPerElementNV(alpha, m, exp2_minus, m_new);
+        m = m_new;
+        MatS m_wide;
+        coopMatReduceNV(m_wide, m, gl_CooperativeMatrixReduceRowNV, first_of);
+        coopMatPerElementNV(s, s, exp2_minus, m_wide);
         coopmat<float16_t, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseA> pa =
-            coopmat<float16_t, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseA>(pm);
-        MatS sums = MatS(0.0);
+            coopmat<float16_t, gl_ScopeWorkgroup, BR, BC, gl_MatrixUseA>(s);
+        MatR sums = MatR(0.0);
         sums = coopMatMulAdd(pa, ones, sums);
         l = alpha * l + sums;
         coopmat<float16_t, gl_ScopeWorkgroup, BC, HEAD_DIM, gl_MatrixUseB> vb;
