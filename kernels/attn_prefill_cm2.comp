@@ -1,7 +1,8 @@
 // Causal prefill attention on workgroup-scope matrices (VK_NV_cooperative_matrix2), flash-attention
-// 2 style: the variant chosen where the device has the extension's workgroup scope, flexible
-// dimensions, reductions, conversions, per-element operations and tensor addressing (see
-// Attention::prefill_kernel), fp16 K/V and a head dimension that is a multiple of 16 up to 128.
+// 2 style: for devices with the extension's workgroup scope, flexible dimensions, reductions,
+// conversions, per-element operations and tensor addressing, fp16 K/V and a head dimension that is
+// a multiple of 32 up to 128 (see choice.rs: Auto prefers attn_prefill_coop where both fit, as it
+// was faster on an H100).
 //
 // Unlike attn_prefill_coop, nothing here is staged by hand: the workgroup owns BR x D and BR x BC
 // matrices as a whole, and the driver decides how they are split over its subgroups and staged
@@ -29,9 +30,9 @@
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types : require
 
-layout(local_size_x = 128, local_size_x_id = 0) in;
-layout(constant_id = 3) const uint HEAD_DIM = 128;  // a multiple of 16, at most 128
-layout(constant_id = 4) const uint BR = 64;         // query rows per workgroup: a multiple of 16
+layout(local_size_x = 256, local_size_x_id = 0) in;
+layout(constant_id = 3) const uint HEAD_DIM = 128;  // a multiple of 32, at most 128
+layout(constant_id = 4) const uint BR = 128;        // query rows per workgroup: a multiple of 16
 layout(constant_id = 5) const uint BC = 64;         // keys per tile: a multiple of 16
 
 // Reference max before any key: far below any score, yet m_old - m stays finite.

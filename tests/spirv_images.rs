@@ -165,7 +165,7 @@ fn cm2_prefill_is_reflected_from_its_spirv() {
     assert_eq!(
         e.local_size[0],
         LocalDim {
-            default: 128,
+            default: 256,
             spec_id: Some(0)
         }
     );
