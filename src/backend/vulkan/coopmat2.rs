@@ -75,16 +75,18 @@ fn link(head: &mut *mut c_void, s: *mut c_void, s_next: &mut *mut c_void) {
 }
 
 impl Features {
-    /// The struct that enables what `f` says of the extension's features (block loads: never).
-    pub(crate) fn enabling(f: &super::features::VulkanFeatures) -> Features {
-        let on = |b: bool| if b { vk::TRUE } else { vk::FALSE };
+    /// The struct that enables, in the struct's order, workgroup scope, flexible dimensions,
+    /// reductions, conversions, per-element operations and tensor addressing where `on` says so
+    /// (block loads: never).
+    pub(crate) fn enabling(on: [bool; 6]) -> Features {
+        let b = |i: usize| if on[i] { vk::TRUE } else { vk::FALSE };
         Features {
-            workgroup_scope: on(f.coop_matrix2_workgroup_scope),
-            flexible_dimensions: on(f.coop_matrix2_flexible_dimensions),
-            reductions: on(f.coop_matrix2_reductions),
-            conversions: on(f.coop_matrix2_conversions),
-            per_element_operations: on(f.coop_matrix2_per_element_operations),
-            tensor_addressing: on(f.coop_matrix2_tensor_addressing),
+            workgroup_scope: b(0),
+            flexible_dimensions: b(1),
+            reductions: b(2),
+            conversions: b(3),
+            per_element_operations: b(4),
+            tensor_addressing: b(5),
             ..Features::default()
         }
     }

@@ -392,7 +392,14 @@ pub(crate) fn create_device(
         extensions.push(vk::KHR_COOPERATIVE_MATRIX_NAME.as_ptr());
     }
     let cm2_on = f.cooperative_matrix && f.any_coop_matrix2();
-    let mut cm2 = super::coopmat2::Features::enabling(f);
+    let mut cm2 = super::coopmat2::Features::enabling([
+        f.coop_matrix2_workgroup_scope,
+        f.coop_matrix2_flexible_dimensions,
+        f.coop_matrix2_reductions,
+        f.coop_matrix2_conversions,
+        f.coop_matrix2_per_element_operations,
+        f.coop_matrix2_tensor_addressing,
+    ]);
     if cm2_on {
         extensions.push(super::coopmat2::NAME.as_ptr());
     }
