@@ -8,7 +8,9 @@
 # kernels/GLSLANG_VERSION, because another version may emit different (equally valid) words.
 #
 # Kernels that use cooperative matrices (GL_KHR_cooperative_matrix) need glslang 13 or later and
-# target Vulkan 1.3 (SPIR-V 1.6). Debian bookworm ships glslang 12, so they are built with the glslang
+# target Vulkan 1.3 (SPIR-V 1.6); attn_prefill_cm2, which also uses GL_NV_cooperative_matrix2, needs
+# glslang 15 (built from the source shaderc-sys vendors: cmake -DENABLE_OPT=OFF -DENABLE_HLSL=OFF,
+# target glslang-standalone). Debian bookworm ships glslang 12, so they are built with the glslang
 # that KPC_GLSLANG_COOPMAT names (default: glslangValidator), and the SHA-256 of the source each was
 # built from is recorded in kernels/NAME.spv.source with that glslang's version: the freshness test
 # checks that digest, since the machine running it may have no glslang new enough to rebuild them.

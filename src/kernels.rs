@@ -26,6 +26,19 @@ pub struct ShippedSpirv {
     /// [`DeviceLimits::cooperative_matrix_f16`](crate::backend::DeviceLimits) holds, and it has no
     /// OpenCL C twin (OpenCL C has no portable form of them).
     pub cooperative_matrix: bool,
+    /// Whether it uses workgroup-scope matrices (VK_NV_cooperative_matrix2): it runs only where
+    /// [`DeviceLimits::cooperative_matrix2_workgroup`](crate::backend::DeviceLimits) is nonzero
+    /// (and, being a cooperative-matrix kernel too, where `cooperative_matrix` allows).
+    pub cooperative_matrix2: bool,
+}
+
+impl ShippedSpirv {
+    /// Whether a device with `limits` has the matrix extensions this kernel needs (what else it
+    /// needs is checked when it is built).
+    pub fn matrices_fit(&self, limits: &crate::backend::DeviceLimits) -> bool {
+        (!self.cooperative_matrix || limits.cooperative_matrix_f16)
+            && (!self.cooperative_matrix2 || limits.cooperative_matrix2_workgroup > 0)
+    }
 }
 
 /// Every shipped SPIR-V kernel.
@@ -36,6 +49,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/saxpy.spv"),
         glsl: include_str!("../kernels/saxpy.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "copy",
@@ -43,6 +57,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/copy.spv"),
         glsl: include_str!("../kernels/copy.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "read",
@@ -50,6 +65,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/read.spv"),
         glsl: include_str!("../kernels/read.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "attn_decode",
@@ -57,6 +73,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/attn_decode.spv"),
         glsl: include_str!("../kernels/attn_decode.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "attn_decode_vec",
@@ -64,6 +81,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/attn_decode_vec.spv"),
         glsl: include_str!("../kernels/attn_decode_vec.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "attn_append",
@@ -71,6 +89,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/attn_append.spv"),
         glsl: include_str!("../kernels/attn_append.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "attn_reduce",
@@ -78,6 +97,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/attn_reduce.spv"),
         glsl: include_str!("../kernels/attn_reduce.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "attn_prefill_tiled",
@@ -85,6 +105,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/attn_prefill_tiled.spv"),
         glsl: include_str!("../kernels/attn_prefill_tiled.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "attn_prefill_coop",
@@ -92,6 +113,15 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/attn_prefill_coop.spv"),
         glsl: include_str!("../kernels/attn_prefill_coop.comp"),
         cooperative_matrix: true,
+        cooperative_matrix2: false,
+    },
+    ShippedSpirv {
+        name: "attn_prefill_cm2",
+        source: "kernels/attn_prefill_cm2.comp",
+        spirv: include_bytes!("../kernels/attn_prefill_cm2.spv"),
+        glsl: include_str!("../kernels/attn_prefill_cm2.comp"),
+        cooperative_matrix: true,
+        cooperative_matrix2: true,
     },
     ShippedSpirv {
         name: "coop_layout",
@@ -99,6 +129,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/coop_layout.spv"),
         glsl: include_str!("../kernels/coop_layout.comp"),
         cooperative_matrix: true,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "attn_prefill",
@@ -106,6 +137,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/attn_prefill.spv"),
         glsl: include_str!("../kernels/attn_prefill.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "mha_gemm",
@@ -113,6 +145,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/mha_gemm.spv"),
         glsl: include_str!("../kernels/mha_gemm.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "mha_gemm_coop",
@@ -120,6 +153,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/mha_gemm_coop.spv"),
         glsl: include_str!("../kernels/mha_gemm_coop.comp"),
         cooperative_matrix: true,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "mha_gemv",
@@ -127,6 +161,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/mha_gemv.spv"),
         glsl: include_str!("../kernels/mha_gemv.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
     ShippedSpirv {
         name: "mha_attn",
@@ -134,6 +169,7 @@ pub const SPIRV: &[ShippedSpirv] = &[
         spirv: include_bytes!("../kernels/mha_attn.spv"),
         glsl: include_str!("../kernels/mha_attn.comp"),
         cooperative_matrix: false,
+        cooperative_matrix2: false,
     },
 ];
 

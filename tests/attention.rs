@@ -15,7 +15,9 @@ use common::drivers::{opencl_context, random_f32, vulkan_context};
 
 #[path = "attention_cases/prefill.rs"]
 mod prefill;
-use prefill::{chunked_prefill, coop_prefill_choice, prefill_shapes, prefill_then_decode};
+use prefill::{
+    chunked_prefill, cm2_prefill_choice, coop_prefill_choice, prefill_shapes, prefill_then_decode,
+};
 
 fn shape(batch: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> AttentionShape {
     AttentionShape {
@@ -535,6 +537,14 @@ macro_rules! backend_tests {
                     return;
                 };
                 coop_prefill_choice(&ctx);
+            }
+
+            #[test]
+            fn cm2_prefill_is_chosen_per_device() {
+                let Some(ctx) = $context(concat!(stringify!($backend), "_cm2_prefill")) else {
+                    return;
+                };
+                cm2_prefill_choice(&ctx);
             }
 
             #[test]

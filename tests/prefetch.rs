@@ -205,7 +205,7 @@ fn prefetch_on_lavapipe_builds_each_program_once_and_launches() {
     let ctx = Context::with_device(&d, &test_config()).unwrap();
     let images: Vec<DeviceImage> = kpc::kernels::SPIRV
         .iter()
-        .filter(|k| !k.cooperative_matrix || d.limits.cooperative_matrix_f16)
+        .filter(|k| k.matrices_fit(&d.limits))
         .map(|k| kpc::kernels::spirv_image(k.name).unwrap())
         .collect();
     let read = kpc::kernels::spirv_image("read").unwrap();

@@ -153,6 +153,47 @@ fn coopmat_prefill_is_reflected_from_its_spirv() {
     assert!(!e.bindings[0].read_only);
 }
 
+/// The VK_NV_cooperative_matrix2 prefill passes validation and is reflected although the SPIR-V
+/// parser's grammar predates its instructions: the prefills' interface, its tile's spec constants,
+/// and the NV capabilities it needs (read from the words) for the device check.
+#[test]
+fn cm2_prefill_is_reflected_from_its_spirv() {
+    let image = spirv_image("attn_prefill_cm2").unwrap();
+    let m = image.spirv_module().unwrap();
+    assert_eq!(m.version, (1, 6));
+    let e = m.entry("attn_prefill_cm2", "attn_prefill_cm2").unwrap();
+    assert_eq!(
+        e.local_size[0],
+        LocalDim {
+            default: 256,
+            spec_id: Some(0)
+        }
+    );
+    assert_eq!(e.push_constant_bytes, 24);
+    assert_eq!(e.bindings.len(), 4);
+    assert!(e.bindings[..3].iter().all(|b| b.read_only) && !e.bindings[3].read_only);
+    let ids: Vec<u32> = m.spec_constants.iter().map(|c| c.id).collect();
+    for id in [0, 3, 4, 5] {
+        assert!(ids.contains(&id), "spec constant {id} missing from {ids:?}");
+    }
+    // Reductions, conversions, per-element operations, tensor addressing (SPIR-V registry values).
+    for cap in [5430, 5431, 5432, 5439] {
+        assert!(
+            m.needs.newer_capabilities.contains(&cap),
+            "capability {cap} missing from {:?}",
+            m.needs.newer_capabilities
+        );
+    }
+    assert!(
+        m.needs
+            .extensions
+            .iter()
+            .any(|x| x == "SPV_NV_cooperative_matrix2"),
+        "{:?}",
+        m.needs.extensions
+    );
+}
+
 #[test]
 fn garbage_is_invalid_spirv() {
     for (what, bytes) in [

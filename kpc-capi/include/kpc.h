@@ -147,10 +147,40 @@
 #define KPC_VULKAN_FEATURE_SHADER_INTEGER_DOT_PRODUCT (1 << 23)
 
 /**
+ * VK_NV_cooperative_matrix2 with `cooperativeMatrixWorkgroupScope`.
+ */
+#define KPC_VULKAN_FEATURE_COOP_MATRIX2_WORKGROUP_SCOPE (1 << 24)
+
+/**
+ * `cooperativeMatrixFlexibleDimensions` (VK_NV_cooperative_matrix2).
+ */
+#define KPC_VULKAN_FEATURE_COOP_MATRIX2_FLEXIBLE_DIMENSIONS (1 << 25)
+
+/**
+ * `cooperativeMatrixReductions` (VK_NV_cooperative_matrix2).
+ */
+#define KPC_VULKAN_FEATURE_COOP_MATRIX2_REDUCTIONS (1 << 26)
+
+/**
+ * `cooperativeMatrixConversions` (VK_NV_cooperative_matrix2).
+ */
+#define KPC_VULKAN_FEATURE_COOP_MATRIX2_CONVERSIONS (1 << 27)
+
+/**
+ * `cooperativeMatrixPerElementOperations` (VK_NV_cooperative_matrix2).
+ */
+#define KPC_VULKAN_FEATURE_COOP_MATRIX2_PER_ELEMENT_OPERATIONS (1 << 28)
+
+/**
+ * `cooperativeMatrixTensorAddressing` (VK_NV_cooperative_matrix2).
+ */
+#define KPC_VULKAN_FEATURE_COOP_MATRIX2_TENSOR_ADDRESSING (1 << 29)
+
+/**
  * VK_KHR_pipeline_binary with `pipelineBinaries`, and VK_KHR_maintenance5 with `maintenance5`
  * (Vulkan 1.3): kpc persists pipeline binaries for this device.
  */
-#define KPC_VULKAN_FEATURE_PIPELINE_BINARY (1 << 24)
+#define KPC_VULKAN_FEATURE_PIPELINE_BINARY (1 << 30)
 
 /**
  * What every kpc C function returns. `KPC_STATUS_OK` is 0; every other value is an error, with

@@ -67,12 +67,25 @@ pub const KPC_VULKAN_FEATURE_VARIABLE_POINTERS: u64 = 1 << 21;
 pub const KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL_DEVICE_SCOPE: u64 = 1 << 22;
 /// `shaderIntegerDotProduct` (Vulkan 1.3).
 pub const KPC_VULKAN_FEATURE_SHADER_INTEGER_DOT_PRODUCT: u64 = 1 << 23;
+/// VK_NV_cooperative_matrix2 with `cooperativeMatrixWorkgroupScope`.
+pub const KPC_VULKAN_FEATURE_COOP_MATRIX2_WORKGROUP_SCOPE: u64 = 1 << 24;
+/// `cooperativeMatrixFlexibleDimensions` (VK_NV_cooperative_matrix2).
+pub const KPC_VULKAN_FEATURE_COOP_MATRIX2_FLEXIBLE_DIMENSIONS: u64 = 1 << 25;
+/// `cooperativeMatrixReductions` (VK_NV_cooperative_matrix2).
+pub const KPC_VULKAN_FEATURE_COOP_MATRIX2_REDUCTIONS: u64 = 1 << 26;
+/// `cooperativeMatrixConversions` (VK_NV_cooperative_matrix2).
+pub const KPC_VULKAN_FEATURE_COOP_MATRIX2_CONVERSIONS: u64 = 1 << 27;
+/// `cooperativeMatrixPerElementOperations` (VK_NV_cooperative_matrix2).
+pub const KPC_VULKAN_FEATURE_COOP_MATRIX2_PER_ELEMENT_OPERATIONS: u64 = 1 << 28;
+/// `cooperativeMatrixTensorAddressing` (VK_NV_cooperative_matrix2).
+pub const KPC_VULKAN_FEATURE_COOP_MATRIX2_TENSOR_ADDRESSING: u64 = 1 << 29;
+
 /// VK_KHR_pipeline_binary with `pipelineBinaries`, and VK_KHR_maintenance5 with `maintenance5`
 /// (Vulkan 1.3): kpc persists pipeline binaries for this device.
-pub const KPC_VULKAN_FEATURE_PIPELINE_BINARY: u64 = 1 << 24;
+pub const KPC_VULKAN_FEATURE_PIPELINE_BINARY: u64 = 1 << 30;
 
 fn features(bits: u64) -> Result<VulkanFeatures, Failure> {
-    const ALL: u64 = (1 << 25) - 1;
+    const ALL: u64 = (1 << 31) - 1;
     if bits & !ALL != 0 {
         return Err(Failure::invalid(format!(
             "enabled_features has unknown bits {:#x}: expected KPC_VULKAN_FEATURE_* bits only",
@@ -109,6 +122,14 @@ fn features(bits: u64) -> Result<VulkanFeatures, Failure> {
         variable_pointers: on(KPC_VULKAN_FEATURE_VARIABLE_POINTERS),
         vulkan_memory_model_device_scope: on(KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL_DEVICE_SCOPE),
         shader_integer_dot_product: on(KPC_VULKAN_FEATURE_SHADER_INTEGER_DOT_PRODUCT),
+        coop_matrix2_workgroup_scope: on(KPC_VULKAN_FEATURE_COOP_MATRIX2_WORKGROUP_SCOPE),
+        coop_matrix2_flexible_dimensions: on(KPC_VULKAN_FEATURE_COOP_MATRIX2_FLEXIBLE_DIMENSIONS),
+        coop_matrix2_reductions: on(KPC_VULKAN_FEATURE_COOP_MATRIX2_REDUCTIONS),
+        coop_matrix2_conversions: on(KPC_VULKAN_FEATURE_COOP_MATRIX2_CONVERSIONS),
+        coop_matrix2_per_element_operations: on(
+            KPC_VULKAN_FEATURE_COOP_MATRIX2_PER_ELEMENT_OPERATIONS,
+        ),
+        coop_matrix2_tensor_addressing: on(KPC_VULKAN_FEATURE_COOP_MATRIX2_TENSOR_ADDRESSING),
         pipeline_binary: on(KPC_VULKAN_FEATURE_PIPELINE_BINARY),
     })
 }

@@ -144,11 +144,17 @@ fn workload(
         attn.decode_kernel(),
         attn.prefill_kernel(),
         match (attn.prefill_kernel(), attn.coop_register_softmax()) {
-            (PrefillKernel::Cooperative, true) => ", softmax in registers",
-            (PrefillKernel::Cooperative, false) => ", softmax in shared memory",
-            (PrefillKernel::Tiled, _) if options.tiled_prefetch => ", next step prefetched",
-            (PrefillKernel::Tiled, _) => ", no prefetch",
-            _ => "",
+            (PrefillKernel::Cooperative, true) => ", softmax in registers".to_string(),
+            (PrefillKernel::Cooperative, false) => ", softmax in shared memory".to_string(),
+            (PrefillKernel::Cm2, _) => format!(
+                ", VK_NV_cooperative_matrix2, {} rows x {} keys, {} invocations",
+                options.cm2_rows, options.cm2_keys, options.cm2_local_size
+            ),
+            (PrefillKernel::Tiled, _) if options.tiled_prefetch => {
+                ", next step prefetched".to_string()
+            }
+            (PrefillKernel::Tiled, _) => ", no prefetch".to_string(),
+            _ => String::new(),
         }
     );
     for k in attn.kernels().into_iter().chain([&copy_kernel]) {

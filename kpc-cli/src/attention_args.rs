@@ -92,6 +92,17 @@ pub struct Args {
     /// default.
     #[arg(long)]
     pub(crate) coop_registers: Option<bool>,
+    /// Query rows per workgroup of the VK_NV_cooperative_matrix2 prefill
+    /// (AttentionOptions::cm2_rows).
+    #[arg(long)]
+    pub(crate) cm2_rows: Option<u32>,
+    /// Keys per tile of the VK_NV_cooperative_matrix2 prefill (AttentionOptions::cm2_keys).
+    #[arg(long)]
+    pub(crate) cm2_keys: Option<u32>,
+    /// Invocations per workgroup of the VK_NV_cooperative_matrix2 prefill
+    /// (AttentionOptions::cm2_local_size).
+    #[arg(long)]
+    pub(crate) cm2_local: Option<u32>,
     /// Whether the tiled prefill loads its next staging step during the current one
     /// (AttentionOptions::tiled_prefetch): `true` or `false`; without it, the default.
     #[arg(long)]
@@ -149,6 +160,8 @@ pub(crate) enum PrefillArg {
     Generic,
     Tiled,
     Cooperative,
+    /// The VK_NV_cooperative_matrix2 kernel (attn_prefill_cm2).
+    Cm2,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -232,6 +245,7 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
         PrefillArg::Generic => PrefillKernel::Generic,
         PrefillArg::Tiled => PrefillKernel::Tiled,
         PrefillArg::Cooperative => PrefillKernel::Cooperative,
+        PrefillArg::Cm2 => PrefillKernel::Cm2,
     };
     if !args.q_scale.is_finite() {
         return Err(kpc::Error::InvalidArgument(format!(
@@ -244,6 +258,15 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(r) = args.coop_registers {
         options.coop_registers = r;
+    }
+    if let Some(r) = args.cm2_rows {
+        options.cm2_rows = r;
+    }
+    if let Some(k) = args.cm2_keys {
+        options.cm2_keys = k;
+    }
+    if let Some(l) = args.cm2_local {
+        options.cm2_local_size = l;
     }
     if let Some(p) = args.tiled_prefetch {
         options.tiled_prefetch = p;

@@ -108,13 +108,14 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     std::fs::create_dir_all(&dir).map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
     let mut failed = false;
     for name in names {
-        let needs_matrices = kpc::kernels::SPIRV
+        let unfit = kpc::kernels::SPIRV
             .iter()
-            .any(|k| k.name == name && k.cooperative_matrix);
-        if needs_matrices && !device.limits.cooperative_matrix_f16 {
+            .any(|k| k.name == name && !k.matrices_fit(&device.limits));
+        if unfit {
             outln!(
                 "{name:<10} skipped: it multiplies cooperative matrices, which this device does not \
-                 offer (VK_KHR_cooperative_matrix, 16x16 f16 into f32)"
+                 offer as it needs (VK_KHR_cooperative_matrix, 16x16 f16 into f32; for workgroup \
+                 scope, VK_NV_cooperative_matrix2)"
             );
             continue;
         }

@@ -90,7 +90,7 @@ fn shipped(device: &DeviceInfo, only: Option<&str>) -> kpc::Result<Vec<KernelReq
     let images: Vec<DeviceImage> = match device.backend {
         BackendKind::Vulkan => kpc::kernels::SPIRV
             .iter()
-            .filter(|k| !k.cooperative_matrix || device.limits.cooperative_matrix_f16)
+            .filter(|k| k.matrices_fit(&device.limits))
             .filter(|k| only.is_none_or(|o| o == k.name))
             .map(|k| kpc::kernels::spirv_image(k.name))
             .collect::<kpc::Result<_>>()?,

@@ -8,7 +8,7 @@ use crate::config::BackendKind;
 use crate::error::Result;
 use crate::runtime::Context;
 
-use super::{AttentionShape, KvDtype, shipped_kernel};
+use super::{AttentionOptions, AttentionShape, KvDtype, PrefillKernel, shipped_kernel};
 
 /// Shared memory the cooperative-matrix prefill kernel declares for head dimension `d` and
 /// `subgroups` subgroups. With the softmax in shared memory: a 32-key tile of K and of V (rows
@@ -161,6 +161,80 @@ pub(super) fn coop_prefill_fits(
     Ok(())
 }
 
+/// Whether the VK_NV_cooperative_matrix2 prefill kernel runs on `device` for `shape`, `dtype` and
+/// the tile that `options` sets; the error says why not.
+pub(super) fn cm2_prefill_fits(
+    device: &DeviceInfo,
+    shape: &AttentionShape,
+    dtype: KvDtype,
+    options: &AttentionOptions,
+) -> std::result::Result<(), String> {
+    let l = &device.limits;
+    if let Some(why) = coop_matrix_unfit(device) {
+        return Err(why);
+    }
+    if l.cooperative_matrix2_workgroup == 0 {
+        return Err(
+            "the device has no workgroup-scope matrices with reductions, conversions, \
+                    per-element operations and tensor addressing (VK_NV_cooperative_matrix2)"
+                .into(),
+        );
+    }
+    if dtype != KvDtype::F16 {
+        return Err("it needs fp16 K/V".into());
+    }
+    // Multiples of 32: the head dimensions run on a device with the extension (64, 96, 128).
+    if shape.head_dim % 32 != 0 || shape.head_dim > 128 {
+        return Err(format!(
+            "head dimension {} is not a multiple of 32 up to 128",
+            shape.head_dim
+        ));
+    }
+    let tile = |n: u32| n % 16 == 0 && (16..=256).contains(&n);
+    if !tile(options.cm2_rows) || !tile(options.cm2_keys) {
+        return Err(format!(
+            "cm2_rows {} and cm2_keys {} must be multiples of 16 from 16 to 256",
+            options.cm2_rows, options.cm2_keys
+        ));
+    }
+    let local = options.cm2_local_size;
+    let most = l
+        .cooperative_matrix2_workgroup
+        .min(l.max_workgroup_invocations);
+    if !local.is_power_of_two() || local < 32 || local > most {
+        return Err(format!(
+            "cm2_local_size {local} is not a power of two from 32 to {most} (the device's largest \
+             workgroup for workgroup-scope matrices)"
+        ));
+    }
+    Ok(())
+}
+
+/// The prefill kernel [`PrefillKernel::Auto`] resolves to on `device` for `shape` and `dtype`: the
+/// KHR cooperative-matrix kernel (`options.coop_rows` rows) where it fits, else the
+/// VK_NV_cooperative_matrix2 one where that fits, else the tiled one, else the generic one.
+///
+/// The KHR kernel comes first because it was the faster of the two on the one device measured with
+/// both (H100, driver 580.159.04: 162/191/207 against cm2's best 126/157/175 TFLOP/s at L =
+/// 2k/4k/8k, BENCHMARKS.md); the cm2 kernel then runs where the KHR one does not fit (too little
+/// shared memory) or when asked for.
+pub(super) fn auto_prefill(
+    device: &DeviceInfo,
+    shape: &AttentionShape,
+    dtype: KvDtype,
+    options: &AttentionOptions,
+) -> PrefillKernel {
+    if coop_prefill_fits(device, shape, dtype, options.coop_rows).is_ok() {
+        PrefillKernel::Cooperative
+    } else if cm2_prefill_fits(device, shape, dtype, options).is_ok() {
+        PrefillKernel::Cm2
+    } else if tiled_prefill_fits(device, shape).is_ok() {
+        PrefillKernel::Tiled
+    } else {
+        PrefillKernel::Generic
+    }
+}
+
 /// Shared memory the tiled prefill kernel declares with a head-dimension slice of `slice`.
 pub(super) const fn tiled_prefill_shared(slice: usize) -> usize {
     slice * 784 + 16384
@@ -274,7 +348,135 @@ pub(super) fn vec_layout(
 
 #[cfg(test)]
 mod tests {
-    use super::quad_layout;
+    use super::{
+        AttentionOptions, AttentionShape, DeviceInfo, KvDtype, PrefillKernel, auto_prefill,
+        cm2_prefill_fits, quad_layout,
+    };
+    use crate::backend::{DeviceFingerprint, DeviceLimits, DeviceType};
+    use crate::config::BackendKind;
+
+    /// A device as discovery would describe one: lavapipe-like (no matrices), KHR matrices only, or
+    /// KHR and NV cooperative matrix 2 (H100-like: workgroup-scope matrices up to 256 invocations).
+    fn device(khr: bool, cm2: u32) -> DeviceInfo {
+        DeviceInfo {
+            backend: BackendKind::Vulkan,
+            index: 0,
+            name: "test".into(),
+            device_type: DeviceType::DiscreteGpu,
+            driver: "test".into(),
+            api_version: "1.3".into(),
+            fingerprint: DeviceFingerprint::new(BackendKind::Vulkan, vec![]),
+            limits: DeviceLimits {
+                max_workgroup_invocations: 1024,
+                max_shared_memory_bytes: 49152,
+                subgroup_size: Some(32),
+                storage_16bit: true,
+                float16_arithmetic: true,
+                cooperative_matrix_f16: khr,
+                cooperative_matrix2_workgroup: cm2,
+                ..DeviceLimits::default()
+            },
+            unusable: None,
+        }
+    }
+
+    #[test]
+    fn cm2_prefill_only_where_the_device_has_workgroup_scope_matrices() {
+        let s = AttentionShape {
+            batch: 1,
+            q_heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+        };
+        let o = AttentionOptions::default();
+        let f16 = KvDtype::F16;
+        let lavapipe = cm2_prefill_fits(&device(false, 0), &s, f16, &o).unwrap_err();
+        assert!(lavapipe.contains("VK_KHR_cooperative_matrix"), "{lavapipe}");
+        let khr = cm2_prefill_fits(&device(true, 0), &s, f16, &o).unwrap_err();
+        assert!(khr.contains("VK_NV_cooperative_matrix2"), "{khr}");
+        let h100 = device(true, 256);
+        assert_eq!(cm2_prefill_fits(&h100, &s, f16, &o), Ok(()));
+        assert!(
+            cm2_prefill_fits(&h100, &s, KvDtype::F32, &o)
+                .unwrap_err()
+                .contains("fp16")
+        );
+        let d80 = AttentionShape { head_dim: 80, ..s };
+        assert!(cm2_prefill_fits(&h100, &d80, f16, &o).is_err());
+        let d96 = AttentionShape { head_dim: 96, ..s };
+        assert_eq!(cm2_prefill_fits(&h100, &d96, f16, &o), Ok(()));
+        let d256 = AttentionShape { head_dim: 256, ..s };
+        assert!(cm2_prefill_fits(&h100, &d256, f16, &o).is_err());
+        for bad in [
+            AttentionOptions { cm2_rows: 40, ..o },
+            AttentionOptions { cm2_keys: 0, ..o },
+            AttentionOptions { cm2_keys: 512, ..o },
+            AttentionOptions {
+                cm2_local_size: 96,
+                ..o
+            },
+            AttentionOptions {
+                cm2_local_size: 512,
+                ..o
+            },
+        ] {
+            assert!(cm2_prefill_fits(&h100, &s, f16, &bad).is_err(), "{bad:?}");
+        }
+        let wide = AttentionOptions {
+            cm2_rows: 128,
+            cm2_local_size: 256,
+            ..o
+        };
+        assert_eq!(cm2_prefill_fits(&h100, &s, f16, &wide), Ok(()));
+        assert!(cm2_prefill_fits(&device(true, 128), &s, f16, &wide).is_err());
+    }
+
+    #[test]
+    fn auto_prefill_prefers_khr_matrices_then_cm2_then_tiled() {
+        let s = AttentionShape {
+            batch: 4,
+            q_heads: 32,
+            kv_heads: 32,
+            head_dim: 128,
+        };
+        let o = AttentionOptions::default();
+        let pick = |d: &DeviceInfo, dtype| auto_prefill(d, &s, dtype, &o);
+        // lavapipe (CI): neither extension, so the existing kernels.
+        assert_eq!(pick(&device(false, 0), KvDtype::F16), PrefillKernel::Tiled);
+        assert_eq!(
+            pick(&device(true, 0), KvDtype::F16),
+            PrefillKernel::Cooperative
+        );
+        // Both: the KHR kernel, measured faster (see auto_prefill).
+        assert_eq!(
+            pick(&device(true, 256), KvDtype::F16),
+            PrefillKernel::Cooperative
+        );
+        // f32 K/V: neither matrix kernel.
+        assert_eq!(pick(&device(true, 256), KvDtype::F32), PrefillKernel::Tiled);
+        // Too little shared memory for the KHR kernel: cm2 (which declares none) on a device that
+        // has it, the tiled kernel on one that does not.
+        let mut small = device(true, 256);
+        small.limits.max_shared_memory_bytes = 32768;
+        assert_eq!(
+            auto_prefill(&small, &s, KvDtype::F16, &o),
+            PrefillKernel::Cm2
+        );
+        // A cm2 tile the device cannot take falls back rather than failing.
+        let big = AttentionOptions {
+            cm2_local_size: 512,
+            ..o
+        };
+        assert_eq!(
+            auto_prefill(&small, &s, KvDtype::F16, &big),
+            PrefillKernel::Tiled
+        );
+        small.limits.cooperative_matrix2_workgroup = 0;
+        assert_eq!(
+            auto_prefill(&small, &s, KvDtype::F16, &o),
+            PrefillKernel::Tiled
+        );
+    }
 
     /// A probe output for the layout `at(invocation, element) -> (row, column)`, counts 8.
     fn probe(at: impl Fn(usize, usize) -> (usize, usize)) -> Vec<u32> {

@@ -7,8 +7,8 @@ use crate::error::{Error, Result};
 use crate::runtime::{Context, Kernel};
 
 use super::choice::{
-    coop_prefill_fits, coop_prefill_shared, coop_quad_layout, tiled_prefill_fits,
-    tiled_prefill_shared, tiled_prefill_slice, vec_layout,
+    auto_prefill, cm2_prefill_fits, coop_prefill_fits, coop_prefill_shared, coop_quad_layout,
+    tiled_prefill_fits, tiled_prefill_shared, tiled_prefill_slice, vec_layout,
 };
 use super::{
     Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
@@ -73,15 +73,15 @@ impl Attention {
         }
         let prefill_kind = match options.prefill {
             PrefillKernel::Generic => PrefillKernel::Generic,
-            PrefillKernel::Auto
-                if coop_prefill_fits(device, shape, dtype, options.coop_rows).is_ok() =>
-            {
-                PrefillKernel::Cooperative
+            PrefillKernel::Auto => auto_prefill(device, shape, dtype, &options),
+            PrefillKernel::Cm2 => {
+                cm2_prefill_fits(device, shape, dtype, &options).map_err(|why| {
+                    Error::InvalidArgument(format!(
+                        "the VK_NV_cooperative_matrix2 prefill kernel cannot run here: {why}"
+                    ))
+                })?;
+                PrefillKernel::Cm2
             }
-            PrefillKernel::Auto if tiled_prefill_fits(device, shape).is_ok() => {
-                PrefillKernel::Tiled
-            }
-            PrefillKernel::Auto => PrefillKernel::Generic,
             PrefillKernel::Tiled => {
                 tiled_prefill_fits(device, shape).map_err(|why| {
                     Error::InvalidArgument(format!(
@@ -122,6 +122,8 @@ impl Attention {
                 coop_prefill_shared(shape.head_dim, options.coop_rows as usize / 16, coop_quad)
             }
             PrefillKernel::Tiled => tiled_prefill_shared(tiled_prefill_slice(device) as usize),
+            // It declares none: the driver stages its matrices in memory it reserves itself.
+            PrefillKernel::Cm2 => 0,
             _ => 4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq),
         };
         let shared = decode_shared.max(prefill_shared);
@@ -191,6 +193,14 @@ impl Attention {
             (Some(append), Some(reduce))
         };
         let (prefill_name, prefill_spec) = match prefill_kind {
+            PrefillKernel::Cm2 => (
+                "attn_prefill_cm2",
+                SpecConstants::new()
+                    .with(0, SpecValue::U32(options.cm2_local_size))
+                    .with(3, d)
+                    .with(4, SpecValue::U32(options.cm2_rows))
+                    .with(5, SpecValue::U32(options.cm2_keys)),
+            ),
             PrefillKernel::Cooperative => (
                 "attn_prefill_coop",
                 SpecConstants::new()

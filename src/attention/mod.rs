@@ -17,7 +17,9 @@
 //!   (`attn_decode_vec`: append, 16-byte loads, subgroup sums, combination by the last workgroup);
 //!   a prefill on the matrix units where the device has fp16 cooperative matrices
 //!   (`attn_prefill_coop`, Vulkan, fp16 K/V; its softmax in registers where the `coop_layout`
-//!   probe finds a layout it knows), else a register-tiled one (`attn_prefill_tiled`);
+//!   probe finds a layout it knows), else one on VK_NV_cooperative_matrix2's workgroup-scope
+//!   matrices (`attn_prefill_cm2`, also forced with [`PrefillKernel::Cm2`]), else a register-tiled
+//!   one (`attn_prefill_tiled`);
 //!   elsewhere the generic kernels (`attn_append`, `attn_decode`, `attn_reduce`, `attn_prefill`).
 //!   Each variant is its own cached program.
 //! - [`reference`] is the float64 CPU reference the kernels are tested against.

@@ -21,8 +21,9 @@ pub enum DecodeKernel {
 /// Which prefill kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PrefillKernel {
-    /// The cooperative-matrix kernel where the device, shape and K/V type allow it, else the tiled
-    /// one where they allow that, else the generic one.
+    /// The cooperative-matrix kernel where the device, shape and K/V type allow it, else the
+    /// VK_NV_cooperative_matrix2 one where they allow that (the KHR kernel was the faster of the
+    /// two where both ran), else the tiled one, else the generic one.
     #[default]
     Auto,
     /// `attn_prefill`: `block_q` by `block_k` tiles, one score per invocation, any even head
@@ -43,6 +44,16 @@ pub enum PrefillKernel {
     /// fp16 K/V, and a head dimension up to 128 that is a multiple of `coop_rows / 2` (32 or 64).
     /// Q and P are rounded to fp16 for the products; sums are fp32.
     Cooperative,
+    /// `attn_prefill_cm2`: the same products on workgroup-scope matrices (VK_NV_cooperative_matrix2),
+    /// `cm2_rows` query rows by `cm2_keys` keys per tile, K and V read from the cache by
+    /// tensor-addressed loads, the row max by a matrix reduction and the row sums as a product with
+    /// a matrix of ones; the driver stages the tiles itself. Needs a Vulkan device with
+    /// [`DeviceLimits::cooperative_matrix2_workgroup`](crate::backend::DeviceLimits) at least
+    /// `cm2_local_size` (besides what [`PrefillKernel::Cooperative`] needs of the device), fp16
+    /// K/V, and a head dimension up to 128 that is a multiple of 32. Q and P are rounded to fp16 for
+    /// the products; sums are fp32. On an H100 it was slower than [`PrefillKernel::Cooperative`]
+    /// (BENCHMARKS.md), so [`PrefillKernel::Auto`] takes it only where that one does not fit.
+    Cm2,
 }
 
 /// Workgroup and tile sizes; each distinct value gives a distinct cached program.
@@ -103,6 +114,15 @@ pub struct AttentionOptions {
     /// the device's matrix layout allows it (a probe kernel checks, once per device), rather
     /// than in shared memory (32-key tiles). On by default; off only to compare the two.
     pub coop_registers: bool,
+    /// Query rows per workgroup of the VK_NV_cooperative_matrix2 prefill ([`PrefillKernel::Cm2`]):
+    /// a multiple of 16 from 16 to 256. 128 rows by 64 keys over 256 invocations (the default) was
+    /// the fastest of six tiles on an H100, by 8 to 50% (BENCHMARKS.md).
+    pub cm2_rows: u32,
+    /// Keys per tile of the VK_NV_cooperative_matrix2 prefill: a multiple of 16 from 16 to 256.
+    pub cm2_keys: u32,
+    /// Invocations per workgroup of the VK_NV_cooperative_matrix2 prefill: a power of two from 32,
+    /// at most what the device allows for workgroup-scope matrices.
+    pub cm2_local_size: u32,
     /// Whether the tiled prefill loads the next staging step's Q, K or V words into registers
     /// before the current step's arithmetic, so that their round trip overlaps it, rather than
     /// loading them between two barriers. On by default; [`AttentionOptions::for_device`] turns
@@ -136,6 +156,9 @@ impl Default for AttentionOptions {
             decode_combine_all: true,
             coop_rows: 128,
             coop_registers: true,
+            cm2_rows: 128,
+            cm2_keys: 64,
+            cm2_local_size: 256,
             tiled_prefetch: true,
             block_q: 8,
             block_k: 32,

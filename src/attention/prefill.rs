@@ -76,6 +76,7 @@ impl Attention {
         check_len("prefill out", out.len(), self.shape.q_elems() * len)?;
         let block_q = match self.prefill_kind {
             PrefillKernel::Cooperative => self.options.coop_rows as usize,
+            PrefillKernel::Cm2 => self.options.cm2_rows as usize,
             PrefillKernel::Tiled => 64,
             _ => self.options.block_q as usize,
         };
@@ -88,12 +89,14 @@ impl Attention {
             .u32(self.shape.q_heads as u32)
             .u32((self.shape.q_heads / self.shape.kv_heads) as u32)
             .f32(1.0 / (self.shape.head_dim as f32).sqrt());
-        // The tiled and cooperative kernels take the query tile from y, last first, so that every
+        // The tiled and both cooperative-matrix kernels take the query tile from y, last first, so that every
         // head's longest (causal) tiles are dispatched first: with the tile in x, one head's
         // tiles went out longest to shortest before the next head's, and the last heads' long
         // tiles started near the end.
         let groups = match self.prefill_kind {
-            PrefillKernel::Tiled | PrefillKernel::Cooperative => [rows, tiles, 1],
+            PrefillKernel::Tiled | PrefillKernel::Cooperative | PrefillKernel::Cm2 => {
+                [rows, tiles, 1]
+            }
             _ => [tiles, rows, 1],
         };
         let (kb, vb) = cache.buffers();

@@ -198,6 +198,11 @@ pub struct DeviceLimits {
     /// at subgroup scope, and kpc enabled it with the Vulkan memory model). Selects the
     /// cooperative-matrix prefill kernel.
     pub cooperative_matrix_f16: bool,
+    /// The largest workgroup that may own workgroup-scope matrices, where the device also has what
+    /// `attn_prefill_cm2` uses of VK_NV_cooperative_matrix2 (workgroup scope, flexible dimensions,
+    /// reductions, conversions, per-element operations, tensor addressing) enabled besides
+    /// [`DeviceLimits::cooperative_matrix_f16`]; 0 otherwise. Selects that prefill kernel.
+    pub cooperative_matrix2_workgroup: u32,
     /// Whether kernels may compute in fp16.
     pub float16_arithmetic: bool,
     /// Whether launches can be timed on the device (timestamp queries, profiling events).

@@ -136,12 +136,90 @@ pub(crate) fn prefill_shapes_with(
     }
 }
 
-/// Whether `kernel` resolves to the cooperative-matrix prefill here, for the head dimensions 64
-/// and 128 these tests use.
+/// Whether `kernel` resolves to a cooperative-matrix prefill (KHR or NV cm2) here, for the head
+/// dimensions 64 and 128 these tests use.
 pub(crate) fn picks_coop(ctx: &Context, dtype: KvDtype, kernel: PrefillKernel) -> bool {
-    matches!(kernel, PrefillKernel::Auto | PrefillKernel::Cooperative)
-        && coop_capable(ctx)
+    matches!(
+        kernel,
+        PrefillKernel::Auto | PrefillKernel::Cooperative | PrefillKernel::Cm2
+    ) && coop_capable(ctx)
         && dtype == KvDtype::F16
+}
+
+/// Whether the device has the workgroup-scope matrices the VK_NV_cooperative_matrix2 prefill needs
+/// (at the default workgroup size).
+pub(crate) fn cm2_capable(ctx: &Context) -> bool {
+    coop_capable(ctx)
+        && ctx.device().limits.cooperative_matrix2_workgroup
+            >= AttentionOptions::default().cm2_local_size
+}
+
+/// The VK_NV_cooperative_matrix2 prefill: where the device has no workgroup-scope matrices
+/// (lavapipe, PoCL, KHR-only devices), asking for it is a typed error naming what is missing and
+/// Auto never picks it; where it has them, it matches the reference with several tiles, head
+/// dimensions 128, 64 and 96, GQA, lengths that end mid-tile and scaled queries (Auto still takes
+/// the KHR kernel where both fit). f32 K/V and tiles that are not multiples of 16 are typed errors
+/// everywhere.
+pub(crate) fn cm2_prefill_choice(ctx: &Context) {
+    let forced = |rows: u32, keys: u32, local: u32| AttentionOptions {
+        prefill: PrefillKernel::Cm2,
+        cm2_rows: rows,
+        cm2_keys: keys,
+        cm2_local_size: local,
+        ..AttentionOptions::default()
+    };
+    let s = shape(1, 4, 2, 64);
+    for (dtype, options) in [
+        (KvDtype::F32, forced(64, 64, 128)),
+        (KvDtype::F16, forced(40, 64, 128)),
+    ] {
+        let e = Attention::new(ctx, &s, dtype, 64, options).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("VK_NV_cooperative_matrix2")),
+            "{e}"
+        );
+    }
+    if !cm2_capable(ctx) {
+        let e = Attention::new(ctx, &s, KvDtype::F16, 64, forced(64, 64, 128)).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("cooperative_matrix")
+                || m.contains("subgroups of 32")),
+            "{e}"
+        );
+        let auto = Attention::new(ctx, &s, KvDtype::F16, 64, AttentionOptions::default()).unwrap();
+        assert_ne!(auto.prefill_kernel(), PrefillKernel::Cm2);
+        return;
+    }
+    // Where both fit, Auto takes the KHR kernel (measured faster: see BENCHMARKS.md).
+    let auto = Attention::new(ctx, &s, KvDtype::F16, 64, AttentionOptions::default()).unwrap();
+    assert_eq!(auto.prefill_kernel(), PrefillKernel::Cooperative);
+    let most = ctx.device().limits.cooperative_matrix2_workgroup;
+    for (rows, keys, local) in [(64, 64, 128), (128, 64, 256), (64, 32, 128), (32, 64, 64)] {
+        if local > most {
+            continue;
+        }
+        for (s, len, q_scale) in [
+            (shape(1, 4, 2, 128), 200, 1.0),
+            (shape(2, 4, 4, 64), 129, 1.0),
+            (shape(1, 2, 1, 96), 77, 1.0),
+            (shape(1, 4, 1, 128), 64, 1.0),
+            (shape(1, 2, 2, 128), 333, 30.0),
+            (shape(1, 2, 1, 64), 1, 1.0),
+        ] {
+            let err = prefill_case_scaled(
+                ctx,
+                s,
+                KvDtype::F16,
+                forced(rows, keys, local),
+                len,
+                q_scale,
+            );
+            assert!(
+                err <= 2e-3,
+                "{s:?} tile {rows}x{keys}/{local} len {len} q x{q_scale}: error {err:e}"
+            );
+        }
+    }
 }
 
 /// Whether the device multiplies fp16 matrices the way the cooperative-matrix prefill needs.

@@ -18,6 +18,37 @@ pub struct ModuleNeeds {
     /// Whether a group (subgroup) operation takes or returns 8-, 16- or 64-bit integers or 16-bit
     /// floats, scalar or vector (Vulkan: `shaderSubgroupExtendedTypes`, VUID-RuntimeSpirv-None-06275).
     pub subgroup_extended_types: bool,
+    /// Every `OpCapability` newer than the SPIR-V grammar kpc parses with (SDK 1.3.268), by number,
+    /// in declaration order: for example SPV_NV_cooperative_matrix2's `CooperativeMatrixReductionsNV`
+    /// (5430). `capabilities` does not list them.
+    pub newer_capabilities: Vec<u32>,
+}
+
+/// The capability that `inst` (one instruction's words) declares, if it is an `OpCapability` whose
+/// value the parser's grammar does not know.
+pub(super) fn newer_capability(inst: &[u32]) -> Option<u32> {
+    const OP_CAPABILITY: u32 = 17;
+    match inst {
+        [head, cap] if head & 0xffff == OP_CAPABILITY && Capability::from_u32(*cap).is_none() => {
+            Some(*cap)
+        }
+        _ => None,
+    }
+}
+
+/// Every capability [`newer_capability`] finds in `words` (a whole module, header included).
+pub(super) fn newer_capabilities(words: &[u32]) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut at = 5;
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        if count == 0 || at + count > words.len() {
+            break;
+        }
+        out.extend(newer_capability(&words[at..at + count]));
+        at += count;
+    }
+    out
 }
 
 /// Whether `op` is one of the `OpGroupNonUniform*` instructions (SPIR-V 1.3's subgroup operations,
@@ -50,6 +81,7 @@ impl ModuleNeeds {
             capabilities,
             extensions,
             subgroup_extended_types: uses_subgroup_extended_types(module),
+            newer_capabilities: Vec::new(),
         }
     }
 }

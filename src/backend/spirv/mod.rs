@@ -198,12 +198,14 @@ impl SpirvModule {
         let r = Reflector::new(&module);
         let spec_constants = r.spec_constants();
         let entry_points = r.entry_points(version).map_err(|m| invalid(image, m))?;
+        let mut needs = ModuleNeeds::of(&module);
+        needs.newer_capabilities = capabilities::newer_capabilities(&words);
         Ok(SpirvModule {
             words,
             version,
             entry_points,
             spec_constants,
-            needs: ModuleNeeds::of(&module),
+            needs,
         })
     }
 
@@ -327,8 +329,11 @@ pub fn words_from_bytes(image: &str, bytes: &[u8]) -> Result<Vec<u32>> {
 /// how glslang declares a specialized workgroup size in SPIR-V 1.6) and rejects both. Reflection
 /// never needs the matrix types (they are not interface types, and what refers to them keeps its
 /// ids, which the loader does not resolve), so they are dropped; OpExecutionModeId is read as
-/// OpExecutionMode, whose operands the loader decodes by the mode, as ids for LocalSizeId. The module
-/// that is built keeps every word as it was.
+/// OpExecutionMode, whose operands the loader decodes by the mode, as ids for LocalSizeId. Nor does it
+/// know instructions or capabilities newer than its grammar (SDK 1.3.268), such as
+/// SPV_NV_cooperative_matrix2's and SPV_NV_tensor_addressing's: those are dropped too (reflection
+/// needs none of them; their capabilities are read from the words, see
+/// [`ModuleNeeds::newer_capabilities`]). The module that is built keeps every word as it was.
 fn for_rspirv(words: &[u32]) -> std::borrow::Cow<'_, [u32]> {
     const OP_EXECUTION_MODE: u32 = 16;
     const OP_EXECUTION_MODE_ID: u32 = 331;
@@ -342,7 +347,9 @@ fn for_rspirv(words: &[u32]) -> std::borrow::Cow<'_, [u32]> {
             return std::borrow::Cow::Borrowed(words);
         }
         let op = words[at] & 0xffff;
-        if op == OP_TYPE_COOPERATIVE_MATRIX_KHR || op == OP_EXECUTION_MODE_ID {
+        let newer = rspirv::spirv::Op::from_u32(op).is_none()
+            || capabilities::newer_capability(&words[at..at + count]).is_some();
+        if newer || op == OP_TYPE_COOPERATIVE_MATRIX_KHR || op == OP_EXECUTION_MODE_ID {
             let o = out.get_or_insert_with(|| words[..at].to_vec());
             if op == OP_EXECUTION_MODE_ID {
                 o.push((words[at] & 0xffff_0000) | OP_EXECUTION_MODE);

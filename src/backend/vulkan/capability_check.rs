@@ -96,6 +96,34 @@ fn need(cap: Capability) -> Need {
     }
 }
 
+/// What a capability newer than the parser's grammar needs, by number (SPIR-V registry values).
+fn newer_need(cap: u32) -> (&'static str, Need) {
+    match cap {
+        5430 => (
+            "CooperativeMatrixReductionsNV",
+            Need::Feature(&["cooperativeMatrixReductions"]),
+        ),
+        5431 => (
+            "CooperativeMatrixConversionsNV",
+            Need::Feature(&["cooperativeMatrixConversions"]),
+        ),
+        5432 => (
+            "CooperativeMatrixPerElementOperationsNV",
+            Need::Feature(&["cooperativeMatrixPerElementOperations"]),
+        ),
+        5433 => (
+            "CooperativeMatrixTensorAddressingNV",
+            Need::Feature(&["cooperativeMatrixTensorAddressing"]),
+        ),
+        5439 => (
+            "TensorAddressingNV",
+            Need::Feature(&["cooperativeMatrixTensorAddressing"]),
+        ),
+        // CooperativeMatrixBlockLoadsNV (5434) among others: kpc never enables block loads.
+        _ => ("", Need::Never),
+    }
+}
+
 /// Whether the device accepts OpExtension `name`: the Vulkan version that made it core, or the
 /// feature that comes with it. `None`: kpc does not enable the device extension it needs.
 fn extension_ok(name: &str, caps: &ShaderCaps) -> Option<bool> {
@@ -120,6 +148,10 @@ fn extension_ok(name: &str, caps: &ShaderCaps) -> Option<bool> {
         | "SPV_KHR_terminate_invocation"
         | "SPV_EXT_demote_to_helper_invocation" => at(vk::API_VERSION_1_3),
         "SPV_KHR_cooperative_matrix" => caps.enabled.cooperative_matrix,
+        // Each of their capabilities is checked against its own feature.
+        "SPV_NV_cooperative_matrix2" | "SPV_NV_tensor_addressing" => {
+            caps.enabled.cooperative_matrix && caps.enabled.any_coop_matrix2()
+        }
         _ => return None,
     })
 }
@@ -171,9 +203,19 @@ impl ShaderCaps {
     ///
     /// Errors: [`Error::Unsupported`] naming the first capability, extension or feature missing.
     pub(crate) fn check(&self, image: &str, needs: &ModuleNeeds) -> Result<()> {
-        for &cap in &needs.capabilities {
-            let what = format!("SPIR-V capability {cap:?}");
-            match need(cap) {
+        let known = needs
+            .capabilities
+            .iter()
+            .map(|&cap| (format!("SPIR-V capability {cap:?}"), need(cap)));
+        let newer = needs
+            .newer_capabilities
+            .iter()
+            .map(|&cap| match newer_need(cap) {
+                ("", n) => (format!("SPIR-V capability {cap}"), n),
+                (name, n) => (format!("SPIR-V capability {name}"), n),
+            });
+        for (what, need) in known.chain(newer) {
+            match need {
                 Need::Nothing => {}
                 Need::Feature(features) => {
                     if !features.iter().any(|f| self.has(f)) {
@@ -258,6 +300,7 @@ mod tests {
             capabilities: caps.to_vec(),
             extensions: exts.iter().map(|s| s.to_string()).collect(),
             subgroup_extended_types: ext_types,
+            newer_capabilities: Vec::new(),
         }
     }
 
@@ -288,6 +331,59 @@ mod tests {
         assert!(on.check("m", &never).is_err());
         let ext = needs(&[], &["SPV_NV_something"], false);
         assert!(on.check("m", &ext).is_err());
+    }
+
+    #[test]
+    fn cooperative_matrix2_capabilities_need_their_features() {
+        let mut cm2 = needs(
+            &[Capability::CooperativeMatrixKHR],
+            &["SPV_KHR_cooperative_matrix", "SPV_NV_cooperative_matrix2"],
+            false,
+        );
+        cm2.newer_capabilities = vec![5430, 5432, 5439];
+        let khr_only = caps(
+            VulkanFeatures {
+                cooperative_matrix: true,
+                ..VulkanFeatures::default()
+            },
+            false,
+        );
+        let e = khr_only.check("m", &cm2).unwrap_err();
+        assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+        assert!(
+            e.to_string().contains("CooperativeMatrixReductionsNV"),
+            "{e}"
+        );
+        let partial = caps(
+            VulkanFeatures {
+                cooperative_matrix: true,
+                coop_matrix2_reductions: true,
+                coop_matrix2_per_element_operations: true,
+                ..VulkanFeatures::default()
+            },
+            true,
+        );
+        let e = partial.check("m", &cm2).unwrap_err();
+        assert!(e.to_string().contains("TensorAddressingNV"), "{e}");
+        assert!(
+            e.to_string().contains("coop_matrix2_tensor_addressing"),
+            "{e}"
+        );
+        let full = caps(
+            VulkanFeatures {
+                cooperative_matrix: true,
+                coop_matrix2_reductions: true,
+                coop_matrix2_per_element_operations: true,
+                coop_matrix2_tensor_addressing: true,
+                ..VulkanFeatures::default()
+            },
+            false,
+        );
+        assert!(full.check("m", &cm2).is_ok());
+        // Block loads (5434) are never enabled.
+        cm2.newer_capabilities.push(5434);
+        let e = full.check("m", &cm2).unwrap_err();
+        assert!(e.to_string().contains("5434"), "{e}");
     }
 
     #[test]

@@ -71,11 +71,26 @@ pub struct VulkanFeatures {
     /// (which it requires; Vulkan 1.3 devices only): kpc persists pipeline binaries instead of
     /// pipeline-cache data (`KPC_VULKAN_PIPELINE_BINARY`).
     pub pipeline_binary: bool,
+    /// VK_NV_cooperative_matrix2 with `cooperativeMatrixWorkgroupScope` (matrices owned by a whole
+    /// workgroup). kpc enables the extension with the features below that the device has.
+    pub coop_matrix2_workgroup_scope: bool,
+    /// `cooperativeMatrixFlexibleDimensions` (VK_NV_cooperative_matrix2): matrix sizes beyond the
+    /// listed shapes.
+    pub coop_matrix2_flexible_dimensions: bool,
+    /// `cooperativeMatrixReductions` (SPIR-V `CooperativeMatrixReductionsNV`).
+    pub coop_matrix2_reductions: bool,
+    /// `cooperativeMatrixConversions` (SPIR-V `CooperativeMatrixConversionsNV`).
+    pub coop_matrix2_conversions: bool,
+    /// `cooperativeMatrixPerElementOperations` (SPIR-V `CooperativeMatrixPerElementOperationsNV`).
+    pub coop_matrix2_per_element_operations: bool,
+    /// `cooperativeMatrixTensorAddressing` (SPIR-V `TensorAddressingNV` and
+    /// `CooperativeMatrixTensorAddressingNV`).
+    pub coop_matrix2_tensor_addressing: bool,
 }
 
 impl VulkanFeatures {
     /// Every field as (field name, Vulkan's name, value), in declaration order.
-    pub fn fields(&self) -> [(&'static str, &'static str, bool); 25] {
+    pub fn fields(&self) -> [(&'static str, &'static str, bool); 31] {
         [
             ("shader_int16", "shaderInt16", self.shader_int16),
             ("shader_int64", "shaderInt64", self.shader_int64),
@@ -170,6 +185,36 @@ impl VulkanFeatures {
                 self.shader_integer_dot_product,
             ),
             (
+                "coop_matrix2_workgroup_scope",
+                "cooperativeMatrixWorkgroupScope",
+                self.coop_matrix2_workgroup_scope,
+            ),
+            (
+                "coop_matrix2_flexible_dimensions",
+                "cooperativeMatrixFlexibleDimensions",
+                self.coop_matrix2_flexible_dimensions,
+            ),
+            (
+                "coop_matrix2_reductions",
+                "cooperativeMatrixReductions",
+                self.coop_matrix2_reductions,
+            ),
+            (
+                "coop_matrix2_conversions",
+                "cooperativeMatrixConversions",
+                self.coop_matrix2_conversions,
+            ),
+            (
+                "coop_matrix2_per_element_operations",
+                "cooperativeMatrixPerElementOperations",
+                self.coop_matrix2_per_element_operations,
+            ),
+            (
+                "coop_matrix2_tensor_addressing",
+                "cooperativeMatrixTensorAddressing",
+                self.coop_matrix2_tensor_addressing,
+            ),
+            (
                 "pipeline_binary",
                 "VK_KHR_pipeline_binary",
                 self.pipeline_binary,
@@ -204,6 +249,10 @@ pub(crate) fn supported(
         && has_extension(exts, vk::KHR_MAINTENANCE5_NAME);
     let mut m5 = vk::PhysicalDeviceMaintenance5FeaturesKHR::default();
     let mut pb = super::pipeline_binary::FeaturesKhr::default();
+    // Workgroup-scope matrices are KHR cooperative matrices with more allowed: without the KHR
+    // extension there is nothing to extend.
+    let cm2_ext = coop_ext && has_extension(exts, super::coopmat2::NAME);
+    let mut cm2 = super::coopmat2::Features::default();
     let mut s16 = vk::PhysicalDevice16BitStorageFeatures::default();
     let mut vp = vk::PhysicalDeviceVariablePointersFeatures::default();
     let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
@@ -239,9 +288,12 @@ pub(crate) fn supported(
     if binary_ext {
         f2 = f2.push_next(&mut m5).push_next(&mut pb);
     }
-    // SAFETY: the chain lives across the call; instance and device are 1.1+ (discovery and interop
-    // check it), the 1.2 and 1.3 structs are chained only at those versions, and the extension
-    // structs only where the device lists their extensions.
+    if cm2_ext {
+        cm2.chain_into(&mut f2);
+    }
+    // SAFETY: the chain lives across the call (`cm2` is not moved while chained); instance and
+    // device are 1.1+ (discovery and interop check it), the 1.2 and 1.3 structs are chained only at
+    // those versions, and the extension structs only where the device lists their extensions.
     unsafe { inst.get_physical_device_features2(raw, &mut f2) };
     let core = f2.features;
     let on = |b: vk::Bool32| b == vk::TRUE;
@@ -272,6 +324,34 @@ pub(crate) fn supported(
         vulkan_memory_model_device_scope: v12 && on(mm.vulkan_memory_model_device_scope),
         shader_integer_dot_product: v13 && on(dot.shader_integer_dot_product),
         pipeline_binary: binary_ext && on(m5.maintenance5) && on(pb.pipeline_binaries),
+        coop_matrix2_workgroup_scope: cm2_ext && on(cm2.workgroup_scope),
+        coop_matrix2_flexible_dimensions: cm2_ext && on(cm2.flexible_dimensions),
+        coop_matrix2_reductions: cm2_ext && on(cm2.reductions),
+        coop_matrix2_conversions: cm2_ext && on(cm2.conversions),
+        coop_matrix2_per_element_operations: cm2_ext && on(cm2.per_element_operations),
+        coop_matrix2_tensor_addressing: cm2_ext && on(cm2.tensor_addressing),
+    }
+}
+
+impl VulkanFeatures {
+    /// Whether any VK_NV_cooperative_matrix2 feature is on (then the extension is enabled).
+    pub(crate) fn any_coop_matrix2(&self) -> bool {
+        self.coop_matrix2_workgroup_scope
+            || self.coop_matrix2_flexible_dimensions
+            || self.coop_matrix2_reductions
+            || self.coop_matrix2_conversions
+            || self.coop_matrix2_per_element_operations
+            || self.coop_matrix2_tensor_addressing
+    }
+
+    /// Whether every VK_NV_cooperative_matrix2 feature `attn_prefill_cm2` uses is on.
+    pub(crate) fn all_coop_matrix2(&self) -> bool {
+        self.coop_matrix2_workgroup_scope
+            && self.coop_matrix2_flexible_dimensions
+            && self.coop_matrix2_reductions
+            && self.coop_matrix2_conversions
+            && self.coop_matrix2_per_element_operations
+            && self.coop_matrix2_tensor_addressing
     }
 }
 
@@ -336,6 +416,18 @@ pub(crate) fn create_device(
     if f.cooperative_matrix {
         extensions.push(vk::KHR_COOPERATIVE_MATRIX_NAME.as_ptr());
     }
+    let cm2_on = f.cooperative_matrix && f.any_coop_matrix2();
+    let mut cm2 = super::coopmat2::Features::enabling([
+        f.coop_matrix2_workgroup_scope,
+        f.coop_matrix2_flexible_dimensions,
+        f.coop_matrix2_reductions,
+        f.coop_matrix2_conversions,
+        f.coop_matrix2_per_element_operations,
+        f.coop_matrix2_tensor_addressing,
+    ]);
+    if cm2_on {
+        extensions.push(super::coopmat2::NAME.as_ptr());
+    }
     if f.pipeline_creation_feedback && !v13 {
         extensions.push(vk::EXT_PIPELINE_CREATION_FEEDBACK_NAME.as_ptr());
     }
@@ -370,8 +462,11 @@ pub(crate) fn create_device(
     if f.pipeline_binary {
         info = info.push_next(&mut m5).push_next(&mut pb);
     }
-    // SAFETY: `info` and its chain live across the call; every feature and extension enabled was
-    // reported supported by `supported` (the caller's contract); the 1.2 and 1.3 structs are
-    // chained only at those API versions.
+    if cm2_on {
+        cm2.chain_into_create(&mut info);
+    }
+    // SAFETY: `info` and its chain live across the call (`cm2` is not moved while chained); every
+    // feature and extension enabled was reported supported by `supported` (the caller's contract);
+    // the 1.2 and 1.3 structs are chained only at those API versions.
     unsafe { instance.create_device(pd, &info, None) }
 }

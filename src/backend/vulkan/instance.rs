@@ -416,6 +416,12 @@ pub(crate) fn describe(
                     .contains(vk::ShaderStageFlags::COMPUTE),
             storage_16bit: storage16.storage_buffer16_bit_access == vk::TRUE,
             cooperative_matrix_f16,
+            cooperative_matrix2_workgroup: if cooperative_matrix_f16 && supported.all_coop_matrix2()
+            {
+                super::coopmat2::max_workgroup(inst, raw)
+            } else {
+                0
+            },
             float16_arithmetic: f16.shader_float16 == vk::TRUE,
             timestamps: timestamp_valid_bits > 0 && l.timestamp_period > 0.0,
         },

@@ -237,6 +237,9 @@ impl VulkanBackend {
             && f.vulkan_memory_model
             && f.shader_float16
             && f.storage_buffer_16bit_access;
+        if !l.cooperative_matrix_f16 || !f.all_coop_matrix2() {
+            l.cooperative_matrix2_workgroup = 0;
+        }
         l.timestamps = family.timestamp_valid_bits > 0 && pd.limits.timestamp_period > 0.0;
         info.unusable = None;
         let dev = Arc::new(Device {

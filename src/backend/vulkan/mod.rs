@@ -16,6 +16,7 @@
 //! an image with the same digest was validated and built before (see `program_from_binary`).
 
 mod capability_check;
+mod coopmat2;
 mod device;
 mod device_check;
 mod dispatch;
