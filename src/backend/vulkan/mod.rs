@@ -15,6 +15,7 @@
 //! to the driver. Loading a persisted binary does not validate again: the binary exists only because
 //! an image with the same digest was validated and built before (see `program_from_binary`).
 
+mod batch;
 mod capability_check;
 mod device;
 mod dispatch;
@@ -26,6 +27,7 @@ pub mod pipeline_cache;
 mod program;
 mod queue_lock;
 mod submit;
+mod submit_profile;
 mod transfer;
 mod validation;
 

@@ -9,6 +9,7 @@
 //! fence means the results can be read.
 
 use std::any::Any;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use ash::vk;
@@ -16,13 +17,14 @@ use parking_lot::Mutex;
 
 use crate::error::Result;
 
+use super::batch::Submission;
 use super::device::{Device, Recycled, vk_err};
 use super::queue_lock::{QueueLock, VulkanQueueLock};
+use super::submit_profile::{self, Phase};
 
 /// One submitted batch: what must live until it has finished, and its timestamps.
 pub struct Record {
     dev: Arc<Device>,
-    fence: vk::Fence,
     pub(crate) descriptor_pool: vk::DescriptorPool,
     /// Whether `descriptor_pool` has the standard size and returns to the device's spares.
     pub(crate) descriptor_pool_kept: bool,
@@ -33,7 +35,9 @@ pub struct Record {
     query_pool_reset: bool,
     /// Launches timed by the query pool (two timestamps each).
     pub(crate) timed: u32,
-    submitted: bool,
+    /// The vkQueueSubmit its commands went into, once recorded; shared with the batches recorded
+    /// into the same command buffer.
+    submission: Option<Arc<Submission>>,
     /// Set once the batch is known finished: its timestamps read out and its pools handed back,
     /// so that events held long after (a benchmark keeping every step's event) do not keep pools
     /// from the next submissions.
@@ -54,25 +58,24 @@ impl std::fmt::Debug for Record {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Record")
             .field("timed", &self.timed)
-            .field("submitted", &self.submitted)
+            .field("recorded", &self.submission.is_some())
             .finish()
     }
 }
 
 impl Record {
-    /// A record with an unsignaled fence and, when asked, a timestamp pool for `timed` launches,
-    /// reusing spares of finished batches where there are.
+    /// A record with, when asked, a timestamp pool for `timed` launches, reusing spares of
+    /// finished batches where there are.
     pub(crate) fn new(dev: &Arc<Device>, timed: u32) -> Result<Record> {
         let mut r = Record {
             dev: dev.clone(),
-            fence: vk::Fence::null(),
             descriptor_pool: vk::DescriptorPool::null(),
             descriptor_pool_kept: false,
             query_pool: vk::QueryPool::null(),
             query_pool_kept: false,
             query_pool_reset: false,
             timed: 0,
-            submitted: false,
+            submission: None,
             finished: Mutex::new(Finished::default()),
             keep_alive: Vec::new(),
         };
@@ -80,17 +83,13 @@ impl Record {
         // Spares were reset from the host when they were handed back, where the device can.
         let host_reset = dev.host_query_reset;
         let kept = want_queries && timed <= Recycled::QUERY_LAUNCHES;
-        {
-            let mut spare = dev.recycled.lock();
-            r.fence = spare.fences.pop().unwrap_or(vk::Fence::null());
-            if kept {
-                r.query_pool = spare.query_pools.pop().unwrap_or(vk::QueryPool::null());
-            }
-        }
-        if r.fence == vk::Fence::null() {
-            // SAFETY: plain object creation on a live device; `r` owns the handle (Drop).
-            r.fence = unsafe { dev.raw.create_fence(&vk::FenceCreateInfo::default(), None) }
-                .map_err(|e| vk_err("vkCreateFence", e))?;
+        if kept {
+            r.query_pool = dev
+                .recycled
+                .lock()
+                .query_pools
+                .pop()
+                .unwrap_or(vk::QueryPool::null());
         }
         if want_queries {
             if r.query_pool == vk::QueryPool::null() {
@@ -102,7 +101,7 @@ impl Record {
                 let info = vk::QueryPoolCreateInfo::default()
                     .query_type(vk::QueryType::TIMESTAMP)
                     .query_count(2 * count);
-                // SAFETY: as above.
+                // SAFETY: plain object creation on a live device; `r` owns the handle (Drop).
                 r.query_pool = unsafe { dev.raw.create_query_pool(&info, None) }
                     .map_err(|e| vk_err("vkCreateQueryPool", e))?;
                 if host_reset {
@@ -156,21 +155,13 @@ impl Record {
         Ok(())
     }
 
-    /// Blocks until the batch has finished.
+    /// Blocks until the batch has finished, handing its command buffer to the queue first if it
+    /// was held back (see `Submitter::submit`); the error of a submission that failed.
     pub(crate) fn wait(&self) -> Result<()> {
-        if !self.submitted {
-            return Ok(());
+        match &self.submission {
+            Some(s) => s.wait(),
+            None => Ok(()),
         }
-        // SAFETY: the fence is alive (owned by self) and was submitted; waiting needs no external
-        // synchronization.
-        unsafe { self.dev.raw.wait_for_fences(&[self.fence], true, u64::MAX) }
-            .map_err(|e| vk_err("vkWaitForFences", e))
-    }
-
-    fn is_done(&self) -> Result<bool> {
-        // SAFETY: as in `wait`.
-        unsafe { self.dev.raw.get_fence_status(self.fence) }
-            .map_err(|e| vk_err("vkGetFenceStatus", e))
     }
 
     /// Reads the raw timestamps of a finished batch. The caller holds `finished` with the pools
@@ -280,48 +271,75 @@ impl Record {
 impl Drop for Record {
     fn drop(&mut self) {
         // A submitted batch must finish before its pools and kept objects go; one that never reached
-        // the queue has nothing running.
-        if self.submitted {
-            let _ = self.wait();
+        // the queue has nothing running. An open submission holds its records, so none drops
+        // while it could still be submitted.
+        if let Some(s) = &self.submission {
+            s.wait_if_submitted();
         }
         if !self.finished.get_mut().released {
             self.give_back_pools();
         }
-        let d = &self.dev.raw;
-        // SAFETY: nothing runs that waits on the fence (waited above); a kept fence is reset
-        // (unsignaled) before it is offered again, and one that fails to reset is destroyed.
-        unsafe {
-            let mut spare = self.dev.recycled.lock();
-            if self.fence != vk::Fence::null() {
-                if spare.fences.len() < Recycled::KEEP && d.reset_fences(&[self.fence]).is_ok() {
-                    spare.fences.push(self.fence);
-                } else {
-                    d.destroy_fence(self.fence, None);
-                }
-            }
-        }
     }
+}
+
+/// One command buffer handed to the queue, not yet known finished.
+struct InFlight {
+    submission: Arc<Submission>,
+    cmd: vk::CommandBuffer,
+    /// Its batches, whose pools go back once it has finished.
+    records: Vec<Arc<Record>>,
+}
+
+/// The command buffer being recorded: batches appended since the last vkQueueSubmit.
+struct Open {
+    submission: Arc<Submission>,
+    cmd: vk::CommandBuffer,
+    records: Vec<Arc<Record>>,
 }
 
 struct State {
     pool: vk::CommandPool,
     free: Vec<vk::CommandBuffer>,
     /// In submission order: one queue finishes its submissions in order.
-    in_flight: std::collections::VecDeque<(Arc<Record>, vk::CommandBuffer)>,
+    in_flight: VecDeque<InFlight>,
+    open: Option<Open>,
 }
 
 /// The context's command pool and its use of the device's queue. The state lock guards the pool
-/// (recording is short, and Vulkan requires external synchronization of a pool); the queue lock,
-/// shared by every kpc submitter over the same queue (`queue_lock.rs`), guards vkQueueSubmit.
+/// and the open command buffer (recording is short, and Vulkan requires external synchronization
+/// of a pool); the queue lock, shared by every kpc submitter over the same queue
+/// (`queue_lock.rs`), guards vkQueueSubmit.
+///
+/// Deferral: a batch submitted while earlier work of this submitter is still running is appended
+/// to an open command buffer rather than handed to the queue at once; that command buffer goes to
+/// the queue when the device has caught up (the next batch finds nothing in flight), when it holds
+/// `defer` batches, or when anything waits (an event, `finish`, a host copy). One vkQueueSubmit
+/// then carries several batches: on NVIDIA each costs the host tens of microseconds and the device
+/// an idle gap between submissions (issue 28, BENCHMARKS.md). The queue still runs every batch in
+/// submission order, each after the in-order barrier; a batch that finds the device idle is
+/// submitted at once, as before.
 pub(crate) struct Submitter {
+    shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
     dev: Arc<Device>,
     state: Mutex<State>,
     queue: QueueLock,
+    /// The most batches one vkQueueSubmit carries (1: every batch is submitted at once).
+    defer: usize,
 }
 
 impl Submitter {
     /// A submitter over `dev`'s queue; `hook` is the embedder's lock over that queue, if it gave one.
+    /// A borrowed device's submitter never defers: kpc documents that only its submitting calls
+    /// touch the embedder's queue, and a wait that submitted held-back work would break that.
     pub(crate) fn new(dev: &Arc<Device>, hook: Option<VulkanQueueLock>) -> Result<Submitter> {
+        let defer = if dev.borrowed.is_some() {
+            1
+        } else {
+            defer_from_env()?
+        };
         let info = vk::CommandPoolCreateInfo::default()
             .queue_family_index(dev.queue_family)
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
@@ -329,48 +347,61 @@ impl Submitter {
         let pool = unsafe { dev.raw.create_command_pool(&info, None) }
             .map_err(|e| vk_err("vkCreateCommandPool", e))?;
         Ok(Submitter {
-            dev: dev.clone(),
-            state: Mutex::new(State {
-                pool,
-                free: Vec::new(),
-                in_flight: std::collections::VecDeque::new(),
+            shared: Arc::new(Shared {
+                dev: dev.clone(),
+                state: Mutex::new(State {
+                    pool,
+                    free: Vec::new(),
+                    in_flight: VecDeque::new(),
+                    open: None,
+                }),
+                queue: QueueLock::for_queue(dev.raw.handle(), dev.queue, hook),
+                defer,
             }),
-            queue: QueueLock::for_queue(dev.raw.handle(), dev.queue, hook),
         })
     }
 
-    /// Records commands with `record` into a command buffer that starts with the in-order barrier
-    /// and, with `host_reads` (the host will read what it writes through a mapping), ends with a
-    /// barrier that makes its writes visible to the host; submits it with `rec`'s fence. Returns
-    /// the record, which the caller may wait on.
+    /// Records commands with `record` after the in-order barrier and, with `host_reads` (the host
+    /// will read what it writes through a mapping), a barrier that makes its writes visible to the
+    /// host; hands them to the queue now or holds them back (see [`Submitter`]). Returns the
+    /// record, which the caller may wait on.
     pub(crate) fn submit(
         &self,
+        rec: Record,
+        host_reads: bool,
+        record: impl FnOnce(&ash::Device, vk::CommandBuffer) -> Result<()>,
+    ) -> Result<Arc<Record>> {
+        self.shared.submit(rec, host_reads, record)
+    }
+
+    /// Blocks until everything submitted so far has finished.
+    pub(crate) fn finish(&self) -> Result<()> {
+        self.shared.finish()
+    }
+}
+
+impl Shared {
+    fn submit(
+        self: &Arc<Self>,
         mut rec: Record,
         host_reads: bool,
         record: impl FnOnce(&ash::Device, vk::CommandBuffer) -> Result<()>,
     ) -> Result<Arc<Record>> {
         let d = &self.dev.raw;
         let mut st = self.state.lock();
+        let t = submit_profile::start();
         Self::reclaim(&mut st)?;
-        let cmd = match st.free.pop() {
-            Some(c) => c,
-            None => {
-                let info = vk::CommandBufferAllocateInfo::default()
-                    .command_pool(st.pool)
-                    .level(vk::CommandBufferLevel::PRIMARY)
-                    .command_buffer_count(1);
-                // SAFETY: the pool is alive and externally synchronized by the state lock.
-                unsafe { d.allocate_command_buffers(&info) }
-                    .map_err(|e| vk_err("vkAllocateCommandBuffers", e))?[0]
-            }
+        submit_profile::end(Phase::Reclaim, t);
+        let t = submit_profile::start();
+        if st.open.is_none() {
+            let open = self.open(&mut st)?;
+            st.open = Some(open);
+        }
+        let Some(open) = st.open.as_mut() else {
+            unreachable!("opened above")
         };
+        let cmd = open.cmd;
         let recorded = (|| {
-            let begin = vk::CommandBufferBeginInfo::default()
-                .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
-            // SAFETY: `cmd` is not in flight (fresh or reclaimed after its fence signaled); beginning
-            // implicitly resets it (the pool allows resetting single buffers).
-            unsafe { d.begin_command_buffer(cmd, &begin) }
-                .map_err(|e| vk_err("vkBeginCommandBuffer", e))?;
             if rec.timed > 0 && !rec.query_pool_reset {
                 // SAFETY: the pool holds exactly 2*timed queries; resetting outside a render pass.
                 unsafe { d.cmd_reset_query_pool(cmd, rec.query_pool, 0, 2 * rec.timed) };
@@ -394,26 +425,134 @@ impl Submitter {
                     )
                 };
             }
-            // SAFETY: `cmd` is in the recording state.
-            unsafe { d.end_command_buffer(cmd) }.map_err(|e| vk_err("vkEndCommandBuffer", e))?;
-            let cmds = [cmd];
-            let submit = vk::SubmitInfo::default().command_buffers(&cmds);
-            let _queue = self.queue.lock();
-            // SAFETY: the queue is externally synchronized by the queue lock (every kpc submitter
-            // over it, and the embedder's lock where it gave one); the fence is unsignaled and not
-            // in use; every object the commands use is kept alive by `rec.keep_alive`.
-            unsafe { d.queue_submit(self.dev.queue, &[submit], rec.fence) }
-                .map_err(|e| vk_err("vkQueueSubmit", e))
+            Ok(())
         })();
+        submit_profile::end(Phase::Commands, t);
         if let Err(e) = recorded {
-            // The buffer never reached the queue: it can be reused at once (begin resets it).
-            st.free.push(cmd);
+            // Part of this batch may be in the command buffer: none of it may run, so the
+            // batches before it fail with the same error (their waits report it).
+            self.discard_open(&mut st, &e);
             return Err(e);
         }
-        rec.submitted = true;
+        rec.submission = Some(open.submission.clone());
         let rec = Arc::new(rec);
-        st.in_flight.push_back((rec.clone(), cmd));
+        open.records.push(rec.clone());
+        if open.records.len() >= self.defer || st.in_flight.is_empty() {
+            self.submit_locked(&mut st)?;
+        }
         Ok(rec)
+    }
+
+    /// A command buffer in the recording state, with a fresh submission.
+    fn open(self: &Arc<Self>, st: &mut State) -> Result<Open> {
+        let d = &self.dev.raw;
+        let cmd = match st.free.pop() {
+            Some(c) => c,
+            None => {
+                let info = vk::CommandBufferAllocateInfo::default()
+                    .command_pool(st.pool)
+                    .level(vk::CommandBufferLevel::PRIMARY)
+                    .command_buffer_count(1);
+                // SAFETY: the pool is alive and externally synchronized by the state lock.
+                unsafe { d.allocate_command_buffers(&info) }
+                    .map_err(|e| vk_err("vkAllocateCommandBuffers", e))?[0]
+            }
+        };
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        // SAFETY: `cmd` is not in flight (fresh or reclaimed after its fence signaled) and not
+        // recording; beginning implicitly resets it (the pool allows resetting single buffers).
+        let begun = unsafe { d.begin_command_buffer(cmd, &begin) }
+            .map_err(|e| vk_err("vkBeginCommandBuffer", e))
+            .and_then(|()| Submission::new(&self.dev, Arc::downgrade(self)));
+        match begun {
+            Ok(s) => Ok(Open {
+                submission: Arc::new(s),
+                cmd,
+                records: Vec::new(),
+            }),
+            Err(e) => {
+                Self::give_back_unsubmitted(d, st, cmd);
+                Err(e)
+            }
+        }
+    }
+
+    /// Returns a command buffer that never reached the queue to the free list, reset; one that
+    /// cannot be reset is freed.
+    fn give_back_unsubmitted(d: &ash::Device, st: &mut State, cmd: vk::CommandBuffer) {
+        // SAFETY: the buffer is not in flight; the pool allows resetting single buffers and is
+        // externally synchronized by the state lock.
+        unsafe {
+            if d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty())
+                .is_ok()
+            {
+                st.free.push(cmd);
+            } else {
+                d.free_command_buffers(st.pool, &[cmd]);
+            }
+        }
+    }
+
+    /// Drops the open command buffer: its batches fail with `e`.
+    fn discard_open(&self, st: &mut State, e: &crate::error::Error) {
+        if let Some(open) = st.open.take() {
+            open.submission.mark_failed(e.clone());
+            Self::give_back_unsubmitted(&self.dev.raw, st, open.cmd);
+        }
+    }
+
+    /// Hands the open command buffer, if any, to the queue.
+    fn submit_locked(&self, st: &mut State) -> Result<()> {
+        let Some(open) = st.open.take() else {
+            return Ok(());
+        };
+        let d = &self.dev.raw;
+        let t = submit_profile::start();
+        // SAFETY: `cmd` is in the recording state.
+        let submitted = unsafe { d.end_command_buffer(open.cmd) }
+            .map_err(|e| vk_err("vkEndCommandBuffer", e))
+            .and_then(|()| {
+                let cmds = [open.cmd];
+                let submit = vk::SubmitInfo::default().command_buffers(&cmds);
+                let _queue = self.queue.lock();
+                // SAFETY: the queue is externally synchronized by the queue lock (every kpc
+                // submitter over it, and the embedder's lock where it gave one); the fence is
+                // unsignaled and not in use; every object the commands use is kept alive by the
+                // records' keep-alives, which `in_flight` holds until the fence signals.
+                unsafe { d.queue_submit(self.dev.queue, &[submit], open.submission.fence()) }
+                    .map_err(|e| vk_err("vkQueueSubmit", e))
+            });
+        submit_profile::end(Phase::QueueSubmit, t);
+        match submitted {
+            Ok(()) => {
+                open.submission.mark_submitted();
+                st.in_flight.push_back(InFlight {
+                    submission: open.submission,
+                    cmd: open.cmd,
+                    records: open.records,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                open.submission.mark_failed(e.clone());
+                Self::give_back_unsubmitted(d, st, open.cmd);
+                Err(e)
+            }
+        }
+    }
+
+    /// Submits `submission` if it is still the open one (an event's wait asks).
+    pub(crate) fn submit_open(&self, submission: &Arc<Submission>) -> Result<()> {
+        let mut st = self.state.lock();
+        if st
+            .open
+            .as_ref()
+            .is_some_and(|o| Arc::ptr_eq(&o.submission, submission))
+        {
+            self.submit_locked(&mut st)?;
+        }
+        Ok(())
     }
 
     /// Returns the command buffers of finished submissions to the free list and drops the pool's
@@ -423,26 +562,29 @@ impl Submitter {
         // order, so this polls about one fence per submit instead of every one in flight, which
         // made the cost of a submit grow with the number in flight. Stopping early is safe either
         // way: a finished submission left in the list is only reclaimed later.
-        while let Some((rec, _)) = st.in_flight.front() {
-            if !rec.is_done()? {
+        while let Some(f) = st.in_flight.front() {
+            if !f.submission.is_done()? {
                 break;
             }
-            rec.release_pools();
-            if let Some((_, cmd)) = st.in_flight.pop_front() {
-                st.free.push(cmd);
+            for r in &f.records {
+                r.release_pools();
+            }
+            if let Some(f) = st.in_flight.pop_front() {
+                st.free.push(f.cmd);
             }
         }
         Ok(())
     }
 
-    /// Blocks until everything submitted so far has finished.
-    pub(crate) fn finish(&self) -> Result<()> {
-        let pending: Vec<Arc<Record>> = {
-            let st = self.state.lock();
-            st.in_flight.iter().map(|(r, _)| r.clone()).collect()
+    /// Submits what is held back, then blocks until everything submitted so far has finished.
+    fn finish(&self) -> Result<()> {
+        let pending: Vec<Arc<Submission>> = {
+            let mut st = self.state.lock();
+            self.submit_locked(&mut st)?;
+            st.in_flight.iter().map(|f| f.submission.clone()).collect()
         };
-        for r in &pending {
-            r.wait()?;
+        for s in &pending {
+            s.wait()?;
         }
         drop(pending);
         Self::reclaim(&mut self.state.lock())
@@ -451,14 +593,47 @@ impl Submitter {
 
 impl Drop for Submitter {
     fn drop(&mut self) {
-        let _ = self.finish();
-        let st = self.state.get_mut();
+        let _ = self.shared.finish();
+        submit_profile::report();
+        let mut st = self.shared.state.lock();
+        if let Some(open) = st.open.take() {
+            // Only a failed submit leaves one: nothing of it runs.
+            open.submission
+                .mark_failed(crate::error::Error::InvalidArgument(
+                    "the context was dropped before this batch was submitted".into(),
+                ));
+        }
         st.in_flight.clear();
-        // SAFETY: every submission has finished (finish above waited on each fence, and a failed wait
-        // means a lost device, where destroying is still allowed); freeing the pool frees its buffers.
-        unsafe { self.dev.raw.destroy_command_pool(st.pool, None) };
+        // SAFETY: every submission has finished (finish above waited on each fence, and a failed
+        // wait means a lost device, where destroying is still allowed); freeing the pool frees its
+        // buffers.
+        unsafe { self.shared.dev.raw.destroy_command_pool(st.pool, None) };
     }
 }
+
+/// `KPC_VULKAN_DEFER`: the most batches one vkQueueSubmit carries; 8 when unset.
+fn defer_from_env() -> Result<usize> {
+    const VAR: &str = "KPC_VULKAN_DEFER";
+    let Some(v) = std::env::var_os(VAR) else {
+        return Ok(DEFER);
+    };
+    let s = v.to_string_lossy();
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=Recycled::KEEP).contains(&n) => Ok(n),
+        _ => Err(crate::error::Error::Config(
+            crate::config::ConfigError::Invalid {
+                var: VAR,
+                value: s.to_string(),
+                accepted: "a whole number from 1 to 256",
+            },
+        )),
+    }
+}
+
+/// Batches one vkQueueSubmit carries at most by default. Small, so that a long run of batches
+/// submitted while the device is busy starts soon after the device catches up, even when nothing
+/// waits.
+const DEFER: usize = 8;
 
 /// Records a barrier that orders the device's earlier reads and writes of buffers (kernels and
 /// copies) before its later ones: the in-order queue rule between submissions and between launches
