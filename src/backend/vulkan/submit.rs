@@ -11,6 +11,7 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ash::vk;
 use parking_lot::Mutex;
@@ -303,6 +304,8 @@ struct State {
     /// In submission order: one queue finishes its submissions in order.
     in_flight: VecDeque<InFlight>,
     open: Option<Open>,
+    /// When the last batch was recorded.
+    last: Option<Instant>,
 }
 
 /// The context's command pool and its use of the device's queue. The state lock guards the pool
@@ -310,14 +313,14 @@ struct State {
 /// of a pool); the queue lock, shared by every kpc submitter over the same queue
 /// (`queue_lock.rs`), guards vkQueueSubmit.
 ///
-/// Deferral: a batch submitted while earlier work of this submitter is still running is appended
-/// to an open command buffer rather than handed to the queue at once; that command buffer goes to
-/// the queue when the device has caught up (the next batch finds nothing in flight), when it holds
-/// `defer` batches, or when anything waits (an event, `finish`, a host copy). One vkQueueSubmit
+/// Deferral: a batch that follows the one before closely (within `ALONE`) or finds earlier work of
+/// this submitter still running is appended to an open command buffer rather than handed to the
+/// queue at once; that command buffer goes to the queue when it holds `defer` batches, when a
+/// batch comes alone to an idle device, or when anything waits (an event, `finish`, a host copy). One vkQueueSubmit
 /// then carries several batches: on NVIDIA each costs the host tens of microseconds and the device
 /// an idle gap between submissions (issue 28, BENCHMARKS.md). The queue still runs every batch in
-/// submission order, each after the in-order barrier; a batch that finds the device idle is
-/// submitted at once, as before.
+/// submission order, each after the in-order barrier; a batch that comes alone to an idle device
+/// is submitted at once, as before.
 pub(crate) struct Submitter {
     shared: Arc<Shared>,
 }
@@ -354,6 +357,7 @@ impl Submitter {
                     free: Vec::new(),
                     in_flight: VecDeque::new(),
                     open: None,
+                    last: None,
                 }),
                 queue: QueueLock::for_queue(dev.raw.handle(), dev.queue, hook),
                 defer,
@@ -388,13 +392,16 @@ impl Shared {
         record: impl FnOnce(&ash::Device, vk::CommandBuffer) -> Result<()>,
     ) -> Result<Arc<Record>> {
         let d = &self.dev.raw;
-        let mut st = self.state.lock();
+        let mut guard = self.state.lock();
+        // Through a plain reference, so that the open command buffer and the other fields can
+        // be borrowed apart.
+        let st = &mut *guard;
         let t = submit_profile::start();
-        Self::reclaim(&mut st)?;
+        Self::reclaim(st)?;
         submit_profile::end(Phase::Reclaim, t);
         let t = submit_profile::start();
         if st.open.is_none() {
-            let open = self.open(&mut st)?;
+            let open = self.open(st)?;
             st.open = Some(open);
         }
         let Some(open) = st.open.as_mut() else {
@@ -431,14 +438,17 @@ impl Shared {
         if let Err(e) = recorded {
             // Part of this batch may be in the command buffer: none of it may run, so the
             // batches before it fail with the same error (their waits report it).
-            self.discard_open(&mut st, &e);
+            self.discard_open(st, &e);
             return Err(e);
         }
         rec.submission = Some(open.submission.clone());
         let rec = Arc::new(rec);
         open.records.push(rec.clone());
-        if open.records.len() >= self.defer || st.in_flight.is_empty() {
-            self.submit_locked(&mut st)?;
+        let now = Instant::now();
+        let apart = st.last.is_none_or(|t| now.duration_since(t) >= ALONE);
+        st.last = Some(now);
+        if open.records.len() >= self.defer || (apart && st.in_flight.is_empty()) {
+            self.submit_locked(st)?;
         }
         Ok(rec)
     }
@@ -629,6 +639,13 @@ fn defer_from_env() -> Result<usize> {
         )),
     }
 }
+
+/// A batch recorded this long after the one before, with the device idle, is submitted at once:
+/// it is not part of a run of steps, and whatever the caller does next overlaps with it. Batches
+/// closer together are held back even with the device idle, so that a run whose host side is
+/// slower than its device side (each step finding the device idle) still shares submissions: on
+/// NVIDIA a submission to an idle device costs the host most, and the run would never catch up.
+const ALONE: Duration = Duration::from_micros(200);
 
 /// Batches one vkQueueSubmit carries at most by default. Small, so that a long run of batches
 /// submitted while the device is busy starts soon after the device catches up, even when nothing
