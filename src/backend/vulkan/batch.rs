@@ -9,7 +9,12 @@ use parking_lot::Mutex;
 use crate::error::{Error, Result};
 
 use super::device::{Device, Recycled, vk_err};
-use super::submit::Shared;
+
+/// What can hand an open submission to the queue: its submitter.
+pub(crate) trait SubmitOpen: Send + Sync {
+    /// Submits `submission` if it is still open.
+    fn submit_open(&self, submission: &Arc<Submission>) -> Result<()>;
+}
 
 /// Where a submission stands.
 #[derive(Debug, Clone)]
@@ -28,12 +33,12 @@ pub(crate) struct Submission {
     fence: vk::Fence,
     state: Mutex<State>,
     /// The submitter that can still submit it while it is open.
-    owner: Weak<Shared>,
+    owner: Weak<dyn SubmitOpen>,
 }
 
 impl Submission {
     /// An open submission with an unsignaled fence (a spare where there is one).
-    pub(crate) fn new(dev: &Arc<Device>, owner: Weak<Shared>) -> Result<Submission> {
+    pub(crate) fn new(dev: &Arc<Device>, owner: Weak<dyn SubmitOpen>) -> Result<Submission> {
         let spare = dev.recycled.lock().fences.pop();
         let fence = match spare {
             Some(f) => f,

@@ -26,6 +26,7 @@ mod kernel_handles;
 pub mod pipeline_cache;
 mod program;
 mod queue_lock;
+mod record;
 mod submit;
 mod submit_profile;
 mod transfer;
