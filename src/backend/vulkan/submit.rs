@@ -369,18 +369,23 @@ impl Drop for Submitter {
     }
 }
 
-/// `KPC_VULKAN_DEFER`: the most batches one vkQueueSubmit carries; 8 when unset.
+/// `KPC_VULKAN_DEFER`: the most batches one vkQueueSubmit carries; [`DEFER`] when unset.
 fn defer_from_env() -> Result<usize> {
-    const VAR: &str = "KPC_VULKAN_DEFER";
-    let Some(v) = std::env::var_os(VAR) else {
+    let v = std::env::var_os(DEFER_VAR);
+    parse_defer(v.as_ref().map(|v| v.to_string_lossy()).as_deref())
+}
+
+const DEFER_VAR: &str = "KPC_VULKAN_DEFER";
+
+fn parse_defer(v: Option<&str>) -> Result<usize> {
+    let Some(s) = v else {
         return Ok(DEFER);
     };
-    let s = v.to_string_lossy();
     match s.trim().parse::<usize>() {
         Ok(n) if (1..=Recycled::KEEP).contains(&n) => Ok(n),
         _ => Err(crate::error::Error::Config(
             crate::config::ConfigError::Invalid {
-                var: VAR,
+                var: DEFER_VAR,
                 value: s.to_string(),
                 accepted: "a whole number from 1 to 256",
             },
@@ -431,4 +436,20 @@ pub(crate) unsafe fn in_order_barrier(d: &ash::Device, cmd: vk::CommandBuffer) {
             &[],
         )
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DEFER, parse_defer};
+
+    #[test]
+    fn defer_accepts_1_to_256_and_names_the_variable_otherwise() {
+        assert_eq!(parse_defer(None).unwrap(), DEFER);
+        assert_eq!(parse_defer(Some(" 1 ")).unwrap(), 1);
+        assert_eq!(parse_defer(Some("256")).unwrap(), 256);
+        for bad in ["0", "257", "-1", "many", ""] {
+            let e = parse_defer(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("KPC_VULKAN_DEFER"), "{bad:?}: {e}");
+        }
+    }
 }
