@@ -303,6 +303,55 @@ fn a_batch_runs_in_order_and_is_timed_per_launch() {
     }
 }
 
+/// Many one-launch batches submitted back to back, as decode steps are: the submitter may carry
+/// several in one command buffer while the device is busy. Each must still run after the one
+/// before it, an event waited out of order must still finish (and be timed), and a read with every
+/// event dropped unwaited must still see all of them.
+#[test]
+fn back_to_back_batches_run_in_order_and_each_event_waits() {
+    let Some(b) = vulkan_backend(
+        "back_to_back_batches_run_in_order_and_each_event_waits",
+        &VulkanOptions {
+            buffers: BufferStrategy::Staging,
+        },
+    ) else {
+        return;
+    };
+    let ctx = Context::from_backend(b, &test_config());
+    let k = saxpy(&ctx, &SpecConstants::new());
+    let n = 20_000;
+    let (x, y) = (random_f32(n), random_f32(n));
+    let by = ctx.buffer_from(&y).unwrap();
+    let bufs: [Buffer<f32>; 2] = [ctx.buffer_from(&x).unwrap(), ctx.buffer(n).unwrap()];
+    let push = PushConstants::new().u32(n as u32).f32(1.0);
+    let g = k.groups_for([n as u64, 1, 1]).unwrap();
+    let steps = 40;
+    // Step i: bufs[(i + 1) % 2] = bufs[i % 2] + y, so after `steps` of them x + steps * y.
+    let mut events = Vec::new();
+    for i in 0..steps {
+        let (src, dst) = (&bufs[i % 2], &bufs[(i + 1) % 2]);
+        events.push(
+            ctx.queue()
+                .launch(&k, g, &[src, &by, dst], push.as_bytes())
+                .unwrap(),
+        );
+    }
+    events[steps / 2].wait().unwrap();
+    if let Some(t) = events[steps / 2].device_time().unwrap() {
+        assert!(t.as_nanos() > 0);
+    }
+    drop(events);
+    let out = bufs[steps % 2].read().unwrap();
+    for i in 0..n {
+        let want = x[i] + steps as f32 * y[i];
+        assert!(
+            (out[i] - want).abs() <= 1e-4 * (1.0 + want.abs()),
+            "out[{i}] = {}, want {want}",
+            out[i]
+        );
+    }
+}
+
 #[test]
 fn kernels_launch_from_many_threads() {
     let Some(ctx) = vulkan_context("kernels_launch_from_many_threads") else {

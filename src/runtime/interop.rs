@@ -23,7 +23,9 @@
 //! warm start (pipelines and programs are created on the device, which needs no external
 //! synchronization), `Context::kernel_from_blob`, `cache_blob`, [`Kernel::vulkan_handles`],
 //! [`Kernel::opencl_lease`], [`Context::buffer`] (allocation only). Waiting (`Event::wait`,
-//! [`Context::finish`], [`Context::quiesce`]) waits on fences and touches no queue either.
+//! [`Context::finish`], [`Context::quiesce`]) waits on fences and touches no queue either: a
+//! context over the embedder's device submits every batch at once, never holding one back for a
+//! later wait to submit as kpc's own contexts may (`KPC_VULKAN_DEFER`, ENVIRONMENT.md).
 //!
 //! # What an engine must serialize (Vulkan)
 //! Vulkan requires that no two threads use one `VkQueue` at once. Among kpc's own contexts this is

@@ -63,7 +63,10 @@ impl Queue {
     }
 
     /// Submits `launches` as one batch, in order, each after the previous has finished. One batch
-    /// costs one submission, which matters when a step is many small launches.
+    /// costs at most one submission, which matters when a step is many small launches. On a Vulkan
+    /// device kpc opened, batches that follow each other closely may share one vkQueueSubmit and
+    /// start only when it goes to the queue: at the latest when it holds `KPC_VULKAN_DEFER`
+    /// batches or when anything waits (an event, [`Queue::finish`], a buffer read or write).
     ///
     /// Errors: as [`Queue::launch`], for any launch of the batch; nothing is submitted then.
     pub fn submit(&self, launches: &[LaunchDesc<'_>]) -> Result<Event> {

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use super::VulkanBackend;
 use super::device::{BufferPlace, vk_err};
 use super::submit::{Record, in_order_barrier};
+use super::submit_profile::{self, Phase};
 
 impl VulkanBackend {
     pub(super) fn dispatch(&self, launches: &[Launch<'_, Self>]) -> Result<Arc<Record>> {
@@ -29,7 +30,11 @@ impl VulkanBackend {
                 });
             }
         }
+        let whole = submit_profile::start();
+        let t = submit_profile::start();
         let mut rec = Record::new(&self.dev, launches.len() as u32)?;
+        submit_profile::end(Phase::Record, t);
+        let t = submit_profile::start();
         // One descriptor pool per batch: a reset spare where it fits, else sized exactly.
         let mut storage = 0;
         let mut uniform = 0;
@@ -91,6 +96,7 @@ impl VulkanBackend {
                 rec.keep_alive.push(b.clone() as Arc<dyn Any + Send + Sync>);
             }
         }
+        submit_profile::end(Phase::Descriptors, t);
         let timed = rec.timed > 0;
         let query_pool = rec.query_pool;
         // Launches write buffers the host reads directly only where they are mapped.
@@ -150,6 +156,7 @@ impl VulkanBackend {
         self.counters
             .launches
             .fetch_add(launches.len() as u64, Ordering::Relaxed);
+        submit_profile::end(Phase::Dispatch, whole);
         Ok(rec)
     }
 }

@@ -15,6 +15,7 @@
 //! to the driver. Loading a persisted binary does not validate again: the binary exists only because
 //! an image with the same digest was validated and built before (see `program_from_binary`).
 
+mod batch;
 mod capability_check;
 mod coopmat2;
 mod device;
@@ -30,7 +31,9 @@ pub mod pipeline_cache;
 mod pipeline_stats;
 mod program;
 mod queue_lock;
+mod record;
 mod submit;
+mod submit_profile;
 mod transfer;
 mod validation;
 mod vk_error;
