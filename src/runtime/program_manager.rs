@@ -517,17 +517,11 @@ impl ProgramManager {
                         self.stores.note_recompiled(&hit);
                     }
                     let source = Source::of_store(hit.kind());
-                    self.trace_build(
-                        image,
-                        &format!(
-                            "loaded from {source} (lookup {:.3} ms before, load record {:.3} ms \
-                             of it)",
-                            (guard_start - lookup_start).as_secs_f64() * 1e3,
-                            guarded.as_secs_f64() * 1e3
-                        ),
-                        true,
-                        Some(guard_start.elapsed()),
-                    );
+                    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                    let (l, r) = (ms(guard_start - lookup_start), ms(guarded));
+                    let what =
+                        format!("loaded from {source} (lookup {l:.3} ms, load record {r:.3} ms)");
+                    self.trace_build(image, &what, true, Some(guard_start.elapsed()));
                     return Ok((p, source));
                 }
                 // The kernel needs what this device did not enable (an embedder's device that shares
