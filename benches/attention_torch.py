@@ -7,7 +7,9 @@ warm-up, median of many runs, rotating among several input sets so repeated runs
 L2. Prints one table for decode (one query against an L-long fp16 KV cache) and one for causal prefill.
 Decode is timed two ways: one SDPA call (median), and whole steps as kpc times them: 50 steps back to
 back, each appending its K/V row into a preallocated cache and attending over the cache so far, with
-events around all 50.
+events around all 50. Both are printed again replayed from a CUDA graph (`graph` columns): the host's
+launch cost (50-100 µs a call on some hosts, more than a decode kernel) then leaves no gaps, so those
+columns are the kernels' own time, the figure to compare with kpc's device time.
 
     python3 benches/attention_torch.py [--batch 1] [--heads 32] [--kv-heads 32] [--head-dim 128]
 """
@@ -43,6 +45,39 @@ def time_ms(fn, sets, warmup=5, reps=50):
     return statistics.median(times)
 
 
+def graph_us(calls_fn, calls=20, reps=10):
+    """Microseconds per call of `calls_fn(i)` (one call, i = 0..calls-1) captured `calls` times in one
+    CUDA graph and replayed: the kernels' time without the host's launch gaps. None where capture
+    fails."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture, as CUDA graphs require
+            for i in range(3):
+                calls_fn(i)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(calls):
+                calls_fn(i)
+        g.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        del g
+        return statistics.median(times) * 1e3 / calls
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+
+
 def sdpa(backend, causal, gqa):
     def run(q, k, v):
         with sdpa_kernel([backend]):
@@ -51,8 +86,9 @@ def sdpa(backend, causal, gqa):
     return run
 
 
-def step_us(backend, B, H, Hkv, L, D, gqa, steps=50, dev="cuda"):
-    """Whole decode steps (append + attention) back to back, microseconds per step."""
+def step_us(backend, B, H, Hkv, L, D, gqa, steps=50, dev="cuda", graph=False):
+    """Whole decode steps (append + attention) back to back, microseconds per step; with `graph`, the
+    50 steps captured in a CUDA graph and replayed."""
     cap = L + 2 * steps
     kc = torch.randn(B, Hkv, cap, D, dtype=torch.float16, device=dev)
     vc = torch.randn(B, Hkv, cap, D, dtype=torch.float16, device=dev)
@@ -71,6 +107,10 @@ def step_us(backend, B, H, Hkv, L, D, gqa, steps=50, dev="cuda"):
                 )
 
     try:
+        if graph:
+            # One "call" is the whole 50 steps at positions L.., replayed as captured.
+            t = graph_us(lambda i: run(L), calls=1, reps=5)
+            return None if t is None else t / steps
         run(L)  # warm-up
         torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -83,6 +123,26 @@ def step_us(backend, B, H, Hkv, L, D, gqa, steps=50, dev="cuda"):
         return None
     finally:
         del kc, vc
+
+
+def sets_graph(B, H, Hkv, L, D, gqa, dev):
+    """Per backend: one SDPA call and one whole step, from CUDA graphs (µs)."""
+    sets = []
+    for _ in range(4):
+        q = torch.randn(B, H, 1, D, dtype=torch.float16, device=dev)
+        k = torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev)
+        v = torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev)
+        sets.append((q, k, v))
+    calls, steps = {}, {}
+    for name, backend in BACKENDS:
+        if name == "math":  # never the fastest at decode, and slow to replay thousands of times
+            calls[name] = steps[name] = None
+            continue
+        fn = sdpa(backend, False, gqa)
+        calls[name] = graph_us(lambda i, fn=fn: fn(*sets[i % len(sets)]))
+        steps[name] = step_us(backend, B, H, Hkv, L, D, gqa, graph=True)
+    del sets
+    return calls, steps
 
 
 def best(fns, sets):
@@ -129,6 +189,7 @@ def main():
         + " | ".join(f"{n + ' step':>13}" for n in names)
         + " | best step us"
     )
+    graphs = []
     for L in [int(x) for x in a.decode.split(",") if x]:
         sets = []
         for _ in range(4):
@@ -147,6 +208,24 @@ def main():
         st_cells = " | ".join(f"{st[n]:>13.1f}" if st[n] else f"{'-':>13}" for n in names)
         best_st = f"{min(ok_st):>12.1f}" if ok_st else f"{'-':>12}"
         print(f"{L:>6} | {cells} | {gbs:>8.0f} | {gbs / copy_gbs:>6.0%} | {st_cells} | {best_st}")
+        graphs.append((L, sets_graph(B, H, Hkv, L, D, gqa, dev), st))
+
+    print("\ndecode from a CUDA graph (no launch gaps; the kernels' own time): us per call / per step")
+    print(
+        f"{'L':>6} | "
+        + " | ".join(f"{n + ' graph':>13}" for n in names)
+        + " | "
+        + " | ".join(f"{n + ' g.step':>13}" for n in names)
+        + " | best us | best step"
+    )
+    for L, (gs, gst), _ in graphs:
+        cells = " | ".join(f"{gs[n]:>13.1f}" if gs[n] else f"{'-':>13}" for n in names)
+        st_cells = " | ".join(f"{gst[n]:>13.1f}" if gst[n] else f"{'-':>13}" for n in names)
+        ok = [t for t in gs.values() if t is not None]
+        ok_st = [t for t in gst.values() if t is not None]
+        b1 = f"{min(ok):>7.1f}" if ok else f"{'-':>7}"
+        b2 = f"{min(ok_st):>9.1f}" if ok_st else f"{'-':>9}"
+        print(f"{L:>6} | {cells} | {st_cells} | {b1} | {b2}")
 
     print("\ncausal prefill: TFLOP/s counted as 2*B*H*L^2*D (the causal half)")
     print(f"{'L':>6} | " + " | ".join(f"{n:>10} ms" for n in names) + " | best TFLOP/s")
