@@ -125,14 +125,21 @@ def step_us(backend, B, H, Hkv, L, D, gqa, steps=50, dev="cuda", graph=False):
         del kc, vc
 
 
+def decode_sets(B, H, Hkv, L, D, dev):
+    """Four decode input sets (one query per head, an L-long K/V), rotated so L2 stays cold."""
+    return [
+        (
+            torch.randn(B, H, 1, D, dtype=torch.float16, device=dev),
+            torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev),
+            torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev),
+        )
+        for _ in range(4)
+    ]
+
+
 def sets_graph(B, H, Hkv, L, D, gqa, dev):
     """Per backend: one SDPA call and one whole step, from CUDA graphs (µs)."""
-    sets = []
-    for _ in range(4):
-        q = torch.randn(B, H, 1, D, dtype=torch.float16, device=dev)
-        k = torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev)
-        v = torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev)
-        sets.append((q, k, v))
+    sets = decode_sets(B, H, Hkv, L, D, dev)
     calls, steps = {}, {}
     for name, backend in BACKENDS:
         if name == "math":  # never the fastest at decode, and slow to replay thousands of times
@@ -191,12 +198,7 @@ def main():
     )
     graphs = []
     for L in [int(x) for x in a.decode.split(",") if x]:
-        sets = []
-        for _ in range(4):
-            q = torch.randn(B, H, 1, D, dtype=torch.float16, device=dev)
-            k = torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev)
-            v = torch.randn(B, Hkv, L, D, dtype=torch.float16, device=dev)
-            sets.append((q, k, v))
+        sets = decode_sets(B, H, Hkv, L, D, dev)
         r = best(lambda bk: sdpa(bk, False, gqa), sets)
         ok = [t for t in r.values() if t is not None]
         bytes_ = 2 * B * Hkv * L * D * 2

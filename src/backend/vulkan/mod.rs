@@ -178,12 +178,16 @@ impl VulkanBackend {
         }
         let dev = Arc::new(Device::open(inst, &pd)?);
         let mut info = pd.info;
-        info.fingerprint = pipeline_binary::fingerprint_for(
-            &info.fingerprint,
-            dev.pipeline_binary
-                .as_ref()
-                .map(|p| p.global_key.as_slice()),
-        );
+        // Discovery's fingerprint is final for a pipeline-cache device; one described as loading
+        // binaries gets the driver's key (or, where the path could not be opened, the cache kind).
+        if pd.pipeline_binaries {
+            info.fingerprint = pipeline_binary::fingerprint_for(
+                &info.fingerprint,
+                dev.pipeline_binary
+                    .as_ref()
+                    .map(|p| p.global_key.as_slice()),
+            );
+        }
         let place = match (options.buffers, info.device_type) {
             (BufferStrategy::Auto, crate::backend::DeviceType::Cpu) => BufferPlace::HostVisible,
             _ => BufferPlace::DeviceLocal,
