@@ -124,6 +124,14 @@ pub const SPIRV: &[ShippedSpirv] = &[
         cooperative_matrix2: true,
     },
     ShippedSpirv {
+        name: "attn_decode_coop",
+        source: "kernels/attn_decode_coop.comp",
+        spirv: include_bytes!("../kernels/attn_decode_coop.spv"),
+        glsl: include_str!("../kernels/attn_decode_coop.comp"),
+        cooperative_matrix: true,
+        cooperative_matrix2: false,
+    },
+    ShippedSpirv {
         name: "coop_layout",
         source: "kernels/coop_layout.comp",
         spirv: include_bytes!("../kernels/coop_layout.spv"),

@@ -123,6 +123,7 @@ fn workload(
     let attn = Attention::new(ctx, &shape, dtype, total, options)?;
     let (copy_bw, copy_kernel) = copy_bandwidth(ctx)?;
     let decode_how = match attn.decode_kernel() {
+        DecodeKernel::Cooperative => format!(", {} invocations", options.decode_local_size),
         DecodeKernel::Vectorized => format!(
             ", {} splits, {}",
             if options.decode_cyclic {

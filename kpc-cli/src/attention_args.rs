@@ -190,6 +190,8 @@ pub(crate) enum DecodeArg {
     Auto,
     Generic,
     Vectorized,
+    /// The cooperative-matrix decode (Vulkan, fp16 K/V; never chosen by auto).
+    Cooperative,
 }
 
 fn selector(args: &Args, config: &Config) -> kpc::Result<DeviceSelector> {
@@ -239,6 +241,7 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
         DecodeArg::Auto => DecodeKernel::Auto,
         DecodeArg::Generic => DecodeKernel::Generic,
         DecodeArg::Vectorized => DecodeKernel::Vectorized,
+        DecodeArg::Cooperative => DecodeKernel::Cooperative,
     };
     options.prefill = match args.prefill_kernel {
         PrefillArg::Auto => PrefillKernel::Auto,

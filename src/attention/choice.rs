@@ -1,6 +1,6 @@
-//! Which kernel variant runs on which device: what each variant needs (shared memory, subgroups,
-//! cooperative matrices, head dimensions), the cooperative-matrix layout probe, and the vectorized
-//! decode's layout.
+//! Which prefill kernel runs on which device: what each variant needs (shared memory, subgroups,
+//! cooperative matrices, head dimensions), and the cooperative-matrix layout probe that the
+//! register softmax of the matrix kernels depends on. The decode's choice is in `decode_choice`.
 
 use crate::backend::DeviceInfo;
 use crate::cache::SpecConstants;
@@ -277,77 +277,8 @@ pub(super) fn tiled_prefill_fits(
     Ok(())
 }
 
-/// Most query heads per KV head the vectorized decode kernel serves in one workgroup.
-const VEC_MAX_GROUP: usize = 8;
-/// Most head elements one lane of the vectorized decode kernel holds (`MAX_VALS` in the kernel).
-const VEC_MAX_VALS: usize = 32;
-
-/// How the vectorized decode kernel is laid out on one device for one shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct VecLayout {
-    /// Invocations per K/V row.
-    pub(super) lanes: u32,
-    /// OpenCL on NVIDIA: sum a row's lanes with the PTX warp shuffle instead of local memory.
-    pub(super) nv_shuffle: bool,
-}
-
-/// Whether the vectorized decode kernel runs on `device` for `shape` and `dtype`, and how; the error
-/// says why not.
-pub(super) fn vec_layout(
-    device: &DeviceInfo,
-    shape: &AttentionShape,
-    dtype: KvDtype,
-    local_size: u32,
-) -> std::result::Result<VecLayout, String> {
-    let elems = 16 / dtype.bytes();
-    if shape.head_dim % elems != 0 {
-        return Err(format!(
-            "head dimension {} is not a multiple of {elems} ({dtype:?} elements per 16-byte load)",
-            shape.head_dim
-        ));
-    }
-    let group = shape.q_heads / shape.kv_heads;
-    if group > VEC_MAX_GROUP {
-        return Err(format!(
-            "{group} query heads per KV head; the vectorized kernel serves at most {VEC_MAX_GROUP}"
-        ));
-    }
-    if local_size > device.limits.max_workgroup_invocations {
-        return Err(format!(
-            "it needs workgroups of {local_size} invocations; the device allows {}",
-            device.limits.max_workgroup_invocations
-        ));
-    }
-    let (most, nv_shuffle) = match device.backend {
-        BackendKind::Vulkan => {
-            if !device.limits.subgroup_shuffle {
-                return Err("the device has no subgroup shuffles in compute shaders".into());
-            }
-            let sg = device
-                .limits
-                .subgroup_size
-                .ok_or("the device reports no subgroup size")?;
-            (sg.min(16), false)
-        }
-        BackendKind::OpenCl => (16, device.driver.contains("NVIDIA")),
-    };
-    let chunks = (shape.head_dim / elems) as u32;
-    let mut lanes = 1;
-    while lanes * 2 <= most && chunks % (lanes * 2) == 0 && local_size % (lanes * 2) == 0 {
-        lanes *= 2;
-    }
-    let vals = shape.head_dim / lanes as usize;
-    if vals > VEC_MAX_VALS {
-        return Err(format!(
-            "{lanes} lanes per row leave {vals} elements per lane; the kernel holds at most \
-             {VEC_MAX_VALS}"
-        ));
-    }
-    Ok(VecLayout { lanes, nv_shuffle })
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::{
         AttentionOptions, AttentionShape, DeviceInfo, KvDtype, PrefillKernel, auto_prefill,
         cm2_prefill_fits, quad_layout,
@@ -357,7 +288,7 @@ mod tests {
 
     /// A device as discovery would describe one: lavapipe-like (no matrices), KHR matrices only, or
     /// KHR and NV cooperative matrix 2 (H100-like: workgroup-scope matrices up to 256 invocations).
-    fn device(khr: bool, cm2: u32) -> DeviceInfo {
+    pub(in crate::attention) fn device(khr: bool, cm2: u32) -> DeviceInfo {
         DeviceInfo {
             backend: BackendKind::Vulkan,
             index: 0,

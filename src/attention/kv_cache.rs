@@ -11,6 +11,11 @@ enum KvStore {
     F16 { k: Buffer<u16>, v: Buffer<u16> },
 }
 
+/// Positions of slack after the last head's capacity in each buffer: the cooperative-matrix decode
+/// loads K in whole 16-row tiles, and a partial last tile of the last head reads up to 15 rows
+/// past its capacity (their scores are masked). Never read as data, never written.
+const SLACK_ROWS: usize = 16;
+
 /// One layer's K and V on the device: `[batch][kv_head][position][head_dim]`, `capacity` positions
 /// per head, of which the first [`KvCache::len`] are filled.
 pub struct KvCache {
@@ -48,15 +53,18 @@ impl KvCache {
                 "a KV cache needs a capacity of at least one position".into(),
             ));
         }
-        let elems = shape.kv_step_elems() * capacity;
-        if elems
-            .checked_mul(dtype.bytes())
-            .is_none_or(|b| b > u32::MAX as usize)
-        {
+        let elems = shape
+            .kv_step_elems()
+            .checked_mul(capacity)
+            .and_then(|e| e.checked_add(SLACK_ROWS * shape.head_dim));
+        let Some(elems) = elems.filter(|e| {
+            e.checked_mul(dtype.bytes())
+                .is_some_and(|b| b <= u32::MAX as usize)
+        }) else {
             return Err(Error::InvalidArgument(format!(
                 "a KV cache of {capacity} positions for {shape:?} exceeds 4 GiB per buffer"
             )));
-        }
+        };
         let store = match dtype {
             KvDtype::F32 => KvStore::F32 {
                 k: ctx.buffer(elems)?,

@@ -7,9 +7,10 @@ use crate::error::{Error, Result};
 use crate::runtime::{Context, Kernel};
 
 use super::choice::{
-    auto_prefill, cm2_prefill_fits, coop_prefill_fits, coop_prefill_shared, coop_quad_layout,
-    tiled_prefill_fits, tiled_prefill_shared, tiled_prefill_slice, vec_layout,
+    auto_prefill, cm2_prefill_fits, coop_matrix_unfit, coop_prefill_fits, coop_prefill_shared,
+    coop_quad_layout, tiled_prefill_fits, tiled_prefill_shared, tiled_prefill_slice,
 };
+use super::decode_choice::{coop_decode_fits, coop_decode_shared, vec_layout};
 use super::{
     Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
     shipped_kernel_from,
@@ -52,9 +53,14 @@ impl Attention {
             )));
         }
         let device = ctx.device();
+        // The matrix decode runs in the vectorized kernel's launch (grid, scratch, push constants),
+        // so it takes that layout too, which every shape and device it fits has.
+        let coop_decode = Self::choose_coop_decode(ctx, shape, dtype, capacity, &options)?;
         let vec = match options.decode {
             DecodeKernel::Generic => None,
-            DecodeKernel::Auto => vec_layout(device, shape, dtype, options.decode_local_size).ok(),
+            DecodeKernel::Auto | DecodeKernel::Cooperative => {
+                vec_layout(device, shape, dtype, options.decode_local_size).ok()
+            }
             DecodeKernel::Vectorized => Some(
                 vec_layout(device, shape, dtype, options.decode_local_size).map_err(|why| {
                     Error::InvalidArgument(format!(
@@ -104,6 +110,9 @@ impl Attention {
             && coop_quad_layout(ctx)?;
         let (bq, bk) = (options.block_q as usize, options.block_k as usize);
         let decode_shared = match vec {
+            Some(_) if coop_decode => {
+                coop_decode_shared(shape.head_dim, options.decode_local_size as usize)
+            }
             None => 4 * (shape.head_dim + options.chunk as usize + options.local_size as usize),
             Some(v) => {
                 let rg = (options.decode_local_size / v.lanes) as usize;
@@ -138,11 +147,12 @@ impl Attention {
         let d = SpecValue::U32(shape.head_dim as u32);
         let local = SpecValue::U32(options.local_size);
         let f16 = SpecValue::U32(u32::from(dtype == KvDtype::F16));
-        let combine_all = vec.is_some_and(|v| {
-            options.decode_combine_all
-                && ctx.backend() == BackendKind::Vulkan
-                && Self::combine_all_fits(shape, options, capacity, v.lanes)
-        });
+        let combine_all = coop_decode
+            || vec.is_some_and(|v| {
+                options.decode_combine_all
+                    && ctx.backend() == BackendKind::Vulkan
+                    && Self::combine_all_fits(shape, options, capacity, v.lanes)
+            });
         let (decode_name, decode_spec) = match vec {
             None => (
                 "attn_decode",
@@ -151,6 +161,13 @@ impl Attention {
                     .with(1, SpecValue::U32(options.chunk))
                     .with(2, f16)
                     .with(3, d),
+            ),
+            Some(_) if coop_decode => (
+                "attn_decode_coop",
+                SpecConstants::new()
+                    .with(0, SpecValue::U32(options.decode_local_size))
+                    .with(3, d)
+                    .with(7, SpecValue::U32((shape.q_heads / shape.kv_heads) as u32)),
             ),
             Some(v) => {
                 let mut spec = SpecConstants::new()
@@ -239,6 +256,7 @@ impl Attention {
             capacity,
             options,
             vec,
+            coop_decode,
             prefill_kind,
             coop_quad,
             combine_all,
@@ -253,6 +271,35 @@ impl Attention {
             new_v: ctx.buffer(shape.kv_step_elems())?,
             step: parking_lot::Mutex::new(()),
         })
+    }
+
+    /// Whether the decode runs on the matrix units: only where asked for
+    /// ([`DecodeKernel::Cooperative`]), and then it must fit (see [`coop_decode_fits`]). Runs the
+    /// `coop_layout` probe (once per device) only on devices with cooperative matrices.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when it is asked for and cannot run (the message says
+    /// why); the probe's errors.
+    fn choose_coop_decode(
+        ctx: &Context,
+        shape: &AttentionShape,
+        dtype: KvDtype,
+        capacity: usize,
+        options: &AttentionOptions,
+    ) -> Result<bool> {
+        // Never chosen by itself: on the H100 it was slower than the vectorized kernel at every
+        // shape measured (BENCHMARKS.md).
+        if options.decode != DecodeKernel::Cooperative {
+            return Ok(false);
+        }
+        let device = ctx.device();
+        let quad = coop_matrix_unfit(device).is_none() && coop_quad_layout(ctx)?;
+        let most = Self::vec_most_splits(shape, *options, capacity);
+        match coop_decode_fits(device, shape, dtype, options, most, quad) {
+            Ok(()) => Ok(true),
+            Err(why) => Err(Error::InvalidArgument(format!(
+                "the cooperative-matrix decode kernel cannot run here: {why}"
+            ))),
+        }
     }
 
     /// Splits per (batch, KV head) that make about `decode_workgroups` workgroups, or half as
@@ -300,9 +347,11 @@ impl Attention {
         self.options
     }
 
-    /// The decode kernel chosen: [`DecodeKernel::Generic`] or [`DecodeKernel::Vectorized`].
+    /// The decode kernel chosen: [`DecodeKernel::Generic`], [`DecodeKernel::Vectorized`] or
+    /// [`DecodeKernel::Cooperative`].
     pub fn decode_kernel(&self) -> DecodeKernel {
         match self.vec {
+            Some(_) if self.coop_decode => DecodeKernel::Cooperative,
             Some(_) => DecodeKernel::Vectorized,
             None => DecodeKernel::Generic,
         }

@@ -32,6 +32,7 @@
 
 mod choice;
 mod decode;
+mod decode_choice;
 mod kv_cache;
 mod layer;
 pub mod mha;
@@ -48,7 +49,7 @@ use crate::config::BackendKind;
 use crate::error::{Error, Result};
 use crate::runtime::{Buffer, Context, Kernel};
 
-use choice::VecLayout;
+use decode_choice::VecLayout;
 
 /// The head layout of one attention layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +148,8 @@ pub struct Attention {
     capacity: usize,
     options: AttentionOptions,
     vec: Option<VecLayout>,
+    /// The decode runs on the matrix units (`attn_decode_coop`, in the vectorized launch).
+    coop_decode: bool,
     /// The prefill kernel chosen (never `Auto`).
     prefill_kind: PrefillKernel,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers.

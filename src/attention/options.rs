@@ -16,6 +16,17 @@ pub enum DecodeKernel {
     /// grouped-query attention, online softmax in registers. Needs a head dimension that splits into
     /// 16-byte chunks (a multiple of 8 for f16, 4 for f32) and at most 8 query heads per KV head.
     Vectorized,
+    /// `attn_decode_coop`: the vectorized kernel's launch (same splits, append and combination),
+    /// with the scores and the output computed on the matrix units: a KV head's query heads are
+    /// the rows of 16x16 fp16 matrices, so each K/V tile is read once and multiplied for all of
+    /// them. Needs what [`PrefillKernel::Cooperative`] needs of the device and its matrices'
+    /// register layout (the `coop_layout` probe's, as for that kernel's register softmax), fp16
+    /// K/V, a head dimension that is a multiple of 16 up to 128, at most 8 query heads per KV
+    /// head, `decode_local_size` 64 or 128, no `decode_spread`, and `group * splits` at most 1024.
+    /// Q and P are rounded to fp16 for the products; sums are fp32. Only when asked for:
+    /// [`DecodeKernel::Auto`] never picks it, because on the H100 it was slower than
+    /// [`DecodeKernel::Vectorized`] at every shape measured (BENCHMARKS.md).
+    Cooperative,
 }
 
 /// Which prefill kernel runs.
