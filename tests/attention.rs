@@ -13,8 +13,11 @@ use kpc::{Context, Error};
 
 use common::drivers::{opencl_context, random_f32, vulkan_context};
 
+#[path = "attention_cases/coop_decode.rs"]
+mod coop_decode;
 #[path = "attention_cases/prefill.rs"]
 mod prefill;
+use coop_decode::coop_decode_choice;
 use prefill::{
     chunked_prefill, cm2_prefill_choice, coop_prefill_choice, prefill_shapes, prefill_then_decode,
 };
@@ -529,6 +532,14 @@ macro_rules! backend_tests {
                     return;
                 };
                 decode_kernel_choice(&ctx);
+            }
+
+            #[test]
+            fn coop_decode_only_where_asked_and_able() {
+                let Some(ctx) = $context(concat!(stringify!($backend), "_coop_decode")) else {
+                    return;
+                };
+                coop_decode_choice(&ctx);
             }
 
             #[test]

@@ -14,7 +14,9 @@
 //! - Decode is flash-decoding: the sequence is split into chunks, each attended by its own
 //!   workgroups, and the chunks are combined with a log-sum-exp. Kernels are chosen per device and
 //!   shape ([`DecodeKernel`], [`PrefillKernel`]): where the device allows, one fused launch
-//!   (`attn_decode_vec`: append, 16-byte loads, subgroup sums, combination by the last workgroup);
+//!   (`attn_decode_vec`: append, 16-byte loads, subgroup sums, combination by the last workgroup;
+//!   `attn_decode_coop` runs the same launch on the matrix units, only when asked for, since it was
+//!   the slower of the two on the one device measured);
 //!   a prefill on the matrix units where the device has fp16 cooperative matrices
 //!   (`attn_prefill_coop`, Vulkan, fp16 K/V; its softmax in registers where the `coop_layout`
 //!   probe finds a layout it knows), else one on VK_NV_cooperative_matrix2's workgroup-scope
