@@ -24,7 +24,7 @@
 //!   one (`attn_prefill_tiled`);
 //!   elsewhere the generic kernels (`attn_append`, `attn_decode`, `attn_reduce`, `attn_prefill`).
 //!   Each variant is its own cached program.
-//! - [`reference`] is the float64 CPU reference the kernels are tested against.
+//! - [`reference`](mod@reference) is the float64 CPU reference the kernels are tested against.
 //! - [`mha`] is ncnn's MultiHeadAttention layer around these kernels: Q/K/V and output projections,
 //!   self-attention with this cache, cross-attention over K/V projected once.
 //!
@@ -62,7 +62,7 @@ pub struct AttentionShape {
     pub q_heads: usize,
     /// Key/value heads (Hkv); `q_heads` must be a multiple of it (grouped-query attention).
     pub kv_heads: usize,
-    /// Elements per head (D): even, at most [`MAX_HEAD_DIM`].
+    /// Elements per head (D): even, at most 256.
     pub head_dim: usize,
 }
 
@@ -73,7 +73,7 @@ impl AttentionShape {
     /// Checks that the kernels support this shape.
     ///
     /// Errors: [`Error::InvalidArgument`] for a zero dimension, `q_heads` not a multiple of
-    /// `kv_heads`, or a head dimension that is odd or larger than [`MAX_HEAD_DIM`].
+    /// `kv_heads`, or a head dimension that is odd or larger than 256.
     pub fn validate(&self) -> Result<()> {
         let s = self;
         if s.batch == 0 || s.q_heads == 0 || s.kv_heads == 0 || s.head_dim == 0 {

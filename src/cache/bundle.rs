@@ -3,7 +3,7 @@
 //!
 //! A bundle is written on a machine that has built the kernels and read on machines that have not.
 //! The reader trusts nothing in it: every entry is an authenticated envelope
-//! ([`auth`](crate::cache::store::auth)) around a sealed entry, with the exporter's provenance, and
+//! ([`auth`]) around a sealed entry, with the exporter's provenance, and
 //! import checks each one exactly as a remote lookup would (its MAC when `KPC_CACHE_REMOTE_KEY` is set,
 //! a signature by a key of `KPC_CACHE_TRUSTED_KEYS` when that is set, then its checksums and full key)
 //! before it publishes it to the local cache through the cache's ordinary put. One bad entry is

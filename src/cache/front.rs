@@ -10,7 +10,7 @@
 //!
 //! The front lives inside its cache (one [`Front`] per cache), not in a `thread_local!`: dropping the
 //! cache drops every handle the front holds, and an eviction can reach every thread's entries. Each
-//! thread owns one stripe, chosen by [`thread_index`]; threads beyond the stripe count share stripes,
+//! thread owns one stripe, chosen by `thread_index`; threads beyond the stripe count share stripes,
 //! which costs speed, never correctness (every stripe is a mutex).
 //!
 //! Eviction: the evictor removes entries from the shared map first, then [`Front::purge`]s every

@@ -33,7 +33,7 @@ impl PartialEq for MacKey {
 impl MacKey {
     /// The key for `secret`, as read from the variable `var`.
     ///
-    /// Errors: a secret shorter than [`MIN_SECRET_LEN`] bytes (or only whitespace) is
+    /// Errors: a secret shorter than `MIN_SECRET_LEN` (16) bytes (or only whitespace) is
     /// [`ConfigError::Invalid`] naming `var`; the value in the error is redacted.
     pub fn from_secret(var: &'static str, secret: &str) -> Result<MacKey, ConfigError> {
         if secret.len() < MIN_SECRET_LEN || secret.trim().is_empty() {

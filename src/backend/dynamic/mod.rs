@@ -102,7 +102,7 @@ impl fmt::Debug for DynProgram {
 ///
 /// It holds the erased program it was made from, as the backends' kernels hold theirs: so the memory
 /// cache, which counts the holders of each program it keeps, sees a program with a live kernel as
-/// in use (never released by [`crate::cache::KernelProgramCache::release_unused`] or evicted).
+/// in use (never released by `KernelProgramCache::release_unused` or evicted).
 pub struct DynKernel {
     // Field order is drop order: the kernel goes before its program.
     kernel: Box<dyn KernelObject>,

@@ -160,7 +160,8 @@ impl Drop for Shared {
     }
 }
 
-/// One opened OpenCL device: kpc's [`Backend`] and [`ComputeBackend`] on OpenCL.
+/// One opened OpenCL device: kpc's [`Backend`] and
+/// [`ComputeBackend`](crate::backend::ComputeBackend) on OpenCL.
 pub struct OpenClBackend {
     shared: Arc<Shared>,
     info: DeviceInfo,

@@ -3,7 +3,7 @@
 //! long ago and under which `KPC_CACHE_MAX_SIZE`, instead of `new-key`; and of those misses, so that
 //! `kpc cache stats` can say what eviction cost and which limit would have served them.
 //!
-//! Two kinds of record, one line each ([`BoundedLog`]: checksummed, a torn line skipped, the last
+//! Two kinds of record, one line each (`BoundedLog`: checksummed, a torn line skipped, the last
 //! [`EVICTED_RECORDS`] kept across restarts and processes):
 //! - `E <unix ms> <entry> <bytes> <limit>`: an eviction pass removed the entry (its leaf directory,
 //!   the key's four directory names, which name the key) of `bytes`, under a limit of `limit` bytes:

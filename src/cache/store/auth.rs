@@ -341,7 +341,7 @@ pub(crate) fn authenticate<'a>(
     Ok((p.sealed, provenance))
 }
 
-/// Authenticates `envelope` for `key` ([`authenticate`]) and verifies the entry inside
+/// Authenticates `envelope` for `key` (`authenticate`) and verifies the entry inside
 /// ([`StoreHit::unseal`]): the only way a shared store's bytes become a [`StoreHit`].
 pub fn open(auth: &EntryAuth, key: &StoreKey, envelope: &[u8]) -> Result<StoreHit, Refusal> {
     open_with_provenance(auth, key, envelope).map(|(hit, _)| hit)

@@ -81,7 +81,7 @@ impl ChainLock {
     }
 }
 
-/// What [`StoreChain::lock_for_build`] came to.
+/// What `StoreChain::lock_for_build` came to.
 #[derive(Debug)]
 pub enum Turn {
     /// Another builder published the key while this caller waited: use it.
@@ -224,7 +224,7 @@ impl StoreChain {
     }
 
     /// Appends `disk` as the next level; the first disk cache appended this way is the local one
-    /// ([`StoreChain::local_disk`]).
+    /// (`StoreChain::local_disk`).
     pub fn with_disk(mut self, disk: PersistentCache) -> StoreChain {
         if self.local.is_none() {
             self.local = Some(disk.clone());

@@ -19,7 +19,7 @@
 //!   driver unverified, whatever happened to it in between.
 //! - **Failures are misses.** No method returns an error for the caller to handle (except
 //!   [`Store::list`], an inspection): an unreachable, full, slow or corrupt store is a miss or a
-//!   skipped put, warned about once per cause ([`StoreWarnings`]).
+//!   skipped put, warned about once per cause (`StoreWarnings`).
 //! - **No lock across calls.** The chain holds no mutex while it calls a store, so a slow store delays
 //!   only the request that asked it.
 

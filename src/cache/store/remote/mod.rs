@@ -1,21 +1,21 @@
-//! The remote tier (`KPC_CACHE_REMOTE`): a [`Store`] on a shared service through OpenDAL (redis, fs,
+//! The remote tier (`KPC_CACHE_REMOTE`): a [`Store`](crate::cache::store::Store) on a shared service through OpenDAL (redis, fs,
 //! s3), looked up after every local layer.
 //!
-//! - **What it holds.** Each entry is the sealed entry ([`seal`]) in an authentication envelope
-//!   ([`auth::wrap`]), with a keyed MAC when `KPC_CACHE_REMOTE_KEY` is set. A read goes through
-//!   [`auth::open`]: a missing or wrong MAC, damage, truncation or an entry for another key is refused,
+//! - **What it holds.** Each entry is the sealed entry ([`seal`](crate::runtime::seal)) in an authentication envelope
+//!   ([`wrap`](crate::cache::store::auth::wrap)), with a keyed MAC when `KPC_CACHE_REMOTE_KEY` is set. A read goes through
+//!   [`open`](crate::cache::store::auth::open): a missing or wrong MAC, damage, truncation or an entry for another key is refused,
 //!   counted, warned once per cause and never loaded.
 //! - **Where.** `kpc/v<format>/<device digest>/<key digest>`: kpc's format version and the device
 //!   fingerprint are in every name, so a driver update or a new kpc never reads an older entry.
 //! - **Hits** are copied to the local disk by the chain (its backfill), so the next process hits
 //!   locally.
-//! - **Puts** come after the local disk's, through [`publish`]: the build waits at most
+//! - **Puts** come after the local disk's, through `publish`: the build waits at most
 //!   `KPC_CACHE_REMOTE_TIMEOUT` for them, and not at all while the breaker is open.
-//! - **One build per key per fleet** (Redis only, [`fleet_lock`]): after every store missed, the
+//! - **One build per key per fleet** (Redis only, `fleet_lock`): after every store missed, the
 //!   process takes the key's fleet lock; others wait, bounded by `KPC_CACHE_LOCK_TIMEOUT`, polling the
 //!   remote for the entry, then build themselves.
 //! - **Failures** (down, killed, slow, full, garbage) are misses or skipped puts, one warning per
-//!   cause. After a connection failure or a timeout a circuit breaker ([`breaker`]) skips every remote
+//!   cause. After a connection failure or a timeout a circuit breaker (`breaker`) skips every remote
 //!   call (lookup, fleet lock, publish) for a hold-off that grows from 2 s to 60 s while the remote
 //!   stays unhealthy; one answered probe closes it. A frozen remote costs a process one timeout.
 //!
