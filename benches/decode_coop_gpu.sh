@@ -3,7 +3,9 @@
 # beside the vectorized one (attn_decode_vec) and PyTorch's cuDNN decode, with the checks. Driver
 # caches off (prelude.sh). Builds nothing.
 #   source .gpu/prelude.sh; benches/decode_coop_gpu.sh
-# SECTIONS: any of check compare sweep torch (default all). KPC: the kpc binary (default .gpu/kpc).
+# SECTIONS: any of check compare torch sweep (default all, in that order). In a 560 s call the
+# PyTorch section, run last, did not finish, so it now runs before the sweep; where time is short,
+# run it alone (SECTIONS=torch) in the same lease. KPC: the kpc binary (default .gpu/kpc).
 # SHAPES: B:Hkv:L triples for compare; SWEEP: workgroups:local:split_min variants.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -11,7 +13,7 @@ KPC=${KPC:-.gpu/kpc}
 common=(--device vulkan:gpu --heads 32 --head-dim 128)
 val() { grep -o " $1=[^ ]*" <<<"$2" | head -1 | cut -d= -f2; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
-for s in ${SECTIONS:-check compare sweep torch}; do
+for s in ${SECTIONS:-check compare torch sweep}; do
   case $s in
     check)
       echo "## --check: the cooperative decode forced, and auto (the vectorized one), fp16; auto at fp32"
