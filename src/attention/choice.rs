@@ -110,6 +110,30 @@ pub(crate) fn coop_matrix_unfit(device: &DeviceInfo) -> Option<String> {
     None
 }
 
+/// What every fp16 matrix kernel (the KHR and cm2 prefills, the matrix decode) needs: the device's
+/// matrices ([`coop_matrix_unfit`]), fp16 K/V, and a head dimension that is a multiple of
+/// `multiple` up to 128; the error says which is missing (`hint` is added to the head dimension's).
+pub(super) fn fp16_matrix_fits(
+    device: &DeviceInfo,
+    dtype: KvDtype,
+    head_dim: usize,
+    multiple: usize,
+    hint: &str,
+) -> std::result::Result<(), String> {
+    if let Some(why) = coop_matrix_unfit(device) {
+        return Err(why);
+    }
+    if dtype != KvDtype::F16 {
+        return Err("it needs fp16 K/V".into());
+    }
+    if head_dim % multiple != 0 || head_dim > 128 {
+        return Err(format!(
+            "head dimension {head_dim} is not a multiple of {multiple} up to 128{hint}"
+        ));
+    }
+    Ok(())
+}
+
 /// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype`; the
 /// error says why not.
 pub(super) fn coop_prefill_fits(
@@ -125,20 +149,9 @@ pub(super) fn coop_prefill_fits(
         ));
     }
     let subgroups = rows as usize / 16;
-    if let Some(why) = coop_matrix_unfit(device) {
-        return Err(why);
-    }
-    if dtype != KvDtype::F16 {
-        return Err("it needs fp16 K/V".into());
-    }
     // Each invocation stages whole 16-byte pieces of a 32-key tile.
-    let step = 8 * subgroups;
-    if shape.head_dim % step != 0 || shape.head_dim > 128 {
-        return Err(format!(
-            "head dimension {} is not a multiple of {step} up to 128 (with coop_rows {rows})",
-            shape.head_dim
-        ));
-    }
+    let hint = format!(" (with coop_rows {rows})");
+    fp16_matrix_fits(device, dtype, shape.head_dim, 8 * subgroups, &hint)?;
     if l.max_workgroup_invocations < 2 * rows {
         return Err(format!(
             "it needs workgroups of {} invocations; the device allows {}",
@@ -180,16 +193,8 @@ pub(super) fn cm2_prefill_fits(
                 .into(),
         );
     }
-    if dtype != KvDtype::F16 {
-        return Err("it needs fp16 K/V".into());
-    }
     // Multiples of 32: the head dimensions run on a device with the extension (64, 96, 128).
-    if shape.head_dim % 32 != 0 || shape.head_dim > 128 {
-        return Err(format!(
-            "head dimension {} is not a multiple of 32 up to 128",
-            shape.head_dim
-        ));
-    }
+    fp16_matrix_fits(device, dtype, shape.head_dim, 32, "")?;
     let tile = |n: u32| n % 16 == 0 && (16..=256).contains(&n);
     if !tile(options.cm2_rows) || !tile(options.cm2_keys) {
         return Err(format!(

@@ -4,7 +4,7 @@
 use crate::backend::DeviceInfo;
 use crate::config::BackendKind;
 
-use super::choice::coop_matrix_unfit;
+use super::choice::fp16_matrix_fits;
 use super::{AttentionOptions, AttentionShape, KvDtype};
 
 /// Most query heads per KV head the vectorized decode kernel serves in one workgroup.
@@ -91,8 +91,9 @@ pub(super) const fn coop_decode_shared(d: usize, local_size: usize) -> usize {
 }
 
 /// Whether the cooperative-matrix decode runs on `device` for `shape`, `dtype`, `options` and a
-/// launch of up to `most_splits` splits, given whether the device's matrices have the register
-/// layout the kernel assumes (`quad`, the `coop_layout` probe's verdict); the error says why not.
+/// launch of up to `most_splits` splits (where it does, so does [`vec_layout`]), given whether the
+/// device's matrices have the register layout the kernel assumes (`quad`, the `coop_layout`
+/// probe's verdict); the error says why not.
 pub(super) fn coop_decode_fits(
     device: &DeviceInfo,
     shape: &AttentionShape,
@@ -101,12 +102,7 @@ pub(super) fn coop_decode_fits(
     most_splits: usize,
     quad: bool,
 ) -> std::result::Result<(), String> {
-    if let Some(why) = coop_matrix_unfit(device) {
-        return Err(why);
-    }
-    if !device.limits.subgroup_shuffle {
-        return Err("the device has no subgroup shuffles in compute shaders".into());
-    }
+    fp16_matrix_fits(device, dtype, shape.head_dim, 16, "")?;
     if !quad {
         return Err(
             "the device's cooperative matrices do not hold their elements in the layout the \
@@ -114,21 +110,11 @@ pub(super) fn coop_decode_fits(
                 .into(),
         );
     }
-    if dtype != KvDtype::F16 {
-        return Err("it needs fp16 K/V".into());
-    }
-    if shape.head_dim % 16 != 0 || shape.head_dim > 128 {
-        return Err(format!(
-            "head dimension {} is not a multiple of 16 up to 128",
-            shape.head_dim
-        ));
-    }
+    // It runs in the vectorized kernel's launch (grid, scratch, push constants), which needs
+    // that kernel's layout: subgroup shuffles, at most 8 query heads per KV head, the local size.
+    vec_layout(device, shape, dtype, options.decode_local_size)
+        .map_err(|why| format!("it runs in the vectorized kernel's launch, and {why}"))?;
     let group = shape.q_heads / shape.kv_heads;
-    if group > VEC_MAX_GROUP {
-        return Err(format!(
-            "{group} query heads per KV head; the kernel serves at most {VEC_MAX_GROUP}"
-        ));
-    }
     if group * most_splits > 1024 {
         return Err(format!(
             "{group} query heads times {most_splits} splits exceed the 1024 (max, sum) pairs its \
