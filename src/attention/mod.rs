@@ -36,6 +36,7 @@ mod choice;
 mod decode;
 mod decode_choice;
 mod kv_cache;
+mod launch;
 mod layer;
 pub mod mha;
 mod options;
