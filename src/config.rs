@@ -203,6 +203,9 @@ pub struct Config {
     pub remote_timeout: Duration,
     /// The fleet's MAC key (`KPC_CACHE_REMOTE_KEY`, default none: entries unauthenticated).
     pub remote_key: Option<MacKey>,
+    /// zstd level of the entries this process publishes to the remote (`KPC_CACHE_REMOTE_COMPRESS`,
+    /// default 3); 0 publishes them uncompressed. Readers take both whatever this is.
+    pub remote_compress: u8,
     /// This process's signing key (`KPC_CACHE_SIGNING_KEY`, default none): what it publishes to the
     /// remote or exports to a bundle is signed with it.
     pub signing_key: Option<SigningKey>,
@@ -252,6 +255,7 @@ impl Default for Config {
             remote: None,
             remote_timeout: Duration::from_secs(2),
             remote_key: None,
+            remote_compress: 3,
             signing_key: None,
             trusted_keys: Vec::new(),
             host_id: None,
@@ -360,6 +364,7 @@ impl Config {
         if let Some(v) = get(vars::LOG_STDERR)? {
             b = b.log_stderr(parse_bool(vars::LOG_STDERR, &v)?);
         }
+        b = cluster::from_lookup(b, &get)?;
         // Paths are bytes on Unix, so the cache roots are the variables not required to be UTF-8.
         if let Some(v) = lookup(vars::CACHE_READONLY_DIRS) {
             b = b.readonly_dirs(parse_dir_list(vars::CACHE_READONLY_DIRS, &v)?);
@@ -577,6 +582,7 @@ impl ConfigBuilder {
                 "a name for this machine of 1 to 255 bytes without control characters (unset it to use the host name)",
             ));
         }
+        cluster::check(&c)?;
         if c.remote_timeout.is_zero() {
             return Err(invalid(
                 vars::CACHE_REMOTE_TIMEOUT,
@@ -598,6 +604,7 @@ impl ConfigBuilder {
     }
 }
 
+mod cluster;
 mod mac_key;
 mod remote_url;
 pub mod signing;

@@ -66,6 +66,13 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
             "- (unset: entries unauthenticated)"
         }
     );
+    outln!(
+        "  KPC_CACHE_REMOTE_COMPRESS           = {}",
+        match c.remote_compress {
+            0 => "0 (entries published uncompressed)".to_string(),
+            l => format!("{l} (zstd level of published entries)"),
+        }
+    );
     match &c.signing_key {
         Some(k) => outln!(
             "  KPC_CACHE_SIGNING_KEY               = set (signs as {})",

@@ -78,8 +78,9 @@ fn child_s3_machine() {
         .iter()
         .filter(|e| {
             e.level == tracing::Level::WARN
+                // The message names the store first (`remote:<url>: ...`).
                 && e.fields
-                    .get("store")
+                    .get("message")
                     .is_some_and(|s| s.starts_with("remote:"))
         })
         .map(|e| {
@@ -219,6 +220,52 @@ fn two_machines_share_one_bucket_and_the_second_is_served_by_it() {
     let b2 = run(&t.join("b"), &url, &[0, 1, 2]);
     assert_eq!(b2.sources, all("disk", 3), "{b2:?}");
     assert_eq!(b2.builds, 0);
+}
+
+#[test]
+fn compressed_and_uncompressed_objects_share_a_bucket() {
+    let Some(r) = S3Server::start("compressed_and_uncompressed_objects_share_a_bucket") else {
+        return;
+    };
+    let t = TempDir::new("s3-compress");
+    let url = r.url("z");
+    // Machine A publishes uncompressed (as kpc before compression did), B compressed (the default).
+    let a = report(
+        machine(&t.join("a"), &url, &[0])
+            .env("KPC_CACHE_REMOTE_COMPRESS", "0")
+            .spawn()
+            .unwrap(),
+    );
+    let b = run(&t.join("b"), &url, &[1]);
+    assert_eq!((a.puts, b.puts), (1, 1), "{a:?} {b:?}");
+    let (plain, packed) = (r.get(&object("z", 0)), r.get(&object("z", 1)));
+    assert_eq!(kpc::cache::store::auth::is_compressed(&plain), Some(false));
+    assert_eq!(kpc::cache::store::auth::is_compressed(&packed), Some(true));
+    assert!(
+        packed.len() < plain.len(),
+        "{} {}",
+        packed.len(),
+        plain.len()
+    );
+    // Readers of either setting are served both from the bucket.
+    for (tag, level) in [("c", "3"), ("d", "0")] {
+        let m = report(
+            machine(&t.join(tag), &url, &[0, 1])
+                .env("KPC_CACHE_REMOTE_COMPRESS", level)
+                .spawn()
+                .unwrap(),
+        );
+        assert_eq!(m.sources, all("remote", 2), "{tag}: {m:?}");
+        assert_eq!((m.builds, m.errors), (0, 0), "{tag}: {m:?}");
+    }
+    // A compressed object that declares more than a reader decompresses is refused, once, and built.
+    let mut bomb = packed.clone();
+    let prov_len = u32::from_le_bytes(bomb[8..12].try_into().unwrap()) as usize;
+    bomb[12 + prov_len..12 + prov_len + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    r.put(&object("z", 1), &bomb);
+    let e = run(&t.join("e"), &url, &[1]);
+    assert_eq!((&e.sources, e.builds), (&all("built", 1), 1), "{e:?}");
+    assert_eq!((e.errors, e.warnings), (1, vec!["corrupt".to_string()]));
 }
 
 #[test]

@@ -107,6 +107,11 @@ pub fn export(
     auth: &EntryAuth,
     path: &Path,
 ) -> Result<ExportReport> {
+    // The whole bundle is one zstd stream: its envelopes are not compressed again.
+    let auth = &EntryAuth {
+        compression: 0,
+        ..auth.clone()
+    };
     let mac = auth.mac.as_ref();
     let signer = auth.signer.as_ref().map(|k| k.public_key().fingerprint());
     let io = |what: &str, e: io::Error| Error::Io(format!("{what} {}: {e}", path.display()));

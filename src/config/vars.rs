@@ -32,6 +32,8 @@ pub const CACHE_REMOTE: &str = "KPC_CACHE_REMOTE";
 pub const CACHE_REMOTE_TIMEOUT: &str = "KPC_CACHE_REMOTE_TIMEOUT";
 /// Shared secret: remote entries carry a keyed BLAKE3 MAC and are verified.
 pub const CACHE_REMOTE_KEY: &str = "KPC_CACHE_REMOTE_KEY";
+/// zstd level of published remote entries, or 0 for none.
+pub const CACHE_REMOTE_COMPRESS: &str = "KPC_CACHE_REMOTE_COMPRESS";
 /// Private key file: this process signs the entries it publishes or exports (Ed25519).
 pub const CACHE_SIGNING_KEY: &str = "KPC_CACHE_SIGNING_KEY";
 /// Public keys (inline or files): readers refuse shared entries none of them signed.

@@ -25,6 +25,7 @@
 
 pub mod auth;
 pub mod chain;
+pub(crate) mod compress;
 pub mod idle;
 pub mod readonly;
 pub mod remote;
