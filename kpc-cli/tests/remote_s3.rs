@@ -47,9 +47,20 @@ fn child_s3_machine() {
         .collect();
     let config = kpc::Config::from_env().unwrap();
     let be = Arc::new(FakeBackend::new());
+    // With KPC_TEST_ROUNDS, the programs are asked for again by a new manager (a new remote store)
+    // after the last one was dropped, as an embedder's successive contexts would.
+    let rounds: usize = env("KPC_TEST_ROUNDS").map_or(1, |r| r.parse().unwrap());
     let (report, events) = capture(|| {
-        let pm = ProgramManager::new(be.clone(), &config);
         let mut sources = Vec::new();
+        for _ in 1..rounds {
+            let pm = ProgramManager::new(be.clone(), &config);
+            for &i in &programs {
+                let img = image(&format!("k{i}.cl"), &["main"]);
+                let p = pm.program(&img, &SpecConstants::new(), &BuildOptions::new("-O2"));
+                sources.push(p.unwrap().source.name());
+            }
+        }
+        let pm = ProgramManager::new(be.clone(), &config);
         for (n, &i) in programs.iter().enumerate() {
             let img = image(&format!("k{i}.cl"), &["main"]);
             let p = pm
@@ -220,6 +231,31 @@ fn two_machines_share_one_bucket_and_the_second_is_served_by_it() {
     let b2 = run(&t.join("b"), &url, &[0, 1, 2]);
     assert_eq!(b2.sources, all("disk", 3), "{b2:?}");
     assert_eq!(b2.builds, 0);
+}
+
+#[test]
+fn successive_stores_in_one_process_share_nothing_that_dies_with_the_first() {
+    let Some(r) = S3Server::start("successive_stores_in_one_process") else {
+        return;
+    };
+    let t = TempDir::new("s3-successive");
+    let url = r.url("fleet");
+    // One process, no disk cache: 24 managers in turn, each with its own remote store. The first
+    // builds and publishes, the others are served by the bucket (with OpenDAL's process-wide HTTP
+    // client, a store could be handed a pooled connection of an earlier store's runtime, dropped with
+    // it: a failed lookup, about one run in four of this test).
+    let m = report(
+        machine(&t.join("b"), &url, &[0, 1])
+            .env("KPC_CACHE_PERSISTENT", "0")
+            .env("KPC_TEST_ROUNDS", "24")
+            .spawn()
+            .unwrap(),
+    );
+    let mut want = all("built", 2);
+    want.extend(all("remote", 46));
+    assert_eq!(m.sources, want, "{m:?}");
+    assert!(m.warnings.is_empty(), "{m:?}");
+    assert_eq!((m.builds, m.errors), (2, 0), "{m:?}");
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::io;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use opendal::layers::TimeoutLayer;
@@ -85,11 +86,28 @@ fn classify(e: &opendal::Error, text: &str) -> WarnCause {
     }
 }
 
-/// One remote, opened: an OpenDAL operator on a small runtime of its own.
+/// The runtime every remote store of the process runs its I/O on: one thread, started with the first
+/// store and never stopped. One per store would not do: OpenDAL's HTTP services (s3) share one
+/// process-wide client whose pooled connections are driven by the runtime that opened them, so once
+/// a store and its runtime were dropped, the next store could be handed such a connection and fail
+/// ("dispatch task is gone"); successive contexts of an embedder would see failed lookups.
+fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
+    static RT: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("kpc-remote-io")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("could not start the remote I/O thread: {e}"))
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// One remote, opened: an OpenDAL operator on the process's remote I/O runtime.
 pub(crate) struct Ops {
-    // Declared before the runtime so it drops first.
     op: blocking::Operator,
-    _rt: tokio::runtime::Runtime,
     /// Shared by every call to this remote: OpenDAL's, the fleet locks', the publisher's.
     pub breaker: Breaker,
 }
@@ -106,12 +124,7 @@ impl Ops {
     ///
     /// Errors: OpenDAL refused the configuration, or no runtime thread could be started.
     pub fn open(url: &RemoteUrl, timeout: Duration) -> Result<Ops, String> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("kpc-remote-io")
-            .enable_all()
-            .build()
-            .map_err(|e| format!("could not start the remote I/O thread: {e}"))?;
+        let rt = runtime()?;
         let op = match url {
             RemoteUrl::Redis {
                 tls,
@@ -172,7 +185,6 @@ impl Ops {
         };
         Ok(Ops {
             op,
-            _rt: rt,
             breaker: Breaker::default(),
         })
     }
