@@ -173,6 +173,15 @@ pub struct Config {
     pub readonly_dirs: Vec<PathBuf>,
     /// Disk limit in bytes (`KPC_CACHE_MAX_SIZE`, default 1 GiB); 0 = unlimited.
     pub max_size: u64,
+    /// Disk limit in entries, two files each (`KPC_CACHE_MAX_ENTRIES`, default 0 = unlimited): what
+    /// inode quotas count.
+    pub max_entries: u64,
+    /// Free space (and inodes) a disk cache put must leave on the file system, or it is skipped with
+    /// one warning (`KPC_CACHE_MIN_FREE`, default 1%).
+    pub min_free: MinFree,
+    /// Where the disk cache keeps its lock files instead of the cache tree (`KPC_CACHE_LOCK_DIR`,
+    /// default none): node-local storage when the cache is on a network file system.
+    pub lock_dir: Option<PathBuf>,
     /// Device images smaller than this are not persisted (`KPC_CACHE_MIN_DEVICE_IMAGE_SIZE`, default 0).
     pub min_device_image_size: u64,
     /// Device images larger than this are not persisted (`KPC_CACHE_MAX_DEVICE_IMAGE_SIZE`, default 1 GiB).
@@ -243,6 +252,9 @@ impl Default for Config {
             cache_dir_source,
             readonly_dirs: Vec::new(),
             max_size: GIB,
+            max_entries: 0,
+            min_free: MinFree::default(),
+            lock_dir: None,
             min_device_image_size: 0,
             max_device_image_size: GIB,
             in_mem: true,
@@ -605,6 +617,7 @@ impl ConfigBuilder {
 }
 
 mod cluster;
+pub use cluster::MinFree;
 mod mac_key;
 mod remote_url;
 pub mod signing;

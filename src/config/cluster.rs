@@ -1,7 +1,86 @@
 //! The variables of cluster storage (issue 44): how the remote's entries travel
-//! (`KPC_CACHE_REMOTE_COMPRESS`), parsed strictly like every other, and their builder setters.
+//! (`KPC_CACHE_REMOTE_COMPRESS`) and the limits shared file systems need (`KPC_CACHE_MAX_ENTRIES`,
+//! `KPC_CACHE_MIN_FREE`, `KPC_CACHE_LOCK_DIR`), parsed strictly like every other, and their builder
+//! setters.
 
+use std::fmt;
+use std::path::PathBuf;
+
+use super::parse::parse_size;
 use super::{Config, ConfigBuilder, ConfigError, invalid, vars};
+
+const ENTRIES_ACCEPTED: &str =
+    "a whole number of entries (each is two files), 0 for no limit, e.g. 50000";
+const MIN_FREE_ACCEPTED: &str = "a size (e.g. 2G, 512M; 0 for no floor) or a percentage of the file system from 0% to 50% with at most two decimals (e.g. 1%, 0.5%)";
+const LOCK_DIR_ACCEPTED: &str =
+    "an absolute directory path on node-local storage (e.g. /run/kpc-locks, /tmp/kpc-locks)";
+
+/// The free-space floor a disk cache put must leave (`KPC_CACHE_MIN_FREE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MinFree {
+    /// At least this many bytes free (0: no floor).
+    Bytes(u64),
+    /// At least this share of the file system free, in hundredths of a percent (100 = 1%); the same
+    /// share of its inodes, where it reports them.
+    Fraction(u32),
+}
+
+impl Default for MinFree {
+    /// 1% of the file system.
+    fn default() -> Self {
+        MinFree::Fraction(100)
+    }
+}
+
+impl fmt::Display for MinFree {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            MinFree::Bytes(b) => write!(f, "{b} bytes"),
+            MinFree::Fraction(bp) if bp % 100 == 0 => write!(f, "{}%", bp / 100),
+            MinFree::Fraction(bp) => write!(f, "{}.{:02}%", bp / 100, bp % 100),
+        }
+    }
+}
+
+impl MinFree {
+    /// The floor, in bytes and in inodes, for a file system of `blocks_bytes` bytes and `inodes`
+    /// inodes (0 where it reports none).
+    pub fn floor(self, fs_bytes: u64, inodes: u64) -> (u64, u64) {
+        match self {
+            MinFree::Bytes(b) => (b, 0),
+            MinFree::Fraction(bp) => {
+                let share = |n: u64| (n as u128 * bp as u128 / 10_000) as u64;
+                (share(fs_bytes), share(inodes))
+            }
+        }
+    }
+}
+
+/// Parses `KPC_CACHE_MIN_FREE`: a size, or a percentage.
+pub(super) fn parse_min_free(v: &str) -> Result<MinFree, ConfigError> {
+    let err = || invalid(vars::CACHE_MIN_FREE, v, MIN_FREE_ACCEPTED);
+    let t = v.trim();
+    let Some(pct) = t.strip_suffix('%') else {
+        return parse_size(vars::CACHE_MIN_FREE, t)
+            .map(MinFree::Bytes)
+            .map_err(|_| err());
+    };
+    let (whole, frac) = pct.trim().split_once('.').unwrap_or((pct.trim(), ""));
+    if whole.is_empty()
+        || frac.len() > 2
+        || !whole.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(err());
+    }
+    let whole: u32 = whole.parse().map_err(|_| err())?;
+    let frac: u32 = format!("{frac:0<2}").parse().map_err(|_| err())?;
+    let bp = whole.checked_mul(100).and_then(|w| w.checked_add(frac));
+    match bp {
+        Some(bp) if bp <= 5_000 => Ok(MinFree::Fraction(bp)),
+        _ => Err(err()),
+    }
+}
 
 pub(super) const COMPRESS_ACCEPTED: &str = "a zstd level 1..=19, or 0 (also off/no/false) to publish entries uncompressed (readable by kpc before compression)";
 
@@ -28,6 +107,19 @@ pub(super) fn from_lookup(
     if let Some(v) = get(vars::CACHE_REMOTE_COMPRESS)? {
         b = b.remote_compress(parse_compress(&v)?);
     }
+    if let Some(v) = get(vars::CACHE_MAX_ENTRIES)? {
+        let n = v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| invalid(vars::CACHE_MAX_ENTRIES, &v, ENTRIES_ACCEPTED))?;
+        b = b.max_entries(n);
+    }
+    if let Some(v) = get(vars::CACHE_MIN_FREE)? {
+        b = b.min_free(parse_min_free(&v)?);
+    }
+    if let Some(v) = get(vars::CACHE_LOCK_DIR)?.filter(|v| !v.trim().is_empty()) {
+        b = b.lock_dir(Some(PathBuf::from(v)));
+    }
     Ok(b)
 }
 
@@ -40,6 +132,24 @@ pub(super) fn check(c: &Config) -> Result<(), ConfigError> {
             COMPRESS_ACCEPTED,
         ));
     }
+    if let MinFree::Fraction(bp) = c.min_free
+        && bp > 5_000
+    {
+        return Err(invalid(
+            vars::CACHE_MIN_FREE,
+            &c.min_free.to_string(),
+            MIN_FREE_ACCEPTED,
+        ));
+    }
+    if let Some(d) = &c.lock_dir
+        && !d.is_absolute()
+    {
+        return Err(invalid(
+            vars::CACHE_LOCK_DIR,
+            &d.to_string_lossy(),
+            LOCK_DIR_ACCEPTED,
+        ));
+    }
     Ok(())
 }
 
@@ -48,6 +158,23 @@ impl ConfigBuilder {
     /// [`Config::remote_compress`]). [`ConfigBuilder::build`] rejects a level above 19.
     pub fn remote_compress(mut self, level: u8) -> Self {
         self.config.remote_compress = level;
+        self
+    }
+    /// Sets the disk cache's entry limit (0 = none; see [`Config::max_entries`]).
+    pub fn max_entries(mut self, n: u64) -> Self {
+        self.config.max_entries = n;
+        self
+    }
+    /// Sets the free-space floor of disk cache puts (see [`Config::min_free`]).
+    /// [`ConfigBuilder::build`] rejects a share above 50%.
+    pub fn min_free(mut self, floor: MinFree) -> Self {
+        self.config.min_free = floor;
+        self
+    }
+    /// Sets where the disk cache's lock files go (`None`: in the cache tree; see
+    /// [`Config::lock_dir`]). [`ConfigBuilder::build`] rejects a relative path.
+    pub fn lock_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.config.lock_dir = dir;
         self
     }
 }
@@ -69,5 +196,52 @@ mod tests {
         }
         let e = Config::builder().remote_compress(22).build().unwrap_err();
         assert!(e.to_string().contains("KPC_CACHE_REMOTE_COMPRESS"), "{e}");
+    }
+
+    #[test]
+    fn free_space_floors_parse_strictly() {
+        assert_eq!(parse_min_free("1%").unwrap(), MinFree::Fraction(100));
+        assert_eq!(parse_min_free("0.5%").unwrap(), MinFree::Fraction(50));
+        assert_eq!(parse_min_free(" 12.25 %").unwrap(), MinFree::Fraction(1225));
+        assert_eq!(parse_min_free("2G").unwrap(), MinFree::Bytes(2 << 30));
+        assert_eq!(parse_min_free("0").unwrap(), MinFree::Bytes(0));
+        for bad in ["51%", "1.234%", "%", "-1%", "lots", "1.5G", ".5%"] {
+            let e = parse_min_free(bad).unwrap_err().to_string();
+            assert!(e.contains("KPC_CACHE_MIN_FREE"), "{bad}: {e}");
+            assert!(e.contains("percentage"), "{bad}: {e}");
+        }
+        assert_eq!(MinFree::Fraction(50).to_string(), "0.50%");
+        assert_eq!(
+            MinFree::Fraction(100).floor(1 << 30, 1000),
+            (10_737_418, 10)
+        );
+        assert_eq!(MinFree::Bytes(5).floor(1 << 30, 1000), (5, 0));
+    }
+
+    #[test]
+    fn entry_limits_and_lock_dirs_are_checked_naming_the_variable() {
+        let get = |name: &'static str, val: &'static str| {
+            Config::from_lookup(move |k| (k == name).then(|| val.into()))
+        };
+        assert_eq!(
+            get("KPC_CACHE_MAX_ENTRIES", "50000").unwrap().max_entries,
+            50_000
+        );
+        for bad in ["-3", "1e5", "many", "5K"] {
+            let e = get("KPC_CACHE_MAX_ENTRIES", bad).unwrap_err().to_string();
+            assert!(
+                e.contains("KPC_CACHE_MAX_ENTRIES") && e.contains("whole number"),
+                "{e}"
+            );
+        }
+        let c = get("KPC_CACHE_LOCK_DIR", "/run/kpc-locks").unwrap();
+        assert_eq!(c.lock_dir, Some(PathBuf::from("/run/kpc-locks")));
+        let e = get("KPC_CACHE_LOCK_DIR", "locks").unwrap_err().to_string();
+        assert!(
+            e.contains("KPC_CACHE_LOCK_DIR") && e.contains("absolute"),
+            "{e}"
+        );
+        assert_eq!(get("KPC_CACHE_LOCK_DIR", " ").unwrap().lock_dir, None);
+        assert_eq!(Config::default().min_free, MinFree::Fraction(100));
     }
 }

@@ -8,6 +8,12 @@ pub const CACHE_DIR: &str = "KPC_CACHE_DIR";
 pub const CACHE_READONLY_DIRS: &str = "KPC_CACHE_READONLY_DIRS";
 /// Disk cache size limit.
 pub const CACHE_MAX_SIZE: &str = "KPC_CACHE_MAX_SIZE";
+/// Disk cache entry limit (inode quotas count files).
+pub const CACHE_MAX_ENTRIES: &str = "KPC_CACHE_MAX_ENTRIES";
+/// Free space a disk cache put must leave on the file system.
+pub const CACHE_MIN_FREE: &str = "KPC_CACHE_MIN_FREE";
+/// Where the disk cache's lock files go (node-local storage for a cache on a network file system).
+pub const CACHE_LOCK_DIR: &str = "KPC_CACHE_LOCK_DIR";
 /// Smallest device image that is persisted.
 pub const CACHE_MIN_DEVICE_IMAGE_SIZE: &str = "KPC_CACHE_MIN_DEVICE_IMAGE_SIZE";
 /// Largest device image that is persisted.
