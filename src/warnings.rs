@@ -8,7 +8,8 @@
 //!    for warnings about that context's caches and stores;
 //! 2. else to the process-wide callback ([`set_warning_callback`]; C: `kpc_set_log_callback`);
 //! 3. else, when no `tracing` subscriber is installed, as one line on stderr (`kpc: warning: ...`),
-//!    unless `KPC_LOG_STDERR=0`.
+//!    unless `KPC_LOG_STDERR=0` (read at each warning, so it applies to configurations made in code
+//!    too) or the configuration says not to ([`crate::config::ConfigBuilder::log_stderr`]).
 //!
 //! A subscriber still receives every warning as a `tracing` event whatever happens here.
 
@@ -111,7 +112,9 @@ pub(crate) fn deliver(sink: Option<&Sink>, w: &Warning) {
     }
     let subscriber =
         tracing::dispatcher::get_default(|d| !d.is::<tracing::subscriber::NoSubscriber>());
-    let stderr = sink.map_or_else(stderr_from_env, |s| s.stderr);
+    // The operator's switch silences stderr for every context, whatever a configuration made in
+    // code says; a configuration can silence its own contexts too.
+    let stderr = sink.is_none_or(|s| s.stderr) && stderr_from_env();
     if !subscriber && stderr {
         eprintln!("kpc: warning: {w}");
     }
