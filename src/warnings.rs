@@ -95,7 +95,7 @@ pub fn set_warning_callback(callback: Option<WarningCallback>) -> Option<Warning
 }
 
 /// The variable that silences the stderr fallback.
-pub(crate) const STDERR_VAR: &str = crate::config::vars::LOG_STDERR;
+pub(crate) const STDERR_VAR: &str = "KPC_LOG_STDERR";
 
 /// Delivers `w` (already emitted as a `tracing` event by the caller) to the sink's callback, else
 /// the process-wide callback, else stderr when no subscriber is installed. `None`: a warning that
@@ -123,10 +123,14 @@ pub(crate) fn deliver(sink: Option<&Sink>, w: &Warning) {
 /// `KPC_LOG_STDERR`: 1 (default) or 0. [`crate::Config::from_env`] refuses a malformed value; here,
 /// where a warning cannot fail, it keeps the default.
 pub(crate) fn stderr_from_env() -> bool {
-    std::env::var(STDERR_VAR)
-        .ok()
-        .and_then(|v| crate::config::parse_bool(STDERR_VAR, &v).ok())
-        .unwrap_or(true)
+    // The switch syntax of every kpc variable; only an explicit "off" turns it off.
+    let off = |v: String| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "false" | "no" | "off"
+        )
+    };
+    !std::env::var(STDERR_VAR).is_ok_and(off)
 }
 
 /// Emits a `tracing` warning on `target` and delivers it (see the module documentation).
