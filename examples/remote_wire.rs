@@ -26,7 +26,6 @@ use kpc::cache::store::{Access, EntryAuth, PutOutcome, RemoteStore, Store, Store
 use kpc::config::RemoteUrl;
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 /// Bytes a proxy moved: client to server, server to client.

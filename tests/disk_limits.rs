@@ -201,7 +201,7 @@ fn a_put_that_would_go_under_the_inode_floor_is_skipped_on_a_small_tmpfs() {
         .iter()
         .filter(|o| matches!(o, PutOutcome::Published(_)))
         .count();
-    assert!(stored >= 3 && stored < 40, "{outcomes:?}");
+    assert!((3..40).contains(&stored), "{outcomes:?}");
     assert_eq!(c.stats().failed_puts, 0, "never ran out of inodes");
     assert_eq!(disk_warnings(&ev), vec!["low-space"]);
     assert!(free(&root).1 >= 16, "{:?}", free(&root));

@@ -158,7 +158,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
             "kpc: note: the disk cache is disabled (KPC_CACHE_PERSISTENT=0); showing its directory anyway"
         );
     }
-    let max_size = settings.max_size;
+    let (max_size, max_entries) = (settings.max_size, settings.max_entries);
     let cache = PersistentCache::new(settings);
     let io = |e: std::io::Error| kpc::Error::Io(format!("{}: {e}", cache.root().display()));
     match cmd {
@@ -206,6 +206,8 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "enabled": config.persistent,
                     "max_size": max_size,
                     "tracked_size": cache.tracked_size(),
+                    "max_entries": max_entries,
+                    "tracked_entries": cache.tracked_entries(),
                     "entries": entries.len(),
                     "bytes": total,
                     "devices": devices,
@@ -228,7 +230,10 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                 } else {
                     human(max_size)
                 };
-                outln!("limit {limit}");
+                match max_entries {
+                    0 => outln!("limit {limit}"),
+                    n => outln!("limit {limit}, {n} entries"),
+                }
                 outln!(
                     "{:<16}  {:<7}  {:<32}  {:>7}  {:>10}",
                     "DEVICE",

@@ -94,6 +94,25 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
     };
     outln!("  KPC_CACHE_MAX_SIZE                  = {max}");
     outln!(
+        "  KPC_CACHE_MAX_ENTRIES               = {}",
+        match c.max_entries {
+            0 => "0 (unlimited)".to_string(),
+            n => format!("{n} entries"),
+        }
+    );
+    outln!(
+        "  KPC_CACHE_MIN_FREE                  = {}",
+        match c.min_free {
+            kpc::config::MinFree::Bytes(0) => "0 (no free-space floor)".to_string(),
+            kpc::config::MinFree::Bytes(b) => size(b),
+            f => format!("{f} of the file system (and of its inodes)"),
+        }
+    );
+    match &c.lock_dir {
+        Some(d) => outln!("  KPC_CACHE_LOCK_DIR                  = {}", d.display()),
+        None => outln!("  KPC_CACHE_LOCK_DIR                  = - (locks in the cache tree)"),
+    }
+    outln!(
         "  KPC_CACHE_MIN_DEVICE_IMAGE_SIZE     = {}",
         size(c.min_device_image_size)
     );
