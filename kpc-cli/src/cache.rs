@@ -47,6 +47,11 @@ pub enum CacheCommand {
         /// Show who built each entry: host, kpc version, driver, build time and duration, signer.
         #[arg(long)]
         provenance: bool,
+        /// List a bundle file (`kpc cache export`) instead, each entry verified as a lookup through
+        /// KPC_CACHE_READONLY_DIRS would (MAC, writer signature, checksums, full key); exit with
+        /// status 1 if any would be refused.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["remote", "provenance"])]
+        bundle: Option<std::path::PathBuf>,
     },
     /// Check every entry's checksums; exit with status 1 if any entry is bad.
     Verify {
@@ -135,8 +140,14 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
     match cmd {
         CacheCommand::Ls {
             json,
+            bundle: Some(file),
+            ..
+        } => return crate::cache_bundle::ls(config, &file, json),
+        CacheCommand::Ls {
+            json,
             remote: true,
             provenance,
+            ..
         } => return crate::cache_remote::ls(config, json, provenance),
         CacheCommand::Keygen(args) => return crate::cache_keys::keygen(config, &args),
         _ => {}

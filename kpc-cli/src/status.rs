@@ -168,8 +168,11 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
     }
     for (i, d) in c.readonly_dirs.iter().enumerate() {
         // Searched after the local cache, in this order; never written, so no state but presence.
+        let bundle = kpc::cache::bundle::layer::is_bundle_path(d);
         let state = match (c.persistent, d.join(kpc::cache::disk::VERSION_DIR).is_dir()) {
             (false, _) => "off (KPC_CACHE_PERSISTENT=0)",
+            (true, _) if bundle && d.is_file() => "bundle, searched in place",
+            (true, _) if bundle => "bundle, missing: every lookup misses",
             (true, true) => "searched",
             (true, false) if d.is_dir() => "searched, holds no cache yet",
             (true, false) => "searched, missing: every lookup misses",
