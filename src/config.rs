@@ -215,6 +215,10 @@ pub struct Config {
     /// zstd level of the entries this process publishes to the remote (`KPC_CACHE_REMOTE_COMPRESS`,
     /// default 3); 0 publishes them uncompressed. Readers take both whatever this is.
     pub remote_compress: u8,
+    /// Remote entries built before this time (seconds since the Unix epoch; the provenance's build
+    /// time, covered by the signature when signed) are refused (`KPC_CACHE_REMOTE_NOT_BEFORE`,
+    /// default none).
+    pub remote_not_before: Option<u64>,
     /// This process's signing key (`KPC_CACHE_SIGNING_KEY`, default none): what it publishes to the
     /// remote or exports to a bundle is signed with it.
     pub signing_key: Option<SigningKey>,
@@ -268,6 +272,7 @@ impl Default for Config {
             remote_timeout: Duration::from_secs(2),
             remote_key: None,
             remote_compress: 3,
+            remote_not_before: None,
             signing_key: None,
             trusted_keys: Vec::new(),
             host_id: None,

@@ -62,6 +62,9 @@ pub enum CacheCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Garbage-collect the remote tier (--remote): entries not served for --older-than, then the
+    /// least recently served down to --max-size, and fingerprint namespaces nobody was served from.
+    Gc(crate::cache_gc::GcArgs),
     /// Remove entries: least recently accessed first down to --max-size, and/or those not accessed
     /// for --older-than.
     #[command(group(ArgGroup::new("what").required(true).multiple(true).args(["max_size", "older_than"])))]
@@ -150,6 +153,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
             ..
         } => return crate::cache_remote::ls(config, json, provenance),
         CacheCommand::Keygen(args) => return crate::cache_keys::keygen(config, &args),
+        CacheCommand::Gc(args) => return crate::cache_gc::run(config, &args),
         _ => {}
     }
     if let CacheCommand::Check(args) = &cmd {
@@ -179,6 +183,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
         CacheCommand::Import(args) => crate::cache_bundle::import(config, &cache, &args),
         CacheCommand::Check(args) => crate::cache_check::run(config, &args),
         CacheCommand::Prebuild(args) => crate::cache_prebuild::run(config, &args),
+        CacheCommand::Gc(args) => crate::cache_gc::run(config, &args),
         CacheCommand::Path => {
             outln!("{}", cache.root().display());
             Ok(ExitCode::SUCCESS)

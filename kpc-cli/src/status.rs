@@ -73,6 +73,13 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
             l => format!("{l} (zstd level of published entries)"),
         }
     );
+    match c.remote_not_before {
+        Some(t) => outln!(
+            "  KPC_CACHE_REMOTE_NOT_BEFORE         = {} (entries built before are refused)",
+            crate::entry_fmt::utc(t)
+        ),
+        None => outln!("  KPC_CACHE_REMOTE_NOT_BEFORE         = - (no cut-off)"),
+    }
     match &c.signing_key {
         Some(k) => outln!(
             "  KPC_CACHE_SIGNING_KEY               = set (signs as {})",

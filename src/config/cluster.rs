@@ -12,6 +12,7 @@ use super::{Config, ConfigBuilder, ConfigError, invalid, vars};
 const ENTRIES_ACCEPTED: &str =
     "a whole number of entries (each is two files), 0 for no limit, e.g. 50000";
 const MIN_FREE_ACCEPTED: &str = "a size (e.g. 2G, 512M; 0 for no floor) or a percentage of the file system from 0% to 50% with at most two decimals (e.g. 1%, 0.5%)";
+const NOT_BEFORE_ACCEPTED: &str = "a UTC time: YYYY-MM-DD, YYYY-MM-DDTHH:MM:SSZ, or @SECONDS since the Unix epoch (e.g. 2026-11-01, 2026-11-01T12:00:00Z, @1793491200)";
 const LOCK_DIR_ACCEPTED: &str =
     "an absolute directory path on node-local storage (e.g. /run/kpc-locks, /tmp/kpc-locks)";
 
@@ -99,6 +100,72 @@ pub(super) fn parse_compress(v: &str) -> Result<u8, ConfigError> {
     Ok(level)
 }
 
+/// Days from 1970-01-01 to the civil date `y-m-d` (proleptic Gregorian).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Parses `KPC_CACHE_REMOTE_NOT_BEFORE`: seconds since the Unix epoch.
+pub(super) fn parse_not_before(v: &str) -> Result<u64, ConfigError> {
+    let err = || invalid(vars::CACHE_REMOTE_NOT_BEFORE, v, NOT_BEFORE_ACCEPTED);
+    let t = v.trim();
+    if let Some(secs) = t.strip_prefix('@') {
+        return secs.parse::<u64>().map_err(|_| err());
+    }
+    let (date, time) = match t.split_once(['T', ' ']) {
+        Some((d, tm)) => (d, Some(tm.strip_suffix('Z').ok_or_else(err)?)),
+        None => (t, None),
+    };
+    let num = |s: &str, len: usize| -> Result<i64, ConfigError> {
+        if s.len() != len || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(err());
+        }
+        s.parse().map_err(|_| err())
+    };
+    let d: Vec<&str> = date.split('-').collect();
+    let [y, m, day] = d[..] else {
+        return Err(err());
+    };
+    let (y, m, day) = (num(y, 4)?, num(m, 2)?, num(day, 2)?);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let days_in = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&m) || day < 1 || day > days_in[(m - 1) as usize] {
+        return Err(err());
+    }
+    let secs = match time {
+        None => 0,
+        Some(tm) => {
+            let p: Vec<&str> = tm.split(':').collect();
+            let [h, mi, s] = p[..] else { return Err(err()) };
+            let (h, mi, s) = (num(h, 2)?, num(mi, 2)?, num(s, 2)?);
+            if h > 23 || mi > 59 || s > 59 {
+                return Err(err());
+            }
+            h * 3600 + mi * 60 + s
+        }
+    };
+    let t = days_from_civil(y, m, day) * 86_400 + secs;
+    u64::try_from(t).map_err(|_| err())
+}
+
 /// Reads the cluster storage variables through `get` into `b`.
 pub(super) fn from_lookup(
     mut b: ConfigBuilder,
@@ -116,6 +183,9 @@ pub(super) fn from_lookup(
     }
     if let Some(v) = get(vars::CACHE_MIN_FREE)? {
         b = b.min_free(parse_min_free(&v)?);
+    }
+    if let Some(v) = get(vars::CACHE_REMOTE_NOT_BEFORE)?.filter(|v| !v.trim().is_empty()) {
+        b = b.remote_not_before(Some(parse_not_before(&v)?));
     }
     if let Some(v) = get(vars::CACHE_LOCK_DIR)?.filter(|v| !v.trim().is_empty()) {
         b = b.lock_dir(Some(PathBuf::from(v)));
@@ -160,6 +230,12 @@ impl ConfigBuilder {
         self.config.remote_compress = level;
         self
     }
+    /// Sets the remote's cut-off: entries built before this time (seconds since the Unix epoch) are
+    /// refused (see [`Config::remote_not_before`]).
+    pub fn remote_not_before(mut self, unix_secs: Option<u64>) -> Self {
+        self.config.remote_not_before = unix_secs;
+        self
+    }
     /// Sets the disk cache's entry limit (0 = none; see [`Config::max_entries`]).
     pub fn max_entries(mut self, n: u64) -> Self {
         self.config.max_entries = n;
@@ -196,6 +272,31 @@ mod tests {
         }
         let e = Config::builder().remote_compress(22).build().unwrap_err();
         assert!(e.to_string().contains("KPC_CACHE_REMOTE_COMPRESS"), "{e}");
+    }
+
+    #[test]
+    fn cut_off_times_parse_strictly() {
+        assert_eq!(parse_not_before("1970-01-01").unwrap(), 0);
+        assert_eq!(parse_not_before("2000-02-29").unwrap(), 951_782_400);
+        assert_eq!(
+            parse_not_before("2023-11-14T22:13:20Z").unwrap(),
+            1_700_000_000
+        );
+        assert_eq!(parse_not_before("@1700000000").unwrap(), 1_700_000_000);
+        for bad in [
+            "2023-02-29",
+            "2023-13-01",
+            "2023-11-14T22:13:20",
+            "2023-11-14T24:00:00Z",
+            "yesterday",
+            "@-5",
+            "1969-12-31",
+            "23-11-14",
+        ] {
+            let e = parse_not_before(bad).unwrap_err().to_string();
+            assert!(e.contains("KPC_CACHE_REMOTE_NOT_BEFORE"), "{bad}: {e}");
+            assert!(e.contains("YYYY-MM-DD"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub const CACHE_REMOTE_TIMEOUT: &str = "KPC_CACHE_REMOTE_TIMEOUT";
 pub const CACHE_REMOTE_KEY: &str = "KPC_CACHE_REMOTE_KEY";
 /// zstd level of published remote entries, or 0 for none.
 pub const CACHE_REMOTE_COMPRESS: &str = "KPC_CACHE_REMOTE_COMPRESS";
+/// Readers refuse remote entries built before this time (a cut-off after a bad publisher).
+pub const CACHE_REMOTE_NOT_BEFORE: &str = "KPC_CACHE_REMOTE_NOT_BEFORE";
 /// Private key file: this process signs the entries it publishes or exports (Ed25519).
 pub const CACHE_SIGNING_KEY: &str = "KPC_CACHE_SIGNING_KEY";
 /// Public keys (inline or files): readers refuse shared entries none of them signed.

@@ -78,6 +78,10 @@ pub struct EntryAuth {
     /// `KPC_CACHE_MAX_DEVICE_IMAGE_SIZE` plus the largest key record and two headers; default: that of
     /// the default image limit.
     pub max_entry: u64,
+    /// Entries built before this time (seconds since the Unix epoch, the provenance's `built_unix`)
+    /// are refused ([`Refusal::BeforeCutoff`]); so is an entry without provenance (version 1). Set
+    /// for the remote from `KPC_CACHE_REMOTE_NOT_BEFORE`; `None` (default): no cut-off.
+    pub not_before: Option<u64>,
 }
 
 impl Default for EntryAuth {
@@ -91,6 +95,7 @@ impl Default for EntryAuth {
             host: String::new(),
             compression: DEFAULT_LEVEL,
             max_entry: compress::entry_limit(crate::config::GIB),
+            not_before: None,
         }
     }
 }
@@ -105,6 +110,7 @@ impl EntryAuth {
             host: config.host_id(),
             compression: i32::from(config.remote_compress),
             max_entry: compress::entry_limit(config.max_device_image_size),
+            not_before: None,
         }
     }
 
@@ -169,6 +175,15 @@ pub enum Refusal {
         /// What this reader accepts.
         limit: u64,
     },
+    /// The entry was built before the reader's cut-off (`KPC_CACHE_REMOTE_NOT_BEFORE`), or carries no
+    /// build time to compare (a version-1 envelope).
+    #[error("the entry was built {}, before KPC_CACHE_REMOTE_NOT_BEFORE (@{not_before})", built.map_or("at an unknown time (no provenance)".to_string(), |b| format!("at @{b}")))]
+    BeforeCutoff {
+        /// When it says it was built (seconds since the Unix epoch), if it says.
+        built: Option<u64>,
+        /// The reader's cut-off.
+        not_before: u64,
+    },
 }
 
 impl Refusal {
@@ -195,6 +210,7 @@ impl Refusal {
             Refusal::BadSignature(_) => "bad-signature",
             Refusal::Entry(_) => "corrupt",
             Refusal::Oversized { .. } => "oversized",
+            Refusal::BeforeCutoff { .. } => "before-cutoff",
         }
     }
 
@@ -417,6 +433,12 @@ pub(crate) fn authenticate<'a>(
         prov.signer = signer;
         Some(prov)
     };
+    if let Some(not_before) = auth.not_before {
+        let built = provenance.as_ref().map(|p| p.built_unix);
+        if built.is_none_or(|b| b < not_before) {
+            return Err(Refusal::BeforeCutoff { built, not_before });
+        }
+    }
     if !p.compressed {
         return Ok((Cow::Borrowed(p.sealed), provenance));
     }
@@ -455,6 +477,16 @@ pub(crate) fn claimed_record(envelope: &[u8]) -> Option<super::KeyRecord> {
     // Only the key record is decompressed (bounded by a key record's size), not the binary.
     let src = compress::decompress_record(p.sealed)?;
     super::sealed_record(&src)
+}
+
+/// The provenance an envelope claims, read without authentication (for the remote's collector,
+/// which judges age, never trust). `None` for a version-1 envelope or one that does not parse.
+pub(crate) fn claimed_provenance(envelope: &[u8]) -> Option<Provenance> {
+    let p = split(envelope).ok()?;
+    if p.version == V1 {
+        return None;
+    }
+    Provenance::decode(p.provenance)
 }
 
 /// Whether `envelope` holds its entry compressed (version 3 with the zstd flag); `None` if it is

@@ -41,7 +41,9 @@ pub use outcome::PutOutcome;
 pub use provenance::Provenance;
 pub use readonly::ReadOnlyStore;
 #[cfg(all(feature = "remote", not(loom)))]
-pub use remote::{RemoteStore, VerifiedEntry};
+pub use remote::{
+    GcEntry, GcPlan, GcPolicy, GcReason, GcReport, RemoteStore, TOUCH_PERIOD, VerifiedEntry,
+};
 pub use warn::WarnCause;
 
 use std::fmt;

@@ -530,3 +530,57 @@ fn version_2_readers_flags_are_refused_in_version_2_envelopes() {
         Refusal::Malformed("unknown flags")
     );
 }
+
+#[test]
+fn a_cut_off_refuses_entries_built_before_it_and_the_signature_covers_the_time() {
+    let k = key(1);
+    let sealed = seal(&k, b"bin", Duration::ZERO);
+    let at = |t: u64| Provenance::for_key("builder-1", &k, Some(t), Duration::ZERO);
+    let env = wrap(&plain(builder(1)), &k, &sealed, &at(1_800_000_000));
+    let cut = |t: u64| EntryAuth {
+        not_before: Some(t),
+        ..reader(&[1])
+    };
+    assert!(open(&cut(1_800_000_000), &k, &env).is_ok());
+    assert_eq!(
+        open(&cut(1_800_000_001), &k, &env).unwrap_err(),
+        Refusal::BeforeCutoff {
+            built: Some(1_800_000_000),
+            not_before: 1_800_000_001
+        }
+    );
+    // Moving the build time past the cut-off breaks the signature, which covers the provenance.
+    let p = split(&env).unwrap();
+    let old = String::from_utf8(p.provenance.to_vec()).unwrap();
+    let newer = old.replace("1800000000", "1900000000");
+    assert_eq!(old.len(), newer.len());
+    let at_prov = env
+        .windows(old.len())
+        .position(|w| w == old.as_bytes())
+        .unwrap();
+    let mut moved = env.clone();
+    moved[at_prov..at_prov + old.len()].copy_from_slice(newer.as_bytes());
+    assert!(matches!(
+        open(&cut(1_800_000_001), &k, &moved).unwrap_err(),
+        Refusal::BadSignature(_)
+    ));
+    // A version-1 envelope has no build time: refused under any cut-off.
+    let v1 = wrap_v1(None, &k, &sealed);
+    let e = open(
+        &EntryAuth {
+            not_before: Some(0),
+            ..mac_only(None)
+        },
+        &k,
+        &v1,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e,
+        Refusal::BeforeCutoff {
+            built: None,
+            not_before: 0
+        }
+    );
+    assert_eq!(e.reason(), "before-cutoff");
+}

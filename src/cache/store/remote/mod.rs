@@ -41,6 +41,8 @@ mod ops;
 mod publish;
 
 #[cfg(all(feature = "remote", not(loom)))]
+pub use imp::retention::{GcEntry, GcPlan, GcPolicy, GcReason, GcReport, TOUCH_PERIOD};
+#[cfg(all(feature = "remote", not(loom)))]
 pub use imp::{RemoteStore, VerifiedEntry};
 
 #[cfg(all(feature = "remote", not(loom)))]
@@ -55,6 +57,7 @@ mod imp {
 
     mod journal;
     mod manifest;
+    pub(super) mod retention;
     use super::fleet_lock::FleetLocks;
     pub(crate) use super::names::path_of;
     use super::names::{crash_marker_path, lock_name, namespace, token};
@@ -109,6 +112,8 @@ mod imp {
         publisher: Option<Publisher>,
         fleet: Option<FleetLocks>,
         lock_timeout: Duration,
+        /// When this process last recorded a serve of each key (`retention.rs`).
+        touched: parking_lot::Mutex<std::collections::HashMap<[u8; 32], Instant>>,
     }
 
     impl fmt::Debug for RemoteStore {
@@ -123,10 +128,14 @@ mod imp {
         /// misses.
         pub fn from_config(config: &Config) -> Option<RemoteStore> {
             let url = config.remote.as_ref()?;
+            let auth = EntryAuth {
+                not_before: config.remote_not_before,
+                ..EntryAuth::from_config(config)
+            };
             RemoteStore::open_with_sink(
                 url,
                 config.remote_timeout,
-                EntryAuth::from_config(config),
+                auth,
                 config.lock_timeout,
                 config.warning_sink(),
             )
@@ -187,6 +196,7 @@ mod imp {
                 publisher,
                 fleet,
                 lock_timeout,
+                touched: Default::default(),
             })
         }
 
@@ -245,6 +255,7 @@ mod imp {
             match auth::open(&sh.auth, key, &value) {
                 Ok(hit) => {
                     sh.counters.hit(hit.bytes().len());
+                    self.touch(key, false);
                     Some(hit)
                 }
                 Err(refusal) => {
@@ -256,7 +267,9 @@ mod imp {
                         sh.refusals.fetch_add(1, Ordering::Relaxed);
                         crate::cache::metrics::refused("remote", refusal.reason());
                     }
-                    let cause = if refusal.is_signature() {
+                    let cause = if refusal.is_signature()
+                        || matches!(refusal, Refusal::BeforeCutoff { .. })
+                    {
                         WarnCause::Untrusted
                     } else if refusal.is_auth() {
                         WarnCause::Unauthentic
@@ -464,7 +477,12 @@ mod imp {
             let sh = &self.shared;
             let provenance = Provenance::for_key(&sh.auth.host, key, None, build_time);
             let value = auth::wrap(&sh.auth, key, &seal(key, bytes, build_time), &provenance);
-            match publisher.publish(path_of(key), value) {
+            let published = publisher.publish(path_of(key), value);
+            if matches!(published, Publish::Done(Ok(())) | Publish::Pending) {
+                // Queued after the entry: its last-served record starts at its publication.
+                self.touch(key, true);
+            }
+            match published {
                 Publish::Done(Ok(())) => PutOutcome::Published(0),
                 Publish::Done(Err(f)) => {
                     // Counted by the publisher's report; warned here, on the caller's thread.

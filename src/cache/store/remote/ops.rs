@@ -6,7 +6,7 @@
 use std::fmt;
 use std::io;
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use opendal::layers::TimeoutLayer;
 use opendal::{ErrorKind, Operator, blocking, services};
@@ -237,9 +237,63 @@ impl Ops {
         self.call(|op| op.write(path, value).map(|_| ()))
     }
 
+    /// Stores `value` at `path` as a side note (a last-served record): skipped while the breaker is
+    /// open, and its outcome does not move the breaker, so a failed note never hides the failure of
+    /// the lookup or publish that meets the same remote next (that one trips, counts and warns).
+    pub fn write_note(&self, path: &str, value: Vec<u8>) {
+        if self.breaker.is_open() {
+            return;
+        }
+        let write = || drop(self.op.write(path, value));
+        if tokio::runtime::Handle::try_current().is_ok() {
+            std::thread::scope(|s| drop(s.spawn(write).join()));
+        } else {
+            write();
+        }
+    }
+
     /// Removes `path` (nothing there is not an error).
     pub fn delete(&self, path: &str) -> Result<(), Failure> {
         self.call(|op| op.delete(path))
+    }
+
+    /// Every object under `prefix` (recursive) with its length and last modification time, where the
+    /// service can list (fs, s3; not redis). Where a listing leaves them out, they are asked for.
+    pub fn list_meta(&self, prefix: &str) -> io::Result<Vec<(String, u64, Option<SystemTime>)>> {
+        let opts = opendal::options::ListOptions {
+            recursive: true,
+            ..Default::default()
+        };
+        let entries = self
+            .call(|op| op.list_options(prefix, opts))
+            .map_err(|f| io::Error::other(f.detail))?;
+        let mut out = Vec::new();
+        for e in entries.into_iter().filter(|e| e.metadata().is_file()) {
+            let m = e.metadata();
+            let mtime = |m: &opendal::Metadata| m.last_modified().map(SystemTime::from);
+            let (len, modified) = match (m.content_length(), mtime(m)) {
+                (len, Some(t)) if len > 0 => (len, Some(t)),
+                _ => match self.stat(e.path()) {
+                    Ok(Some(x)) => x,
+                    Ok(None) => continue,
+                    Err(f) => return Err(io::Error::other(f.detail)),
+                },
+            };
+            out.push((e.path().to_owned(), len, modified));
+        }
+        Ok(out)
+    }
+
+    /// The length and last modification time of `path`, `None` if there is nothing there.
+    pub fn stat(&self, path: &str) -> Result<Option<(u64, Option<SystemTime>)>, Failure> {
+        self.call(|op| match op.stat(path) {
+            Ok(m) => Ok(Some((
+                m.content_length(),
+                m.last_modified().map(SystemTime::from),
+            ))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        })
     }
 
     /// Every path under `prefix` (recursive), where the service can list (fs, s3; not redis).
