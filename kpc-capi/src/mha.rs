@@ -1,4 +1,4 @@
-//! `kpc_mha`: ncnn's MultiHeadAttention layer on a context (see `kpc::attention::mha`): created
+//! `kpc_mha`: ncnn's MultiHeadAttention layer on a context (see `kpc_attention::mha`): created
 //! with its parameters and weights, then prefill, decode steps, cross-attention memory, and the
 //! self-attention cache exported and imported in ncnn's two layouts.
 
@@ -8,10 +8,10 @@ use super::interop::read_versioned;
 use super::registry::{self, Object};
 use super::util::{check_out, slice_arg, switch_arg, write_out};
 use super::{Failure, guard, kpc_context, kpc_status};
-use kpc::attention::mha::CacheLayout;
-use kpc::attention::{KvDtype, MhaKind, MhaParams, MhaWeights, MultiHeadAttention};
 use kpc::error::Error;
 use kpc::runtime::Context;
+use kpc_attention::mha::CacheLayout;
+use kpc_attention::{KvDtype, MhaKind, MhaParams, MhaWeights, MultiHeadAttention};
 
 /// A MultiHeadAttention layer (opaque). One call at a time runs on a layer (others wait); destroy
 /// with `kpc_mha_destroy`.

@@ -347,9 +347,9 @@ fn c_opencl_embedder() {
 /// cross-attention steps checked against float64 reference values written here, the cache in both
 /// ncnn layouts, status codes for wrong sizes and call orders.
 fn mha_from_c(backend: &str, selector: String, test: &str) {
-    use kpc::attention::KvDtype;
-    use kpc::attention::mha::reference::{RefCall, multi_head_attention};
-    use kpc::attention::mha::{MhaKind, MhaParams, MhaWeights};
+    use kpc_attention::KvDtype;
+    use kpc_attention::mha::reference::{RefCall, multi_head_attention};
+    use kpc_attention::mha::{MhaKind, MhaParams, MhaWeights};
     let (e, h, hkv, prompt, steps, s) = (32usize, 4usize, 2usize, 5usize, 3usize, 6usize);
     let total = prompt + steps;
     let p = MhaParams {

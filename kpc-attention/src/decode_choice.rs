@@ -1,8 +1,8 @@
 //! Which decode kernel runs on which device: the vectorized kernel's layout (lanes per row, how a
 //! row's lanes are summed) and what the cooperative-matrix decode needs.
 
-use crate::backend::DeviceInfo;
-use crate::config::BackendKind;
+use kpc::backend::DeviceInfo;
+use kpc::config::BackendKind;
 
 use super::choice::fp16_matrix_fits;
 use super::{AttentionOptions, AttentionShape, KvDtype};
@@ -143,7 +143,7 @@ pub(super) fn coop_decode_fits(
 #[cfg(test)]
 mod tests {
     use super::{AttentionOptions, AttentionShape, KvDtype, coop_decode_fits, coop_decode_shared};
-    use crate::attention::choice::tests::device;
+    use crate::choice::tests::device;
 
     #[test]
     fn coop_decode_needs_matrices_their_layout_fp16_and_room() {

@@ -2,20 +2,16 @@
 //! reference by ‖out − ref‖ / ‖ref‖: at most 1e-5 with f32 K/V, 2e-3 with f16. Inputs are fresh
 //! random numbers each run and outputs are poisoned with NaN before every launch.
 
-mod common;
-
-use kpc::attention::reference::{attention, relative_error};
-use kpc::attention::{
-    Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, round_to_f16,
-};
 use kpc::config::BackendKind;
 use kpc::{Context, Error};
+use kpc_attention::reference::{attention, relative_error};
+use kpc_attention::{
+    Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, round_to_f16,
+};
 
-use common::drivers::{opencl_context, random_f32, vulkan_context};
+use crate::common::drivers::{opencl_context, random_f32, vulkan_context};
 
-#[path = "attention_cases/coop_decode.rs"]
 mod coop_decode;
-#[path = "attention_cases/prefill.rs"]
 mod prefill;
 use coop_decode::coop_decode_choice;
 use prefill::{

@@ -2,8 +2,8 @@
 //! such matrices (lavapipe, PoCL) it is a typed error naming what is missing, and Auto never picks
 //! it anywhere; where the device has them, it matches the reference.
 
-use kpc::attention::{AttentionOptions, DecodeKernel, KvDtype};
 use kpc::{Context, Error};
+use kpc_attention::{AttentionOptions, DecodeKernel, KvDtype};
 
 use super::prefill::coop_capable;
 use super::{decode_case, shape};
@@ -18,7 +18,7 @@ pub(crate) fn coop_decode_choice(ctx: &Context) {
         ..AttentionOptions::for_device(ctx.device())
     };
     let refused = |s, dtype, options: AttentionOptions| {
-        let e = kpc::attention::Attention::new(ctx, &s, dtype, 64, options).unwrap_err();
+        let e = kpc_attention::Attention::new(ctx, &s, dtype, 64, options).unwrap_err();
         assert!(
             matches!(&e, Error::InvalidArgument(m) if m.contains("cooperative-matrix decode")),
             "{e}"
@@ -33,7 +33,7 @@ pub(crate) fn coop_decode_choice(ctx: &Context) {
     };
     refused(shape(1, 8, 2, 128), KvDtype::F16, spread);
     let auto = AttentionOptions::for_device(ctx.device());
-    let a = kpc::attention::Attention::new(ctx, &shape(1, 8, 2, 128), KvDtype::F16, 64, auto);
+    let a = kpc_attention::Attention::new(ctx, &shape(1, 8, 2, 128), KvDtype::F16, 64, auto);
     assert_ne!(a.unwrap().decode_kernel(), DecodeKernel::Cooperative);
     if !coop_capable(ctx) {
         let why = refused(shape(1, 8, 2, 128), KvDtype::F16, forced);

@@ -2,10 +2,10 @@
 //! same on the matrix units, fp16 weights) and `mha_gemv` (decode steps: matrix-vector, bound by
 //! reading the weights), chosen per layer and launched into up to three outputs (fused Q/K/V).
 
-use crate::backend::DeviceInfo;
-use crate::cache::{SpecConstants, SpecValue};
-use crate::error::{Error, Result};
-use crate::runtime::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
+use kpc::backend::DeviceInfo;
+use kpc::error::{Error, Result};
+use kpc::runtime::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
+use kpc::{SpecConstants, SpecValue};
 
 use super::weights::DeviceMatrix;
 use super::{KvDtype, MAX_GEMV_BATCH, MhaParams, ProjectionKernel};
@@ -50,7 +50,7 @@ pub(super) struct Projector {
 
 /// Why `mha_gemm_coop` cannot project `p`'s layer on `device`, if it cannot.
 fn coop_unfit(device: &DeviceInfo, p: &MhaParams) -> Option<String> {
-    if let Some(why) = crate::attention::choice::coop_matrix_unfit(device) {
+    if let Some(why) = crate::choice::coop_matrix_unfit(device) {
         return Some(why);
     }
     let l = &device.limits;

@@ -34,8 +34,8 @@ pub(crate) use forward::MhaPhase;
 pub use forward::MhaTimes;
 pub use weights::MhaWeights;
 
-use crate::error::{Error, Result};
-use crate::runtime::{Buffer, Context, Kernel};
+use kpc::error::{Error, Result};
+use kpc::runtime::{Buffer, Context, Kernel};
 
 use super::{Attention, AttentionOptions, AttentionShape, KvCache, KvDtype, MAX_HEAD_DIM};
 use proj::Projector;
@@ -244,7 +244,7 @@ pub struct MultiHeadAttention {
     step_y: Buffer<f32>,
     /// Binds the mask parameter of `mha_attn` when there is no mask.
     no_mask: Buffer<f32>,
-    last: Vec<(MhaPhase, crate::runtime::Event)>,
+    last: Vec<(MhaPhase, kpc::runtime::Event)>,
 }
 
 impl std::fmt::Debug for MultiHeadAttention {
@@ -294,20 +294,20 @@ impl MultiHeadAttention {
         let cache = KvCache::new(ctx, &shape, p.capacity, p.cache_dtype)?;
         let proj = Projector::new(ctx, &p)?;
         let weights = DeviceWeights::upload(ctx, &p, weights)?;
-        let d = crate::cache::SpecValue::U32(shape.head_dim as u32);
-        let f16 = crate::cache::SpecValue::U32(u32::from(p.cache_dtype == KvDtype::F16));
+        let d = kpc::SpecValue::U32(shape.head_dim as u32);
+        let f16 = kpc::SpecValue::U32(u32::from(p.cache_dtype == KvDtype::F16));
         let append = super::shipped_kernel(
             ctx,
             "attn_append",
-            &crate::cache::SpecConstants::new()
-                .with(0, crate::cache::SpecValue::U32(64))
+            &kpc::SpecConstants::new()
+                .with(0, kpc::SpecValue::U32(64))
                 .with(2, f16)
                 .with(3, d),
         )?;
         let masked = super::shipped_kernel(
             ctx,
             "mha_attn",
-            &crate::cache::SpecConstants::new().with(2, f16).with(3, d),
+            &kpc::SpecConstants::new().with(2, f16).with(3, d),
         )?;
         let (b, e) = (p.batch, shape.head_dim);
         Ok(MultiHeadAttention {

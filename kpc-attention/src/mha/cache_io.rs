@@ -2,10 +2,10 @@
 //! import, exact both ways (an f16 cache exports its values widened exactly, and they import back
 //! to the same bits).
 
-use crate::error::{Error, Result};
+use kpc::error::{Error, Result};
 
 use super::{MhaKind, MultiHeadAttention};
-use crate::attention::check_len;
+use crate::check_len;
 
 /// A layout of one cache blob (K or V), per sequence of the batch; blobs of a batch follow one
 /// another.

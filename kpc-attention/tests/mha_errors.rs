@@ -1,16 +1,14 @@
 //! Every bad shape, size and call order of the MultiHeadAttention layer is a typed error, on real
 //! drivers (lavapipe and PoCL in CI), and a failed call leaves the layer as it was.
 
-mod common;
-
-use kpc::attention::mha::{CacheLayout, MAX_GEMV_BATCH};
-use kpc::attention::{
+use kpc::{Context, Error};
+use kpc_attention::mha::{CacheLayout, MAX_GEMV_BATCH};
+use kpc_attention::{
     KvDtype, MhaKind, MhaParams, MhaWeights, MultiHeadAttention, ProjectionKernel,
 };
-use kpc::{Context, Error};
 
-use common::drivers::{opencl_context, random_f32, vulkan_context};
-use common::mha::{Weights, params};
+use crate::common::drivers::{opencl_context, random_f32, vulkan_context};
+use crate::mha_support::{Weights, params};
 
 /// Every bad shape, size and call order is a typed error, and leaves the layer usable.
 fn bad_calls(ctx: &Context) {

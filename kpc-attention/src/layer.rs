@@ -1,10 +1,10 @@
 //! Making an [`Attention`]: the kernel chosen per device and shape, acquired through the context's
 //! caches, and the scratch its splits need; its accessors and the split arithmetic.
 
-use crate::cache::{SpecConstants, SpecValue};
-use crate::config::BackendKind;
-use crate::error::{Error, Result};
-use crate::runtime::{Context, Kernel};
+use kpc::config::BackendKind;
+use kpc::error::{Error, Result};
+use kpc::runtime::{Context, Kernel};
+use kpc::{SpecConstants, SpecValue};
 
 use super::choice::{
     auto_prefill, cm2_prefill_fits, coop_matrix_unfit, coop_prefill_fits, coop_prefill_shared,

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
-use crate::runtime::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
+use kpc::error::{Error, Result};
+use kpc::runtime::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
 
 use super::proj::Outputs;
 use super::{MhaKind, MultiHeadAttention};
-use crate::attention::check_len;
+use crate::check_len;
 
 /// What a launch of a layer call does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

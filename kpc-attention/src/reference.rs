@@ -8,7 +8,7 @@
 //! key (cross-attention).
 
 use super::AttentionShape;
-use crate::error::{Error, Result};
+use kpc::error::{Error, Result};
 
 /// Attention in float64: the output `[batch][q_head][q_len][head_dim]`.
 ///

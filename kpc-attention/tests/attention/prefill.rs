@@ -2,14 +2,14 @@
 //! prefill kernel, a prefill followed by decode steps, the cooperative-matrix prefill's choice and
 //! checks, and chunked prefill.
 
-use kpc::attention::reference::{attention, relative_error};
-use kpc::attention::{
+use kpc::{Context, Error};
+use kpc_attention::reference::{attention, relative_error};
+use kpc_attention::{
     Attention, AttentionOptions, AttentionShape, KvCache, KvDtype, PrefillKernel, round_to_f16,
 };
-use kpc::{Context, Error};
 
-use super::common::drivers::random_f32;
 use super::{position, prefix, shape};
+use crate::common::drivers::random_f32;
 
 /// Causal prefill of `len` positions against the reference.
 pub(crate) fn prefill_case(

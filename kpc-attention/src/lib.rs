@@ -1,4 +1,5 @@
-//! Attention with a KV cache, kpc's built-in workload, on either backend.
+//! Attention with a KV cache, the workload kpc runs, on either backend, built on `kpc`'s public API
+//! (contexts, cached kernels, buffers, queues) only.
 //!
 //! - [`KvCache`] holds one layer's K and V on the device, preallocated to a capacity and laid out
 //!   `[batch][kv_head][position][head_dim]`, so that a decode step reads each head's past as one
@@ -32,9 +33,12 @@
 //! ([`KvDtype`]); computation is f32, except that the cooperative-matrix prefill multiplies Q and
 //! the softmax weights as fp16 (accumulating in f32). The scale is `1 / sqrt(head_dim)`.
 
+#![warn(missing_docs)]
+
 mod choice;
 mod decode;
 mod decode_choice;
+pub mod kernels;
 mod kv_cache;
 mod layer;
 pub mod mha;
@@ -46,10 +50,10 @@ pub use kv_cache::{KvCache, round_to_f16};
 pub use mha::{MhaKind, MhaParams, MhaWeights, MultiHeadAttention, ProjectionKernel};
 pub use options::{AttentionOptions, DecodeKernel, PrefillKernel};
 
-use crate::cache::{BuildOptions, SpecConstants};
-use crate::config::BackendKind;
-use crate::error::{Error, Result};
-use crate::runtime::{Buffer, Context, Kernel};
+use kpc::config::BackendKind;
+use kpc::error::{Error, Result};
+use kpc::runtime::{Buffer, Context, Kernel};
+use kpc::{BuildOptions, SpecConstants};
 
 use decode_choice::VecLayout;
 
@@ -193,7 +197,7 @@ fn shipped_kernel(ctx: &Context, name: &str, spec: &SpecConstants) -> Result<Ker
 }
 
 /// [`shipped_kernel`], or with `from_source` on Vulkan, built from its GLSL through the SPIR-V cache
-/// (cooperative-matrix kernels excepted: see [`crate::kernels::glsl_image`]).
+/// (cooperative-matrix kernels excepted: see [`kernels::glsl_image`]).
 fn shipped_kernel_from(
     ctx: &Context,
     name: &str,

@@ -2,11 +2,11 @@
 //! cooperative matrices, head dimensions), and the cooperative-matrix layout probe that the
 //! register softmax of the matrix kernels depends on. The decode's choice is in `decode_choice`.
 
-use crate::backend::DeviceInfo;
-use crate::cache::SpecConstants;
-use crate::config::BackendKind;
-use crate::error::Result;
-use crate::runtime::Context;
+use kpc::SpecConstants;
+use kpc::backend::DeviceInfo;
+use kpc::config::BackendKind;
+use kpc::error::Result;
+use kpc::runtime::Context;
 
 use super::{AttentionOptions, AttentionShape, KvDtype, PrefillKernel, shipped_kernel};
 
@@ -288,12 +288,12 @@ pub(super) mod tests {
         AttentionOptions, AttentionShape, DeviceInfo, KvDtype, PrefillKernel, auto_prefill,
         cm2_prefill_fits, quad_layout,
     };
-    use crate::backend::{DeviceFingerprint, DeviceLimits, DeviceType};
-    use crate::config::BackendKind;
+    use kpc::backend::{DeviceFingerprint, DeviceLimits, DeviceType};
+    use kpc::config::BackendKind;
 
     /// A device as discovery would describe one: lavapipe-like (no matrices), KHR matrices only, or
     /// KHR and NV cooperative matrix 2 (H100-like: workgroup-scope matrices up to 256 invocations).
-    pub(in crate::attention) fn device(khr: bool, cm2: u32) -> DeviceInfo {
+    pub(crate) fn device(khr: bool, cm2: u32) -> DeviceInfo {
         DeviceInfo {
             backend: BackendKind::Vulkan,
             index: 0,

@@ -3,16 +3,14 @@
 //! K/V as the layer stores them, so fp16 layers are held to nearly the fp32 bound. Inputs and
 //! weights are fresh random numbers each run. Sizes are small: CPU drivers run every case.
 
-mod common;
-
-use kpc::attention::mha::CacheLayout;
-use kpc::attention::mha::reference::{RefCall, multi_head_attention};
-use kpc::attention::reference::relative_error;
-use kpc::attention::{KvDtype, MhaKind, MhaParams, MultiHeadAttention, ProjectionKernel};
 use kpc::{Context, Error};
+use kpc_attention::mha::CacheLayout;
+use kpc_attention::mha::reference::{RefCall, multi_head_attention};
+use kpc_attention::reference::relative_error;
+use kpc_attention::{KvDtype, MhaKind, MhaParams, MultiHeadAttention, ProjectionKernel};
 
-use common::drivers::{opencl_context, random_f32, vulkan_context};
-use common::mha::{Weights, params, tolerance};
+use crate::common::drivers::{opencl_context, random_f32, vulkan_context};
+use crate::mha_support::{Weights, params, tolerance};
 
 /// Rows `[from, from + n)` of each sequence of `[batch][len][w]`.
 fn rows(x: &[f32], batch: usize, len: usize, w: usize, from: usize, n: usize) -> Vec<f32> {

@@ -1,8 +1,8 @@
 //! Helpers for the MultiHeadAttention tests: random weights in ncnn's order and small parameters.
 
-use kpc::attention::{KvDtype, MhaParams, MhaWeights};
+use kpc_attention::{KvDtype, MhaParams, MhaWeights};
 
-use super::drivers::random_f32;
+use crate::common::drivers::random_f32;
 
 /// The eight weight arrays of a layer, random, scaled by 1/sqrt(fan-in) so activations stay O(1).
 pub struct Weights(pub Vec<Vec<f32>>);

@@ -5,10 +5,10 @@
 //! `p.cache_dtype` F16 the projected K and V are rounded to f16: what the layer stores. Everything
 //! else is float64, so the reference differs from the device only by f32 sums.
 
-use crate::error::{Error, Result};
+use kpc::error::{Error, Result};
 
 use super::{KvDtype, MhaParams, MhaWeights};
-use crate::attention::check_len;
+use crate::check_len;
 
 /// One reference call: `q_len` queries over `kv_len` keys.
 #[derive(Debug, Clone, Copy)]
