@@ -186,3 +186,48 @@ pub const OPENCL: &[ShippedOpenCl] = &[
 pub fn opencl_image(name: &str) -> Result<DeviceImage> {
     Ok(find(OPENCL, name, "OpenCL", |k| k.name)?.image())
 }
+
+/// What kpc's generic shipped kernels touch of their buffers, for both their SPIR-V and OpenCL C
+/// images (GLSL images are compiled through options a caller may set, so they are not declared):
+/// a launch of them on a device without robust buffer access is checked against these (see
+/// [`crate::runtime::bounds`]). Each bound restates the kernel's code:
+/// - `saxpy(x, y, result; n, a)`: invocation `i` touches element `i` of each buffer while `i < n`;
+/// - `copy(src, dst; n)`: a grid-stride loop over the first `n` 16-byte elements of both;
+/// - `read(src, dst; n)`: the first `n` 16-byte elements of `src`, one per workgroup of `dst`.
+#[cfg(not(loom))]
+pub(crate) fn shipped_bounds() -> Vec<(DeviceImage, &'static str, Vec<crate::runtime::BufferBound>)>
+{
+    use crate::runtime::{BufferBound as B, Extent};
+    let table: [(&str, Vec<B>); 3] = [
+        (
+            "saxpy",
+            (0..3)
+                .map(|p| B::new(p, Extent::PushOrGlobal(0, 0), 4))
+                .collect(),
+        ),
+        (
+            "copy",
+            vec![
+                B::new(0, Extent::Push(0), 16),
+                B::new(1, Extent::Push(0), 16),
+            ],
+        ),
+        (
+            "read",
+            vec![
+                B::new(0, Extent::Push(0), 16),
+                B::new(1, Extent::Groups(0), 16),
+            ],
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, bounds) in table {
+        for image in [spirv_image(name), opencl_image(name)]
+            .into_iter()
+            .flatten()
+        {
+            out.push((image, name, bounds.clone()));
+        }
+    }
+    out
+}

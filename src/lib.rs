@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 pub mod kernels;
 pub mod runtime;
+pub mod warnings;
 
 // One import brings in what the main call (`Context::kernel`) and its results need:
 // `use kpc::prelude::*;` or these root names.
@@ -37,6 +38,7 @@ pub use runtime::{
     Buffer, CacheBlob, Context, Event, Kernel, OpenClHandles, OpenClKernelLease, PushConstants,
     Queue, VulkanFeatures, VulkanHandles, VulkanKernelHandles, VulkanQueueLock,
 };
+pub use warnings::{Warning, WarningCallback, set_warning_callback};
 
 /// Everything a typical embedder names: `use kpc::prelude::*;` then
 /// `ctx.kernel(&image, "entry", &SpecConstants::new(), &BuildOptions::default())`.

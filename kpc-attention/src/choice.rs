@@ -66,9 +66,13 @@ pub(super) fn coop_quad_layout(ctx: &Context) -> Result<bool> {
 fn probe_quad_layout(ctx: &Context) -> Result<bool> {
     let kernel = shipped_kernel(ctx, "coop_layout", &SpecConstants::new())?;
     let out = ctx.buffer::<u32>(1026)?;
-    ctx.queue()
-        .launch(&kernel, [1, 1, 1], &[&out], &[])?
-        .wait()?;
+    let probe = kpc::runtime::LaunchDesc {
+        kernel: &kernel,
+        groups: [1, 1, 1],
+        buffers: &[&out],
+        push_constants: &[],
+    };
+    super::launch::submit(&ctx.queue(), &[probe])?.wait()?;
     let probe = out.read()?;
     let quad = quad_layout(&probe);
     if !quad {

@@ -155,12 +155,15 @@ impl Attention {
                 &self.done,
                 out,
             ];
-            return self.ctx.queue().submit(&[LaunchDesc {
-                kernel: &self.decode,
-                groups,
-                buffers: &args,
-                push_constants: split_push.as_bytes(),
-            }]);
+            return crate::launch::submit(
+                &self.ctx.queue(),
+                &[LaunchDesc {
+                    kernel: &self.decode,
+                    groups,
+                    buffers: &args,
+                    push_constants: split_push.as_bytes(),
+                }],
+            );
         };
         let reduce_push = PushConstants::new().u32(splits);
         let decode_args: [&dyn BufferArg; 5] = [q, k, v, &self.part_o, &self.part_ml];
@@ -178,7 +181,7 @@ impl Attention {
             push_constants: reduce_push.as_bytes(),
         };
         let Some((k_new, v_new)) = new else {
-            return self.ctx.queue().submit(&[split, combine]);
+            return crate::launch::submit(&self.ctx.queue(), &[split, combine]);
         };
         let pos = len - 1;
         let pairs = self.shape.kv_step_elems() / 2;
@@ -190,16 +193,19 @@ impl Attention {
             .u32(cache.capacity() as u32)
             .u32(pairs as u32);
         let append_args: [&dyn BufferArg; 4] = [k_new, v_new, k, v];
-        self.ctx.queue().submit(&[
-            LaunchDesc {
-                kernel: append,
-                groups: [append_groups, 1, 1],
-                buffers: &append_args,
-                push_constants: append_push.as_bytes(),
-            },
-            split,
-            combine,
-        ])
+        crate::launch::submit(
+            &self.ctx.queue(),
+            &[
+                LaunchDesc {
+                    kernel: append,
+                    groups: [append_groups, 1, 1],
+                    buffers: &append_args,
+                    push_constants: append_push.as_bytes(),
+                },
+                split,
+                combine,
+            ],
+        )
     }
 
     /// [`Attention::decode`] with the new position's K and V given on the host

@@ -40,6 +40,7 @@ mod decode;
 mod decode_choice;
 pub mod kernels;
 mod kv_cache;
+mod launch;
 mod layer;
 pub mod mha;
 mod options;

@@ -2,7 +2,7 @@
 //! softmax, fully masked tiles skipped.
 
 use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, Event, PushConstants};
+use kpc::runtime::{Buffer, Event, LaunchDesc, PushConstants};
 
 use super::{Attention, KvCache, PrefillKernel, check_len};
 
@@ -100,8 +100,14 @@ impl Attention {
             _ => [tiles, rows, 1],
         };
         let (kb, vb) = cache.buffers();
-        self.ctx
-            .queue()
-            .launch(&self.prefill, groups, &[q, kb, vb, out], push.as_bytes())
+        super::launch::submit(
+            &self.ctx.queue(),
+            &[LaunchDesc {
+                kernel: &self.prefill,
+                groups,
+                buffers: &[q, kb, vb, out],
+                push_constants: push.as_bytes(),
+            }],
+        )
     }
 }

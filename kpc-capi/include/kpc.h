@@ -183,6 +183,12 @@
 #define KPC_VULKAN_FEATURE_PIPELINE_BINARY (1 << 30)
 
 /**
+ * `robustBufferAccess` was enabled on the device: out-of-bounds buffer accesses stay inside the
+ * buffer, so kpc launches any kernel on it without declared access bounds.
+ */
+#define KPC_VULKAN_FEATURE_ROBUST_BUFFER_ACCESS (1 << 31)
+
+/**
  * What every kpc C function returns. `KPC_STATUS_OK` is 0; every other value is an error, with
  * details in `kpc_last_error()`. Values are stable across releases; new ones may be added.
  */
@@ -964,6 +970,18 @@ typedef struct kpc_kernel_info {
 } kpc_kernel_info;
 
 /**
+ * Receives one kpc warning: `target` is the part of kpc that warns (`kpc::cache::disk`, ...),
+ * `cause` a short stable name (`unusable-root`, `io`, `timeout`, ...), `message` the warning in
+ * words; all three are NUL-terminated UTF-8, valid only during the call. `user_data` is what
+ * `kpc_set_log_callback` was given. Called on whichever thread warns (kpc's background threads
+ * included), possibly inside a kpc call: it must be thread-safe, return quickly, and not call kpc.
+ */
+typedef void (*kpc_log_callback)(void *user_data,
+                                 const char *target,
+                                 const char *cause,
+                                 const char *message);
+
+/**
  * A layer's parameters, ncnn's ids in brackets. Fill it with `kpc_mha_params_init`, then change
  * fields. Versioned: `struct_size` must be at least `sizeof(kpc_mha_params)`.
  */
@@ -1144,8 +1162,10 @@ enum kpc_status kpc_kernel_create_from_blob(const struct kpc_context *context,
                                             struct kpc_kernel **out);
 
 /**
- * Creates a configuration with kpc's defaults and no cache directory, which means no disk cache
- * until `kpc_config_set_cache_dir` sets one. The process environment is not read.
+ * Creates a configuration with kpc's defaults: what `kpc_config_from_env` gives with no `KPC_*`
+ * variable set. The disk cache is on, at `$XDG_CACHE_HOME/kpc`, else `$HOME/.cache/kpc` (the
+ * platform's variables; no `KPC_*` variable is read); `kpc_config_set_cache_dir` sets another
+ * directory, `kpc_config_set_persistent(config, 0)` turns it off.
  *
  * Ownership: `*out` receives a new configuration; destroy it with `kpc_config_destroy`.
  * Errors: `KPC_STATUS_INVALID_ARGUMENT` when `out` is NULL.
@@ -1730,6 +1750,37 @@ enum kpc_status kpc_kernel_source(const struct kpc_kernel *kernel, enum kpc_sour
  * string the caller must not free. Takes an `int` so that any value is accepted.
  */
 const char *kpc_source_name(int32_t source);
+
+/**
+ * Sends every kpc warning of this process to `callback` with `user_data` (`callback` NULL: back
+ * to the default, one line per warning on stderr unless `KPC_LOG_STDERR=0`). Replaces any earlier
+ * callback; a warning being delivered while it is replaced may still reach the old one.
+ *
+ * Errors: none; always `KPC_STATUS_OK`.
+ *
+ * # Safety
+ * `callback`, if not NULL, may be called with `user_data` from any thread until it is replaced.
+ */
+enum kpc_status kpc_set_log_callback(kpc_log_callback callback, void *user_data);
+
+/**
+ * Why `context`'s disk cache is off although one was configured (its root is a regular file or a
+ * directory that cannot be created: the same reason the warning gave), as a NUL-terminated string
+ * copied into `buffer`; "" (size 1) when the disk cache is on or was turned off on purpose.
+ * `kpc_stats.disk.enabled` is 0 in both off cases. With a NULL `buffer` and `capacity` 0, only
+ * `*size` (the bytes needed, NUL included) is written.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle, a NULL `size`, or a NULL `buffer` with a
+ * non-zero capacity; `KPC_STATUS_BUFFER_TOO_SMALL` when `capacity` is less than `*size` (nothing is
+ * copied).
+ *
+ * # Safety
+ * `buffer` is NULL or has `capacity` writable bytes; `size` is NULL or writable.
+ */
+enum kpc_status kpc_context_disk_unusable_reason(const struct kpc_context *context,
+                                                 char *buffer,
+                                                 size_t capacity,
+                                                 size_t *size);
 
 /**
  * Fills `*out` with ncnn's defaults for `embed_dim` and `num_heads` (MHA, qdim = kdim = vdim =

@@ -111,6 +111,11 @@ fn compile(name: &str, libs: &[&str], out: &Path) -> PathBuf {
 /// removed first, so the program sees only what the test sets). Returns its stdout; panics with
 /// both streams when it fails.
 fn run(exe: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
+    run_both(exe, args, env).0
+}
+
+/// [`run`], returning stdout and stderr.
+fn run_both(exe: &Path, args: &[&str], env: &[(&str, &Path)]) -> (String, String) {
     let mut cmd = Command::new(exe);
     cmd.args(args);
     for (k, _) in std::env::vars_os() {
@@ -139,7 +144,7 @@ fn run(exe: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
         exe.display(),
         o.status
     );
-    stdout
+    (stdout, stderr.into_owned())
 }
 
 fn kernel_file(name: &str) -> String {
@@ -512,4 +517,46 @@ fn c_seal_opencl() {
     let [first, sealed] = seal_from_c(format!("opencl:{}", dev.index), "saxpy.cl", &dir);
     assert!(first.contains("populated: saxpy bias 2 built"), "{first}");
     assert!(sealed.contains("ok KPC_STATUS_SEALED"), "{sealed}");
+}
+
+/// A C program sees kpc's warnings: an unusable cache directory (a regular file) is delivered to
+/// its `kpc_set_log_callback` callback, reported by `kpc_context_disk_unusable_reason` and
+/// `kpc_stats.disk.enabled` = 0; without a callback it goes to stderr, and `KPC_LOG_STDERR=0`
+/// silences that.
+#[test]
+fn c_warnings_reach_the_program() {
+    let test = "c_warnings_reach_the_program";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
+    let Some(dev) = drivers::vulkan_device(test) else {
+        return;
+    };
+    let dir = TempDir::new("capi-warnings");
+    let exe = compile("warnings", &[], dir.path());
+    let file = dir.join("not-a-dir");
+    std::fs::write(&file, b"a file where the cache directory should be").unwrap();
+    let selector = format!("vulkan:{}", dev.index);
+    let args = [selector.as_str(), file.to_str().unwrap()];
+    let (out, err) = run_both(&exe, &args, &[]);
+    assert!(
+        out.contains("callback: target=kpc::cache::disk cause=unusable-root"),
+        "{out}"
+    );
+    assert!(
+        out.contains("warnings: callback, stats and reason checked"),
+        "{out}"
+    );
+    // The second context, without the callback: one line on stderr, naming the file.
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("kpc: warning:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("not a directory") && lines[0].contains("unusable-root"),
+        "{err}"
+    );
+    let (_, quiet) = run_both(&exe, &args, &[("KPC_LOG_STDERR", Path::new("0"))]);
+    assert!(!quiet.contains("kpc: warning:"), "{quiet}");
 }

@@ -340,6 +340,7 @@ impl Context {
         options: &BuildOptions,
         blob: &[u8],
     ) -> Result<Kernel> {
+        let declared = options.as_str().is_empty().then(|| image.digest());
         let resolved = self.glsl_spirv(image)?;
         let (image, spirv) = match &resolved {
             Some((i, step)) => (i, Some(*step)),
@@ -366,6 +367,7 @@ impl Context {
             source: a.source,
             elapsed: a.elapsed,
             spirv,
+            declared,
         })
     }
 }

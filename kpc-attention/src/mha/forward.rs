@@ -416,12 +416,15 @@ impl MultiHeadAttention {
             .u32(pairs as u32);
         let (kc, vc) = self.cache.buffers();
         let args: [&dyn BufferArg; 4] = [k, v, kc, vc];
-        self.ctx.queue().submit(&[LaunchDesc {
-            kernel: &self.append,
-            groups: [groups, 1, 1],
-            buffers: &args,
-            push_constants: push.as_bytes(),
-        }])
+        crate::launch::submit(
+            &self.ctx.queue(),
+            &[LaunchDesc {
+                kernel: &self.append,
+                groups: [groups, 1, 1],
+                buffers: &args,
+                push_constants: push.as_bytes(),
+            }],
+        )
     }
 
     /// `mha_attn`: `q` (`[batch][q_head][q_len][head_dim]`) over the cache's first `kv_len`
@@ -454,12 +457,15 @@ impl MultiHeadAttention {
         let (kc, vc) = self.cache.buffers();
         let m: &Buffer<f32> = mask_buf.as_ref().unwrap_or(&self.no_mask);
         let args: [&dyn BufferArg; 5] = [q, kc, vc, m, o];
-        self.ctx.queue().submit(&[LaunchDesc {
-            kernel: &self.masked,
-            groups: [q_len as u32, (p.batch * p.num_heads) as u32, 1],
-            buffers: &args,
-            push_constants: push.as_bytes(),
-        }])
+        crate::launch::submit(
+            &self.ctx.queue(),
+            &[LaunchDesc {
+                kernel: &self.masked,
+                groups: [q_len as u32, (p.batch * p.num_heads) as u32, 1],
+                buffers: &args,
+                push_constants: push.as_bytes(),
+            }],
+        )
     }
 }
 

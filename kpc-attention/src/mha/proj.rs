@@ -207,12 +207,15 @@ impl Projector {
                 .u32(out.n0 as u32)
                 .u32(out.n1 as u32)
                 .f32(out.alpha0);
-            return ctx.queue().submit(&[LaunchDesc {
-                kernel: gemv,
-                groups: [groups as u32, 1, 1],
-                buffers: &args,
-                push_constants: push.as_bytes(),
-            }]);
+            return crate::launch::submit(
+                &ctx.queue(),
+                &[LaunchDesc {
+                    kernel: gemv,
+                    groups: [groups as u32, 1, 1],
+                    buffers: &args,
+                    push_constants: push.as_bytes(),
+                }],
+            );
         }
         let (kernel, tile) = match &self.coop {
             Some(coop) => (coop, COOP_TILE),
@@ -235,11 +238,14 @@ impl Projector {
             .u32(c_seq as u32)
             .u32(self.head_dim as u32)
             .f32(out.alpha0);
-        ctx.queue().submit(&[LaunchDesc {
-            kernel,
-            groups: [groups[0] as u32, groups[1] as u32, 1],
-            buffers: &args,
-            push_constants: push.as_bytes(),
-        }])
+        crate::launch::submit(
+            &ctx.queue(),
+            &[LaunchDesc {
+                kernel,
+                groups: [groups[0] as u32, groups[1] as u32, 1],
+                buffers: &args,
+                push_constants: push.as_bytes(),
+            }],
+        )
     }
 }

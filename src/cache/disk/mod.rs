@@ -192,14 +192,34 @@ impl PersistentCache {
             Some(s) => Some(PersistentCache::new(s)),
             None => {
                 UNRESOLVED_WARNING.call_once(|| {
-                    tracing::warn!(
+                    crate::warnings::emit!(
+                        Some(&config.warning_sink()),
                         target: "kpc::cache::disk",
-                        cause = "unavailable",
+                        cause: "unavailable",
                         "disk cache off: none of KPC_CACHE_DIR, XDG_CACHE_HOME (absolute) or HOME (absolute) is set"
                     );
                 });
                 None
             }
+        }
+    }
+
+    /// [`PersistentCache::from_config`], with its root made and checked: `Err` says why a
+    /// configured root cannot be used (a regular file, a directory that cannot be created), so
+    /// that a context reports it instead of failing every put without a word.
+    pub fn open_from_config(config: &Config) -> Result<Option<Self>, String> {
+        let Some(cache) = PersistentCache::from_config(config) else {
+            return Ok(None);
+        };
+        let root = cache.root();
+        match std::fs::create_dir_all(root) {
+            Ok(()) if root.is_dir() => Ok(Some(cache)),
+            Err(_) | Ok(()) if root.exists() && !root.is_dir() => Err(format!(
+                "cache root {} exists and is not a directory",
+                root.display()
+            )),
+            Ok(()) => Err(format!("cache root {} is not a directory", root.display())),
+            Err(e) => Err(format!("cannot create cache root {}: {e}", root.display())),
         }
     }
 
@@ -242,6 +262,7 @@ impl PersistentCache {
     /// Records that the backend could not serialize a built program (warned once).
     pub fn note_serialize_failure(&self, reason: &dyn fmt::Display) {
         self.inner.warned.warn(
+            &self.inner.s.warnings,
             WarnCause::Serialize,
             &self.inner.s.root,
             &format_args!("could not serialize a built program ({reason})"),
@@ -342,7 +363,11 @@ impl Inner {
     }
 
     fn warn_io(&self, e: &io::Error, path: &Path, what: &str) {
-        self.warned
-            .warn(WarnCause::of(e), path, &format_args!("{what}: {e}"));
+        self.warned.warn(
+            &self.s.warnings,
+            WarnCause::of(e),
+            path,
+            &format_args!("{what}: {e}"),
+        );
     }
 }

@@ -177,6 +177,7 @@ impl Inner {
         if self.s.max_size > 0 && total > self.s.max_size {
             bump(&self.counters.skipped, 1);
             self.warned.warn(
+                &self.s.warnings,
                 WarnCause::TooLarge,
                 &self.s.root,
                 &format_args!(
@@ -233,6 +234,7 @@ impl Inner {
         else {
             bump(&self.counters.skipped, 1);
             self.warned.warn(
+                &self.s.warnings,
                 WarnCause::LockTimeout,
                 leaf,
                 &format_args!(
@@ -278,6 +280,7 @@ impl Inner {
         }
         bump(&self.counters.skipped, 1);
         self.warned.warn(
+            &self.s.warnings,
             WarnCause::Io,
             leaf,
             &format_args!("all {MAX_SLOTS} slots of a leaf directory are taken"),

@@ -33,6 +33,8 @@ pub struct DiskCacheSettings {
     /// The host id recorded in the provenance of what this process builds (`KPC_HOST_ID`, default
     /// the host name).
     pub host_id: String,
+    /// Where this cache's warnings go besides `tracing` (the context's callback, stderr).
+    pub warnings: crate::warnings::Sink,
 }
 
 impl DiskCacheSettings {
@@ -50,6 +52,7 @@ impl DiskCacheSettings {
             background_eviction: true,
             sync: true,
             host_id: crate::config::signing::hostname(),
+            warnings: crate::warnings::Sink::default(),
         }
     }
 
@@ -69,6 +72,7 @@ impl DiskCacheSettings {
             lock_timeout: c.lock_timeout,
             trace: c.trace.contains(TraceFlags::DISK),
             host_id: c.host_id(),
+            warnings: c.warning_sink(),
             ..DiskCacheSettings::new(root)
         }
     }

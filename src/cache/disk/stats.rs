@@ -184,13 +184,20 @@ pub(crate) struct Warned(AtomicU32);
 
 impl Warned {
     /// Emits the warning for `cause` unless this instance already did.
-    pub fn warn(&self, cause: WarnCause, path: &Path, detail: &dyn fmt::Display) {
+    pub fn warn(
+        &self,
+        sink: &crate::warnings::Sink,
+        cause: WarnCause,
+        path: &Path,
+        detail: &dyn fmt::Display,
+    ) {
         if self.first(cause) {
-            tracing::warn!(
+            crate::warnings::emit!(
+                Some(sink),
                 target: "kpc::cache::disk",
-                cause = cause.name(),
-                path = %path.display(),
-                "disk cache: {detail}; building instead (further {cause} problems are not reported)"
+                cause: cause.name(),
+                "disk cache at {}: {detail}; building instead (further {cause} problems are not reported)",
+                path.display()
             );
         }
     }
