@@ -1,6 +1,7 @@
 // Attention with an additive mask for the MultiHeadAttention layer. The OpenCL C twin of
 // mha_attn.comp: the same buffers, scalars and spec-constant ids, the same blocks of 64 keys with an
-// online softmax. f16 K and V are read with vload_half.
+// online softmax, the same rule for masks (-inf masks a key, finite values are added, a row whose
+// every visible key is -inf gives zeros). f16 K and V are read with vload_half.
 //
 // kpc-spec-constant 2 KV_F16
 // kpc-spec-constant 3 HEAD_DIM
@@ -45,7 +46,7 @@ kernel void mha_attn(global const float *q, global const uint *k, global const u
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
-    float m = -3.0e38f;
+    float m = -INFINITY; // the running maximum: -inf until a key with a finite logit is seen
     float l = 0.0f;
     float acc[PER];
     for (uint e = 0; e < PER; e++) {
@@ -74,7 +75,9 @@ kernel void mha_attn(global const float *q, global const uint *k, global const u
         }
         float m_new = fmax(m, red[0]);
         barrier(CLK_LOCAL_MEM_FENCE);
-        float pj = exp(s - m_new);
+        // Every key so far masked: no weight, nothing to rescale (exp(-inf - -inf) is NaN).
+        bool none = m_new == -INFINITY;
+        float pj = none ? 0.0f : exp(s - m_new);
         ps[tid] = pj;
         red[tid] = pj;
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -84,7 +87,7 @@ kernel void mha_attn(global const float *q, global const uint *k, global const u
             }
             barrier(CLK_LOCAL_MEM_FENCE);
         }
-        float corr = exp(m - m_new);
+        float corr = none ? 1.0f : exp(m - m_new);
         l = l * corr + red[0];
         m = m_new;
         uint cnt = min((uint)WG, visible - j0);

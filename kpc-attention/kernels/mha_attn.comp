@@ -6,7 +6,11 @@
 // logit(i, j) = q_i . k_j * scale + mask(i, j), where the mask is absent (mode 0), one [q_len][kv_len]
 // matrix shared by every head and sequence (mode 1), or one per query head [Hq][q_len][kv_len]
 // (mode 2), as ncnn's attn_mask input. With `causal`, query i sits at position kv_len - q_len + i and
-// sees keys up to it. A row whose every key is masked to -inf gives zeros.
+// sees keys up to it. A mask value of -inf masks its key; finite values are added as they are (a row
+// whose keys all get the same huge negative value, -1e30 or -FLT_MAX, is a softmax of equal logits:
+// uniform weights). A row whose every visible key is -inf attends to nothing and gives zeros. The
+// running maximum starts at -inf and weights stay 0 while it is -inf, so no finite value is mistaken
+// for "masked".
 //
 // Q and O are [B][Hq][q_len][D] f32; K and V the KV cache, [B][Hkv][capacity][D], f32 or (KV_F16)
 // packed f16 pairs. Query head h reads KV head h / group.
@@ -65,7 +69,8 @@ void main() {
     }
     barrier();
 
-    float m = -3.0e38;
+    float neg_inf = uintBitsToFloat(0xff800000u);
+    float m = neg_inf;  // the running maximum: -inf until a key with a finite logit is seen
     float l = 0.0;
     float acc[PER];
     for (uint e = 0u; e < PER; e++) {
@@ -73,7 +78,7 @@ void main() {
     }
     for (uint j0 = 0u; j0 < visible; j0 += WG) {
         uint j = j0 + tid;
-        float s = uintBitsToFloat(0xff800000u);  // -inf
+        float s = neg_inf;
         if (j < visible) {
             float dot_ = 0.0;
             for (uint d = 0u; d < HEAD_DIM; d++) {
@@ -94,7 +99,9 @@ void main() {
         }
         float m_new = max(m, red[0]);
         barrier();
-        float pj = exp(s - m_new);
+        // Every key so far masked: no weight, nothing to rescale (exp(-inf - -inf) is NaN).
+        bool none = m_new == neg_inf;
+        float pj = none ? 0.0 : exp(s - m_new);
         ps[tid] = pj;
         red[tid] = pj;
         barrier();
@@ -104,7 +111,7 @@ void main() {
             }
             barrier();
         }
-        float corr = exp(m - m_new);
+        float corr = none ? 1.0 : exp(m - m_new);
         l = l * corr + red[0];
         m = m_new;
         uint n = min(WG, visible - j0);

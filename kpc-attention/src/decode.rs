@@ -212,8 +212,10 @@ impl Attention {
     /// (`[batch][kv_head][head_dim]`): they are uploaded to the attention's own staging buffers
     /// first (two host copies), then the step is submitted as one batch.
     ///
-    /// Errors: as [`Attention::decode`], and [`Error::Size`] for slices of the wrong length (nothing
-    /// is written or launched then); the buffers' write errors.
+    /// Errors: as [`Attention::decode`], [`Error::Size`] for slices of the wrong length, and
+    /// [`Error::InvalidArgument`] for a value the cache cannot hold (see
+    /// [`check_storable`](crate::check_storable)); nothing is written or launched then. The
+    /// buffers' write errors.
     pub fn decode_step(
         &self,
         cache: &mut KvCache,
@@ -223,6 +225,8 @@ impl Attention {
         out: &Buffer<f32>,
     ) -> Result<Event> {
         self.check_step(cache, q, out, k_new.len(), v_new.len())?;
+        crate::check_storable("decode step k", k_new, cache.dtype())?;
+        crate::check_storable("decode step v", v_new, cache.dtype())?;
         // Held across the upload and the submission, so that another thread's step cannot
         // overwrite the staged row before this step's append has read it.
         let _scratch = self.step.lock();

@@ -139,8 +139,9 @@ impl KvCache {
     /// Lets a long context be uploaded in pieces.
     ///
     /// Errors: [`Error::Size`] when `pos` is past [`KvCache::len`] (that would leave a gap), the rows
-    /// do not fit in the capacity, or a slice has the wrong length (nothing is written then); the
-    /// buffer's write errors.
+    /// do not fit in the capacity, or a slice has the wrong length; [`Error::InvalidArgument`] for a
+    /// value the cache cannot hold (see [`check_storable`]); nothing is written then. The buffer's
+    /// write errors.
     pub fn write(&mut self, pos: usize, rows: usize, k: &[f32], v: &[f32]) -> Result<()> {
         if pos > self.len || pos + rows > self.capacity {
             return Err(Error::Size {
@@ -155,6 +156,8 @@ impl KvCache {
         let n = self.shape.kv_step_elems() * rows;
         check_len("written k", k.len(), n)?;
         check_len("written v", v.len(), n)?;
+        check_storable("written k", k, self.dtype())?;
+        check_storable("written v", v, self.dtype())?;
         self.write_rows(pos, rows, k, v)?;
         self.len = self.len.max(pos + rows);
         Ok(())
@@ -222,12 +225,15 @@ impl KvCache {
     /// Appends one position: `k_new` and `v_new` are `[batch][kv_head][head_dim]`. Writes that
     /// position in place (O(1); the past is not touched) and increments [`KvCache::len`].
     ///
-    /// Errors: [`Error::Size`] when a slice has the wrong length or the cache is full (nothing is
-    /// written then); the buffer's write errors.
+    /// Errors: [`Error::Size`] when a slice has the wrong length or the cache is full;
+    /// [`Error::InvalidArgument`] for a value the cache cannot hold (see [`check_storable`]); nothing
+    /// is written then. The buffer's write errors.
     pub fn append(&mut self, k_new: &[f32], v_new: &[f32]) -> Result<()> {
         let n = self.shape.kv_step_elems();
         check_len("appended k", k_new.len(), n)?;
         check_len("appended v", v_new.len(), n)?;
+        check_storable("appended k", k_new, self.dtype())?;
+        check_storable("appended v", v_new, self.dtype())?;
         self.check_room()?;
         self.write_rows(self.len, 1, k_new, v_new)?;
         self.len += 1;
@@ -237,7 +243,9 @@ impl KvCache {
     /// Replaces the contents with `len` positions: `k` and `v` are `[batch][kv_head][len][head_dim]`.
     /// Used for a prompt's K and V and for a static cross-attention set.
     ///
-    /// Errors: [`Error::Size`] when `len` exceeds the capacity or a slice has the wrong length.
+    /// Errors: [`Error::Size`] when `len` exceeds the capacity or a slice has the wrong length;
+    /// [`Error::InvalidArgument`] for a value the cache cannot hold (see [`check_storable`]). Nothing
+    /// is written then.
     pub fn fill(&mut self, k: &[f32], v: &[f32], len: usize) -> Result<()> {
         if len > self.capacity {
             return Err(Error::Size {
@@ -249,10 +257,41 @@ impl KvCache {
         let n = self.shape.kv_step_elems() * len;
         check_len("filled k", k.len(), n)?;
         check_len("filled v", v.len(), n)?;
+        check_storable("filled k", k, self.dtype())?;
+        check_storable("filled v", v, self.dtype())?;
         self.write_rows(0, len, k, v)?;
         self.len = len;
         Ok(())
     }
+}
+
+/// fp16's largest finite value. A float of magnitude below 65520 rounds to at most it; from 65520
+/// on it rounds to infinity.
+pub const F16_MAX: f32 = 65504.0;
+
+/// Checks that a cache of `dtype` can hold every value of `x` (named `what` in the error): finite
+/// values, and for [`KvDtype::F16`] only those that round to a finite fp16 (magnitude below 65520;
+/// the largest, [`F16_MAX`], is 65504). Host data bound for a cache ([`KvCache::write`],
+/// [`KvCache::append`], [`KvCache::fill`], [`Attention::decode_step`](crate::Attention::decode_step),
+/// [`MultiHeadAttention::import_cache`](crate::MultiHeadAttention::import_cache)) passes here first.
+///
+/// Errors: [`Error::InvalidArgument`] naming the first value that fails, its index, and the range
+/// accepted.
+pub fn check_storable(what: &str, x: &[f32], dtype: KvDtype) -> Result<()> {
+    for (i, &v) in x.iter().enumerate() {
+        if !v.is_finite() {
+            return Err(Error::InvalidArgument(format!(
+                "{what}[{i}] is {v}; cache values must be finite"
+            )));
+        }
+        if dtype == KvDtype::F16 && half::f16::from_f32(v).is_infinite() {
+            return Err(Error::InvalidArgument(format!(
+                "{what}[{i}] is {v}, outside the range of an fp16 cache: fp16 holds magnitudes up \
+                 to {F16_MAX} (values below 65520 round to it); store K/V as f32 for larger values"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn widen(bits: &[u16], out: &mut [f32]) {

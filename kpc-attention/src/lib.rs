@@ -47,7 +47,7 @@ mod options;
 mod prefill;
 pub mod reference;
 
-pub use kv_cache::{KvCache, round_to_f16};
+pub use kv_cache::{F16_MAX, KvCache, check_storable, round_to_f16};
 pub use mha::{MhaKind, MhaParams, MhaWeights, MultiHeadAttention, ProjectionKernel};
 pub use options::{AttentionOptions, DecodeKernel, PrefillKernel};
 

@@ -9,5 +9,6 @@ mod common;
 mod attention;
 mod kernels;
 mod mha;
+mod mha_edges;
 mod mha_errors;
 mod mha_support;

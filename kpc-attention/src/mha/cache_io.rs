@@ -5,7 +5,7 @@
 use kpc::error::{Error, Result};
 
 use super::{MhaKind, MultiHeadAttention};
-use crate::check_len;
+use crate::{check_len, check_storable};
 
 /// A layout of one cache blob (K or V), per sequence of the batch; blobs of a batch follow one
 /// another.
@@ -42,7 +42,9 @@ impl MultiHeadAttention {
     ///
     /// Errors: [`Error::CallOrder`] on a cross-attention layer; [`Error::Size`] for `len` past the
     /// capacity or blobs of the wrong length; [`Error::InvalidArgument`] for a value that is not
-    /// finite. The cache is unchanged then.
+    /// finite or, in an fp16 cache ([`MhaParams::cache_dtype`](super::MhaParams)), outside fp16's
+    /// range (magnitude 65520 or more, which fp16 would store as infinity; see
+    /// [`check_storable`](crate::check_storable)). The cache is unchanged then.
     pub fn import_cache(
         &mut self,
         layout: CacheLayout,
@@ -61,14 +63,9 @@ impl MultiHeadAttention {
         let n = self.params.shape().kv_step_elems() * len;
         check_len("imported cache k", k.len(), n)?;
         check_len("imported cache v", v.len(), n)?;
-        for (name, x) in [("imported cache k", k), ("imported cache v", v)] {
-            if let Some(i) = x.iter().position(|e| !e.is_finite()) {
-                return Err(Error::InvalidArgument(format!(
-                    "{name}[{i}] is {}; cache values must be finite",
-                    x[i]
-                )));
-            }
-        }
+        // Checked in the caller's layout, so that the index named is the caller's.
+        check_storable("imported cache k", k, self.cache.dtype())?;
+        check_storable("imported cache v", v, self.cache.dtype())?;
         match layout {
             CacheLayout::Sdpa => self.cache.fill(k, v, len),
             CacheLayout::MhaTransposed => {

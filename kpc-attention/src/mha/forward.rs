@@ -67,9 +67,11 @@ impl MultiHeadAttention {
                 "this layer was built with attn_mask: every call takes a mask".into(),
             )),
             (true, Some(m)) => {
-                if let Some(i) = m.iter().position(|x| x.is_nan()) {
+                if let Some(i) = m.iter().position(|x| x.is_nan() || *x == f32::INFINITY) {
                     return Err(Error::InvalidArgument(format!(
-                        "attention mask[{i}] is NaN; masks take finite values and -inf"
+                        "attention mask[{i}] is {}; masks take finite values (added to the \
+                         logits) and -inf (the key is masked)",
+                        m[i]
                     )));
                 }
                 let shared = q_len * kv_len;
@@ -97,16 +99,18 @@ impl MultiHeadAttention {
     ///
     /// `x` is `[batch][len][qdim]`; the output is `[batch][len][qdim]`. Self-attention projects Q,
     /// K and V, appends K/V to the cache after its current positions (a first prefill, or the next
-    /// chunk of a long prompt; with caching off the cache is emptied first) and attends causally
-    /// (unless [`MhaParams::causal`](super::MhaParams) is off). Cross-attention projects Q and
-    /// attends the memory without a mask. `mask` (layers built with `attn_mask` only) is added to
-    /// the logits: `[len][kv_len]` or `[num_heads][len][kv_len]`, where `kv_len` is the cache's
-    /// length after the append (self) or the memory's (cross).
+    /// chunk of a long prompt; with caching off they replace the cache's positions) and attends
+    /// causally (unless [`MhaParams::causal`](super::MhaParams) is off). Cross-attention projects Q
+    /// and attends the memory. `mask` (layers built with `attn_mask` only) is added to the logits:
+    /// `[len][kv_len]` or `[num_heads][len][kv_len]`, where `kv_len` is the cache's length after the
+    /// append (self) or the memory's (cross); see [`MhaParams::attn_mask`](super::MhaParams) for
+    /// what its values mean, fully masked rows included.
     ///
-    /// Errors: [`Error::InvalidArgument`] for `len == 0`, non-finite input or a mask against the
-    /// layer's `attn_mask`; [`Error::Size`] for `x` or the mask of the wrong length or positions past
-    /// the capacity; [`Error::CallOrder`] for cross-attention before
-    /// [`MultiHeadAttention::set_memory`]. Nothing is written or launched then.
+    /// Errors: [`Error::InvalidArgument`] for `len == 0`, non-finite input, a mask against the
+    /// layer's `attn_mask`, or NaN or `+inf` in the mask; [`Error::Size`] for `x` or the mask of the
+    /// wrong length or positions past the capacity; [`Error::CallOrder`] for cross-attention before
+    /// [`MultiHeadAttention::set_memory`]. Every check comes before any change: nothing is written,
+    /// launched or forgotten then (the cache keeps its positions, with caching on or off).
     pub fn prefill(&mut self, x: &[f32], len: usize, mask: Option<&[f32]>) -> Result<Vec<f32>> {
         let p = self.params;
         if len == 0 {
@@ -121,10 +125,15 @@ impl MultiHeadAttention {
         let cross = p.kind == MhaKind::CrossAttention;
         if cross {
             self.check_memory("prefill")?;
-        } else if !p.kv_cache {
-            self.cache.clear();
         }
-        let start = if cross { 0 } else { self.cache.len() };
+        // With caching off the prompt stands alone: it is written from position 0 and the cache's
+        // length set to it once the launches are under way, so a refused call keeps the old
+        // positions.
+        let start = if cross || !p.kv_cache {
+            0
+        } else {
+            self.cache.len()
+        };
         let kv_len = if cross { self.cache.len() } else { start + len };
         if kv_len > self.cache.capacity() {
             return Err(Error::Size {
@@ -199,12 +208,14 @@ impl MultiHeadAttention {
     /// place, and attends every position; cross-attention projects Q and attends the memory set by
     /// [`MultiHeadAttention::set_memory`], re-projecting nothing. `mask` (layers built with
     /// `attn_mask` only) is `[1][kv_len]` or `[num_heads][1][kv_len]`, `kv_len` the positions
-    /// attended (the cache's length after the append, or the memory's).
+    /// attended (the cache's length after the append, or the memory's); its values mean what
+    /// [`MhaParams::attn_mask`](super::MhaParams) says.
     ///
     /// Errors: [`Error::CallOrder`] for a self-attention step with caching off or a
     /// cross-attention step before its memory is set; [`Error::Size`] for `x` or the mask of the
-    /// wrong length or a full cache; [`Error::InvalidArgument`] for non-finite input or a mask
-    /// against the layer's `attn_mask`. Nothing is written or launched then.
+    /// wrong length or a full cache; [`Error::InvalidArgument`] for non-finite input, a mask
+    /// against the layer's `attn_mask`, or NaN or `+inf` in the mask. Nothing is written or
+    /// launched then.
     pub fn step(&mut self, x: &[f32], mask: Option<&[f32]>) -> Result<Vec<f32>> {
         check_len(
             "step input x",

@@ -90,10 +90,20 @@ pub struct MhaParams {
     pub vdim: usize,
     /// Logit scale (6); `None` is `1 / sqrt(head_dim)`. Folded into the Q projection, as ncnn does.
     pub scale: Option<f32>,
-    /// Whether every call takes an additive mask (5).
+    /// Whether every call takes an additive mask (5): `[q_len][kv_len]`, shared by the heads, or
+    /// `[num_heads][q_len][kv_len]`.
+    ///
+    /// A mask value is added to its logit. `-inf` masks the key: it gets no weight. Any finite
+    /// value is added as it is, however negative: the softmax is then taken over the sums, so a
+    /// query row whose keys all get the same huge negative value (`-1e30`, `-f32::MAX`) loses the
+    /// logits' differences to rounding and weighs its keys uniformly, as softmax does in any
+    /// implementation. A query row whose every key it sees is `-inf` (fully masked) attends to
+    /// nothing: its attention output is zeros, so the layer outputs its output bias for it. This is
+    /// the same on every backend, every kernel and the float64 reference. NaN and `+inf` are
+    /// refused ([`Error::InvalidArgument`], naming the index and the value).
     pub attn_mask: bool,
-    /// Whether self-attention keeps K/V across calls (7). Off, every prefill stands alone (the cache
-    /// is emptied first) and a step is a [`Error::CallOrder`].
+    /// Whether self-attention keeps K/V across calls (7). Off, every prefill stands alone (it
+    /// replaces the cache's positions) and a step is a [`Error::CallOrder`].
     pub kv_cache: bool,
     /// Self- or cross-attention.
     pub kind: MhaKind,
