@@ -44,7 +44,7 @@ impl MultiHeadAttention {
     /// capacity or blobs of the wrong length; [`Error::InvalidArgument`] for a value that is not
     /// finite or, in an fp16 cache ([`MhaParams::cache_dtype`](super::MhaParams)), outside fp16's
     /// range (magnitude 65520 or more, which fp16 would store as infinity; see
-    /// [`check_storable`](crate::check_storable)). The cache is unchanged then.
+    /// [`check_storable`]). The cache is unchanged then.
     pub fn import_cache(
         &mut self,
         layout: CacheLayout,
