@@ -8,7 +8,8 @@
 //!    for warnings about that context's caches and stores;
 //! 2. else to the process-wide callback ([`set_warning_callback`]; C: `kpc_set_log_callback`);
 //! 3. else, when no `tracing` subscriber is installed, as one line on stderr (`kpc: warning: ...`),
-//!    unless `KPC_LOG_STDERR=0`.
+//!    unless `KPC_LOG_STDERR=0` (read at each warning, so it applies to configurations made in code
+//!    too) or the configuration says not to ([`crate::config::ConfigBuilder::log_stderr`]).
 //!
 //! A subscriber still receives every warning as a `tracing` event whatever happens here.
 
@@ -94,7 +95,7 @@ pub fn set_warning_callback(callback: Option<WarningCallback>) -> Option<Warning
 }
 
 /// The variable that silences the stderr fallback.
-pub(crate) const STDERR_VAR: &str = crate::config::vars::LOG_STDERR;
+pub(crate) const STDERR_VAR: &str = "KPC_LOG_STDERR";
 
 /// Delivers `w` (already emitted as a `tracing` event by the caller) to the sink's callback, else
 /// the process-wide callback, else stderr when no subscriber is installed. `None`: a warning that
@@ -111,7 +112,9 @@ pub(crate) fn deliver(sink: Option<&Sink>, w: &Warning) {
     }
     let subscriber =
         tracing::dispatcher::get_default(|d| !d.is::<tracing::subscriber::NoSubscriber>());
-    let stderr = sink.map_or_else(stderr_from_env, |s| s.stderr);
+    // The operator's switch silences stderr for every context, whatever a configuration made in
+    // code says; a configuration can silence its own contexts too.
+    let stderr = sink.is_none_or(|s| s.stderr) && stderr_from_env();
     if !subscriber && stderr {
         eprintln!("kpc: warning: {w}");
     }
@@ -120,10 +123,14 @@ pub(crate) fn deliver(sink: Option<&Sink>, w: &Warning) {
 /// `KPC_LOG_STDERR`: 1 (default) or 0. [`crate::Config::from_env`] refuses a malformed value; here,
 /// where a warning cannot fail, it keeps the default.
 pub(crate) fn stderr_from_env() -> bool {
-    std::env::var(STDERR_VAR)
-        .ok()
-        .and_then(|v| crate::config::parse_bool(STDERR_VAR, &v).ok())
-        .unwrap_or(true)
+    // The switch syntax of every kpc variable; only an explicit "off" turns it off.
+    let off = |v: String| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "false" | "no" | "off"
+        )
+    };
+    !std::env::var(STDERR_VAR).is_ok_and(off)
 }
 
 /// Emits a `tracing` warning on `target` and delivers it (see the module documentation).

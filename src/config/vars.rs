@@ -45,4 +45,4 @@ pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
 /// Last-resort cache root base.
 pub const HOME: &str = "HOME";
 /// 0/1: print warnings nobody else receives on stderr.
-pub const LOG_STDERR: &str = "KPC_LOG_STDERR";
+pub const LOG_STDERR: &str = crate::warnings::STDERR_VAR;

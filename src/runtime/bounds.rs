@@ -135,7 +135,7 @@ pub unsafe fn declare_access_bounds(
 pub(crate) fn lookup(digest: &Digest, entry: &str) -> Option<Arc<[BufferBound]>> {
     registry()
         .read()
-        .get(&(digest.clone(), entry.to_string()))
+        .get(&(*digest, entry.to_string()))
         .cloned()
 }
 

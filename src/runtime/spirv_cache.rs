@@ -244,7 +244,22 @@ impl SpirvCache {
         }
         let bytes = compiled?;
         trace(config, src, "glsl compiled", Some(took));
-        let image = DeviceImage::spirv(src.name(), bytes)?;
+        // SPIR-V that kpc's own compile produced and spirv-tools then refuses is a compile failure
+        // of this GLSL, as deterministic as any other: counted, and cached by the caller like one
+        // (an InvalidSpirv error would be compiled again on every request).
+        let image = DeviceImage::spirv(src.name(), bytes).map_err(|e| {
+            bump(&self.counters.compile_errors);
+            match e {
+                Error::InvalidSpirv { message, .. } => Error::GlslCompile {
+                    image: src.name().to_string(),
+                    message: format!(
+                        "the SPIR-V that kpc's GLSL compile (libshaderc) produced fails validation: \
+                         {message}"
+                    ),
+                },
+                other => other,
+            }
+        })?;
         if !config.cache_debug {
             stores.put(key, image.bytes(), took, lock);
         }

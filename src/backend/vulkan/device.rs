@@ -106,21 +106,6 @@ pub fn devices_created() -> u64 {
     DEVICES_CREATED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The variable that turns robustBufferAccess off on the devices kpc opens.
-const ROBUST_VAR: &str = "KPC_VULKAN_ROBUST_ACCESS";
-
-/// `KPC_VULKAN_ROBUST_ACCESS`: whether kpc enables robustBufferAccess where the device has it
-/// (default yes).
-pub(crate) fn robust_access_from_env() -> Result<bool> {
-    match std::env::var_os(ROBUST_VAR) {
-        None => Ok(true),
-        Some(v) => {
-            let v = v.to_string_lossy();
-            crate::config::parse_bool(ROBUST_VAR, &v).map_err(crate::error::Error::Config)
-        }
-    }
-}
-
 impl Device {
     /// Opens `pd` with one compute queue and every optional feature of [`VulkanFeatures`] the
     /// device has (16- and 8-bit storage, fp16 and int8 arithmetic, 64-bit integers and floats,
@@ -141,7 +126,7 @@ impl Device {
         let api = pd.api_version.min(instance.api_version);
         let mut enabled = pd.supported;
         enabled.pipeline_binary = pd.pipeline_binaries;
-        enabled.robust_buffer_access &= robust_access_from_env()?;
+        enabled.robust_buffer_access &= super::features::robust_access_from_env()?;
         let host_query_reset = enabled.host_query_reset;
         let robust = enabled.robust_buffer_access;
         let idle = {

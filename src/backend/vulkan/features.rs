@@ -483,3 +483,21 @@ pub(crate) fn create_device(
     // the 1.2 and 1.3 structs are chained only at those API versions.
     unsafe { instance.create_device(pd, &info, None) }
 }
+
+/// The variable that turns robustBufferAccess off on the devices kpc opens.
+const ROBUST_VAR: &str = "KPC_VULKAN_ROBUST_ACCESS";
+
+/// `KPC_VULKAN_ROBUST_ACCESS`: whether kpc enables robustBufferAccess where the device has it
+/// (default yes).
+pub(crate) fn robust_access_from_env() -> crate::error::Result<bool> {
+    match std::env::var_os(ROBUST_VAR) {
+        None => Ok(true),
+        Some(v) => {
+            let v = v.to_string_lossy();
+            crate::config::parse_bool(ROBUST_VAR, &v).map_err(crate::error::Error::Config)
+        }
+    }
+}
+
+/// The fingerprint field saying whether the device runs with robustBufferAccess (`1`) or not (`0`).
+pub(crate) const ROBUST_FIELD: &str = "robust_buffer_access";

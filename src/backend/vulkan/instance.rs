@@ -346,7 +346,7 @@ pub(crate) fn describe(
     };
     // Pipelines compiled with and without robust buffer access differ: a binary of one must never
     // serve the other (a non-robust binary would void the safe launch's guarantee).
-    let robust = supported.robust_buffer_access && super::device::robust_access_from_env()?;
+    let robust = supported.robust_buffer_access && super::features::robust_access_from_env()?;
     let fingerprint = DeviceFingerprint::new(
         BackendKind::Vulkan,
         vec![
@@ -366,7 +366,10 @@ pub(crate) fn describe(
             ),
             ("api_version".into(), version_string(api_version)),
             ("kpc_vulkan_blob".into(), BLOB_FORMAT_VERSION.to_string()),
-            (ROBUST_FIELD.into(), u8::from(robust).to_string()),
+            (
+                super::features::ROBUST_FIELD.into(),
+                u8::from(robust).to_string(),
+            ),
             (
                 super::pipeline_binary::KIND_FIELD.into(),
                 binary_kind.into(),
@@ -529,6 +532,3 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
         .map(|p| p.info.clone())
         .collect())
 }
-
-/// The fingerprint field saying whether the device runs with robustBufferAccess (`1`) or not (`0`).
-pub(crate) const ROBUST_FIELD: &str = "robust_buffer_access";

@@ -234,7 +234,7 @@ impl VulkanBackend {
         let robust = u8::from(f.robust_buffer_access).to_string();
         let mut fields = info.fingerprint.fields.clone();
         for (k, v) in &mut fields {
-            if k == super::instance::ROBUST_FIELD {
+            if k == super::features::ROBUST_FIELD {
                 v.clone_from(&robust);
             }
         }

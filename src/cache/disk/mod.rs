@@ -106,6 +106,7 @@ pub use settings::DiskCacheSettings;
 pub use stats::DiskStats;
 
 use std::fmt;
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -351,6 +352,24 @@ impl PersistentCache {
 }
 
 impl Inner {
+    /// Removes `key`'s leaf directory if it is empty and unlocked (as a sweep would), then each
+    /// emptied parent up to the version directory: what a lock taken for a build that published
+    /// nothing leaves behind. A writer that meanwhile made the chain again keeps it (its leaf is
+    /// locked or not empty, and `rmdir` of a non-empty parent fails).
+    fn remove_empty_chain(&self, key: &StoreKey) {
+        let leaf = self.leaf(key);
+        if !lock::remove_leaf_dir(&leaf) {
+            return;
+        }
+        let mut dir = leaf.parent();
+        while let Some(d) = dir {
+            if d == self.v1 || fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
+    }
+
     fn leaf(&self, key: &StoreKey) -> PathBuf {
         let [a, b, c, d] = key.dir_names();
         self.v1.join(a).join(b).join(c).join(d)

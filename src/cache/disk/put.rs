@@ -52,7 +52,7 @@ impl BuildGuard {
     }
 
     /// Publishes `bytes` built in `build_time` for the key, then releases the build lock.
-    pub fn put(self, bytes: &[u8], build_time: Duration) -> PutOutcome {
+    pub fn put(mut self, bytes: &[u8], build_time: Duration) -> PutOutcome {
         if !self.persist {
             return PutOutcome::Skipped;
         }
@@ -61,8 +61,21 @@ impl BuildGuard {
             .cache
             .inner
             .put(&self.key, bytes, build_time, Some(&built_here));
-        drop(self.lock);
+        // Released here, after the publish; the drop below then has nothing to tidy.
+        drop(self.lock.take());
         r
+    }
+}
+
+impl Drop for BuildGuard {
+    /// A guard dropped without a publish (the build failed, or its caller gave up) made the key's
+    /// leaf directory chain for its lock and leaves nothing in it: removed, so a failed key leaves no
+    /// empty directories behind (they are invisible to `ls`, `stats` and `verify`).
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            drop(lock);
+            self.cache.inner.remove_empty_chain(&self.key);
+        }
     }
 }
 

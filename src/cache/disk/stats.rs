@@ -192,13 +192,22 @@ impl Warned {
         detail: &dyn fmt::Display,
     ) {
         if self.first(cause) {
-            crate::warnings::emit!(
-                Some(sink),
+            tracing::warn!(
+                target: "kpc::cache::disk",
+                cause = cause.name(),
+                path = %path.display(),
+                "disk cache: {detail}; building instead (further {cause} problems are not reported)"
+            );
+            let w = crate::warnings::Warning {
                 target: "kpc::cache::disk",
                 cause: cause.name(),
-                "disk cache at {}: {detail}; building instead (further {cause} problems are not reported)",
-                path.display()
-            );
+                message: format!(
+                    "disk cache at {}: {detail}; building instead (further {cause} problems are \
+                     not reported)",
+                    path.display()
+                ),
+            };
+            crate::warnings::deliver(Some(sink), &w);
         }
     }
 

@@ -404,13 +404,22 @@ impl StoreWarnings {
     pub(crate) fn warn(&self, cause: WarnCause, detail: &dyn fmt::Display) {
         crate::cache::metrics::store_failure(self.level(), cause.name());
         if self.warned.first(cause) {
-            crate::warnings::emit!(
-                Some(&self.sink),
-                target: "kpc::cache::store",
-                cause: cause.name(),
+            let message = format!(
                 "{}: {detail}; building instead (further {cause} problems are not reported)",
                 self.store
             );
+            tracing::warn!(
+                target: "kpc::cache::store",
+                store = %self.store,
+                cause = cause.name(),
+                "{message}"
+            );
+            let w = crate::warnings::Warning {
+                target: "kpc::cache::store",
+                cause: cause.name(),
+                message,
+            };
+            crate::warnings::deliver(Some(&self.sink), &w);
         }
     }
 }
