@@ -1,6 +1,6 @@
 //! kpc builds GPU kernels once and reuses them: per context in memory, across processes on disk.
 //!
-//! Layers, top to bottom (see DESIGN.md): `runtime` (keys, orchestration), `cache` (in-memory
+//! Layers, top to bottom: `runtime` (keys, orchestration), `cache` (in-memory
 //! `KernelProgramCache`, on-disk persistent cache), `backend` (Vulkan, OpenCL). The cache layer knows
 //! nothing of any backend. The attention workload is the `kpc-attention` crate of this workspace,
 //! built on this crate's public API.

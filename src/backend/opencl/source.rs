@@ -69,8 +69,9 @@ impl<'a> OpenClSource<'a> {
             return Err(bad_image(
                 image,
                 format!(
-                    "holds {:?}; the OpenCL backend builds OpenCL C source",
-                    image.format()
+                    "holds {}; an OpenCL context builds OpenCL C source ({})",
+                    image.format(),
+                    crate::backend::ImageFormat::OpenClC.made_by()
                 ),
             ));
         }
@@ -230,6 +231,17 @@ mod tests {
 
     fn image(src: &str) -> DeviceImage {
         DeviceImage::new("t", ImageFormat::OpenClC, src.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn another_backends_image_says_what_to_use() {
+        let spirv = DeviceImage::new("s", ImageFormat::SpirV, vec![0u8; 20]);
+        let e = OpenClSource::parse(&spirv).err().unwrap().to_string();
+        assert!(
+            e.contains("holds SPIR-V; an OpenCL context builds OpenCL C source")
+                && e.contains("kpc::kernels::opencl_image"),
+            "{e}"
+        );
     }
 
     #[test]
