@@ -359,6 +359,22 @@ impl PartialEq for dyn KernelKeyParts + '_ {
 
 impl Eq for dyn KernelKeyParts + '_ {}
 
+impl std::fmt::Display for SpecValue {
+    /// The type and the value as a person writes them (`f32 1.5`, `u32 64`), never the bit pattern.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = self.type_name();
+        match *self {
+            SpecValue::Bool(b) => write!(f, "{t} {b}"),
+            SpecValue::I32(v) => write!(f, "{t} {v}"),
+            SpecValue::U32(v) => write!(f, "{t} {v}"),
+            SpecValue::F32Bits(v) => write!(f, "{t} {}", f32::from_bits(v)),
+            SpecValue::I64(v) => write!(f, "{t} {v}"),
+            SpecValue::U64(v) => write!(f, "{t} {v}"),
+            SpecValue::F64Bits(v) => write!(f, "{t} {}", f64::from_bits(v)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,21 +410,5 @@ mod tests {
             ..view
         };
         assert!(b != &other as &dyn KernelKeyParts);
-    }
-}
-
-impl std::fmt::Display for SpecValue {
-    /// The type and the value as a person writes them (`f32 1.5`, `u32 64`), never the bit pattern.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let t = self.type_name();
-        match *self {
-            SpecValue::Bool(b) => write!(f, "{t} {b}"),
-            SpecValue::I32(v) => write!(f, "{t} {v}"),
-            SpecValue::U32(v) => write!(f, "{t} {v}"),
-            SpecValue::F32Bits(v) => write!(f, "{t} {}", f32::from_bits(v)),
-            SpecValue::I64(v) => write!(f, "{t} {v}"),
-            SpecValue::U64(v) => write!(f, "{t} {v}"),
-            SpecValue::F64Bits(v) => write!(f, "{t} {}", f64::from_bits(v)),
-        }
     }
 }
