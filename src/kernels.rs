@@ -6,7 +6,8 @@
 //! sources, live in the shipping crate's kernels/. Each image's entry point is named after its file.
 //! What a kernel takes (buffers, push constants, workgroup size) is reflected at run time, from the
 //! SPIR-V or from the built OpenCL program, never listed here; an OpenCL C image declares its
-//! spec-constant names in its source (`// kpc-spec-constant <id> <NAME>`).
+//! spec-constant names, and optionally their types, in its source (`// kpc-spec-constant <id> <NAME>
+//! [<TYPE>]`).
 
 #[cfg(not(loom))]
 use crate::backend::DeviceImage;

@@ -74,7 +74,7 @@ pub union kpc_spec_value {
 }
 
 /// One specialization constant: its id (Vulkan `constant_id`; for OpenCL C, the id the source's
-/// `// kpc-spec-constant <id> <NAME>` line declares), its type and value.
+/// `// kpc-spec-constant <id> <NAME> [<TYPE>]` line declares), its type and value.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct kpc_spec_constant {
