@@ -540,7 +540,7 @@ typedef union kpc_spec_value {
 
 /**
  * One specialization constant: its id (Vulkan `constant_id`; for OpenCL C, the id the source's
- * `// kpc-spec-constant <id> <NAME>` line declares), its type and value.
+ * `// kpc-spec-constant <id> <NAME> [<TYPE>]` line declares), its type and value.
  */
 typedef struct kpc_spec_constant {
   /**
