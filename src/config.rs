@@ -64,12 +64,29 @@ pub enum DeviceSelector {
 
 impl DeviceSelector {
     /// Parses the `KPC_DEVICE` syntax: `auto`, `vulkan:0`, `vulkan:gpu`, `opencl:cpu`, `any:1`, ...
+    /// given in code; a malformed one is [`ConfigError::InvalidValue`] (a "device selector").
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        DeviceSelector::parse_as(s, None)
+    }
+
+    /// [`DeviceSelector::parse`] of the value of variable `var`: an error names the variable.
+    fn parse_var(var: &'static str, s: &str) -> Result<Self, ConfigError> {
+        DeviceSelector::parse_as(s, Some(var))
+    }
+
+    fn parse_as(s: &str, var: Option<&'static str>) -> Result<Self, ConfigError> {
         let t = s.trim().to_ascii_lowercase();
         if t.is_empty() || t == "auto" {
             return Ok(DeviceSelector::Auto);
         }
-        let err = || invalid(vars::DEVICE, s, DEVICE_ACCEPTED);
+        let err = || match var {
+            Some(var) => invalid(var, s, DEVICE_ACCEPTED),
+            None => ConfigError::InvalidValue {
+                what: "device selector",
+                value: s.to_owned(),
+                accepted: DEVICE_ACCEPTED,
+            },
+        };
         let (b, rest) = t.split_once(':').ok_or_else(err)?;
         let backend = match b {
             "vulkan" | "vk" => Some(BackendKind::Vulkan),
@@ -158,7 +175,8 @@ pub enum CacheDirSource {
     Unresolved,
 }
 
-/// The resolved configuration of one kpc runtime. Every field has the default DESIGN.md gives.
+/// The resolved configuration of one kpc runtime. Each field documents its variable and default
+/// (ENVIRONMENT.md lists them all).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Config {
@@ -351,7 +369,7 @@ impl Config {
             b = b.cache_debug(parse_bool(vars::CACHE_DEBUG, &v)?);
         }
         if let Some(v) = get(vars::DEVICE)? {
-            b = b.device(DeviceSelector::parse(&v)?);
+            b = b.device(DeviceSelector::parse_var(vars::DEVICE, &v)?);
         }
         if let Some(v) = get(vars::CACHE_PREFETCH)? {
             b.config.warm_start = prefetch::parse_prefetch(&v)?;

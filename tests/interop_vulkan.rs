@@ -12,7 +12,9 @@ use ash::vk;
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::kernels::spirv_image;
 use kpc::runtime::Source;
-use kpc::{Config, Context, Error, VulkanFeatures, VulkanHandles, VulkanKernelHandles};
+use kpc::{
+    Config, Context, DeviceImage, Error, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
+};
 
 use common::disk::TempDir;
 use common::drivers::{random_f32, test_config, vulkan_device};
@@ -523,7 +525,12 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
     // cooperative matrices and the Vulkan memory model is refused before the driver sees it.
     assert!(!ctx.device().limits.float16_arithmetic);
     assert!(!ctx.device().limits.cooperative_matrix_f16);
-    let coop = spirv_image("attn_prefill_coop").unwrap();
+    // A kernel that needs all three: kpc-attention's cooperative-matrix prefill, as committed.
+    let coop = DeviceImage::spirv(
+        "attn_prefill_coop",
+        include_bytes!("../kpc-attention/kernels/attn_prefill_coop.spv").as_slice(),
+    )
+    .unwrap();
     let entry = coop.spirv_reflection().unwrap().entry_points[0]
         .name
         .clone();

@@ -540,7 +540,7 @@ typedef union kpc_spec_value {
 
 /**
  * One specialization constant: its id (Vulkan `constant_id`; for OpenCL C, the id the source's
- * `// kpc-spec-constant <id> <NAME>` line declares), its type and value.
+ * `// kpc-spec-constant <id> <NAME> [<TYPE>]` line declares), its type and value.
  */
 typedef struct kpc_spec_constant {
   /**
@@ -1019,7 +1019,11 @@ typedef struct kpc_mha_params {
    */
   float scale;
   /**
-   * 1: every call takes an additive mask (5).
+   * 1: every call takes an additive mask (5). A mask value is added to its logit: -inf masks the
+   * key; finite values are added as they are (a row whose keys all get the same huge negative
+   * value, -1e30 or -FLT_MAX, weighs them uniformly, as softmax does). A query row whose every
+   * key is -inf attends to nothing: its attention output is zeros and the layer outputs its
+   * output bias for it, on every backend. NaN and +inf are `KPC_STATUS_INVALID_ARGUMENT`.
    */
   int32_t attn_mask;
   /**
@@ -1830,15 +1834,17 @@ enum kpc_status kpc_mha_create(const struct kpc_context *context,
 enum kpc_status kpc_mha_destroy(struct kpc_mha *layer);
 
 /**
- * Self-attention over `len` new positions (appended to the cache), or cross-attention of `len`
- * queries over the memory: `x` is `[batch][len][qdim]` (`x_count` floats), `out` receives
- * `[batch][len][qdim]` (`out_count` must be that). `mask` (NULL, 0 for none) is `[len][kv_len]`
- * or `[num_heads][len][kv_len]` for layers made with `attn_mask`.
+ * Self-attention over `len` new positions (appended to the cache; with `kv_cache` 0 they replace
+ * its positions), or cross-attention of `len` queries over the memory: `x` is `[batch][len][qdim]`
+ * (`x_count` floats), `out` receives `[batch][len][qdim]` (`out_count` must be that). `mask`
+ * (NULL, 0 for none) is `[len][kv_len]` or `[num_heads][len][kv_len]` for layers made with
+ * `attn_mask`; `kpc_mha_params.attn_mask` says what its values mean.
  *
  * Errors: `KPC_STATUS_SIZE` (an input, mask or output of the wrong size, or positions past the
- * capacity); `KPC_STATUS_INVALID_ARGUMENT` (bad handle, NULL pointers, non-finite input, a mask
- * against the layer's `attn_mask`); `KPC_STATUS_CALL_ORDER` (cross-attention before
- * `kpc_mha_set_memory`). Nothing changes then.
+ * capacity); `KPC_STATUS_INVALID_ARGUMENT` (bad handle, NULL pointers, non-finite input, NaN or
+ * +inf in the mask, a mask against the layer's `attn_mask`); `KPC_STATUS_CALL_ORDER`
+ * (cross-attention before `kpc_mha_set_memory`). Nothing changes then: every check comes first,
+ * and the cache keeps its length and contents (`kpc_mha_len`, `kpc_mha_export_cache`).
  *
  * # Safety
  * `x` points to `x_count` floats, `mask` to `mask_count` (or is NULL with 0), `out` to
@@ -1926,7 +1932,10 @@ enum kpc_status kpc_mha_export_cache(const struct kpc_mha *layer,
  * `count = batch * kv_heads * head_dim * len` floats each, as `kpc_mha_export_cache` writes them.
  *
  * Errors: `KPC_STATUS_SIZE` (wrong count, `len` past the capacity); `KPC_STATUS_CALL_ORDER` on a
- * cross-attention layer; `KPC_STATUS_INVALID_ARGUMENT` otherwise. The cache is unchanged then.
+ * cross-attention layer; `KPC_STATUS_INVALID_ARGUMENT` for a value that is not finite or, in an
+ * fp16 cache (`cache_f16`), outside fp16's range (magnitude 65520 or more, which fp16 would store as
+ * infinity; 65504 is its largest value): the message names the first such value and its index; and
+ * for a bad handle, layout or pointer. The cache is unchanged then.
  *
  * # Safety
  * `k` and `v` point to `count` floats each.

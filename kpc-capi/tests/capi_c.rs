@@ -352,9 +352,9 @@ fn c_opencl_embedder() {
 /// cross-attention steps checked against float64 reference values written here, the cache in both
 /// ncnn layouts, status codes for wrong sizes and call orders.
 fn mha_from_c(backend: &str, selector: String, test: &str) {
-    use kpc::attention::KvDtype;
-    use kpc::attention::mha::reference::{RefCall, multi_head_attention};
-    use kpc::attention::mha::{MhaKind, MhaParams, MhaWeights};
+    use kpc_attention::KvDtype;
+    use kpc_attention::mha::reference::{RefCall, multi_head_attention};
+    use kpc_attention::mha::{MhaKind, MhaParams, MhaWeights};
     let (e, h, hkv, prompt, steps, s) = (32usize, 4usize, 2usize, 5usize, 3usize, 6usize);
     let total = prompt + steps;
     let p = MhaParams {
@@ -441,6 +441,61 @@ fn mha_from_c(backend: &str, selector: String, test: &str) {
         "checks passed",
     ] {
         assert!(out.contains(line), "{test}: no {line:?} in:\n{out}");
+    }
+}
+
+/// The layer's edges found by an independent C client (issue 40, item 6), from C on each backend:
+/// refused prefills (and a refused step) change nothing, with caching on and off; `+inf` in a
+/// mask and fp16 cache imports out of range are refused; fully masked rows give the output bias,
+/// rows of equal finite values the same uniform row.
+fn mha_edges_from_c(backend: &str, selector: String) {
+    let dir = TempDir::new(&format!("capi-mha-edges-{backend}"));
+    let exe = compile("mha_edges", &["-lm"], dir.path());
+    let out = run(&exe, &[&selector], &[]);
+    for line in [
+        "refused prefills (kv_cache 1) left the layer as it was",
+        "refused prefills (kv_cache 0) left the layer as it was",
+        "imports outside fp16's range refused",
+        "fully masked rows: -inf gives the output bias",
+        "mha_edges: ",
+    ] {
+        assert!(out.contains(line), "{backend}: no {line:?} in:\n{out}");
+    }
+    // Each refusal says what was wrong and what is accepted.
+    for msg in [
+        "attention mask[1] is NaN",
+        "attention mask[1] is inf; masks take finite values",
+        "attention mask[2] is inf",
+        "imported cache k[5] is 100000, outside the range of an fp16 cache",
+        "every call takes a mask",
+        "at most the capacity 8",
+    ] {
+        assert!(
+            out.contains(msg),
+            "{backend}: no message {msg:?} in:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn c_mha_edges_vulkan() {
+    let test = "c_mha_edges_vulkan";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
+    if let Some(dev) = drivers::vulkan_device(test) {
+        mha_edges_from_c("vulkan", format!("vulkan:{}", dev.index));
+    }
+}
+
+#[test]
+fn c_mha_edges_opencl() {
+    let test = "c_mha_edges_opencl";
+    let Some(()) = cc_available("opencl", test) else {
+        return;
+    };
+    if let Some(dev) = drivers::opencl_device(test) {
+        mha_edges_from_c("opencl", format!("opencl:{}", dev.index));
     }
 }
 

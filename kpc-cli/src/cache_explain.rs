@@ -425,15 +425,15 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             );
             // The blob id carries no image name: take it from a shipped kernel with that image.
             let names: Vec<&str> = match device.backend {
-                BackendKind::Vulkan => kpc::kernels::SPIRV.iter().map(|k| k.name).collect(),
-                BackendKind::OpenCl => kpc::kernels::OPENCL.iter().map(|k| k.name).collect(),
+                BackendKind::Vulkan => crate::shipped::spirv().map(|k| k.name).collect(),
+                BackendKind::OpenCl => crate::shipped::opencl().map(|k| k.name).collect(),
             };
             let label = names
                 .into_iter()
                 .find(|n| {
                     let img = match device.backend {
-                        BackendKind::Vulkan => kpc::kernels::spirv_image(n),
-                        BackendKind::OpenCl => kpc::kernels::opencl_image(n),
+                        BackendKind::Vulkan => crate::shipped::spirv_image(n),
+                        BackendKind::OpenCl => crate::shipped::opencl_image(n),
                     };
                     img.is_ok_and(|i| i.digest() == p.image)
                 })

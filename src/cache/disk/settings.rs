@@ -45,7 +45,8 @@ pub struct DiskCacheSettings {
 }
 
 impl DiskCacheSettings {
-    /// The defaults DESIGN.md gives, rooted at `root`.
+    /// The defaults (1 GiB limit and largest image, 30 s lock timeout, 60 s touch interval, 75%
+    /// low watermark, background eviction, fsync), rooted at `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
         DiskCacheSettings {
             root: root.into(),
