@@ -1,19 +1,20 @@
 //! Cluster storage on a real S3-compatible server (s3s-fs, tests/common/s3.rs), with machines that
 //! are processes of their own (this test binary re-run, with the counting fake backend and the AWS
 //! credentials in its environment): `kpc cache gc --remote` by age and dry run, keeping what was
-//! served.
+//! served; and a cold fleet of eight processes sharing one bucket that builds each kernel once (the
+//! create-once fleet lock).
 #![cfg(feature = "remote")]
 
 // The support code all of the workspace's integration tests share.
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::disk::{TempDir, child, child_role};
+use common::disk::{TempDir, child, child_role, wait_for_file};
 use common::fake_backend::{FakeBackend, image};
 use common::s3::S3Server;
 use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
@@ -182,4 +183,118 @@ fn gc_on_a_bucket_removes_what_nobody_was_served_and_keeps_the_rest() {
     // No argument saying what to collect: a usage error.
     let (code, _) = gc(&url, &[]);
     assert_eq!(code, Some(2));
+}
+/// The objects under `prefix` that are fleet locks.
+fn locks(r: &S3Server, prefix: &str) -> Vec<String> {
+    r.keys(&format!("{prefix}/kpc-lock/"))
+}
+
+/// Eight cold machines with their own local caches start at once against `url` and ask for the same
+/// four kernels in different orders; returns their reports.
+fn herd(t: &TempDir, url: &str) -> Vec<Report> {
+    let go = t.join("go");
+    let mut members = Vec::new();
+    for i in 0..8 {
+        // Each member asks in its own order, so keys are contended from different directions.
+        let order: Vec<usize> = (0..KEYS).map(|j| (j + i) % KEYS).collect();
+        let ready: PathBuf = t.join(format!("ready{i}"));
+        let ch = machine(&t.join(format!("local{i}")), url, &order)
+            .env("KPC_TEST_BUILD_MS", "300")
+            .env("KPC_TEST_READY", &ready)
+            .env("KPC_TEST_GO", &go)
+            .spawn()
+            .unwrap();
+        members.push((ch, ready));
+    }
+    for (ch, ready) in &mut members {
+        wait_for_file(ready, ch);
+    }
+    std::fs::write(&go, b"").unwrap();
+    let reports: Vec<Report> = members.into_iter().map(|(ch, _)| report(ch)).collect();
+    for m in &reports {
+        eprintln!("{m:?}");
+    }
+    let builds: usize = reports.iter().map(|m| m.builds).sum();
+    let hits: u64 = reports.iter().map(|m| m.hits).sum();
+    assert_eq!(builds, KEYS, "each kernel built once in the fleet");
+    assert_eq!(hits as usize, 8 * KEYS - KEYS);
+    assert!(reports.iter().all(|m| m.errors == 0));
+    reports
+}
+
+const KEYS: usize = 4;
+
+#[test]
+fn eight_cold_processes_on_one_bucket_build_each_kernel_once() {
+    let Some(r) = S3Server::start("eight_cold_processes_on_one_bucket") else {
+        return;
+    };
+    let t = TempDir::new("s3-herd");
+    herd(&t, &r.url("herd"));
+    assert_eq!(r.keys("herd/kpc/").len(), KEYS);
+    assert!(locks(&r, "herd").is_empty(), "{:?}", locks(&r, "herd"));
+}
+
+#[test]
+fn eight_cold_processes_on_one_fs_remote_build_each_kernel_once() {
+    let t = TempDir::new("fs-herd");
+    let root = t.join("remote");
+    std::fs::create_dir_all(&root).unwrap();
+    herd(&t, &format!("fs://{}", root.display()));
+    let leases: Vec<_> = walkdir::WalkDir::new(root.join("kpc-lock"))
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .collect();
+    assert!(leases.is_empty(), "{leases:?}");
+}
+
+#[test]
+fn a_dead_holders_lease_is_broken_and_a_live_one_waited_for() {
+    let Some(r) = S3Server::start("a_dead_holders_lease_is_broken") else {
+        return;
+    };
+    let t = TempDir::new("s3-lease");
+    let url = r.url("lease");
+    // Where program 0's lease lives: its entry's name under kpc-lock/.
+    let probe = run(&t.join("probe"), &url, &[0]);
+    assert_eq!(probe.builds, 1);
+    let entry = r.keys("lease/kpc/v1/")[0].clone();
+    let lease_of = |e: &str| e.replacen("lease/kpc/", "lease/kpc-lock/", 1);
+    // Program 1's lease, left by a holder that died: expired long ago.
+    let one = run(&t.join("one"), &url, &[1]);
+    assert_eq!(one.builds, 1);
+    let entries = r.keys("lease/kpc/v1/");
+    let e1 = entries.iter().find(|e| **e != entry).unwrap().clone();
+    // Remove program 1's entry and plant a dead lease: a new machine breaks it and builds at once.
+    r.remove(&e1);
+    r.put(&lease_of(&e1), b"kpc-lease dead-holder 1000\n");
+    let m = report(
+        machine(&t.join("m"), &url, &[1])
+            .env("KPC_CACHE_LOCK_TIMEOUT", "60s")
+            .spawn()
+            .unwrap(),
+    );
+    assert_eq!(
+        (m.builds, m.sources.as_slice()),
+        (1, &["built".to_string()][..]),
+        "{m:?}"
+    );
+    assert!(
+        !r.exists(&lease_of(&e1)),
+        "the dead lease was broken and the new one released"
+    );
+    // A live lease (its holder renews it far into the future): a machine waits for the entry until
+    // KPC_CACHE_LOCK_TIMEOUT, then builds without it (one warning, counted).
+    r.remove(&entry);
+    r.put(&lease_of(&entry), b"kpc-lease live-holder 99999999999999\n");
+    let w = report(
+        machine(&t.join("w"), &url, &[0])
+            .env("KPC_CACHE_LOCK_TIMEOUT", "1s")
+            .spawn()
+            .unwrap(),
+    );
+    assert_eq!(w.builds, 1, "{w:?}");
+    assert!(w.errors >= 1, "the timeout is counted: {w:?}");
+    assert!(r.exists(&lease_of(&entry)), "a live lease is not broken");
 }

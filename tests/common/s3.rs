@@ -211,6 +211,11 @@ impl S3Server {
         .expect("set an object's modification time");
     }
 
+    /// Removes the object at `key`, as another client's DELETE would.
+    pub fn remove(&self, key: &str) {
+        std::fs::remove_file(self.object_path(key)).expect("remove an object");
+    }
+
     /// Whether there is an object at `key`.
     pub fn exists(&self, key: &str) -> bool {
         self.object_path(key).is_file()

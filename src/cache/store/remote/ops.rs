@@ -237,6 +237,25 @@ impl Ops {
         self.call(|op| op.write(path, value).map(|_| ()))
     }
 
+    /// Whether the service can write an object only if it does not exist yet (OpenDAL's
+    /// `write_with_if_not_exists`).
+    pub fn creates_once(&self) -> bool {
+        self.op.info().full_capability().write_with_if_not_exists
+    }
+
+    /// Stores `value` at `path` only if nothing is there: `Ok(false)` if something is.
+    pub fn write_if_absent(&self, path: &str, value: Vec<u8>) -> Result<bool, Failure> {
+        let opts = opendal::options::WriteOptions {
+            if_not_exists: true,
+            ..Default::default()
+        };
+        self.call(|op| match op.write_options(path, value, opts) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::ConditionNotMatch => Ok(false),
+            Err(e) => Err(e),
+        })
+    }
+
     /// Stores `value` at `path` as a side note (a last-served record): skipped while the breaker is
     /// open, and its outcome does not move the breaker, so a failed note never hides the failure of
     /// the lookup or publish that meets the same remote next (that one trips, counts and warns).
