@@ -213,19 +213,20 @@ impl RemoteStore {
             .map(|d| now.checked_sub(d).unwrap_or(UNIX_EPOCH));
         let mut remove = Vec::new();
         let mut kept_bytes: u64 = entries.iter().map(|e| e.bytes).sum();
-        for (i, e) in entries.iter().enumerate() {
-            if cut.is_some_and(|c| e.last_served < c) {
-                remove.push((i, GcReason::Age));
-                kept_bytes -= e.bytes;
-            }
+        // Sorted oldest first: the entries past the age are a prefix, and the quota takes the
+        // entries right after it.
+        let aged = entries
+            .iter()
+            .take_while(|e| cut.is_some_and(|c| e.last_served < c))
+            .count();
+        for (i, e) in entries.iter().enumerate().take(aged) {
+            remove.push((i, GcReason::Age));
+            kept_bytes -= e.bytes;
         }
         if let Some(max) = policy.max_size {
-            for (i, e) in entries.iter().enumerate() {
+            for (i, e) in entries.iter().enumerate().skip(aged) {
                 if kept_bytes <= max {
                     break;
-                }
-                if remove.iter().any(|&(j, _)| j == i) {
-                    continue;
                 }
                 remove.push((i, GcReason::Quota));
                 kept_bytes -= e.bytes;
