@@ -170,6 +170,8 @@ pub(crate) enum ProjectionArg {
     Tiled,
     Matvec,
     Cooperative,
+    /// mha_gemm_wide: the cooperative-matrix GEMM with the wide feed.
+    Wide,
 }
 
 impl ProjectionArg {
@@ -181,6 +183,7 @@ impl ProjectionArg {
             ProjectionArg::Tiled => P::Tiled,
             ProjectionArg::Matvec => P::MatVec,
             ProjectionArg::Cooperative => P::Cooperative,
+            ProjectionArg::Wide => P::Wide,
         }
     }
 }
