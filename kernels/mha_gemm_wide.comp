@@ -43,6 +43,8 @@ layout(constant_id = 5) const uint SG_N = 4;          // subgroups along N
 layout(constant_id = 6) const bool A_F16 = false;     // A holds f16 (else f32)
 layout(constant_id = 7) const bool ACC_F16 = false;   // fp16 accumulators (else fp32)
 layout(constant_id = 8) const uint STAGES = 1;        // shared-memory tiles: 1 or 2
+layout(constant_id = 9) const uint AHEAD = 1;         // K steps loaded ahead into registers: 1 or 2
+layout(constant_id = 10) const uint GROUP_M = 8;      // row blocks per band of the launch order
 
 layout(std430, set = 0, binding = 0) readonly buffer A32 { vec4 a4[]; };    // [M][K] f32, or split
 layout(std430, set = 0, binding = 0) readonly buffer A16 { uvec4 a8[]; };   // the same, f16
@@ -84,10 +86,10 @@ shared uvec4 smem[STAGES * STAGE];
 // Only one of the two sets is used (ACC_F16); the other is removed once specialized.
 Acc32 c32[TM][TN];
 Acc16 c16[TM][TN];
-// The next step's chunks of A (f16, or f32 as vec4 pairs) and of W.
-uvec4 ra[A_CH];
-vec4 rf[2u * A_CH];
-uvec4 rb[B_CH];
+// The next steps' chunks of A (f16, or f32 as vec4 pairs) and of W: AHEAD sets.
+uvec4 ra[2][A_CH];
+vec4 rf[2][2u * A_CH];
+uvec4 rb[2][B_CH];
 // Per chunk of A: the element offset of its row (the part of the address k does not move), and
 // whether the row exists.
 uint arow[A_CH];
@@ -102,8 +104,9 @@ uvec4 pack8(vec4 x, vec4 y) {
     return uvec4(packHalf2x16(x.xy), packHalf2x16(x.zw), packHalf2x16(y.xy), packHalf2x16(y.zw));
 }
 
-// Loads the chunks of the step whose first k is k0 into registers; `checked` tests rows and k.
-void fetch(uint k0, bool checked) {
+// Loads the chunks of the step whose first k is k0 into register set q; `checked` tests rows
+// and k.
+void fetch(uint k0, bool checked, uint q) {
     uint col = k0 + 8u * c8;
     bool kin = !checked || col < p.k;
     // The column's part of A's address: a head-split A puts k = h D + d at h L D + d.
@@ -115,36 +118,36 @@ void fetch(uint k0, bool checked) {
         bool ok = kin && (!checked || aok[j]);
         uint e = arow[j] + acol;
         if (A_F16) {
-            ra[j] = uvec4(0u);
+            ra[q][j] = uvec4(0u);
             if (ok) {
-                ra[j] = a8[e / 8u];
+                ra[q][j] = a8[e / 8u];
             }
         } else {
-            rf[2u * j] = vec4(0.0);
-            rf[2u * j + 1u] = vec4(0.0);
+            rf[q][2u * j] = vec4(0.0);
+            rf[q][2u * j + 1u] = vec4(0.0);
             if (ok) {
-                rf[2u * j] = a4[e / 4u];
-                rf[2u * j + 1u] = a4[e / 4u + 1u];
+                rf[q][2u * j] = a4[e / 4u];
+                rf[q][2u * j + 1u] = a4[e / 4u + 1u];
             }
         }
     }
     uint wbase = (nb + tid / KC) * (p.k / 8u) + col / 8u;
     [[unroll]] for (uint j = 0u; j < B_CH; j++) {
-        rb[j] = uvec4(0u);
+        rb[q][j] = uvec4(0u);
         if (kin && (!checked || nb + tid / KC + j * ROWS < p.n)) {
-            rb[j] = w8[wbase + j * ROWS * (p.k / 8u)];
+            rb[q][j] = w8[wbase + j * ROWS * (p.k / 8u)];
         }
     }
 }
 
-// Stores the fetched chunks into the tiles at `base`.
-void stage(uint base) {
+// Stores the chunks of register set q into the tiles at `base`.
+void stage(uint base, uint q) {
     uint at = base + (tid / KC) * RS + c8;
     [[unroll]] for (uint j = 0u; j < A_CH; j++) {
-        smem[at + j * ROWS * RS] = A_F16 ? ra[j] : pack8(rf[2u * j], rf[2u * j + 1u]);
+        smem[at + j * ROWS * RS] = A_F16 ? ra[q][j] : pack8(rf[q][2u * j], rf[q][2u * j + 1u]);
     }
     [[unroll]] for (uint j = 0u; j < B_CH; j++) {
-        smem[at + (BM + j * ROWS) * RS] = rb[j];
+        smem[at + (BM + j * ROWS) * RS] = rb[q][j];
     }
 }
 
@@ -180,28 +183,66 @@ void multiply(uint base, uint sg) {
     }
 }
 
-// The whole K walk; `checked` as in fetch.
+// The whole K walk; `checked` as in fetch. Step s's chunks are loaded AHEAD steps before they are
+// multiplied (the last steps load their own again rather than branch around the loads).
 void walk(uint sg, bool checked) {
     uint steps = (p.k + BK - 1u) / BK;
-    fetch(0u, checked);
-    if (STAGES == 1u) {
+    uint last = steps - 1u;
+    if (STAGES == 1u && AHEAD == 1u) {
+        fetch(0u, checked, 0u);
         for (uint s = 0u; s < steps; s++) {
             barrier();  // every subgroup is done reading the tile
-            stage(0u);
+            stage(0u, 0u);
             barrier();
-            // The last step fetches its own chunks again rather than branch around the loads.
-            fetch(min(s + 1u, steps - 1u) * BK, checked);
+            fetch(min(s + 1u, last) * BK, checked, 0u);
             multiply(0u, sg);
         }
-    } else {
-        stage(0u);
+    } else if (STAGES == 1u) {
+        fetch(0u, checked, 0u);
+        fetch(min(1u, last) * BK, checked, 1u);
+        for (uint s = 0u; s < steps; s += 2u) {
+            barrier();
+            stage(0u, 0u);
+            barrier();
+            fetch(min(s + 2u, last) * BK, checked, 0u);
+            multiply(0u, sg);
+            if (s + 1u < steps) {
+                barrier();
+                stage(0u, 1u);
+                barrier();
+                fetch(min(s + 3u, last) * BK, checked, 1u);
+                multiply(0u, sg);
+            }
+        }
+    } else if (AHEAD == 1u) {
+        fetch(0u, checked, 0u);
+        stage(0u, 0u);
         barrier();
         for (uint s = 0u; s < steps; s++) {
             uint cur = (s & 1u) * STAGE;
-            fetch(min(s + 1u, steps - 1u) * BK, checked);
+            fetch(min(s + 1u, last) * BK, checked, 0u);
             multiply(cur, sg);
-            stage(STAGE - cur);
+            stage(STAGE - cur, 0u);
             barrier();
+        }
+    } else {
+        // Tile 0 holds step s, set 1 step s + 1 and set 0 step s + 2 at the top of the loop.
+        fetch(0u, checked, 0u);
+        stage(0u, 0u);
+        fetch(min(1u, last) * BK, checked, 1u);
+        fetch(min(2u, last) * BK, checked, 0u);
+        barrier();
+        for (uint s = 0u; s < steps; s += 2u) {
+            multiply(0u, sg);
+            stage(STAGE, 1u);
+            barrier();
+            fetch(min(s + 3u, last) * BK, checked, 1u);
+            if (s + 1u < steps) {
+                multiply(STAGE, sg);
+                stage(0u, 0u);
+                barrier();
+                fetch(min(s + 4u, last) * BK, checked, 0u);
+            }
         }
     }
     barrier();
@@ -236,8 +277,22 @@ void main() {
     tid = gl_LocalInvocationID.x;
     uint sg = tid / 32u;
     uint lane = tid % 32u;
-    m0 = gl_WorkGroupID.y * BM;
-    nb = gl_WorkGroupID.x * BN;
+    // Launch order: bands of GROUP_M row blocks, each walked column block by column block, so
+    // that the workgroups resident at once share their A rows and W columns in L2.
+    uint nx = gl_NumWorkGroups.x;
+    uint ny = gl_NumWorkGroups.y;
+    uint id = gl_WorkGroupID.y * nx + gl_WorkGroupID.x;
+    uint band = GROUP_M * nx;
+    uint first = (id / band) * GROUP_M;
+    uint tall = min(ny - first, GROUP_M);
+    uint tile_m = first + (id % band) % tall;
+    uint tile_n = (id % band) / tall;
+    if (GROUP_M <= 1u) {
+        tile_m = gl_WorkGroupID.y;
+        tile_n = gl_WorkGroupID.x;
+    }
+    m0 = tile_m * BM;
+    nb = tile_n * BN;
     c8 = tid % KC;
     [[unroll]] for (uint i = 0u; i < TM; i++) {
         [[unroll]] for (uint j = 0u; j < TN; j++) {

@@ -24,7 +24,7 @@ pub const KERNEL: &str = "mha_gemm_wide";
 
 /// A workgroup tile of `mha_gemm_wide`: `sg_m x sg_n` subgroups of 32 own a `bm x bn` block of C,
 /// each a `(bm / sg_m) x (bn / sg_n)` part of it, and K advances `bk` per step through `stages`
-/// shared-memory tiles.
+/// shared-memory tiles, each step's chunks loaded into registers `ahead` steps early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GemmTiles {
     /// Rows of C per workgroup.
@@ -41,6 +41,8 @@ pub struct GemmTiles {
     /// or 1 (stored into the same tile between two barriers); 0 takes 2 where they fit the
     /// device's shared memory, else 1.
     pub stages: u32,
+    /// K steps whose chunks are in flight in registers: 1 or 2 (twice the staging registers).
+    pub ahead: u32,
 }
 
 /// The tile the layer takes where nothing else is known: 128 x 256 over 2 x 4 subgroups (64 x 64
@@ -50,13 +52,16 @@ pub const DEFAULT_TILES: GemmTiles = GemmTiles::new(128, 256, 32, 2, 4);
 /// The tiles `kpc bench-mma` sweeps by default.
 pub const SWEEP_TILES: &[GemmTiles] = &[
     GemmTiles::new(128, 256, 32, 2, 4),
+    GemmTiles::new(128, 256, 32, 2, 4).with_ahead(2),
     GemmTiles::new(256, 128, 32, 4, 2),
-    GemmTiles::new(128, 128, 32, 2, 2),
-    GemmTiles::new(128, 128, 64, 2, 2),
-    GemmTiles::new(128, 128, 32, 2, 4),
+    GemmTiles::new(256, 128, 32, 4, 2).with_ahead(2),
     GemmTiles::new(128, 128, 64, 2, 4),
-    GemmTiles::new(128, 256, 64, 2, 4),
-    GemmTiles::new(256, 128, 64, 4, 2),
+    GemmTiles::new(128, 128, 64, 2, 4).with_ahead(2),
+    GemmTiles::new(128, 128, 32, 2, 4),
+    GemmTiles::new(128, 128, 32, 2, 4).with_ahead(2),
+    GemmTiles::new(128, 128, 32, 2, 2),
+    GemmTiles::new(128, 128, 32, 2, 2).with_ahead(2),
+    GemmTiles::new(128, 128, 64, 2, 2),
 ];
 
 impl GemmTiles {
@@ -69,11 +74,17 @@ impl GemmTiles {
             sg_m,
             sg_n,
             stages: 0,
+            ahead: 1,
         }
     }
 
+    /// The same tile with `ahead` steps loaded early.
+    pub const fn with_ahead(self, ahead: u32) -> GemmTiles {
+        GemmTiles { ahead, ..self }
+    }
+
     /// The same tile with `stages` (0: the device's choice).
-    pub fn with_stages(self, stages: u32) -> GemmTiles {
+    pub const fn with_stages(self, stages: u32) -> GemmTiles {
         GemmTiles { stages, ..self }
     }
 
@@ -96,7 +107,11 @@ impl GemmTiles {
             sg_m,
             sg_n,
             stages,
+            ahead,
         } = *self;
+        if ahead != 1 && ahead != 2 {
+            return Some(format!("{ahead} steps ahead (1 or 2)"));
+        }
         if bk != 32 && bk != 64 {
             return Some(format!("its K step {bk} is not 32 or 64"));
         }
@@ -154,17 +169,21 @@ impl GemmTiles {
         Ok(stages)
     }
 
-    /// Parses `BMxBNxBK/SGMxSGN`, optionally followed by `s1` or `s2` (stages), e.g.
-    /// `128x256x32/2x4` or `128x128x32/2x2s1`.
+    /// Parses `BMxBNxBK/SGMxSGN`, optionally followed by `s1` or `s2` (stages) and `a1` or `a2`
+    /// (steps ahead), e.g. `128x256x32/2x4`, `128x128x32/2x2s1` or `128x256x32/2x4a2`.
     ///
     /// Errors: [`Error::InvalidArgument`] naming the text and the form.
     pub fn parse(text: &str) -> Result<GemmTiles> {
         let bad = || {
             Error::InvalidArgument(format!(
-                "GEMM tile {text:?}: expected BMxBNxBK/SGMxSGN[s1|s2], e.g. 128x256x32/2x4"
+                "GEMM tile {text:?}: expected BMxBNxBK/SGMxSGN[s1|s2][a1|a2], e.g. 128x256x32/2x4"
             ))
         };
         let (block, rest) = text.split_once('/').ok_or_else(bad)?;
+        let (rest, ahead) = match rest.split_once('a') {
+            Some((r, a)) => (r, a.parse::<u32>().map_err(|_| bad())?),
+            None => (rest, 1),
+        };
         let (grid, stages) = match rest.split_once('s') {
             Some((g, s)) => (g, s.parse::<u32>().map_err(|_| bad())?),
             None => (rest, 0),
@@ -185,6 +204,7 @@ impl GemmTiles {
             sg_m,
             sg_n,
             stages,
+            ahead,
         };
         match t.malformed() {
             Some(why) => Err(Error::InvalidArgument(format!("GEMM tile {text:?}: {why}"))),
@@ -202,6 +222,9 @@ impl fmt::Display for GemmTiles {
         )?;
         if self.stages != 0 {
             write!(f, "s{}", self.stages)?;
+        }
+        if self.ahead != 1 {
+            write!(f, "a{}", self.ahead)?;
         }
         Ok(())
     }
@@ -293,7 +316,8 @@ impl GemmShape {
         2.0 * self.m as f64 * self.n as f64 * self.k as f64
     }
 
-    fn push_constants(&self) -> PushConstants {
+    /// The push constants of the projection GEMMs (`mha_gemm`, `mha_gemm_coop`, `mha_gemm_wide`).
+    pub fn push_constants(&self) -> PushConstants {
         PushConstants::new()
             .u32(self.m as u32)
             .u32(self.n as u32)
@@ -390,7 +414,8 @@ impl WideGemm {
             .with(5, u(tiles.sg_n))
             .with(6, SpecValue::Bool(a_f16))
             .with(7, SpecValue::Bool(acc == GemmAccumulator::F16))
-            .with(8, u(stages));
+            .with(8, u(stages))
+            .with(9, u(tiles.ahead));
         let kernel = super::super::shipped_kernel(ctx, KERNEL, &spec)?;
         Ok(WideGemm {
             kernel,
@@ -514,13 +539,21 @@ mod tests {
         let s = GemmTiles::parse("128x128x64/2x2s1").unwrap();
         assert_eq!((s.bk, s.stages), (64, 1));
         assert_eq!(s.to_string(), "128x128x64/2x2s1");
+        let a = GemmTiles::parse("128x256x32/2x4s2a2").unwrap();
+        assert_eq!((a.stages, a.ahead), (2, 2));
+        assert_eq!(a.to_string(), "128x256x32/2x4s2a2");
+        assert_eq!(
+            GemmTiles::parse("128x256x32/2x4a2").unwrap(),
+            DEFAULT_TILES.with_ahead(2)
+        );
         for bad in [
             "128x256x48/2x4",
             "128x256/2x4",
             "100x256x32/2x4",
             "128x256x32/2x4s3",
+            "128x256x32/2x4a3",
             "128x256x32",
-            "16x16x32/1x1",
+            "16x16x32/1x2",
         ] {
             assert!(
                 matches!(GemmTiles::parse(bad), Err(Error::InvalidArgument(_))),
