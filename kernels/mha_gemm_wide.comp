@@ -10,10 +10,10 @@
 //
 // Tiles (spec constants): a workgroup of SG_M x SG_N subgroups owns a BM x BN block of C; each
 // subgroup a (BM / SG_M) x (BN / SG_N) part of it, held as TM x TN accumulators of 16 x 16 (64 x
-// 64 of C, 16 accumulators, at the default 128 x 256 over 2 x 4 subgroups). K advances BK (32 or
-// 64) per step. Staging: A and W tiles in shared memory, f16, each row BK halves plus 16 bytes of
+// 64 of C, 16 accumulators, at the default 128 x 256 over 2 x 4 subgroups). K advances BK (16, 32
+// or 64) per step. Staging: A and W tiles in shared memory, f16, each row BK halves plus 16 bytes of
 // padding, so that the eight 16-byte rows a matrix load reads at once fall in distinct banks (rows
-// 80 or 144 bytes apart). Every invocation moves whole 16-byte chunks: one uvec4 of W (and of f16
+// 48, 80 or 144 bytes apart). Every invocation moves whole 16-byte chunks: one uvec4 of W (and of f16
 // A) or two vec4s of f32 A per chunk, consecutive invocations along k. The next step's chunks are
 // loaded into registers before the current step's products and stored to shared memory after them,
 // so the loads' latency hides behind the products: with STAGES = 2 into the other of two tiles, one
@@ -37,7 +37,7 @@
 layout(local_size_x = 256, local_size_x_id = 0) in;  // 32 SG_M SG_N
 layout(constant_id = 1) const uint BM = 128;          // rows of C per workgroup
 layout(constant_id = 2) const uint BN = 256;          // columns of C per workgroup
-layout(constant_id = 3) const uint BK = 32;           // k per step: 32 or 64
+layout(constant_id = 3) const uint BK = 32;           // k per step: 16, 32 or 64
 layout(constant_id = 4) const uint SG_M = 2;          // subgroups along M
 layout(constant_id = 5) const uint SG_N = 4;          // subgroups along N
 layout(constant_id = 6) const bool A_F16 = false;     // A holds f16 (else f32)
@@ -45,6 +45,7 @@ layout(constant_id = 7) const bool ACC_F16 = false;   // fp16 accumulators (else
 layout(constant_id = 8) const uint STAGES = 1;        // shared-memory tiles: 1 or 2
 layout(constant_id = 9) const uint AHEAD = 1;         // K steps loaded ahead into registers: 1 or 2
 layout(constant_id = 10) const uint GROUP_M = 8;      // row blocks per band of the launch order
+layout(constant_id = 11) const bool EARLY = false;    // STAGES 1: load before the second barrier
 
 layout(std430, set = 0, binding = 0) readonly buffer A32 { vec4 a4[]; };    // [M][K] f32, or split
 layout(std430, set = 0, binding = 0) readonly buffer A16 { uvec4 a8[]; };   // the same, f16
@@ -193,8 +194,13 @@ void walk(uint sg, bool checked) {
         for (uint s = 0u; s < steps; s++) {
             barrier();  // every subgroup is done reading the tile
             stage(0u, 0u);
+            if (EARLY) {
+                fetch(min(s + 1u, last) * BK, checked, 0u);
+            }
             barrier();
-            fetch(min(s + 1u, last) * BK, checked, 0u);
+            if (!EARLY) {
+                fetch(min(s + 1u, last) * BK, checked, 0u);
+            }
             multiply(0u, sg);
         }
     } else if (STAGES == 1u) {
@@ -203,14 +209,24 @@ void walk(uint sg, bool checked) {
         for (uint s = 0u; s < steps; s += 2u) {
             barrier();
             stage(0u, 0u);
+            if (EARLY) {
+                fetch(min(s + 2u, last) * BK, checked, 0u);
+            }
             barrier();
-            fetch(min(s + 2u, last) * BK, checked, 0u);
+            if (!EARLY) {
+                fetch(min(s + 2u, last) * BK, checked, 0u);
+            }
             multiply(0u, sg);
             if (s + 1u < steps) {
                 barrier();
                 stage(0u, 1u);
+                if (EARLY) {
+                    fetch(min(s + 3u, last) * BK, checked, 1u);
+                }
                 barrier();
-                fetch(min(s + 3u, last) * BK, checked, 1u);
+                if (!EARLY) {
+                    fetch(min(s + 3u, last) * BK, checked, 1u);
+                }
                 multiply(0u, sg);
             }
         }

@@ -31,7 +31,7 @@ pub struct GemmTiles {
     pub bm: u32,
     /// Columns of C per workgroup.
     pub bn: u32,
-    /// K per step: 32 or 64.
+    /// K per step: 16, 32 or 64.
     pub bk: u32,
     /// Subgroups along M.
     pub sg_m: u32,
@@ -43,25 +43,28 @@ pub struct GemmTiles {
     pub stages: u32,
     /// K steps whose chunks are in flight in registers: 1 or 2 (twice the staging registers).
     pub ahead: u32,
+    /// With one stage: issue the next step's loads before the barrier that follows the store into
+    /// shared memory rather than after it.
+    pub early: bool,
 }
 
 /// The tile the layer takes where nothing else is known: 128 x 256 over 2 x 4 subgroups (64 x 64
 /// of C each), K in steps of 32, stages as the device allows.
 pub const DEFAULT_TILES: GemmTiles = GemmTiles::new(128, 256, 32, 2, 4);
 
-/// The tiles `kpc bench-mma` sweeps by default.
+/// The tiles `kpc bench-mma` sweeps by default (with fp16 activations and fp32 sums).
 pub const SWEEP_TILES: &[GemmTiles] = &[
     GemmTiles::new(128, 256, 32, 2, 4),
-    GemmTiles::new(128, 256, 32, 2, 4).with_ahead(2),
+    GemmTiles::new(128, 256, 32, 2, 4).with_early(true),
     GemmTiles::new(256, 128, 32, 4, 2),
-    GemmTiles::new(256, 128, 32, 4, 2).with_ahead(2),
-    GemmTiles::new(128, 128, 64, 2, 4),
     GemmTiles::new(128, 128, 64, 2, 4).with_ahead(2),
+    GemmTiles::new(128, 128, 64, 2, 4)
+        .with_ahead(2)
+        .with_early(true),
+    GemmTiles::new(128, 128, 64, 2, 4),
     GemmTiles::new(128, 128, 32, 2, 4),
-    GemmTiles::new(128, 128, 32, 2, 4).with_ahead(2),
-    GemmTiles::new(128, 128, 32, 2, 2),
     GemmTiles::new(128, 128, 32, 2, 2).with_ahead(2),
-    GemmTiles::new(128, 128, 64, 2, 2),
+    GemmTiles::new(128, 256, 16, 2, 4),
 ];
 
 impl GemmTiles {
@@ -75,7 +78,13 @@ impl GemmTiles {
             sg_n,
             stages: 0,
             ahead: 1,
+            early: false,
         }
+    }
+
+    /// The same tile with `early` loads.
+    pub const fn with_early(self, early: bool) -> GemmTiles {
+        GemmTiles { early, ..self }
     }
 
     /// The same tile with `ahead` steps loaded early.
@@ -108,12 +117,13 @@ impl GemmTiles {
             sg_n,
             stages,
             ahead,
+            early: _,
         } = *self;
         if ahead != 1 && ahead != 2 {
             return Some(format!("{ahead} steps ahead (1 or 2)"));
         }
-        if bk != 32 && bk != 64 {
-            return Some(format!("its K step {bk} is not 32 or 64"));
+        if bk != 16 && bk != 32 && bk != 64 {
+            return Some(format!("its K step {bk} is not 16, 32 or 64"));
         }
         if sg_m == 0 || sg_n == 0 || bm % (16 * sg_m) != 0 || bn % (16 * sg_n) != 0 {
             return Some(format!(
@@ -169,8 +179,9 @@ impl GemmTiles {
         Ok(stages)
     }
 
-    /// Parses `BMxBNxBK/SGMxSGN`, optionally followed by `s1` or `s2` (stages) and `a1` or `a2`
-    /// (steps ahead), e.g. `128x256x32/2x4`, `128x128x32/2x2s1` or `128x256x32/2x4a2`.
+    /// Parses `BMxBNxBK/SGMxSGN`, optionally followed by `s1` or `s2` (stages), `a1` or `a2`
+    /// (steps ahead) and `e` (early loads), e.g. `128x256x32/2x4`, `128x128x32/2x2s1` or
+    /// `128x256x32/2x4a2e`.
     ///
     /// Errors: [`Error::InvalidArgument`] naming the text and the form.
     pub fn parse(text: &str) -> Result<GemmTiles> {
@@ -180,6 +191,10 @@ impl GemmTiles {
             ))
         };
         let (block, rest) = text.split_once('/').ok_or_else(bad)?;
+        let (rest, early) = match rest.strip_suffix('e') {
+            Some(r) => (r, true),
+            None => (rest, false),
+        };
         let (rest, ahead) = match rest.split_once('a') {
             Some((r, a)) => (r, a.parse::<u32>().map_err(|_| bad())?),
             None => (rest, 1),
@@ -205,6 +220,7 @@ impl GemmTiles {
             sg_n,
             stages,
             ahead,
+            early,
         };
         match t.malformed() {
             Some(why) => Err(Error::InvalidArgument(format!("GEMM tile {text:?}: {why}"))),
@@ -225,6 +241,9 @@ impl fmt::Display for GemmTiles {
         }
         if self.ahead != 1 {
             write!(f, "a{}", self.ahead)?;
+        }
+        if self.early {
+            write!(f, "e")?;
         }
         Ok(())
     }
@@ -342,21 +361,38 @@ pub fn wide_unfit(device: &DeviceInfo, tiles: &GemmTiles, acc: GemmAccumulator) 
     tiles.stages_on(device).err()
 }
 
-/// The tile the layer picks for an `m x n` output on `device`: [`DEFAULT_TILES`] (128 x 256), or
-/// 128 x 128 where the larger tile would give fewer than `min_groups` workgroups, of which the
-/// smaller gives twice as many; whichever of them fits the device (`None` where neither does).
-pub fn auto_tiles(device: &DeviceInfo, m: usize, n: usize) -> Option<GemmTiles> {
-    const MIN_GROUPS: usize = 256;
-    let small = GemmTiles::new(128, 128, 32, 2, 2);
-    let groups = |t: &GemmTiles| m.div_ceil(t.bm as usize) * n.div_ceil(t.bn as usize);
-    let order = if groups(&DEFAULT_TILES) < MIN_GROUPS {
-        [small, DEFAULT_TILES]
-    } else {
-        [DEFAULT_TILES, small]
-    };
-    order
+/// The tile the layer takes where the larger one would leave SMs idle: 128 x 128 over 2 x 4
+/// subgroups (64 x 32 of C each), K in steps of 64, two steps ahead.
+pub const SMALL_TILES: GemmTiles = GemmTiles::new(128, 128, 64, 2, 4).with_ahead(2);
+
+/// The tiles [`auto_tiles`] picks among on `device`: those of [`DEFAULT_TILES`] and
+/// [`SMALL_TILES`] that fit it.
+pub fn auto_candidates(device: &DeviceInfo) -> Vec<GemmTiles> {
+    [DEFAULT_TILES, SMALL_TILES]
         .into_iter()
-        .find(|t| wide_unfit(device, t, GemmAccumulator::F32).is_none())
+        .filter(|t| wide_unfit(device, t, GemmAccumulator::F32).is_none())
+        .collect()
+}
+
+/// The tile the layer picks for an `m x n` output on `device` (fp32 sums): [`DEFAULT_TILES`]
+/// (128 x 256), or [`SMALL_TILES`] (128 x 128) where the larger tile would give fewer than 200
+/// workgroups (on an H100's 132 SMs, one per SM: under one and a half waves); whichever of them
+/// fits the device (`None` where neither does). Measured on an H100 (BENCHMARKS.md): 128 x 256 led
+/// at M = 2048 and 8192 with N = 4096 and 12288 and at M = 8192, N = 1024; 128 x 128 at M = 2048,
+/// N = 1024 (64 workgroups of 128 x 256).
+pub fn auto_tiles(device: &DeviceInfo, m: usize, n: usize) -> Option<GemmTiles> {
+    const MIN_GROUPS: usize = 200;
+    let groups = |t: &GemmTiles| {
+        m.div_ceil(t.bm as usize)
+            .saturating_mul(n.div_ceil(t.bn as usize))
+    };
+    let order = if groups(&DEFAULT_TILES) < MIN_GROUPS {
+        [SMALL_TILES, DEFAULT_TILES]
+    } else {
+        [DEFAULT_TILES, SMALL_TILES]
+    };
+    let fits = auto_candidates(device);
+    order.into_iter().find(|t| fits.contains(t))
 }
 
 /// `mha_gemm_wide` built for one tile, activation type and accumulator.
@@ -415,7 +451,8 @@ impl WideGemm {
             .with(6, SpecValue::Bool(a_f16))
             .with(7, SpecValue::Bool(acc == GemmAccumulator::F16))
             .with(8, u(stages))
-            .with(9, u(tiles.ahead));
+            .with(9, u(tiles.ahead))
+            .with(11, SpecValue::Bool(tiles.early));
         let kernel = super::super::shipped_kernel(ctx, KERNEL, &spec)?;
         Ok(WideGemm {
             kernel,
@@ -542,12 +579,16 @@ mod tests {
         let a = GemmTiles::parse("128x256x32/2x4s2a2").unwrap();
         assert_eq!((a.stages, a.ahead), (2, 2));
         assert_eq!(a.to_string(), "128x256x32/2x4s2a2");
+        let e = GemmTiles::parse("128x256x32/2x4a2e").unwrap();
+        assert_eq!(e, DEFAULT_TILES.with_ahead(2).with_early(true));
+        assert_eq!(e.to_string(), "128x256x32/2x4a2e");
         assert_eq!(
             GemmTiles::parse("128x256x32/2x4a2").unwrap(),
             DEFAULT_TILES.with_ahead(2)
         );
         for bad in [
             "128x256x48/2x4",
+            "128x256x8/2x4",
             "128x256/2x4",
             "100x256x32/2x4",
             "128x256x32/2x4s3",
@@ -563,6 +604,27 @@ mod tests {
         for t in SWEEP_TILES {
             assert_eq!(t.malformed(), None, "{t}");
         }
+    }
+
+    #[test]
+    fn auto_tiles_take_the_wide_tile_unless_it_leaves_sms_idle() {
+        let mut d = crate::attention::choice::tests::device(true, 256);
+        d.limits.max_workgroup_count = [65535; 3];
+        assert_eq!(auto_candidates(&d), [DEFAULT_TILES, SMALL_TILES]);
+        assert_eq!(auto_tiles(&d, 2048, 4096), Some(DEFAULT_TILES));
+        assert_eq!(auto_tiles(&d, 2048, 12288), Some(DEFAULT_TILES));
+        assert_eq!(auto_tiles(&d, 2048, 1024), Some(SMALL_TILES));
+        assert_eq!(auto_tiles(&d, 10, 64), Some(SMALL_TILES));
+        assert_eq!(auto_tiles(&d, usize::MAX, usize::MAX), Some(DEFAULT_TILES));
+        // No room for two stages of 128 x 256: one, as on the H100's 48 KiB.
+        assert_eq!(DEFAULT_TILES.stages_on(&d), Ok(1));
+        assert_eq!(SMALL_TILES.stages_on(&d), Ok(1));
+        assert_eq!(GemmTiles::new(128, 128, 32, 2, 4).stages_on(&d), Ok(2));
+        // Without matrices (lavapipe): nothing.
+        let none = crate::attention::choice::tests::device(false, 0);
+        assert!(auto_candidates(&none).is_empty());
+        assert_eq!(auto_tiles(&none, 2048, 4096), None);
+        assert!(wide_unfit(&none, &DEFAULT_TILES, GemmAccumulator::F32).is_some());
     }
 
     #[test]

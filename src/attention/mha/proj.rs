@@ -154,18 +154,9 @@ impl Projector {
             },
             _ => false,
         };
-        // Every tile auto_tiles may pick (it picks among those that fit), built now so that no
-        // projection waits for a build.
+        // Every tile auto_tiles may pick, built now so that no projection waits for a build.
         let wide = if want_wide {
-            let mut tiles = Vec::new();
-            for (m, n) in [(1, 1), (usize::MAX / 2, usize::MAX / 2)] {
-                if let Some(t) = super::gemm::auto_tiles(ctx.device(), m, n) {
-                    if !tiles.contains(&t) {
-                        tiles.push(t);
-                    }
-                }
-            }
-            tiles
+            super::gemm::auto_candidates(ctx.device())
                 .into_iter()
                 .map(|t| WideGemm::new(ctx, t, false, GemmAccumulator::F32))
                 .collect::<Result<Vec<_>>>()?
@@ -280,7 +271,12 @@ impl Projector {
                 .wide
                 .iter()
                 .find(|g| Some(g.tiles().with_stages(0)) == tiles)
-                .unwrap_or(&self.wide[0]);
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "no mha_gemm_wide tile was built for a {rows} x {} projection",
+                        w.n
+                    ))
+                })?;
             return wide.launch(ctx, x, &w.w, &w.bias, out.bufs, &shape, 1);
         }
         let (kernel, tile) = match &self.coop {
