@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU host for the VK_NV_cooperative_matrix2 prefill (issue 28): the device's
-# features, the attention tests (when their binary is packed as .gpu/attention-test), the cm2
-# kernel checked against the float64 reference (B=1 and 4, MHA and GQA, scaled queries; fp32 K/V
-# resolved by Auto and refused when forced), then causal prefill TFLOP/s at L=2k/4k/8k for cm2 tile
-# variants, the KHR cooperative-matrix kernel and PyTorch SDPA, in the same session. Builds nothing.
+# features, the attention tests (when kpc-attention's test binary, target/release/deps/main-*, is
+# packed as .gpu/attention-test), the cm2 kernel checked against the float64 reference (B=1 and 4,
+# MHA and GQA, scaled queries; fp32 K/V resolved by Auto and refused when forced), then causal
+# prefill TFLOP/s at L=2k/4k/8k for cm2 tile variants, the KHR cooperative-matrix kernel and
+# PyTorch SDPA, in the same session. Builds nothing.
 #   source .gpu/prelude.sh; benches/cm2_gpu.sh
 # The kpc binary, the test binary (attention-test) and attention_torch.py are taken from the
 # script's own folder where they are there (a packed folder), else from .gpu/ and benches/.

@@ -3,10 +3,10 @@
 # and with KPC_VULKAN_VALIDATION=abort (what scripts/test.sh sets), wall seconds each. Run it twice: the
 # first pass also warms Mesa's shader cache, which the second pass then measures without.
 #   benches/validation_cost.sh            (builds the test binaries first)
-#   TESTS="glsl attention" benches/validation_cost.sh
+#   TESTS="glsl main" benches/validation_cost.sh   (main: kpc-attention's test binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TESTS=${TESTS:-"vulkan_build vulkan_binary vulkan_kernels vulkan_cli vulkan_device_reuse vulkan_shader_checks vulkan_recompiled interop_vulkan glsl spirv_images driver_disk blob attention"}
+TESTS=${TESTS:-"vulkan_build vulkan_binary vulkan_kernels vulkan_cli vulkan_device_reuse vulkan_shader_checks vulkan_recompiled interop_vulkan glsl spirv_images driver_disk blob main"}
 args=()
 for t in $TESTS; do args+=(--test "$t"); done
 cargo build --release "${args[@]}" >&2

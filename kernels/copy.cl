@@ -3,7 +3,7 @@
 // Measures the device's copy bandwidth (attention compares decode bandwidth against it). A grid-stride
 // loop lets one launch of any number of workgroups cover any buffer size.
 //
-// kpc-spec-constant 0 LOCAL_SIZE
+// kpc-spec-constant 0 LOCAL_SIZE u32
 #ifndef LOCAL_SIZE
 #define LOCAL_SIZE 256
 #endif

@@ -4,7 +4,7 @@
 // Measures how fast the device reads a given number of bytes: the floor of a kernel that only
 // reads them, such as a decode step reading its K and V (copy moves half its bytes each way).
 //
-// kpc-spec-constant 0 LOCAL_SIZE
+// kpc-spec-constant 0 LOCAL_SIZE u32
 #ifndef LOCAL_SIZE
 #define LOCAL_SIZE 256
 #endif

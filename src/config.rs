@@ -64,12 +64,29 @@ pub enum DeviceSelector {
 
 impl DeviceSelector {
     /// Parses the `KPC_DEVICE` syntax: `auto`, `vulkan:0`, `vulkan:gpu`, `opencl:cpu`, `any:1`, ...
+    /// given in code; a malformed one is [`ConfigError::InvalidValue`] (a "device selector").
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        DeviceSelector::parse_as(s, None)
+    }
+
+    /// [`DeviceSelector::parse`] of the value of variable `var`: an error names the variable.
+    fn parse_var(var: &'static str, s: &str) -> Result<Self, ConfigError> {
+        DeviceSelector::parse_as(s, Some(var))
+    }
+
+    fn parse_as(s: &str, var: Option<&'static str>) -> Result<Self, ConfigError> {
         let t = s.trim().to_ascii_lowercase();
         if t.is_empty() || t == "auto" {
             return Ok(DeviceSelector::Auto);
         }
-        let err = || invalid(vars::DEVICE, s, DEVICE_ACCEPTED);
+        let err = || match var {
+            Some(var) => invalid(var, s, DEVICE_ACCEPTED),
+            None => ConfigError::InvalidValue {
+                what: "device selector",
+                value: s.to_owned(),
+                accepted: DEVICE_ACCEPTED,
+            },
+        };
         let (b, rest) = t.split_once(':').ok_or_else(err)?;
         let backend = match b {
             "vulkan" | "vk" => Some(BackendKind::Vulkan),
@@ -158,7 +175,8 @@ pub enum CacheDirSource {
     Unresolved,
 }
 
-/// The resolved configuration of one kpc runtime. Every field has the default DESIGN.md gives.
+/// The resolved configuration of one kpc runtime. Each field documents its variable and default
+/// (ENVIRONMENT.md lists them all).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Config {
@@ -215,18 +233,29 @@ pub struct Config {
     pub host_id: Option<String>,
     /// Sealed mode (`KPC_CACHE_SEAL`, default off): what a context does with a build once sealed.
     pub seal: SealMode,
+    /// Receives the warnings of the caches and stores of contexts made with this configuration
+    /// (an unusable cache directory, a failing remote, corrupt entries: once per cause); `None`
+    /// (default): the process-wide callback ([`crate::set_warning_callback`]), else stderr. See
+    /// [`crate::warnings`].
+    pub on_warning: Option<crate::WarningCallback>,
+    /// Print warnings that no callback and no `tracing` subscriber receives on stderr, one line per
+    /// cause (`KPC_LOG_STDERR`, default on).
+    pub log_stderr: bool,
 }
 
 /// 1 GiB, the default disk limit and largest persisted image.
 pub(crate) const GIB: u64 = 1 << 30;
 
 impl Default for Config {
-    /// The defaults, with no cache directory resolved (the disk cache is off until one is given).
+    /// The defaults of every `KPC_*` variable, the cache directory included: `$XDG_CACHE_HOME/kpc`,
+    /// else `$HOME/.cache/kpc` (the platform's variables, not kpc's), as [`Config::from_env`] gives
+    /// with no `KPC_*` variable set. The disk cache is off only where neither resolves.
     fn default() -> Self {
+        let (cache_dir, cache_dir_source) = default_cache_dir(|name| std::env::var_os(name));
         Config {
             persistent: true,
-            cache_dir: None,
-            cache_dir_source: CacheDirSource::Unresolved,
+            cache_dir,
+            cache_dir_source,
             readonly_dirs: Vec::new(),
             max_size: GIB,
             min_device_image_size: 0,
@@ -245,7 +274,28 @@ impl Default for Config {
             trusted_keys: Vec::new(),
             host_id: None,
             seal: SealMode::Off,
+            on_warning: None,
+            log_stderr: true,
         }
+    }
+}
+
+/// The default cache directory from `lookup`'s `XDG_CACHE_HOME` and `HOME`, and where it came from.
+/// XDG says a relative XDG_CACHE_HOME is invalid and must be ignored; HOME must be absolute too, or
+/// the cache would move with the working directory.
+fn default_cache_dir(
+    lookup: impl Fn(&str) -> Option<OsString>,
+) -> (Option<PathBuf>, CacheDirSource) {
+    let abs = |v: Option<OsString>| {
+        v.map(PathBuf::from)
+            .filter(|p| p.is_absolute() && !p.as_os_str().is_empty())
+    };
+    if let Some(x) = abs(lookup(vars::XDG_CACHE_HOME)) {
+        (Some(x.join("kpc")), CacheDirSource::XdgCacheHome)
+    } else if let Some(h) = abs(lookup(vars::HOME)) {
+        (Some(h.join(".cache").join("kpc")), CacheDirSource::Home)
+    } else {
+        (None, CacheDirSource::Unresolved)
     }
 }
 
@@ -298,7 +348,7 @@ impl Config {
             b = b.cache_debug(parse_bool(vars::CACHE_DEBUG, &v)?);
         }
         if let Some(v) = get(vars::DEVICE)? {
-            b = b.device(DeviceSelector::parse(&v)?);
+            b = b.device(DeviceSelector::parse_var(vars::DEVICE, &v)?);
         }
         if let Some(v) = get(vars::CACHE_PREFETCH)? {
             b.config.warm_start = prefetch::parse_prefetch(&v)?;
@@ -325,6 +375,9 @@ impl Config {
         if let Some(v) = get(vars::CACHE_SEAL)? {
             b = b.seal(seal::parse_seal(&v)?);
         }
+        if let Some(v) = get(vars::LOG_STDERR)? {
+            b = b.log_stderr(parse_bool(vars::LOG_STDERR, &v)?);
+        }
         // Paths are bytes on Unix, so the cache roots are the variables not required to be UTF-8.
         if let Some(v) = lookup(vars::CACHE_READONLY_DIRS) {
             b = b.readonly_dirs(parse_dir_list(vars::CACHE_READONLY_DIRS, &v)?);
@@ -339,25 +392,17 @@ impl Config {
             }
             Some(dir) => b = b.cache_dir(dir),
             None => {
-                // XDG says a relative XDG_CACHE_HOME is invalid and must be ignored; HOME must be absolute too,
-                // or the cache would move with the working directory.
-                let abs = |v: Option<OsString>| {
-                    v.map(PathBuf::from)
-                        .filter(|p| p.is_absolute() && !p.as_os_str().is_empty())
-                };
-                if let Some(x) = abs(lookup(vars::XDG_CACHE_HOME)) {
-                    b.config.cache_dir = Some(x.join("kpc"));
-                    b.config.cache_dir_source = CacheDirSource::XdgCacheHome;
-                } else if let Some(h) = abs(lookup(vars::HOME)) {
-                    b.config.cache_dir = Some(h.join(".cache").join("kpc"));
-                    b.config.cache_dir_source = CacheDirSource::Home;
-                }
+                (b.config.cache_dir, b.config.cache_dir_source) = default_cache_dir(&lookup);
             }
         }
         b.build()
     }
 
-    /// A builder starting from the defaults, for embedders that configure kpc in code.
+    /// A builder starting from the defaults, for embedders that configure kpc in code: what
+    /// [`Config::from_env`] gives with no `KPC_*` variable set, so the disk cache is on, at
+    /// `$XDG_CACHE_HOME/kpc` or `$HOME/.cache/kpc` ([`Config::default`]). Use
+    /// [`ConfigBuilder::cache_dir`] for another directory, [`ConfigBuilder::persistent`]`(false)`
+    /// for none.
     pub fn builder() -> ConfigBuilder {
         ConfigBuilder {
             config: Config::default(),
@@ -367,6 +412,14 @@ impl Config {
     /// The host id provenance records: `KPC_HOST_ID`, else this machine's host name.
     pub fn host_id(&self) -> String {
         self.host_id.clone().unwrap_or_else(signing::hostname)
+    }
+
+    /// Where the warnings of this configuration's contexts go.
+    pub(crate) fn warning_sink(&self) -> crate::warnings::Sink {
+        crate::warnings::Sink {
+            callback: self.on_warning.clone(),
+            stderr: self.log_stderr,
+        }
     }
 
     /// The directory the disk cache uses, or `None` when it is off (disabled or unresolvable).
@@ -389,6 +442,17 @@ impl ConfigBuilder {
     /// Turns the on-disk cache on or off.
     pub fn persistent(mut self, on: bool) -> Self {
         self.config.persistent = on;
+        self
+    }
+    /// Sends the warnings of this configuration's contexts to `f` instead of the process-wide
+    /// callback or stderr (see [`crate::warnings`]).
+    pub fn on_warning(mut self, f: impl Fn(&crate::Warning) + Send + Sync + 'static) -> Self {
+        self.config.on_warning = Some(crate::WarningCallback::new(f));
+        self
+    }
+    /// Whether warnings nobody else receives go to stderr (`KPC_LOG_STDERR`; default on).
+    pub fn log_stderr(mut self, on: bool) -> Self {
+        self.config.log_stderr = on;
         self
     }
     /// Sets the disk cache root.

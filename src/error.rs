@@ -112,6 +112,22 @@ pub enum Error {
         available: String,
     },
 
+    /// A safe launch of a kernel that nothing keeps inside its buffers on this device: the device
+    /// has no robust buffer access (OpenCL; Vulkan without `robustBufferAccess`) and the kernel has
+    /// no declared access bounds. Nothing was submitted.
+    #[error(
+        "kernel {kernel:?} cannot be launched safely on {device}: the device does not keep buffer \
+         accesses in bounds and the kernel declares no access bounds; check that every buffer is as \
+         large as the kernel indexes and launch it with the unsafe Queue::submit_unchecked, or \
+         declare its bounds (kpc::runtime::declare_access_bounds)"
+    )]
+    Unbounded {
+        /// The kernel's entry point name.
+        kernel: String,
+        /// The device, in words.
+        device: String,
+    },
+
     /// A buffer or argument does not fit what the kernel or API expects.
     #[error("wrong size for {what}: got {got}, expected {expected}")]
     Size {

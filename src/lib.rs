@@ -1,8 +1,9 @@
 //! kpc builds GPU kernels once and reuses them: per context in memory, across processes on disk.
 //!
-//! Layers, top to bottom (see DESIGN.md): `runtime` (keys, orchestration), `cache` (in-memory
-//! `KernelProgramCache`, on-disk persistent cache), `backend` (Vulkan, OpenCL), `attention` (the
-//! built-in workload). The cache layer knows nothing of any backend.
+//! Layers, top to bottom: `runtime` (keys, orchestration), `cache` (in-memory
+//! `KernelProgramCache`, on-disk persistent cache), `backend` (Vulkan, OpenCL). The cache layer knows
+//! nothing of any backend. The attention workload is the `kpc-attention` crate of this workspace,
+//! built on this crate's public API.
 //!
 //! Embedding: a [`Context`] can also run over a device the embedder owns
 //! ([`Context::from_vulkan_handles`], [`Context::from_opencl_handles`]); kpc then borrows the
@@ -16,14 +17,13 @@
 
 #![warn(missing_docs)]
 
-#[cfg(not(loom))]
-pub mod attention;
 pub mod backend;
 pub mod cache;
 pub mod config;
 pub mod error;
 pub mod kernels;
 pub mod runtime;
+pub mod warnings;
 
 // One import brings in what the main call (`Context::kernel`) and its results need:
 // `use kpc::prelude::*;` or these root names.
@@ -38,6 +38,7 @@ pub use runtime::{
     Buffer, CacheBlob, Context, Event, Kernel, OpenClHandles, OpenClKernelLease, PushConstants,
     Queue, VulkanFeatures, VulkanHandles, VulkanKernelHandles, VulkanQueueLock,
 };
+pub use warnings::{Warning, WarningCallback, set_warning_callback};
 
 /// Everything a typical embedder names: `use kpc::prelude::*;` then
 /// `ctx.kernel(&image, "entry", &SpecConstants::new(), &BuildOptions::default())`.

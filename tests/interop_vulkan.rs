@@ -12,7 +12,9 @@ use ash::vk;
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::kernels::spirv_image;
 use kpc::runtime::Source;
-use kpc::{Config, Context, Error, VulkanFeatures, VulkanHandles, VulkanKernelHandles};
+use kpc::{
+    Config, Context, DeviceImage, Error, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
+};
 
 use common::disk::TempDir;
 use common::drivers::{random_f32, test_config, vulkan_device};
@@ -94,9 +96,13 @@ impl Embedder {
     /// A kpc context over this device.
     fn context(&self, config: &Config) -> Context {
         // SAFETY: the handles are this embedder's live objects, which outlive every kpc object of
-        // the test (they are destroyed in Drop, after the tests drop kpc's objects); nothing optional
-        // is declared, and nothing optional was enabled.
-        unsafe { Context::from_vulkan_handles(&self.handles(VulkanFeatures::default()), config) }
+        // the test (they are destroyed in Drop, after the tests drop kpc's objects); what is
+        // declared (robustBufferAccess where the device has it) is what was enabled.
+        let enabled = VulkanFeatures {
+            robust_buffer_access: common::vk_device::robust(&self.instance, self.pd),
+            ..VulkanFeatures::default()
+        };
+        unsafe { Context::from_vulkan_handles(&self.handles(enabled), config) }
             .expect("an interop context")
     }
 
@@ -430,6 +436,26 @@ fn interop_and_owned_contexts_share_fingerprint_and_disk_cache() {
     let e = Embedder::new(d.index);
     let owned = Context::with_device(&d, &config).unwrap();
     let interop = e.context(&config);
+    // A device declared without robustBufferAccess is another device to the cache: pipelines built
+    // without it never serve a robust one (whose safe launches rely on it), nor the reverse.
+    // SAFETY: as in Embedder::context; declaring less than was enabled promises nothing untrue.
+    let fragile =
+        unsafe { Context::from_vulkan_handles(&e.handles(VulkanFeatures::default()), &config) }
+            .unwrap();
+    assert!(!fragile.device().limits.robust_buffer_access);
+    assert!(interop.device().limits.robust_buffer_access);
+    assert!(
+        fragile
+            .device()
+            .fingerprint
+            .describe()
+            .contains("robust_buffer_access=0")
+    );
+    assert_ne!(
+        fragile.device().fingerprint.digest,
+        owned.device().fingerprint.digest
+    );
+    drop(fragile);
     let image = spirv_image("saxpy").unwrap();
     let opts = BuildOptions::default();
     let get = |ctx: &Context, bias: i32| {
@@ -499,7 +525,12 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
     // cooperative matrices and the Vulkan memory model is refused before the driver sees it.
     assert!(!ctx.device().limits.float16_arithmetic);
     assert!(!ctx.device().limits.cooperative_matrix_f16);
-    let coop = spirv_image("attn_prefill_coop").unwrap();
+    // A kernel that needs all three: kpc-attention's cooperative-matrix prefill, as committed.
+    let coop = DeviceImage::spirv(
+        "attn_prefill_coop",
+        include_bytes!("../kpc-attention/kernels/attn_prefill_coop.spv").as_slice(),
+    )
+    .unwrap();
     let entry = coop.spirv_reflection().unwrap().entry_points[0]
         .name
         .clone();

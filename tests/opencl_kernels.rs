@@ -4,6 +4,7 @@
 
 mod common;
 
+use kpc::backend::DeviceImage;
 use kpc::backend::opencl::{KernelSharing, OpenClBackend, OpenClKernel, OpenClOptions};
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::kernels::opencl_image;
@@ -35,6 +36,31 @@ fn run_saxpy(ctx: &Context, kernel: &kpc::Kernel, a: f32, x: &[f32], y: &[f32]) 
         .unwrap()
         .wait()
         .unwrap();
+    out.read().unwrap()
+}
+
+/// [`run_saxpy`] for a saxpy image without declared access bounds (a user's copy).
+fn run_saxpy_unchecked(
+    ctx: &Context,
+    kernel: &kpc::Kernel,
+    a: f32,
+    x: &[f32],
+    y: &[f32],
+) -> Vec<f32> {
+    let n = x.len();
+    let bx = ctx.buffer_from(x).unwrap();
+    let by = ctx.buffer_from(y).unwrap();
+    let out: Buffer<f32> = ctx.buffer_from(&vec![f32::NAN; n + 16]).unwrap();
+    let push = PushConstants::new().u32(n as u32).f32(a);
+    let groups = kernel.groups_for([n as u64, 1, 1]).unwrap();
+    // SAFETY: saxpy touches element i < n of each buffer, and each holds at least n elements.
+    unsafe {
+        ctx.queue()
+            .launch_unchecked(kernel, groups, &[&bx, &by, &out], push.as_bytes())
+    }
+    .unwrap()
+    .wait()
+    .unwrap();
     out.read().unwrap()
 }
 
@@ -171,10 +197,42 @@ fn spec_constants_are_definitions_and_part_of_the_key() {
     );
     check_saxpy(&run_saxpy(&ctx, &k80, 2.0, &x, &y), 2.0, &x, &y, 80.0);
     check_saxpy(&run_saxpy(&ctx, &k70, 2.0, &x, &y), 2.0, &x, &y, -70.0);
-    // A float constant goes through -D exactly.
-    let kf = saxpy(&ctx, &SpecConstants::new().with(1, SpecValue::f32(0.1)));
-    check_saxpy(&run_saxpy(&ctx, &kf, 1.0, &x, &y), 1.0, &x, &y, 0.1);
-    assert_eq!(ctx.stats().memory.programs, 3);
+    // The shipped saxpy declares BIAS as i32: a float is refused, as its SPIR-V twin refuses it.
+    let e = ctx
+        .kernel(
+            &opencl_image("saxpy").unwrap(),
+            "saxpy",
+            &SpecConstants::new().with(1, SpecValue::f32(0.1)),
+            &BuildOptions::default(),
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("is i32, but f32 0.1 was given"),
+        "{e}"
+    );
+    // With an untyped declaration, a float constant goes through -D exactly.
+    let shipped = opencl_image("saxpy").unwrap();
+    let untyped = String::from_utf8(shipped.bytes().to_vec())
+        .unwrap()
+        .replace("kpc-spec-constant 1 BIAS i32", "kpc-spec-constant 1 BIAS");
+    let untyped = DeviceImage::new("saxpy", kpc::ImageFormat::OpenClC, untyped.into_bytes());
+    let kf = ctx
+        .kernel(
+            &untyped,
+            "saxpy",
+            &SpecConstants::new().with(1, SpecValue::f32(0.1)),
+            &BuildOptions::default(),
+        )
+        .unwrap();
+    check_saxpy(
+        &run_saxpy_unchecked(&ctx, &kf, 1.0, &x, &y),
+        1.0,
+        &x,
+        &y,
+        0.1,
+    );
+    // Three built, and the refused float BIAS cached as the deterministic failure it is.
+    assert_eq!(ctx.stats().memory.programs, 4);
     assert_eq!(ctx.stats().backend_counters.programs_built, 3);
 
     // The workgroup size is a spec constant too, and the kernel reports the specialized one.

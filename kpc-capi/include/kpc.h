@@ -183,6 +183,12 @@
 #define KPC_VULKAN_FEATURE_PIPELINE_BINARY (1 << 30)
 
 /**
+ * `robustBufferAccess` was enabled on the device: out-of-bounds buffer accesses stay inside the
+ * buffer, so kpc launches any kernel on it without declared access bounds.
+ */
+#define KPC_VULKAN_FEATURE_ROBUST_BUFFER_ACCESS (1 << 31)
+
+/**
  * What every kpc C function returns. `KPC_STATUS_OK` is 0; every other value is an error, with
  * details in `kpc_last_error()`. Values are stable across releases; new ones may be added.
  */
@@ -534,7 +540,7 @@ typedef union kpc_spec_value {
 
 /**
  * One specialization constant: its id (Vulkan `constant_id`; for OpenCL C, the id the source's
- * `// kpc-spec-constant <id> <NAME>` line declares), its type and value.
+ * `// kpc-spec-constant <id> <NAME> [<TYPE>]` line declares), its type and value.
  */
 typedef struct kpc_spec_constant {
   /**
@@ -964,6 +970,18 @@ typedef struct kpc_kernel_info {
 } kpc_kernel_info;
 
 /**
+ * Receives one kpc warning: `target` is the part of kpc that warns (`kpc::cache::disk`, ...),
+ * `cause` a short stable name (`unusable-root`, `io`, `timeout`, ...), `message` the warning in
+ * words; all three are NUL-terminated UTF-8, valid only during the call. `user_data` is what
+ * `kpc_set_log_callback` was given. Called on whichever thread warns (kpc's background threads
+ * included), possibly inside a kpc call: it must be thread-safe, return quickly, and not call kpc.
+ */
+typedef void (*kpc_log_callback)(void *user_data,
+                                 const char *target,
+                                 const char *cause,
+                                 const char *message);
+
+/**
  * A layer's parameters, ncnn's ids in brackets. Fill it with `kpc_mha_params_init`, then change
  * fields. Versioned: `struct_size` must be at least `sizeof(kpc_mha_params)`.
  */
@@ -1001,7 +1019,11 @@ typedef struct kpc_mha_params {
    */
   float scale;
   /**
-   * 1: every call takes an additive mask (5).
+   * 1: every call takes an additive mask (5). A mask value is added to its logit: -inf masks the
+   * key; finite values are added as they are (a row whose keys all get the same huge negative
+   * value, -1e30 or -FLT_MAX, weighs them uniformly, as softmax does). A query row whose every
+   * key is -inf attends to nothing: its attention output is zeros and the layer outputs its
+   * output bias for it, on every backend. NaN and +inf are `KPC_STATUS_INVALID_ARGUMENT`.
    */
   int32_t attn_mask;
   /**
@@ -1144,8 +1166,10 @@ enum kpc_status kpc_kernel_create_from_blob(const struct kpc_context *context,
                                             struct kpc_kernel **out);
 
 /**
- * Creates a configuration with kpc's defaults and no cache directory, which means no disk cache
- * until `kpc_config_set_cache_dir` sets one. The process environment is not read.
+ * Creates a configuration with kpc's defaults: what `kpc_config_from_env` gives with no `KPC_*`
+ * variable set. The disk cache is on, at `$XDG_CACHE_HOME/kpc`, else `$HOME/.cache/kpc` (the
+ * platform's variables; no `KPC_*` variable is read); `kpc_config_set_cache_dir` sets another
+ * directory, `kpc_config_set_persistent(config, 0)` turns it off.
  *
  * Ownership: `*out` receives a new configuration; destroy it with `kpc_config_destroy`.
  * Errors: `KPC_STATUS_INVALID_ARGUMENT` when `out` is NULL.
@@ -1732,6 +1756,37 @@ enum kpc_status kpc_kernel_source(const struct kpc_kernel *kernel, enum kpc_sour
 const char *kpc_source_name(int32_t source);
 
 /**
+ * Sends every kpc warning of this process to `callback` with `user_data` (`callback` NULL: back
+ * to the default, one line per warning on stderr unless `KPC_LOG_STDERR=0`). Replaces any earlier
+ * callback; a warning being delivered while it is replaced may still reach the old one.
+ *
+ * Errors: none; always `KPC_STATUS_OK`.
+ *
+ * # Safety
+ * `callback`, if not NULL, may be called with `user_data` from any thread until it is replaced.
+ */
+enum kpc_status kpc_set_log_callback(kpc_log_callback callback, void *user_data);
+
+/**
+ * Why `context`'s disk cache is off although one was configured (its root is a regular file or a
+ * directory that cannot be created: the same reason the warning gave), as a NUL-terminated string
+ * copied into `buffer`; "" (size 1) when the disk cache is on or was turned off on purpose.
+ * `kpc_stats.disk.enabled` is 0 in both off cases. With a NULL `buffer` and `capacity` 0, only
+ * `*size` (the bytes needed, NUL included) is written.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle, a NULL `size`, or a NULL `buffer` with a
+ * non-zero capacity; `KPC_STATUS_BUFFER_TOO_SMALL` when `capacity` is less than `*size` (nothing is
+ * copied).
+ *
+ * # Safety
+ * `buffer` is NULL or has `capacity` writable bytes; `size` is NULL or writable.
+ */
+enum kpc_status kpc_context_disk_unusable_reason(const struct kpc_context *context,
+                                                 char *buffer,
+                                                 size_t capacity,
+                                                 size_t *size);
+
+/**
  * Fills `*out` with ncnn's defaults for `embed_dim` and `num_heads` (MHA, qdim = kdim = vdim =
  * embed_dim, default scale, no mask, caching on, causal self-attention, one sequence, 1024
  * positions, fp32 weights and cache) and sets `struct_size`.
@@ -1777,15 +1832,17 @@ enum kpc_status kpc_mha_create(const struct kpc_context *context,
 enum kpc_status kpc_mha_destroy(struct kpc_mha *layer);
 
 /**
- * Self-attention over `len` new positions (appended to the cache), or cross-attention of `len`
- * queries over the memory: `x` is `[batch][len][qdim]` (`x_count` floats), `out` receives
- * `[batch][len][qdim]` (`out_count` must be that). `mask` (NULL, 0 for none) is `[len][kv_len]`
- * or `[num_heads][len][kv_len]` for layers made with `attn_mask`.
+ * Self-attention over `len` new positions (appended to the cache; with `kv_cache` 0 they replace
+ * its positions), or cross-attention of `len` queries over the memory: `x` is `[batch][len][qdim]`
+ * (`x_count` floats), `out` receives `[batch][len][qdim]` (`out_count` must be that). `mask`
+ * (NULL, 0 for none) is `[len][kv_len]` or `[num_heads][len][kv_len]` for layers made with
+ * `attn_mask`; `kpc_mha_params.attn_mask` says what its values mean.
  *
  * Errors: `KPC_STATUS_SIZE` (an input, mask or output of the wrong size, or positions past the
- * capacity); `KPC_STATUS_INVALID_ARGUMENT` (bad handle, NULL pointers, non-finite input, a mask
- * against the layer's `attn_mask`); `KPC_STATUS_CALL_ORDER` (cross-attention before
- * `kpc_mha_set_memory`). Nothing changes then.
+ * capacity); `KPC_STATUS_INVALID_ARGUMENT` (bad handle, NULL pointers, non-finite input, NaN or
+ * +inf in the mask, a mask against the layer's `attn_mask`); `KPC_STATUS_CALL_ORDER`
+ * (cross-attention before `kpc_mha_set_memory`). Nothing changes then: every check comes first,
+ * and the cache keeps its length and contents (`kpc_mha_len`, `kpc_mha_export_cache`).
  *
  * # Safety
  * `x` points to `x_count` floats, `mask` to `mask_count` (or is NULL with 0), `out` to
@@ -1873,7 +1930,10 @@ enum kpc_status kpc_mha_export_cache(const struct kpc_mha *layer,
  * `count = batch * kv_heads * head_dim * len` floats each, as `kpc_mha_export_cache` writes them.
  *
  * Errors: `KPC_STATUS_SIZE` (wrong count, `len` past the capacity); `KPC_STATUS_CALL_ORDER` on a
- * cross-attention layer; `KPC_STATUS_INVALID_ARGUMENT` otherwise. The cache is unchanged then.
+ * cross-attention layer; `KPC_STATUS_INVALID_ARGUMENT` for a value that is not finite or, in an
+ * fp16 cache (`cache_f16`), outside fp16's range (magnitude 65520 or more, which fp16 would store as
+ * infinity; 65504 is its largest value): the message names the first such value and its index; and
+ * for a bad handle, layout or pointer. The cache is unchanged then.
  *
  * # Safety
  * `k` and `v` point to `count` floats each.

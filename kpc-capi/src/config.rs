@@ -49,8 +49,10 @@ pub(crate) fn with_config(
     Ok(())
 }
 
-/// Creates a configuration with kpc's defaults and no cache directory, which means no disk cache
-/// until `kpc_config_set_cache_dir` sets one. The process environment is not read.
+/// Creates a configuration with kpc's defaults: what `kpc_config_from_env` gives with no `KPC_*`
+/// variable set. The disk cache is on, at `$XDG_CACHE_HOME/kpc`, else `$HOME/.cache/kpc` (the
+/// platform's variables; no `KPC_*` variable is read); `kpc_config_set_cache_dir` sets another
+/// directory, `kpc_config_set_persistent(config, 0)` turns it off.
 ///
 /// Ownership: `*out` receives a new configuration; destroy it with `kpc_config_destroy`.
 /// Errors: `KPC_STATUS_INVALID_ARGUMENT` when `out` is NULL.

@@ -84,8 +84,12 @@ pub const KPC_VULKAN_FEATURE_COOP_MATRIX2_TENSOR_ADDRESSING: u64 = 1 << 29;
 /// (Vulkan 1.3): kpc persists pipeline binaries for this device.
 pub const KPC_VULKAN_FEATURE_PIPELINE_BINARY: u64 = 1 << 30;
 
+/// `robustBufferAccess` was enabled on the device: out-of-bounds buffer accesses stay inside the
+/// buffer, so kpc launches any kernel on it without declared access bounds.
+pub const KPC_VULKAN_FEATURE_ROBUST_BUFFER_ACCESS: u64 = 1 << 31;
+
 fn features(bits: u64) -> Result<VulkanFeatures, Failure> {
-    const ALL: u64 = (1 << 31) - 1;
+    const ALL: u64 = (1 << 32) - 1;
     if bits & !ALL != 0 {
         return Err(Failure::invalid(format!(
             "enabled_features has unknown bits {:#x}: expected KPC_VULKAN_FEATURE_* bits only",
@@ -94,6 +98,7 @@ fn features(bits: u64) -> Result<VulkanFeatures, Failure> {
     }
     let on = |b: u64| bits & b != 0;
     Ok(VulkanFeatures {
+        robust_buffer_access: on(KPC_VULKAN_FEATURE_ROBUST_BUFFER_ACCESS),
         shader_int16: on(KPC_VULKAN_FEATURE_SHADER_INT16),
         shader_int64: on(KPC_VULKAN_FEATURE_SHADER_INT64),
         shader_float64: on(KPC_VULKAN_FEATURE_SHADER_FLOAT64),

@@ -74,7 +74,7 @@ pub union kpc_spec_value {
 }
 
 /// One specialization constant: its id (Vulkan `constant_id`; for OpenCL C, the id the source's
-/// `// kpc-spec-constant <id> <NAME>` line declares), its type and value.
+/// `// kpc-spec-constant <id> <NAME> [<TYPE>]` line declares), its type and value.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct kpc_spec_constant {
@@ -189,10 +189,21 @@ pub unsafe extern "C" fn kpc_image_create(
             }
             f if f == kpc_image_format::KPC_IMAGE_OPENCL_C as u32 => {
                 std::str::from_utf8(data).map_err(|e| {
-                    Failure::invalid(format!(
-                        "the OpenCL C source is not UTF-8 (at byte {})",
-                        e.valid_up_to()
-                    ))
+                    // SPIR-V bytes passed as OpenCL C are the likely mistake: say so.
+                    let spirv = data.len() >= 4
+                        && u32::from_le_bytes([data[0], data[1], data[2], data[3]]) == 0x0723_0203;
+                    Failure::invalid(if spirv {
+                        "the bytes are SPIR-V (they start with its magic number 0x07230203), not \
+                         OpenCL C source: pass KPC_IMAGE_SPIRV for them, and an OpenCL context the \
+                         kernel's OpenCL C source (KPC_IMAGE_OPENCL_C)"
+                            .to_string()
+                    } else {
+                        format!(
+                            "the OpenCL C source is not UTF-8 (at byte {}): KPC_IMAGE_OPENCL_C \
+                             takes source text",
+                            e.valid_up_to()
+                        )
+                    })
                 })?;
                 DeviceImage::new(name, ImageFormat::OpenClC, data.to_vec())
             }
@@ -358,11 +369,17 @@ pub(crate) fn check_format(ctx: &Context, image: &DeviceImage) -> Result<(), Fai
     let glsl_on_vulkan = image.format() == ImageFormat::Glsl && wanted == ImageFormat::SpirV;
     if image.format() != wanted && !glsl_on_vulkan {
         return Err(Failure::invalid(format!(
-            "image {:?} holds {:?}, but a {} context takes {:?} images (Vulkan: also GLSL)",
+            "image {:?} holds {}, but a {} context builds {} images{} ({})",
             image.name(),
             image.format(),
             ctx.backend(),
-            wanted
+            wanted,
+            if glsl_on_vulkan || wanted == ImageFormat::SpirV {
+                " or GLSL"
+            } else {
+                ""
+            },
+            wanted.made_by()
         )));
     }
     Ok(())

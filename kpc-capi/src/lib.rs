@@ -31,6 +31,7 @@ mod context;
 mod glsl;
 mod interop;
 mod kernel;
+mod log;
 mod mha;
 mod registry;
 mod util;
@@ -42,6 +43,7 @@ pub use context::*;
 pub use glsl::*;
 pub use interop::*;
 pub use kernel::*;
+pub use log::*;
 pub use mha::*;
 
 use std::cell::RefCell;
@@ -145,7 +147,7 @@ pub(crate) fn status_of(e: &Error) -> kpc_status {
         Error::GlslCompile { .. } => KPC_STATUS_GLSL_COMPILE,
         Error::Build { .. } | Error::Unsupported { .. } => KPC_STATUS_BUILD_FAILED,
         Error::BinaryRejected { .. } => KPC_STATUS_BINARY_REJECTED,
-        Error::Launch { .. } => KPC_STATUS_LAUNCH,
+        Error::Launch { .. } | Error::Unbounded { .. } => KPC_STATUS_LAUNCH,
         Error::UnknownKernel { .. } => KPC_STATUS_UNKNOWN_KERNEL,
         Error::Size { .. } => KPC_STATUS_SIZE,
         Error::InvalidArgument(_) => KPC_STATUS_INVALID_ARGUMENT,

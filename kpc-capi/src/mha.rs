@@ -1,4 +1,4 @@
-//! `kpc_mha`: ncnn's MultiHeadAttention layer on a context (see `kpc::attention::mha`): created
+//! `kpc_mha`: ncnn's MultiHeadAttention layer on a context (see `kpc_attention::mha`): created
 //! with its parameters and weights, then prefill, decode steps, cross-attention memory, and the
 //! self-attention cache exported and imported in ncnn's two layouts.
 
@@ -8,10 +8,10 @@ use super::interop::read_versioned;
 use super::registry::{self, Object};
 use super::util::{check_out, slice_arg, switch_arg, write_out};
 use super::{Failure, guard, kpc_context, kpc_status};
-use kpc::attention::mha::CacheLayout;
-use kpc::attention::{KvDtype, MhaKind, MhaParams, MhaWeights, MultiHeadAttention};
 use kpc::error::Error;
 use kpc::runtime::Context;
+use kpc_attention::mha::CacheLayout;
+use kpc_attention::{KvDtype, MhaKind, MhaParams, MhaWeights, MultiHeadAttention};
 
 /// A MultiHeadAttention layer (opaque). One call at a time runs on a layer (others wait); destroy
 /// with `kpc_mha_destroy`.
@@ -47,7 +47,11 @@ pub struct kpc_mha_params {
     pub vdim: u32,
     /// Logit scale (6); 0 means 1/sqrt(head_dim).
     pub scale: f32,
-    /// 1: every call takes an additive mask (5).
+    /// 1: every call takes an additive mask (5). A mask value is added to its logit: -inf masks the
+    /// key; finite values are added as they are (a row whose keys all get the same huge negative
+    /// value, -1e30 or -FLT_MAX, weighs them uniformly, as softmax does). A query row whose every
+    /// key is -inf attends to nothing: its attention output is zeros and the layer outputs its
+    /// output bias for it, on every backend. NaN and +inf are `KPC_STATUS_INVALID_ARGUMENT`.
     pub attn_mask: i32,
     /// 1: self-attention keeps K/V across calls (7).
     pub kv_cache: i32,
@@ -241,15 +245,17 @@ unsafe fn mask_arg<'a>(mask: *const f32, count: usize) -> Result<Option<&'a [f32
     unsafe { slice_arg(mask, count, "mask") }.map(Some)
 }
 
-/// Self-attention over `len` new positions (appended to the cache), or cross-attention of `len`
-/// queries over the memory: `x` is `[batch][len][qdim]` (`x_count` floats), `out` receives
-/// `[batch][len][qdim]` (`out_count` must be that). `mask` (NULL, 0 for none) is `[len][kv_len]`
-/// or `[num_heads][len][kv_len]` for layers made with `attn_mask`.
+/// Self-attention over `len` new positions (appended to the cache; with `kv_cache` 0 they replace
+/// its positions), or cross-attention of `len` queries over the memory: `x` is `[batch][len][qdim]`
+/// (`x_count` floats), `out` receives `[batch][len][qdim]` (`out_count` must be that). `mask`
+/// (NULL, 0 for none) is `[len][kv_len]` or `[num_heads][len][kv_len]` for layers made with
+/// `attn_mask`; `kpc_mha_params.attn_mask` says what its values mean.
 ///
 /// Errors: `KPC_STATUS_SIZE` (an input, mask or output of the wrong size, or positions past the
-/// capacity); `KPC_STATUS_INVALID_ARGUMENT` (bad handle, NULL pointers, non-finite input, a mask
-/// against the layer's `attn_mask`); `KPC_STATUS_CALL_ORDER` (cross-attention before
-/// `kpc_mha_set_memory`). Nothing changes then.
+/// capacity); `KPC_STATUS_INVALID_ARGUMENT` (bad handle, NULL pointers, non-finite input, NaN or
+/// +inf in the mask, a mask against the layer's `attn_mask`); `KPC_STATUS_CALL_ORDER`
+/// (cross-attention before `kpc_mha_set_memory`). Nothing changes then: every check comes first,
+/// and the cache keeps its length and contents (`kpc_mha_len`, `kpc_mha_export_cache`).
 ///
 /// # Safety
 /// `x` points to `x_count` floats, `mask` to `mask_count` (or is NULL with 0), `out` to
@@ -429,7 +435,10 @@ pub unsafe extern "C" fn kpc_mha_export_cache(
 /// `count = batch * kv_heads * head_dim * len` floats each, as `kpc_mha_export_cache` writes them.
 ///
 /// Errors: `KPC_STATUS_SIZE` (wrong count, `len` past the capacity); `KPC_STATUS_CALL_ORDER` on a
-/// cross-attention layer; `KPC_STATUS_INVALID_ARGUMENT` otherwise. The cache is unchanged then.
+/// cross-attention layer; `KPC_STATUS_INVALID_ARGUMENT` for a value that is not finite or, in an
+/// fp16 cache (`cache_f16`), outside fp16's range (magnitude 65520 or more, which fp16 would store as
+/// infinity; 65504 is its largest value): the message names the first such value and its index; and
+/// for a bad handle, layout or pointer. The cache is unchanged then.
 ///
 /// # Safety
 /// `k` and `v` point to `count` floats each.

@@ -111,6 +111,11 @@ fn compile(name: &str, libs: &[&str], out: &Path) -> PathBuf {
 /// removed first, so the program sees only what the test sets). Returns its stdout; panics with
 /// both streams when it fails.
 fn run(exe: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
+    run_both(exe, args, env).0
+}
+
+/// [`run`], returning stdout and stderr.
+fn run_both(exe: &Path, args: &[&str], env: &[(&str, &Path)]) -> (String, String) {
     let mut cmd = Command::new(exe);
     cmd.args(args);
     for (k, _) in std::env::vars_os() {
@@ -139,7 +144,7 @@ fn run(exe: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
         exe.display(),
         o.status
     );
-    stdout
+    (stdout, stderr.into_owned())
 }
 
 fn kernel_file(name: &str) -> String {
@@ -347,9 +352,9 @@ fn c_opencl_embedder() {
 /// cross-attention steps checked against float64 reference values written here, the cache in both
 /// ncnn layouts, status codes for wrong sizes and call orders.
 fn mha_from_c(backend: &str, selector: String, test: &str) {
-    use kpc::attention::KvDtype;
-    use kpc::attention::mha::reference::{RefCall, multi_head_attention};
-    use kpc::attention::mha::{MhaKind, MhaParams, MhaWeights};
+    use kpc_attention::KvDtype;
+    use kpc_attention::mha::reference::{RefCall, multi_head_attention};
+    use kpc_attention::mha::{MhaKind, MhaParams, MhaWeights};
     let (e, h, hkv, prompt, steps, s) = (32usize, 4usize, 2usize, 5usize, 3usize, 6usize);
     let total = prompt + steps;
     let p = MhaParams {
@@ -439,6 +444,61 @@ fn mha_from_c(backend: &str, selector: String, test: &str) {
     }
 }
 
+/// The layer's edges found by an independent C client (issue 40, item 6), from C on each backend:
+/// refused prefills (and a refused step) change nothing, with caching on and off; `+inf` in a
+/// mask and fp16 cache imports out of range are refused; fully masked rows give the output bias,
+/// rows of equal finite values the same uniform row.
+fn mha_edges_from_c(backend: &str, selector: String) {
+    let dir = TempDir::new(&format!("capi-mha-edges-{backend}"));
+    let exe = compile("mha_edges", &["-lm"], dir.path());
+    let out = run(&exe, &[&selector], &[]);
+    for line in [
+        "refused prefills (kv_cache 1) left the layer as it was",
+        "refused prefills (kv_cache 0) left the layer as it was",
+        "imports outside fp16's range refused",
+        "fully masked rows: -inf gives the output bias",
+        "mha_edges: ",
+    ] {
+        assert!(out.contains(line), "{backend}: no {line:?} in:\n{out}");
+    }
+    // Each refusal says what was wrong and what is accepted.
+    for msg in [
+        "attention mask[1] is NaN",
+        "attention mask[1] is inf; masks take finite values",
+        "attention mask[2] is inf",
+        "imported cache k[5] is 100000, outside the range of an fp16 cache",
+        "every call takes a mask",
+        "at most the capacity 8",
+    ] {
+        assert!(
+            out.contains(msg),
+            "{backend}: no message {msg:?} in:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn c_mha_edges_vulkan() {
+    let test = "c_mha_edges_vulkan";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
+    if let Some(dev) = drivers::vulkan_device(test) {
+        mha_edges_from_c("vulkan", format!("vulkan:{}", dev.index));
+    }
+}
+
+#[test]
+fn c_mha_edges_opencl() {
+    let test = "c_mha_edges_opencl";
+    let Some(()) = cc_available("opencl", test) else {
+        return;
+    };
+    if let Some(dev) = drivers::opencl_device(test) {
+        mha_edges_from_c("opencl", format!("opencl:{}", dev.index));
+    }
+}
+
 #[test]
 fn c_mha_layer_vulkan() {
     let test = "c_mha_layer_vulkan";
@@ -512,4 +572,46 @@ fn c_seal_opencl() {
     let [first, sealed] = seal_from_c(format!("opencl:{}", dev.index), "saxpy.cl", &dir);
     assert!(first.contains("populated: saxpy bias 2 built"), "{first}");
     assert!(sealed.contains("ok KPC_STATUS_SEALED"), "{sealed}");
+}
+
+/// A C program sees kpc's warnings: an unusable cache directory (a regular file) is delivered to
+/// its `kpc_set_log_callback` callback, reported by `kpc_context_disk_unusable_reason` and
+/// `kpc_stats.disk.enabled` = 0; without a callback it goes to stderr, and `KPC_LOG_STDERR=0`
+/// silences that.
+#[test]
+fn c_warnings_reach_the_program() {
+    let test = "c_warnings_reach_the_program";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
+    let Some(dev) = drivers::vulkan_device(test) else {
+        return;
+    };
+    let dir = TempDir::new("capi-warnings");
+    let exe = compile("warnings", &[], dir.path());
+    let file = dir.join("not-a-dir");
+    std::fs::write(&file, b"a file where the cache directory should be").unwrap();
+    let selector = format!("vulkan:{}", dev.index);
+    let args = [selector.as_str(), file.to_str().unwrap()];
+    let (out, err) = run_both(&exe, &args, &[]);
+    assert!(
+        out.contains("callback: target=kpc::cache::disk cause=unusable-root"),
+        "{out}"
+    );
+    assert!(
+        out.contains("warnings: callback, stats and reason checked"),
+        "{out}"
+    );
+    // The second context, without the callback: one line on stderr, naming the file.
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("kpc: warning:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("not a directory") && lines[0].contains("unusable-root"),
+        "{err}"
+    );
+    let (_, quiet) = run_both(&exe, &args, &[("KPC_LOG_STDERR", Path::new("0"))]);
+    assert!(!quiet.contains("kpc: warning:"), "{quiet}");
 }

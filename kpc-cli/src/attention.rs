@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 pub use crate::attention_args::{Args, Plan, plan};
 use crate::attention_measure::{Rng, copy_bandwidth, prefix, shipped, stream_time, timed};
 use crate::attention_report::{Report, say};
-use kpc::attention::reference::{attention, relative_error};
-use kpc::attention::{
-    Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
-};
 use kpc::runtime::Source;
 use kpc::{Config, Context};
+use kpc_attention::reference::{attention, relative_error};
+use kpc_attention::{
+    Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
+};
 
 /// The kernels `kpc attention` uses, as [`Attention::new`] and the copy-bandwidth measurement
 /// acquire them on `ctx`.

@@ -3,10 +3,10 @@
 //! make `kpc attention` use.
 
 use clap::Args as ClapArgs;
-use kpc::attention::{AttentionOptions, AttentionShape, DecodeKernel, KvDtype, PrefillKernel};
 use kpc::config::DeviceSelector;
 use kpc::runtime::device::select_device;
 use kpc::{Config, Error};
+use kpc_attention::{AttentionOptions, AttentionShape, DecodeKernel, KvDtype, PrefillKernel};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum BackendArg {
@@ -177,8 +177,8 @@ pub(crate) enum ProjectionArg {
 
 impl ProjectionArg {
     /// The layer's setting.
-    pub(crate) fn kernel(self) -> kpc::attention::ProjectionKernel {
-        use kpc::attention::ProjectionKernel as P;
+    pub(crate) fn kernel(self) -> kpc_attention::ProjectionKernel {
+        use kpc_attention::ProjectionKernel as P;
         match self {
             ProjectionArg::Auto => P::Auto,
             ProjectionArg::Tiled => P::Tiled,

@@ -39,8 +39,8 @@ pub(crate) fn prefix(x: &[f32], heads: usize, len: usize, d: usize, n: usize) ->
 /// A shipped kernel of the context's backend, with its default spec constants.
 pub(crate) fn shipped(ctx: &Context, name: &str) -> kpc::Result<kpc::Kernel> {
     let image = match ctx.backend() {
-        BackendKind::Vulkan => kpc::kernels::spirv_image(name)?,
-        BackendKind::OpenCl => kpc::kernels::opencl_image(name)?,
+        BackendKind::Vulkan => crate::shipped::spirv_image(name)?,
+        BackendKind::OpenCl => crate::shipped::opencl_image(name)?,
     };
     ctx.kernel(
         &image,

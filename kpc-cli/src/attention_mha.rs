@@ -8,11 +8,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use crate::attention_args::{Args, Plan};
-use kpc::attention::mha::reference::{RefCall, multi_head_attention};
-use kpc::attention::mha::{MhaTimes, MhaWeights};
-use kpc::attention::reference::relative_error;
-use kpc::attention::{KvDtype, MhaKind, MhaParams, MultiHeadAttention};
 use kpc::{Config, Context};
+use kpc_attention::mha::reference::{RefCall, multi_head_attention};
+use kpc_attention::mha::{MhaTimes, MhaWeights};
+use kpc_attention::reference::relative_error;
+use kpc_attention::{KvDtype, MhaKind, MhaParams, MultiHeadAttention};
 
 /// Uniform numbers in [-scale, scale) from a xorshift generator seeded by the clock.
 struct Rng(u64);

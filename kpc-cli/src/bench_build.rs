@@ -61,7 +61,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     }
     let names: Vec<&str> = match &args.kernel {
         Some(k) => vec![k.as_str()],
-        None => kpc::kernels::SPIRV.iter().map(|k| k.name).collect(),
+        None => crate::shipped::spirv().map(|k| k.name).collect(),
     };
     outln!("kpc bench-build: cold build vs load of the persisted binary, each in a new process");
     outln!(
@@ -108,9 +108,8 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     std::fs::create_dir_all(&dir).map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
     let mut failed = false;
     for name in names {
-        let unfit = kpc::kernels::SPIRV
-            .iter()
-            .any(|k| k.name == name && !k.matrices_fit(&device.limits));
+        let unfit =
+            crate::shipped::spirv().any(|k| k.name == name && !k.matrices_fit(&device.limits));
         if unfit {
             outln!(
                 "{name:<10} skipped: it multiplies cooperative matrices, which this device does not \
@@ -317,10 +316,7 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
         return context_phase(config, &device, name, &args.options);
     }
     let backend = VulkanBackend::open(device.index, config)?;
-    let k = kpc::kernels::SPIRV
-        .iter()
-        .find(|k| k.name == name)
-        .ok_or_else(|| Error::InvalidArgument(format!("no shipped SPIR-V kernel {name:?}")))?;
+    let k = crate::shipped::spirv_kernel(name)?;
     let image = DeviceImage::new(k.name, kpc::backend::ImageFormat::SpirV, k.spirv);
     // The cold path validates and reflects; the load path only reflects (see program_from_binary).
     let t = Instant::now();
@@ -384,10 +380,7 @@ fn context_phase(
     name: &str,
     options: &str,
 ) -> kpc::Result<ExitCode> {
-    let k = kpc::kernels::SPIRV
-        .iter()
-        .find(|k| k.name == name)
-        .ok_or_else(|| Error::InvalidArgument(format!("no shipped SPIR-V kernel {name:?}")))?;
+    let k = crate::shipped::spirv_kernel(name)?;
     let ctx = kpc::runtime::Context::with_device(device, config)?;
     let image = DeviceImage::new(k.name, kpc::backend::ImageFormat::SpirV, k.spirv);
     let t = Instant::now();

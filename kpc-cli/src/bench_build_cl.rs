@@ -47,7 +47,7 @@ pub fn run(
 ) -> kpc::Result<ExitCode> {
     let names: Vec<&str> = match kernel {
         Some(k) => vec![k],
-        None => kpc::kernels::OPENCL.iter().map(|k| k.name).collect(),
+        None => crate::shipped::opencl().map(|k| k.name).collect(),
     };
     outln!("kpc bench-build: OpenCL cold build vs binary load, each in a new process");
     outln!(
@@ -266,7 +266,7 @@ pub fn phase(
     let t = Instant::now();
     let backend = OpenClBackend::open(device.index, config)?;
     let init = t.elapsed();
-    let image = kpc::kernels::opencl_image(name)?;
+    let image = crate::shipped::opencl_image(name)?;
     let spec = SpecConstants::new();
     let options = BuildOptions::new(options);
     match phase {

@@ -65,8 +65,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             device.backend
         )));
     }
-    let names: Vec<&str> = kpc::kernels::SPIRV
-        .iter()
+    let names: Vec<&str> = crate::shipped::spirv()
         .filter(|k| !k.cooperative_matrix)
         .map(|k| k.name)
         .filter(|n| args.kernels.is_empty() || args.kernels.iter().any(|k| k == n))
@@ -104,7 +103,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         for (t, x) in totals.iter_mut().zip(r) {
             *t += x;
         }
-        let glsl = kpc::kernels::glsl_image(name)?;
+        let glsl = crate::shipped::glsl_image(name)?;
         outln!(
             "| {name} | {} | {:.2} | {:.3} | {:.4} | {:.1} | {:.1} |",
             glsl.bytes().len(),
@@ -142,7 +141,7 @@ fn one(
     let spec = SpecConstants::new();
     let opts = BuildOptions::default();
 
-    let image = kpc::kernels::glsl_image(name)?;
+    let image = crate::shipped::glsl_image(name)?;
     let src = image.glsl_source().expect("a GLSL image");
     let t = Instant::now();
     let pre = compile::preprocess(src)?;
@@ -151,13 +150,13 @@ fn one(
 
     // Cold: empty directory, new context.
     let ctx = Context::with_device(device, &cfg)?;
-    let k = ctx.kernel(&kpc::kernels::glsl_image(name)?, name, &spec, &opts)?;
+    let k = ctx.kernel(&crate::shipped::glsl_image(name)?, name, &spec, &opts)?;
     let cold = k.acquire_time();
     drop((k, ctx));
 
     // Warm: a new context on the same directory; then a memory hit of the SPIR-V step.
     let ctx = Context::with_device(device, &cfg)?;
-    let k = ctx.kernel(&kpc::kernels::glsl_image(name)?, name, &spec, &opts)?;
+    let k = ctx.kernel(&crate::shipped::glsl_image(name)?, name, &spec, &opts)?;
     let warm = k.acquire_time();
     let step = k.spirv_step().expect("a GLSL kernel");
     if step.source == kpc::runtime::Source::Built || k.source() == kpc::runtime::Source::Built {
@@ -167,7 +166,7 @@ fn one(
         );
     }
     let disk_hit = step.elapsed;
-    let k = ctx.kernel(&kpc::kernels::glsl_image(name)?, name, &spec, &opts)?;
+    let k = ctx.kernel(&crate::shipped::glsl_image(name)?, name, &spec, &opts)?;
     let mem_hit = k.spirv_step().expect("a GLSL kernel").elapsed;
     Ok(Row {
         compile: compile_time,

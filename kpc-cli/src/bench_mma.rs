@@ -25,14 +25,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args as ClapArgs;
-use kpc::attention::mha::gemm::{
-    GemmAccumulator, GemmShape, GemmTiles, KERNEL, SWEEP_TILES, WideGemm,
-};
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::config::{BackendKind, DeviceSelector};
 use kpc::runtime::device::select_device;
 use kpc::runtime::{BufferArg, LaunchDesc};
 use kpc::{Buffer, Config, Context, Error, Event, Kernel, PushConstants};
+use kpc_attention::mha::gemm::{
+    GemmAccumulator, GemmShape, GemmTiles, KERNEL, SWEEP_TILES, WideGemm,
+};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {

@@ -22,7 +22,6 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args as ClapArgs, ValueEnum};
-use kpc::attention::{Attention, AttentionOptions, AttentionShape, KvDtype};
 use kpc::backend::DeviceImage;
 use kpc::backend::DeviceInfo;
 use kpc::cache::{BuildOptions, SpecConstants};
@@ -31,6 +30,7 @@ use kpc::runtime::device::select_device;
 use kpc::runtime::warm_start::{WarmStart, manifest};
 use kpc::runtime::{KernelRequest, Source};
 use kpc::{Config, Context, Error};
+use kpc_attention::{Attention, AttentionOptions, AttentionShape, KvDtype};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -88,16 +88,14 @@ fn recorded(config: &Config, device: &DeviceInfo, app: &str) -> kpc::Result<Vec<
 
 fn shipped(device: &DeviceInfo, only: Option<&str>) -> kpc::Result<Vec<KernelRequest>> {
     let images: Vec<DeviceImage> = match device.backend {
-        BackendKind::Vulkan => kpc::kernels::SPIRV
-            .iter()
+        BackendKind::Vulkan => crate::shipped::spirv()
             .filter(|k| k.matrices_fit(&device.limits))
             .filter(|k| only.is_none_or(|o| o == k.name))
-            .map(|k| kpc::kernels::spirv_image(k.name))
+            .map(|k| crate::shipped::spirv_image(k.name))
             .collect::<kpc::Result<_>>()?,
-        BackendKind::OpenCl => kpc::kernels::OPENCL
-            .iter()
+        BackendKind::OpenCl => crate::shipped::opencl()
             .filter(|k| only.is_none_or(|o| o == k.name))
-            .map(|k| kpc::kernels::opencl_image(k.name))
+            .map(|k| crate::shipped::opencl_image(k.name))
             .collect::<kpc::Result<_>>()?,
     };
     if images.is_empty() {
@@ -139,8 +137,8 @@ fn record(ctx: &Context, args: &Args, config: &Config, device: &DeviceInfo) -> k
         .map(|k| k.name().to_string())
         .collect();
     let copy = match ctx.backend() {
-        BackendKind::Vulkan => kpc::kernels::spirv_image("copy")?,
-        BackendKind::OpenCl => kpc::kernels::opencl_image("copy")?,
+        BackendKind::Vulkan => crate::shipped::spirv_image("copy")?,
+        BackendKind::OpenCl => crate::shipped::opencl_image("copy")?,
     };
     ctx.kernel(
         &copy,

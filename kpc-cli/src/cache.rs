@@ -306,34 +306,48 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     .collect();
                 crate::output::print_json(&Value::Array(rows));
             } else {
+                // Columns as wide as their widest value: GLSL options strings and image labels run
+                // long, and a fixed width shifted every column after them.
+                let rows: Vec<[String; 4]> = entries
+                    .iter()
+                    .map(|e| {
+                        let (backend, _) = device_of(e);
+                        let (image, options) = match &e.record {
+                            Some(r) => {
+                                let label = if r.label.is_empty() { "-" } else { &r.label };
+                                let short = r.image_digest.get(..8).unwrap_or("");
+                                let opts = if r.options.is_empty() {
+                                    "-".to_string()
+                                } else {
+                                    r.options.clone()
+                                };
+                                (format!("{label} ({short})"), opts)
+                            }
+                            None => ("?".into(), "?".into()),
+                        };
+                        let last = format!("{} ({})", utc(unix(e.last_access)), ago(e.last_access));
+                        [format!("{} ({backend})", e.dirs[0]), image, options, last]
+                    })
+                    .collect();
+                let width = |col: usize, header: &str| {
+                    rows.iter()
+                        .map(|r| r[col].chars().count())
+                        .chain([header.len()])
+                        .max()
+                        .unwrap_or(0)
+                };
+                let (wd, wi, wo) = (width(0, "DEVICE"), width(1, "IMAGE"), width(2, "OPTIONS"));
                 outln!(
-                    "{:<26}  {:<36}  {:<20}  {:>10}  LAST ACCESS",
+                    "{:<wd$}  {:<wi$}  {:<wo$}  {:>10}  LAST ACCESS",
                     "DEVICE",
                     "IMAGE",
                     "OPTIONS",
                     "SIZE"
                 );
-                for e in &entries {
-                    let (backend, _) = device_of(e);
-                    let (image, options) = match &e.record {
-                        Some(r) => {
-                            let label = if r.label.is_empty() { "-" } else { &r.label };
-                            let short = r.image_digest.get(..8).unwrap_or("");
-                            let opts = if r.options.is_empty() {
-                                "-".to_string()
-                            } else {
-                                r.options.clone()
-                            };
-                            (format!("{label} ({short})"), opts)
-                        }
-                        None => ("?".into(), "?".into()),
-                    };
+                for (e, [device, image, options, last]) in entries.iter().zip(&rows) {
                     outln!(
-                        "{:<26}  {image:<36}  {options:<20}  {:>10}  {} ({})",
-                        format!("{} ({backend})", e.dirs[0]),
-                        human(e.bytes),
-                        utc(unix(e.last_access)),
-                        ago(e.last_access)
+                        "{device:<wd$}  {image:<wi$}  {options:<wo$}  {:>10}  {last}",
+                        human(e.bytes)
                     );
                 }
                 outln!("{} entries", entries.len());

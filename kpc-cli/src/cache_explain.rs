@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kpc::backend::DeviceImage;
-use kpc::backend::glsl::{DirIncludes, GlslSource};
+use kpc::backend::glsl::{DirIncludes, GlslOptimization, GlslSource, SpirvTarget};
 use kpc::cache::disk::{DiskCacheSettings, MissExplanation, PersistentCache};
 use kpc::cache::store::StoreKey;
 use kpc::cache::store::{Access, PutOutcome, Removal, Store, StoreEntry, StoreHit, StoreStats};
-use kpc::cache::{BuildOptions, Digest, SpecConstants, StoreChain};
+use kpc::cache::{BuildOptions, Digest, SpecConstants, SpecValue, StoreChain};
 use kpc::config::BackendKind;
 use kpc::runtime::blob::{BLOB_ID_MAGIC, CACHE_BLOB_VERSION};
 use kpc::{Config, Context, Error};
@@ -37,7 +37,8 @@ pub struct ExplainArgs {
     #[arg(long, conflicts_with = "glsl")]
     blob_id: Option<String>,
     /// Explain the keys of this GLSL compute shader instead, as an application that makes it with
-    /// `DeviceImage::glsl` (default target and optimization, no spec constants) looks them up.
+    /// `DeviceImage::glsl` looks them up (with the target, optimization, spec constants and build
+    /// options given below; by default vulkan1.1, no optimization, none).
     #[arg(long, value_name = "FILE")]
     glsl: Option<PathBuf>,
     /// The GLSL image's name, as the application gives it (default: FILE's file name).
@@ -52,12 +53,89 @@ pub struct ExplainArgs {
     /// A macro definition, NAME or NAME=VALUE; repeat for more.
     #[arg(long, value_name = "NAME[=VALUE]", requires = "glsl")]
     define: Vec<String>,
+    /// The Vulkan environment the application compiles for (`GlslSource::target`).
+    #[arg(long, value_enum, default_value = "vulkan1.1", requires = "glsl")]
+    target_env: TargetEnv,
+    /// The optimization the application asks for (`GlslSource::optimization`).
+    #[arg(long, value_enum, default_value = "none", requires = "glsl")]
+    optimize: Optimize,
+    /// A specialization constant the application passes, ID=TYPE:VALUE with TYPE one of bool,
+    /// i32, u32, f32, i64, u64, f64 (e.g. 0=u32:128); repeat for more.
+    #[arg(long = "spec", value_name = "ID=TYPE:VALUE", requires = "glsl", value_parser = parse_spec)]
+    spec: Vec<(u32, SpecValue)>,
+    /// The build options the application passes (`BuildOptions`).
+    #[arg(long, value_name = "OPTIONS", default_value = "", requires = "glsl")]
+    build_options: String,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
     /// The `kpc attention` arguments whose kernels are explained.
     #[command(flatten)]
     attention: attention::Args,
+}
+
+/// `--target-env`: [`SpirvTarget`] as glslangValidator spells it.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum TargetEnv {
+    #[value(name = "vulkan1.0")]
+    Vulkan1_0,
+    #[value(name = "vulkan1.1")]
+    Vulkan1_1,
+    #[value(name = "vulkan1.2")]
+    Vulkan1_2,
+    #[value(name = "vulkan1.3")]
+    Vulkan1_3,
+}
+
+impl TargetEnv {
+    fn target(self) -> SpirvTarget {
+        match self {
+            TargetEnv::Vulkan1_0 => SpirvTarget::Vulkan1_0,
+            TargetEnv::Vulkan1_1 => SpirvTarget::Vulkan1_1,
+            TargetEnv::Vulkan1_2 => SpirvTarget::Vulkan1_2,
+            TargetEnv::Vulkan1_3 => SpirvTarget::Vulkan1_3,
+        }
+    }
+}
+
+/// `--optimize`: [`GlslOptimization`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Optimize {
+    None,
+    Size,
+    Performance,
+}
+
+/// Parses `--spec ID=TYPE:VALUE`.
+fn parse_spec(s: &str) -> Result<(u32, SpecValue), String> {
+    const ACCEPTED: &str =
+        "ID=TYPE:VALUE with TYPE bool, i32, u32, f32, i64, u64 or f64, e.g. 0=u32:128";
+    let bad = |why: &str| format!("{s:?}: {why}; expected {ACCEPTED}");
+    let (id, typed) = s.split_once('=').ok_or_else(|| bad("no '='"))?;
+    let id = id
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| bad("the id is not a whole number"))?;
+    let (ty, v) = typed
+        .split_once(':')
+        .ok_or_else(|| bad("no ':' after the type"))?;
+    let v = v.trim();
+    let value = match ty.trim() {
+        "bool" => v.parse().map(SpecValue::Bool).ok(),
+        "i32" => v.parse().map(SpecValue::I32).ok(),
+        "u32" => v.parse().map(SpecValue::U32).ok(),
+        "f32" => v.parse().map(SpecValue::f32).ok(),
+        "i64" => v.parse().map(SpecValue::I64).ok(),
+        "u64" => v.parse().map(SpecValue::U64).ok(),
+        "f64" => v
+            .parse::<f64>()
+            .map(|f| SpecValue::F64Bits(f.to_bits()))
+            .ok(),
+        _ => return Err(bad("unknown type")),
+    };
+    value
+        .map(|value| (id, value))
+        .ok_or_else(|| bad("the value does not parse as its type"))
 }
 
 /// A store that records every key it is asked for and holds nothing.
@@ -263,7 +341,15 @@ fn glsl_image(file: &Path, args: &ExplainArgs) -> kpc::Result<(DeviceImage, Stri
         .clone()
         .or_else(|| lossy(file.file_stem()))
         .unwrap_or_else(|| name.clone());
-    let mut src = GlslSource::compute(&name, text).entry_point(&entry);
+    let optimization = match args.optimize {
+        Optimize::None => GlslOptimization::None,
+        Optimize::Size => GlslOptimization::Size,
+        Optimize::Performance => GlslOptimization::Performance,
+    };
+    let mut src = GlslSource::compute(&name, text)
+        .entry_point(&entry)
+        .target(args.target_env.target())
+        .optimization(optimization);
     for d in &args.define {
         let (k, v) = d.split_once('=').unwrap_or((d.as_str(), ""));
         src = src.define(k, v);
@@ -307,12 +393,12 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             quiet.cache_debug = false;
             let chain = StoreChain::new().with_store(recorder.clone());
             let ctx = Context::with_device_and_stores(device, &quiet, chain)?;
-            if let Err(e) = ctx.kernel(
-                &image,
-                &entry,
-                &SpecConstants::new(),
-                &BuildOptions::default(),
-            ) {
+            let spec = args
+                .spec
+                .iter()
+                .fold(SpecConstants::new(), |s, &(id, v)| s.with(id, v));
+            let options = BuildOptions::new(&args.build_options);
+            if let Err(e) = ctx.kernel(&image, &entry, &spec, &options) {
                 note = Some(e.to_string());
             }
             recorder.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -339,15 +425,15 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             );
             // The blob id carries no image name: take it from a shipped kernel with that image.
             let names: Vec<&str> = match device.backend {
-                BackendKind::Vulkan => kpc::kernels::SPIRV.iter().map(|k| k.name).collect(),
-                BackendKind::OpenCl => kpc::kernels::OPENCL.iter().map(|k| k.name).collect(),
+                BackendKind::Vulkan => crate::shipped::spirv().map(|k| k.name).collect(),
+                BackendKind::OpenCl => crate::shipped::opencl().map(|k| k.name).collect(),
             };
             let label = names
                 .into_iter()
                 .find(|n| {
                     let img = match device.backend {
-                        BackendKind::Vulkan => kpc::kernels::spirv_image(n),
-                        BackendKind::OpenCl => kpc::kernels::opencl_image(n),
+                        BackendKind::Vulkan => crate::shipped::spirv_image(n),
+                        BackendKind::OpenCl => crate::shipped::opencl_image(n),
                     };
                     img.is_ok_and(|i| i.digest() == p.image)
                 })

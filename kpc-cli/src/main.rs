@@ -33,6 +33,7 @@ mod cache_report;
 mod devices;
 mod entry_fmt;
 mod output;
+mod shipped;
 mod status;
 
 /// kpc: GPU kernels built once, reused from memory and disk.

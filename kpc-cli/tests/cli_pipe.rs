@@ -20,12 +20,13 @@ fn kpc_path() -> &'static str {
 /// Enough entries that `kpc cache ls` prints more than a pipe holds (64 KiB) plus what `head`
 /// reads at once: kpc is then certainly still writing when `head` exits.
 fn populate(root: &Path) {
-    // No fsync: durability is not what this test is about, and 1200 fsyncs take a minute here.
+    // No fsync: durability is not what this test is about, and 2000 fsyncs take a minute here.
     let c = PersistentCache::new(DiskCacheSettings {
         sync: false,
         ..settings(root)
     });
-    for i in 0..1200 {
+    // 2000 rows: `cache ls` sizes its columns to its values, about 100 bytes a row here.
+    for i in 0..2000 {
         c.put(&key(i), &payload(i, 64), Duration::ZERO);
     }
 }

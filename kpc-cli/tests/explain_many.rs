@@ -17,10 +17,10 @@ use std::time::Duration;
 use common::disk::{TempDir, capture, payload, settings};
 use common::drivers::vulkan_device;
 use kpc::backend::DeviceImage;
-use kpc::backend::glsl::{DirIncludes, GlslSource, MapIncludes};
+use kpc::backend::glsl::{DirIncludes, GlslOptimization, GlslSource, MapIncludes, SpirvTarget};
 use kpc::cache::disk::{DiskCacheSettings, FieldDiff, MissCause, PersistentCache};
 use kpc::cache::store::{PutOutcome, StoreKey};
-use kpc::cache::{BuildOptions, SpecConstants};
+use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::config::TraceFlags;
 use kpc::runtime::spirv_cache::spirv_key;
 use kpc::{Config, Context};
@@ -174,11 +174,22 @@ void main() { o[gl_GlobalInvocationID.x] = K; }
 ";
 
 fn kpc_explain_glsl(root: &Path, shader: &Path, dir: &Path, device: &str) -> Value {
+    kpc_explain_glsl_with(root, shader, dir, device, &[])
+}
+
+fn kpc_explain_glsl_with(
+    root: &Path,
+    shader: &Path,
+    dir: &Path,
+    device: &str,
+    extra: &[&str],
+) -> Value {
     let o = Command::new(env!("CARGO_BIN_EXE_kpc"))
         .args(["cache", "explain", "--json", "--device", device, "--glsl"])
         .arg(shader)
         .arg("--include-dir")
         .arg(dir)
+        .args(extra)
         .env("KPC_CACHE_DIR", root)
         .env_remove("KPC_CACHE_REMOTE")
         .env_remove("KPC_CACHE_READONLY_DIRS")
@@ -292,4 +303,103 @@ fn vulkan_include_edit_is_named_for_spirv_and_program_and_by_the_cli() {
         ]
     );
     assert_eq!((s.misses, s.misses_image_changed), (2, 2), "{s:?}");
+}
+
+/// [`SHADER`] with a specialization constant, as an engine's shaders have.
+const SPEC_SHADER: &str = "#version 450
+#extension GL_GOOGLE_include_directive : require
+#include \"k.glsl\"
+layout(local_size_x = 64) in;
+layout(constant_id = 0) const uint N = 1;
+layout(std430, set = 0, binding = 0) buffer Out { float o[]; };
+void main() { o[gl_GlobalInvocationID.x] = K * float(N); }
+";
+
+/// An engine's real keys (ggml builds vulkan1.2 with optimization and spec constants):
+/// `kpc cache explain --glsl` describes them with `--target-env`, `--optimize`, `--spec` and
+/// `--build-options`, and without those flags explains why the default keys are not cached.
+#[test]
+fn vulkan_explain_glsl_takes_an_engines_target_optimization_and_spec() {
+    let test = "vulkan_explain_glsl_takes_an_engines_target_optimization_and_spec";
+    let Some(d) = vulkan_device(test) else {
+        return;
+    };
+    let t = TempDir::new("explain-glsl-flags");
+    let root = t.join("cache");
+    let inc = t.join("include");
+    std::fs::create_dir_all(&inc).unwrap();
+    std::fs::write(inc.join("k.glsl"), "const float K = 1.0;\n").unwrap();
+    let shader = t.join("fill.comp");
+    std::fs::write(&shader, SPEC_SHADER).unwrap();
+    let image = DeviceImage::glsl(
+        GlslSource::compute("fill.comp", SPEC_SHADER)
+            .entry_point("fill")
+            .target(SpirvTarget::Vulkan1_2)
+            .optimization(GlslOptimization::Performance)
+            .includes(Arc::new(DirIncludes::new(&inc))),
+    )
+    .unwrap();
+    let spec = SpecConstants::new().with(0, SpecValue::U32(128));
+    let ctx = Context::with_device(&d, &trace_config(&root)).unwrap();
+    ctx.kernel(&image, "fill", &spec, &BuildOptions::default())
+        .unwrap();
+    drop(ctx);
+    let sel = format!("vulkan:{}", d.index);
+    let flags = [
+        "--target-env",
+        "vulkan1.2",
+        "--optimize",
+        "performance",
+        "--spec",
+        "0=u32:128",
+    ];
+    let v = kpc_explain_glsl_with(&root, &shader, &inc, &sel, &flags);
+    assert_eq!(
+        verdicts(&v),
+        [
+            ("spirv".into(), true, String::new()),
+            ("program".into(), true, String::new())
+        ],
+        "{v}"
+    );
+    // The defaults (vulkan1.1, no optimization, no spec constants) are other keys.
+    let v = kpc_explain_glsl(&root, &shader, &inc, &sel);
+    let cached: Vec<bool> = verdicts(&v).iter().map(|k| k.1).collect();
+    assert_eq!(cached, [false, false], "{v}");
+    // Another spec constant value: the SPIR-V is cached, the program is not.
+    let mut other = flags.to_vec();
+    other[5] = "0=u32:64";
+    let v = kpc_explain_glsl_with(&root, &shader, &inc, &sel, &other);
+    let cached: Vec<bool> = verdicts(&v).iter().map(|k| k.1).collect();
+    assert_eq!(cached, [true, false], "{v}");
+    // `kpc cache ls` keeps its columns aligned around the long GLSL options of the SPIR-V entry.
+    let o = Command::new(env!("CARGO_BIN_EXE_kpc"))
+        .args(["cache", "ls"])
+        .env("KPC_CACHE_DIR", &root)
+        .output()
+        .unwrap();
+    let ls = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{ls}");
+    let mut lines = ls.lines();
+    let header = lines.next().unwrap();
+    let at = header.find("LAST ACCESS").unwrap();
+    let rows: Vec<&str> = lines.filter(|l| !l.ends_with("entries")).collect();
+    assert_eq!(rows.len(), 2, "{ls}");
+    for row in &rows {
+        let chars: Vec<char> = row.chars().collect();
+        assert!(
+            chars[at - 2..at] == [' ', ' '] && chars[at].is_ascii_digit(),
+            "column LAST ACCESS at {at} is not where this row has it:\n{ls}"
+        );
+    }
+    // A malformed --spec is refused by name.
+    let o = Command::new(env!("CARGO_BIN_EXE_kpc"))
+        .args(["cache", "explain", "--glsl"])
+        .arg(&shader)
+        .args(["--spec", "0=u33:1"])
+        .env("KPC_CACHE_DIR", &root)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("unknown type"), "{err}");
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use kpc::backend::DeviceImage;
 use kpc::backend::glsl::{DirIncludes, GlslSource};
 use kpc::cache::{BuildOptions, SpecConstants};
-use kpc::kernels::{SPIRV, glsl_image, spirv_image};
+use kpc::kernels::{SPIRV, glsl_image};
 use kpc::runtime::Source;
 use kpc::{Config, Context, Error, PushConstants};
 
@@ -298,8 +298,10 @@ fn shipped_glsl_compiles_to_valid_spirv_that_computes_the_same() {
         return;
     };
     let mut compiled = 0;
-    for k in SPIRV.iter().filter(|k| !k.cooperative_matrix) {
-        let image = glsl_image(k.name).unwrap();
+    // kpc's kernels and the attention workload's.
+    let shipped = SPIRV.iter().chain(kpc_attention::kernels::SPIRV);
+    for k in shipped.filter(|k| !k.cooperative_matrix) {
+        let image = k.glsl_image().unwrap();
         // Building validates (spirv-tools) and reflects; the entry point is named as committed.
         let kernel = ctx
             .kernel(
@@ -312,7 +314,7 @@ fn shipped_glsl_compiles_to_valid_spirv_that_computes_the_same() {
         assert_eq!(kernel.name(), k.name);
         let committed = ctx
             .kernel(
-                &spirv_image(k.name).unwrap(),
+                &k.image().unwrap(),
                 k.name,
                 &SpecConstants::new(),
                 &BuildOptions::default(),
@@ -341,7 +343,7 @@ fn shipped_glsl_compiles_to_valid_spirv_that_computes_the_same() {
     assert_eq!(ctx.stats().spirv.compiles, compiled);
     // The read kernel from GLSL computes what the committed one does (the checker's own invariants).
     check_read_kernel(&ctx, &glsl_image("read").unwrap());
-    assert!(glsl_image("attn_prefill_coop").is_err());
+    assert!(kpc_attention::kernels::glsl_image("attn_prefill_coop").is_err());
 }
 
 #[test]

@@ -87,7 +87,10 @@ fn kpc_bench_build_prints_a_row_per_kernel() {
         "{text}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for k in kpc::kernels::SPIRV {
+    for k in kpc::kernels::SPIRV
+        .iter()
+        .chain(kpc_attention::kernels::SPIRV)
+    {
         let row = text
             .lines()
             .find(|l| l.starts_with(k.name))

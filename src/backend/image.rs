@@ -20,6 +20,35 @@ pub enum ImageFormat {
     Glsl,
 }
 
+impl ImageFormat {
+    /// Which functions make an image of this format, for messages that send a caller to the right
+    /// one.
+    pub fn made_by(self) -> &'static str {
+        match self {
+            ImageFormat::SpirV => {
+                "kpc::kernels::spirv_image for a shipped kernel, DeviceImage::spirv for yours; C: \
+                 KPC_IMAGE_SPIRV"
+            }
+            ImageFormat::OpenClC => {
+                "kpc::kernels::opencl_image for a shipped kernel, DeviceImage::new(name, \
+                 ImageFormat::OpenClC, source) for yours; C: KPC_IMAGE_OPENCL_C"
+            }
+            ImageFormat::Glsl => "DeviceImage::glsl; C: kpc_image_from_glsl",
+        }
+    }
+}
+
+impl std::fmt::Display for ImageFormat {
+    /// The format in words: `SPIR-V`, `OpenCL C source`, `GLSL source`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ImageFormat::SpirV => "SPIR-V",
+            ImageFormat::OpenClC => "OpenCL C source",
+            ImageFormat::Glsl => "GLSL source",
+        })
+    }
+}
+
 /// The reflected module and whether spirv-tools accepted it. Only success is remembered: an invalid
 /// image is validated (and rejected) again on every use, so nothing about it outlives the request.
 #[cfg(not(loom))]
@@ -181,7 +210,13 @@ impl DeviceImage {
         } else {
             Err(crate::Error::InvalidSpirv {
                 image: self.name.to_string(),
-                message: format!("the image holds {:?}, not SPIR-V", self.format),
+                message: format!(
+                    "the image holds {}, not SPIR-V: a Vulkan context builds SPIR-V ({}) or GLSL \
+                     ({})",
+                    self.format,
+                    ImageFormat::SpirV.made_by(),
+                    ImageFormat::Glsl.made_by()
+                ),
             })
         }
     }

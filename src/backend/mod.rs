@@ -210,6 +210,10 @@ pub struct DeviceLimits {
     pub float16_arithmetic: bool,
     /// Whether launches can be timed on the device (timestamp queries, profiling events).
     pub timestamps: bool,
+    /// Whether the device keeps every kernel's buffer accesses inside the bound buffer (Vulkan's
+    /// `robustBufferAccess`, enabled). Then [`crate::Queue::submit`] launches any kernel safely;
+    /// without it only kernels with declared access bounds do. OpenCL has no such guarantee.
+    pub robust_buffer_access: bool,
 }
 
 /// One device as discovery reports it, before anything is opened on it.

@@ -1,6 +1,6 @@
 //! `KernelProgramCache`: one per context, a program map and a kernel map of `BuildResult` entries.
 //!
-//! Differences from the SYCL runtime's class, each fixing a weakness DESIGN.md lists:
+//! Differences from the SYCL runtime's class, each fixing one of its known weaknesses:
 //! - the maps are sharded (`DashMap`), so a hit takes one shard read lock and no global mutex;
 //! - LRU recency is an atomic tick per entry, refreshed on the lock-free hit path too;
 //! - keys hash every field through `Hash`, not an XOR of partial hashes;

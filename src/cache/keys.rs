@@ -83,6 +83,19 @@ impl SpecValue {
             SpecValue::U64(v) | SpecValue::F64Bits(v) => v.to_le_bytes().to_vec(),
         }
     }
+    /// The type's name in the words of SPIR-V and C APIs: `bool`, `i32`, `u32`, `f32`, `i64`,
+    /// `u64`, `f64`.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            SpecValue::Bool(_) => "bool",
+            SpecValue::I32(_) => "i32",
+            SpecValue::U32(_) => "u32",
+            SpecValue::F32Bits(_) => "f32",
+            SpecValue::I64(_) => "i64",
+            SpecValue::U64(_) => "u64",
+            SpecValue::F64Bits(_) => "f64",
+        }
+    }
     /// The value as C source text, for an OpenCL `-D NAME=value` definition.
     // Only the backends and the warm start use it; the loom build has neither.
     #[cfg_attr(loom, allow(dead_code))]
@@ -345,6 +358,22 @@ impl PartialEq for dyn KernelKeyParts + '_ {
 }
 
 impl Eq for dyn KernelKeyParts + '_ {}
+
+impl std::fmt::Display for SpecValue {
+    /// The type and the value as a person writes them (`f32 1.5`, `u32 64`), never the bit pattern.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = self.type_name();
+        match *self {
+            SpecValue::Bool(b) => write!(f, "{t} {b}"),
+            SpecValue::I32(v) => write!(f, "{t} {v}"),
+            SpecValue::U32(v) => write!(f, "{t} {v}"),
+            SpecValue::F32Bits(v) => write!(f, "{t} {}", f32::from_bits(v)),
+            SpecValue::I64(v) => write!(f, "{t} {v}"),
+            SpecValue::U64(v) => write!(f, "{t} {v}"),
+            SpecValue::F64Bits(v) => write!(f, "{t} {}", f64::from_bits(v)),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

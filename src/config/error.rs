@@ -15,6 +15,17 @@ pub enum ConfigError {
         /// What would have been accepted.
         accepted: &'static str,
     },
+    /// A value given in code (not through a variable) that does not parse: a device selector
+    /// passed to the builder, the C API or a command-line option.
+    #[error("{what} {value:?} is not valid: expected {accepted}")]
+    InvalidValue {
+        /// What the value is (`device selector`).
+        what: &'static str,
+        /// The value as given.
+        value: String,
+        /// What would have been accepted.
+        accepted: &'static str,
+    },
     /// One element of a list variable is not valid.
     #[error(
         "{var}={value:?} is not valid: element {index} ({element:?}) {problem}; expected {accepted}"

@@ -189,3 +189,22 @@ fn non_utf8_value_is_an_error() {
     .unwrap();
     assert!(c.cache_dir.is_some());
 }
+
+#[test]
+fn a_selector_error_names_the_variable_only_when_it_came_from_one() {
+    let code = DeviceSelector::parse("vulkan:fast")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        code.starts_with("device selector \"vulkan:fast\" is not valid")
+            && !code.contains("KPC_DEVICE"),
+        "{code}"
+    );
+    let env = Config::from_lookup(|n| (n == "KPC_DEVICE").then(|| "vulkan:fast".into()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        env.starts_with("KPC_DEVICE=\"vulkan:fast\" is not valid"),
+        "{env}"
+    );
+}

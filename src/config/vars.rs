@@ -44,3 +44,5 @@ pub const CACHE_SEAL: &str = "KPC_CACHE_SEAL";
 pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
 /// Last-resort cache root base.
 pub const HOME: &str = "HOME";
+/// 0/1: print warnings nobody else receives on stderr.
+pub const LOG_STDERR: &str = crate::warnings::STDERR_VAR;

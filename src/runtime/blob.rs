@@ -271,18 +271,19 @@ fn check_key(expected: &[(String, String)], found: &[(String, String)]) -> Resul
 
 impl Context {
     fn check_image_format(&self, image: &DeviceImage) -> Result<()> {
-        let (want, name) = match self.backend() {
-            BackendKind::Vulkan => (ImageFormat::SpirV, "SPIR-V"),
-            BackendKind::OpenCl => (ImageFormat::OpenClC, "OpenCL C"),
+        let want = match self.backend() {
+            BackendKind::Vulkan => ImageFormat::SpirV,
+            BackendKind::OpenCl => ImageFormat::OpenClC,
         };
         if image.format() == want {
             Ok(())
         } else {
             Err(Error::InvalidArgument(format!(
-                "image {:?} is {:?}; a {} context takes {name} images",
+                "image {:?} holds {}; a {} context takes {want} images ({})",
                 image.name(),
                 image.format(),
-                self.backend()
+                self.backend(),
+                want.made_by()
             )))
         }
     }
@@ -340,6 +341,7 @@ impl Context {
         options: &BuildOptions,
         blob: &[u8],
     ) -> Result<Kernel> {
+        let declared = options.as_str().is_empty().then(|| image.digest());
         let resolved = self.glsl_spirv(image)?;
         let (image, spirv) = match &resolved {
             Some((i, step)) => (i, Some(*step)),
@@ -366,6 +368,7 @@ impl Context {
             source: a.source,
             elapsed: a.elapsed,
             spirv,
+            declared,
         })
     }
 }

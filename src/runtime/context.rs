@@ -203,6 +203,8 @@ impl Context {
     ) -> Result<Kernel> {
         // A GLSL image becomes its SPIR-V image here, through the SPIR-V cache; from then on it is
         // keyed, built and cached as that SPIR-V.
+        // Access bounds are declared for the image the caller names (a GLSL image's, not its SPIR-V's).
+        let declared = options.as_str().is_empty().then(|| image.digest());
         let resolved = self.glsl_spirv(image)?;
         let (image, spirv) = match &resolved {
             Some((spirv_image, step)) => (spirv_image, Some(*step)),
@@ -230,6 +232,7 @@ impl Context {
             source: a.source,
             elapsed: a.elapsed + spirv.map_or(Duration::ZERO, |s| s.elapsed),
             spirv,
+            declared,
         })
     }
 

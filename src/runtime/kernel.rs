@@ -19,6 +19,9 @@ pub struct Kernel {
     pub(crate) elapsed: Duration,
     /// For a kernel of a GLSL image: how its SPIR-V was obtained.
     pub(crate) spirv: Option<SpirvStep>,
+    /// The digest of its image when it was built with no build options: what its declared access
+    /// bounds are looked up by (options can change what the code does, so none apply otherwise).
+    pub(crate) declared: Option<crate::cache::Digest>,
 }
 
 impl fmt::Debug for Kernel {
@@ -69,6 +72,20 @@ impl Kernel {
     /// (name, value) pairs; empty where it reports nothing.
     pub fn driver_stats(&self) -> &[(String, String)] {
         &self.obj.info().driver_stats
+    }
+
+    /// Whether [`crate::Queue::submit`] can launch it on a device without robust buffer access:
+    /// its image and entry point have declared access bounds
+    /// ([`crate::runtime::declare_access_bounds`]; kpc's shipped `saxpy`, `copy` and `read` have)
+    /// and it was built with no build options.
+    pub fn has_access_bounds(&self) -> bool {
+        self.access_bounds().is_some()
+    }
+
+    pub(crate) fn access_bounds(&self) -> Option<Arc<[super::bounds::BufferBound]>> {
+        self.declared
+            .as_ref()
+            .and_then(|d| super::bounds::lookup(d, self.name()))
     }
 
     /// The workgroup counts that cover `global` work-items per dimension with this kernel's local

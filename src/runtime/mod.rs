@@ -24,6 +24,8 @@
 #[cfg(not(loom))]
 pub mod blob;
 #[cfg(not(loom))]
+pub mod bounds;
+#[cfg(not(loom))]
 pub mod buffer;
 pub mod cache_debug;
 #[cfg(not(loom))]
@@ -56,6 +58,8 @@ pub mod warm_start;
 
 #[cfg(not(loom))]
 pub use blob::CacheBlob;
+#[cfg(not(loom))]
+pub use bounds::{BufferBound, Extent, declare_access_bounds};
 #[cfg(not(loom))]
 pub use buffer::{Buffer, BufferArg, RawBuffer};
 #[cfg(not(loom))]

@@ -135,6 +135,11 @@ impl ProgramManager {
         self.stores.local_disk().map(PersistentCache::stats)
     }
 
+    /// Why the configured local disk cache is off: its root cannot be used (`None` otherwise).
+    pub fn disk_unusable(&self) -> Option<&str> {
+        self.stores.local_unusable()
+    }
+
     /// The persistent stores, in lookup order.
     pub fn stores(&self) -> &StoreChain {
         &self.stores

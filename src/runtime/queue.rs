@@ -42,11 +42,10 @@ pub struct LaunchDesc<'a> {
 }
 
 impl Queue {
-    /// Launches `kernel` over `groups` workgroups with `buffers` and `push_constants`.
+    /// Launches `kernel` over `groups` workgroups with `buffers` and `push_constants`: one
+    /// [`Queue::submit`] of one launch, with its checks.
     ///
-    /// Errors: [`Error::Launch`] when the buffer count or the group counts do not fit the kernel or
-    /// device; [`Error::Size`] for a buffer smaller than its parameter's fixed part or push constants
-    /// of the wrong length; [`Error::InvalidArgument`] for a kernel or buffer of another context.
+    /// Errors: as [`Queue::submit`].
     pub fn launch(
         &self,
         kernel: &Kernel,
@@ -68,11 +67,64 @@ impl Queue {
     /// start only when it goes to the queue: at the latest when it holds `KPC_VULKAN_DEFER`
     /// batches or when anything waits (an event, [`Queue::finish`], a buffer read or write).
     ///
-    /// Errors: as [`Queue::launch`], for any launch of the batch; nothing is submitted then.
+    /// Safe for any kernel on a device that keeps buffer accesses inside their buffers (Vulkan with
+    /// `robustBufferAccess`, which kpc enables on the devices it opens where they have it:
+    /// [`crate::backend::DeviceLimits::robust_buffer_access`]). Elsewhere (OpenCL, Vulkan without it)
+    /// a kernel could index past a short buffer into other memory, the process's own heap on a CPU
+    /// device, so only kernels with declared access bounds ([`Kernel::has_access_bounds`]: kpc's
+    /// shipped `saxpy`, `copy`, `read`, or [`crate::runtime::declare_access_bounds`]) are launched,
+    /// each buffer checked against its bound for this launch first; any other kernel needs
+    /// [`Queue::submit_unchecked`].
+    ///
+    /// Errors (nothing is submitted then): [`Error::Launch`] when the buffer count or the group
+    /// counts do not fit the kernel or device; [`Error::Size`] for a buffer smaller than its
+    /// parameter's fixed part or than its declared bound for this launch (naming the binding), or
+    /// push constants of the wrong length; [`Error::Unbounded`] for a kernel that nothing bounds on
+    /// this device; [`Error::InvalidArgument`] for a kernel or buffer of another context.
     pub fn submit(&self, launches: &[LaunchDesc<'_>]) -> Result<Event> {
+        self.submit_checked(launches, true)
+    }
+
+    /// [`Queue::submit`] without the access-bounds requirement: every other check is made (declared
+    /// bounds included), but a kernel nothing bounds is launched as it is.
+    ///
+    /// # Safety
+    /// Every buffer of every launch is at least as large as its kernel reads or writes of it for
+    /// that launch's groups and push constants (on a device with robust buffer access this holds
+    /// by itself). A kernel that indexes past a buffer has undefined behaviour: on a CPU OpenCL
+    /// device it writes into this process's memory.
+    pub unsafe fn submit_unchecked(&self, launches: &[LaunchDesc<'_>]) -> Result<Event> {
+        self.submit_checked(launches, false)
+    }
+
+    /// [`Queue::launch`] without the access-bounds requirement.
+    ///
+    /// # Safety
+    /// As [`Queue::submit_unchecked`].
+    pub unsafe fn launch_unchecked(
+        &self,
+        kernel: &Kernel,
+        groups: [u32; 3],
+        buffers: &[&dyn BufferArg],
+        push_constants: &[u8],
+    ) -> Result<Event> {
+        // SAFETY: the caller's contract is this function's.
+        unsafe {
+            self.submit_unchecked(&[LaunchDesc {
+                kernel,
+                groups,
+                buffers,
+                push_constants,
+            }])
+        }
+    }
+
+    fn submit_checked(&self, launches: &[LaunchDesc<'_>], safe: bool) -> Result<Event> {
+        // A device that keeps accesses inside buffers makes any kernel safe to launch.
+        let refuse_unbounded = safe && !self.backend.device_info().limits.robust_buffer_access;
         let mut erased = Vec::with_capacity(launches.len());
         for l in launches {
-            erased.push(self.check(l)?);
+            erased.push(self.check(l, refuse_unbounded)?);
         }
         let event = self.backend.submit(&erased)?;
         Ok(Event {
@@ -90,7 +142,7 @@ impl Queue {
         self.backend.finish()
     }
 
-    fn check<'a>(&self, l: &LaunchDesc<'a>) -> Result<DynLaunch<'a>> {
+    fn check<'a>(&self, l: &LaunchDesc<'a>, refuse_unbounded: bool) -> Result<DynLaunch<'a>> {
         let info = l.kernel.info();
         let bad = |message: String| Error::Launch {
             kernel: info.name.clone(),
@@ -143,12 +195,74 @@ impl Queue {
                 expected: format!("{} bytes", info.push_constant_bytes),
             });
         }
+        // Declared bounds are checked on every path and device: a launch that breaks them is wrong
+        // even where the device would contain it.
+        match l.kernel.access_bounds() {
+            Some(bounds) => self.check_bounds(l, &bounds)?,
+            None if refuse_unbounded => {
+                let device = self.backend.device_info();
+                return Err(Error::Unbounded {
+                    kernel: info.name.clone(),
+                    device: format!("{} ({})", device.name, device.backend),
+                });
+            }
+            None => {}
+        }
         Ok(DynLaunch {
             kernel: &*l.kernel.obj,
             groups: l.groups,
             buffers,
             push_constants: l.push_constants,
         })
+    }
+
+    /// Checks every buffer of `l` against its kernel's declared access `bounds` for this launch.
+    fn check_bounds(
+        &self,
+        l: &LaunchDesc<'_>,
+        bounds: &[super::bounds::BufferBound],
+    ) -> Result<()> {
+        let info = l.kernel.info();
+        let device = self.backend.device_info();
+        for b in bounds {
+            let (Some(param), Some(buffer)) = (info.buffers.get(b.param), l.buffers.get(b.param))
+            else {
+                return Err(Error::Unbounded {
+                    kernel: info.name.clone(),
+                    device: format!(
+                        "{} ({}): its declared bounds name parameter {}, which it does not have",
+                        device.name, device.backend, b.param
+                    ),
+                });
+            };
+            let bytes = buffer.raw().bytes;
+            let need = b.required_bytes(l.groups, info.local_size, l.push_constants);
+            if need.is_none_or(|need| bytes < need) {
+                return Err(Error::Size {
+                    what: format!(
+                        "buffer for binding {} ({}) of kernel {:?}",
+                        param.binding, param.name, info.name
+                    ),
+                    got: format!("{bytes} bytes"),
+                    expected: match need {
+                        Some(need) => format!(
+                            "at least {need} bytes: this launch touches {} elements of {} bytes \
+                             ({:?} over {:?} workgroups of {:?})",
+                            need / b.element_bytes.max(1),
+                            b.element_bytes,
+                            b.extent,
+                            l.groups,
+                            info.local_size
+                        ),
+                        None => format!(
+                            "a launch whose extent {:?} fits in 64 bits and the push constants",
+                            b.extent
+                        ),
+                    },
+                });
+            }
+        }
+        Ok(())
     }
 }
 

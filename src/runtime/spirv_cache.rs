@@ -244,7 +244,9 @@ impl SpirvCache {
         }
         let bytes = compiled?;
         trace(config, src, "glsl compiled", Some(took));
-        let image = DeviceImage::spirv(src.name(), bytes)?;
+        let image = compiled_image(src.name(), bytes).inspect_err(|_| {
+            bump(&self.counters.compile_errors);
+        })?;
         if !config.cache_debug {
             stores.put(key, image.bytes(), took, lock);
         }
@@ -252,8 +254,47 @@ impl SpirvCache {
     }
 }
 
+/// The SPIR-V image of `bytes`, which kpc's own GLSL compile of `name` produced. SPIR-V that
+/// spirv-tools then refuses is a compile failure of that GLSL, as deterministic as any other, so it
+/// is a [`Error::GlslCompile`] (cached like one) that says where the SPIR-V came from, not an
+/// [`Error::InvalidSpirv`] (which is never cached: the GLSL would be compiled again on every request).
+fn compiled_image(name: &str, bytes: Vec<u8>) -> Result<DeviceImage> {
+    DeviceImage::spirv(name, bytes).map_err(|e| match e {
+        Error::InvalidSpirv { message, .. } => Error::GlslCompile {
+            image: name.to_string(),
+            message: format!(
+                "the SPIR-V that kpc's GLSL compile (libshaderc) produced fails validation: {message}"
+            ),
+        },
+        other => other,
+    })
+}
+
 fn trace(config: &Config, src: &GlslSource, what: &str, took: Option<Duration>) {
     if config.trace.contains(TraceFlags::BUILDS) {
         tracing::info!(target: "kpc::build", image = src.name(), ms = took.map(|t| t.as_secs_f64() * 1e3), "{what}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::BuildFailure;
+
+    #[test]
+    fn invalid_output_of_kpcs_own_compile_is_a_cacheable_compile_error() {
+        // The shipped saxpy with its first instruction after the header cut short: spirv-tools
+        // refuses it, as it would refuse a miscompile.
+        let mut bytes = include_bytes!("../../kernels/saxpy.spv").to_vec();
+        bytes.truncate(bytes.len() - 6);
+        let e = compiled_image("mine", bytes).unwrap_err();
+        let Error::GlslCompile { image, message } = &e else {
+            panic!("expected GlslCompile, got {e:?}");
+        };
+        assert_eq!(image, "mine");
+        assert!(message.contains("kpc's GLSL compile"), "{message}");
+        assert!(e.is_cacheable() && !e.is_transient(), "{e:?}");
+        let ok = include_bytes!("../../kernels/saxpy.spv").to_vec();
+        assert!(compiled_image("saxpy", ok).is_ok());
     }
 }

@@ -24,6 +24,10 @@ pub struct ContextStats {
     pub memory: CacheStats,
     /// The local disk cache's counters, or `None` when it is off (the C API then reports zeros).
     pub disk: Option<DiskStats>,
+    /// Why the configured local disk cache is off although one was asked for: its root cannot be
+    /// used (a regular file, a directory that cannot be created). `None` when it is on, or was
+    /// turned off (`KPC_CACHE_PERSISTENT=0`).
+    pub disk_unusable: Option<String>,
     /// The backend's own counters (programs built and loaded, driver pipeline-cache hits,
     /// launches).
     pub backend_counters: BackendStats,
@@ -50,6 +54,7 @@ impl Context {
             backend: programs.kind(),
             memory: programs.memory_stats(),
             disk: programs.disk_stats(),
+            disk_unusable: programs.disk_unusable().map(str::to_string),
             backend_counters: self.inner.compute.stats(),
             stores: programs.store_stats(),
             spirv: programs.spirv_stats(),

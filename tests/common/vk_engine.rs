@@ -138,7 +138,11 @@ impl Engine {
             device: self.device.handle(),
             queue_family_index: self.family,
             queue: self.queue,
-            enabled: VulkanFeatures::default(),
+            // What the engine enabled: robustBufferAccess where the device has it.
+            enabled: VulkanFeatures {
+                robust_buffer_access: crate::common::vk_device::robust(&self.instance, self.pd),
+                ..VulkanFeatures::default()
+            },
             queue_lock: None,
         }
     }

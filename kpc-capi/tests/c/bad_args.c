@@ -86,6 +86,9 @@ int main(int argc, char **argv) {
     EXPECT(INVALID, kpc_config_set_device(cfg, NULL));
     EXPECT(INVALID, kpc_config_set_device(cfg, "vulkan:\xff"));
     EXPECT(KPC_STATUS_CONFIG, kpc_config_set_device(cfg, "cuda:0"));
+    ASSERT(strstr(kpc_last_error(), "device selector \"cuda:0\"") != NULL &&
+               strstr(kpc_last_error(), "KPC_DEVICE") == NULL,
+           "a selector given in code is not the variable: %s", kpc_last_error());
     /* The stores and modes the environment reaches: bad values are typed errors, good ones taken,
      * NULL unsets. */
     EXPECT(KPC_STATUS_CONFIG, kpc_config_set_readonly_dirs(cfg, "relative/dir"));
@@ -182,6 +185,9 @@ int main(int argc, char **argv) {
     EXPECT(INVALID, kpc_image_create("\xc3\x28", KPC_IMAGE_SPIRV, spv, spv_len, &img));
     EXPECT(INVALID, kpc_image_create("x", KPC_IMAGE_SPIRV, spv, (size_t)-1, &img));
     EXPECT(INVALID, kpc_image_create("x", KPC_IMAGE_OPENCL_C, (const uint8_t *)"kernel \xff", 8, &img));
+    /* SPIR-V passed as OpenCL C: the message says what the bytes are and what to pass. */
+    EXPECT(INVALID, kpc_image_create("x", KPC_IMAGE_OPENCL_C, spv, spv_len, &img));
+    ASSERT(strstr(kpc_last_error(), "the bytes are SPIR-V") != NULL, "%s", kpc_last_error());
     EXPECT(KPC_STATUS_INVALID_SPIRV, kpc_image_create("x", KPC_IMAGE_SPIRV, spv, spv_len - 3, &img));
     EXPECT(KPC_STATUS_INVALID_SPIRV,
            kpc_image_create("x", KPC_IMAGE_SPIRV, (const uint8_t *)junk, sizeof junk, &img));
@@ -230,6 +236,15 @@ int main(int argc, char **argv) {
     EXPECT(INVALID, kpc_kernel_create(ctx, img, "saxpy", spec, 2, NULL, &k));
     EXPECT(KPC_STATUS_UNKNOWN_KERNEL, kpc_kernel_create(ctx, img, "nope", NULL, 0, NULL, &k));
     EXPECT(INVALID, kpc_kernel_create(ctx, climg, "saxpy", NULL, 0, NULL, &k)); /* wrong format */
+    ASSERT(strstr(kpc_last_error(), "holds OpenCL C source, but a vulkan context builds SPIR-V") != NULL, "%s", kpc_last_error());
+    /* BIAS is an i32: an f32 is refused in the user's terms, not as a bit pattern. */
+    kpc_spec_constant wrong = spec[0];
+    wrong.kind = KPC_SPEC_F32;
+    wrong.value.f32 = 1.0f;
+    EXPECT(INVALID, kpc_kernel_create(ctx, img, "saxpy", &wrong, 1, NULL, &k));
+    ASSERT(strstr(kpc_last_error(), "is i32, but f32 1 was given") != NULL &&
+               strstr(kpc_last_error(), "Bits") == NULL,
+           "%s", kpc_last_error());
     ASSERT(k == NULL, "a failed create leaves *out alone");
 
     /* After all that, kpc works: saxpy with BIAS = 3, built, then from memory. */

@@ -50,7 +50,7 @@ static int kpc_test_checks = 0;
     } while (0)
 
 /* The whole file at `path`, malloc'ed; its length in *len. Exits on failure. */
-static unsigned char *read_file(const char *path, size_t *len) {
+static inline unsigned char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "FAIL cannot open %s\n", path);
@@ -71,7 +71,7 @@ static unsigned char *read_file(const char *path, size_t *len) {
 }
 
 /* A stats struct ready to be filled. */
-static kpc_stats stats_of(const kpc_context *ctx) {
+static inline kpc_stats stats_of(const kpc_context *ctx) {
     kpc_stats s;
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;

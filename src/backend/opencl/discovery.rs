@@ -168,6 +168,8 @@ pub(crate) fn describe(p: &Platform, id: cl_device_id, index: usize) -> Result<F
         storage_16bit: true,
         float16_arithmetic: extensions.split_whitespace().any(|e| e == "cl_khr_fp16"),
         timestamps: d.queue_on_host_properties().unwrap_or(0) & QUEUE_PROFILING != 0,
+        // OpenCL has no robust-access guarantee a host can switch on.
+        robust_buffer_access: false,
     };
     let unusable = match parse_version(&version) {
         None => Some(format!("cannot read the OpenCL version from {version:?}")),

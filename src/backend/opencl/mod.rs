@@ -72,7 +72,7 @@ pub use source::{ARG_INFO_OPTION, SPEC_CONSTANT_MARKER, SpecDecl};
 
 use launch::Slot;
 
-/// The spec constants an OpenCL C image declares (`// kpc-spec-constant <id> <NAME>` lines), in
+/// The spec constants an OpenCL C image declares (`// kpc-spec-constant <id> <NAME> [<TYPE>]` lines), in
 /// source order.
 ///
 /// Errors: as the build would report them: [`Error::InvalidArgument`] for an image that is not

@@ -35,6 +35,24 @@ pub struct SpecDecl {
     pub id: u32,
     /// The macro it defines.
     pub name: String,
+    /// Its declared type (`bool`, `i32`, `u32`, `f32`, `i64`, `u64`, `f64`), when the declaration
+    /// gives one: a value of another type is refused, as Vulkan refuses it from the SPIR-V's own
+    /// declaration. `None`: any value is passed as its C literal.
+    pub ty: Option<&'static str>,
+}
+
+/// The types a declaration may give.
+const SPEC_TYPES: [&str; 7] = ["bool", "i32", "u32", "f32", "i64", "u64", "f64"];
+
+/// Whether `value` fits the declared type `ty` (integers may be given signed or unsigned, as on
+/// Vulkan).
+fn spec_fits(ty: &str, value: &SpecValue) -> bool {
+    let given = value.type_name();
+    given == ty
+        || matches!(
+            (ty, given),
+            ("i32", "u32") | ("u32", "i32") | ("i64", "u64") | ("u64", "i64")
+        )
 }
 
 /// An OpenCL C image's text and its declared specialization constants.
@@ -69,8 +87,9 @@ impl<'a> OpenClSource<'a> {
             return Err(bad_image(
                 image,
                 format!(
-                    "holds {:?}; the OpenCL backend builds OpenCL C source",
-                    image.format()
+                    "holds {}; an OpenCL context builds OpenCL C source ({})",
+                    image.format(),
+                    crate::backend::ImageFormat::OpenClC.made_by()
                 ),
             ));
         }
@@ -91,15 +110,22 @@ impl<'a> OpenClSource<'a> {
                 bad_image(
                     image,
                     format!(
-                        "line {}: expected `// {SPEC_CONSTANT_MARKER} <id> <NAME>`, got {:?}",
+                        "line {}: expected `// {SPEC_CONSTANT_MARKER} <id> <NAME> [<TYPE>]` with \
+                         TYPE one of bool, i32, u32, f32, i64, u64, f64, got {:?}",
                         n + 1,
                         line.trim()
                     ),
                 )
             };
             let mut words = decl.split_whitespace();
-            let (Some(id), Some(name), None) = (words.next(), words.next(), words.next()) else {
+            let (Some(id), Some(name), ty, None) =
+                (words.next(), words.next(), words.next(), words.next())
+            else {
                 return Err(malformed());
+            };
+            let ty = match ty {
+                None => None,
+                Some(t) => Some(*SPEC_TYPES.iter().find(|k| **k == t).ok_or_else(malformed)?),
             };
             let id: u32 = id.parse().map_err(|_| malformed())?;
             if !is_identifier(name) {
@@ -119,6 +145,7 @@ impl<'a> OpenClSource<'a> {
             spec.push(SpecDecl {
                 id,
                 name: name.to_string(),
+                ty,
             });
         }
         Ok(OpenClSource { text, spec })
@@ -155,6 +182,14 @@ impl<'a> OpenClSource<'a> {
                     ),
                 ));
             };
+            if let Some(ty) = d.ty.filter(|ty| !spec_fits(ty, value)) {
+                return Err(Error::InvalidArgument(format!(
+                    "specialization constant {id} ({}) of image {:?} is {ty}, but {value} was given; \
+                     pass a {ty} value (integers may be signed or unsigned)",
+                    d.name,
+                    image.name()
+                )));
+            }
             out.push_str(" -D ");
             out.push_str(&d.name);
             out.push('=');
@@ -230,6 +265,44 @@ mod tests {
 
     fn image(src: &str) -> DeviceImage {
         DeviceImage::new("t", ImageFormat::OpenClC, src.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_declared_type_refuses_values_of_another() {
+        let img = image(
+            "// kpc-spec-constant 1 BIAS i32\n// kpc-spec-constant 2 ANY\nkernel void k() {}\n",
+        );
+        let src = OpenClSource::parse(&img).unwrap();
+        let opts = BuildOptions::default();
+        let e = src
+            .build_options(
+                &img,
+                &SpecConstants::new().with(1, SpecValue::f32(1.0)),
+                &opts,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is i32, but f32 1 was given"), "{e}");
+        // Signed or unsigned integers of the width fit; an undeclared type takes anything.
+        let ok = SpecConstants::new()
+            .with(1, SpecValue::U32(3))
+            .with(2, SpecValue::f32(0.5));
+        assert!(src.build_options(&img, &ok, &opts).is_ok());
+        // An unknown type is a malformed declaration.
+        let bad = image("// kpc-spec-constant 1 BIAS int\nkernel void k() {}\n");
+        let e = OpenClSource::parse(&bad).err().unwrap().to_string();
+        assert!(e.contains("TYPE one of bool"), "{e}");
+    }
+
+    #[test]
+    fn another_backends_image_says_what_to_use() {
+        let spirv = DeviceImage::new("s", ImageFormat::SpirV, vec![0u8; 20]);
+        let e = OpenClSource::parse(&spirv).err().unwrap().to_string();
+        assert!(
+            e.contains("holds SPIR-V; an OpenCL context builds OpenCL C source")
+                && e.contains("kpc::kernels::opencl_image"),
+            "{e}"
+        );
     }
 
     #[test]

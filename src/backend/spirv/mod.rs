@@ -263,8 +263,9 @@ impl SpirvModule {
             );
             if !fits {
                 return Err(Error::InvalidArgument(format!(
-                    "specialization constant {id} ({}) of image {image:?} is {}, but {value:?} was given",
-                    decl.name, decl.ty
+                    "specialization constant {id} ({}) of image {image:?} is {}, but {value} was \
+                     given; pass a {} value (integers may be signed or unsigned)",
+                    decl.name, decl.ty, decl.ty
                 )));
             }
             let bytes = value.to_le_bytes();
@@ -385,6 +386,34 @@ mod tests {
                 Err(Error::InvalidSpirv { .. })
             ));
         }
+    }
+
+    #[test]
+    fn messages_speak_the_users_terms() {
+        // saxpy declares spec constant 1 (BIAS) as i32: an f32 is refused in words, not bits.
+        let saxpy = include_bytes!("../../../kernels/saxpy.spv");
+        let m = SpirvModule::parse("saxpy", saxpy).unwrap();
+        let e = m
+            .specialization("saxpy", &SpecConstants::new().with(1, SpecValue::f32(1.0)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("is i32, but f32 1 was given") && !e.contains("Bits"),
+            "{e}"
+        );
+        // The other backend's image says which functions make the right one.
+        let cl = crate::backend::DeviceImage::new(
+            "saxpy",
+            crate::backend::ImageFormat::OpenClC,
+            b"kernel void saxpy() {}".to_vec(),
+        );
+        let e = cl.spirv_reflection().unwrap_err().to_string();
+        assert!(
+            e.contains("holds OpenCL C source, not SPIR-V")
+                && e.contains("kpc::kernels::spirv_image"),
+            "{e}"
+        );
+        assert!(!e.contains("OpenClC,") && !e.contains("OpenClC "), "{e}");
     }
 
     #[test]

@@ -77,6 +77,8 @@ impl Recycled {
 /// A VkDevice whose last user was dropped, with its queue and the spare per-batch objects it had.
 struct IdleDevice {
     physical: vk::PhysicalDevice,
+    /// Whether it was created with robustBufferAccess (`KPC_VULKAN_ROBUST_ACCESS`).
+    robust: bool,
     raw: ash::Device,
     queue: vk::Queue,
     recycled: Recycled,
@@ -124,14 +126,19 @@ impl Device {
         let api = pd.api_version.min(instance.api_version);
         let mut enabled = pd.supported;
         enabled.pipeline_binary = pd.pipeline_binaries;
+        enabled.robust_buffer_access &= super::features::robust_access_from_env()?;
         let host_query_reset = enabled.host_query_reset;
+        let robust = enabled.robust_buffer_access;
         let idle = {
             let mut idle = IDLE_DEVICES.lock();
-            let found = idle.iter().position(|d| d.physical == pd.raw);
+            let found = idle
+                .iter()
+                .position(|d| d.physical == pd.raw && d.robust == robust);
             found.map(|i| idle.swap_remove(i))
         };
         // A kept device was created from this same physical device with these same features (every
-        // choice above depends on the physical device alone), so it is what a new one would be.
+        // choice above depends on the physical device and the robustness setting alone), so it is
+        // what a new one would be.
         let (raw, queue, recycled) = match idle {
             Some(d) => (d.raw, d.queue, d.recycled),
             None => {
@@ -241,6 +248,7 @@ impl Drop for Device {
         self.shared_layouts.destroy(&self.raw);
         IDLE_DEVICES.lock().push(IdleDevice {
             physical: self.physical,
+            robust: self.caps.enabled.robust_buffer_access,
             raw: self.raw.clone(),
             queue: self.queue,
             recycled: std::mem::take(self.recycled.get_mut()),

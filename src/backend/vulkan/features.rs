@@ -13,6 +13,12 @@ use ash::vk;
 /// with [`crate::Error::InvalidArgument`] (it cannot have been enabled).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VulkanFeatures {
+    /// `VkPhysicalDeviceFeatures::robustBufferAccess`: a kernel's out-of-bounds buffer accesses
+    /// stay inside the buffer (reads return values from the buffer or zero, writes land inside it
+    /// or are dropped). kpc enables it on the devices it opens where the device has it (unless
+    /// `KPC_VULKAN_ROBUST_ACCESS=0`); with it on, [`crate::Queue::submit`] launches any kernel
+    /// safely. Without it, only kernels with declared access bounds launch safely.
+    pub robust_buffer_access: bool,
     /// `VkPhysicalDeviceFeatures::shaderInt16` (SPIR-V `Int16`).
     pub shader_int16: bool,
     /// `VkPhysicalDeviceFeatures::shaderInt64` (SPIR-V `Int64`).
@@ -90,8 +96,13 @@ pub struct VulkanFeatures {
 
 impl VulkanFeatures {
     /// Every field as (field name, Vulkan's name, value), in declaration order.
-    pub fn fields(&self) -> [(&'static str, &'static str, bool); 31] {
+    pub fn fields(&self) -> [(&'static str, &'static str, bool); 32] {
         [
+            (
+                "robust_buffer_access",
+                "robustBufferAccess",
+                self.robust_buffer_access,
+            ),
             ("shader_int16", "shaderInt16", self.shader_int16),
             ("shader_int64", "shaderInt64", self.shader_int64),
             ("shader_float64", "shaderFloat64", self.shader_float64),
@@ -298,6 +309,7 @@ pub(crate) fn supported(
     let core = f2.features;
     let on = |b: vk::Bool32| b == vk::TRUE;
     VulkanFeatures {
+        robust_buffer_access: on(core.robust_buffer_access),
         shader_int16: on(core.shader_int16),
         shader_int64: on(core.shader_int64),
         shader_float64: on(core.shader_float64),
@@ -366,9 +378,10 @@ pub(crate) fn create_device(
 ) -> std::result::Result<ash::Device, vk::Result> {
     let v12 = api >= vk::API_VERSION_1_2;
     let v13 = api >= vk::API_VERSION_1_3;
-    // robustBufferAccess stays off: it costs bandwidth on some GPUs, and launches are checked on
-    // the host instead.
+    // robustBufferAccess is what makes a safe launch of any kernel sound: without it a kernel that
+    // indexes past a buffer writes into whatever memory follows it.
     let core = vk::PhysicalDeviceFeatures::default()
+        .robust_buffer_access(f.robust_buffer_access)
         .shader_int16(f.shader_int16)
         .shader_int64(f.shader_int64)
         .shader_float64(f.shader_float64);
@@ -470,3 +483,21 @@ pub(crate) fn create_device(
     // the 1.2 and 1.3 structs are chained only at those API versions.
     unsafe { instance.create_device(pd, &info, None) }
 }
+
+/// The variable that turns robustBufferAccess off on the devices kpc opens.
+const ROBUST_VAR: &str = "KPC_VULKAN_ROBUST_ACCESS";
+
+/// `KPC_VULKAN_ROBUST_ACCESS`: whether kpc enables robustBufferAccess where the device has it
+/// (default yes).
+pub(crate) fn robust_access_from_env() -> crate::error::Result<bool> {
+    match std::env::var_os(ROBUST_VAR) {
+        None => Ok(true),
+        Some(v) => {
+            let v = v.to_string_lossy();
+            crate::config::parse_bool(ROBUST_VAR, &v).map_err(crate::error::Error::Config)
+        }
+    }
+}
+
+/// The fingerprint field saying whether the device runs with robustBufferAccess (`1`) or not (`0`).
+pub(crate) const ROBUST_FIELD: &str = "robust_buffer_access";

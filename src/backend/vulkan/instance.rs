@@ -346,6 +346,9 @@ pub(crate) fn describe(
     } else {
         super::pipeline_cache::PIPELINE_CACHE_KIND
     };
+    // Pipelines compiled with and without robust buffer access differ: a binary of one must never
+    // serve the other (a non-robust binary would void the safe launch's guarantee).
+    let robust = supported.robust_buffer_access && super::features::robust_access_from_env()?;
     let fingerprint = DeviceFingerprint::new(
         BackendKind::Vulkan,
         vec![
@@ -365,6 +368,10 @@ pub(crate) fn describe(
             ),
             ("api_version".into(), version_string(api_version)),
             ("kpc_vulkan_blob".into(), BLOB_FORMAT_VERSION.to_string()),
+            (
+                super::features::ROBUST_FIELD.into(),
+                u8::from(robust).to_string(),
+            ),
             (
                 super::pipeline_binary::KIND_FIELD.into(),
                 binary_kind.into(),
@@ -427,6 +434,7 @@ pub(crate) fn describe(
             },
             float16_arithmetic: f16.shader_float16 == vk::TRUE,
             timestamps: timestamp_valid_bits > 0 && l.timestamp_period > 0.0,
+            robust_buffer_access: robust,
         },
         unusable,
     };

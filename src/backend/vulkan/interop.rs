@@ -229,7 +229,18 @@ impl VulkanBackend {
             &info.fingerprint,
             pipeline_binary.as_ref().map(|p| p.global_key.as_slice()),
         );
+        // The embedder's device is robust exactly when it says so (a declaration kpc checked
+        // against what the device supports above).
+        let robust = u8::from(f.robust_buffer_access).to_string();
+        let mut fields = info.fingerprint.fields.clone();
+        for (k, v) in &mut fields {
+            if k == super::features::ROBUST_FIELD {
+                v.clone_from(&robust);
+            }
+        }
+        info.fingerprint = crate::backend::DeviceFingerprint::new(info.fingerprint.backend, fields);
         let l = &mut info.limits;
+        l.robust_buffer_access = f.robust_buffer_access;
         l.storage_16bit = f.storage_buffer_16bit_access;
         l.float16_arithmetic = f.shader_float16;
         l.cooperative_matrix_f16 = l.cooperative_matrix_f16

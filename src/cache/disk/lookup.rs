@@ -196,6 +196,7 @@ impl PersistentCache {
             Waited::TimedOut => {
                 bump(&i.counters.lock_timeouts, 1);
                 i.warned.warn(
+                    &i.s.warnings,
                     WarnCause::LockTimeout,
                     &lock_path,
                     &format_args!(
@@ -221,6 +222,7 @@ impl PersistentCache {
         let i = &self.inner;
         bump(&i.counters.rejected, 1);
         i.warned.warn(
+            &i.s.warnings,
             WarnCause::Rejected,
             &hit.bin_path(),
             &format_args!("the backend refused a verified binary ({reason})"),
@@ -410,6 +412,7 @@ impl Inner {
         let report = |removed: bool| {
             bump(&self.counters.corruptions, 1);
             self.warned.warn(
+                &self.s.warnings,
                 WarnCause::Corrupt,
                 &path,
                 &format_args!(

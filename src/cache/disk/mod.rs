@@ -106,6 +106,7 @@ pub use settings::DiskCacheSettings;
 pub use stats::DiskStats;
 
 use std::fmt;
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -192,14 +193,34 @@ impl PersistentCache {
             Some(s) => Some(PersistentCache::new(s)),
             None => {
                 UNRESOLVED_WARNING.call_once(|| {
-                    tracing::warn!(
+                    crate::warnings::emit!(
+                        Some(&config.warning_sink()),
                         target: "kpc::cache::disk",
-                        cause = "unavailable",
+                        cause: "unavailable",
                         "disk cache off: none of KPC_CACHE_DIR, XDG_CACHE_HOME (absolute) or HOME (absolute) is set"
                     );
                 });
                 None
             }
+        }
+    }
+
+    /// [`PersistentCache::from_config`], with its root made and checked: `Err` says why a
+    /// configured root cannot be used (a regular file, a directory that cannot be created), so
+    /// that a context reports it instead of failing every put without a word.
+    pub fn open_from_config(config: &Config) -> Result<Option<Self>, String> {
+        let Some(cache) = PersistentCache::from_config(config) else {
+            return Ok(None);
+        };
+        let root = cache.root();
+        match std::fs::create_dir_all(root) {
+            Ok(()) if root.is_dir() => Ok(Some(cache)),
+            Err(_) | Ok(()) if root.exists() && !root.is_dir() => Err(format!(
+                "cache root {} exists and is not a directory",
+                root.display()
+            )),
+            Ok(()) => Err(format!("cache root {} is not a directory", root.display())),
+            Err(e) => Err(format!("cannot create cache root {}: {e}", root.display())),
         }
     }
 
@@ -242,6 +263,7 @@ impl PersistentCache {
     /// Records that the backend could not serialize a built program (warned once).
     pub fn note_serialize_failure(&self, reason: &dyn fmt::Display) {
         self.inner.warned.warn(
+            &self.inner.s.warnings,
             WarnCause::Serialize,
             &self.inner.s.root,
             &format_args!("could not serialize a built program ({reason})"),
@@ -330,6 +352,24 @@ impl PersistentCache {
 }
 
 impl Inner {
+    /// Removes `key`'s leaf directory if it is empty and unlocked (as a sweep would), then each
+    /// emptied parent up to the version directory: what a lock taken for a build that published
+    /// nothing leaves behind. A writer that meanwhile made the chain again keeps it (its leaf is
+    /// locked or not empty, and `rmdir` of a non-empty parent fails).
+    fn remove_empty_chain(&self, key: &StoreKey) {
+        let leaf = self.leaf(key);
+        if !lock::remove_leaf_dir(&leaf) {
+            return;
+        }
+        let mut dir = leaf.parent();
+        while let Some(d) = dir {
+            if d == self.v1 || fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
+    }
+
     fn leaf(&self, key: &StoreKey) -> PathBuf {
         let [a, b, c, d] = key.dir_names();
         self.v1.join(a).join(b).join(c).join(d)
@@ -342,7 +382,11 @@ impl Inner {
     }
 
     fn warn_io(&self, e: &io::Error, path: &Path, what: &str) {
-        self.warned
-            .warn(WarnCause::of(e), path, &format_args!("{what}: {e}"));
+        self.warned.warn(
+            &self.s.warnings,
+            WarnCause::of(e),
+            path,
+            &format_args!("{what}: {e}"),
+        );
     }
 }

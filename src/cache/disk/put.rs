@@ -52,7 +52,7 @@ impl BuildGuard {
     }
 
     /// Publishes `bytes` built in `build_time` for the key, then releases the build lock.
-    pub fn put(self, bytes: &[u8], build_time: Duration) -> PutOutcome {
+    pub fn put(mut self, bytes: &[u8], build_time: Duration) -> PutOutcome {
         if !self.persist {
             return PutOutcome::Skipped;
         }
@@ -61,8 +61,21 @@ impl BuildGuard {
             .cache
             .inner
             .put(&self.key, bytes, build_time, Some(&built_here));
-        drop(self.lock);
+        // Released here, after the publish; the drop below then has nothing to tidy.
+        drop(self.lock.take());
         r
+    }
+}
+
+impl Drop for BuildGuard {
+    /// A guard dropped without a publish (the build failed, or its caller gave up) made the key's
+    /// leaf directory chain for its lock and leaves nothing in it: removed, so a failed key leaves no
+    /// empty directories behind (they are invisible to `ls`, `stats` and `verify`).
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            drop(lock);
+            self.cache.inner.remove_empty_chain(&self.key);
+        }
     }
 }
 
@@ -177,6 +190,7 @@ impl Inner {
         if self.s.max_size > 0 && total > self.s.max_size {
             bump(&self.counters.skipped, 1);
             self.warned.warn(
+                &self.s.warnings,
                 WarnCause::TooLarge,
                 &self.s.root,
                 &format_args!(
@@ -233,6 +247,7 @@ impl Inner {
         else {
             bump(&self.counters.skipped, 1);
             self.warned.warn(
+                &self.s.warnings,
                 WarnCause::LockTimeout,
                 leaf,
                 &format_args!(
@@ -278,6 +293,7 @@ impl Inner {
         }
         bump(&self.counters.skipped, 1);
         self.warned.warn(
+            &self.s.warnings,
             WarnCause::Io,
             leaf,
             &format_args!("all {MAX_SLOTS} slots of a leaf directory are taken"),

@@ -33,10 +33,13 @@ pub struct DiskCacheSettings {
     /// The host id recorded in the provenance of what this process builds (`KPC_HOST_ID`, default
     /// the host name).
     pub host_id: String,
+    /// Where this cache's warnings go besides `tracing` (the context's callback, stderr).
+    pub warnings: crate::warnings::Sink,
 }
 
 impl DiskCacheSettings {
-    /// The defaults DESIGN.md gives, rooted at `root`.
+    /// The defaults (1 GiB limit and largest image, 30 s lock timeout, 60 s touch interval, 75%
+    /// low watermark, background eviction, fsync), rooted at `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
         DiskCacheSettings {
             root: root.into(),
@@ -50,6 +53,7 @@ impl DiskCacheSettings {
             background_eviction: true,
             sync: true,
             host_id: crate::config::signing::hostname(),
+            warnings: crate::warnings::Sink::default(),
         }
     }
 
@@ -69,6 +73,7 @@ impl DiskCacheSettings {
             lock_timeout: c.lock_timeout,
             trace: c.trace.contains(TraceFlags::DISK),
             host_id: c.host_id(),
+            warnings: c.warning_sink(),
             ..DiskCacheSettings::new(root)
         }
     }

@@ -184,7 +184,13 @@ pub(crate) struct Warned(AtomicU32);
 
 impl Warned {
     /// Emits the warning for `cause` unless this instance already did.
-    pub fn warn(&self, cause: WarnCause, path: &Path, detail: &dyn fmt::Display) {
+    pub fn warn(
+        &self,
+        sink: &crate::warnings::Sink,
+        cause: WarnCause,
+        path: &Path,
+        detail: &dyn fmt::Display,
+    ) {
         if self.first(cause) {
             tracing::warn!(
                 target: "kpc::cache::disk",
@@ -192,6 +198,16 @@ impl Warned {
                 path = %path.display(),
                 "disk cache: {detail}; building instead (further {cause} problems are not reported)"
             );
+            let w = crate::warnings::Warning {
+                target: "kpc::cache::disk",
+                cause: cause.name(),
+                message: format!(
+                    "disk cache at {}: {detail}; building instead (further {cause} problems are \
+                     not reported)",
+                    path.display()
+                ),
+            };
+            crate::warnings::deliver(Some(sink), &w);
         }
     }
 

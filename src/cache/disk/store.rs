@@ -81,6 +81,7 @@ impl Store for PersistentCache {
                 let i = &self.inner;
                 bump(&i.counters.rejected, 1);
                 i.warned.warn(
+                    &i.s.warnings,
                     WarnCause::Rejected,
                     &self.entry_dir(key),
                     &format_args!("the backend refused a verified binary ({reason})"),

@@ -160,6 +160,8 @@ pub struct StoreChain {
     warnings: StoreWarnings,
     /// The miss journal (`crate::cache::journal`), local with the first disk cache appended.
     journal: Journal,
+    /// Why the configured local disk cache is not in the chain, when its root cannot be used.
+    local_unusable: Option<String>,
 }
 
 impl fmt::Debug for StoreChain {
@@ -185,20 +187,47 @@ impl StoreChain {
             trace: false,
             warnings: StoreWarnings::new("store chain"),
             journal: Journal::new(crate::config::signing::hostname(), None),
+            local_unusable: None,
         }
     }
 
     /// What `config` asks for: the local disk cache (unless `KPC_CACHE_PERSISTENT=0` or no directory
     /// resolves), then the read-only layers of `KPC_CACHE_READONLY_DIRS` in order, then the remote
     /// (`KPC_CACHE_REMOTE`).
+    ///
+    /// A local root that cannot be used (a file, or a directory that cannot be created) leaves the
+    /// disk cache out: warned once through the configuration's warning sink, and said by
+    /// [`StoreChain::local_unusable`].
     pub fn from_config(config: &Config) -> StoreChain {
-        StoreChain::with_local_disk(PersistentCache::from_config(config), config)
+        match PersistentCache::open_from_config(config) {
+            Ok(disk) => StoreChain::with_local_disk(disk, config),
+            Err(why) => {
+                let mut chain = StoreChain::with_local_disk(None, config);
+                crate::warnings::emit!(
+                    Some(&config.warning_sink()),
+                    target: "kpc::cache::disk",
+                    cause: "unusable-root",
+                    "disk cache off: {why}; every kernel is built instead of loaded (set \
+                     KPC_CACHE_DIR or Config::builder().cache_dir(..) to a directory kpc can \
+                     create and write)"
+                );
+                chain.local_unusable = Some(why);
+                chain
+            }
+        }
+    }
+
+    /// Why the configured local disk cache is not in this chain: its root could not be used
+    /// (`None` when it is there, or when none was configured).
+    pub fn local_unusable(&self) -> Option<&str> {
+        self.local_unusable.as_deref()
     }
 
     /// `disk` as the local cache (none for none), then `config`'s read-only layers and remote.
     pub fn with_local_disk(disk: Option<PersistentCache>, config: &Config) -> StoreChain {
         let mut chain = StoreChain::new();
         chain.trace = config.trace.contains(TraceFlags::DISK);
+        chain.warnings.set_sink(config.warning_sink());
         chain.journal.host = config.host_id();
         if let Some(d) = disk {
             chain = chain.with_disk(d);
@@ -241,7 +270,9 @@ impl StoreChain {
         }
         for dir in &config.readonly_dirs {
             let disk = PersistentCache::new(DiskCacheSettings::from_config_at(config, dir));
-            self = self.with_store(Arc::new(ReadOnlyStore::new(Arc::new(disk))));
+            let mut store = ReadOnlyStore::new(Arc::new(disk));
+            store.set_sink(config.warning_sink());
+            self = self.with_store(Arc::new(store));
         }
         self
     }

@@ -372,15 +372,22 @@ impl StoreCounters {
 pub(crate) struct StoreWarnings {
     store: String,
     warned: Warned,
+    sink: crate::warnings::Sink,
 }
 
 impl StoreWarnings {
-    /// Bookkeeping for the store named `store`.
+    /// Bookkeeping for the store named `store`, warning through the process-wide receivers.
     pub fn new(store: impl Into<String>) -> StoreWarnings {
         StoreWarnings {
             store: store.into(),
             warned: Warned::default(),
+            sink: crate::warnings::Sink::default(),
         }
+    }
+
+    /// Sends this store's warnings to `sink` (a context's callback) from now on.
+    pub(crate) fn set_sink(&mut self, sink: crate::warnings::Sink) {
+        self.sink = sink;
     }
 
     /// The `level` label of this store's metrics: the kind its name starts with (`remote:`, ...).
@@ -397,13 +404,22 @@ impl StoreWarnings {
     pub(crate) fn warn(&self, cause: WarnCause, detail: &dyn fmt::Display) {
         crate::cache::metrics::store_failure(self.level(), cause.name());
         if self.warned.first(cause) {
+            let message = format!(
+                "{}: {detail}; building instead (further {cause} problems are not reported)",
+                self.store
+            );
             tracing::warn!(
                 target: "kpc::cache::store",
                 store = %self.store,
                 cause = cause.name(),
-                "{}: {detail}; building instead (further {cause} problems are not reported)",
-                self.store
+                "{message}"
             );
+            let w = crate::warnings::Warning {
+                target: "kpc::cache::store",
+                cause: cause.name(),
+                message,
+            };
+            crate::warnings::deliver(Some(&self.sink), &w);
         }
     }
 }

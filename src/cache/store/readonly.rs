@@ -36,6 +36,11 @@ impl ReadOnlyStore {
         let warnings = StoreWarnings::new(format!("readonly:{}", inner.name()));
         ReadOnlyStore { inner, warnings }
     }
+
+    /// Sends this layer's warnings to `sink` (a context's callback).
+    pub(crate) fn set_sink(&mut self, sink: crate::warnings::Sink) {
+        self.warnings.set_sink(sink);
+    }
 }
 
 impl Store for ReadOnlyStore {

@@ -123,11 +123,12 @@ mod imp {
         /// misses.
         pub fn from_config(config: &Config) -> Option<RemoteStore> {
             let url = config.remote.as_ref()?;
-            RemoteStore::open(
+            RemoteStore::open_with_sink(
                 url,
                 config.remote_timeout,
                 EntryAuth::from_config(config),
                 config.lock_timeout,
+                config.warning_sink(),
             )
         }
 
@@ -140,8 +141,21 @@ mod imp {
             auth: impl Into<EntryAuth>,
             lock_timeout: Duration,
         ) -> Option<RemoteStore> {
+            let sink = crate::warnings::Sink::default();
+            RemoteStore::open_with_sink(url, timeout, auth, lock_timeout, sink)
+        }
+
+        /// [`RemoteStore::open`], warning through `sink`.
+        fn open_with_sink(
+            url: &RemoteUrl,
+            timeout: Duration,
+            auth: impl Into<EntryAuth>,
+            lock_timeout: Duration,
+            sink: crate::warnings::Sink,
+        ) -> Option<RemoteStore> {
             let auth = auth.into();
-            let warnings = StoreWarnings::new(format!("remote:{url}"));
+            let mut warnings = StoreWarnings::new(format!("remote:{url}"));
+            warnings.set_sink(sink);
             let ops = match Ops::open(url, timeout) {
                 Ok(o) => Arc::new(o),
                 Err(e) => {

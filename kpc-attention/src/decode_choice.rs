@@ -1,0 +1,236 @@
+//! Which decode kernel runs on which device: the vectorized kernel's layout (lanes per row, how a
+//! row's lanes are summed) and what the cooperative-matrix decode needs.
+
+use kpc::backend::DeviceInfo;
+use kpc::config::BackendKind;
+
+use super::choice::fp16_matrix_fits;
+use super::{AttentionOptions, AttentionShape, KvDtype};
+
+/// Most query heads per KV head the vectorized decode kernel serves in one workgroup.
+const VEC_MAX_GROUP: usize = 8;
+/// Most head elements one lane of the vectorized decode kernel holds (`MAX_VALS` in the kernel).
+const VEC_MAX_VALS: usize = 32;
+
+/// How the vectorized decode kernel is laid out on one device for one shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct VecLayout {
+    /// Invocations per K/V row.
+    pub(super) lanes: u32,
+    /// OpenCL on NVIDIA: sum a row's lanes with the PTX warp shuffle instead of local memory.
+    pub(super) nv_shuffle: bool,
+}
+
+/// Whether the vectorized decode kernel runs on `device` for `shape` and `dtype`, and how; the error
+/// says why not.
+pub(super) fn vec_layout(
+    device: &DeviceInfo,
+    shape: &AttentionShape,
+    dtype: KvDtype,
+    local_size: u32,
+) -> std::result::Result<VecLayout, String> {
+    let elems = 16 / dtype.bytes();
+    if shape.head_dim % elems != 0 {
+        return Err(format!(
+            "head dimension {} is not a multiple of {elems} ({dtype:?} elements per 16-byte load)",
+            shape.head_dim
+        ));
+    }
+    let group = shape.q_heads / shape.kv_heads;
+    if group > VEC_MAX_GROUP {
+        return Err(format!(
+            "{group} query heads per KV head; the vectorized kernel serves at most {VEC_MAX_GROUP}"
+        ));
+    }
+    if local_size > device.limits.max_workgroup_invocations {
+        return Err(format!(
+            "it needs workgroups of {local_size} invocations; the device allows {}",
+            device.limits.max_workgroup_invocations
+        ));
+    }
+    let (most, nv_shuffle) = match device.backend {
+        BackendKind::Vulkan => {
+            if !device.limits.subgroup_shuffle {
+                return Err("the device has no subgroup shuffles in compute shaders".into());
+            }
+            let sg = device
+                .limits
+                .subgroup_size
+                .ok_or("the device reports no subgroup size")?;
+            (sg.min(16), false)
+        }
+        BackendKind::OpenCl => (16, device.driver.contains("NVIDIA")),
+    };
+    let chunks = (shape.head_dim / elems) as u32;
+    let mut lanes = 1;
+    while lanes * 2 <= most && chunks % (lanes * 2) == 0 && local_size % (lanes * 2) == 0 {
+        lanes *= 2;
+    }
+    let vals = shape.head_dim / lanes as usize;
+    if vals > VEC_MAX_VALS {
+        return Err(format!(
+            "{lanes} lanes per row leave {vals} elements per lane; the kernel holds at most \
+             {VEC_MAX_VALS}"
+        ));
+    }
+    Ok(VecLayout { lanes, nv_shuffle })
+}
+
+/// Shared memory the cooperative-matrix decode declares for head dimension `d` and `local_size`
+/// invocations: one array for the largest of its phases (the subgroups' 16-row V tiles padded by 8
+/// halves, their output rows when they merge, the combination's 1024 maxima and sums and its
+/// per-slice rows), a max and sum for 8 rows per subgroup, the appended V row and a flag.
+pub(super) const fn coop_decode_shared(d: usize, local_size: usize) -> usize {
+    let subgroups = local_size / 32;
+    let tiles = subgroups * 16 * (d / 8 + 1);
+    let merge = subgroups * 2 * d;
+    let combine = 2 * 256 + subgroups * d / 4;
+    let most = if tiles > merge { tiles } else { merge };
+    let most = if most > combine { most } else { combine };
+    16 * most + 4 * 16 * subgroups + 16 * 16 + 4
+}
+
+/// Whether the cooperative-matrix decode runs on `device` for `shape`, `dtype`, `options` and a
+/// launch of up to `most_splits` splits (where it does, so does [`vec_layout`]), given whether the
+/// device's matrices have the register layout the kernel assumes (`quad`, the `coop_layout`
+/// probe's verdict); the error says why not.
+pub(super) fn coop_decode_fits(
+    device: &DeviceInfo,
+    shape: &AttentionShape,
+    dtype: KvDtype,
+    options: &AttentionOptions,
+    most_splits: usize,
+    quad: bool,
+) -> std::result::Result<(), String> {
+    fp16_matrix_fits(device, dtype, shape.head_dim, 16, "")?;
+    if !quad {
+        return Err(
+            "the device's cooperative matrices do not hold their elements in the layout the \
+             kernel assumes (the coop_layout probe)"
+                .into(),
+        );
+    }
+    // It runs in the vectorized kernel's launch (grid, scratch, push constants), which needs
+    // that kernel's layout: subgroup shuffles, at most 8 query heads per KV head, the local size.
+    vec_layout(device, shape, dtype, options.decode_local_size)
+        .map_err(|why| format!("it runs in the vectorized kernel's launch, and {why}"))?;
+    let group = shape.q_heads / shape.kv_heads;
+    if group * most_splits > 1024 {
+        return Err(format!(
+            "{group} query heads times {most_splits} splits exceed the 1024 (max, sum) pairs its \
+             combination holds"
+        ));
+    }
+    if options.decode_spread {
+        return Err("decode_spread (a workgroup per query head) is the vectorized kernel's".into());
+    }
+    let local = options.decode_local_size;
+    if local != 64 && local != 128 {
+        return Err(format!(
+            "decode_local_size {local} is not 64 or 128 (2 or 4 subgroups)"
+        ));
+    }
+    let need = coop_decode_shared(shape.head_dim, local as usize);
+    if need > device.limits.max_shared_memory_bytes as usize {
+        return Err(format!(
+            "with {local} invocations it needs {need} bytes of shared memory; the device has {}",
+            device.limits.max_shared_memory_bytes
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AttentionOptions, AttentionShape, KvDtype, coop_decode_fits, coop_decode_shared};
+    use crate::choice::tests::device;
+
+    #[test]
+    fn coop_decode_needs_matrices_their_layout_fp16_and_room() {
+        let s = AttentionShape {
+            batch: 1,
+            q_heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+        };
+        let o = AttentionOptions::default();
+        let mut h100 = device(true, 256);
+        h100.limits.subgroup_shuffle = true;
+        assert_eq!(
+            coop_decode_fits(&h100, &s, KvDtype::F16, &o, 64, true),
+            Ok(())
+        );
+        let lavapipe =
+            coop_decode_fits(&device(false, 0), &s, KvDtype::F16, &o, 64, true).unwrap_err();
+        assert!(lavapipe.contains("VK_KHR_cooperative_matrix"), "{lavapipe}");
+        assert!(
+            coop_decode_fits(&h100, &s, KvDtype::F16, &o, 64, false)
+                .unwrap_err()
+                .contains("layout")
+        );
+        assert!(
+            coop_decode_fits(&h100, &s, KvDtype::F32, &o, 64, true)
+                .unwrap_err()
+                .contains("fp16")
+        );
+        for d in [72, 136, 256] {
+            let bad = AttentionShape { head_dim: d, ..s };
+            assert!(
+                coop_decode_fits(&h100, &bad, KvDtype::F16, &o, 64, true).is_err(),
+                "{d}"
+            );
+        }
+        let wide = AttentionShape { q_heads: 128, ..s };
+        assert!(
+            coop_decode_fits(&h100, &wide, KvDtype::F16, &o, 64, true)
+                .unwrap_err()
+                .contains("at most 8")
+        );
+        // 4 query heads by 257 splits no longer fit the combination's 1024 pairs.
+        assert_eq!(
+            coop_decode_fits(&h100, &s, KvDtype::F16, &o, 256, true),
+            Ok(())
+        );
+        assert!(
+            coop_decode_fits(&h100, &s, KvDtype::F16, &o, 257, true)
+                .unwrap_err()
+                .contains("1024")
+        );
+        let mut small = h100.clone();
+        small.limits.max_shared_memory_bytes = 16384;
+        assert!(
+            coop_decode_fits(&small, &s, KvDtype::F16, &o, 64, true)
+                .unwrap_err()
+                .contains("shared memory")
+        );
+        let local64 = AttentionOptions {
+            decode_local_size: 64,
+            ..o
+        };
+        assert_eq!(
+            coop_decode_fits(&h100, &s, KvDtype::F16, &local64, 64, true),
+            Ok(())
+        );
+        for bad in [
+            AttentionOptions {
+                decode_local_size: 32,
+                ..o
+            },
+            AttentionOptions {
+                decode_local_size: 256,
+                ..o
+            },
+            AttentionOptions {
+                decode_spread: true,
+                ..o
+            },
+        ] {
+            assert!(
+                coop_decode_fits(&h100, &s, KvDtype::F16, &bad, 64, true).is_err(),
+                "{bad:?}"
+            );
+        }
+        // 4 subgroups' V tiles (4 * 16 rows of 17 uvec4s) are the largest phase at D = 128.
+        assert_eq!(coop_decode_shared(128, 128), 16 * 1088 + 256 + 256 + 4);
+    }
+}

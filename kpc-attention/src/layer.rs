@@ -1,0 +1,445 @@
+//! Making an [`Attention`]: the kernel chosen per device and shape, acquired through the context's
+//! caches, and the scratch its splits need; its accessors and the split arithmetic.
+
+use kpc::config::BackendKind;
+use kpc::error::{Error, Result};
+use kpc::runtime::{Context, Kernel};
+use kpc::{SpecConstants, SpecValue};
+
+use super::choice::{
+    auto_prefill, cm2_prefill_fits, coop_matrix_unfit, coop_prefill_fits, coop_prefill_shared,
+    coop_quad_layout, tiled_prefill_fits, tiled_prefill_shared, tiled_prefill_slice,
+};
+use super::decode_choice::{coop_decode_fits, coop_decode_shared, vec_layout};
+use super::{
+    Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
+    shipped_kernel_from,
+};
+
+impl Attention {
+    /// Acquires the kernels for `shape` and `dtype` (built, or served by the memory or disk cache)
+    /// and allocates scratch for caches of up to `capacity` positions. The decode kernel is chosen
+    /// per device ([`DecodeKernel::Auto`]); each variant is a distinct cached program.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for an invalid shape, zero capacity, a local size that is
+    /// not a power of two, a zero chunk or workgroup target, sizes whose shared memory exceeds the
+    /// device's, or [`DecodeKernel::Vectorized`] asked for where it cannot run (the message says
+    /// why); kernel build and allocation errors.
+    pub fn new(
+        ctx: &Context,
+        shape: &AttentionShape,
+        dtype: KvDtype,
+        capacity: usize,
+        options: AttentionOptions,
+    ) -> Result<Attention> {
+        shape.validate()?;
+        if capacity == 0 {
+            return Err(Error::InvalidArgument(
+                "attention needs a capacity of at least one position".into(),
+            ));
+        }
+        if !options.local_size.is_power_of_two()
+            || options.chunk == 0
+            || options.decode_split_min == 0
+            || options.decode_workgroups == 0
+            || !options.decode_local_size.is_power_of_two()
+            || !(1..=8).contains(&options.decode_rows)
+            || options.block_q == 0
+            || options.block_k == 0
+        {
+            return Err(Error::InvalidArgument(format!(
+                "local sizes must be powers of two, decode rows 1 to 8, and chunk, decode split \
+                 minimum, decode workgroups and blocks positive: {options:?}"
+            )));
+        }
+        let device = ctx.device();
+        // The matrix decode runs in the vectorized kernel's launch (grid, scratch, push constants),
+        // so it takes that layout too, which every shape and device it fits has.
+        let coop_decode = Self::choose_coop_decode(ctx, shape, dtype, capacity, &options)?;
+        let vec = match options.decode {
+            DecodeKernel::Generic => None,
+            DecodeKernel::Auto | DecodeKernel::Cooperative => {
+                vec_layout(device, shape, dtype, options.decode_local_size).ok()
+            }
+            DecodeKernel::Vectorized => Some(
+                vec_layout(device, shape, dtype, options.decode_local_size).map_err(|why| {
+                    Error::InvalidArgument(format!(
+                        "the vectorized decode kernel cannot run here: {why}"
+                    ))
+                })?,
+            ),
+        };
+        let mut options = options;
+        if options.prefill == PrefillKernel::Auto
+            && coop_prefill_fits(device, shape, dtype, options.coop_rows).is_err()
+            && coop_prefill_fits(device, shape, dtype, 64).is_ok()
+        {
+            // 64 rows per workgroup also take head dimensions that are multiples of 32 only.
+            options.coop_rows = 64;
+        }
+        let prefill_kind = match options.prefill {
+            PrefillKernel::Generic => PrefillKernel::Generic,
+            PrefillKernel::Auto => auto_prefill(device, shape, dtype, &options),
+            PrefillKernel::Cm2 => {
+                cm2_prefill_fits(device, shape, dtype, &options).map_err(|why| {
+                    Error::InvalidArgument(format!(
+                        "the VK_NV_cooperative_matrix2 prefill kernel cannot run here: {why}"
+                    ))
+                })?;
+                PrefillKernel::Cm2
+            }
+            PrefillKernel::Tiled => {
+                tiled_prefill_fits(device, shape).map_err(|why| {
+                    Error::InvalidArgument(format!(
+                        "the tiled prefill kernel cannot run here: {why}"
+                    ))
+                })?;
+                PrefillKernel::Tiled
+            }
+            PrefillKernel::Cooperative => {
+                coop_prefill_fits(device, shape, dtype, options.coop_rows).map_err(|why| {
+                    Error::InvalidArgument(format!(
+                        "the cooperative-matrix prefill kernel cannot run here: {why}"
+                    ))
+                })?;
+                PrefillKernel::Cooperative
+            }
+        };
+        let coop_quad = prefill_kind == PrefillKernel::Cooperative
+            && options.coop_registers
+            && coop_quad_layout(ctx)?;
+        let (bq, bk) = (options.block_q as usize, options.block_k as usize);
+        let decode_shared = match vec {
+            Some(_) if coop_decode => {
+                coop_decode_shared(shape.head_dim, options.decode_local_size as usize)
+            }
+            None => 4 * (shape.head_dim + options.chunk as usize + options.local_size as usize),
+            Some(v) => {
+                let rg = (options.decode_local_size / v.lanes) as usize;
+                let local_sum = if v.nv_shuffle || ctx.backend() == BackendKind::Vulkan {
+                    0
+                } else {
+                    options.decode_local_size as usize
+                        * options.decode_rows as usize
+                        * (shape.q_heads / shape.kv_heads)
+                };
+                4 * (2 * rg + rg * shape.head_dim + local_sum)
+            }
+        };
+        let prefill_shared = match prefill_kind {
+            PrefillKernel::Cooperative => {
+                coop_prefill_shared(shape.head_dim, options.coop_rows as usize / 16, coop_quad)
+            }
+            PrefillKernel::Tiled => tiled_prefill_shared(tiled_prefill_slice(device) as usize),
+            // It declares none: the driver stages its matrices in memory it reserves itself.
+            PrefillKernel::Cm2 => 0,
+            _ => 4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq),
+        };
+        let shared = decode_shared.max(prefill_shared);
+        let max_shared = device.limits.max_shared_memory_bytes as usize;
+        if shared > max_shared {
+            return Err(Error::InvalidArgument(format!(
+                "{options:?} with head dimension {} needs {shared} bytes of shared memory; the \
+                 device has {max_shared}",
+                shape.head_dim
+            )));
+        }
+        let d = SpecValue::U32(shape.head_dim as u32);
+        let local = SpecValue::U32(options.local_size);
+        let f16 = SpecValue::U32(u32::from(dtype == KvDtype::F16));
+        let combine_all = coop_decode
+            || vec.is_some_and(|v| {
+                options.decode_combine_all
+                    && ctx.backend() == BackendKind::Vulkan
+                    && Self::combine_all_fits(shape, options, capacity, v.lanes)
+            });
+        let (decode_name, decode_spec) = match vec {
+            None => (
+                "attn_decode",
+                SpecConstants::new()
+                    .with(0, local)
+                    .with(1, SpecValue::U32(options.chunk))
+                    .with(2, f16)
+                    .with(3, d),
+            ),
+            Some(_) if coop_decode => (
+                "attn_decode_coop",
+                SpecConstants::new()
+                    .with(0, SpecValue::U32(options.decode_local_size))
+                    .with(3, d)
+                    .with(7, SpecValue::U32((shape.q_heads / shape.kv_heads) as u32)),
+            ),
+            Some(v) => {
+                let mut spec = SpecConstants::new()
+                    .with(0, SpecValue::U32(options.decode_local_size))
+                    .with(2, f16)
+                    .with(3, d)
+                    .with(6, SpecValue::U32(v.lanes))
+                    .with(7, SpecValue::U32((shape.q_heads / shape.kv_heads) as u32))
+                    .with(9, SpecValue::U32(options.decode_rows))
+                    .with(10, SpecValue::U32(u32::from(options.decode_spread)))
+                    .with(11, SpecValue::U32(u32::from(options.decode_prefetch)))
+                    .with(12, SpecValue::U32(u32::from(options.decode_cyclic)));
+                if combine_all {
+                    spec = spec.with(13, SpecValue::U32(1));
+                }
+                if ctx.backend() == BackendKind::OpenCl {
+                    spec = spec.with(8, SpecValue::U32(u32::from(v.nv_shuffle)));
+                }
+                ("attn_decode_vec", spec)
+            }
+        };
+        let decode = shipped_kernel_from(ctx, decode_name, &decode_spec, options.from_source)?;
+        let (append, reduce) = if vec.is_some() {
+            (None, None)
+        } else {
+            // The reduce shares its scans across the workgroup: as wide as the device allows, to
+            // 256.
+            let mut reduce_local = 256;
+            while reduce_local > 32 && reduce_local > device.limits.max_workgroup_invocations {
+                reduce_local /= 2;
+            }
+            let reduce_spec = SpecConstants::new()
+                .with(0, SpecValue::U32(reduce_local))
+                .with(3, d);
+            let reduce =
+                shipped_kernel_from(ctx, "attn_reduce", &reduce_spec, options.from_source)?;
+            let append_spec = SpecConstants::new().with(0, local).with(2, f16).with(3, d);
+            let append =
+                shipped_kernel_from(ctx, "attn_append", &append_spec, options.from_source)?;
+            (Some(append), Some(reduce))
+        };
+        let (prefill_name, prefill_spec) = match prefill_kind {
+            PrefillKernel::Cm2 => (
+                "attn_prefill_cm2",
+                SpecConstants::new()
+                    .with(0, SpecValue::U32(options.cm2_local_size))
+                    .with(3, d)
+                    .with(4, SpecValue::U32(options.cm2_rows))
+                    .with(5, SpecValue::U32(options.cm2_keys)),
+            ),
+            PrefillKernel::Cooperative => (
+                "attn_prefill_coop",
+                SpecConstants::new()
+                    .with(0, SpecValue::U32(2 * options.coop_rows))
+                    .with(3, d)
+                    .with(4, SpecValue::U32(u32::from(coop_quad))),
+            ),
+            PrefillKernel::Tiled => (
+                "attn_prefill_tiled",
+                SpecConstants::new()
+                    .with(2, f16)
+                    .with(3, d)
+                    .with(6, SpecValue::U32(tiled_prefill_slice(device)))
+                    .with(7, SpecValue::U32(u32::from(options.tiled_prefetch))),
+            ),
+            _ => (
+                "attn_prefill",
+                SpecConstants::new()
+                    .with(0, local)
+                    .with(2, f16)
+                    .with(3, d)
+                    .with(4, SpecValue::U32(options.block_q))
+                    .with(5, SpecValue::U32(options.block_k)),
+            ),
+        };
+        let prefill = shipped_kernel_from(ctx, prefill_name, &prefill_spec, options.from_source)?;
+        let splits = match vec {
+            None => capacity.div_ceil(options.chunk as usize),
+            Some(_) => Self::vec_most_splits(shape, options, capacity),
+        };
+        let rows = shape.batch * shape.q_heads * splits;
+        Ok(Attention {
+            ctx: ctx.clone(),
+            shape: *shape,
+            dtype,
+            capacity,
+            options,
+            vec,
+            coop_decode,
+            prefill_kind,
+            coop_quad,
+            combine_all,
+            append,
+            decode,
+            reduce,
+            prefill,
+            part_o: ctx.buffer(rows * shape.head_dim)?,
+            part_ml: ctx.buffer(rows * 2)?,
+            done: ctx.buffer_from(&vec![0u32; shape.batch * shape.kv_heads])?,
+            new_k: ctx.buffer(shape.kv_step_elems())?,
+            new_v: ctx.buffer(shape.kv_step_elems())?,
+            step: parking_lot::Mutex::new(()),
+        })
+    }
+
+    /// Whether the decode runs on the matrix units: only where asked for
+    /// ([`DecodeKernel::Cooperative`]), and then it must fit (see [`coop_decode_fits`]). Runs the
+    /// `coop_layout` probe (once per device) only on devices with cooperative matrices.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when it is asked for and cannot run (the message says
+    /// why); the probe's errors.
+    fn choose_coop_decode(
+        ctx: &Context,
+        shape: &AttentionShape,
+        dtype: KvDtype,
+        capacity: usize,
+        options: &AttentionOptions,
+    ) -> Result<bool> {
+        // Never chosen by itself: on the H100 it was slower than the vectorized kernel at every
+        // shape measured (BENCHMARKS.md).
+        if options.decode != DecodeKernel::Cooperative {
+            return Ok(false);
+        }
+        let device = ctx.device();
+        let quad = coop_matrix_unfit(device).is_none() && coop_quad_layout(ctx)?;
+        let most = Self::vec_most_splits(shape, *options, capacity);
+        match coop_decode_fits(device, shape, dtype, options, most, quad) {
+            Ok(()) => Ok(true),
+            Err(why) => Err(Error::InvalidArgument(format!(
+                "the cooperative-matrix decode kernel cannot run here: {why}"
+            ))),
+        }
+    }
+
+    /// Splits per (batch, KV head) that make about `decode_workgroups` workgroups, or half as
+    /// many where a workgroup serves several query heads: on an H200 (B=1, Hq=32, Hkv=8, L=16k
+    /// and 32k) 512 workgroups beat 1024 by 7 to 9%, and 256 lost; with one query head per
+    /// workgroup 1024 beat 512 by 13% (BENCHMARKS.md).
+    pub(super) fn vec_target(shape: &AttentionShape, options: AttentionOptions) -> usize {
+        if options.decode_spread {
+            return (options.decode_workgroups as usize)
+                .div_ceil(shape.batch * shape.q_heads)
+                .max(1);
+        }
+        let workgroups = if shape.q_heads > shape.kv_heads {
+            (options.decode_workgroups / 2).max(1)
+        } else {
+            options.decode_workgroups
+        };
+        (workgroups as usize)
+            .div_ceil(shape.batch * shape.kv_heads)
+            .max(1)
+    }
+
+    /// Whether the vectorized decode's all-heads combination fits (its `COMBINE` constant): every
+    /// split's max and sum of a KV head's query heads, at the most splits this attention uses,
+    /// must fit the kernel's 1024 cached weights and its row-merge buffer (row groups × D).
+    pub(super) fn combine_all_fits(
+        shape: &AttentionShape,
+        options: AttentionOptions,
+        capacity: usize,
+        lanes: u32,
+    ) -> bool {
+        let most = Self::vec_most_splits(shape, options, capacity);
+        let entries = shape.q_heads / shape.kv_heads * most;
+        let row_groups = (options.decode_local_size / lanes) as usize;
+        entries <= 1024 && entries <= row_groups * shape.head_dim
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &AttentionShape {
+        &self.shape
+    }
+
+    /// The sizes in use.
+    pub fn options(&self) -> AttentionOptions {
+        self.options
+    }
+
+    /// The decode kernel chosen: [`DecodeKernel::Generic`], [`DecodeKernel::Vectorized`] or
+    /// [`DecodeKernel::Cooperative`].
+    pub fn decode_kernel(&self) -> DecodeKernel {
+        match self.vec {
+            Some(_) if self.coop_decode => DecodeKernel::Cooperative,
+            Some(_) => DecodeKernel::Vectorized,
+            None => DecodeKernel::Generic,
+        }
+    }
+
+    /// The prefill kernel chosen: [`PrefillKernel::Generic`], [`PrefillKernel::Tiled`] or
+    /// [`PrefillKernel::Cooperative`].
+    pub fn prefill_kernel(&self) -> PrefillKernel {
+        self.prefill_kind
+    }
+
+    /// Whether the vectorized decode combines all query heads of a KV head at once: asked for
+    /// ([`AttentionOptions::decode_combine_all`]), on Vulkan, and fitting at this shape and
+    /// capacity. Otherwise it combines them one after another.
+    pub fn decode_combines_all_heads(&self) -> bool {
+        self.combine_all
+    }
+
+    /// Whether the prefill is the cooperative-matrix kernel with its softmax in registers: asked
+    /// for ([`AttentionOptions::coop_registers`]) and found possible by the layout probe.
+    pub fn coop_register_softmax(&self) -> bool {
+        self.coop_quad
+    }
+
+    /// Every kernel it holds, for reporting where each came from and how long it took to acquire.
+    pub fn kernels(&self) -> Vec<&Kernel> {
+        [
+            Some(&self.prefill),
+            self.append.as_ref(),
+            Some(&self.decode),
+            self.reduce.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// Splits a decode over `len` positions uses.
+    pub fn splits(&self, len: usize) -> usize {
+        len.div_ceil(self.per_split(len))
+    }
+
+    /// Positions per split for a decode over `len` positions.
+    pub(super) fn per_split(&self, len: usize) -> usize {
+        match self.vec {
+            None => self.options.chunk as usize,
+            Some(_) => len
+                .div_ceil(Self::vec_target(&self.shape, self.options))
+                .max(self.options.decode_split_min as usize),
+        }
+    }
+
+    /// The most splits the vectorized decode uses over at most `capacity` positions.
+    pub(super) fn vec_most_splits(
+        shape: &AttentionShape,
+        options: AttentionOptions,
+        capacity: usize,
+    ) -> usize {
+        capacity
+            .div_ceil(options.decode_split_min as usize)
+            .min(Self::vec_target(shape, options))
+    }
+
+    pub(super) fn check_cache(&self, cache: &KvCache) -> Result<()> {
+        let s = cache.shape();
+        if s.batch != self.shape.batch
+            || s.kv_heads != self.shape.kv_heads
+            || s.head_dim != self.shape.head_dim
+        {
+            return Err(Error::InvalidArgument(format!(
+                "the KV cache's shape {s:?} does not match the attention's {:?}",
+                self.shape
+            )));
+        }
+        if cache.dtype() != self.dtype {
+            return Err(Error::InvalidArgument(format!(
+                "the KV cache holds {:?}; these kernels read {:?}",
+                cache.dtype(),
+                self.dtype
+            )));
+        }
+        if cache.capacity() > self.capacity {
+            return Err(Error::Size {
+                what: "KV cache capacity".into(),
+                got: format!("{} positions", cache.capacity()),
+                expected: format!("at most {} (the attention's capacity)", self.capacity),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,316 @@
+//! The projection kernels: `mha_gemm` (tiled, any shape, head-split layouts), `mha_gemm_coop` (the
+//! same on the matrix units, fp16 weights), `mha_gemm_wide` (the same with a feed built for the
+//! matrix units: [`super::gemm`]) and `mha_gemv` (decode steps: matrix-vector, bound by reading the
+//! weights), chosen per layer and launched into up to three outputs (fused Q/K/V).
+
+use kpc::backend::DeviceInfo;
+use kpc::error::{Error, Result};
+use kpc::runtime::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
+use kpc::{SpecConstants, SpecValue};
+
+use super::gemm::{GemmAccumulator, GemmShape, WideGemm};
+use super::weights::DeviceMatrix;
+use super::{KvDtype, MAX_GEMV_BATCH, MhaParams, ProjectionKernel};
+
+/// Output columns per `mha_gemm` workgroup, and rows.
+const GEMM_TILE: usize = 64;
+/// Output columns per `mha_gemv` workgroup (its `ROWS`).
+const GEMV_ROWS: usize = 2;
+/// Output rows and columns per `mha_gemm_coop` workgroup.
+const COOP_TILE: usize = 128;
+
+/// Where a projection's outputs go: up to three buffers taking consecutive column ranges, the first
+/// scaled by `alpha0`.
+pub(super) struct Outputs<'a> {
+    pub(super) bufs: [&'a Buffer<f32>; 3],
+    /// Columns of the first and second output (the third takes the rest).
+    pub(super) n0: usize,
+    pub(super) n1: usize,
+    pub(super) alpha0: f32,
+}
+
+impl<'a> Outputs<'a> {
+    /// Every column into `c`, unscaled.
+    pub(super) fn one(c: &'a Buffer<f32>, n: usize) -> Outputs<'a> {
+        Outputs {
+            bufs: [c, c, c],
+            n0: n,
+            n1: 0,
+            alpha0: 1.0,
+        }
+    }
+}
+
+/// The layer's projection kernels.
+pub(super) struct Projector {
+    gemm: Kernel,
+    /// `mha_gemm_coop`, which then takes every projection `gemm` would.
+    coop: Option<Kernel>,
+    /// `mha_gemm_wide` for each tile `gemm::auto_tiles` may pick on this device, which then takes
+    /// every projection `gemm` would (before `coop`).
+    wide: Vec<WideGemm>,
+    gemv: Option<Kernel>,
+    head_dim: usize,
+}
+
+/// Why `mha_gemm_coop` cannot project `p`'s layer on `device`, if it cannot.
+fn coop_unfit(device: &DeviceInfo, p: &MhaParams) -> Option<String> {
+    if let Some(why) = crate::choice::coop_matrix_unfit(device) {
+        return Some(why);
+    }
+    let l = &device.limits;
+    if l.max_workgroup_invocations < 256 {
+        return Some(format!(
+            "it needs workgroups of 256 invocations; the device allows {}",
+            l.max_workgroup_invocations
+        ));
+    }
+    if p.weight_dtype != KvDtype::F16 {
+        return Some("it needs fp16 weights".into());
+    }
+    // Each invocation stages 8 consecutive k of one row (16 bytes of W, 32 of A).
+    for (name, k) in [
+        ("qdim", p.qdim),
+        ("kdim", p.kdim),
+        ("vdim", p.vdim),
+        ("embed_dim", p.embed_dim),
+        ("head_dim", p.head_dim()),
+    ] {
+        if k % 8 != 0 {
+            return Some(format!("{name} {k} is not a multiple of 8"));
+        }
+    }
+    None
+}
+
+/// Why `mha_gemm_wide` cannot project `p`'s layer on `device`, if it cannot: what `mha_gemm_coop`
+/// needs (fp16 weights, widths that are multiples of 8), and a tile that fits the device.
+fn wide_unfit(device: &DeviceInfo, p: &MhaParams) -> Option<String> {
+    coop_unfit(device, p).or_else(|| {
+        super::gemm::wide_unfit(device, &super::gemm::DEFAULT_TILES, GemmAccumulator::F32)
+    })
+}
+
+/// Why `mha_gemv` cannot project `p`'s decode steps, if it cannot.
+fn gemv_unfit(p: &MhaParams) -> Option<String> {
+    let per = 16 / p.weight_dtype.bytes();
+    if p.batch > MAX_GEMV_BATCH {
+        return Some(format!(
+            "batch {} is more than the {MAX_GEMV_BATCH} sequences it serves",
+            p.batch
+        ));
+    }
+    // Decode steps project the query input (qdim wide) and the attention output (embed_dim).
+    for (name, k) in [("qdim", p.qdim), ("embed_dim", p.embed_dim)] {
+        if k % per != 0 {
+            return Some(format!(
+                "{name} {k} is not a multiple of {per} ({:?} weights per 16-byte load)",
+                p.weight_dtype
+            ));
+        }
+    }
+    None
+}
+
+impl Projector {
+    pub(super) fn new(ctx: &Context, p: &MhaParams) -> Result<Projector> {
+        let f16 = SpecValue::U32(u32::from(p.weight_dtype == KvDtype::F16));
+        let gemm =
+            super::super::shipped_kernel(ctx, "mha_gemm", &SpecConstants::new().with(0, f16))?;
+        let want_gemv = match p.projection {
+            ProjectionKernel::Tiled => false,
+            ProjectionKernel::Auto | ProjectionKernel::Cooperative | ProjectionKernel::Wide => {
+                gemv_unfit(p).is_none()
+            }
+            ProjectionKernel::MatVec => match gemv_unfit(p) {
+                None => true,
+                Some(why) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "the matrix-vector projection cannot run this layer: {why}"
+                    )));
+                }
+            },
+        };
+        let gemv = if want_gemv {
+            Some(super::super::shipped_kernel(
+                ctx,
+                "mha_gemv",
+                &SpecConstants::new()
+                    .with(0, f16)
+                    .with(1, SpecValue::U32(p.batch as u32)),
+            )?)
+        } else {
+            None
+        };
+        let want_wide = match p.projection {
+            ProjectionKernel::Auto => wide_unfit(ctx.device(), p).is_none(),
+            ProjectionKernel::Wide => match wide_unfit(ctx.device(), p) {
+                None => true,
+                Some(why) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "the wide cooperative-matrix projection cannot run this layer: {why}"
+                    )));
+                }
+            },
+            _ => false,
+        };
+        // Every tile auto_tiles may pick, built now so that no projection waits for a build.
+        let wide = if want_wide {
+            super::gemm::auto_candidates(ctx.device())
+                .into_iter()
+                .map(|t| WideGemm::new(ctx, t, false, GemmAccumulator::F32))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        let want_coop = match p.projection {
+            ProjectionKernel::Tiled | ProjectionKernel::MatVec | ProjectionKernel::Wide => false,
+            ProjectionKernel::Auto => wide.is_empty() && coop_unfit(ctx.device(), p).is_none(),
+            ProjectionKernel::Cooperative => match coop_unfit(ctx.device(), p) {
+                None => true,
+                Some(why) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "the cooperative-matrix projection cannot run this layer: {why}"
+                    )));
+                }
+            },
+        };
+        let coop = if want_coop {
+            Some(super::super::shipped_kernel(
+                ctx,
+                "mha_gemm_coop",
+                &SpecConstants::new(),
+            )?)
+        } else {
+            None
+        };
+        Ok(Projector {
+            gemm,
+            coop,
+            wide,
+            gemv,
+            head_dim: p.head_dim(),
+        })
+    }
+
+    pub(super) fn gemm_name(&self) -> &'static str {
+        if !self.wide.is_empty() {
+            super::gemm::KERNEL
+        } else if self.coop.is_some() {
+            "mha_gemm_coop"
+        } else {
+            "mha_gemm"
+        }
+    }
+
+    pub(super) fn has_gemv(&self) -> bool {
+        self.gemv.is_some()
+    }
+
+    pub(super) fn kernels(&self) -> Vec<&Kernel> {
+        std::iter::once(&self.gemm)
+            .chain(self.coop.as_ref())
+            .chain(self.wide.iter().map(WideGemm::kernel))
+            .chain(self.gemv.as_ref())
+            .collect()
+    }
+
+    /// `x` (`rows` rows of `w.k` features) times `w` into `out`. `a_seq` / `c_seq`: 0 for
+    /// row-major, else the sequence length of a head-split layout (see kernels/mha_gemm.comp).
+    /// Decode steps (`decode`) use `mha_gemv` where the layer has it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn project(
+        &self,
+        ctx: &Context,
+        x: &Buffer<f32>,
+        rows: usize,
+        w: &DeviceMatrix,
+        out: &Outputs<'_>,
+        a_seq: usize,
+        c_seq: usize,
+        decode: bool,
+    ) -> Result<Event> {
+        let args: [&dyn BufferArg; 6] = [x, &w.w, &w.bias, out.bufs[0], out.bufs[1], out.bufs[2]];
+        let max_groups = ctx.device().limits.max_workgroup_count;
+        if let (Some(gemv), true) = (&self.gemv, decode) {
+            let groups = w.n.div_ceil(GEMV_ROWS);
+            if groups > max_groups[0] as usize {
+                return Err(Error::InvalidArgument(format!(
+                    "{} output features need {groups} workgroups; the device allows {}",
+                    w.n, max_groups[0]
+                )));
+            }
+            let push = PushConstants::new()
+                .u32(rows as u32)
+                .u32(w.n as u32)
+                .u32(w.k as u32)
+                .u32(out.n0 as u32)
+                .u32(out.n1 as u32)
+                .f32(out.alpha0);
+            return crate::launch::submit(
+                &ctx.queue(),
+                &[LaunchDesc {
+                    kernel: gemv,
+                    groups: [groups as u32, 1, 1],
+                    buffers: &args,
+                    push_constants: push.as_bytes(),
+                }],
+            );
+        }
+        if !self.wide.is_empty() {
+            let shape = GemmShape {
+                m: rows,
+                n: w.n,
+                k: w.k,
+                n0: out.n0,
+                n1: out.n1,
+                a_seq,
+                c_seq,
+                head_dim: self.head_dim,
+                alpha0: out.alpha0,
+            };
+            let tiles = super::gemm::auto_tiles(ctx.device(), rows, w.n);
+            let wide = self
+                .wide
+                .iter()
+                .find(|g| Some(g.tiles().with_stages(0)) == tiles)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "no mha_gemm_wide tile was built for a {rows} x {} projection",
+                        w.n
+                    ))
+                })?;
+            return wide.launch(ctx, x, &w.w, &w.bias, out.bufs, &shape, 1);
+        }
+        let (kernel, tile) = match &self.coop {
+            Some(coop) => (coop, COOP_TILE),
+            None => (&self.gemm, GEMM_TILE),
+        };
+        let groups = [w.n.div_ceil(tile), rows.div_ceil(tile)];
+        if groups[0] > max_groups[0] as usize || groups[1] > max_groups[1] as usize {
+            return Err(Error::InvalidArgument(format!(
+                "a {rows} x {} projection needs {groups:?} workgroups; the device allows {:?}",
+                w.n, max_groups
+            )));
+        }
+        let push = PushConstants::new()
+            .u32(rows as u32)
+            .u32(w.n as u32)
+            .u32(w.k as u32)
+            .u32(out.n0 as u32)
+            .u32(out.n1 as u32)
+            .u32(a_seq as u32)
+            .u32(c_seq as u32)
+            .u32(self.head_dim as u32)
+            .f32(out.alpha0);
+        crate::launch::submit(
+            &ctx.queue(),
+            &[LaunchDesc {
+                kernel,
+                groups: [groups[0] as u32, groups[1] as u32, 1],
+                buffers: &args,
+                push_constants: push.as_bytes(),
+            }],
+        )
+    }
+}

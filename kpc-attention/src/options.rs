@@ -1,0 +1,202 @@
+//! What a caller may choose: the decode and prefill kernels, and the sizes of [`AttentionOptions`].
+
+use kpc::backend::DeviceInfo;
+use kpc::config::BackendKind;
+
+/// Which split kernel a decode runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeKernel {
+    /// The vectorized kernel where the device and shape allow it, else the generic one.
+    #[default]
+    Auto,
+    /// `attn_decode`: one invocation per position for the scores, any even head dimension.
+    Generic,
+    /// `attn_decode_vec`: 16-byte loads, several lanes per row summed by subgroup shuffles (Vulkan;
+    /// OpenCL on NVIDIA) or local memory (other OpenCL devices), one workgroup per KV head for
+    /// grouped-query attention, online softmax in registers. Needs a head dimension that splits into
+    /// 16-byte chunks (a multiple of 8 for f16, 4 for f32) and at most 8 query heads per KV head.
+    Vectorized,
+    /// `attn_decode_coop`: the vectorized kernel's launch (same splits, append and combination),
+    /// with the scores and the output computed on the matrix units: a KV head's query heads are
+    /// the rows of 16x16 fp16 matrices, so each K/V tile is read once and multiplied for all of
+    /// them. Needs what [`PrefillKernel::Cooperative`] needs of the device and its matrices'
+    /// register layout (the `coop_layout` probe's, as for that kernel's register softmax), fp16
+    /// K/V, a head dimension that is a multiple of 16 up to 128, at most 8 query heads per KV
+    /// head, `decode_local_size` 64 or 128, no `decode_spread`, and `group * splits` at most 1024.
+    /// Q and P are rounded to fp16 for the products; sums are fp32. Only when asked for:
+    /// [`DecodeKernel::Auto`] never picks it, because on the H100 it was slower than
+    /// [`DecodeKernel::Vectorized`] at every shape measured (BENCHMARKS.md).
+    Cooperative,
+}
+
+/// Which prefill kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrefillKernel {
+    /// The cooperative-matrix kernel where the device, shape and K/V type allow it, else the
+    /// VK_NV_cooperative_matrix2 one where they allow that (the KHR kernel was the faster of the
+    /// two where both ran), else the tiled one, else the generic one.
+    #[default]
+    Auto,
+    /// `attn_prefill`: `block_q` by `block_k` tiles, one score per invocation, any even head
+    /// dimension.
+    Generic,
+    /// `attn_prefill_tiled`: 64 query rows by 128 keys per tile, 256 invocations each holding a 4
+    /// by 8 block of scores and a slice of the output in registers (f32 arithmetic). Needs a head
+    /// dimension that is a multiple of 64 (at most 256), workgroups of 256 and 28.25 KiB of shared
+    /// memory (40.5 KiB for its wider staging).
+    Tiled,
+    /// `attn_prefill_coop`: the products S = Q K^T and O += P V on the device's matrix units
+    /// (Vulkan cooperative matrices, 16x16 fp16 into fp32), `coop_rows` query rows per workgroup
+    /// (16 per 32-wide subgroup). Where a probe kernel finds the matrices' element layout that it
+    /// knows (NVIDIA's), the softmax stays in registers and tiles are 64 keys
+    /// ([`AttentionOptions::coop_registers`]); elsewhere it goes through shared memory with
+    /// 32-key tiles. Needs a Vulkan device with
+    /// [`DeviceLimits::cooperative_matrix_f16`](kpc::backend::DeviceLimits), subgroups of 32,
+    /// fp16 K/V, and a head dimension up to 128 that is a multiple of `coop_rows / 2` (32 or 64).
+    /// Q and P are rounded to fp16 for the products; sums are fp32.
+    Cooperative,
+    /// `attn_prefill_cm2`: the same products on workgroup-scope matrices (VK_NV_cooperative_matrix2),
+    /// `cm2_rows` query rows by `cm2_keys` keys per tile, K and V read from the cache by
+    /// tensor-addressed loads, the row max by a matrix reduction and the row sums as a product with
+    /// a matrix of ones; the driver stages the tiles itself. Needs a Vulkan device with
+    /// [`DeviceLimits::cooperative_matrix2_workgroup`](kpc::backend::DeviceLimits) at least
+    /// `cm2_local_size` (besides what [`PrefillKernel::Cooperative`] needs of the device), fp16
+    /// K/V, and a head dimension up to 128 that is a multiple of 32. Q and P are rounded to fp16 for
+    /// the products; sums are fp32. On an H100 it was slower than [`PrefillKernel::Cooperative`]
+    /// (BENCHMARKS.md), so [`PrefillKernel::Auto`] takes it only where that one does not fit.
+    Cm2,
+}
+
+/// Workgroup and tile sizes; each distinct value gives a distinct cached program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionOptions {
+    /// Invocations per workgroup of the generic decode and prefill kernels and of the append: a
+    /// power of two.
+    pub local_size: u32,
+    /// Positions per decode split of the generic kernel (flash-decoding chunk).
+    pub chunk: u32,
+    /// Fewest positions per split of the vectorized decode, which lengthens its splits beyond
+    /// this so that a decode launches about `decode_workgroups` workgroups. 64 by default;
+    /// [`AttentionOptions::for_device`] makes it 128 on Vulkan, where on an H200 it was up to
+    /// 4.3 µs faster per step at L = 1k and 4k (Hkv = 8, L = 4k: 22.2 -> 17.9 µs) and the same
+    /// elsewhere, while on OpenCL it was mixed (BENCHMARKS.md).
+    pub decode_split_min: u32,
+    /// Workgroups a vectorized decode aims to launch (enough to fill a large GPU several times).
+    pub decode_workgroups: u32,
+    /// Which decode kernel to run.
+    pub decode: DecodeKernel,
+    /// Which prefill kernel to run (`block_q` and `block_k` size the generic one).
+    pub prefill: PrefillKernel,
+    /// Invocations per workgroup of the vectorized decode kernel: a power of two.
+    pub decode_local_size: u32,
+    /// K/V rows each lane group of the vectorized decode kernel loads before using them
+    /// (1 to 8): more hides more memory latency, at the cost of registers.
+    pub decode_rows: u32,
+    /// Grouped-query attention in the vectorized decode kernel: one workgroup per query head,
+    /// the workgroups of one KV head adjacent so that they reread its rows mostly from L2 (`true`),
+    /// or one workgroup per KV head serving all of its query heads (`false`).
+    pub decode_spread: bool,
+    /// Whether each lane group of the vectorized decode kernel loads its next rows while it uses
+    /// the current ones (twice the registers for rows). Off by default: on an H200 it cost 3 to
+    /// 11% at MHA shapes and 25 to 42% at Hkv=8 (74 -> 102 and 127 -> 168 registers;
+    /// BENCHMARKS.md).
+    pub decode_prefetch: bool,
+    /// Whether the splits of the vectorized decode take the positions block-cyclically (one
+    /// trip of rows at a time, split `s` taking trips `s`, `s + splits`, ...), so that the
+    /// workgroups read one window of K and V at a time as a copy does, rather than each a
+    /// contiguous range of its own. Off by default; [`AttentionOptions::for_device`] turns it on
+    /// on OpenCL. On an H200 it was 0.7 to 1.6 µs faster per step on OpenCL at every shape but
+    /// MHA L=1k (0.13 µs slower), and on Vulkan mixed: up to 1.1 µs faster at L <= 4k, 0.9 and
+    /// 1.1 µs slower at Hkv=8 L=16k and 32k (BENCHMARKS.md).
+    pub decode_cyclic: bool,
+    /// Whether the Vulkan vectorized decode combines all query heads of a KV head at once, where
+    /// they fit (`group * splits` at most 1024 and at most the kernel's row-merge buffer): every
+    /// split's max and sum in one round trip, an invocation per 16-byte output column. Otherwise
+    /// the heads are combined one after another. On by default: on an H200 it took 3.6 to
+    /// 4.6 µs off each step at Hkv=8 and up to 1.8 µs at MHA shapes (BENCHMARKS.md). OpenCL
+    /// keeps its own per-head combination either way.
+    pub decode_combine_all: bool,
+    /// Query rows per workgroup of the cooperative-matrix prefill, 16 per subgroup: 64 or 128.
+    /// 128 (the default) was 11 to 33% faster on an H200 at L = 2k to 16k with either softmax, as
+    /// measured before the kernel's accumulators moved out of local memory (BENCHMARKS.md); with
+    /// [`PrefillKernel::Auto`], 64 is used where only it fits the head dimension.
+    pub coop_rows: u32,
+    /// Whether the cooperative-matrix prefill keeps its softmax in registers (64-key tiles) where
+    /// the device's matrix layout allows it (a probe kernel checks, once per device), rather
+    /// than in shared memory (32-key tiles). On by default; off only to compare the two.
+    pub coop_registers: bool,
+    /// Query rows per workgroup of the VK_NV_cooperative_matrix2 prefill ([`PrefillKernel::Cm2`]):
+    /// a multiple of 16 from 16 to 256. 128 rows by 64 keys over 256 invocations (the default) was
+    /// the fastest of six tiles on an H100, by 8 to 50% (BENCHMARKS.md).
+    pub cm2_rows: u32,
+    /// Keys per tile of the VK_NV_cooperative_matrix2 prefill: a multiple of 16 from 16 to 256.
+    pub cm2_keys: u32,
+    /// Invocations per workgroup of the VK_NV_cooperative_matrix2 prefill: a power of two from 32,
+    /// at most what the device allows for workgroup-scope matrices.
+    pub cm2_local_size: u32,
+    /// Whether the tiled prefill loads the next staging step's Q, K or V words into registers
+    /// before the current step's arithmetic, so that their round trip overlaps it, rather than
+    /// loading them between two barriers. On by default; [`AttentionOptions::for_device`] turns
+    /// it off on OpenCL. On an H200 it was 4 to 7% faster on Vulkan (177 registers instead of
+    /// 163) and 14 to 16% slower on OpenCL, at L = 2k to 8k (BENCHMARKS.md).
+    pub tiled_prefetch: bool,
+    /// Query rows per workgroup of the generic prefill.
+    pub block_q: u32,
+    /// Key positions per prefill tile.
+    pub block_k: u32,
+    /// Vulkan: build the kernels from their GLSL in kernels/ at run time, through the SPIR-V cache,
+    /// instead of from the committed SPIR-V (`kpc attention --from-source`). Cooperative-matrix
+    /// kernels keep their committed SPIR-V (see [`crate::kernels::glsl_image`]).
+    pub from_source: bool,
+}
+
+impl Default for AttentionOptions {
+    fn default() -> Self {
+        AttentionOptions {
+            local_size: 64,
+            chunk: 64,
+            decode_split_min: 64,
+            decode_workgroups: 1024,
+            decode: DecodeKernel::Auto,
+            prefill: PrefillKernel::Auto,
+            decode_local_size: 128,
+            decode_rows: 4,
+            decode_spread: false,
+            decode_prefetch: false,
+            decode_cyclic: false,
+            decode_combine_all: true,
+            coop_rows: 128,
+            coop_registers: true,
+            cm2_rows: 128,
+            cm2_keys: 64,
+            cm2_local_size: 256,
+            tiled_prefetch: true,
+            block_q: 8,
+            block_k: 32,
+            from_source: false,
+        }
+    }
+}
+
+impl AttentionOptions {
+    /// Sizes suited to `device`: the defaults, with the workgroup capped at the device's limit;
+    /// on Vulkan splits of at least 128 positions, on OpenCL the tiled prefill's prefetch off and
+    /// the decode's block-cyclic splits on (each measured faster that way there).
+    pub fn for_device(device: &DeviceInfo) -> AttentionOptions {
+        let opencl = device.backend == BackendKind::OpenCl;
+        let mut o = AttentionOptions {
+            tiled_prefetch: !opencl,
+            decode_cyclic: opencl,
+            decode_split_min: if opencl { 64 } else { 128 },
+            ..AttentionOptions::default()
+        };
+        let max = device.limits.max_workgroup_invocations.max(1);
+        while o.local_size > max {
+            o.local_size /= 2;
+        }
+        while o.decode_local_size > max {
+            o.decode_local_size /= 2;
+        }
+        o
+    }
+}
