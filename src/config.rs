@@ -191,6 +191,15 @@ pub struct Config {
     pub readonly_dirs: Vec<PathBuf>,
     /// Disk limit in bytes (`KPC_CACHE_MAX_SIZE`, default 1 GiB); 0 = unlimited.
     pub max_size: u64,
+    /// Disk limit in entries, two files each (`KPC_CACHE_MAX_ENTRIES`, default 0 = unlimited): what
+    /// inode quotas count.
+    pub max_entries: u64,
+    /// Free space (and inodes) a disk cache put must leave on the file system, or it is skipped with
+    /// one warning (`KPC_CACHE_MIN_FREE`, default 1%).
+    pub min_free: MinFree,
+    /// Where the disk cache keeps its lock files instead of the cache tree (`KPC_CACHE_LOCK_DIR`,
+    /// default none): node-local storage when the cache is on a network file system.
+    pub lock_dir: Option<PathBuf>,
     /// Device images smaller than this are not persisted (`KPC_CACHE_MIN_DEVICE_IMAGE_SIZE`, default 0).
     pub min_device_image_size: u64,
     /// Device images larger than this are not persisted (`KPC_CACHE_MAX_DEVICE_IMAGE_SIZE`, default 1 GiB).
@@ -221,6 +230,13 @@ pub struct Config {
     pub remote_timeout: Duration,
     /// The fleet's MAC key (`KPC_CACHE_REMOTE_KEY`, default none: entries unauthenticated).
     pub remote_key: Option<MacKey>,
+    /// zstd level of the entries this process publishes to the remote (`KPC_CACHE_REMOTE_COMPRESS`,
+    /// default 3); 0 publishes them uncompressed. Readers take both whatever this is.
+    pub remote_compress: u8,
+    /// Remote entries built before this time (seconds since the Unix epoch; the provenance's build
+    /// time, covered by the signature when signed) are refused (`KPC_CACHE_REMOTE_NOT_BEFORE`,
+    /// default none).
+    pub remote_not_before: Option<u64>,
     /// This process's signing key (`KPC_CACHE_SIGNING_KEY`, default none): what it publishes to the
     /// remote or exports to a bundle is signed with it.
     pub signing_key: Option<SigningKey>,
@@ -258,6 +274,9 @@ impl Default for Config {
             cache_dir_source,
             readonly_dirs: Vec::new(),
             max_size: GIB,
+            max_entries: 0,
+            min_free: MinFree::default(),
+            lock_dir: None,
             min_device_image_size: 0,
             max_device_image_size: GIB,
             in_mem: true,
@@ -270,6 +289,8 @@ impl Default for Config {
             remote: None,
             remote_timeout: Duration::from_secs(2),
             remote_key: None,
+            remote_compress: 3,
+            remote_not_before: None,
             signing_key: None,
             trusted_keys: Vec::new(),
             host_id: None,
@@ -378,6 +399,7 @@ impl Config {
         if let Some(v) = get(vars::LOG_STDERR)? {
             b = b.log_stderr(parse_bool(vars::LOG_STDERR, &v)?);
         }
+        b = cluster::from_lookup(b, &get)?;
         // Paths are bytes on Unix, so the cache roots are the variables not required to be UTF-8.
         if let Some(v) = lookup(vars::CACHE_READONLY_DIRS) {
             b = b.readonly_dirs(parse_dir_list(vars::CACHE_READONLY_DIRS, &v)?);
@@ -595,6 +617,7 @@ impl ConfigBuilder {
                 "a name for this machine of 1 to 255 bytes without control characters (unset it to use the host name)",
             ));
         }
+        cluster::check(&c)?;
         if c.remote_timeout.is_zero() {
             return Err(invalid(
                 vars::CACHE_REMOTE_TIMEOUT,
@@ -616,6 +639,8 @@ impl ConfigBuilder {
     }
 }
 
+mod cluster;
+pub use cluster::MinFree;
 mod mac_key;
 mod remote_url;
 pub mod signing;

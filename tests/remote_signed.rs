@@ -94,8 +94,9 @@ fn remote_warnings(events: &[Ev]) -> Vec<String> {
         .filter(|e| {
             e.level == tracing::Level::WARN
                 && e.target == "kpc::cache::store"
+                // The message names the store first (`remote:<url>: ...`).
                 && e.fields
-                    .get("store")
+                    .get("message")
                     .is_some_and(|s| s.starts_with("remote:"))
         })
         .map(|e| e.fields.get("cause").cloned().unwrap_or_default())

@@ -1307,7 +1307,9 @@ enum kpc_status kpc_config_set_device(struct kpc_config *config, const char *sel
 
 /**
  * Sets the read-only cache layers searched after the local disk (`KPC_CACHE_READONLY_DIRS`
- * syntax: absolute directories separated by `:`). NULL or an empty string clears them.
+ * syntax: absolute paths separated by `:`, each a cache directory or a bundle file from
+ * `kpc cache export`, which is read in place and verified entry by entry). NULL or an empty string
+ * clears them.
  *
  * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle; `KPC_STATUS_CONFIG` for a malformed list
  * (a relative path, say), naming what is accepted.

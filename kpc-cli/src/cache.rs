@@ -47,6 +47,11 @@ pub enum CacheCommand {
         /// Show who built each entry: host, kpc version, driver, build time and duration, signer.
         #[arg(long)]
         provenance: bool,
+        /// List a bundle file (`kpc cache export`) instead, each entry verified as a lookup through
+        /// KPC_CACHE_READONLY_DIRS would (MAC, writer signature, checksums, full key); exit with
+        /// status 1 if any would be refused.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["remote", "provenance"])]
+        bundle: Option<std::path::PathBuf>,
     },
     /// Check every entry's checksums; exit with status 1 if any entry is bad.
     Verify {
@@ -57,6 +62,9 @@ pub enum CacheCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Garbage-collect the remote tier (--remote): entries not served for --older-than, then the
+    /// least recently served down to --max-size, and fingerprint namespaces nobody was served from.
+    Gc(crate::cache_gc::GcArgs),
     /// Remove entries: least recently accessed first down to --max-size, and/or those not accessed
     /// for --older-than.
     #[command(group(ArgGroup::new("what").required(true).multiple(true).args(["max_size", "older_than"])))]
@@ -135,10 +143,17 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
     match cmd {
         CacheCommand::Ls {
             json,
+            bundle: Some(file),
+            ..
+        } => return crate::cache_bundle::ls(config, &file, json),
+        CacheCommand::Ls {
+            json,
             remote: true,
             provenance,
+            ..
         } => return crate::cache_remote::ls(config, json, provenance),
         CacheCommand::Keygen(args) => return crate::cache_keys::keygen(config, &args),
+        CacheCommand::Gc(args) => return crate::cache_gc::run(config, &args),
         _ => {}
     }
     if let CacheCommand::Check(args) = &cmd {
@@ -158,7 +173,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
             "kpc: note: the disk cache is disabled (KPC_CACHE_PERSISTENT=0); showing its directory anyway"
         );
     }
-    let max_size = settings.max_size;
+    let (max_size, max_entries) = (settings.max_size, settings.max_entries);
     let cache = PersistentCache::new(settings);
     let io = |e: std::io::Error| kpc::Error::Io(format!("{}: {e}", cache.root().display()));
     match cmd {
@@ -168,6 +183,7 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
         CacheCommand::Import(args) => crate::cache_bundle::import(config, &cache, &args),
         CacheCommand::Check(args) => crate::cache_check::run(config, &args),
         CacheCommand::Prebuild(args) => crate::cache_prebuild::run(config, &args),
+        CacheCommand::Gc(args) => crate::cache_gc::run(config, &args),
         CacheCommand::Path => {
             outln!("{}", cache.root().display());
             Ok(ExitCode::SUCCESS)
@@ -206,6 +222,8 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                     "enabled": config.persistent,
                     "max_size": max_size,
                     "tracked_size": cache.tracked_size(),
+                    "max_entries": max_entries,
+                    "tracked_entries": cache.tracked_entries(),
                     "entries": entries.len(),
                     "bytes": total,
                     "devices": devices,
@@ -228,7 +246,10 @@ pub fn run(config: &Config, cmd: CacheCommand) -> kpc::Result<ExitCode> {
                 } else {
                     human(max_size)
                 };
-                outln!("limit {limit}");
+                match max_entries {
+                    0 => outln!("limit {limit}"),
+                    n => outln!("limit {limit}, {n} entries"),
+                }
                 outln!(
                     "{:<16}  {:<7}  {:<32}  {:>7}  {:>10}",
                     "DEVICE",

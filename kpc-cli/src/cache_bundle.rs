@@ -1,4 +1,5 @@
-//! `kpc cache export|import`: the disk cache's verified entries as one file, and back.
+//! `kpc cache export|import`: the disk cache's verified entries as one file, and back; `kpc cache ls
+//! --bundle`: what a bundle would serve as a read-only layer.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -173,5 +174,75 @@ pub fn import(
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    })
+}
+
+/// `kpc cache ls --bundle FILE`: every entry of the bundle, verified as a lookup through
+/// `KPC_CACHE_READONLY_DIRS` would verify it. Exit 1 if any would be refused, 2 if the file cannot be
+/// read as a bundle.
+pub fn ls(config: &Config, file: &std::path::Path, json: bool) -> kpc::Result<ExitCode> {
+    let store = bundle::BundleStore::from_config(config, file);
+    let rows = match store.list_verified() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kpc: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let refused = rows.iter().filter(|r| r.verdict.is_err()).count();
+    if json {
+        let list: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "image": r.label,
+                    "key_digest": r.key_digest,
+                    "backend": r.record.as_ref().map(|x| x.backend().to_owned()),
+                    "device_digest": r.record.as_ref().map(|x| x.device_digest.clone()),
+                    "options": r.record.as_ref().map(|x| x.options.clone()),
+                    "bytes": r.bytes,
+                    "verified": r.verdict.is_ok(),
+                    "refused": r.verdict.as_ref().err(),
+                })
+            })
+            .collect();
+        print_json(&json!({"bundle": file, "entries": list, "refused": refused}));
+    } else {
+        outln!("bundle {}", file.display());
+        outln!(
+            "{:<36}  {:<7}  {:<20}  {:>10}  VERIFIED",
+            "IMAGE",
+            "BACKEND",
+            "OPTIONS",
+            "SIZE"
+        );
+        for r in &rows {
+            let backend = r.record.as_ref().map_or("?", |x| x.backend());
+            let opts = r
+                .record
+                .as_ref()
+                .map(|x| x.options.as_str())
+                .filter(|o| !o.is_empty())
+                .unwrap_or("-");
+            let verdict = match &r.verdict {
+                Ok(()) => "ok".to_string(),
+                Err(why) => format!("REFUSED: {why}"),
+            };
+            let image = format!(
+                "{} ({})",
+                r.label,
+                &r.key_digest[..r.key_digest.len().min(8)]
+            );
+            outln!(
+                "{image:<36}  {backend:<7}  {opts:<20}  {:>10}  {verdict}",
+                r.bytes
+            );
+        }
+        outln!("{} entries, {refused} refused", rows.len());
+    }
+    Ok(if refused > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
     })
 }

@@ -24,6 +24,7 @@ mod cache;
 mod cache_bundle;
 mod cache_check;
 mod cache_explain;
+mod cache_gc;
 mod cache_keys;
 mod cache_metrics;
 mod cache_prebuild;

@@ -66,6 +66,20 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
             "- (unset: entries unauthenticated)"
         }
     );
+    outln!(
+        "  KPC_CACHE_REMOTE_COMPRESS           = {}",
+        match c.remote_compress {
+            0 => "0 (entries published uncompressed)".to_string(),
+            l => format!("{l} (zstd level of published entries)"),
+        }
+    );
+    match c.remote_not_before {
+        Some(t) => outln!(
+            "  KPC_CACHE_REMOTE_NOT_BEFORE         = {} (entries built before are refused)",
+            crate::entry_fmt::utc(t)
+        ),
+        None => outln!("  KPC_CACHE_REMOTE_NOT_BEFORE         = - (no cut-off)"),
+    }
     match &c.signing_key {
         Some(k) => outln!(
             "  KPC_CACHE_SIGNING_KEY               = set (signs as {})",
@@ -86,6 +100,25 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
         size(c.max_size)
     };
     outln!("  KPC_CACHE_MAX_SIZE                  = {max}");
+    outln!(
+        "  KPC_CACHE_MAX_ENTRIES               = {}",
+        match c.max_entries {
+            0 => "0 (unlimited)".to_string(),
+            n => format!("{n} entries"),
+        }
+    );
+    outln!(
+        "  KPC_CACHE_MIN_FREE                  = {}",
+        match c.min_free {
+            kpc::config::MinFree::Bytes(0) => "0 (no free-space floor)".to_string(),
+            kpc::config::MinFree::Bytes(b) => size(b),
+            f => format!("{f} of the file system (and of its inodes)"),
+        }
+    );
+    match &c.lock_dir {
+        Some(d) => outln!("  KPC_CACHE_LOCK_DIR                  = {}", d.display()),
+        None => outln!("  KPC_CACHE_LOCK_DIR                  = - (locks in the cache tree)"),
+    }
     outln!(
         "  KPC_CACHE_MIN_DEVICE_IMAGE_SIZE     = {}",
         size(c.min_device_image_size)
@@ -142,8 +175,11 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
     }
     for (i, d) in c.readonly_dirs.iter().enumerate() {
         // Searched after the local cache, in this order; never written, so no state but presence.
+        let bundle = kpc::cache::bundle::layer::is_bundle_path(d);
         let state = match (c.persistent, d.join(kpc::cache::disk::VERSION_DIR).is_dir()) {
             (false, _) => "off (KPC_CACHE_PERSISTENT=0)",
+            (true, _) if bundle && d.is_file() => "bundle, searched in place",
+            (true, _) if bundle => "bundle, missing: every lookup misses",
             (true, true) => "searched",
             (true, false) if d.is_dir() => "searched, holds no cache yet",
             (true, false) => "searched, missing: every lookup misses",

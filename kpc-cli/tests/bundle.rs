@@ -6,7 +6,6 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -44,20 +43,13 @@ fn filled(dir: &TempDir, n: u64) -> kpc::cache::disk::PersistentCache {
     c
 }
 
-/// Decompresses a bundle's body, lets `edit` change it, and writes it back compressed.
+/// Lets `edit` change a bundle's bytes in place. The entries are stored as they are where compression
+/// would not make them smaller, as with these tests' random binaries, so a binary can be found and
+/// changed in the file itself.
 fn rewrite_body(path: &Path, edit: impl FnOnce(&mut Vec<u8>)) {
-    let raw = std::fs::read(path).unwrap();
-    let mut body = Vec::new();
-    zstd::Decoder::new(&raw[8..])
-        .unwrap()
-        .read_to_end(&mut body)
-        .unwrap();
-    edit(&mut body);
-    let mut out = raw[..8].to_vec();
-    let mut z = zstd::Encoder::new(&mut out, 3).unwrap();
-    z.write_all(&body).unwrap();
-    z.finish().unwrap();
-    std::fs::write(path, out).unwrap();
+    let mut raw = std::fs::read(path).unwrap();
+    edit(&mut raw);
+    std::fs::write(path, raw).unwrap();
 }
 
 #[test]
@@ -112,7 +104,13 @@ fn a_tampered_bundle_is_refused_entry_by_entry() {
         r.refused[0].index, 4,
         "the last entry in the file was damaged"
     );
-    assert!(r.refused[0].reason.contains("does not verify"), "{r:?}");
+    // Compressed, the entry breaks already in its frame (its key record unreadable); stored as it
+    // is, in its checksums.
+    let why = &r.refused[0].reason;
+    assert!(
+        why.contains("does not verify") || why.contains("missing or damaged"),
+        "{r:?}"
+    );
     // Entries are in the cache's path order: find the damaged one by its label.
     let bad: u64 = r.refused[0]
         .label

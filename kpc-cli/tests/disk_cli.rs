@@ -221,3 +221,65 @@ fn without_a_cache_directory() {
     assert_eq!(json(&o).as_array().unwrap().len(), 4);
     assert!(text(&o).contains("disabled"));
 }
+
+#[test]
+fn limits_for_shared_file_systems_are_shown_and_checked() {
+    let t = TempDir::new("cli-limits");
+    let run = |vars: &[(&str, &str)], args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
+        c.env_clear().env("KPC_CACHE_DIR", t.path());
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        c.args(args).output().unwrap()
+    };
+    let o = run(
+        &[
+            ("KPC_CACHE_MAX_ENTRIES", "5000"),
+            ("KPC_CACHE_MIN_FREE", "0.5%"),
+            ("KPC_CACHE_LOCK_DIR", "/run/kpc-locks"),
+        ],
+        &["status"],
+    );
+    let s = text(&o);
+    assert!(o.status.success(), "{s}");
+    assert!(
+        s.contains("KPC_CACHE_MAX_ENTRIES               = 5000 entries"),
+        "{s}"
+    );
+    assert!(
+        s.contains("KPC_CACHE_MIN_FREE                  = 0.50% of the file system"),
+        "{s}"
+    );
+    assert!(
+        s.contains("KPC_CACHE_LOCK_DIR                  = /run/kpc-locks"),
+        "{s}"
+    );
+    let o = run(&[], &["status"]);
+    assert!(text(&o).contains("KPC_CACHE_MIN_FREE                  = 1% of the file system"));
+    // Strict: the variable named, the value, what is accepted; exit status 2.
+    for (var, bad, says) in [
+        ("KPC_CACHE_MAX_ENTRIES", "5K", "whole number"),
+        ("KPC_CACHE_MIN_FREE", "60%", "percentage"),
+        ("KPC_CACHE_LOCK_DIR", "relative/locks", "absolute"),
+    ] {
+        let o = run(&[(var, bad)], &["status"]);
+        let s = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{var}: {s}");
+        assert!(
+            s.contains(var) && s.contains(bad) && s.contains(says),
+            "{s}"
+        );
+    }
+    // `cache stats` shows the entry limit.
+    populate(t.path());
+    let o = run(
+        &[("KPC_CACHE_MAX_ENTRIES", "100")],
+        &["cache", "stats", "--json"],
+    );
+    let v = json(&o);
+    assert_eq!(
+        (v["max_entries"].as_u64(), v["tracked_entries"].as_u64()),
+        (Some(100), Some(4))
+    );
+}

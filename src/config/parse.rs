@@ -12,7 +12,7 @@ const SIZE_ACCEPTED: &str = "a byte count with an optional suffix K, M, G, T (po
 const DURATION_ACCEPTED: &str = "a duration: a number with unit ms, s, m or h (e.g. 500ms, 30s, 2m); a bare number means seconds";
 pub(super) const TRACE_ACCEPTED: &str =
     "a bitmask 0..=7 (1 = disk cache, 2 = memory cache, 4 = builds), decimal or 0x-hex";
-pub(super) const DIRS_ACCEPTED: &str = "a colon-separated list of absolute directory paths, like PATH, with no empty element (unset it for none), e.g. /opt/kpc-cache:/mnt/shared/kpc";
+pub(super) const DIRS_ACCEPTED: &str = "a colon-separated list of absolute paths of cache directories or bundle files (.kpcb), like PATH, with no empty element (unset it for none), e.g. /opt/kpc-cache:/opt/kernels.kpcb";
 
 /// Parses a 0/1 switch (true/false, yes/no, on/off also accepted, any case).
 pub(crate) fn parse_bool(var: &'static str, v: &str) -> Result<bool, ConfigError> {

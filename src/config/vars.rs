@@ -8,6 +8,12 @@ pub const CACHE_DIR: &str = "KPC_CACHE_DIR";
 pub const CACHE_READONLY_DIRS: &str = "KPC_CACHE_READONLY_DIRS";
 /// Disk cache size limit.
 pub const CACHE_MAX_SIZE: &str = "KPC_CACHE_MAX_SIZE";
+/// Disk cache entry limit (inode quotas count files).
+pub const CACHE_MAX_ENTRIES: &str = "KPC_CACHE_MAX_ENTRIES";
+/// Free space a disk cache put must leave on the file system.
+pub const CACHE_MIN_FREE: &str = "KPC_CACHE_MIN_FREE";
+/// Where the disk cache's lock files go (node-local storage for a cache on a network file system).
+pub const CACHE_LOCK_DIR: &str = "KPC_CACHE_LOCK_DIR";
 /// Smallest device image that is persisted.
 pub const CACHE_MIN_DEVICE_IMAGE_SIZE: &str = "KPC_CACHE_MIN_DEVICE_IMAGE_SIZE";
 /// Largest device image that is persisted.
@@ -32,6 +38,10 @@ pub const CACHE_REMOTE: &str = "KPC_CACHE_REMOTE";
 pub const CACHE_REMOTE_TIMEOUT: &str = "KPC_CACHE_REMOTE_TIMEOUT";
 /// Shared secret: remote entries carry a keyed BLAKE3 MAC and are verified.
 pub const CACHE_REMOTE_KEY: &str = "KPC_CACHE_REMOTE_KEY";
+/// zstd level of published remote entries, or 0 for none.
+pub const CACHE_REMOTE_COMPRESS: &str = "KPC_CACHE_REMOTE_COMPRESS";
+/// Readers refuse remote entries built before this time (a cut-off after a bad publisher).
+pub const CACHE_REMOTE_NOT_BEFORE: &str = "KPC_CACHE_REMOTE_NOT_BEFORE";
 /// Private key file: this process signs the entries it publishes or exports (Ed25519).
 pub const CACHE_SIGNING_KEY: &str = "KPC_CACHE_SIGNING_KEY";
 /// Public keys (inline or files): readers refuse shared entries none of them signed.

@@ -201,6 +201,26 @@ impl S3Server {
         std::fs::rename(&tmp, &path).expect("replace an object");
     }
 
+    /// Sets the modification time of the object at `key`, which the server reports as its
+    /// LastModified: what another writer's object of that age looks like.
+    pub fn backdate(&self, key: &str, to: std::time::SystemTime) {
+        filetime::set_file_mtime(
+            self.object_path(key),
+            filetime::FileTime::from_system_time(to),
+        )
+        .expect("set an object's modification time");
+    }
+
+    /// Removes the object at `key`, as another client's DELETE would.
+    pub fn remove(&self, key: &str) {
+        std::fs::remove_file(self.object_path(key)).expect("remove an object");
+    }
+
+    /// Whether there is an object at `key`.
+    pub fn exists(&self, key: &str) -> bool {
+        self.object_path(key).is_file()
+    }
+
     /// Kills the server now (SIGKILL) and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

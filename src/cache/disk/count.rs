@@ -2,12 +2,13 @@
 //! puts, removals and eviction passes, in threads and processes.
 //!
 //! What counts: every `.src` and `.bin` file in the versioned tree, headers included, whether or not its
-//! slot is complete. Not counted: temporaries (`*.tmp`, a write in progress, never visible to readers),
+//! slot is complete; and, as the entry count (`KPC_CACHE_MAX_ENTRIES`), every `.src`. Not counted: temporaries (`*.tmp`, a write in progress, never visible to readers),
 //! lock files (empty), the size file itself, and what lies outside `v1/` (the trash, the quarantine).
 //!
 //! # Protocol
-//! The record is `<total> <generation> <flags>` in a fixed-width line, rewritten in place (never
-//! truncated, so no update frees a block). Its file is also its lock (`flock`).
+//! The record is `<total> <generation> <flags> <entries>` in a fixed-width line, rewritten in place
+//! (never truncated, so no update frees a block). Its file is also its lock (`flock`). A record
+//! without the entry count (kpc before `KPC_CACHE_MAX_ENTRIES`) is unusable and measured again once.
 //! - **A counted change** (a put's renames, a reader's removal of a corrupt entry, `remove`, a
 //!   quarantine) runs *inside* the lock: mark the record dirty (one byte), change the files, write the
 //!   new total with the flag cleared and the generation bumped. Between the change and its count
@@ -39,8 +40,8 @@ use super::stats::bump;
 use super::walk::{LeafScan, Tree, scan_tree};
 
 pub(crate) const SIZE_FILE: &str = "size";
-/// `<total:20> <generation:20> <dirty><evicting>\n`.
-const RECORD_LEN: usize = 45;
+/// `<total:20> <generation:20> <dirty><evicting> <entries:20>\n`.
+const RECORD_LEN: usize = 66;
 const DIRTY_AT: u64 = 42;
 
 /// The size file's content.
@@ -48,6 +49,8 @@ const DIRTY_AT: u64 = 42;
 pub(crate) struct SizeRecord {
     /// Bytes of every counted file.
     pub total: u64,
+    /// Entries: `.src` files.
+    pub entries: u64,
     /// Bumped by every counted change: a pass whose walk saw it unchanged saw no change.
     pub generation: u64,
     /// A counted change was in progress (found by the next holder: its maker died).
@@ -57,29 +60,31 @@ pub(crate) struct SizeRecord {
 }
 
 impl SizeRecord {
-    /// A fresh record of `total` bytes.
-    pub fn clean(total: u64, generation: u64) -> SizeRecord {
+    /// A fresh record of `total` bytes in `entries` entries.
+    pub fn clean(total: u64, entries: u64, generation: u64) -> SizeRecord {
         SizeRecord {
             total,
+            entries,
             generation,
             dirty: false,
             evicting: false,
         }
     }
 
-    /// Parses a record; a bare number (an older kpc, or written by hand) is a clean record.
+    /// Parses a record. One without an entry count (a bare number, or an older kpc's three fields) is
+    /// unusable: `None`, so it is measured again.
     fn parse(s: &str) -> Option<SizeRecord> {
         let mut it = s.split_ascii_whitespace();
         let total = it.next()?.parse().ok()?;
-        match (it.next(), it.next(), it.next()) {
-            (None, _, _) => Some(SizeRecord::clean(total, 0)),
-            (Some(g), Some(f), None) => {
+        match (it.next(), it.next(), it.next(), it.next()) {
+            (Some(g), Some(f), Some(n), None) => {
                 let (dirty, evicting) = match f.as_bytes() {
                     [d @ (b'd' | b'-'), e @ (b'e' | b'-')] => (*d == b'd', *e == b'e'),
                     _ => return None,
                 };
                 Some(SizeRecord {
                     total,
+                    entries: n.parse().ok()?,
                     generation: g.parse().ok()?,
                     dirty,
                     evicting,
@@ -91,23 +96,29 @@ impl SizeRecord {
 
     fn encode(&self) -> String {
         format!(
-            "{:020} {:020} {}{}\n",
+            "{:020} {:020} {}{} {:020}\n",
             self.total,
             self.generation,
             if self.dirty { 'd' } else { '-' },
-            if self.evicting { 'e' } else { '-' }
+            if self.evicting { 'e' } else { '-' },
+            self.entries
         )
     }
 }
 
-/// The size file, locked.
-pub(crate) struct SizeLock(HeldLock);
+/// The size file, locked: through its own descriptor, or (with `KPC_CACHE_LOCK_DIR`) through a lock
+/// file there, the record read and written through a descriptor of the size file.
+pub(crate) struct SizeLock(HeldLock, Option<fs::File>);
 
 impl SizeLock {
+    fn file(&self) -> &fs::File {
+        self.1.as_ref().unwrap_or_else(|| self.0.file())
+    }
+
     /// The record, or `None` when it is missing or unusable.
     pub fn read(&self) -> Option<SizeRecord> {
-        let mut buf = [0u8; 64];
-        let n = self.0.file().read_at(&mut buf, 0).ok()?;
+        let mut buf = [0u8; 96];
+        let n = self.file().read_at(&mut buf, 0).ok()?;
         if n == buf.len() {
             return None;
         }
@@ -116,7 +127,7 @@ impl SizeLock {
 
     /// Replaces the record.
     pub fn write(&self, r: &SizeRecord) -> io::Result<()> {
-        let f = self.0.file();
+        let f = self.file();
         let text = r.encode();
         debug_assert_eq!(text.len(), RECORD_LEN);
         f.write_all_at(text.as_bytes(), 0)?;
@@ -129,7 +140,7 @@ impl SizeLock {
 
     /// Sets the dirty flag of `r`, the record just read.
     fn mark_dirty(&self, r: &SizeRecord) -> io::Result<()> {
-        let f = self.0.file();
+        let f = self.file();
         if f.metadata()?.len() == RECORD_LEN as u64 {
             f.write_all_at(b"d", DIRTY_AT)
         } else {
@@ -149,10 +160,42 @@ pub(crate) fn counted_bytes(leaves: &[LeafScan]) -> u64 {
     leaves.iter().map(LeafScan::counted).sum()
 }
 
+/// How many entries (`.src` files) a tree holds.
+pub(crate) fn counted_entries(leaves: &[LeafScan]) -> u64 {
+    leaves.iter().map(LeafScan::entries).sum()
+}
+
+/// A counted change: bytes and entries added (negative: removed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Delta {
+    /// Counted bytes.
+    pub bytes: i64,
+    /// Entries (`.src` files).
+    pub entries: i64,
+}
+
+/// What a removal freed: counted bytes and entries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Freed {
+    /// Counted bytes.
+    pub bytes: u64,
+    /// Entries (`.src` files).
+    pub entries: u64,
+}
+
+impl Freed {
+    /// The change this removal made.
+    pub fn delta(self) -> Delta {
+        Delta {
+            bytes: -(self.bytes as i64),
+            entries: -(self.entries as i64),
+        }
+    }
+}
+
 /// Removes the counted files of slot `n` (the caller holds the slot lock and the size lock), `.src`
-/// first, and its temporaries. Returns the counted bytes freed, which include those freed before an
-/// error (in `freed`).
-pub(crate) fn remove_slot_counted(leaf: &Path, n: u32, freed: &mut u64) -> io::Result<()> {
+/// first, and its temporaries. Adds to `freed` what it removes, also before an error.
+pub(crate) fn remove_slot_counted(leaf: &Path, n: u32, freed: &mut Freed) -> io::Result<()> {
     for (ext, counted) in [
         ("src", true),
         ("bin", true),
@@ -168,7 +211,10 @@ pub(crate) fn remove_slot_counted(leaf: &Path, n: u32, freed: &mut u64) -> io::R
             Err(e) => return Err(e),
         };
         match fs::remove_file(&p) {
-            Ok(()) if counted => *freed += len,
+            Ok(()) if counted => {
+                freed.bytes += len;
+                freed.entries += u64::from(ext == "src");
+            }
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
@@ -188,10 +234,11 @@ impl Inner {
     ) -> io::Result<Tree> {
         let tree = scan_tree(&self.v1)?;
         let total = counted_bytes(&tree.0);
+        let entries = counted_entries(&tree.0);
         let generation = old.map_or(1, |r| r.generation.wrapping_add(1));
         lock.write(&SizeRecord {
             evicting,
-            ..SizeRecord::clean(total, generation)
+            ..SizeRecord::clean(total, entries, generation)
         })?;
         bump(&self.counters.size_rebuilds, 1);
         self.trace(
@@ -204,8 +251,21 @@ impl Inner {
     /// for one walk. `None`: the cache is unwritable or the file cannot be locked (warned).
     pub(crate) fn lock_size(&self) -> Option<SizeLock> {
         let path = self.v1.join(SIZE_FILE);
-        match lock::lock_blocking(&path) {
-            Ok(lock) => Some(SizeLock(lock)),
+        let taken = self.locks.size().and_then(|relocated| match relocated {
+            None => lock::lock_blocking(&path).map(|l| SizeLock(l, None)),
+            Some(lp) => {
+                let lock = lock::lock_blocking(&lp)?;
+                let data = fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)?;
+                Ok(SizeLock(lock, Some(data)))
+            }
+        });
+        match taken {
+            Ok(l) => Some(l),
             Err(e) => {
                 self.warn_io(&e, &path, "cannot lock the size file");
                 None
@@ -214,10 +274,13 @@ impl Inner {
     }
 
     /// Makes a counted change: runs `change`, which changes counted files and returns its result and
-    /// the change in counted bytes, inside the size lock (see the module's protocol). Returns `None`
-    /// without running `change` when the lock cannot be taken; otherwise its result and the new total,
-    /// which is `None` when the record needs the recount of the next eviction pass.
-    pub(crate) fn counted<T>(&self, change: impl FnOnce() -> (T, i64)) -> Option<(T, Option<u64>)> {
+    /// the change in counted bytes and entries, inside the size lock (see the module's protocol).
+    /// Returns `None` without running `change` when the lock cannot be taken; otherwise its result and
+    /// the new record, which is `None` when it needs the recount of the next eviction pass.
+    pub(crate) fn counted<T>(
+        &self,
+        change: impl FnOnce() -> (T, Delta),
+    ) -> Option<(T, Option<SizeRecord>)> {
         let lock = self.lock_size()?;
         let mut rec = lock.read();
         let mut evictor = None;
@@ -237,8 +300,8 @@ impl Inner {
         &self,
         lock: &SizeLock,
         rec: Option<SizeRecord>,
-        change: impl FnOnce() -> (T, i64),
-    ) -> Option<(T, Option<u64>)> {
+        change: impl FnOnce() -> (T, Delta),
+    ) -> Option<(T, Option<SizeRecord>)> {
         let rec = rec.filter(|r| !r.dirty);
         if let Some(r) = &rec {
             if let Err(e) = lock.mark_dirty(r) {
@@ -251,13 +314,14 @@ impl Inner {
             return Some((t, None));
         };
         let new = SizeRecord {
-            total: r.total.saturating_add_signed(delta),
+            total: r.total.saturating_add_signed(delta.bytes),
+            entries: r.entries.saturating_add_signed(delta.entries),
             generation: r.generation.wrapping_add(1),
             dirty: false,
             evicting: r.evicting,
         };
         match lock.write(&new) {
-            Ok(()) => Some((t, Some(new.total))),
+            Ok(()) => Some((t, Some(new))),
             // The dirty flag stays: the next pass measures the truth.
             Err(e) => {
                 self.warn_io(&e, &self.v1, "cannot update the size file");
@@ -277,7 +341,7 @@ impl Inner {
         lock: &SizeLock,
         rec: Option<SizeRecord>,
     ) -> (Option<SizeRecord>, Option<HeldLock>) {
-        let Ok(Some(evictor)) = lock::try_lock(&self.v1.join(lock::EVICT_LOCK), false) else {
+        let Ok(Some(evictor)) = self.locks.evict().and_then(|p| lock::try_lock(&p, false)) else {
             return (rec, None);
         };
         match self.recount(lock, rec, false) {
@@ -293,10 +357,9 @@ impl Inner {
     /// bytes freed; `None` when nothing could be removed.
     pub(crate) fn remove_slot(&self, leaf: &Path, n: u32) -> Option<u64> {
         let (r, _) = self.counted(|| {
-            let mut freed = 0;
+            let mut freed = Freed::default();
             let r = remove_slot_counted(leaf, n, &mut freed);
-            let delta = -(freed as i64);
-            (r.map(|()| freed), delta)
+            (r.map(|()| freed.bytes), freed.delta())
         })?;
         r.ok()
     }

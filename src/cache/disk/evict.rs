@@ -23,8 +23,8 @@ use std::time::{Instant, SystemTime};
 use filetime::FileTime;
 
 use super::Inner;
-use super::count::{SizeRecord, counted_bytes, remove_slot_counted};
-use super::lock::{self, Asker, EVICT_LOCK, RECHECK_FILE, Waited};
+use super::count::{Freed, SizeRecord, counted_bytes, counted_entries, remove_slot_counted};
+use super::lock::{self, Asker, RECHECK_FILE, Waited};
 use super::slot::slot_file;
 use super::stats::bump;
 use super::trash::{Sweep, Trash};
@@ -35,6 +35,9 @@ use super::walk::{LeafScan, SlotFiles, Tree, scan_tree, workers_for};
 pub(crate) struct Plan {
     /// Remove least recently accessed entries until the total is at or under this.
     pub target: Option<u64>,
+    /// Remove least recently accessed entries until at most this many are left
+    /// (`KPC_CACHE_MAX_ENTRIES`).
+    pub target_entries: Option<u64>,
     /// Remove every entry last accessed before this.
     pub older_than: Option<SystemTime>,
     /// Wait (up to the lock timeout) for another evictor instead of skipping.
@@ -130,15 +133,22 @@ impl Inner {
     /// `before`): settles the record and sets its `evicting` flag. A record that is missing, dirty or
     /// still flagged by a dead pass is measured again (the walk is redone inside the size lock); one
     /// whose generation did not move during the walk is compared with it and corrected. Returns the
-    /// tree to work from and the total the removals start from.
-    fn settle_size(&self, before: Option<SizeRecord>, walked: Tree) -> io::Result<(Tree, u64)> {
+    /// tree to work from and the record the removals start from.
+    fn settle_size(
+        &self,
+        before: Option<SizeRecord>,
+        walked: Tree,
+    ) -> io::Result<(Tree, SizeRecord)> {
         let lock = self.lock_size().ok_or_else(size_busy)?;
         let rec = lock.read();
         match rec {
             Some(r) if !r.dirty && !r.evicting => {
                 let walk_total = counted_bytes(&walked.0);
+                let walk_entries = counted_entries(&walked.0);
                 let quiet = before.is_some_and(|b| b.generation == r.generation);
-                let total = if quiet && walk_total != r.total {
+                let (total, entries) = if quiet
+                    && (walk_total != r.total || walk_entries != r.entries)
+                {
                     // Nothing counted changed during the walk, so the walk is the truth: the files
                     // changed behind the protocol's back (removed by hand).
                     bump(&self.counters.size_corrections, 1);
@@ -146,35 +156,38 @@ impl Inner {
                         tracing::debug!(target: "kpc::cache::disk", tracked = r.total, measured = walk_total,
                             "size file corrected")
                     });
-                    walk_total
+                    (walk_total, walk_entries)
                 } else {
-                    r.total
+                    (r.total, r.entries)
                 };
-                lock.write(&SizeRecord {
+                let settled = SizeRecord {
                     total,
+                    entries,
                     generation: r.generation.wrapping_add(1),
                     dirty: false,
                     evicting: true,
-                })?;
-                Ok((walked, total))
+                };
+                lock.write(&settled)?;
+                Ok((walked, settled))
             }
             _ => {
                 let tree = self.recount(&lock, rec, true)?;
-                let total = counted_bytes(&tree.0);
-                Ok((tree, total))
+                let (total, entries) = (counted_bytes(&tree.0), counted_entries(&tree.0));
+                Ok((tree, SizeRecord::clean(total, entries, 0)))
             }
         }
     }
 
-    /// The end of a pass's removals: subtracts `removed` counted bytes and clears the `evicting` flag.
+    /// The end of a pass's removals: subtracts what was `removed` and clears the `evicting` flag.
     /// Returns the new total, or `None` when the record went bad meanwhile (a put died inside its
     /// change): the recheck flag is left then, so a pass measures it again once this one lets go of
     /// `evict.lock` (asked for now, it could only wait for this very pass).
-    fn finish_size(&self, removed: u64) -> Option<u64> {
+    fn finish_size(&self, removed: Freed) -> Option<u64> {
         let lock = self.lock_size()?;
         let rec = lock.read().filter(|r| !r.dirty);
         let new = rec.map(|r| SizeRecord {
-            total: r.total.saturating_sub(removed),
+            total: r.total.saturating_sub(removed.bytes),
+            entries: r.entries.saturating_sub(removed.entries),
             generation: r.generation.wrapping_add(1),
             dirty: false,
             evicting: false,
@@ -197,7 +210,7 @@ impl Inner {
     /// wait, or waited past the lock timeout) leaves the recheck flag for the holder and tries once
     /// more (the holder may have let go before it could see the flag).
     fn take_evict_lock(&self, plan: &Plan) -> io::Result<Option<lock::HeldLock>> {
-        let lock_path = self.v1.join(EVICT_LOCK);
+        let lock_path = self.locks.evict()?;
         if plan.wait {
             let waited =
                 lock::lock_with_timeout(&lock_path, false, self.s.lock_timeout, || Ok(()))?;
@@ -234,14 +247,15 @@ impl Inner {
         let mut trash = Trash::new(&self.s.root, 0);
         let before = self.lock_size().and_then(|l| l.read());
         let settled = scan_tree(&self.v1).and_then(|walked| self.settle_size(before, walked));
-        let ((leaves, children, bare), mut total) = match settled {
+        let ((leaves, children, bare), start) = match settled {
             Ok(s) => s,
             Err(e) => {
                 self.release_evict_lock(evictor, Asker::Free);
                 return Err(e);
             }
         };
-        let mut removed_bytes_counted = 0u64;
+        let (mut total, mut count) = (start.total, start.entries);
+        let mut removed_counted = Freed::default();
         // Slots (of any state) still present per leaf: a leaf at zero is removed with its emptied parents.
         let mut alive: Vec<usize> = leaves.iter().map(|l| l.slots.len()).collect();
 
@@ -252,20 +266,22 @@ impl Inner {
                 if f.complete() && !f.tmp {
                     continue;
                 }
-                match lock::try_lock_leaf(&leaf.path) {
+                match self.locks.try_leaf(&leaf.path) {
                     Ok(Some(_leaf)) => {
                         let published = slot_file(&leaf.path, n, "src").exists()
                             && slot_file(&leaf.path, n, "bin").exists();
                         if f.complete() || published {
                             continue;
                         }
-                        let mut freed = 0;
+                        let mut freed = Freed::default();
                         let r = remove_slot_counted(&leaf.path, n, &mut freed);
-                        total = total.saturating_sub(freed);
-                        removed_bytes_counted += freed;
+                        total = total.saturating_sub(freed.bytes);
+                        count = count.saturating_sub(freed.entries);
+                        removed_counted.bytes += freed.bytes;
+                        removed_counted.entries += freed.entries;
                         if r.is_ok() {
                             alive[li] -= 1;
-                            if freed > 0 || f.tmp {
+                            if freed.bytes > 0 || f.tmp {
                                 report.stale_removed += 1;
                             }
                         }
@@ -291,56 +307,62 @@ impl Inner {
         let cutoff = plan.older_than.map(FileTime::from_system_time);
         // Sorted by access time, so once an entry is neither needed for the target nor old, no later
         // one is either.
-        let wanted = |atime: FileTime, total: u64| {
-            plan.target.is_some_and(|t| total > t) || cutoff.is_some_and(|c| atime < c)
+        let wanted = |atime: FileTime, total: u64, count: u64| {
+            plan.target.is_some_and(|t| total > t)
+                || plan.target_entries.is_some_and(|t| count > t)
+                || cutoff.is_some_and(|c| atime < c)
         };
         let mut remaining = cands.len() as u64;
         // What was removed (leaf, bytes), for the eviction record (`evicted.rs`).
         let mut evicted: Vec<(&Path, u64)> = Vec::new();
-        let mut apply = |li: usize, o: Outcome, total: &mut u64, report: &mut EvictReport| match o {
-            Outcome::Removed(freed) => {
-                evicted.push((leaves[li].path.as_path(), freed));
-                *total = total.saturating_sub(freed);
-                report.removed += 1;
-                report.removed_bytes += freed;
-                remaining -= 1;
-                alive[li] -= 1;
-            }
-            // Removed by someone else (a reader that found it corrupt) since the walk.
-            Outcome::Gone => {
-                remaining -= 1;
-                alive[li] -= 1;
-            }
-            Outcome::Busy => report.busy += 1,
-            Outcome::Failed => {}
-        };
+        let mut apply =
+            |li: usize, o: Outcome, now: &mut (u64, u64), report: &mut EvictReport| match o {
+                Outcome::Removed(freed) => {
+                    evicted.push((leaves[li].path.as_path(), freed));
+                    now.0 = now.0.saturating_sub(freed);
+                    now.1 = now.1.saturating_sub(1);
+                    report.removed += 1;
+                    report.removed_bytes += freed;
+                    remaining -= 1;
+                    alive[li] -= 1;
+                }
+                // Removed by someone else (a reader that found it corrupt) since the walk.
+                Outcome::Gone => {
+                    remaining -= 1;
+                    alive[li] -= 1;
+                }
+                Outcome::Busy => report.busy += 1,
+                Outcome::Failed => {}
+            };
         // What the pass removes if no entry is busy: removed together, on a few threads when there
         // are many (the removals are independent system calls).
         let mut k = 0;
-        let mut t = total;
-        while k < cands.len() && wanted(cands[k].0, t) {
+        let (mut t, mut c) = (total, count);
+        while k < cands.len() && wanted(cands[k].0, t, c) {
             let (_, li, n) = cands[k];
             t = t.saturating_sub(leaves[li].slots[&n].counted());
+            c = c.saturating_sub(1);
             k += 1;
         }
         let outcomes = self.remove_many(&cands[..k], &leaves, &mut trash);
         let mut busy = Vec::new();
+        let mut now = (total, count);
         for (&c, o) in cands[..k].iter().zip(outcomes) {
             if let Outcome::Busy = o {
                 busy.push(c);
             }
-            apply(c.1, o, &mut total, &mut report);
+            apply(c.1, o, &mut now, &mut report);
         }
         // Busy entries can leave the total over the target: carry on down the list.
         for &c in &cands[k..] {
-            if !wanted(c.0, total) {
+            if !wanted(c.0, now.0, now.1) {
                 break;
             }
             let o = self.remove_candidate(&mut trash, &leaves[c.1], c.2, None);
             if let Outcome::Busy = o {
                 busy.push(c);
             }
-            apply(c.1, o, &mut total, &mut report);
+            apply(c.1, o, &mut now, &mut report);
         }
         // Still over the target because of entries whose leaves were held: a writer between its
         // publish and its unlock, a reader repairing, or a child process forked while some thread held
@@ -349,7 +371,7 @@ impl Inner {
         if plan.wait_busy {
             let deadline = Instant::now() + self.s.lock_timeout;
             for (atime, li, n) in busy {
-                if !wanted(atime, total) {
+                if !wanted(atime, now.0, now.1) {
                     break;
                 }
                 let o = self.remove_candidate(&mut trash, &leaves[li], n, Some(deadline));
@@ -357,10 +379,12 @@ impl Inner {
                     continue;
                 }
                 report.busy -= 1;
-                apply(li, o, &mut total, &mut report);
+                apply(li, o, &mut now, &mut report);
             }
         }
-        removed_bytes_counted += report.removed_bytes;
+        let total = now.0;
+        removed_counted.bytes += report.removed_bytes;
+        removed_counted.entries += report.removed;
         // A pass a put asked for evicts under KPC_CACHE_MAX_SIZE; an explicit one (prune) under its
         // own target, or none (by age, 0).
         let limit = if plan.asked {
@@ -382,12 +406,13 @@ impl Inner {
                 .chain(bare.into_iter().map(|d| (d, false)))
                 .collect(),
             children,
+            locks: self.locks.clone(),
         };
 
         bump(&self.counters.evictions, report.removed);
         bump(&self.counters.evicted_bytes, report.removed_bytes);
         report.remaining_entries = remaining;
-        report.remaining_bytes = self.finish_size(removed_bytes_counted).unwrap_or(total);
+        report.remaining_bytes = self.finish_size(removed_counted).unwrap_or(total);
         self.trace(|| {
             tracing::debug!(target: "kpc::cache::disk", removed = report.removed, bytes = report.removed_bytes,
                 stale = report.stale_removed, busy = report.busy, remaining = report.remaining_bytes,
@@ -473,11 +498,13 @@ impl Inner {
     ) -> Outcome {
         let path = &leaf.path;
         let held = match deadline {
-            None => lock::try_lock_leaf(path),
+            None => self.locks.try_leaf(path),
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
-                lock::lock_leaf(path, left, || Err(io::ErrorKind::NotFound.into())).map(|w| match w
-                {
+                let w = self
+                    .locks
+                    .leaf(path, left, || Err(io::ErrorKind::NotFound.into()));
+                w.map(|w| match w {
                     Waited::Acquired { lock, .. } => Some(lock),
                     Waited::TimedOut => None,
                 })

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::PersistentCache;
+use super::count::Freed;
 use super::evict::Plan;
-use super::lock;
 use super::slot::{SlotCheck, check_slot, read_src, slot_file};
 use super::walk::scan;
 use crate::cache::store::key::KeyRecord;
@@ -190,7 +190,7 @@ impl PersistentCache {
     }
 
     fn remove_stale(&self, leaf: &Path, n: u32) -> bool {
-        let Ok(Some(_leaf)) = lock::try_lock_leaf(leaf) else {
+        let Ok(Some(_leaf)) = self.inner.locks.try_leaf(leaf) else {
             return false;
         };
         if slot_file(leaf, n, "src").exists() {
@@ -201,7 +201,7 @@ impl PersistentCache {
 
     /// Moves slot `n`'s files into the quarantine directory, under the leaf's lock.
     fn quarantine(&self, leaf: &Path, dirs: &[String; 4], n: u32) -> bool {
-        let Ok(Some(_leaf)) = lock::try_lock_leaf(leaf) else {
+        let Ok(Some(_leaf)) = self.inner.locks.try_leaf(leaf) else {
             return false;
         };
         let q = self.quarantine_dir();
@@ -217,18 +217,21 @@ impl PersistentCache {
             unique_suffix()
         );
         let moved = self.inner.counted(|| {
-            let mut moved = 0u64;
+            let mut moved = Freed::default();
             let mut ok = true;
             for ext in ["src", "bin"] {
                 let from = slot_file(leaf, n, ext);
                 let len = fs::symlink_metadata(&from).map(|m| m.len()).unwrap_or(0);
                 match fs::rename(&from, q.join(format!("{stem}.{ext}"))) {
-                    Ok(()) => moved += len,
+                    Ok(()) => {
+                        moved.bytes += len;
+                        moved.entries += u64::from(ext == "src");
+                    }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(_) => ok = false,
                 }
             }
-            (ok, -(moved as i64))
+            (ok, moved.delta())
         });
         moved.is_some_and(|(ok, _)| ok)
     }
@@ -239,6 +242,7 @@ impl PersistentCache {
     pub fn clear(&self) -> io::Result<ClearReport> {
         let r = self.inner.evict(Plan {
             target: Some(0),
+            target_entries: None,
             older_than: None,
             wait: true,
             defer_sweep: false,

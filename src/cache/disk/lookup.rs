@@ -11,6 +11,7 @@ use filetime::FileTime;
 
 use super::entry::{self, Defect, FileKind, read_verified};
 use super::lock::{self, HeldLock, Waited};
+use super::locks::Locks;
 use super::put::BuildGuard;
 use super::slot::{SlotCheck, check_slot, list_slots, read_src, slot_file};
 use super::stats::{bump, nanos};
@@ -23,8 +24,8 @@ const DEFECT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(2
 
 /// Locks `leaf` within [`DEFECT_LOCK_WAIT`], to remove a slot a reader found unusable: `Ok(None)` when
 /// another holder kept it the whole time, `NotFound` when the leaf is gone.
-fn lock_leaf_briefly(leaf: &Path) -> std::io::Result<Option<HeldLock>> {
-    let waited = lock::lock_leaf(leaf, DEFECT_LOCK_WAIT, || {
+fn lock_leaf_briefly(locks: &Locks, leaf: &Path) -> std::io::Result<Option<HeldLock>> {
+    let waited = locks.leaf(leaf, DEFECT_LOCK_WAIT, || {
         Err(std::io::ErrorKind::NotFound.into())
     })?;
     Ok(match waited {
@@ -178,9 +179,9 @@ impl PersistentCache {
     ) -> Result<(Option<HeldLock>, Option<Duration>, Option<DiskHit>), ()> {
         let i = &self.inner;
         let leaf = i.leaf(key);
-        let lock_path = leaf.join("key.lock");
         let start = Instant::now();
         let waited = match i.ensure_leaf(key).and_then(|_| {
+            let lock_path = i.locks.build(&leaf)?;
             lock::lock_with_timeout(&lock_path, true, i.s.lock_timeout, || {
                 i.ensure_leaf(key).map(drop)
             })
@@ -198,7 +199,7 @@ impl PersistentCache {
                 i.warned.warn(
                     &i.s.warnings,
                     WarnCause::LockTimeout,
-                    &lock_path,
+                    &leaf,
                     &format_args!(
                         "another process held the build lock for longer than {:?}",
                         i.s.lock_timeout
@@ -230,7 +231,7 @@ impl PersistentCache {
         i.trace(|| tracing::debug!(target: "kpc::cache::disk", path = %hit.bin_path().display(), %reason, "rejected"));
         // A leaf held for a moment (a put on another thread, a lock a forked child briefly shares)
         // must not leave the refused binary to be found, refused and rebuilt by every later lookup.
-        if let Ok(Some(_l)) = lock_leaf_briefly(&hit.leaf) {
+        if let Ok(Some(_l)) = lock_leaf_briefly(&self.inner.locks, &hit.leaf) {
             let same = fs::read(hit.bin_path()).ok().and_then(|b| {
                 entry::verify_bytes(&b, FileKind::Bin)
                     .ok()
@@ -251,7 +252,7 @@ impl PersistentCache {
         };
         let mut removed = false;
         for n in slots {
-            let Ok(Some(_l)) = lock::try_lock_leaf(&leaf) else {
+            let Ok(Some(_l)) = self.inner.locks.try_leaf(&leaf) else {
                 continue;
             };
             let ours = match read_src(&slot_file(&leaf, n, "src")) {
@@ -430,7 +431,7 @@ impl Inner {
         // A short bounded wait, not a try: a writer or evictor holding the leaf for a moment (or the
         // leaf lock a put just released on another thread) must not make a defect this reader saw
         // go uncounted and unrepaired.
-        match lock_leaf_briefly(leaf) {
+        match lock_leaf_briefly(&self.locks, leaf) {
             Ok(Some(_l)) => {
                 if let SlotCheck::Defective(..) = check_slot(leaf, n) {
                     match self.remove_slot(leaf, n) {

@@ -8,7 +8,7 @@
 //! <root>/v1/<device>/<image>/<spec>/<options>/<n>.src   key record (full key values, JSON)
 //!                                            /<n>.bin   the binary
 //!                                            /key.lock  the key's build lock (only while building)
-//! <root>/v1/size                                        tracked total size (see "Size" below)
+//! <root>/v1/size                                        tracked total size and entry count (see "Size" below)
 //! <root>/v1/evict.lock                                  held by the one process evicting
 //! <root>/v1/names/<device>                              image directories per image name (`names.rs`)
 //! <root>/v1/evict.recheck                               "run again": left for the evicting process
@@ -17,6 +17,10 @@
 //! <root>/quarantine/                                    entries `kpc cache verify --fix` set aside
 //! <root>/trash/<pid>-<nanos>-<i>/                       files an eviction pass removed, until its sweep
 //! ```
+//! With `KPC_CACHE_LOCK_DIR` the lock files (`key.lock`, the leaf locks, `evict.lock`, the size file's
+//! lock) live there instead (`locks.rs`). A put that would leave the file system under
+//! `KPC_CACHE_MIN_FREE` is skipped (`space.rs`).
+//!
 //! Directory names are 16 hex characters of BLAKE3 ([`StoreKey::dir_names`]). Several keys can share a
 //! leaf directory only through a hash collision; their entries then take successive slots `n`, and a
 //! reader compares the full key values in each `.src`. Both files carry a header with a checksum
@@ -63,8 +67,9 @@
 //! # Size
 //! The total (both files of every entry, headers included) is tracked in `<root>/v1/size`, exactly,
 //! under any interleaving of puts, removals and eviction passes in threads and processes (`count.rs`
-//! gives the protocol): a put walks the tree only when the record must be rebuilt (a new cache, or a
-//! process killed mid-change), and a put that takes the total over `max_size`
+//! gives the protocol), with the number of entries: a put walks the tree only when the record must be
+//! rebuilt (a new cache, or a process killed mid-change), and a put that takes the total over
+//! `max_size` or the entry count over `max_entries` (`KPC_CACHE_MAX_ENTRIES`)
 //! asks for an eviction pass (`schedule.rs`), which removes the least recently accessed entries down
 //! to the low watermark on a background thread; a put that crosses the limit while a pass runs makes
 //! that pass (or another) run again, so once writers stop the total is at or under the limit. A
@@ -81,6 +86,7 @@ pub mod explain;
 mod inventory;
 mod loading;
 mod lock;
+mod locks;
 mod lookup;
 mod names;
 mod nearest;
@@ -89,6 +95,7 @@ mod recent;
 mod schedule;
 mod settings;
 mod slot;
+mod space;
 pub mod stats;
 mod store;
 mod trash;
@@ -151,6 +158,8 @@ impl fmt::Debug for PersistentCache {
 struct Inner {
     s: DiskCacheSettings,
     v1: PathBuf,
+    /// Where the locks go (`KPC_CACHE_LOCK_DIR`).
+    locks: locks::Locks,
     counters: DiskCounters,
     warned: Warned,
     /// One eviction runner per instance, re-run for puts that came while it ran (`schedule.rs`).
@@ -169,10 +178,12 @@ impl PersistentCache {
     /// A cache with these settings. Touches nothing on disk until the first lookup or put.
     pub fn new(settings: DiskCacheSettings) -> Self {
         let v1 = settings.root.join(VERSION_DIR);
+        let locks = locks::Locks::new(&settings.root, &v1, settings.lock_dir.as_deref());
         PersistentCache {
             inner: Arc::new_cyclic(|me| Inner {
                 s: settings,
                 v1,
+                locks,
                 counters: DiskCounters::default(),
                 warned: Warned::default(),
                 passes: PassGate::new(),
@@ -286,6 +297,7 @@ impl PersistentCache {
     ) -> io::Result<EvictReport> {
         self.inner.evict(evict::Plan {
             target,
+            target_entries: None,
             older_than,
             wait: true,
             defer_sweep: false,
@@ -307,6 +319,7 @@ impl PersistentCache {
     ) -> io::Result<EvictReport> {
         self.inner.evict(evict::Plan {
             target,
+            target_entries: None,
             older_than,
             wait: true,
             defer_sweep: true,
@@ -348,6 +361,14 @@ impl PersistentCache {
         count::read_record(&self.inner.v1)
             .filter(|r| !r.dirty && !r.evicting)
             .map(|r| r.total)
+    }
+
+    /// The number of entries (`.src` files) as tracked in `<root>/v1/size`, when the record is
+    /// settled (as [`PersistentCache::tracked_size`]): what `KPC_CACHE_MAX_ENTRIES` bounds.
+    pub fn tracked_entries(&self) -> Option<u64> {
+        count::read_record(&self.inner.v1)
+            .filter(|r| !r.dirty && !r.evicting)
+            .map(|r| r.entries)
     }
 }
 

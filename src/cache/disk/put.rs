@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::count::{Delta, SizeRecord};
 use super::entry::{FileKind, HEADER_LEN, encode_header};
-use super::lock::{self, HeldLock, Waited};
+use super::lock::{HeldLock, Waited};
 use super::names;
 use super::slot::{holds_valid, slot_file, sync_dir, write_file};
 use super::stats::bump;
@@ -200,6 +201,12 @@ impl Inner {
             );
             return PutOutcome::Skipped;
         }
+        if let Some(why) = self.under_floor(total) {
+            bump(&self.counters.skipped, 1);
+            self.warned
+                .warn(&self.s.warnings, WarnCause::LowSpace, &self.s.root, &why);
+            return PutOutcome::Skipped;
+        }
         let fail = |e: &io::Error, path: &Path| {
             bump(&self.counters.failed_puts, 1);
             self.warn_io(e, path, "cannot store an entry");
@@ -238,7 +245,7 @@ impl Inner {
     ) -> io::Result<PutOutcome> {
         // Waits for another writer (a colliding key) or a remover of this leaf: both hold the lock
         // for a few file operations only.
-        let held = lock::lock_leaf(leaf, self.s.lock_timeout, || {
+        let held = self.locks.leaf(leaf, self.s.lock_timeout, || {
             self.ensure_leaf(key).map(drop)
         })?;
         let Waited::Acquired {
@@ -285,8 +292,8 @@ impl Inner {
             });
             drop(leaf_lock);
             match now {
-                Some(t) if self.s.max_size == 0 || t <= self.s.max_size => {}
-                // Over the limit, or the record needs measuring and nobody could yet.
+                Some(r) if !self.over_limits(&r) => {}
+                // Over a limit, or the record needs measuring and nobody could yet.
                 _ => self.request_pass(),
             }
             return Ok(PutOutcome::Published(n));
@@ -303,7 +310,7 @@ impl Inner {
 
     /// Writes the entry's temporaries, then makes them visible as one counted change (`count.rs`):
     /// `.bin` first, since a reader goes through `.src`, so once `.src` is visible its `.bin` already
-    /// is. Returns the new tracked total (`None`: the record needs measuring).
+    /// is. Returns the new size record (`None`: the record needs measuring).
     fn publish(
         &self,
         leaf: &Path,
@@ -311,7 +318,7 @@ impl Inner {
         key: &StoreKey,
         bytes: &[u8],
         src: &[u8],
-    ) -> io::Result<Option<u64>> {
+    ) -> io::Result<Option<SizeRecord>> {
         let digest = key.digest().0;
         let (bin_tmp, src_tmp) = (slot_file(leaf, n, "bin.tmp"), slot_file(leaf, n, "src.tmp"));
         let (bin, srcp) = (slot_file(leaf, n, "bin"), slot_file(leaf, n, "src"));
@@ -337,16 +344,22 @@ impl Inner {
         let counted = self.counted(|| {
             // An orphan `.bin` a killed writer left in this slot is replaced by the rename.
             let old = fs::symlink_metadata(&bin).map_or(0, |m| m.len() as i64);
+            let bytes = |bytes| Delta { bytes, entries: 0 };
             if let Err(e) = fs::rename(&bin_tmp, &bin) {
-                return (Err(e), 0);
+                return (Err(e), bytes(0));
             }
             if let Err(e) = fs::rename(&src_tmp, &srcp) {
                 return match fs::remove_file(&bin) {
-                    Ok(()) => (Err(e), -old),
-                    Err(_) => (Err(e), bin_len - old),
+                    Ok(()) => (Err(e), bytes(-old)),
+                    Err(_) => (Err(e), bytes(bin_len - old)),
                 };
             }
-            (Ok(()), bin_len + src_len - old)
+            // The slot had no `.src` (the caller checked, under the leaf's lock): one entry more.
+            let d = Delta {
+                bytes: bin_len + src_len - old,
+                entries: 1,
+            };
+            (Ok(()), d)
         });
         let Some((r, now)) = counted else {
             cleanup();

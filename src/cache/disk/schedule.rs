@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::Inner;
+use super::count::SizeRecord;
 use super::evict::Plan;
 use super::lock::{Asker, HeldLock, RECHECK_FILE};
 
@@ -68,6 +69,7 @@ impl Inner {
             if self.pass_due() {
                 let plan = Plan {
                     target: (self.s.max_size > 0).then(|| self.low_watermark()),
+                    target_entries: (self.s.max_entries > 0).then(|| self.low_watermark_entries()),
                     older_than: None,
                     wait: free,
                     // Already off the caller's path when background_eviction is set.
@@ -106,7 +108,7 @@ impl Inner {
             None => false,
             Some(None) => true,
             Some(Some(r)) => {
-                r.dirty || (self.s.max_size > 0 && r.total > self.s.max_size)
+                r.dirty || self.over_limits(&r)
                 // A record flagged `evicting` is either a live pass's (it runs to the end and subtracts)
                 // or a dead one's (the next pass that takes evict.lock measures it); its total alone
                 // decides here.
@@ -137,5 +139,16 @@ impl Inner {
 
     pub(super) fn low_watermark(&self) -> u64 {
         (self.s.max_size as u128 * self.s.low_watermark_percent.min(100) as u128 / 100) as u64
+    }
+
+    /// The entry count a pass for `KPC_CACHE_MAX_ENTRIES` evicts down to: the same percentage.
+    pub(super) fn low_watermark_entries(&self) -> u64 {
+        (self.s.max_entries as u128 * self.s.low_watermark_percent.min(100) as u128 / 100) as u64
+    }
+
+    /// Whether `r` is over `KPC_CACHE_MAX_SIZE` or `KPC_CACHE_MAX_ENTRIES`.
+    pub(super) fn over_limits(&self, r: &SizeRecord) -> bool {
+        (self.s.max_size > 0 && r.total > self.s.max_size)
+            || (self.s.max_entries > 0 && r.entries > self.s.max_entries)
     }
 }

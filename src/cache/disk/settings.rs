@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::{Config, TraceFlags};
+use crate::config::{Config, MinFree, TraceFlags};
 
 /// Settings of one [`PersistentCache`](super::PersistentCache).
 #[derive(Debug, Clone, PartialEq)]
@@ -12,6 +12,13 @@ pub struct DiskCacheSettings {
     pub root: PathBuf,
     /// Size limit in bytes over both files of every entry; 0 = unlimited (`KPC_CACHE_MAX_SIZE`).
     pub max_size: u64,
+    /// Limit on the number of entries (two files each); 0 = unlimited (`KPC_CACHE_MAX_ENTRIES`).
+    pub max_entries: u64,
+    /// Free space a put must leave on the cache's file system; a put that would go under it is
+    /// skipped (`KPC_CACHE_MIN_FREE`, default 1% of the file system).
+    pub min_free: MinFree,
+    /// Where the lock files go instead of the cache tree (`KPC_CACHE_LOCK_DIR`); `None`: in the tree.
+    pub lock_dir: Option<PathBuf>,
     /// Entries whose device image is shorter are neither looked up nor stored.
     pub min_image_size: u64,
     /// Entries whose device image is longer are neither looked up nor stored.
@@ -44,6 +51,9 @@ impl DiskCacheSettings {
         DiskCacheSettings {
             root: root.into(),
             max_size: crate::config::GIB,
+            max_entries: 0,
+            min_free: MinFree::default(),
+            lock_dir: None,
             min_image_size: 0,
             max_image_size: crate::config::GIB,
             lock_timeout: Duration::from_secs(30),
@@ -68,6 +78,9 @@ impl DiskCacheSettings {
     pub fn from_config_at(c: &Config, root: impl Into<PathBuf>) -> Self {
         DiskCacheSettings {
             max_size: c.max_size,
+            max_entries: c.max_entries,
+            min_free: c.min_free,
+            lock_dir: c.lock_dir.clone(),
             min_image_size: c.min_device_image_size,
             max_image_size: c.max_device_image_size,
             lock_timeout: c.lock_timeout,

@@ -22,6 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::VERSION_DIR;
 use super::lock;
+use super::locks::{BUILD_LOCK, Locks};
 use super::names;
 
 /// The directory under the cache root holding every pass's trash.
@@ -92,12 +93,14 @@ pub(crate) struct SweepReport {
 /// The directory work an eviction pass leaves for later: the leaves it found or left empty, with how
 /// many subdirectories each of their ancestors had at the walk, so a parent is tried only once its
 /// last child went.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Sweep {
     pub root: PathBuf,
     /// Empty leaves, and whether each had a `key.lock` (a killed builder's, unless someone holds it).
     pub leaves: Vec<(PathBuf, bool)>,
     pub children: HashMap<PathBuf, usize>,
+    /// Where the leaves' locks are.
+    pub locks: Locks,
 }
 
 impl Sweep {
@@ -107,12 +110,12 @@ impl Sweep {
         for (leaf, key_lock) in std::mem::take(&mut self.leaves) {
             if key_lock {
                 // If it is held, the builder keeps the leaf alive (the rmdir below fails).
-                drop(lock::try_lock(&leaf.join("key.lock"), true));
+                drop(lock::try_lock(&leaf.join(BUILD_LOCK), true));
             }
             let mut dir = leaf;
             // A directory that gained an entry meanwhile is not empty, and rmdir says so; a leaf is
             // removed under its lock, so a writer that has just locked it keeps it.
-            let mut removed = lock::remove_leaf_dir(&dir);
+            let mut removed = self.locks.remove_leaf_dir(&dir);
             while removed {
                 report.dirs_removed += 1;
                 let Some(parent) = dir.parent() else { break };

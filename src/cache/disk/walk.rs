@@ -51,6 +51,11 @@ impl LeafScan {
     pub fn counted(&self) -> u64 {
         self.slots.values().map(SlotFiles::counted).sum()
     }
+
+    /// Entries the size file counts for this leaf (`.src` files).
+    pub fn entries(&self) -> u64 {
+        self.slots.values().filter(|f| f.src.is_some()).count() as u64
+    }
 }
 
 fn is_dir_name(name: &str) -> bool {

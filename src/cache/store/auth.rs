@@ -21,9 +21,20 @@
 //! flagged; then the sealed entry. The signature covers a domain string, the entry key's digest, the
 //! header (so its flags), the provenance and the sealed entry; the MAC covers the key's digest, the
 //! header and everything after the MAC (signature included). Version 1 (no provenance, no signature,
-//! MAC over the key digest and the sealed entry) is still read; kpc writes version 2.
+//! MAC over the key digest and the sealed entry) is still read.
+//!
+//! Version 3 is version 2 with one more flag, bit 2: the sealed entry is stored zstd-compressed, as
+//! a block of its length (u64) and one zstd frame (`compress.rs`). The MAC and the signature cover the
+//! block as stored, so a reader authenticates before it decompresses, and the sealed entry's checksums
+//! then cover what came out; decompression is bounded by [`EntryAuth::max_entry`]. kpc writes version
+//! 3 when it compresses (`KPC_CACHE_REMOTE_COMPRESS`, on by default, and bundles) and the entry gets
+//! smaller, else version 2. A kpc from before compression refuses a version-3 entry as malformed (a
+//! miss: it builds and publishes a version-2 one, which this kpc reads).
+
+use std::borrow::Cow;
 
 use super::StoreHit;
+use super::compress::{self, Inflate};
 use super::provenance::Provenance;
 use crate::cache::disk::entry::Defect;
 use crate::cache::store::StoreKey;
@@ -32,8 +43,13 @@ use crate::config::{Config, MacKey, PublicKey, SigningKey};
 const MAGIC: &[u8; 4] = b"KPCE";
 const V1: u8 = 1;
 const V2: u8 = 2;
+const V3: u8 = 3;
 const FLAG_MAC: u8 = 1;
 const FLAG_SIG: u8 = 2;
+const FLAG_ZSTD: u8 = 4;
+/// The zstd level shared entries are written at unless configured otherwise
+/// (`KPC_CACHE_REMOTE_COMPRESS`): fast to write, and within a few percent of level 19 on binaries.
+pub const DEFAULT_LEVEL: i32 = 3;
 const HEADER: usize = 8;
 const MAC_LEN: usize = 32;
 const SIG_BLOCK: usize = 32 + 64;
@@ -42,8 +58,8 @@ const MAX_PROVENANCE: usize = 64 << 10;
 const SIG_DOMAIN: &[u8] = b"kpc shared cache entry signature v2\0";
 
 /// What a process brings to shared entries: the fleet's MAC key, its own signing key, the public keys
-/// it trusts, and its host id for provenance.
-#[derive(Debug, Clone, Default)]
+/// it trusts, its host id for provenance, how it compresses what it writes and how much it decompresses.
+#[derive(Debug, Clone)]
 pub struct EntryAuth {
     /// MAC key (`KPC_CACHE_REMOTE_KEY`): written entries carry a MAC, read ones must.
     pub mac: Option<MacKey>,
@@ -53,6 +69,35 @@ pub struct EntryAuth {
     pub trusted: Vec<PublicKey>,
     /// Host id recorded in the provenance of written entries (`KPC_HOST_ID`).
     pub host: String,
+    /// zstd level of the entries written (`KPC_CACHE_REMOTE_COMPRESS`, default
+    /// [`DEFAULT_LEVEL`]); 0 writes them uncompressed (version-2 envelopes, which kpc before
+    /// compression reads).
+    pub compression: i32,
+    /// The largest sealed entry a read decompresses: a compressed entry that declares more is
+    /// refused before any byte is decompressed ([`Refusal::Oversized`]). From the configuration:
+    /// `KPC_CACHE_MAX_DEVICE_IMAGE_SIZE` plus the largest key record and two headers; default: that of
+    /// the default image limit.
+    pub max_entry: u64,
+    /// Entries built before this time (seconds since the Unix epoch, the provenance's `built_unix`)
+    /// are refused ([`Refusal::BeforeCutoff`]); so is an entry without provenance (version 1). Set
+    /// for the remote from `KPC_CACHE_REMOTE_NOT_BEFORE`; `None` (default): no cut-off.
+    pub not_before: Option<u64>,
+}
+
+impl Default for EntryAuth {
+    /// No MAC, no signature, no trusted keys, an empty host id; compressed at [`DEFAULT_LEVEL`],
+    /// decompressing what the default image size limit allows.
+    fn default() -> EntryAuth {
+        EntryAuth {
+            mac: None,
+            signer: None,
+            trusted: Vec::new(),
+            host: String::new(),
+            compression: DEFAULT_LEVEL,
+            max_entry: compress::entry_limit(crate::config::GIB),
+            not_before: None,
+        }
+    }
 }
 
 impl EntryAuth {
@@ -63,6 +108,9 @@ impl EntryAuth {
             signer: config.signing_key.clone(),
             trusted: config.trusted_keys.clone(),
             host: config.host_id(),
+            compression: i32::from(config.remote_compress),
+            max_entry: compress::entry_limit(config.max_device_image_size),
+            not_before: None,
         }
     }
 
@@ -116,6 +164,26 @@ pub enum Refusal {
     /// verification: damaged, truncated, or for another key.
     #[error("the entry does not verify: {0}")]
     Entry(Defect),
+    /// A compressed entry declares more bytes than this reader decompresses (a decompression bomb,
+    /// or an entry for a reader with a larger `KPC_CACHE_MAX_DEVICE_IMAGE_SIZE`).
+    #[error(
+        "the compressed entry declares {declared} bytes, more than the {limit} this reader decompresses (KPC_CACHE_MAX_DEVICE_IMAGE_SIZE plus the key record)"
+    )]
+    Oversized {
+        /// What it declares.
+        declared: u64,
+        /// What this reader accepts.
+        limit: u64,
+    },
+    /// The entry was built before the reader's cut-off (`KPC_CACHE_REMOTE_NOT_BEFORE`), or carries no
+    /// build time to compare (a version-1 envelope).
+    #[error("the entry was built {}, before KPC_CACHE_REMOTE_NOT_BEFORE (@{not_before})", built.map_or("at an unknown time (no provenance)".to_string(), |b| format!("at @{b}")))]
+    BeforeCutoff {
+        /// When it says it was built (seconds since the Unix epoch), if it says.
+        built: Option<u64>,
+        /// The reader's cut-off.
+        not_before: u64,
+    },
 }
 
 impl Refusal {
@@ -141,6 +209,8 @@ impl Refusal {
             Refusal::UntrustedSigner(_) => "untrusted-signer",
             Refusal::BadSignature(_) => "bad-signature",
             Refusal::Entry(_) => "corrupt",
+            Refusal::Oversized { .. } => "oversized",
+            Refusal::BeforeCutoff { .. } => "before-cutoff",
         }
     }
 
@@ -186,18 +256,37 @@ fn signed_message(key: &StoreKey, header: &[u8], provenance: &[u8], sealed: &[u8
     m
 }
 
-/// Wraps `sealed` (the bytes [`seal`](super::seal) made for `key`) in a version-2 envelope with
-/// `provenance`, signed when `auth` has a signing key and MAC'd when it has a MAC key.
+/// Wraps `sealed` (the bytes [`seal`](super::seal) made for `key`) in an envelope with `provenance`,
+/// signed when `auth` has a signing key and MAC'd when it has a MAC key: version 3, the entry
+/// compressed at `auth.compression`, when that is on and makes it smaller; else version 2.
 pub fn wrap(auth: &EntryAuth, key: &StoreKey, sealed: &[u8], provenance: &Provenance) -> Vec<u8> {
+    let block = (auth.compression > 0)
+        .then(|| compress::compress(sealed, auth.compression))
+        .flatten();
+    let (version, flags, stored) = match &block {
+        Some(b) => (V3, FLAG_ZSTD, b.as_slice()),
+        None => (V2, 0, sealed),
+    };
+    wrap_stored(auth, key, version, flags, stored, provenance)
+}
+
+/// The envelope of `stored` (the sealed entry, or its compressed block), as [`wrap`] says.
+fn wrap_stored(
+    auth: &EntryAuth,
+    key: &StoreKey,
+    version: u8,
+    mut flags: u8,
+    sealed: &[u8],
+    provenance: &Provenance,
+) -> Vec<u8> {
     let prov = provenance.encode();
-    let mut flags = 0;
     if auth.mac.is_some() {
         flags |= FLAG_MAC;
     }
     if auth.signer.is_some() {
         flags |= FLAG_SIG;
     }
-    let header = [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], V2, flags, 0, 0];
+    let header = [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], version, flags, 0, 0];
     let mut rest = Vec::with_capacity(4 + prov.len() + SIG_BLOCK + sealed.len());
     rest.extend_from_slice(&(prov.len() as u32).to_le_bytes());
     rest.extend_from_slice(&prov);
@@ -225,7 +314,9 @@ struct Parts<'a> {
     rest: &'a [u8],
     provenance: &'a [u8],
     signature: Option<([u8; 32], [u8; 64])>,
+    /// The sealed entry as stored: itself, or its compressed block when `compressed`.
     sealed: &'a [u8],
+    compressed: bool,
 }
 
 fn take<'a>(b: &mut &'a [u8], n: usize, what: &'static str) -> Result<&'a [u8], Refusal> {
@@ -247,6 +338,7 @@ fn split(envelope: &[u8]) -> Result<Parts<'_>, Refusal> {
     let known = match version {
         V1 => FLAG_MAC,
         V2 => FLAG_MAC | FLAG_SIG,
+        V3 => FLAG_MAC | FLAG_SIG | FLAG_ZSTD,
         _ => return Err(Refusal::Malformed("unknown version")),
     };
     if flags & !known != 0 || header[6..8] != [0, 0] {
@@ -263,7 +355,7 @@ fn split(envelope: &[u8]) -> Result<Parts<'_>, Refusal> {
     };
     let rest = b;
     let (mut provenance, mut signature): (&[u8], _) = (&[], None);
-    if version == V2 {
+    if version >= V2 {
         let len = take(&mut b, 4, "truncated provenance")?;
         let len = u32::from_le_bytes(len.try_into().map_err(|_| Refusal::Malformed("length"))?);
         if len as usize > MAX_PROVENANCE {
@@ -285,6 +377,7 @@ fn split(envelope: &[u8]) -> Result<Parts<'_>, Refusal> {
         provenance,
         signature,
         sealed: b,
+        compressed: flags & FLAG_ZSTD != 0,
     })
 }
 
@@ -293,13 +386,15 @@ fn split(envelope: &[u8]) -> Result<Parts<'_>, Refusal> {
 /// and any signature present against the key it names.
 ///
 /// Without a MAC key a MAC present is not checked; without trusted keys an unsigned entry is
-/// accepted: the entry's own checksums still catch damage, not a forger. The returned bytes are not
-/// yet verified as an entry: pass them to [`StoreHit::unseal`], or use [`open`], which does both.
+/// accepted: the entry's own checksums still catch damage, not a forger. A compressed entry is
+/// decompressed after these checks (they cover the compressed bytes), within `auth.max_entry`. The
+/// returned bytes are not yet verified as an entry: pass them to [`StoreHit::unseal`], or use
+/// [`open`], which does both.
 pub(crate) fn authenticate<'a>(
     auth: &EntryAuth,
     key: &StoreKey,
     envelope: &'a [u8],
-) -> Result<(&'a [u8], Option<Provenance>), Refusal> {
+) -> Result<(Cow<'a, [u8]>, Option<Provenance>), Refusal> {
     let p = split(envelope)?;
     if let Some(k) = &auth.mac {
         let Some(mac) = p.mac else {
@@ -338,7 +433,20 @@ pub(crate) fn authenticate<'a>(
         prov.signer = signer;
         Some(prov)
     };
-    Ok((p.sealed, provenance))
+    if let Some(not_before) = auth.not_before {
+        let built = provenance.as_ref().map(|p| p.built_unix);
+        if built.is_none_or(|b| b < not_before) {
+            return Err(Refusal::BeforeCutoff { built, not_before });
+        }
+    }
+    if !p.compressed {
+        return Ok((Cow::Borrowed(p.sealed), provenance));
+    }
+    match compress::decompress(p.sealed, auth.max_entry) {
+        Ok(sealed) => Ok((Cow::Owned(sealed), provenance)),
+        Err(Inflate::Damaged(what)) => Err(Refusal::Malformed(what)),
+        Err(Inflate::Oversized { declared, limit }) => Err(Refusal::Oversized { declared, limit }),
+    }
 }
 
 /// Authenticates `envelope` for `key` (`authenticate`) and verifies the entry inside
@@ -355,14 +463,36 @@ pub fn open_with_provenance(
     envelope: &[u8],
 ) -> Result<(StoreHit, Option<Provenance>), Refusal> {
     let (sealed, prov) = authenticate(auth, key, envelope)?;
-    let hit = StoreHit::unseal(key, sealed).map_err(Refusal::Entry)?;
+    let hit = StoreHit::unseal(key, &sealed).map_err(Refusal::Entry)?;
     Ok((hit.with_provenance(prov.clone()), prov))
 }
 
 /// The key record of an envelope's entry, read without authentication (for listings and for finding
 /// the key an imported entry claims, which [`open`] then checks). `None` if it does not parse.
 pub(crate) fn claimed_record(envelope: &[u8]) -> Option<super::KeyRecord> {
-    super::sealed_record(split(envelope).ok()?.sealed)
+    let p = split(envelope).ok()?;
+    if !p.compressed {
+        return super::sealed_record(p.sealed);
+    }
+    // Only the key record is decompressed (bounded by a key record's size), not the binary.
+    let src = compress::decompress_record(p.sealed)?;
+    super::sealed_record(&src)
+}
+
+/// The provenance an envelope claims, read without authentication (for the remote's collector,
+/// which judges age, never trust). `None` for a version-1 envelope or one that does not parse.
+pub(crate) fn claimed_provenance(envelope: &[u8]) -> Option<Provenance> {
+    let p = split(envelope).ok()?;
+    if p.version == V1 {
+        return None;
+    }
+    Provenance::decode(p.provenance)
+}
+
+/// Whether `envelope` holds its entry compressed (version 3 with the zstd flag); `None` if it is
+/// not an envelope.
+pub fn is_compressed(envelope: &[u8]) -> Option<bool> {
+    split(envelope).ok().map(|p| p.compressed)
 }
 
 #[cfg(test)]

@@ -262,15 +262,23 @@ impl StoreChain {
         self.with_store(Arc::new(disk))
     }
 
-    /// Appends a read-only disk cache for each of `config.readonly_dirs`, with `config`'s image size
-    /// limits. None when `KPC_CACHE_PERSISTENT=0`: that switch turns off every on-disk layer.
+    /// Appends a read-only layer for each of `config.readonly_dirs`, with `config`'s image size limits:
+    /// a disk cache for a directory, a [`BundleStore`](crate::cache::bundle::BundleStore) for a bundle
+    /// file. None when `KPC_CACHE_PERSISTENT=0`: that switch turns off every on-disk layer.
     pub(crate) fn with_read_only_dirs(mut self, config: &Config) -> StoreChain {
         if !config.persistent {
             return self;
         }
         for dir in &config.readonly_dirs {
-            let disk = PersistentCache::new(DiskCacheSettings::from_config_at(config, dir));
-            let mut store = ReadOnlyStore::new(Arc::new(disk));
+            // A bundle file (`kpc cache export`) is read in place; anything else is a cache directory.
+            let inner: Arc<dyn Store> = if crate::cache::bundle::layer::is_bundle_path(dir) {
+                Arc::new(crate::cache::bundle::BundleStore::from_config(config, dir))
+            } else {
+                Arc::new(PersistentCache::new(DiskCacheSettings::from_config_at(
+                    config, dir,
+                )))
+            };
+            let mut store = ReadOnlyStore::new(inner);
             store.set_sink(config.warning_sink());
             self = self.with_store(Arc::new(store));
         }

@@ -25,6 +25,7 @@
 
 pub mod auth;
 pub mod chain;
+pub(crate) mod compress;
 pub mod idle;
 pub mod readonly;
 pub mod remote;
@@ -40,7 +41,9 @@ pub use outcome::PutOutcome;
 pub use provenance::Provenance;
 pub use readonly::ReadOnlyStore;
 #[cfg(all(feature = "remote", not(loom)))]
-pub use remote::{RemoteStore, VerifiedEntry};
+pub use remote::{
+    GcEntry, GcPlan, GcPolicy, GcReason, GcReport, RemoteStore, TOUCH_PERIOD, VerifiedEntry,
+};
 pub use warn::WarnCause;
 
 use std::fmt;

@@ -12,6 +12,9 @@ pub enum WarnCause {
     PermissionDenied,
     /// The disk is full, a quota or the file size limit was reached (ENOSPC, EDQUOT, EFBIG).
     NoSpace,
+    /// A put was skipped because it would have left the cache's file system with less free space (or
+    /// fewer free inodes) than `KPC_CACHE_MIN_FREE`.
+    LowSpace,
     /// The file system is read-only (EROFS).
     ReadOnly,
     /// An entry failed verification (magic, version, length, checksum, key binding) or was incomplete.
@@ -37,10 +40,11 @@ pub enum WarnCause {
 }
 
 impl WarnCause {
-    pub(crate) const ALL: [WarnCause; 13] = [
+    pub(crate) const ALL: [WarnCause; 14] = [
         WarnCause::Unavailable,
         WarnCause::PermissionDenied,
         WarnCause::NoSpace,
+        WarnCause::LowSpace,
         WarnCause::ReadOnly,
         WarnCause::Corrupt,
         WarnCause::LockTimeout,
@@ -59,6 +63,7 @@ impl WarnCause {
             WarnCause::Unavailable => "unavailable",
             WarnCause::PermissionDenied => "permission-denied",
             WarnCause::NoSpace => "no-space",
+            WarnCause::LowSpace => "low-space",
             WarnCause::ReadOnly => "read-only",
             WarnCause::Corrupt => "corrupt",
             WarnCause::LockTimeout => "lock-timeout",

@@ -55,6 +55,14 @@ fn reader(ns: &[u8]) -> EntryAuth {
     }
 }
 
+/// `auth`, writing uncompressed (version-2) envelopes: for the tests that cut them at byte offsets.
+fn plain(auth: EntryAuth) -> EntryAuth {
+    EntryAuth {
+        compression: 0,
+        ..auth
+    }
+}
+
 fn wrap_mac(k: Option<&MacKey>, key: &StoreKey, sealed: &[u8]) -> Vec<u8> {
     wrap(&mac_only(k), key, sealed, &prov(key))
 }
@@ -125,7 +133,13 @@ fn unsigned_entries_are_refused_when_a_key_is_set() {
 fn a_forged_binary_under_a_valid_looking_entry_is_refused() {
     let k = key(1);
     let s = secret("fleet secret number one");
-    let env = wrap_mac(Some(&s), &k, &seal(&k, b"genuine", Duration::ZERO));
+    let env = wrap(
+        &plain(mac_only(Some(&s))),
+        &k,
+        &seal(&k, b"genuine", Duration::ZERO),
+        &prov(&k),
+    );
+    assert_eq!(env[4], V2);
     // The forger reseals their own binary (checksums valid) but cannot recompute the MAC.
     let forged = seal(&k, b"evil!!!", Duration::ZERO);
     let genuine_len = seal(&k, b"genuine", Duration::ZERO).len();
@@ -259,7 +273,7 @@ fn a_reader_refuses_unsigned_untrusted_and_resigned_entries() {
         Refusal::UntrustedSigner(fp)
     );
     // A trusted entry re-signed by the attacker: signature block replaced, rest kept.
-    let good = wrap(&builder(1), &k, &sealed, &prov(&k));
+    let good = wrap(&plain(builder(1)), &k, &sealed, &prov(&k));
     let p = split(&good).unwrap();
     let evil = signer(66);
     let sig = evil.sign(&signed_message(&k, p.header, p.provenance, p.sealed));
@@ -380,4 +394,193 @@ fn mac_and_signature_combine() {
         open(&strict, &k, &wrap(&member, &k, &sealed, &prov(&k))).unwrap_err(),
         Refusal::Unsigned
     );
+}
+
+/// A sealed entry large and regular enough that compression pays (as real binaries do).
+fn big_sealed(k: &StoreKey, tag: u8) -> Vec<u8> {
+    let bin: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 13) as u8 ^ tag).collect();
+    seal(k, &bin, Duration::from_millis(3))
+}
+
+#[test]
+fn compressed_entries_open_to_the_same_binary_and_are_smaller() {
+    let k = key(1);
+    let sealed = big_sealed(&k, 0);
+    let s = secret("fleet secret number one");
+    let both = EntryAuth {
+        mac: Some(s.clone()),
+        ..builder(1)
+    };
+    let env = wrap(&both, &k, &sealed, &prov(&k));
+    assert_eq!((env[4], env[5] & FLAG_ZSTD), (V3, FLAG_ZSTD));
+    assert_eq!(is_compressed(&env), Some(true));
+    assert!(
+        env.len() < sealed.len() / 10,
+        "{} of {}",
+        env.len(),
+        sealed.len()
+    );
+    let reader = EntryAuth {
+        mac: Some(s),
+        ..reader(&[1])
+    };
+    let (hit, p) = open_with_provenance(&reader, &k, &env).unwrap();
+    assert_eq!(hit.bytes(), &sealed_binary(&k, &sealed)[..]);
+    assert_eq!(
+        p.unwrap().signer,
+        Some(signer(1).public_key().fingerprint())
+    );
+    // Listing reads the key record without the binary.
+    assert_eq!(claimed_record(&env).unwrap().to_key().unwrap(), k);
+    // Uncompressed (level 0) the same entry is version 2, which readers take alike.
+    let env2 = wrap(&plain(both), &k, &sealed, &prov(&k));
+    assert_eq!((env2[4], is_compressed(&env2)), (V2, Some(false)));
+    assert_eq!(open(&reader, &k, &env2).unwrap().bytes(), hit.bytes());
+}
+
+/// The binary a sealed entry holds (what a hit returns).
+fn sealed_binary(k: &StoreKey, sealed: &[u8]) -> Vec<u8> {
+    StoreHit::unseal(k, sealed).unwrap().into_bytes()
+}
+
+#[test]
+fn the_mac_and_the_signature_cover_the_compressed_bytes_and_the_flag() {
+    let k = key(1);
+    let s = secret("fleet secret number one");
+    let good_mac = wrap(&mac_only(Some(&s)), &k, &big_sealed(&k, 0), &prov(&k));
+    let good_sig = wrap(&builder(1), &k, &big_sealed(&k, 0), &prov(&k));
+    // The attacker's block: their own binary, compressed the same way, in place of the genuine one.
+    let evil_block = compress::compress(&big_sealed(&k, 0x55), DEFAULT_LEVEL).unwrap();
+    for (good, who, want_auth) in [
+        (&good_mac, mac_only(Some(&s)), "bad-mac"),
+        (&good_sig, reader(&[1]), "bad-signature"),
+    ] {
+        let p = split(good).unwrap();
+        let at = good.len() - p.sealed.len();
+        let swapped = [&good[..at], &evil_block[..]].concat();
+        assert_eq!(open(&who, &k, &swapped).unwrap_err().reason(), want_auth);
+        // One bit of the compressed bytes.
+        let mut flipped = good.to_vec();
+        flipped[at + 20] ^= 1;
+        assert_eq!(open(&who, &k, &flipped).unwrap_err().reason(), want_auth);
+        // The compression flag cleared: the header is covered too.
+        let mut unflagged = good.to_vec();
+        unflagged[5] &= !FLAG_ZSTD;
+        assert_eq!(open(&who, &k, &unflagged).unwrap_err().reason(), want_auth);
+    }
+    // A reader without a key or trusted keys decompresses, and the entry's checksums refuse damage.
+    let mut flipped = good_mac.clone();
+    let last = flipped.len() - 10;
+    flipped[last] ^= 1;
+    assert!(matches!(
+        open(&mac_only(None), &k, &flipped).unwrap_err(),
+        Refusal::Malformed(_) | Refusal::Entry(_)
+    ));
+}
+
+#[test]
+fn a_decompression_bomb_is_refused_within_the_limit() {
+    let k = key(1);
+    let s = secret("fleet secret number one");
+    // A genuine fleet member's entry of 64 KiB, read by a reader that decompresses at most 16 KiB.
+    let env = wrap(&mac_only(Some(&s)), &k, &big_sealed(&k, 0), &prov(&k));
+    let small = EntryAuth {
+        max_entry: 16 << 10,
+        ..mac_only(Some(&s))
+    };
+    assert!(matches!(
+        open(&small, &k, &env).unwrap_err(),
+        Refusal::Oversized { limit: 16384, .. }
+    ));
+    // A hostile writer (no key configured): 256 MiB of zeros in a few KB, declared as what it is, or
+    // as something small.
+    let zeros = zstd::bulk::compress(&vec![0u8; 256 << 20], 19).unwrap();
+    for declared in [256u64 << 20, 1000] {
+        let mut block = declared.to_le_bytes().to_vec();
+        block.extend_from_slice(&zeros);
+        let bomb = wrap_stored(&mac_only(None), &k, V3, FLAG_ZSTD, &block, &prov(&k));
+        assert!(bomb.len() < 64 << 10, "{}", bomb.len());
+        let reader = EntryAuth {
+            max_entry: 1 << 20,
+            ..mac_only(None)
+        };
+        let e = open(&reader, &k, &bomb).unwrap_err();
+        match declared {
+            1000 => assert!(matches!(e, Refusal::Malformed(_)), "{e}"),
+            _ => assert_eq!(
+                e,
+                Refusal::Oversized {
+                    declared,
+                    limit: 1 << 20
+                }
+            ),
+        }
+        assert!(!e.is_auth());
+    }
+}
+
+#[test]
+fn version_2_readers_flags_are_refused_in_version_2_envelopes() {
+    // The compression flag belongs to version 3: a version-2 envelope that sets it is malformed.
+    let k = key(1);
+    let mut env = wrap(&plain(mac_only(None)), &k, &big_sealed(&k, 0), &prov(&k));
+    env[5] |= FLAG_ZSTD;
+    assert_eq!(
+        open(&mac_only(None), &k, &env).unwrap_err(),
+        Refusal::Malformed("unknown flags")
+    );
+}
+
+#[test]
+fn a_cut_off_refuses_entries_built_before_it_and_the_signature_covers_the_time() {
+    let k = key(1);
+    let sealed = seal(&k, b"bin", Duration::ZERO);
+    let at = |t: u64| Provenance::for_key("builder-1", &k, Some(t), Duration::ZERO);
+    let env = wrap(&plain(builder(1)), &k, &sealed, &at(1_800_000_000));
+    let cut = |t: u64| EntryAuth {
+        not_before: Some(t),
+        ..reader(&[1])
+    };
+    assert!(open(&cut(1_800_000_000), &k, &env).is_ok());
+    assert_eq!(
+        open(&cut(1_800_000_001), &k, &env).unwrap_err(),
+        Refusal::BeforeCutoff {
+            built: Some(1_800_000_000),
+            not_before: 1_800_000_001
+        }
+    );
+    // Moving the build time past the cut-off breaks the signature, which covers the provenance.
+    let p = split(&env).unwrap();
+    let old = String::from_utf8(p.provenance.to_vec()).unwrap();
+    let newer = old.replace("1800000000", "1900000000");
+    assert_eq!(old.len(), newer.len());
+    let at_prov = env
+        .windows(old.len())
+        .position(|w| w == old.as_bytes())
+        .unwrap();
+    let mut moved = env.clone();
+    moved[at_prov..at_prov + old.len()].copy_from_slice(newer.as_bytes());
+    assert!(matches!(
+        open(&cut(1_800_000_001), &k, &moved).unwrap_err(),
+        Refusal::BadSignature(_)
+    ));
+    // A version-1 envelope has no build time: refused under any cut-off.
+    let v1 = wrap_v1(None, &k, &sealed);
+    let e = open(
+        &EntryAuth {
+            not_before: Some(0),
+            ..mac_only(None)
+        },
+        &k,
+        &v1,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e,
+        Refusal::BeforeCutoff {
+            built: None,
+            not_before: 0
+        }
+    );
+    assert_eq!(e.reason(), "before-cutoff");
 }

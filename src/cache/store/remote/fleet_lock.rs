@@ -175,6 +175,33 @@ impl FleetLocks {
         })
     }
 
+    /// The length of each of `keys` (STRLEN, pipelined 1000 at a time); 0 for a key that is gone.
+    pub(crate) fn strlens(&self, keys: &[String]) -> redis::RedisResult<Vec<u64>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(1000) {
+            let lens: Vec<u64> = self.with_conn(|c| {
+                let mut p = redis::pipe();
+                for k in chunk {
+                    p.cmd("STRLEN").arg(k);
+                }
+                p.query(c)
+            })?;
+            out.extend(lens);
+        }
+        Ok(out)
+    }
+
+    /// The values of `keys` (MGET, 1000 at a time); `None` for a key that is gone.
+    pub(crate) fn mget(&self, keys: &[String]) -> redis::RedisResult<Vec<Option<Vec<u8>>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(1000) {
+            let vals: Vec<Option<Vec<u8>>> =
+                self.with_conn(|c| redis::cmd("MGET").arg(chunk).query(c))?;
+            out.extend(vals);
+        }
+        Ok(out)
+    }
+
     /// Holds lock `name` (taken with `token`) until the returned guard drops: renews it from a thread
     /// of its own, then releases it.
     pub fn hold(&self, name: String, token: String) -> HeldFleetLock {

@@ -11,9 +11,13 @@
 //!   locally.
 //! - **Puts** come after the local disk's, through `publish`: the build waits at most
 //!   `KPC_CACHE_REMOTE_TIMEOUT` for them, and not at all while the breaker is open.
-//! - **One build per key per fleet** (Redis only, `fleet_lock`): after every store missed, the
-//!   process takes the key's fleet lock; others wait, bounded by `KPC_CACHE_LOCK_TIMEOUT`, polling the
-//!   remote for the entry, then build themselves.
+//! - **One build per key per fleet**: after every store missed, the process takes the key's fleet
+//!   lock; others wait, bounded by `KPC_CACHE_LOCK_TIMEOUT`, polling the remote for the entry, then
+//!   build themselves. Redis: `SET NX` with a renewed TTL (`fleet_lock`); s3 and fs: a lease object
+//!   created once (a conditional write, or a hard link) and renewed (`object_lock`).
+//! - **Retention** (`imp/retention.rs`): a last-served record beside each entry, and collection by
+//!   age and quota (`kpc cache gc --remote`); a `KPC_CACHE_REMOTE_NOT_BEFORE` cut-off.
+//! - **Compression**: entries travel zstd-compressed (`KPC_CACHE_REMOTE_COMPRESS`, envelope version 3).
 //! - **Failures** (down, killed, slow, full, garbage) are misses or skipped puts, one warning per
 //!   cause. After a connection failure or a timeout a circuit breaker (`breaker`) skips every remote
 //!   call (lookup, fleet lock, publish) for a hold-off that grows from 2 s to 60 s while the remote
@@ -36,10 +40,14 @@ mod fleet_lock;
 #[cfg(all(feature = "remote", not(loom)))]
 mod names;
 #[cfg(all(feature = "remote", not(loom)))]
+mod object_lock;
+#[cfg(all(feature = "remote", not(loom)))]
 mod ops;
 #[cfg(all(feature = "remote", not(loom)))]
 mod publish;
 
+#[cfg(all(feature = "remote", not(loom)))]
+pub use imp::retention::{GcEntry, GcPlan, GcPolicy, GcReason, GcReport, TOUCH_PERIOD};
 #[cfg(all(feature = "remote", not(loom)))]
 pub use imp::{RemoteStore, VerifiedEntry};
 
@@ -55,6 +63,8 @@ mod imp {
 
     mod journal;
     mod manifest;
+    mod object_wait;
+    pub(super) mod retention;
     use super::fleet_lock::FleetLocks;
     pub(crate) use super::names::path_of;
     use super::names::{crash_marker_path, lock_name, namespace, token};
@@ -108,7 +118,11 @@ mod imp {
         shared: Arc<Shared>,
         publisher: Option<Publisher>,
         fleet: Option<FleetLocks>,
+        /// The fleet lock of an object store (s3, fs): create-once leases (`object_lock.rs`).
+        leases: Option<super::object_lock::ObjectLocks>,
         lock_timeout: Duration,
+        /// When this process last recorded a serve of each key (`retention.rs`).
+        touched: parking_lot::Mutex<std::collections::HashMap<[u8; 32], Instant>>,
     }
 
     impl fmt::Debug for RemoteStore {
@@ -123,10 +137,14 @@ mod imp {
         /// misses.
         pub fn from_config(config: &Config) -> Option<RemoteStore> {
             let url = config.remote.as_ref()?;
+            let auth = EntryAuth {
+                not_before: config.remote_not_before,
+                ..EntryAuth::from_config(config)
+            };
             RemoteStore::open_with_sink(
                 url,
                 config.remote_timeout,
-                EntryAuth::from_config(config),
+                auth,
                 config.lock_timeout,
                 config.warning_sink(),
             )
@@ -181,12 +199,15 @@ mod imp {
             let fleet = url
                 .redis_connection_url()
                 .and_then(|u| FleetLocks::new(&u, timeout).ok());
+            let leases = super::object_lock::ObjectLocks::new(url, Arc::clone(&shared.ops));
             Some(RemoteStore {
                 url: url.clone(),
                 shared,
                 publisher,
                 fleet,
+                leases,
                 lock_timeout,
+                touched: Default::default(),
             })
         }
 
@@ -245,6 +266,7 @@ mod imp {
             match auth::open(&sh.auth, key, &value) {
                 Ok(hit) => {
                     sh.counters.hit(hit.bytes().len());
+                    self.touch(key, false);
                     Some(hit)
                 }
                 Err(refusal) => {
@@ -256,7 +278,9 @@ mod imp {
                         sh.refusals.fetch_add(1, Ordering::Relaxed);
                         crate::cache::metrics::refused("remote", refusal.reason());
                     }
-                    let cause = if refusal.is_signature() {
+                    let cause = if refusal.is_signature()
+                        || matches!(refusal, Refusal::BeforeCutoff { .. })
+                    {
                         WarnCause::Untrusted
                     } else if refusal.is_auth() {
                         WarnCause::Unauthentic
@@ -433,13 +457,16 @@ mod imp {
         }
 
         fn lock_for_build(&self, key: &StoreKey) -> BuildLock {
-            match &self.fleet {
-                // A node that will not publish (trusted keys, no signing key) takes no fleet lock:
-                // others would wait for an entry that never comes.
-                Some(_) if !self.shared.auth.may_publish() => BuildLock::NotOffered,
-                // The breaker is consulted for every command of the wait.
-                Some(f) => self.wait_for_fleet(f, key),
-                None => BuildLock::NotOffered,
+            // A node that will not publish (trusted keys, no signing key) takes no fleet lock:
+            // others would wait for an entry that never comes.
+            if !self.shared.auth.may_publish() {
+                return BuildLock::NotOffered;
+            }
+            // The breaker is consulted for every command of the wait.
+            match (&self.fleet, &self.leases) {
+                (Some(f), _) => self.wait_for_fleet(f, key),
+                (None, Some(l)) => self.wait_for_lease(l, key),
+                (None, None) => BuildLock::NotOffered,
             }
         }
 
@@ -464,7 +491,12 @@ mod imp {
             let sh = &self.shared;
             let provenance = Provenance::for_key(&sh.auth.host, key, None, build_time);
             let value = auth::wrap(&sh.auth, key, &seal(key, bytes, build_time), &provenance);
-            match publisher.publish(path_of(key), value) {
+            let published = publisher.publish(path_of(key), value);
+            if matches!(published, Publish::Done(Ok(())) | Publish::Pending) {
+                // Queued after the entry: its last-served record starts at its publication.
+                self.touch(key, true);
+            }
+            match published {
                 Publish::Done(Ok(())) => PutOutcome::Published(0),
                 Publish::Done(Err(f)) => {
                     // Counted by the publisher's report; warned here, on the caller's thread.

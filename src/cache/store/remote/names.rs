@@ -31,6 +31,21 @@ pub(super) fn crash_marker_path(key: &StoreKey, bytes: &[u8]) -> String {
     )
 }
 
+/// The namespace of the last-served records (`retention.rs`), beside the entries'.
+pub(super) fn served_namespace() -> String {
+    format!("kpc-served/v{FORMAT_VERSION}/")
+}
+
+/// Where the record of when `key`'s entry was last served (or published) lives.
+pub(super) fn served_path(key: &StoreKey) -> String {
+    format!("kpc-served/{}", &path_of(key)["kpc/".len()..])
+}
+
+/// The entry path a last-served record's path stands for.
+pub(super) fn entry_of_served(served: &str) -> Option<String> {
+    Some(format!("kpc/{}", served.strip_prefix("kpc-served/")?))
+}
+
 pub(super) fn lock_name(key: &StoreKey) -> String {
     format!("kpc-lock/{}", &path_of(key)["kpc/".len()..])
 }

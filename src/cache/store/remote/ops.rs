@@ -5,7 +5,8 @@
 
 use std::fmt;
 use std::io;
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
 
 use opendal::layers::TimeoutLayer;
 use opendal::{ErrorKind, Operator, blocking, services};
@@ -85,11 +86,28 @@ fn classify(e: &opendal::Error, text: &str) -> WarnCause {
     }
 }
 
-/// One remote, opened: an OpenDAL operator on a small runtime of its own.
+/// The runtime every remote store of the process runs its I/O on: one thread, started with the first
+/// store and never stopped. One per store would not do: OpenDAL's HTTP services (s3) share one
+/// process-wide client whose pooled connections are driven by the runtime that opened them, so once
+/// a store and its runtime were dropped, the next store could be handed such a connection and fail
+/// ("dispatch task is gone"); successive contexts of an embedder would see failed lookups.
+fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
+    static RT: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("kpc-remote-io")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("could not start the remote I/O thread: {e}"))
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// One remote, opened: an OpenDAL operator on the process's remote I/O runtime.
 pub(crate) struct Ops {
-    // Declared before the runtime so it drops first.
     op: blocking::Operator,
-    _rt: tokio::runtime::Runtime,
     /// Shared by every call to this remote: OpenDAL's, the fleet locks', the publisher's.
     pub breaker: Breaker,
 }
@@ -106,12 +124,7 @@ impl Ops {
     ///
     /// Errors: OpenDAL refused the configuration, or no runtime thread could be started.
     pub fn open(url: &RemoteUrl, timeout: Duration) -> Result<Ops, String> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("kpc-remote-io")
-            .enable_all()
-            .build()
-            .map_err(|e| format!("could not start the remote I/O thread: {e}"))?;
+        let rt = runtime()?;
         let op = match url {
             RemoteUrl::Redis {
                 tls,
@@ -172,7 +185,6 @@ impl Ops {
         };
         Ok(Ops {
             op,
-            _rt: rt,
             breaker: Breaker::default(),
         })
     }
@@ -225,9 +237,82 @@ impl Ops {
         self.call(|op| op.write(path, value).map(|_| ()))
     }
 
+    /// Whether the service can write an object only if it does not exist yet (OpenDAL's
+    /// `write_with_if_not_exists`).
+    pub fn creates_once(&self) -> bool {
+        self.op.info().full_capability().write_with_if_not_exists
+    }
+
+    /// Stores `value` at `path` only if nothing is there: `Ok(false)` if something is.
+    pub fn write_if_absent(&self, path: &str, value: Vec<u8>) -> Result<bool, Failure> {
+        let opts = opendal::options::WriteOptions {
+            if_not_exists: true,
+            ..Default::default()
+        };
+        self.call(|op| match op.write_options(path, value, opts) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::ConditionNotMatch => Ok(false),
+            Err(e) => Err(e),
+        })
+    }
+
+    /// Stores `value` at `path` as a side note (a last-served record): skipped while the breaker is
+    /// open, and its outcome does not move the breaker, so a failed note never hides the failure of
+    /// the lookup or publish that meets the same remote next (that one trips, counts and warns).
+    pub fn write_note(&self, path: &str, value: Vec<u8>) {
+        if self.breaker.is_open() {
+            return;
+        }
+        let write = || drop(self.op.write(path, value));
+        if tokio::runtime::Handle::try_current().is_ok() {
+            std::thread::scope(|s| drop(s.spawn(write).join()));
+        } else {
+            write();
+        }
+    }
+
     /// Removes `path` (nothing there is not an error).
     pub fn delete(&self, path: &str) -> Result<(), Failure> {
         self.call(|op| op.delete(path))
+    }
+
+    /// Every object under `prefix` (recursive) with its length and last modification time, where the
+    /// service can list (fs, s3; not redis). Where a listing leaves them out, they are asked for.
+    pub fn list_meta(&self, prefix: &str) -> io::Result<Vec<(String, u64, Option<SystemTime>)>> {
+        let opts = opendal::options::ListOptions {
+            recursive: true,
+            ..Default::default()
+        };
+        let entries = self
+            .call(|op| op.list_options(prefix, opts))
+            .map_err(|f| io::Error::other(f.detail))?;
+        let mut out = Vec::new();
+        for e in entries.into_iter().filter(|e| e.metadata().is_file()) {
+            let m = e.metadata();
+            let mtime = |m: &opendal::Metadata| m.last_modified().map(SystemTime::from);
+            let (len, modified) = match (m.content_length(), mtime(m)) {
+                (len, Some(t)) if len > 0 => (len, Some(t)),
+                _ => match self.stat(e.path()) {
+                    Ok(Some(x)) => x,
+                    Ok(None) => continue,
+                    Err(f) => return Err(io::Error::other(f.detail)),
+                },
+            };
+            out.push((e.path().to_owned(), len, modified));
+        }
+        Ok(out)
+    }
+
+    /// The length and last modification time of `path`, `None` if there is nothing there.
+    pub fn stat(&self, path: &str) -> Result<Option<(u64, Option<SystemTime>)>, Failure> {
+        self.call(|op| match op.stat(path) {
+            Ok(m) => Ok(Some((
+                m.content_length(),
+                m.last_modified().map(SystemTime::from),
+            ))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        })
     }
 
     /// Every path under `prefix` (recursive), where the service can list (fs, s3; not redis).

@@ -33,7 +33,9 @@ pub(crate) enum Publish {
 struct Job {
     path: String,
     value: Vec<u8>,
-    done: mpsc::Sender<Result<(), Failure>>,
+    /// `None`: nobody waits for it, and it is neither counted nor seen by the breaker (a last-served
+    /// record, `Ops::write_note`).
+    done: Option<mpsc::Sender<Result<(), Failure>>>,
 }
 
 /// Told of every background put's result (its size and the result) twice at most: to count it, before
@@ -69,10 +71,14 @@ impl Publisher {
             .spawn(move || {
                 for job in rx {
                     let len = job.value.len();
+                    let Some(done) = job.done else {
+                        ops.write_note(&job.path, job.value);
+                        continue;
+                    };
                     let r = ops.write(&job.path, job.value);
                     report(len, &r, Told::Count);
                     // The caller may have stopped waiting: then the report warns.
-                    if job.done.send(r.clone()).is_err() {
+                    if done.send(r.clone()).is_err() {
                         report(len, &r, Told::Unclaimed);
                     }
                 }
@@ -90,7 +96,11 @@ impl Publisher {
     pub fn publish(&self, path: String, value: Vec<u8>) -> Publish {
         let (done, result) = mpsc::channel();
         let sent = match self.tx.lock().as_ref() {
-            Some(tx) => tx.try_send(Job { path, value, done }),
+            Some(tx) => tx.try_send(Job {
+                path,
+                value,
+                done: Some(done),
+            }),
             None => return Publish::Dropped,
         };
         match sent {
@@ -101,6 +111,20 @@ impl Publisher {
             Ok(r) => Publish::Done(r),
             Err(RecvTimeoutError::Timeout) => Publish::Pending,
             Err(RecvTimeoutError::Disconnected) => Publish::Dropped,
+        }
+    }
+}
+
+impl Publisher {
+    /// Queues `value` for `path` without waiting, counting or reporting: a best-effort write (a
+    /// last-served record) that is dropped when the queue is full.
+    pub fn submit(&self, path: String, value: Vec<u8>) {
+        if let Some(tx) = self.tx.lock().as_ref() {
+            let _ = tx.try_send(Job {
+                path,
+                value,
+                done: None,
+            });
         }
     }
 }

@@ -10,16 +10,18 @@
 //! refused on its own; the others are taken. The index's own claims (signed, signer) are informational
 //! only: each entry's envelope decides.
 //!
-//! File layout: `b"KPCBNDL"`, a format byte (`2`; `1` is still read), then one zstd frame holding: the
-//! index length (u64 little-endian), the index (JSON: format, kpc version, whether entries are MAC'd,
-//! the signer's fingerprint if signed, and per entry its label, backend, device digest, key digest and
-//! envelope length), then the envelopes back to back in index order.
+//! File layout: `format.rs`. Format 3 (written now) keeps an index up front and each entry compressed
+//! on its own, so a bundle can also serve as a read-only layer in place (`layer.rs`,
+//! `KPC_CACHE_READONLY_DIRS`); formats 1 and 2 are still read.
 
-use std::fs;
-use std::io::{self, Read, Write};
+mod format;
+pub mod layer;
+
 use std::path::Path;
 
-use serde_json::{Value, json};
+pub(crate) use format::Bundle;
+use format::{LEVEL, Written, bad};
+pub use layer::{BundleRow, BundleStore};
 
 use crate::cache::Digest;
 use crate::cache::disk::PersistentCache;
@@ -27,18 +29,6 @@ use crate::cache::store::auth::{self, EntryAuth, Refusal};
 use crate::cache::store::seal;
 use crate::cache::store::{Provenance, PutOutcome, StoreHit, StoreKey};
 use crate::error::{Error, Result};
-
-const MAGIC: &[u8; 7] = b"KPCBNDL";
-const FORMAT: u8 = 2;
-/// The format before writer signatures: version-1 envelopes, read the same way.
-const FORMAT_V1: u8 = 1;
-/// The index may not claim more than this (a hostile file cannot make import allocate without bound).
-const MAX_INDEX: u64 = 64 << 20;
-/// Nor may a single entry.
-const MAX_ENTRY: u64 = 2 << 30;
-/// zstd level: bundles are written once and read many times; level 19 compresses SPIR-V and PTX-like
-/// binaries well and still decompresses at full speed.
-const LEVEL: i32 = 19;
 
 /// What [`export`] wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -88,13 +78,6 @@ pub struct ImportReport {
     pub signed: bool,
 }
 
-fn bad(path: &Path, problem: impl Into<String>) -> Error {
-    Error::Bundle {
-        path: path.display().to_string(),
-        problem: problem.into(),
-    }
-}
-
 /// Writes every verified entry of `cache` (only those of the device whose fingerprint digest is
 /// `device`, if given) to a bundle at `path`, each in an envelope as `auth` writes it (MAC'd with its
 /// MAC key, signed with its signing key, with provenance naming its host). The file is written to a
@@ -107,9 +90,13 @@ pub fn export(
     auth: &EntryAuth,
     path: &Path,
 ) -> Result<ExportReport> {
+    // Each entry compressed on its own (where that helps), so the bundle can be read in place.
+    let auth = &EntryAuth {
+        compression: LEVEL,
+        ..auth.clone()
+    };
     let mac = auth.mac.as_ref();
     let signer = auth.signer.as_ref().map(|k| k.public_key().fingerprint());
-    let io = |what: &str, e: io::Error| Error::Io(format!("{what} {}: {e}", path.display()));
     let entries = cache
         .entries()
         .map_err(|e| Error::Io(format!("listing {}: {e}", cache.root().display())))?;
@@ -118,8 +105,7 @@ pub fn export(
         signer: signer.clone(),
         ..ExportReport::default()
     };
-    let mut index = Vec::new();
-    let mut body = Vec::new();
+    let mut written = Vec::new();
     for e in entries {
         let Some(key) = e.record.as_ref().and_then(|r| r.to_key()) else {
             report.unverified += 1;
@@ -144,141 +130,25 @@ pub fn export(
             }
         };
         let sealed = seal(&key, hit.bytes(), hit.build_time());
-        let envelope = auth::wrap(auth, &key, &sealed, &provenance);
-        index.push(json!({
-            "label": key.label(),
-            "backend": e.record.as_ref().map_or("?", |r| r.backend()),
-            "device_digest": key.device_digest().to_hex(),
-            "key_digest": key.digest().to_hex(),
-            "len": envelope.len(),
-        }));
-        body.extend_from_slice(&envelope);
+        report.raw_bytes += sealed.len() as u64;
+        written.push(Written {
+            label: key.label().to_owned(),
+            backend: e.record.as_ref().map_or("?", |r| r.backend()).to_owned(),
+            device_digest: key.device_digest().to_hex(),
+            key_digest: key.digest().to_hex(),
+            envelope: auth::wrap(auth, &key, &sealed, &provenance),
+        });
         report.entries += 1;
     }
-    report.raw_bytes = body.len() as u64;
-    let index = serde_json::to_vec(&json!({
-        "format": FORMAT,
-        "kpc": env!("CARGO_PKG_VERSION"),
-        "signed": mac.is_some(),
-        "signer": signer,
-        "entries": index,
-    }))
-    .expect("a JSON value always serializes");
-
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let dir = dir.unwrap_or(Path::new("."));
-    let name = path.file_name().ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "{}: not a file name to write a bundle to",
-            path.display()
-        ))
-    })?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let write = || -> io::Result<u64> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(MAGIC)?;
-        f.write_all(&[FORMAT])?;
-        let mut z = zstd::Encoder::new(f, LEVEL)?;
-        z.write_all(&(index.len() as u64).to_le_bytes())?;
-        z.write_all(&index)?;
-        z.write_all(&body)?;
-        let f = z.finish()?;
-        f.sync_all()?;
-        Ok(f.metadata()?.len())
-    };
-    match write() {
-        Ok(n) => report.file_bytes = n,
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            return Err(io("writing", e));
-        }
-    }
-    fs::rename(&tmp, path).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        io("renaming the bundle to", e)
+    report.file_bytes = format::write_atomically(path, |f| {
+        format::write(
+            std::io::BufWriter::new(f),
+            mac.is_some(),
+            signer.as_deref(),
+            &written,
+        )
     })?;
     Ok(report)
-}
-
-/// One entry of a parsed bundle index.
-struct IndexEntry {
-    label: String,
-    key_digest: String,
-    len: u64,
-}
-
-fn parse_index(path: &Path, raw: &[u8]) -> Result<(bool, Vec<IndexEntry>)> {
-    let v: Value = serde_json::from_slice(raw)
-        .map_err(|e| bad(path, format!("its index is not valid JSON ({e})")))?;
-    let format = v.get("format").and_then(Value::as_u64);
-    if format != Some(u64::from(FORMAT)) && format != Some(u64::from(FORMAT_V1)) {
-        return Err(bad(path, "its index has an unknown format"));
-    }
-    let signed = v.get("signed").and_then(Value::as_bool).unwrap_or(false);
-    let list = v
-        .get("entries")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad(path, "its index lists no entries"))?;
-    let mut out = Vec::with_capacity(list.len());
-    for (i, e) in list.iter().enumerate() {
-        let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-        let len = e
-            .get("len")
-            .and_then(Value::as_u64)
-            .filter(|&l| l <= MAX_ENTRY)
-            .ok_or_else(|| bad(path, format!("index entry {i} has no valid length")))?;
-        out.push(IndexEntry {
-            label: s("label"),
-            key_digest: s("key_digest"),
-            len,
-        });
-    }
-    Ok((signed, out))
-}
-
-/// The bundle at `path`, opened: the decompressing reader positioned at its first envelope, whether
-/// it says its entries are signed, and its index.
-type Opened = (
-    zstd::Decoder<'static, io::BufReader<fs::File>>,
-    bool,
-    Vec<IndexEntry>,
-);
-
-fn open_bundle(path: &Path) -> Result<Opened> {
-    let mut f =
-        fs::File::open(path).map_err(|e| Error::Io(format!("opening {}: {e}", path.display())))?;
-    let mut head = [0u8; 8];
-    f.read_exact(&mut head)
-        .map_err(|_| bad(path, "it is shorter than a bundle header"))?;
-    if &head[..7] != MAGIC {
-        return Err(bad(path, "it does not start with a kpc bundle header"));
-    }
-    if head[7] != FORMAT && head[7] != FORMAT_V1 {
-        return Err(bad(
-            path,
-            format!(
-                "its format {} is not the one this kpc reads ({FORMAT})",
-                head[7]
-            ),
-        ));
-    }
-    let mut z = zstd::Decoder::new(f)
-        .map_err(|e| bad(path, format!("its compressed data is damaged ({e})")))?;
-    let damaged = |e: io::Error| bad(path, format!("its compressed data is damaged ({e})"));
-    let mut len = [0u8; 8];
-    z.read_exact(&mut len).map_err(damaged)?;
-    let index_len = u64::from_le_bytes(len);
-    if index_len > MAX_INDEX {
-        return Err(bad(path, format!("its index claims {index_len} bytes")));
-    }
-    let mut index = vec![0u8; index_len as usize];
-    z.read_exact(&mut index).map_err(damaged)?;
-    let (signed, entries) = parse_index(path, &index)?;
-    Ok((z, signed, entries))
 }
 
 /// One entry of a bundle as [`read_entries`] found it.
@@ -298,20 +168,15 @@ pub struct BundleEntry {
 ///
 /// Errors: as [`import`]'s.
 pub fn read_entries(auth: &EntryAuth, path: &Path) -> Result<(bool, Vec<BundleEntry>)> {
-    let (mut z, signed, entries) = open_bundle(path)?;
-    let damaged = |e: io::Error| bad(path, format!("its compressed data is damaged ({e})"));
-    let mut out = Vec::with_capacity(entries.len());
-    for e in &entries {
-        let mut envelope = Vec::new();
-        let got = (&mut z)
-            .take(e.len)
-            .read_to_end(&mut envelope)
-            .map_err(damaged)?;
-        let key = auth::claimed_record(&envelope).and_then(|r| r.to_key());
-        let problem = if (got as u64) < e.len {
-            Some("the bundle ends before this entry does (truncated file)".to_string())
-        } else {
-            verify(auth, &envelope, &e.key_digest).err()
+    let b = Bundle::open(path)?;
+    let mut out = Vec::with_capacity(b.entries.len());
+    for (i, e) in b.entries.iter().enumerate() {
+        let (key, problem) = match b.envelope(i) {
+            Ok(envelope) => (
+                auth::claimed_record(&envelope).and_then(|r| r.to_key()),
+                verify(auth, &envelope, &e.key_digest).err(),
+            ),
+            Err(why) => (None, Some(why)),
         };
         out.push(BundleEntry {
             label: e.label.clone(),
@@ -319,7 +184,7 @@ pub fn read_entries(auth: &EntryAuth, path: &Path) -> Result<(bool, Vec<BundleEn
             problem,
         });
     }
-    Ok((signed, out))
+    Ok((b.signed, out))
 }
 
 /// Reads the bundle at `path` and publishes each entry that verifies into `cache`.
@@ -332,31 +197,23 @@ pub fn read_entries(auth: &EntryAuth, path: &Path) -> Result<(bool, Vec<BundleEn
 /// Errors: `path` cannot be read ([`Error::Io`]), or it is not a kpc bundle of a known format, or its
 /// compressed data or index is damaged so that no entry can be located ([`Error::Bundle`]).
 pub fn import(cache: &PersistentCache, auth: &EntryAuth, path: &Path) -> Result<ImportReport> {
-    let (mut z, signed, entries) = open_bundle(path)?;
-    let damaged = |e: io::Error| bad(path, format!("its compressed data is damaged ({e})"));
+    let b = Bundle::open(path)?;
+    if b.trailing() {
+        return Err(bad(
+            path,
+            "it holds bytes after its last entry (tampered with, or written by another tool)",
+        ));
+    }
     let mut report = ImportReport {
-        total: entries.len(),
-        signed,
+        total: b.entries.len(),
+        signed: b.signed,
         ..ImportReport::default()
     };
-    for (i, e) in entries.iter().enumerate() {
-        let mut envelope = Vec::new();
-        let got = (&mut z)
-            .take(e.len)
-            .read_to_end(&mut envelope)
-            .map_err(damaged)?;
-        if (got as u64) < e.len {
-            // Everything after this point is missing: refuse the rest, keep what was taken.
-            for (j, rest) in entries.iter().enumerate().skip(i) {
-                report.refused.push(Refused {
-                    index: j,
-                    label: rest.label.clone(),
-                    reason: "the bundle ends before this entry does (truncated file)".into(),
-                });
-            }
-            return Ok(report);
-        }
-        match take(cache, auth, &envelope, &e.key_digest) {
+    for (i, e) in b.entries.iter().enumerate() {
+        let outcome = b
+            .envelope(i)
+            .and_then(|envelope| take(cache, auth, &envelope, &e.key_digest));
+        match outcome {
             Ok(PutOutcome::Published(_)) => report.taken += 1,
             Ok(PutOutcome::AlreadyPresent) => report.present += 1,
             Ok(PutOutcome::Skipped | PutOutcome::Failed) => report.not_stored += 1,
@@ -367,18 +224,11 @@ pub fn import(cache: &PersistentCache, auth: &EntryAuth, path: &Path) -> Result<
             }),
         }
     }
-    let mut rest = [0u8; 1];
-    if z.read(&mut rest).map_err(damaged)? != 0 {
-        return Err(bad(
-            path,
-            "it holds bytes after its last entry (tampered with, or written by another tool)",
-        ));
-    }
     Ok(report)
 }
 
 /// Verifies one envelope: its key and the verified entry, or why it was refused.
-fn verify(
+pub(crate) fn verify(
     auth: &EntryAuth,
     envelope: &[u8],
     claimed_digest: &str,
