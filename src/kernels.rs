@@ -1,4 +1,5 @@
-//! The kernels kpc ships as its examples and test kernels (`saxpy`, `copy`, `read`), embedded at
+//! The kernels kpc ships as its examples and test kernels (`saxpy`, `copy`, `read`) and for
+//! `kpc bench-mma`'s ceiling (`bench_mma`, `bench_mma_cm2`), embedded at
 //! build time so that building the crate needs no shader compiler, and the types any crate uses to
 //! ship its own kernels the same way (the attention workload, `kpc-attention`, ships its own).
 //!
@@ -139,6 +140,22 @@ pub const SPIRV: &[ShippedSpirv] = &[
         glsl: include_str!("../kernels/read.comp"),
         cooperative_matrix: false,
         cooperative_matrix2: false,
+    },
+    ShippedSpirv {
+        name: "bench_mma",
+        source: "kernels/bench_mma.comp",
+        spirv: include_bytes!("../kernels/bench_mma.spv"),
+        glsl: include_str!("../kernels/bench_mma.comp"),
+        cooperative_matrix: true,
+        cooperative_matrix2: false,
+    },
+    ShippedSpirv {
+        name: "bench_mma_cm2",
+        source: "kernels/bench_mma_cm2.comp",
+        spirv: include_bytes!("../kernels/bench_mma_cm2.spv"),
+        glsl: include_str!("../kernels/bench_mma_cm2.comp"),
+        cooperative_matrix: true,
+        cooperative_matrix2: true,
     },
 ];
 

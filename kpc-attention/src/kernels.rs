@@ -111,6 +111,14 @@ pub const SPIRV: &[ShippedSpirv] = &[
         cooperative_matrix2: false,
     },
     ShippedSpirv {
+        name: "mha_gemm_wide",
+        source: "kernels/mha_gemm_wide.comp",
+        spirv: include_bytes!("../kernels/mha_gemm_wide.spv"),
+        glsl: include_str!("../kernels/mha_gemm_wide.comp"),
+        cooperative_matrix: true,
+        cooperative_matrix2: false,
+    },
+    ShippedSpirv {
         name: "mha_gemv",
         source: "kernels/mha_gemv.comp",
         spirv: include_bytes!("../kernels/mha_gemv.spv"),

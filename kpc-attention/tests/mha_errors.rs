@@ -97,6 +97,18 @@ fn bad_calls(ctx: &Context) {
         "{e}"
     );
 
+    // The same for the wide cooperative-matrix projection (mha_gemm_wide).
+    let wide = MhaParams {
+        projection: ProjectionKernel::Wide,
+        ..p
+    };
+    let e = MultiHeadAttention::new(ctx, &wide, &w.view()).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("wide cooperative-matrix projection")
+            && (m.contains("cooperative matrices") || m.contains("fp16 weights"))),
+        "{e}"
+    );
+
     let mut layer =
         MultiHeadAttention::new(ctx, &MhaParams { capacity: 6, ..p }, &w.view()).unwrap();
     let size = |e: Error| assert!(matches!(e, Error::Size { .. }), "{e}");

@@ -40,8 +40,9 @@ pub struct Args {
     #[arg(long)]
     pub(crate) cross: Option<usize>,
     /// With `--layer mha`: the projection kernel (`auto`: the matrix-vector one for decode steps
-    /// where it fits, else the cooperative-matrix GEMM where the device and shape allow it, else
-    /// the tiled GEMM).
+    /// where it fits, else the wide cooperative-matrix GEMM (mha_gemm_wide), else the first
+    /// cooperative-matrix GEMM (mha_gemm_coop), where the device and shape allow them, else the
+    /// tiled GEMM).
     #[arg(long, value_enum, default_value = "auto")]
     pub(crate) projection: ProjectionArg,
     /// Backend; without it (and without --device) KPC_DEVICE decides.
@@ -170,6 +171,8 @@ pub(crate) enum ProjectionArg {
     Tiled,
     Matvec,
     Cooperative,
+    /// mha_gemm_wide: the cooperative-matrix GEMM with the wide feed.
+    Wide,
 }
 
 impl ProjectionArg {
@@ -181,6 +184,7 @@ impl ProjectionArg {
             ProjectionArg::Tiled => P::Tiled,
             ProjectionArg::Matvec => P::MatVec,
             ProjectionArg::Cooperative => P::Cooperative,
+            ProjectionArg::Wide => P::Wide,
         }
     }
 }

@@ -33,7 +33,7 @@ pub fn run(config: &Config) -> kpc::Result<ExitCode> {
                     }
                     let l = &d.limits;
                     outln!(
-                        "    limits       workgroup {} invocations {:?}, shared {} KiB, push {} B, subgroup {}, shuffle {}, fp16 storage {}, fp16 math {}, f16 matrix units {}, workgroup-scope matrices (NV cm2) {}, timestamps {}",
+                        "    limits       workgroup {} invocations {:?}, shared {} KiB, push {} B, subgroup {}, shuffle {}, fp16 storage {}, fp16 math {}, f16 matrix units {} (fp16 sums {}), workgroup-scope matrices (NV cm2) {}, timestamps {}",
                         l.max_workgroup_invocations,
                         l.max_workgroup_size,
                         l.max_shared_memory_bytes / 1024,
@@ -43,6 +43,7 @@ pub fn run(config: &Config) -> kpc::Result<ExitCode> {
                         l.storage_16bit,
                         l.float16_arithmetic,
                         l.cooperative_matrix_f16,
+                        l.cooperative_matrix_f16_acc,
                         match l.cooperative_matrix2_workgroup {
                             0 => "no".to_string(),
                             n => format!("up to {n} invocations"),

@@ -18,6 +18,7 @@ mod bench_build;
 mod bench_build_cl;
 mod bench_glsl;
 mod bench_launch;
+mod bench_mma;
 mod bench_start;
 mod cache;
 mod cache_bundle;
@@ -69,6 +70,9 @@ enum Command {
     /// GLSL images: compile time per shipped kernel against SPIR-V cache hits, and the whole cold
     /// path (GLSL -> SPIR-V -> pipeline) against the warm one.
     BenchGlsl(bench_glsl::Args),
+    /// The device's matrix ceiling (cooperative-matrix products with operands in registers and fed
+    /// from shared memory, copy bandwidth) and the projection GEMMs swept against it.
+    BenchMma(bench_mma::Args),
 }
 
 fn main() -> ExitCode {
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
         Command::BenchLaunch(args) => bench_launch::run(&config, &args),
         Command::BenchStart(args) => bench_start::run(&config, &args),
         Command::BenchGlsl(args) => bench_glsl::run(&config, &args),
+        Command::BenchMma(args) => bench_mma::run(&config, &args),
     };
     // What an unterminated line left in the buffer; a reader gone by now still ends quietly.
     out::flush();

@@ -198,6 +198,9 @@ pub struct DeviceLimits {
     /// at subgroup scope, and kpc enabled it with the Vulkan memory model). Selects the
     /// cooperative-matrix prefill kernel.
     pub cooperative_matrix_f16: bool,
+    /// Whether, besides [`DeviceLimits::cooperative_matrix_f16`], the device lists the same 16x16x16
+    /// fp16 product into fp16 accumulators (the fp16-accumulate GEMM variant needs it).
+    pub cooperative_matrix_f16_acc: bool,
     /// The largest workgroup that may own workgroup-scope matrices, where the device also has what
     /// `attn_prefill_cm2` uses of VK_NV_cooperative_matrix2 (workgroup scope, flexible dimensions,
     /// reductions, conversions, per-element operations, tensor addressing) enabled besides

@@ -18,13 +18,15 @@
 //! - The self-attention cache can be exported and imported in ncnn's two layouts ([`CacheLayout`]).
 //!
 //! Inputs and outputs are f32, `[batch][seq][features]` row-major; the output has `qdim` features,
-//! as ncnn's. The projection kernels are `mha_gemm` (tiled, any size) and, for decode steps,
-//! `mha_gemv` (one token per sequence: bound by reading the weights, split across workgroups, Q, K
-//! and V in one launch); `mha_attn` is the attention with an additive mask. Like every kernel they
+//! as ncnn's. The projection kernels are `mha_gemm` (tiled, any size), `mha_gemm_wide` (the matrix
+//! units with a feed built for them, [`gemm`]: where the device has fp16 cooperative matrices and
+//! the weights are fp16; `mha_gemm_coop` before it) and, for decode steps, `mha_gemv` (one token
+//! per sequence: bound by reading the weights, split across workgroups, Q, K and V in one launch); `mha_attn` is the attention with an additive mask. Like every kernel they
 //! come through the context's caches.
 
 mod cache_io;
 mod forward;
+pub mod gemm;
 mod proj;
 pub mod reference;
 mod weights;
@@ -56,8 +58,9 @@ pub enum MhaKind {
 pub enum ProjectionKernel {
     /// The matrix-vector kernel for decode steps where it fits (at most
     /// [`MAX_GEMV_BATCH`] sequences, input widths a multiple of 16 bytes of weights); for the
-    /// rest the cooperative-matrix GEMM where it fits (see [`ProjectionKernel::Cooperative`]),
-    /// else the tiled GEMM.
+    /// rest `mha_gemm_wide` where it fits (see [`ProjectionKernel::Wide`]), else the
+    /// cooperative-matrix GEMM where it fits (see [`ProjectionKernel::Cooperative`]), else the
+    /// tiled GEMM.
     #[default]
     Auto,
     /// `mha_gemm` for everything.
@@ -67,6 +70,10 @@ pub enum ProjectionKernel {
     /// `mha_gemm_coop` (the matrix units, VK_KHR_cooperative_matrix) for every projection but
     /// decode steps' matrix-vector ones; an error at creation where it does not fit.
     Cooperative,
+    /// `mha_gemm_wide` (the matrix units fed through 16-byte loads, padded shared tiles and 64 x 64
+    /// of C per subgroup: [`gemm`]; fp32 sums, tiles per shape by [`gemm::auto_tiles`]) for every
+    /// projection but decode steps' matrix-vector ones; an error at creation where it does not fit.
+    Wide,
 }
 
 /// The most sequences the matrix-vector projection serves in one launch.

@@ -1,12 +1,14 @@
 //! The projection kernels: `mha_gemm` (tiled, any shape, head-split layouts), `mha_gemm_coop` (the
-//! same on the matrix units, fp16 weights) and `mha_gemv` (decode steps: matrix-vector, bound by
-//! reading the weights), chosen per layer and launched into up to three outputs (fused Q/K/V).
+//! same on the matrix units, fp16 weights), `mha_gemm_wide` (the same with a feed built for the
+//! matrix units: [`super::gemm`]) and `mha_gemv` (decode steps: matrix-vector, bound by reading the
+//! weights), chosen per layer and launched into up to three outputs (fused Q/K/V).
 
 use kpc::backend::DeviceInfo;
 use kpc::error::{Error, Result};
 use kpc::runtime::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
 use kpc::{SpecConstants, SpecValue};
 
+use super::gemm::{GemmAccumulator, GemmShape, WideGemm};
 use super::weights::DeviceMatrix;
 use super::{KvDtype, MAX_GEMV_BATCH, MhaParams, ProjectionKernel};
 
@@ -44,6 +46,9 @@ pub(super) struct Projector {
     gemm: Kernel,
     /// `mha_gemm_coop`, which then takes every projection `gemm` would.
     coop: Option<Kernel>,
+    /// `mha_gemm_wide` for each tile `gemm::auto_tiles` may pick on this device, which then takes
+    /// every projection `gemm` would (before `coop`).
+    wide: Vec<WideGemm>,
     gemv: Option<Kernel>,
     head_dim: usize,
 }
@@ -78,6 +83,14 @@ fn coop_unfit(device: &DeviceInfo, p: &MhaParams) -> Option<String> {
     None
 }
 
+/// Why `mha_gemm_wide` cannot project `p`'s layer on `device`, if it cannot: what `mha_gemm_coop`
+/// needs (fp16 weights, widths that are multiples of 8), and a tile that fits the device.
+fn wide_unfit(device: &DeviceInfo, p: &MhaParams) -> Option<String> {
+    coop_unfit(device, p).or_else(|| {
+        super::gemm::wide_unfit(device, &super::gemm::DEFAULT_TILES, GemmAccumulator::F32)
+    })
+}
+
 /// Why `mha_gemv` cannot project `p`'s decode steps, if it cannot.
 fn gemv_unfit(p: &MhaParams) -> Option<String> {
     let per = 16 / p.weight_dtype.bytes();
@@ -106,7 +119,9 @@ impl Projector {
             super::super::shipped_kernel(ctx, "mha_gemm", &SpecConstants::new().with(0, f16))?;
         let want_gemv = match p.projection {
             ProjectionKernel::Tiled => false,
-            ProjectionKernel::Auto | ProjectionKernel::Cooperative => gemv_unfit(p).is_none(),
+            ProjectionKernel::Auto | ProjectionKernel::Cooperative | ProjectionKernel::Wide => {
+                gemv_unfit(p).is_none()
+            }
             ProjectionKernel::MatVec => match gemv_unfit(p) {
                 None => true,
                 Some(why) => {
@@ -127,9 +142,30 @@ impl Projector {
         } else {
             None
         };
+        let want_wide = match p.projection {
+            ProjectionKernel::Auto => wide_unfit(ctx.device(), p).is_none(),
+            ProjectionKernel::Wide => match wide_unfit(ctx.device(), p) {
+                None => true,
+                Some(why) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "the wide cooperative-matrix projection cannot run this layer: {why}"
+                    )));
+                }
+            },
+            _ => false,
+        };
+        // Every tile auto_tiles may pick, built now so that no projection waits for a build.
+        let wide = if want_wide {
+            super::gemm::auto_candidates(ctx.device())
+                .into_iter()
+                .map(|t| WideGemm::new(ctx, t, false, GemmAccumulator::F32))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
         let want_coop = match p.projection {
-            ProjectionKernel::Tiled | ProjectionKernel::MatVec => false,
-            ProjectionKernel::Auto => coop_unfit(ctx.device(), p).is_none(),
+            ProjectionKernel::Tiled | ProjectionKernel::MatVec | ProjectionKernel::Wide => false,
+            ProjectionKernel::Auto => wide.is_empty() && coop_unfit(ctx.device(), p).is_none(),
             ProjectionKernel::Cooperative => match coop_unfit(ctx.device(), p) {
                 None => true,
                 Some(why) => {
@@ -151,13 +187,16 @@ impl Projector {
         Ok(Projector {
             gemm,
             coop,
+            wide,
             gemv,
             head_dim: p.head_dim(),
         })
     }
 
     pub(super) fn gemm_name(&self) -> &'static str {
-        if self.coop.is_some() {
+        if !self.wide.is_empty() {
+            super::gemm::KERNEL
+        } else if self.coop.is_some() {
             "mha_gemm_coop"
         } else {
             "mha_gemm"
@@ -171,6 +210,7 @@ impl Projector {
     pub(super) fn kernels(&self) -> Vec<&Kernel> {
         std::iter::once(&self.gemm)
             .chain(self.coop.as_ref())
+            .chain(self.wide.iter().map(WideGemm::kernel))
             .chain(self.gemv.as_ref())
             .collect()
     }
@@ -216,6 +256,31 @@ impl Projector {
                     push_constants: push.as_bytes(),
                 }],
             );
+        }
+        if !self.wide.is_empty() {
+            let shape = GemmShape {
+                m: rows,
+                n: w.n,
+                k: w.k,
+                n0: out.n0,
+                n1: out.n1,
+                a_seq,
+                c_seq,
+                head_dim: self.head_dim,
+                alpha0: out.alpha0,
+            };
+            let tiles = super::gemm::auto_tiles(ctx.device(), rows, w.n);
+            let wide = self
+                .wide
+                .iter()
+                .find(|g| Some(g.tiles().with_stages(0)) == tiles)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "no mha_gemm_wide tile was built for a {rows} x {} projection",
+                        w.n
+                    ))
+                })?;
+            return wide.launch(ctx, x, &w.w, &w.bias, out.bufs, &shape, 1);
         }
         let (kernel, tile) = match &self.coop {
             Some(coop) => (coop, COOP_TILE),

@@ -162,6 +162,7 @@ pub(crate) fn describe(p: &Platform, id: cl_device_id, index: usize) -> Result<F
         subgroup_size: None,
         subgroup_shuffle: false,
         cooperative_matrix_f16: false,
+        cooperative_matrix_f16_acc: false,
         cooperative_matrix2_workgroup: 0,
         // vload_half / vstore_half are core OpenCL C: fp16 K/V storage works everywhere.
         storage_16bit: true,

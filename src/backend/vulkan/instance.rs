@@ -287,7 +287,9 @@ pub(crate) fn describe(
         && memory_model.vulkan_memory_model == vk::TRUE
         && f16.shader_float16 == vk::TRUE
         && storage16.storage_buffer16_bit_access == vk::TRUE
-        && lists_f16_16x16x16(instance, raw);
+        && lists_f16_16x16x16(instance, raw, vk::ComponentTypeKHR::FLOAT32);
+    let cooperative_matrix_f16_acc =
+        cooperative_matrix_f16 && lists_f16_16x16x16(instance, raw, vk::ComponentTypeKHR::FLOAT16);
     // SAFETY: `raw` belongs to this live instance.
     let families = unsafe { inst.get_physical_device_queue_family_properties(raw) };
     let compute = |f: &vk::QueueFamilyProperties| f.queue_flags.contains(vk::QueueFlags::COMPUTE);
@@ -423,6 +425,7 @@ pub(crate) fn describe(
                     .contains(vk::ShaderStageFlags::COMPUTE),
             storage_16bit: storage16.storage_buffer16_bit_access == vk::TRUE,
             cooperative_matrix_f16,
+            cooperative_matrix_f16_acc,
             cooperative_matrix2_workgroup: if cooperative_matrix_f16 && supported.all_coop_matrix2()
             {
                 super::coopmat2::max_workgroup(inst, raw)
@@ -462,26 +465,31 @@ pub(crate) fn describe(
 }
 
 /// Whether the matrix shapes the device's cooperative-matrix extension lists include the one
-/// `is_f16_16x16x16` accepts; false where the query fails (the kernels that need it are then never
-/// chosen).
-fn lists_f16_16x16x16(instance: &VkInstance, raw: vk::PhysicalDevice) -> bool {
+/// `is_f16_16x16x16` accepts with accumulators of type `acc`; false where the query fails (the
+/// kernels that need it are then never chosen).
+fn lists_f16_16x16x16(
+    instance: &VkInstance,
+    raw: vk::PhysicalDevice,
+    acc: vk::ComponentTypeKHR,
+) -> bool {
     let ext = ash::khr::cooperative_matrix::Instance::new(&instance.entry, &instance.raw);
     // SAFETY: called only where the device lists VK_KHR_cooperative_matrix; `raw` belongs to this
     // live instance.
     unsafe { ext.get_physical_device_cooperative_matrix_properties(raw) }
-        .map(|shapes| shapes.iter().any(is_f16_16x16x16))
+        .map(|shapes| shapes.iter().any(|s| is_f16_16x16x16(s, acc)))
         .unwrap_or(false)
 }
 
-/// The one product the cooperative-matrix prefill kernel issues: 16x16 f16 times 16x16 f16 plus a
-/// 16x16 f32 accumulator, at subgroup scope, without saturation.
-fn is_f16_16x16x16(p: &vk::CooperativeMatrixPropertiesKHR) -> bool {
+/// The one product the cooperative-matrix kernels issue: 16x16 f16 times 16x16 f16 plus a 16x16
+/// accumulator of type `acc` (f32, or f16 for the fp16-accumulate GEMM), at subgroup scope, without
+/// saturation.
+fn is_f16_16x16x16(p: &vk::CooperativeMatrixPropertiesKHR, acc: vk::ComponentTypeKHR) -> bool {
     use vk::ComponentTypeKHR as T;
     (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
         && p.a_type == T::FLOAT16
         && p.b_type == T::FLOAT16
-        && p.c_type == T::FLOAT32
-        && p.result_type == T::FLOAT32
+        && p.c_type == acc
+        && p.result_type == acc
         && p.scope == vk::ScopeKHR::SUBGROUP
         && p.saturating_accumulation == vk::FALSE
 }

@@ -248,6 +248,7 @@ impl VulkanBackend {
             && f.vulkan_memory_model
             && f.shader_float16
             && f.storage_buffer_16bit_access;
+        l.cooperative_matrix_f16_acc &= l.cooperative_matrix_f16;
         if !l.cooperative_matrix_f16 || !f.all_coop_matrix2() {
             l.cooperative_matrix2_workgroup = 0;
         }
