@@ -5,8 +5,9 @@
 //! - `kpc cache stats`, `kpc cache ls --json`, `kpc cache verify` and `kpc cache check DIR`, each one
 //!   run of the real binary (`target/release/kpc`, or `KPC`);
 //! - one eviction pass that removes a tenth of the bytes (the pass, then its deferred sweep);
-//! - the same entries as a bundle read in place: its hit p50 / p99;
-//! and, for the remote sizes, N entries published to a real redis-server (tests/common) and one
+//! - the same entries as a bundle read in place: its hit p50 / p99.
+//!
+//! And, for the remote sizes, N entries published to a real redis-server (tests/common) and one
 //! collection pass (`gc_plan` + `gc_apply`, a quota that removes a tenth).
 //!
 //! Run: `cargo run --release --example scale -- [--disk 1000,10000,100000] [--remote 10000]
@@ -128,7 +129,9 @@ fn disk(n: u64, len: usize) {
     let bundle_hit = lookups(&layer, spread, true);
     let total = cache.tracked_size().unwrap();
     let s = Instant::now();
-    let r = cache.evict_deferred(Some(total - total / 10), None).unwrap();
+    let r = cache
+        .evict_deferred(Some(total - total / 10), None)
+        .unwrap();
     let evict = s.elapsed().as_secs_f64();
     cache.wait_for_eviction();
     let sweep = s.elapsed().as_secs_f64() - evict;
