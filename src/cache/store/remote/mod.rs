@@ -411,23 +411,8 @@ mod imp {
                         return BuildLock::Unavailable;
                     }
                 }
-                let now = Instant::now();
-                if now >= deadline {
-                    self.shared.counters.error();
-                    self.shared.warnings.warn(
-                        WarnCause::LockTimeout,
-                        &format_args!(
-                            "another machine held the fleet build lock of {} past KPC_CACHE_LOCK_TIMEOUT ({:?})",
-                            key.digest(),
-                            self.lock_timeout
-                        ),
-                    );
-                    return BuildLock::Unavailable;
-                }
-                std::thread::sleep(pause.min(deadline - now));
-                pause = (pause * 2).min(Duration::from_millis(200));
-                if let Some(hit) = self.fetch_as(key, true) {
-                    return BuildLock::Published(hit);
+                if let Some(done) = self.wait_for_holder(key, deadline, &mut pause) {
+                    return done;
                 }
             }
         }

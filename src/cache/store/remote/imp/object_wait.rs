@@ -37,24 +37,36 @@ impl RemoteStore {
                     return BuildLock::Unavailable;
                 }
             }
-            let now = Instant::now();
-            if now >= deadline {
-                self.shared.counters.error();
-                self.shared.warnings.warn(
-                    WarnCause::LockTimeout,
-                    &format_args!(
-                        "another machine held the fleet build lock of {} past KPC_CACHE_LOCK_TIMEOUT ({:?})",
-                        key.digest(),
-                        self.lock_timeout
-                    ),
-                );
-                return BuildLock::Unavailable;
-            }
-            std::thread::sleep(pause.min(deadline - now));
-            pause = (pause * 2).min(Duration::from_millis(200));
-            if let Some(hit) = self.fetch_as(key, true) {
-                return BuildLock::Published(hit);
+            if let Some(done) = self.wait_for_holder(key, deadline, &mut pause) {
+                return done;
             }
         }
+    }
+
+    /// One wait while another machine holds `key`'s fleet lock (either kind): past `deadline` the
+    /// lock is given up (counted, warned once); else a pause that doubles up to 200 ms, then a look
+    /// for the entry the holder publishes. `None`: still nothing, try the lock again.
+    pub(in crate::cache::store::remote) fn wait_for_holder(
+        &self,
+        key: &StoreKey,
+        deadline: Instant,
+        pause: &mut Duration,
+    ) -> Option<BuildLock> {
+        let now = Instant::now();
+        if now >= deadline {
+            self.shared.counters.error();
+            self.shared.warnings.warn(
+                WarnCause::LockTimeout,
+                &format_args!(
+                    "another machine held the fleet build lock of {} past KPC_CACHE_LOCK_TIMEOUT ({:?})",
+                    key.digest(),
+                    self.lock_timeout
+                ),
+            );
+            return Some(BuildLock::Unavailable);
+        }
+        std::thread::sleep((*pause).min(deadline - now));
+        *pause = (*pause * 2).min(Duration::from_millis(200));
+        self.fetch_as(key, true).map(BuildLock::Published)
     }
 }
