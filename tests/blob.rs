@@ -3,7 +3,7 @@
 //! backend is refused naming the field; damaged bytes are refused; nothing refused reaches the driver
 //! or leaves a cached failure behind.
 
-mod common;
+use crate::common;
 
 use kpc::backend::DeviceImage;
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};

@@ -4,7 +4,7 @@
 //! it again. A process that dies outside a load costs no entry, and a live loader's record is never
 //! taken for a crash.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -5,7 +5,7 @@
 //! and the quarantine are not counted; every check below runs after writers stopped, so no temporary
 //! exists anyway.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

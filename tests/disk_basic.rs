@@ -1,7 +1,7 @@
 //! The disk cache's basic contract on real files: layout, entry format, exact key comparison and
 //! collision neighbours, single-flight guards, size gating, counters and trace events.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

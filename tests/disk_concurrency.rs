@@ -1,7 +1,7 @@
 //! Concurrency on real files: hundreds of threads on one key, eviction under constant pressure, and 8
 //! processes x 20 threads started together on an empty cache, which must build each key exactly once.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! damaged bytes, never a failed build. Corrupt entries are removed and counted; each cause is warned
 //! about once per cache instance.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

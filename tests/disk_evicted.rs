@@ -4,7 +4,7 @@
 //! cost is counted with the limit that would have served it; the miss journal records builds with
 //! their causes, and stays bounded too.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::Write;

@@ -3,7 +3,7 @@
 //! one evictor runs at a time, and a deferred sweep hides nothing from readers, loses no entry written
 //! meanwhile, and is finished by the next pass when it was killed.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime};
 

@@ -4,7 +4,7 @@
 //! temporary directory's file system has free, and the test says so), and lock files kept out of the
 //! cache tree in `KPC_CACHE_LOCK_DIR`, where they exclude the processes that share that directory.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

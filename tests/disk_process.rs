@@ -2,7 +2,7 @@
 //! killed with SIGKILL mid-write, a builder killed while holding a key's build lock, and locks held by
 //! another process.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -2,7 +2,7 @@
 //! a memory miss loads a persisted binary, a build is persisted, a refused binary is rebuilt and
 //! replaced, a failed build persists nothing, and no disk problem ever fails a request.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -2,7 +2,7 @@
 //! disk hit for a fresh context in the same process and for a fresh process, computes the same
 //! results there, and is not compiled again.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -101,7 +101,7 @@ fn child(backend: BackendKind, root: &Path) -> String {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "child_acquires_saxpy_through_the_disk_cache",
+            &common::disk::test_path("child_acquires_saxpy_through_the_disk_cache"),
             "--nocapture",
             "--test-threads=1",
         ])

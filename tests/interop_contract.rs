@@ -12,11 +12,8 @@
 //!
 //! The engine is tests/common/vk_engine.rs; the counting entry point tests/common/vk_counting.rs.
 
-mod common;
-#[path = "common/vk_counting.rs"]
-mod vk_counting;
-#[path = "common/vk_engine.rs"]
-mod vk_engine;
+use crate::common;
+use crate::common::{vk_counting, vk_engine};
 
 use std::ffi::c_void;
 use std::path::Path;

@@ -6,7 +6,7 @@
 //!
 //! `unsafe` here is the embedder's own OpenCL code, each block with the reason it holds.
 
-mod common;
+use crate::common;
 
 use std::ffi::c_void;
 

@@ -6,7 +6,7 @@
 //!
 //! `unsafe` here is the embedder's own Vulkan code, each block with the reason it holds.
 
-mod common;
+use crate::common;
 
 use ash::vk;
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};

@@ -5,7 +5,7 @@
 //! on a robust Vulkan device. Each case runs in a child process, so a regression that writes out of
 //! bounds (on PoCL: into the process's heap) kills the child, not this test binary.
 
-mod common;
+use crate::common;
 
 use common::disk::{child, child_role};
 use common::drivers;

@@ -1,7 +1,7 @@
 //! The in-memory KernelProgramCache, tested through the real `KernelProgramCache` and the real
 //! `ProgramManager` with a counting fake backend.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -2,7 +2,7 @@
 //! counted, the same kernel as the shared map, eviction and `KPC_CACHE_IN_MEM=0` keep their meaning,
 //! through the real cache and the real `ProgramManager` with the counting fake backend.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};

@@ -4,7 +4,7 @@
 //! entry refused), scrapes `/metrics` over HTTP and checks each series' value.
 #![cfg(feature = "remote")]
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

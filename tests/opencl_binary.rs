@@ -2,7 +2,7 @@
 //! binaries that must be refused (a miss, never an error to the user). Drives the backend traits
 //! directly, as the runtime and the disk cache do.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! cached failure comes back without rebuilding, and images or kernels kpc cannot use are typed
 //! errors too.
 
-mod common;
+use crate::common;
 
 use kpc::Error;
 use kpc::backend::{DeviceImage, ImageFormat};

@@ -2,7 +2,7 @@
 //! cache, spec constants as -D definitions, reflection, launch checking, batches, timing, and one
 //! cached kernel launched from 32 threads under every kernel-sharing strategy.
 
-mod common;
+use crate::common;
 
 use kpc::backend::DeviceImage;
 use kpc::backend::opencl::{KernelSharing, OpenClBackend, OpenClKernel, OpenClOptions};

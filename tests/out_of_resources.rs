@@ -3,7 +3,7 @@
 //! runs out of resources releases the programs no live kernel holds and is retried once; a second
 //! failure reaches the caller and is not cached; both are counted.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};

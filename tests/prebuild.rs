@@ -2,7 +2,7 @@
 //! built for the new one; with a real redis-server shared by 4 processes (4 "machines", each its own
 //! cache directory) prebuilding at once, each kernel is built once in the fleet. Counting fake backend.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! result per request with its own error, and single flight with callers asking meanwhile. Cache logic
 //! with the counting fake backend; the real backends on lavapipe and PoCL, with a launch.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

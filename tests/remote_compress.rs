@@ -5,7 +5,7 @@
 //! warned about once and never reaches the backend.
 #![cfg(feature = "remote")]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

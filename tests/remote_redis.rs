@@ -5,7 +5,7 @@
 //! lock of a killed builder expires; bad URLs are typed errors.
 #![cfg(feature = "remote")]
 
-mod common;
+use crate::common;
 
 use std::ffi::OsString;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! `KPC_CACHE_REMOTE_NOT_BEFORE` cut-off.
 #![cfg(feature = "remote")]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

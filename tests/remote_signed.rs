@@ -6,7 +6,7 @@
 //! loaded.
 #![cfg(feature = "remote")]
 
-mod common;
+use crate::common;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

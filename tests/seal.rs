@@ -4,7 +4,7 @@
 //! The real-driver side (lavapipe, PoCL, `KPC_CACHE_SEAL` through `Context`) is in
 //! `tests/seal_drivers.rs`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! has finished and then serves what it loaded from memory and refuses a variant no store holds; a
 //! context without warm start is sealed from creation and, under `warn`, builds with one warning.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -1,6 +1,6 @@
 //! The shipped SPIR-V: fresh against its GLSL, valid, and reflected correctly. Needs no driver.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

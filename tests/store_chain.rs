@@ -3,7 +3,7 @@
 //! chain asks its stores in order, stops at the first hit and copies it up to the local disk; what a
 //! store returns is verified, and what the backend refuses is removed from it.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::io;

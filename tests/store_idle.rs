@@ -2,7 +2,7 @@
 //! lookups of a context is warned about once, with the dominant miss cause (counting fake backend,
 //! real files, a real redis-server for the remote).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

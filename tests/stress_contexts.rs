@@ -11,7 +11,7 @@
 //! thread cannot be cancelled, and a stalled CI job says nothing). Rounds per thread:
 //! `KPC_TEST_STRESS_ROUNDS` (default 6; the GPU host ran 100).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,7 +2,7 @@
 //! they reach the driver. Drives the backend traits directly, as the runtime (and the disk cache)
 //! does.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

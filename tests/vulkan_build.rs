@@ -1,6 +1,6 @@
 //! Builds that must fail, and how failures are (or are not) cached.
 
-mod common;
+use crate::common;
 
 use kpc::backend::{DeviceImage, ImageFormat};
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};

@@ -1,9 +1,10 @@
 //! A dropped context's VkDevice is kept and reused by the next context on the same device, never
-//! destroyed (issue 21: NVIDIA's driver deadlocks in vkDestroyDevice under concurrency). One test in
-//! its own binary, so no other test opens devices meanwhile.
+//! destroyed (issue 21: NVIDIA's driver deadlocks in vkDestroyDevice under concurrency). The test runs
+//! in a child process of its own, so that no other test opens devices meanwhile.
 
-mod common;
+use crate::common;
 
+use common::disk::{child, child_role};
 use common::drivers::{test_config, vulkan_device};
 use kpc::Context;
 use kpc::backend::vulkan::devices_created;
@@ -11,9 +12,20 @@ use kpc::cache::{BuildOptions, SpecConstants};
 
 #[test]
 fn dropped_contexts_leave_their_device_to_the_next() {
-    let Some(d) = vulkan_device("dropped_contexts_leave_their_device_to_the_next") else {
+    let test = "dropped_contexts_leave_their_device_to_the_next";
+    let Some(d) = vulkan_device(test) else {
         return;
     };
+    if child_role().as_deref() != Some("reuse") {
+        let out = child(test, "reuse").output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("REUSE CHECKED"),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
     let before = devices_created();
     let image = kpc::kernels::spirv_image("saxpy").unwrap();
     for round in 0..3 {
@@ -47,4 +59,5 @@ fn dropped_contexts_leave_their_device_to_the_next() {
     let _c = Context::with_device(&d, &test_config()).unwrap();
     let _d = Context::with_device(&d, &test_config()).unwrap();
     assert_eq!(devices_created() - before, 2);
+    println!("REUSE CHECKED");
 }

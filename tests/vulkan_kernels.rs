@@ -1,7 +1,7 @@
 //! Real kernels on a real Vulkan driver (lavapipe in CI): outputs checked against the host, the
 //! memory cache, specialization, launch checking, batches and timing.
 
-mod common;
+use crate::common;
 
 use kpc::backend::vulkan::{BufferStrategy, VulkanBackend, VulkanOptions};
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};

@@ -3,7 +3,7 @@
 //! pipeline cache is a stub, so every one there) is counted apart, in the disk, store-level and
 //! backend counters.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! capabilities the device lacks is a typed, cached build error before the driver sees it; one whose
 //! features the device has runs, because kpc enabled them.
 
-mod common;
+use crate::common;
 
 use kpc::backend::DeviceImage;
 use kpc::backend::glsl::{GlslOptimization, GlslSource};

@@ -3,7 +3,7 @@
 //! and what is only a warning: a corrupt manifest, keys no store holds any more. Manifest logic with
 //! the counting fake backend and real files.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

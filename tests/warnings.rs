@@ -4,7 +4,7 @@
 //! embedders hit: a cache directory that is a regular file, which turns the disk cache off (stats
 //! say why) while every kernel still builds. Process-wide state is tested in child processes.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 

@@ -14,7 +14,7 @@ pub fn attention_check(
     steps: u32,
     configure: impl FnOnce(&mut Command),
 ) -> String {
-    let mut cmd = Command::new(kpc_bin());
+    let mut cmd = kpc_command();
     cmd.args([
         "attention",
         "--backend",
@@ -53,6 +53,21 @@ pub fn kernel_sources(text: &str) -> Vec<&str> {
         .filter(|l| l.trim_start().starts_with("attn_"))
         .map(|l| l.split_whitespace().nth(1).unwrap())
         .collect()
+}
+
+/// The `kpc` command, isolated the one way every CLI test isolates it: no `KPC_*` variable of the
+/// test's own environment reaches it (a developer's `KPC_DEVICE` or remote must not change a test),
+/// except `KPC_VULKAN_VALIDATION`, so that CI's validation layer watches the command too. The case then
+/// sets what it tests.
+pub fn kpc_command() -> Command {
+    let mut c = Command::new(kpc_bin());
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("KPC_") && name != "KPC_VULKAN_VALIDATION" {
+            c.env_remove(&*name);
+        }
+    }
+    c
 }
 
 /// The `kpc` binary cargo built for this test run: only the CLI package's tests (kpc-cli/tests) have

@@ -140,12 +140,47 @@ pub fn entry_bytes(root: &Path) -> u64 {
         .sum()
 }
 
-/// The test binary itself, re-executed to run only the test `test` in role `role`.
+/// The full path (`module::name`) of the test named `name` in this binary, from its own `--list`:
+/// the integration tests are one binary, so a child re-run needs the module to stay `--exact`. The
+/// module is the calling file's (several files name a test `child_process`); a name with `::` is taken
+/// as it is.
+#[track_caller]
+pub fn test_path(name: &str) -> String {
+    static LIST: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    if name.contains("::") {
+        return name.to_string();
+    }
+    let caller = std::panic::Location::caller().file();
+    let module = Path::new(caller).file_stem().unwrap().to_string_lossy();
+    let list = LIST.get_or_init(|| {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--list", "--format=terse"])
+            .env_remove(CHILD_ENV)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_suffix(": test"))
+            .map(str::to_string)
+            .collect()
+    });
+    let want = format!("{module}::{name}");
+    let found: Vec<&String> = list
+        .iter()
+        .filter(|p| **p == want || p.ends_with(&format!("::{want}")))
+        .collect();
+    assert_eq!(found.len(), 1, "test {want:?} matches {found:?} in this binary");
+    found[0].clone()
+}
+
+/// The test binary itself, re-executed to run only the test `test` (its name, with or without its
+/// module path) in role `role`.
+#[track_caller]
 pub fn child(test: &str, role: &str) -> Command {
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args([
         "--exact",
-        test,
+        &test_path(test),
         "--nocapture",
         "--test-threads=1",
         "--quiet",

@@ -10,4 +10,6 @@ pub mod redis;
 pub mod s3;
 pub mod shipped;
 pub mod validation;
+pub mod vk_counting;
 pub mod vk_device;
+pub mod vk_engine;

@@ -9,7 +9,7 @@ use ash::vk;
 use kpc::{Config, Context, VulkanFeatures, VulkanHandles};
 
 use crate::common::drivers::{ran, skip};
-use crate::vk_counting;
+use crate::common::vk_counting;
 
 /// Validation messages of error severity since the last scenario began.
 pub static VALIDATION_ERRORS: AtomicU64 = AtomicU64::new(0);
