@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# What the validation layer costs the Vulkan driver tests: each test binary run twice, without the layer
-# and with KPC_VULKAN_VALIDATION=abort (what scripts/test.sh sets), wall seconds each. Run it twice: the
+# What the validation layer costs the Vulkan driver tests: each area run twice, without the layer and
+# with KPC_VULKAN_VALIDATION=abort (what scripts/test.sh sets), wall seconds each. Run it twice: the
 # first pass also warms Mesa's shader cache, which the second pass then measures without.
-#   benches/validation_cost.sh            (builds the test binaries first)
-#   TESTS="glsl main" benches/validation_cost.sh   (main: kpc-attention's test binary)
+# Every crate has one integration-test binary (`--test main`); an area is a package and a module
+# filter of that binary.
+#   benches/validation_cost.sh
+#   AREAS="kpc-cli:glsl kpc-attention:" benches/validation_cost.sh   (an empty filter: the whole binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TESTS=${TESTS:-"vulkan_build vulkan_binary vulkan_kernels vulkan_cli vulkan_device_reuse vulkan_shader_checks vulkan_recompiled interop_vulkan glsl spirv_images driver_disk blob main"}
-args=()
-for t in $TESTS; do args+=(--test "$t"); done
-cargo build --release "${args[@]}" >&2
+AREAS=${AREAS:-"kpc:vulkan_build kpc:vulkan_binary kpc:vulkan_kernels kpc-cli:vulkan_cli kpc:vulkan_device_reuse kpc:vulkan_shader_checks kpc:vulkan_recompiled kpc:interop_vulkan kpc-cli:glsl kpc:spirv_images kpc:driver_disk kpc:blob kpc-attention:"}
 export KPC_TEST_REQUIRE_DRIVERS=1
 total_off=0; total_on=0
-for t in $TESTS; do
-  bin=$(ls -t target/release/deps/"$t"-* | grep -v '\.d$' | head -1)
+for area in $AREAS; do
+  pkg=${area%%:*}; filter=${area#*:}
+  bin=$(cargo test --release -p "$pkg" --test main --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads,sys.stdin) if m.get("executable")][-1])')
+  name="$pkg-${filter:-all}"
   for mode in off abort; do
     if [ "$mode" = off ]; then unset KPC_VULKAN_VALIDATION; else export KPC_VULKAN_VALIDATION=abort; fi
     s=$(date +%s.%N)
-    "$bin" >"target/validation-cost-$t-$mode.log" 2>&1 || { echo "$t ($mode) failed: target/validation-cost-$t-$mode.log" >&2; exit 1; }
+    "$bin" $filter >"target/validation-cost-$name-$mode.log" 2>&1 || { echo "$name ($mode) failed: target/validation-cost-$name-$mode.log" >&2; exit 1; }
     e=$(date +%s.%N)
     secs=$(echo "$e - $s" | bc)
-    printf "%-22s %-5s %7.2f s\n" "$t" "$mode" "$secs"
+    printf "%-32s %-5s %7.2f s\n" "$name" "$mode" "$secs"
     if [ "$mode" = off ]; then total_off=$(echo "$total_off + $secs" | bc); else total_on=$(echo "$total_on + $secs" | bc); fi
   done
 done

@@ -10,7 +10,7 @@
 #
 # usage: scripts/install-capi.sh PREFIX [PROFILE]
 #   PROFILE is a cargo profile, release by default (dev for a quick debug build).
-# The header is the committed kpc-capi/include/kpc.h, which `cargo test -p kpc-capi --test capi_header` keeps current.
+# The header is the committed kpc-capi/include/kpc.h, which `cargo test -p kpc-capi --test main capi_header` keeps current.
 set -euo pipefail
 prefix=${1:?usage: scripts/install-capi.sh PREFIX [PROFILE]}
 profile=${2:-release}

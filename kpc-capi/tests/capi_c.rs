@@ -6,8 +6,7 @@
 //! A missing `cc` or driver is a skip (a failure under `KPC_TEST_REQUIRE_DRIVERS=1`, hence in CI).
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,8 +2,7 @@
 //! the kernels and a second process loads them from the disk cache.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use common::cli::{attention_check, kernel_sources};
 use common::disk::TempDir;

@@ -3,8 +3,7 @@
 //! by entry; garbage is a typed error. Real files, real drivers and real child processes.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -222,7 +221,7 @@ fn garbage_truncation_and_missing_files_are_typed_errors() {
 // ---- The CLI on a real attention run ----
 
 fn kpc(cache: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
+    let mut c = common::cli::kpc_command();
     c.env("KPC_CACHE_DIR", cache)
         .env("KPC_CACHE_PERSISTENT", "1")
         .env_remove("KPC_DEVICE")

@@ -5,12 +5,10 @@
 //! and `kpc cache check` read them the same way.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use common::disk::{TempDir, capture};
@@ -124,7 +122,7 @@ fn number(label: &str) -> usize {
 }
 
 fn kpc_ls(file: &Path, key: Option<&str>) -> (Option<i32>, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
+    let mut c = common::cli::kpc_command();
     c.env_clear()
         .env("KPC_CACHE_DIR", file.with_extension("ls-cache"));
     if let Some(k) = key {
@@ -288,7 +286,7 @@ fn foreign_missing_and_old_format_bundles() {
     assert_eq!((r.taken, r.refused.len()), (3, 0), "{r:?}");
     // `kpc cache check` reads the old and the new format the same way.
     for f in [&old, &ours] {
-        let o = Command::new(env!("CARGO_BIN_EXE_kpc"))
+        let o = common::cli::kpc_command()
             .env_clear()
             .env("KPC_CACHE_DIR", t.join("check"))
             .args(["cache", "check", "--json"])

@@ -5,13 +5,12 @@
 //! such; `--json` carries the same.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use common::cli::{attention_check, kpc_bin};
+use common::cli::attention_check;
 use common::disk::TempDir;
 use common::drivers::{opencl_device, vulkan_device};
 use kpc::Config;
@@ -27,7 +26,7 @@ fn cache_at(dir: &Path) -> PersistentCache {
 
 /// `kpc cache check ARGS` for `backend`'s first device, with the configured cache at `home`.
 fn check(home: &Path, backend: &str, args: &[&str]) -> Output {
-    Command::new(kpc_bin())
+    common::cli::kpc_command()
         .args(["cache", "check"])
         .args(args)
         .args(["--device", &format!("{backend}:0")])
@@ -110,7 +109,7 @@ fn preflight(backend: &str) {
 
     // So does a bundle of it.
     let bundle = home.join("app.kpcb").display().to_string();
-    let export = Command::new(kpc_bin())
+    let export = common::cli::kpc_command()
         .args(["cache", "export", &bundle])
         .env("KPC_CACHE_DIR", home.path())
         .env_remove("KPC_CACHE_REMOTE_KEY")
@@ -207,7 +206,7 @@ fn a_file_that_is_not_a_bundle_and_a_bad_app_name_are_errors() {
     let dir = TempDir::new("check-cli-bad");
     let junk = dir.join("junk.kpcb");
     std::fs::write(&junk, b"not a bundle at all").unwrap();
-    let o = Command::new(kpc_bin())
+    let o = common::cli::kpc_command()
         .args([
             "cache",
             "check",
@@ -224,7 +223,7 @@ fn a_file_that_is_not_a_bundle_and_a_bad_app_name_are_errors() {
         t.contains("is not a usable kpc bundle: it does not start with a kpc bundle header"),
         "{t}"
     );
-    let o = Command::new(kpc_bin())
+    let o = common::cli::kpc_command()
         .args([
             "cache",
             "check",

@@ -3,12 +3,10 @@
 //! one, and the cache directory is byte for byte what it was (every file's path, bytes and mtime).
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::SystemTime;
 
 use common::disk::{TempDir, files_under};
@@ -136,7 +134,7 @@ fn kpc_attention_prints_the_debug_report() {
     let root = t.join("cache");
     let sel = format!("opencl:{}", d.index);
     let run = |debug: &str| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
+        let mut c = common::cli::kpc_command();
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("KPC_") {
                 c.env_remove(k);
@@ -182,7 +180,7 @@ fn kpc_attention_prints_the_debug_report() {
         "debug mode changed the cache directory"
     );
     // A malformed value is a configuration error naming the variable.
-    let o = Command::new(env!("CARGO_BIN_EXE_kpc"))
+    let o = common::cli::kpc_command()
         .env("KPC_CACHE_DEBUG", "2")
         .arg("status")
         .output()

@@ -3,11 +3,10 @@
 //! a real redis-server or an fs remote; run as the real binary.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ use kpc::runtime::{ProgramManager, Source};
 use serde_json::Value;
 
 fn kpc(root: &Path, envs: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
+    let mut c = common::cli::kpc_command();
     c.env_clear().args(args).env("KPC_CACHE_DIR", root);
     for (k, v) in envs {
         c.env(k, v);

@@ -1,11 +1,10 @@
 //! `kpc cache path|stats|ls|verify|prune|clear`, run as the real binary against a real cache directory.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, SystemTime};
 
 use common::disk::*;
@@ -15,7 +14,7 @@ use kpc::cache::store::StoreKey;
 use serde_json::Value;
 
 fn kpc(root: Option<&Path>, args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
+    let mut c = common::cli::kpc_command();
     c.env_clear().args(args);
     if let Some(r) = root {
         c.env("KPC_CACHE_DIR", r);
@@ -211,7 +210,7 @@ fn without_a_cache_directory() {
     // KPC_CACHE_PERSISTENT=0: the cache is off for builds, but its directory can still be inspected.
     let t = TempDir::new("cli");
     populate(t.path());
-    let o = Command::new(env!("CARGO_BIN_EXE_kpc"))
+    let o = common::cli::kpc_command()
         .env_clear()
         .env("KPC_CACHE_DIR", t.path())
         .env("KPC_CACHE_PERSISTENT", "0")
@@ -226,7 +225,7 @@ fn without_a_cache_directory() {
 fn limits_for_shared_file_systems_are_shown_and_checked() {
     let t = TempDir::new("cli-limits");
     let run = |vars: &[(&str, &str)], args: &[&str]| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
+        let mut c = common::cli::kpc_command();
         c.env_clear().env("KPC_CACHE_DIR", t.path());
         for (k, v) in vars {
             c.env(k, v);

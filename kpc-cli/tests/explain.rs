@@ -4,11 +4,10 @@
 //! names the changed spec constant for a kernel `kpc attention` uses and for a key given as a blob id.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
 use common::disk::{TempDir, capture};
@@ -188,13 +187,11 @@ fn a_changed_device_fingerprint_is_named() {
 /// Runs the kpc binary with the cache at `root` and no other `KPC_*` variable (the drivers keep
 /// the rest of the environment: PoCL links with the system's `ld`).
 fn kpc(root: &Path, args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("KPC_") {
-            c.env_remove(k);
-        }
-    }
-    c.env("KPC_CACHE_DIR", root).args(args).output().unwrap()
+    common::cli::kpc_command()
+        .env("KPC_CACHE_DIR", root)
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn json(o: &Output) -> Value {

@@ -6,11 +6,9 @@
 //! `kpc cache explain --glsl` explains both keys of a shader.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,7 +182,7 @@ fn kpc_explain_glsl_with(
     device: &str,
     extra: &[&str],
 ) -> Value {
-    let o = Command::new(env!("CARGO_BIN_EXE_kpc"))
+    let o = common::cli::kpc_command()
         .args(["cache", "explain", "--json", "--device", device, "--glsl"])
         .arg(shader)
         .arg("--include-dir")
@@ -373,7 +371,7 @@ fn vulkan_explain_glsl_takes_an_engines_target_optimization_and_spec() {
     let cached: Vec<bool> = verdicts(&v).iter().map(|k| k.1).collect();
     assert_eq!(cached, [true, false], "{v}");
     // `kpc cache ls` keeps its columns aligned around the long GLSL options of the SPIR-V entry.
-    let o = Command::new(env!("CARGO_BIN_EXE_kpc"))
+    let o = common::cli::kpc_command()
         .args(["cache", "ls"])
         .env("KPC_CACHE_DIR", &root)
         .output()
@@ -393,7 +391,7 @@ fn vulkan_explain_glsl_takes_an_engines_target_optimization_and_spec() {
         );
     }
     // A malformed --spec is refused by name.
-    let o = Command::new(env!("CARGO_BIN_EXE_kpc"))
+    let o = common::cli::kpc_command()
         .args(["cache", "explain", "--glsl"])
         .arg(&shader)
         .args(["--spec", "0=u33:1"])

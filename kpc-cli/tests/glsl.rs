@@ -2,8 +2,7 @@
 //! memory and in the stores in front of the program cache.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -262,7 +261,7 @@ fn child(root: &Path) -> String {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "child_acquires_a_glsl_kernel",
+            &common::disk::test_path("child_acquires_a_glsl_kernel"),
             "--nocapture",
             "--test-threads=1",
         ])
@@ -355,7 +354,7 @@ fn kpc_attention_from_source_checks_and_then_serves_every_step_from_disk() {
     }
     let root = temp_dir("cli");
     let run = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_kpc"))
+        let out = common::cli::kpc_command()
             .args([
                 "attention",
                 "--backend",

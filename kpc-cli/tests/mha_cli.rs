@@ -3,17 +3,14 @@
 //! layer that served them, and splits the step time into projections and attention.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
-
-use std::process::Command;
+use crate::common;
 
 use common::disk::TempDir;
 use common::drivers::{opencl_device, vulkan_device};
 
 fn mha_check(backend: &str, cross: bool, extra: &[&str]) -> String {
     let cache = TempDir::new(&format!("mha-cli-{backend}"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kpc"));
+    let mut cmd = common::cli::kpc_command();
     cmd.args([
         "attention",
         "--layer",

@@ -1,13 +1,12 @@
 //! The `kpc` command's OpenCL parts, run as a user runs them.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::process::Command;
 
 fn kpc() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
+    let mut c = common::cli::kpc_command();
     c.env_remove("KPC_DEVICE").env("KPC_CACHE_PERSISTENT", "0");
     c
 }

@@ -3,20 +3,19 @@
 //! prebuild finds them all present, and a sealed `kpc attention` run then builds nothing.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use common::cli::{attention_check, kernel_sources, kpc_bin};
+use common::cli::{attention_check, kernel_sources};
 use common::disk::TempDir;
 use common::drivers::{opencl_device, vulkan_device};
 
 const APP: &str = "prebuild-cli";
 
 fn kpc(home: &Path, args: &[&str]) -> Output {
-    Command::new(kpc_bin())
+    common::cli::kpc_command()
         .args(args)
         .env("KPC_CACHE_DIR", home)
         .env_remove("KPC_CACHE_PREFETCH")

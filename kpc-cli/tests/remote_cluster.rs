@@ -6,8 +6,7 @@
 #![cfg(feature = "remote")]
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -124,7 +123,7 @@ fn run(dir: &Path, url: &str, programs: &[usize]) -> Report {
 
 /// `kpc cache gc --remote ARGS` against `url`.
 fn gc(url: &str, args: &[&str]) -> (Option<i32>, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
+    let mut c = common::cli::kpc_command();
     c.env_clear()
         .env("KPC_CACHE_PERSISTENT", "0")
         .env("KPC_CACHE_REMOTE", url)

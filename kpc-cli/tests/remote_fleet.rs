@@ -5,8 +5,7 @@
 #![cfg(feature = "remote")]
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -8,14 +8,13 @@
 #![cfg(feature = "remote")]
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 
-use common::cli::{attention_check, kernel_sources, kpc_bin};
+use common::cli::{attention_check, kernel_sources};
 use common::disk::{TempDir, capture, child, child_role, wait_for_file};
 use common::drivers::vulkan_device;
 use common::fake_backend::{FakeBackend, image};
@@ -403,7 +402,7 @@ fn a_wrong_secret_is_one_permission_warning_and_nothing_is_published() {
 
 /// `kpc` with its local cache at `cache`, the bucket's URL and the server's credentials.
 fn kpc(cache: &Path, url: &str) -> Command {
-    let mut c = Command::new(kpc_bin());
+    let mut c = common::cli::kpc_command();
     c.env("KPC_CACHE_DIR", cache)
         .env("KPC_CACHE_PERSISTENT", "1")
         .env("KPC_CACHE_REMOTE", url)

@@ -5,13 +5,12 @@
 //! kernel (`warn`). A malformed value is a configuration error naming the variable.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::cli::{attention_check, kernel_sources, kpc_bin};
+use common::cli::{attention_check, kernel_sources};
 use common::disk::TempDir;
 use common::drivers::{opencl_device, vulkan_device};
 
@@ -20,7 +19,7 @@ const APP: &str = "seal-cli";
 /// `kpc attention --check` at head dim 32 (the first run used the default) with `seal`, returning
 /// the whole output, whatever the exit status.
 fn other_shape(backend: &str, cache: &Path, seal: &str) -> Output {
-    Command::new(kpc_bin())
+    common::cli::kpc_command()
         .args([
             "attention",
             "--backend",
@@ -166,7 +165,7 @@ fn opencl_attention_sealed_after_warm_start() {
 
 #[test]
 fn a_malformed_seal_value_is_a_configuration_error() {
-    let o = Command::new(kpc_bin())
+    let o = common::cli::kpc_command()
         .arg("status")
         .env("KPC_CACHE_SEAL", "strict")
         .output()

@@ -6,8 +6,7 @@
 #![cfg(feature = "remote")]
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -21,7 +20,7 @@ use kpc::cache::store::{EntryAuth, PutOutcome};
 use kpc::config::SigningKey;
 
 fn kpc(cache: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
+    let mut c = common::cli::kpc_command();
     c.env("KPC_CACHE_DIR", cache)
         .env("KPC_CACHE_PERSISTENT", "1")
         .env_remove("KPC_DEVICE")

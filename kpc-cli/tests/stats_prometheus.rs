@@ -2,17 +2,15 @@
 //! limit and quarantine, and of a remote that is up (fs://) or down (a dead redis port).
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::disk::{TempDir, cache, entry_bytes, key, payload};
 use common::redis::dead_url;
 
 fn stats(dir: &TempDir, remote: Option<&str>) -> String {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kpc"));
+    let mut c = common::cli::kpc_command();
     c.args(["cache", "stats", "--format", "prometheus"])
         .env("KPC_CACHE_DIR", dir.path())
         .env("KPC_CACHE_MAX_SIZE", "64M")

@@ -6,14 +6,12 @@
 //! environment. Plus the variable's parsing errors.
 
 // The support code all of the workspace's integration tests share.
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -387,7 +385,7 @@ fn kpc_status_shows_the_layers() {
     let (a, b) = (t.join("a"), t.join("missing"));
     baked_layer(&a, &["s.cl"]);
     let joined = format!("{}:{}", a.display(), b.display());
-    let out = Command::new(env!("CARGO_BIN_EXE_kpc"))
+    let out = common::cli::kpc_command()
         .env_clear()
         .env(vars::CACHE_DIR, t.join("local"))
         .env(vars::CACHE_READONLY_DIRS, &joined)
@@ -411,7 +409,7 @@ fn kpc_status_shows_the_layers() {
         )),
         "{text}"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_kpc"))
+    let out = common::cli::kpc_command()
         .env_clear()
         .env(vars::CACHE_READONLY_DIRS, "rel")
         .arg("status")

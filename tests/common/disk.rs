@@ -169,7 +169,11 @@ pub fn test_path(name: &str) -> String {
         .iter()
         .filter(|p| **p == want || p.ends_with(&format!("::{want}")))
         .collect();
-    assert_eq!(found.len(), 1, "test {want:?} matches {found:?} in this binary");
+    assert_eq!(
+        found.len(),
+        1,
+        "test {want:?} matches {found:?} in this binary"
+    );
     found[0].clone()
 }
 
