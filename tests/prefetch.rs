@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::drivers::{check_read_kernel, opencl_device, test_config, vulkan_device};
-use common::fake_backend::{AsFake, FakeBackend, image};
+use common::fake_backend::{AsFake, BuildGate, FakeBackend, image};
 use kpc::backend::DeviceImage;
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::runtime::{KernelRequest, ProgramManager, Source, prefetch_kernels};
@@ -228,18 +228,42 @@ fn prefetch_on_pocl_builds_each_program_once_and_launches() {
 
 #[test]
 fn dropping_a_prefetch_cancels_what_has_not_begun_and_waits_for_what_runs() {
-    let pm = manager(FakeBackend::new().build_delay(Duration::from_millis(50)));
+    let gate = Arc::new(BuildGate::default());
+    let pm = manager(FakeBackend::new().gated(gate.clone()));
     let reqs: Vec<KernelRequest> = (0..40)
         .map(|i| KernelRequest::new(&image(&format!("p{i}"), &["k"]), "k"))
         .collect();
     let p = prefetch_kernels(&pm, reqs);
-    std::thread::sleep(Duration::from_millis(20));
+    // A build has begun and is held in the backend.
+    gate.wait_parked(1);
+    // The drop cancels first, then waits for the running builds: a helper lets them finish only
+    // once the drop is called, so that nothing else is taken before the cancellation.
+    let (go, called) = std::sync::mpsc::channel::<()>();
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let releaser = {
+        let (gate, dropped) = (gate.clone(), dropped.clone());
+        std::thread::spawn(move || {
+            called.recv().unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !dropped.load(Ordering::SeqCst) {
+                gate.release();
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the drop never returned"
+                );
+                std::thread::yield_now();
+            }
+        })
+    };
+    go.send(()).unwrap();
     drop(p);
-    // Every build that began has finished when the drop returns, and none begins afterwards.
+    dropped.store(true, Ordering::SeqCst);
+    releaser.join().unwrap();
+    // Every build that began had finished (and was kept) when the drop returned; none is running,
+    // and the rest never began.
     let at_drop = pm.fake().builds();
     assert_eq!(pm.memory_stats().programs as usize, at_drop);
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(pm.fake().builds(), at_drop, "no build after the drop");
+    assert_eq!((gate.arrived(), gate.parked()), (at_drop, 0));
     assert!(
         at_drop < 40,
         "{at_drop} of 40 built: the rest was cancelled"

@@ -113,6 +113,62 @@ pub struct FakeBackend {
     /// `program_from_binary` of the image with this name aborts the process: a driver that crashes
     /// on one stored binary.
     pub abort_loading: Mutex<Option<String>>,
+    /// Where set, every build parks here until the test releases it.
+    pub gate: Option<Arc<BuildGate>>,
+}
+
+/// Holds fake builds until the test lets them go, so that a test orders builds against its own
+/// steps by counts instead of by sleeping: [`BuildGate::wait_parked`] waits until builds are parked
+/// at it, [`BuildGate::release`] lets the parked ones go (later builds park again).
+#[derive(Default)]
+pub struct BuildGate {
+    state: Mutex<GateState>,
+    changed: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    arrived: usize,
+    released: usize,
+}
+
+impl BuildGate {
+    fn pass(&self) {
+        let mut s = self.state.lock();
+        let me = s.arrived;
+        s.arrived += 1;
+        self.changed.notify_all();
+        while s.released <= me {
+            self.changed.wait(&mut s);
+        }
+    }
+    /// Builds that reached the gate so far, released or not.
+    pub fn arrived(&self) -> usize {
+        self.state.lock().arrived
+    }
+    /// Builds parked at the gate now.
+    pub fn parked(&self) -> usize {
+        let s = self.state.lock();
+        s.arrived - s.released
+    }
+    /// Waits (a minute at most, then fails the test) until at least `n` builds are parked.
+    pub fn wait_parked(&self, n: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut s = self.state.lock();
+        while s.arrived - s.released < n {
+            assert!(
+                !self.changed.wait_until(&mut s, deadline).timed_out(),
+                "{} builds parked, waited for {n}",
+                s.arrived - s.released
+            );
+        }
+    }
+    /// Lets every parked build go on.
+    pub fn release(&self) {
+        let mut s = self.state.lock();
+        s.released = s.arrived;
+        self.changed.notify_all();
+    }
 }
 
 pub const MAGIC: &[u8] = b"FAKEBIN1";
@@ -141,6 +197,7 @@ impl FakeBackend {
             binary_error: AtomicBool::new(false),
             oom_loads: AtomicUsize::new(0),
             abort_loading: Mutex::new(None),
+            gate: None,
         }
     }
     /// A fake device named `name` whose fingerprint reports driver version `driver` (the default is
@@ -158,6 +215,11 @@ impl FakeBackend {
     }
     pub fn binary_size(mut self, n: usize) -> Self {
         self.binary_size = n.max(MAGIC.len() + 8);
+        self
+    }
+    /// Every build parks at `gate` until the test releases it.
+    pub fn gated(mut self, gate: Arc<BuildGate>) -> Self {
+        self.gate = Some(gate);
         self
     }
     pub fn build_delay(mut self, d: Duration) -> Self {
@@ -227,6 +289,9 @@ impl Backend for FakeBackend {
         options: &BuildOptions,
     ) -> Result<FakeProgram> {
         let n = self.builds.fetch_add(1, Ordering::SeqCst);
+        if let Some(gate) = &self.gate {
+            gate.pass();
+        }
         if !self.build_delay.is_zero() {
             std::thread::sleep(self.build_delay);
         }
