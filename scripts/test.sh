@@ -39,6 +39,8 @@ if [ "$status" -ne 0 ]; then
   grep -A4 "^error: .*targets\? failed" target/test-output.txt >&2 || true
   exit "$status"
 fi
+echo "== the C package as installed (scripts/check-capi-install.sh: shared and static links, both drivers)"
+scripts/check-capi-install.sh
 echo "== driver tests"
 for backend in vulkan opencl glslang redis s3; do
   ran=$(grep -c "^ran $backend " "$KPC_TEST_DRIVER_LOG" || true)

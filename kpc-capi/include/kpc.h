@@ -1683,6 +1683,23 @@ enum kpc_status kpc_image_create(const char *name,
                                  struct kpc_image **out);
 
 /**
+ * Creates the device image of a kernel that kpc ships, `name` (kpc's `saxpy`, `copy` and `read`, or an
+ * attention kernel such as `attn_decode`), for `backend`: SPIR-V for `KPC_BACKEND_VULKAN`, OpenCL C
+ * for `KPC_BACKEND_OPENCL` (pass `kpc_context_backend`'s answer to get the one a context builds).
+ * The bytes are compiled into the library: a C program needs no kernel file.
+ *
+ * Ownership: `*out` receives a new image; destroy it with `kpc_image_destroy`.
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL `name` or `out`, an unknown `backend`, a name kpc does
+ * not ship for that backend: the message lists the names it does).
+ *
+ * # Safety
+ * `name` is NULL or a NUL-terminated string; `out` is NULL or writable.
+ */
+enum kpc_status kpc_image_shipped(const char *name,
+                                  uint32_t backend,
+                                  struct kpc_image **out);
+
+/**
  * Destroys an image. NULL is accepted and does nothing. Kernels built from it are not affected.
  *
  * Errors: `KPC_STATUS_INVALID_ARGUMENT` when `image` is not a live image; nothing is freed then.

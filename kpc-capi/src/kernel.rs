@@ -4,7 +4,7 @@
 use std::ffi::c_char;
 use std::sync::{Arc, OnceLock};
 
-use super::context::{c_backend, kpc_context};
+use super::context::{c_backend, kpc_backend, kpc_context};
 use super::registry::{self, Object};
 use super::util::{check_out, opt_str_arg, slice_arg, str_arg, write_out, write_versioned};
 use super::{Failure, guard, kpc_status};
@@ -213,6 +213,54 @@ pub unsafe extern "C" fn kpc_image_create(
                 )));
             }
         };
+        let h = registry::insert(image);
+        // SAFETY: checked above; writable by the caller's promise.
+        unsafe { write_out(out, h, "out") }
+    })
+}
+
+/// Creates the device image of a kernel that kpc ships, `name` (kpc's `saxpy`, `copy` and `read`, or an
+/// attention kernel such as `attn_decode`), for `backend`: SPIR-V for `KPC_BACKEND_VULKAN`, OpenCL C
+/// for `KPC_BACKEND_OPENCL` (pass `kpc_context_backend`'s answer to get the one a context builds).
+/// The bytes are compiled into the library: a C program needs no kernel file.
+///
+/// Ownership: `*out` receives a new image; destroy it with `kpc_image_destroy`.
+/// Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL `name` or `out`, an unknown `backend`, a name kpc does
+/// not ship for that backend: the message lists the names it does).
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string; `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_image_shipped(
+    name: *const c_char,
+    backend: u32,
+    out: *mut *mut kpc_image,
+) -> kpc_status {
+    guard("kpc_image_shipped", || {
+        check_out(out, "out")?;
+        // SAFETY: forwarded to the caller.
+        let name = unsafe { str_arg(name, "name")? };
+        let vulkan = kpc_backend::KPC_BACKEND_VULKAN as u32;
+        let opencl = kpc_backend::KPC_BACKEND_OPENCL as u32;
+        let image = match backend {
+            b if b == vulkan => kpc::kernels::spirv_image(name)
+                .or_else(|kpc_err| kpc_attention::kernels::spirv_image(name).map_err(|_| kpc_err)),
+            b if b == opencl => kpc::kernels::opencl_image(name).or_else(|kpc_err| {
+                kpc_attention::kernels::opencl_image(name).map_err(|_| kpc_err)
+            }),
+            _ => {
+                return Err(Failure::invalid(format!(
+                    "backend is {backend}: expected KPC_BACKEND_VULKAN (1) or KPC_BACKEND_OPENCL (2)"
+                )));
+            }
+        }
+        .map_err(|e| {
+            let attention: Vec<&str> = match backend {
+                b if b == vulkan => kpc_attention::kernels::SPIRV.iter().map(|k| k.name).collect(),
+                _ => kpc_attention::kernels::OPENCL.iter().map(|k| k.name).collect(),
+            };
+            Failure::invalid(format!("{e}; the attention kernels shipped: {}", attention.join(", ")))
+        })?;
         let h = registry::insert(image);
         // SAFETY: checked above; writable by the caller's promise.
         unsafe { write_out(out, h, "out") }
