@@ -170,20 +170,13 @@ fn round_trip(kind: BackendKind, test: &str) {
     );
 }
 
-#[test]
-fn vulkan_a_blob_recreates_the_kernel_in_a_fresh_context_without_a_build() {
-    round_trip(
-        BackendKind::Vulkan,
-        "vulkan_a_blob_recreates_the_kernel_in_a_fresh_context_without_a_build",
-    );
-}
-
-#[test]
-fn opencl_a_blob_recreates_the_kernel_in_a_fresh_context_without_a_build() {
-    round_trip(
-        BackendKind::OpenCl,
-        "opencl_a_blob_recreates_the_kernel_in_a_fresh_context_without_a_build",
-    );
+crate::backend_tests! {
+    fn a_blob_recreates_the_kernel_in_a_fresh_context_without_a_build(backend, test) {
+        round_trip(
+            backend,
+            test,
+        );
+    }
 }
 
 fn other_keys(kind: BackendKind, test: &str) {
@@ -233,20 +226,13 @@ fn other_keys(kind: BackendKind, test: &str) {
     );
 }
 
-#[test]
-fn vulkan_a_blob_for_another_key_is_refused_naming_the_field() {
-    other_keys(
-        BackendKind::Vulkan,
-        "vulkan_a_blob_for_another_key_is_refused_naming_the_field",
-    );
-}
-
-#[test]
-fn opencl_a_blob_for_another_key_is_refused_naming_the_field() {
-    other_keys(
-        BackendKind::OpenCl,
-        "opencl_a_blob_for_another_key_is_refused_naming_the_field",
-    );
+crate::backend_tests! {
+    fn a_blob_for_another_key_is_refused_naming_the_field(backend, test) {
+        other_keys(
+            backend,
+            test,
+        );
+    }
 }
 
 fn damaged(kind: BackendKind, test: &str) {
@@ -321,20 +307,13 @@ fn damaged(kind: BackendKind, test: &str) {
     check_saxpy(&fresh, &k, 3.0);
 }
 
-#[test]
-fn vulkan_damaged_and_edited_blobs_are_refused() {
-    damaged(
-        BackendKind::Vulkan,
-        "vulkan_damaged_and_edited_blobs_are_refused",
-    );
-}
-
-#[test]
-fn opencl_damaged_and_edited_blobs_are_refused() {
-    damaged(
-        BackendKind::OpenCl,
-        "opencl_damaged_and_edited_blobs_are_refused",
-    );
+crate::backend_tests! {
+    fn damaged_and_edited_blobs_are_refused(backend, test) {
+        damaged(
+            backend,
+            test,
+        );
+    }
 }
 
 #[test]
@@ -408,20 +387,13 @@ fn across_processes(kind: BackendKind, test: &str) {
     check_saxpy(&ctx, &k, 5.0);
 }
 
-#[test]
-fn vulkan_a_blob_and_its_id_made_in_another_process_are_accepted() {
-    across_processes(
-        BackendKind::Vulkan,
-        "vulkan_a_blob_and_its_id_made_in_another_process_are_accepted",
-    );
-}
-
-#[test]
-fn opencl_a_blob_and_its_id_made_in_another_process_are_accepted() {
-    across_processes(
-        BackendKind::OpenCl,
-        "opencl_a_blob_and_its_id_made_in_another_process_are_accepted",
-    );
+crate::backend_tests! {
+    fn a_blob_and_its_id_made_in_another_process_are_accepted(backend, test) {
+        across_processes(
+            backend,
+            test,
+        );
+    }
 }
 
 /// A blob refused for its entry point (the program has no such kernel) leaves nothing in the memory
@@ -451,18 +423,11 @@ fn unknown_entry(kind: BackendKind, test: &str) {
     assert_eq!(fresh.stats().backend_counters.programs_built, 0);
 }
 
-#[test]
-fn vulkan_a_blob_refused_for_its_entry_point_leaves_nothing_cached() {
-    unknown_entry(
-        BackendKind::Vulkan,
-        "vulkan_a_blob_refused_for_its_entry_point_leaves_nothing_cached",
-    );
-}
-
-#[test]
-fn opencl_a_blob_refused_for_its_entry_point_leaves_nothing_cached() {
-    unknown_entry(
-        BackendKind::OpenCl,
-        "opencl_a_blob_refused_for_its_entry_point_leaves_nothing_cached",
-    );
+crate::backend_tests! {
+    fn a_blob_refused_for_its_entry_point_leaves_nothing_cached(backend, test) {
+        unknown_entry(
+            backend,
+            test,
+        );
+    }
 }

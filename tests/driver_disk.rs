@@ -157,22 +157,14 @@ fn a_disk_hit_in_a_fresh_context(backend: BackendKind, test: &str) {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-#[test]
-fn vulkan_disk_hit_in_a_fresh_process() {
-    a_disk_hit_in_a_fresh_process(BackendKind::Vulkan, "vulkan_disk_hit_in_a_fresh_process");
+crate::backend_tests! {
+    fn disk_hit_in_a_fresh_process(backend, test) {
+        a_disk_hit_in_a_fresh_process(backend, test);
+    }
 }
 
-#[test]
-fn vulkan_disk_hit_in_a_fresh_context() {
-    a_disk_hit_in_a_fresh_context(BackendKind::Vulkan, "vulkan_disk_hit_in_a_fresh_context");
-}
-
-#[test]
-fn opencl_disk_hit_in_a_fresh_process() {
-    a_disk_hit_in_a_fresh_process(BackendKind::OpenCl, "opencl_disk_hit_in_a_fresh_process");
-}
-
-#[test]
-fn opencl_disk_hit_in_a_fresh_context() {
-    a_disk_hit_in_a_fresh_context(BackendKind::OpenCl, "opencl_disk_hit_in_a_fresh_context");
+crate::backend_tests! {
+    fn disk_hit_in_a_fresh_context(backend, test) {
+        a_disk_hit_in_a_fresh_context(backend, test);
+    }
 }

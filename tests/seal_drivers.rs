@@ -8,7 +8,7 @@ use crate::common;
 use std::path::Path;
 
 use common::disk::{TempDir, capture};
-use common::drivers::{opencl_device, vulkan_device};
+use common::drivers::vulkan_device;
 use kpc::backend::DeviceInfo;
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::config::BackendKind;
@@ -111,31 +111,19 @@ fn warn_without_warm_start(d: &DeviceInfo) {
     assert_eq!((s.builds, s.refused), (1, 0));
 }
 
-#[test]
-fn vulkan_sealed_after_warm_start() {
-    if let Some(d) = vulkan_device("vulkan_sealed_after_warm_start") {
-        sealed_after_warm_start(&d);
+crate::backend_tests! {
+    fn sealed_after_warm_start(backend, test) {
+        if let Some(d) = crate::common::drivers::device(backend, test) {
+            sealed_after_warm_start(&d);
+        }
     }
 }
 
-#[test]
-fn opencl_sealed_after_warm_start() {
-    if let Some(d) = opencl_device("opencl_sealed_after_warm_start") {
-        sealed_after_warm_start(&d);
-    }
-}
-
-#[test]
-fn vulkan_sealed_warn_without_warm_start() {
-    if let Some(d) = vulkan_device("vulkan_sealed_warn_without_warm_start") {
-        warn_without_warm_start(&d);
-    }
-}
-
-#[test]
-fn opencl_sealed_warn_without_warm_start() {
-    if let Some(d) = opencl_device("opencl_sealed_warn_without_warm_start") {
-        warn_without_warm_start(&d);
+crate::backend_tests! {
+    fn sealed_warn_without_warm_start(backend, test) {
+        if let Some(d) = crate::common::drivers::device(backend, test) {
+            warn_without_warm_start(&d);
+        }
     }
 }
 

@@ -6,7 +6,6 @@ use crate::common;
 
 use common::cli::{attention_check, kernel_sources};
 use common::disk::TempDir;
-use common::drivers::{opencl_device, vulkan_device};
 
 fn run(backend: &str, cache: &TempDir) -> String {
     attention_check(backend, cache.path(), 8, |_| {})
@@ -29,16 +28,10 @@ fn built_then_disk(backend: &str) {
     );
 }
 
-#[test]
-fn vulkan_attention_checks_then_loads_from_disk() {
-    if vulkan_device("vulkan_attention_checks_then_loads_from_disk").is_some() {
-        built_then_disk("vulkan");
-    }
-}
-
-#[test]
-fn opencl_attention_checks_then_loads_from_disk() {
-    if opencl_device("opencl_attention_checks_then_loads_from_disk").is_some() {
-        built_then_disk("opencl");
+crate::backend_tests! {
+    fn attention_checks_then_loads_from_disk(backend, test) {
+        if crate::common::drivers::device(backend, test).is_some() {
+            built_then_disk(&backend.to_string());
+        }
     }
 }

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use common::cli::{attention_check, kernel_sources};
 use common::disk::{TempDir, cache, key, payload};
-use common::drivers::{opencl_device, vulkan_device};
 use kpc::Error;
 use kpc::cache::bundle::{self, ImportReport};
 use kpc::cache::store::{EntryAuth, PutOutcome};
@@ -308,17 +307,11 @@ fn round_trip(backend: &str) {
     assert!(text.contains("MAC does not match"), "{text}");
 }
 
-#[test]
-fn vulkan_attention_kernels_round_trip_through_a_signed_bundle() {
-    if vulkan_device("vulkan_attention_kernels_round_trip_through_a_signed_bundle").is_some() {
-        round_trip("vulkan");
-    }
-}
-
-#[test]
-fn opencl_attention_kernels_round_trip_through_a_signed_bundle() {
-    if opencl_device("opencl_attention_kernels_round_trip_through_a_signed_bundle").is_some() {
-        round_trip("opencl");
+crate::backend_tests! {
+    fn attention_kernels_round_trip_through_a_signed_bundle(backend, test) {
+        if crate::common::drivers::device(backend, test).is_some() {
+            round_trip(&backend.to_string());
+        }
     }
 }
 

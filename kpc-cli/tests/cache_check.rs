@@ -12,7 +12,6 @@ use std::process::Output;
 
 use common::cli::attention_check;
 use common::disk::TempDir;
-use common::drivers::{opencl_device, vulkan_device};
 use kpc::Config;
 use kpc::cache::Digest;
 use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
@@ -187,17 +186,11 @@ fn preflight(backend: &str) {
     );
 }
 
-#[test]
-fn vulkan_cache_check_preflight() {
-    if vulkan_device("vulkan_cache_check_preflight").is_some() {
-        preflight("vulkan");
-    }
-}
-
-#[test]
-fn opencl_cache_check_preflight() {
-    if opencl_device("opencl_cache_check_preflight").is_some() {
-        preflight("opencl");
+crate::backend_tests! {
+    fn cache_check_preflight(backend, test) {
+        if crate::common::drivers::device(backend, test).is_some() {
+            preflight(&backend.to_string());
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use common::disk::{TempDir, files_under};
-use common::drivers::{opencl_device, vulkan_device};
+use common::drivers::opencl_device;
 use kpc::backend::DeviceInfo;
 use kpc::cache::disk::DiskStats;
 use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
@@ -109,17 +109,11 @@ fn debug_mode_builds_and_compares(d: &DeviceInfo) {
     }
 }
 
-#[test]
-fn vulkan_debug_mode_builds_compares_and_writes_nothing() {
-    if let Some(d) = vulkan_device("vulkan_debug_mode_builds_compares_and_writes_nothing") {
-        debug_mode_builds_and_compares(&d);
-    }
-}
-
-#[test]
-fn opencl_debug_mode_builds_compares_and_writes_nothing() {
-    if let Some(d) = opencl_device("opencl_debug_mode_builds_compares_and_writes_nothing") {
-        debug_mode_builds_and_compares(&d);
+crate::backend_tests! {
+    fn debug_mode_builds_compares_and_writes_nothing(backend, test) {
+        if let Some(d) = crate::common::drivers::device(backend, test) {
+            debug_mode_builds_and_compares(&d);
+        }
     }
 }
 

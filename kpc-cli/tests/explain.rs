@@ -11,7 +11,7 @@ use std::process::Output;
 use std::sync::Arc;
 
 use common::disk::{TempDir, capture};
-use common::drivers::{opencl_device, vulkan_device};
+use common::drivers::opencl_device;
 use common::fake_backend::{FakeBackend, image as fake_image};
 use kpc::backend::{DeviceImage, DeviceInfo, ImageFormat};
 use kpc::cache::disk::{DiskStats, MissCause};
@@ -128,17 +128,11 @@ fn each_field_is_named(d: &DeviceInfo) {
     );
 }
 
-#[test]
-fn vulkan_misses_name_the_changed_field() {
-    if let Some(d) = vulkan_device("vulkan_misses_name_the_changed_field") {
-        each_field_is_named(&d);
-    }
-}
-
-#[test]
-fn opencl_misses_name_the_changed_field() {
-    if let Some(d) = opencl_device("opencl_misses_name_the_changed_field") {
-        each_field_is_named(&d);
+crate::backend_tests! {
+    fn misses_name_the_changed_field(backend, test) {
+        if let Some(d) = crate::common::drivers::device(backend, test) {
+            each_field_is_named(&d);
+        }
     }
 }
 

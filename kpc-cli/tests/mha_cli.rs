@@ -6,7 +6,7 @@
 use crate::common;
 
 use common::disk::TempDir;
-use common::drivers::{opencl_device, vulkan_device};
+use common::drivers::vulkan_device;
 
 fn mha_check(backend: &str, cross: bool, extra: &[&str]) -> String {
     let cache = TempDir::new(&format!("mha-cli-{backend}"));
@@ -58,19 +58,12 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {key}= in {line}"))
 }
 
-#[test]
-fn vulkan_mha_layer_checks() {
-    if vulkan_device("vulkan_mha_cli").is_some() {
-        mha_check("vulkan", false, &[]);
-        mha_check("vulkan", true, &[]);
-    }
-}
-
-#[test]
-fn opencl_mha_layer_checks() {
-    if opencl_device("opencl_mha_cli").is_some() {
-        mha_check("opencl", false, &[]);
-        mha_check("opencl", true, &[]);
+crate::backend_tests! {
+    fn mha_layer_checks(backend, test) {
+        if crate::common::drivers::device(backend, test).is_some() {
+            mha_check(&backend.to_string(), false, &[]);
+            mha_check(&backend.to_string(), true, &[]);
+        }
     }
 }
 

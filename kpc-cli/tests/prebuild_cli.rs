@@ -10,7 +10,6 @@ use std::process::Output;
 
 use common::cli::{attention_check, kernel_sources};
 use common::disk::TempDir;
-use common::drivers::{opencl_device, vulkan_device};
 
 const APP: &str = "prebuild-cli";
 
@@ -72,17 +71,11 @@ fn prebuild_then_sealed(backend: &str) {
     );
 }
 
-#[test]
-fn vulkan_prebuild_after_clear_then_sealed_run() {
-    if vulkan_device("vulkan_prebuild_after_clear_then_sealed_run").is_some() {
-        prebuild_then_sealed("vulkan");
-    }
-}
-
-#[test]
-fn opencl_prebuild_after_clear_then_sealed_run() {
-    if opencl_device("opencl_prebuild_after_clear_then_sealed_run").is_some() {
-        prebuild_then_sealed("opencl");
+crate::backend_tests! {
+    fn prebuild_after_clear_then_sealed_run(backend, test) {
+        if crate::common::drivers::device(backend, test).is_some() {
+            prebuild_then_sealed(&backend.to_string());
+        }
     }
 }
 

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use common::cli::{attention_check, kernel_sources};
 use common::disk::{TempDir, child, child_role};
-use common::drivers::{opencl_device, vulkan_device};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::RedisServer;
 use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
@@ -64,19 +63,12 @@ fn second_machine_is_served_by_the_remote(backend: &str, test: &str) {
     );
 }
 
-#[test]
-fn vulkan_second_machine_is_served_by_the_remote() {
-    let t = "vulkan_second_machine_is_served_by_the_remote";
-    if vulkan_device(t).is_some() {
-        second_machine_is_served_by_the_remote("vulkan", t);
-    }
-}
-
-#[test]
-fn opencl_second_machine_is_served_by_the_remote() {
-    let t = "opencl_second_machine_is_served_by_the_remote";
-    if opencl_device(t).is_some() {
-        second_machine_is_served_by_the_remote("opencl", t);
+crate::backend_tests! {
+    fn second_machine_is_served_by_the_remote(backend, test) {
+        let t = test;
+        if crate::common::drivers::device(backend, t).is_some() {
+            second_machine_is_served_by_the_remote(&backend.to_string(), t);
+        }
     }
 }
 

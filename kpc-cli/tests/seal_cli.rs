@@ -12,7 +12,6 @@ use std::process::{Command, Output};
 
 use common::cli::{attention_check, kernel_sources};
 use common::disk::TempDir;
-use common::drivers::{opencl_device, vulkan_device};
 
 const APP: &str = "seal-cli";
 
@@ -149,17 +148,11 @@ fn sealed_runs(backend: &str) {
     );
 }
 
-#[test]
-fn vulkan_attention_sealed_after_warm_start() {
-    if vulkan_device("vulkan_attention_sealed_after_warm_start").is_some() {
-        sealed_runs("vulkan");
-    }
-}
-
-#[test]
-fn opencl_attention_sealed_after_warm_start() {
-    if opencl_device("opencl_attention_sealed_after_warm_start").is_some() {
-        sealed_runs("opencl");
+crate::backend_tests! {
+    fn attention_sealed_after_warm_start(backend, test) {
+        if crate::common::drivers::device(backend, test).is_some() {
+            sealed_runs(&backend.to_string());
+        }
     }
 }
 

@@ -142,14 +142,11 @@ pub fn entry_bytes(root: &Path) -> u64 {
 
 /// The full path (`module::name`) of the test named `name` in this binary, from its own `--list`:
 /// the integration tests are one binary, so a child re-run needs the module to stay `--exact`. The
-/// module is the calling file's (several files name a test `child_process`); a name with `::` is taken
-/// as it is.
+/// module is the calling file's (several files name a test `child_process`); a full path is taken as
+/// it is.
 #[track_caller]
 pub fn test_path(name: &str) -> String {
     static LIST: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    if name.contains("::") {
-        return name.to_string();
-    }
     let caller = std::panic::Location::caller().file();
     let module = Path::new(caller).file_stem().unwrap().to_string_lossy();
     let list = LIST.get_or_init(|| {
@@ -169,6 +166,9 @@ pub fn test_path(name: &str) -> String {
         .iter()
         .filter(|p| **p == want || p.ends_with(&format!("::{want}")))
         .collect();
+    if found.is_empty() && list.iter().any(|p| p == name) {
+        return name.to_string();
+    }
     assert_eq!(
         found.len(),
         1,

@@ -13,6 +13,39 @@ use kpc::backend::opencl::{OpenClBackend, OpenClOptions};
 use kpc::backend::vulkan::{VulkanBackend, VulkanOptions};
 use kpc::{Config, Context};
 
+/// Declares each case once for every backend: `fn name(backend, test) { body }` becomes
+/// `mod name { fn vulkan(); fn opencl(); }`, two tests whose body runs with `backend` (a
+/// [`kpc::config::BackendKind`]) and `test` (the test's name, `name::vulkan`) bound. The body gets
+/// its device through [`device`] (or a helper built on it), which reports a skip, or fails under
+/// `KPC_TEST_REQUIRE_DRIVERS`, where that backend's driver is missing: no twin functions per backend.
+#[macro_export]
+macro_rules! backend_tests {
+    ($( $(#[$m:meta])* fn $name:ident($backend:ident, $test:ident) $body:block )+) => {$(
+        $(#[$m])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            fn case($backend: kpc::config::BackendKind, $test: &'static str) $body
+            #[test]
+            fn vulkan() {
+                case(kpc::config::BackendKind::Vulkan, concat!(stringify!($name), "::vulkan"))
+            }
+            #[test]
+            fn opencl() {
+                case(kpc::config::BackendKind::OpenCl, concat!(stringify!($name), "::opencl"))
+            }
+        }
+    )+};
+}
+
+/// The first usable device of `backend`, or a reported skip: [`vulkan_device`] or [`opencl_device`].
+pub fn device(backend: kpc::config::BackendKind, test: &str) -> Option<DeviceInfo> {
+    match backend {
+        kpc::config::BackendKind::Vulkan => vulkan_device(test),
+        kpc::config::BackendKind::OpenCl => opencl_device(test),
+    }
+}
+
 /// Whether a missing driver fails the test run (CI) rather than skipping.
 pub fn drivers_required() -> bool {
     std::env::var("KPC_TEST_REQUIRE_DRIVERS").is_ok_and(|v| v.trim() == "1")
