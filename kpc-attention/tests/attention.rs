@@ -98,6 +98,7 @@ struct VecVariant {
     prefetch: bool,
     cyclic: bool,
     combine_all: bool,
+    head_lanes: bool,
 }
 
 /// The shapes every backend runs, with each decode kernel: MHA at D = 64 and 128, GQA, B > 1,
@@ -112,37 +113,42 @@ struct VecVariant {
 /// variants and shapes was most of this file's 10 minutes on CPU drivers (BENCHMARKS.md,
 /// "Fresh-machine build").
 fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
-    let v = |spread, prefetch, cyclic, combine_all| VecVariant {
+    let v = |spread, prefetch, cyclic, combine_all, head_lanes| VecVariant {
         spread,
         prefetch,
         cyclic,
         combine_all,
+        head_lanes,
     };
     for (kernel, variant, cases) in [
         (
             DecodeKernel::Generic,
-            v(false, true, false, true),
+            v(false, true, false, true, true),
             ALL_CASES,
         ),
-        (DecodeKernel::Auto, v(false, false, false, true), ALL_CASES),
         (
             DecodeKernel::Auto,
-            v(false, true, true, true),
+            v(false, false, false, true, true),
+            ALL_CASES,
+        ),
+        (
+            DecodeKernel::Auto,
+            v(false, true, true, true, true),
             VARIANT_CASES,
         ),
         (
             DecodeKernel::Auto,
-            v(false, false, true, false),
+            v(false, false, true, false, false),
             VARIANT_CASES,
         ),
         (
             DecodeKernel::Auto,
-            v(true, true, false, false),
+            v(true, true, false, false, false),
             VARIANT_CASES,
         ),
         (
             DecodeKernel::Auto,
-            v(true, false, true, true),
+            v(true, false, true, true, true),
             VARIANT_CASES,
         ),
     ] {
@@ -202,6 +208,7 @@ fn decode_shapes_with(
         decode_prefetch: variant.prefetch,
         decode_cyclic: variant.cyclic,
         decode_combine_all: variant.combine_all,
+        decode_head_lanes: variant.head_lanes,
         ..AttentionOptions::default()
     };
     let small = AttentionOptions {
