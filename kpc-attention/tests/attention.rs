@@ -444,6 +444,41 @@ fn decode_kernel_choice(ctx: &Context) {
             "{s:?} capacity {capacity}, asked {asked}"
         );
     }
+    // A row's query heads are shared out among its lanes on Vulkan, where asked for, for groups
+    // that are a power of two (2 fits any lane count the kernel uses), not for MHA, a group of 3,
+    // or one workgroup per query head.
+    for (s, asked, spread, expect) in [
+        (shape(1, 4, 2, 64), true, false, vulkan),
+        (shape(1, 4, 2, 64), false, false, false),
+        (shape(1, 4, 2, 64), true, true, false),
+        (shape(1, 4, 4, 64), true, false, false),
+        (shape(1, 6, 2, 64), true, false, false),
+    ] {
+        let options = AttentionOptions {
+            decode_head_lanes: asked,
+            decode_spread: spread,
+            ..AttentionOptions::for_device(ctx.device())
+        };
+        let a = Attention::new(ctx, &s, KvDtype::F16, 64, options).unwrap();
+        assert_eq!(a.decode_kernel(), DecodeKernel::Vectorized, "{s:?}");
+        assert_eq!(
+            a.decode_head_lanes(),
+            expect,
+            "{s:?} asked {asked}, spread {spread}"
+        );
+    }
+    // The vectorized kernel sizes a step's splits by the rows it reads from the cache (the
+    // appended position rides the last split): 32 cached rows + 1 in 16-row splits are 2 splits,
+    // 33 + 1 are 3.
+    let small = AttentionOptions {
+        decode_split_min: 16,
+        ..AttentionOptions::for_device(ctx.device())
+    };
+    let a = Attention::new(ctx, &shape(1, 4, 4, 64), KvDtype::F16, 100, small).unwrap();
+    assert_eq!(a.decode_kernel(), DecodeKernel::Vectorized);
+    for (len, splits) in [(1, 1), (17, 1), (18, 2), (33, 2), (34, 3), (100, 7)] {
+        assert_eq!(a.splits(len), splits, "a step over {len} positions");
+    }
     // D = 6 does not split into 16-byte loads; 16 query heads per KV head exceed the kernel's 8.
     for (s, dtype) in [
         (shape(1, 2, 2, 6), KvDtype::F32),
