@@ -80,9 +80,12 @@ const uint W_CACHED = 1024u;                          // split weights the combi
 const uint SLICES = gl_WorkGroupSize.x / 32u;
 const uint PER_LANE = (HEAD_DIM + 31u) / 32u;         // at most 8
 const uint COMBINE_UNROLL = 8u;                       // splits in flight per slice when combining
-// Splits in flight per invocation in the all-heads combination: 16 columns of 16 bytes, so a KV
-// head's 64 splits (Hkv = 8, L = 16k) take 4 round trips to L2 rather than 8.
-const uint COMBINE_ALL_UNROLL = 16u;
+// Splits in flight per invocation in the all-heads combination: 16 columns of 16 bytes for a group
+// (a team holds every split of its head: Hkv = 8, L = 16k has 64 per head, 4 round trips to L2
+// rather than 8), 8 for MHA, whose four teams per head take at most 8 splits each at the default
+// sizes and whose kernel needs fewer registers than the combination's 16 would hold.
+const uint MAX_COMBINE_ALL_UNROLL = 16u;
+const uint COMBINE_ALL_UNROLL = GROUP >= 2u ? 16u : 8u;
 const uint Q4 = HEAD_DIM / 4u;                        // 16-byte columns of a head's output
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };                // [B][Hq][D]
@@ -523,7 +526,7 @@ void main() {
             uint row = (head0 + g) * splits;
             vec4 sum = vec4(0.0);
             for (uint s0 = team; s0 < splits; s0 += teams * COMBINE_ALL_UNROLL) {
-                vec4 x[COMBINE_ALL_UNROLL];
+                vec4 x[MAX_COMBINE_ALL_UNROLL];
                 [[unroll]] for (uint u = 0u; u < COMBINE_ALL_UNROLL; u++) {
                     x[u] = part_o[(row + min(s0 + u * teams, splits - 1u)) * Q4 + col];
                 }
