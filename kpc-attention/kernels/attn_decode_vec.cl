@@ -20,6 +20,7 @@
 // kpc-spec-constant 11 PREFETCH
 // kpc-spec-constant 12 CYCLIC
 // kpc-spec-constant 13 COMBINE
+// kpc-spec-constant 14 HEAD_LANES
 #ifndef LOCAL_SIZE
 #define LOCAL_SIZE 128
 #endif
@@ -55,6 +56,12 @@
 // faster here (BENCHMARKS.md, issue 7), so it changes nothing.
 #ifndef COMBINE
 #define COMBINE 0
+#endif
+// Id 14 is the GLSL twin's HEAD_LANES (a row's query heads shared out among its lanes by
+// subgroup shuffles); declared so that both images take the same ids. The host never sets it on
+// OpenCL, whose rows are summed through local memory or the PTX shuffle, so it changes nothing.
+#ifndef HEAD_LANES
+#define HEAD_LANES 0
 #endif
 
 #define E (KV_F16 ? 8 : 4)

@@ -51,6 +51,16 @@ layout(constant_id = 12) const uint CYCLIC = 0;
 // 1: the last workgroup combines every query head of its KV head at once (see the combination);
 // the host sets it only where GROUP * splits <= W_CACHED and GROUP * splits <= RG * HEAD_DIM.
 layout(constant_id = 13) const uint COMBINE = 0;
+// 1: a row's lanes share out its query heads. Summing a row's NQ partial scores across LANES lanes
+// takes NQ * log2(LANES) shuffles when every lane sums every head; here each halving step keeps
+// half of the heads and sends the other half to its partner (a reduce-scatter), so a row costs
+// NQ - 1 + log2(LANES / NQ) shuffles and each lane ends with one head's score. The softmax runs
+// once per lane for its own head (one exp per row instead of NQ), and each head's weights reach
+// the lanes that accumulate its output through NQ shuffles per row. Fewer instructions per byte
+// is what grouped-query decode lacked: the same kernel reads MHA rows at the copy rate, four heads
+// per row at two thirds of it (BENCHMARKS.md). The host sets it only where NQ is a power of two
+// from 2 to LANES.
+layout(constant_id = 14) const uint HEAD_LANES = 0;
 
 const uint E = 4u << KV_F16;                          // elements per 16-byte chunk
 const uint ROW_CHUNKS = HEAD_DIM / E;                 // 16-byte chunks per row
@@ -70,12 +80,19 @@ const uint W_CACHED = 1024u;                          // split weights the combi
 const uint SLICES = gl_WorkGroupSize.x / 32u;
 const uint PER_LANE = (HEAD_DIM + 31u) / 32u;         // at most 8
 const uint COMBINE_UNROLL = 8u;                       // splits in flight per slice when combining
+// Splits in flight per invocation in the all-heads combination: 16 columns of 16 bytes for a group
+// (a team holds every split of its head: Hkv = 8, L = 16k has 64 per head, 4 round trips to L2
+// rather than 8), 8 for MHA, whose four teams per head take at most 8 splits each at the default
+// sizes and whose kernel needs fewer registers than the combination's 16 would hold.
+const uint MAX_COMBINE_ALL_UNROLL = 16u;
+const uint COMBINE_ALL_UNROLL = GROUP >= 2u ? 16u : 8u;
 const uint Q4 = HEAD_DIM / 4u;                        // 16-byte columns of a head's output
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };                // [B][Hq][D]
 layout(std430, set = 0, binding = 1) buffer K { uvec4 k[]; };                         // [B][Hkv][cap][D]
 layout(std430, set = 0, binding = 2) buffer V { uvec4 v[]; };                         // [B][Hkv][cap][D]
-layout(std430, set = 0, binding = 3) coherent buffer PartO { float part_o[]; };       // [B*Hq][splits][D]
+// Partial outputs as 16-byte columns, so that the combination reads each with one load.
+layout(std430, set = 0, binding = 3) coherent buffer PartO { vec4 part_o[]; };        // [B*Hq][splits][D/4]
 layout(std430, set = 0, binding = 4) coherent buffer PartMl { float part_ml[]; };     // [B*Hq][splits][2]
 layout(std430, set = 0, binding = 5) readonly buffer NewK { float new_k[]; };         // [B][Hkv][D]
 layout(std430, set = 0, binding = 6) readonly buffer NewV { float new_v[]; };         // [B][Hkv][D]
@@ -238,6 +255,11 @@ void main() {
 
     // The trip count is the same for every invocation, so the shuffles run in uniform control flow;
     // rows past jc load the last valid row and are masked out of the softmax.
+    // HEAD_LANES: the running max and sum of this lane's own head, and the subgroup index of its
+    // row's first lane.
+    float hm = -3.0e38;
+    float hs = 0.0;
+    uint sg_row = gl_SubgroupInvocationID - lane;
     uvec4 kw[MAX_U_CPL];
     uvec4 vw[MAX_U_CPL];
     uvec4 kp[MAX_U_CPL];
@@ -253,6 +275,65 @@ void main() {
             load_rows(kp, vp, base + step, lim, row_base, rg, lane);
         }
         float s[MAX_U * MAX_GROUP];
+        if (HEAD_LANES != 0u) {
+            // The lane's partial scores, then the reduce-scatter: the lane keeps head hl's.
+            float sv[MAX_U];
+            [[unroll]] for (uint u = 0u; u < U; u++) {
+                float x[MAX_GROUP];
+                [[unroll]] for (uint g = 0u; g < NQ; g++) {
+                    x[g] = 0.0;
+                    [[unroll]] for (uint i = 0u; i < CPL; i++) {
+                        [[unroll]] for (uint t = 0u; t < E; t++) {
+                            x[g] += qv[g * VALS + i * E + t] * elem(kw[u * CPL + i], t);
+                        }
+                    }
+                }
+                [[unroll]] for (uint k = 0u; (LANES >> (k + 1u)) > 0u; k++) {
+                    uint off = LANES >> (k + 1u);
+                    uint c = NQ >> k;  // heads still held, while at least 2
+                    if (c >= 2u) {
+                        bool up = (lane & off) != 0u;
+                        [[unroll]] for (uint i = 0u; i < c / 2u; i++) {
+                            float keep = up ? x[c / 2u + i] : x[i];
+                            float send = up ? x[i] : x[c / 2u + i];
+                            x[i] = keep + subgroupShuffleXor(send, off);
+                        }
+                    } else {
+                        x[0] += subgroupShuffleXor(x[0], off);
+                    }
+                }
+                sv[u] = x[0];
+            }
+            float mx = hm;
+            [[unroll]] for (uint u = 0u; u < U; u++) {
+                if (base + u * RG + rg < lim) {
+                    mx = max(mx, sv[u]);
+                }
+            }
+            float corr = exp(hm - mx);
+            hs = hs * corr;
+            hm = mx;
+            [[unroll]] for (uint u = 0u; u < U; u++) {
+                sv[u] = base + u * RG + rg < lim ? exp(sv[u] - mx) : 0.0;
+                hs += sv[u];
+            }
+            // Each head's correction and weights from a lane that holds it.
+            [[unroll]] for (uint g = 0u; g < NQ; g++) {
+                uint from = sg_row + g * (LANES / NQ) + lane % (LANES / NQ);
+                float cg = subgroupShuffle(corr, from);
+                [[unroll]] for (uint c = 0u; c < VALS; c++) {
+                    acc[g * VALS + c] *= cg;
+                }
+                [[unroll]] for (uint u = 0u; u < U; u++) {
+                    float pr = subgroupShuffle(sv[u], from);
+                    [[unroll]] for (uint i = 0u; i < CPL; i++) {
+                        [[unroll]] for (uint t = 0u; t < E; t++) {
+                            acc[g * VALS + i * E + t] += pr * elem(vw[u * CPL + i], t);
+                        }
+                    }
+                }
+            }
+        } else {
         [[unroll]] for (uint u = 0u; u < U; u++) {
             [[unroll]] for (uint g = 0u; g < NQ; g++) {
                 float x = 0.0;
@@ -290,11 +371,20 @@ void main() {
             }
             m[g] = mx;
         }
+        }
         if (PREFETCH != 0u) {
             [[unroll]] for (uint c = 0u; c < U * CPL; c++) {
                 kw[c] = kp[c];
                 vw[c] = vp[c];
             }
+        }
+    }
+
+    if (HEAD_LANES != 0u) {
+        [[unroll]] for (uint g = 0u; g < NQ; g++) {
+            uint from = sg_row + g * (LANES / NQ) + lane % (LANES / NQ);
+            m[g] = subgroupShuffle(hm, from);
+            l[g] = subgroupShuffle(hs, from);
         }
     }
 
@@ -361,12 +451,13 @@ void main() {
         }
         barrier();
         uint slot = (qrow0 + g) * splits + split;
-        for (uint d = tid; d < HEAD_DIM; d += WG) {
-            float o = 0.0;
+        for (uint c = tid; c < Q4; c += WG) {
+            vec4 o = vec4(0.0);
             [[unroll]] for (uint r = 0u; r < RG; r++) {
-                o += sm_o[r * HEAD_DIM + d];
+                uint at = r * HEAD_DIM + 4u * c;
+                o += vec4(sm_o[at], sm_o[at + 1u], sm_o[at + 2u], sm_o[at + 3u]);
             }
-            part_o[slot * HEAD_DIM + d] = o;
+            part_o[slot * Q4 + c] = o;
         }
         if (tid == 0u) {
             part_ml[slot * 2u] = mx;
@@ -414,7 +505,10 @@ void main() {
         // Groups of Q4 invocations, each holding one 16-byte column of a head's output per
         // invocation, take (query head, team) pairs; a head's `teams` teams split its splits and
         // add up through `part` after. Each invocation finds its head's max and sum by scanning
-        // shared memory (the reads are broadcasts), so no reduction needs a barrier.
+        // shared memory (the reads are broadcasts), so no reduction needs a barrier. (Loading the
+        // first partial columns before the (max, sum) pairs, to overlap the two round trips, held
+        // two sets of 16 columns at once and took the kernel from 127 to 164 registers on an H100:
+        // three workgroups per SM instead of four, 20% slower at L = 16k.)
         const uint SLOTS = WG / Q4;
         uint teams = max(1u, min(SLOTS, SLICES) / GROUP);
         uint col = tid % Q4;
@@ -431,13 +525,12 @@ void main() {
             }
             uint row = (head0 + g) * splits;
             vec4 sum = vec4(0.0);
-            for (uint s0 = team; s0 < splits; s0 += teams * COMBINE_UNROLL) {
-                vec4 x[COMBINE_UNROLL];
-                [[unroll]] for (uint u = 0u; u < COMBINE_UNROLL; u++) {
-                    uint at = (row + min(s0 + u * teams, splits - 1u)) * HEAD_DIM + 4u * col;
-                    x[u] = vec4(part_o[at], part_o[at + 1u], part_o[at + 2u], part_o[at + 3u]);
+            for (uint s0 = team; s0 < splits; s0 += teams * COMBINE_ALL_UNROLL) {
+                vec4 x[MAX_COMBINE_ALL_UNROLL];
+                [[unroll]] for (uint u = 0u; u < COMBINE_ALL_UNROLL; u++) {
+                    x[u] = part_o[(row + min(s0 + u * teams, splits - 1u)) * Q4 + col];
                 }
-                [[unroll]] for (uint u = 0u; u < COMBINE_UNROLL; u++) {
+                [[unroll]] for (uint u = 0u; u < COMBINE_ALL_UNROLL; u++) {
                     uint s = s0 + u * teams;
                     sum += (s < splits ? exp(w[g * splits + s] - mx) : 0.0) * x[u];
                 }
@@ -501,7 +594,8 @@ void main() {
                 wt[u] = s >= splits ? 0.0 : s < W_CACHED ? w[s] : exp(part_ml[(first + s) * 2u] - mx);
                 [[unroll]] for (uint i = 0u; i < PER_LANE; i++) {
                     uint d = min(sl + 32u * i, HEAD_DIM - 1u);
-                    x[u * 8u + i] = part_o[(first + at) * HEAD_DIM + d];
+                    uint e = (first + at) * HEAD_DIM + d;
+                    x[u * 8u + i] = part_o[e >> 2u][e & 3u];
                 }
             }
             [[unroll]] for (uint u = 0u; u < COMBINE_UNROLL; u++) {

@@ -16,8 +16,8 @@ impl Attention {
         append: bool,
     ) -> ([u32; 3], PushConstants, u32) {
         let s = &self.shape;
-        let per = self.per_split(len);
-        let splits = len.div_ceil(per) as u32;
+        let (per, splits) = self.split_sizes(len, append);
+        let splits = splits as u32;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         match self.vec {
             None => (

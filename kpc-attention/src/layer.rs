@@ -183,6 +183,9 @@ impl Attention {
                 if combine_all {
                     spec = spec.with(13, SpecValue::U32(1));
                 }
+                if Self::head_lanes_fit(ctx.backend(), shape, options, v.lanes) {
+                    spec = spec.with(14, SpecValue::U32(1));
+                }
                 if ctx.backend() == BackendKind::OpenCl {
                     spec = spec.with(8, SpecValue::U32(u32::from(v.nv_shuffle)));
                 }
@@ -337,6 +340,34 @@ impl Attention {
         entries <= 1024 && entries <= row_groups * shape.head_dim
     }
 
+    /// Whether the vectorized decode shares a row's query heads out among its lanes (its
+    /// `HEAD_LANES` constant): asked for ([`AttentionOptions::decode_head_lanes`]), on Vulkan, one
+    /// workgroup serving every query head of a KV head, and a group that is a power of two from 2
+    /// to the lanes per row.
+    pub(super) fn head_lanes_fit(
+        backend: BackendKind,
+        shape: &AttentionShape,
+        options: AttentionOptions,
+        lanes: u32,
+    ) -> bool {
+        let group = (shape.q_heads / shape.kv_heads) as u32;
+        options.decode_head_lanes
+            && backend == BackendKind::Vulkan
+            && !options.decode_spread
+            && group >= 2
+            && group.is_power_of_two()
+            && group <= lanes
+    }
+
+    /// Whether the vectorized decode shares a row's query heads out among its lanes (see
+    /// [`AttentionOptions::decode_head_lanes`]).
+    pub fn decode_head_lanes(&self) -> bool {
+        self.vec.is_some_and(|v| {
+            !self.coop_decode
+                && Self::head_lanes_fit(self.ctx.backend(), &self.shape, self.options, v.lanes)
+        })
+    }
+
     /// The shape.
     pub fn shape(&self) -> &AttentionShape {
         &self.shape
@@ -389,18 +420,29 @@ impl Attention {
         .collect()
     }
 
-    /// Splits a decode over `len` positions uses.
+    /// Splits a decode step over `len` positions (the newest one appended by the step) uses.
     pub fn splits(&self, len: usize) -> usize {
-        len.div_ceil(self.per_split(len))
+        self.split_sizes(len, true).1
     }
 
-    /// Positions per split for a decode over `len` positions.
-    pub(super) fn per_split(&self, len: usize) -> usize {
+    /// Positions per split and splits for a decode over `len` positions, the newest appended by
+    /// the step where `append`. The vectorized kernel sizes its splits by the positions it reads
+    /// from the cache: the appended one goes to the last split whatever its range, so a step over
+    /// 4096 + 1 positions takes 32 splits of 128 rows, not 33 (the last for one row), and one over
+    /// 16384 + 1 takes 64 of 256, not 64 of 257 (a ninth trip of one row for every workgroup).
+    pub(super) fn split_sizes(&self, len: usize, append: bool) -> (usize, usize) {
         match self.vec {
-            None => self.options.chunk as usize,
-            Some(_) => len
-                .div_ceil(Self::vec_target(&self.shape, self.options))
-                .max(self.options.decode_split_min as usize),
+            None => {
+                let per = self.options.chunk as usize;
+                (per, len.div_ceil(per))
+            }
+            Some(_) => {
+                let rows = if append { len.saturating_sub(1) } else { len }.max(1);
+                let per = rows
+                    .div_ceil(Self::vec_target(&self.shape, self.options))
+                    .max(self.options.decode_split_min as usize);
+                (per, rows.div_ceil(per))
+            }
         }
     }
 

@@ -116,6 +116,14 @@ pub struct AttentionOptions {
     /// 4.6 µs off each step at Hkv=8 and up to 1.8 µs at MHA shapes (BENCHMARKS.md). OpenCL
     /// keeps its own per-head combination either way.
     pub decode_combine_all: bool,
+    /// Whether the Vulkan vectorized decode shares a row's query heads out among its lanes
+    /// where a workgroup serves a group of them (a power of two, at most the lanes per row): the
+    /// partial scores are summed by a reduce-scatter that leaves each lane one head's score, the
+    /// softmax runs once per lane, and the weights go back to every lane by shuffles. Fewer
+    /// shuffles and exponentials per K/V byte than every lane summing every head. On by default
+    /// (BENCHMARKS.md, issue 41: 3 to 4.5% faster at Hkv = 8, L = 4k to 32k, on an H100); OpenCL
+    /// keeps its own row sums either way.
+    pub decode_head_lanes: bool,
     /// Query rows per workgroup of the cooperative-matrix prefill, 16 per subgroup: 64 or 128.
     /// 128 (the default) was 11 to 33% faster on an H200 at L = 2k to 16k with either softmax, as
     /// measured before the kernel's accumulators moved out of local memory (BENCHMARKS.md); with
@@ -165,6 +173,7 @@ impl Default for AttentionOptions {
             decode_prefetch: false,
             decode_cyclic: false,
             decode_combine_all: true,
+            decode_head_lanes: true,
             coop_rows: 128,
             coop_registers: true,
             cm2_rows: 128,

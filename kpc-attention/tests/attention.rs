@@ -98,6 +98,7 @@ struct VecVariant {
     prefetch: bool,
     cyclic: bool,
     combine_all: bool,
+    head_lanes: bool,
 }
 
 /// The shapes every backend runs, with each decode kernel: MHA at D = 64 and 128, GQA, B > 1,
@@ -112,37 +113,42 @@ struct VecVariant {
 /// variants and shapes was most of this file's 10 minutes on CPU drivers (BENCHMARKS.md,
 /// "Fresh-machine build").
 fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
-    let v = |spread, prefetch, cyclic, combine_all| VecVariant {
+    let v = |spread, prefetch, cyclic, combine_all, head_lanes| VecVariant {
         spread,
         prefetch,
         cyclic,
         combine_all,
+        head_lanes,
     };
     for (kernel, variant, cases) in [
         (
             DecodeKernel::Generic,
-            v(false, true, false, true),
+            v(false, true, false, true, true),
             ALL_CASES,
         ),
-        (DecodeKernel::Auto, v(false, false, false, true), ALL_CASES),
         (
             DecodeKernel::Auto,
-            v(false, true, true, true),
+            v(false, false, false, true, true),
+            ALL_CASES,
+        ),
+        (
+            DecodeKernel::Auto,
+            v(false, true, true, true, true),
             VARIANT_CASES,
         ),
         (
             DecodeKernel::Auto,
-            v(false, false, true, false),
+            v(false, false, true, false, false),
             VARIANT_CASES,
         ),
         (
             DecodeKernel::Auto,
-            v(true, true, false, false),
+            v(true, true, false, false, false),
             VARIANT_CASES,
         ),
         (
             DecodeKernel::Auto,
-            v(true, false, true, true),
+            v(true, false, true, true, true),
             VARIANT_CASES,
         ),
     ] {
@@ -202,6 +208,7 @@ fn decode_shapes_with(
         decode_prefetch: variant.prefetch,
         decode_cyclic: variant.cyclic,
         decode_combine_all: variant.combine_all,
+        decode_head_lanes: variant.head_lanes,
         ..AttentionOptions::default()
     };
     let small = AttentionOptions {
@@ -436,6 +443,41 @@ fn decode_kernel_choice(ctx: &Context) {
             expect,
             "{s:?} capacity {capacity}, asked {asked}"
         );
+    }
+    // A row's query heads are shared out among its lanes on Vulkan, where asked for, for groups
+    // that are a power of two (2 fits any lane count the kernel uses), not for MHA, a group of 3,
+    // or one workgroup per query head.
+    for (s, asked, spread, expect) in [
+        (shape(1, 4, 2, 64), true, false, vulkan),
+        (shape(1, 4, 2, 64), false, false, false),
+        (shape(1, 4, 2, 64), true, true, false),
+        (shape(1, 4, 4, 64), true, false, false),
+        (shape(1, 6, 2, 64), true, false, false),
+    ] {
+        let options = AttentionOptions {
+            decode_head_lanes: asked,
+            decode_spread: spread,
+            ..AttentionOptions::for_device(ctx.device())
+        };
+        let a = Attention::new(ctx, &s, KvDtype::F16, 64, options).unwrap();
+        assert_eq!(a.decode_kernel(), DecodeKernel::Vectorized, "{s:?}");
+        assert_eq!(
+            a.decode_head_lanes(),
+            expect,
+            "{s:?} asked {asked}, spread {spread}"
+        );
+    }
+    // The vectorized kernel sizes a step's splits by the rows it reads from the cache (the
+    // appended position rides the last split): 32 cached rows + 1 in 16-row splits are 2 splits,
+    // 33 + 1 are 3.
+    let small = AttentionOptions {
+        decode_split_min: 16,
+        ..AttentionOptions::for_device(ctx.device())
+    };
+    let a = Attention::new(ctx, &shape(1, 4, 4, 64), KvDtype::F16, 100, small).unwrap();
+    assert_eq!(a.decode_kernel(), DecodeKernel::Vectorized);
+    for (len, splits) in [(1, 1), (17, 1), (18, 2), (33, 2), (34, 3), (100, 7)] {
+        assert_eq!(a.splits(len), splits, "a step over {len} positions");
     }
     // D = 6 does not split into 16-byte loads; 16 query heads per KV head exceed the kernel's 8.
     for (s, dtype) in [

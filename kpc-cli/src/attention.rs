@@ -124,19 +124,25 @@ fn workload(
     let (copy_bw, copy_kernel) = copy_bandwidth(ctx)?;
     let decode_how = match attn.decode_kernel() {
         DecodeKernel::Cooperative => format!(", {} invocations", options.decode_local_size),
-        DecodeKernel::Vectorized => format!(
-            ", {} splits, {}",
-            if options.decode_cyclic {
-                "block-cyclic"
+        DecodeKernel::Vectorized => {
+            format!(
+                ", {} splits, {}",
+                if options.decode_cyclic {
+                    "block-cyclic"
+                } else {
+                    "contiguous"
+                },
+                if attn.decode_combines_all_heads() {
+                    "heads combined at once"
+                } else {
+                    "heads combined one by one"
+                }
+            ) + if attn.decode_head_lanes() {
+                ", heads shared out among a row's lanes"
             } else {
-                "contiguous"
-            },
-            if attn.decode_combines_all_heads() {
-                "heads combined at once"
-            } else {
-                "heads combined one by one"
+                ""
             }
-        ),
+        }
         _ => String::new(),
     };
     say!(

@@ -148,6 +148,11 @@ pub struct Args {
     /// (AttentionOptions::decode_combine_all): `true` or `false`; without it, the default.
     #[arg(long)]
     pub(crate) decode_combine_all: Option<bool>,
+    /// Vectorized decode on Vulkan shares a row's query heads out among its lanes where the
+    /// group allows (AttentionOptions::decode_head_lanes): `true` or `false`; without it, the
+    /// default.
+    #[arg(long)]
+    pub(crate) decode_head_lanes: Option<bool>,
     /// Vulkan: build the kernels from their GLSL (kernels/*.comp, embedded in kpc) through the SPIR-V
     /// cache instead of from the committed SPIR-V; each kernel's line then says where its SPIR-V came
     /// from (compiled, memory, disk, ...).
@@ -301,6 +306,9 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(c) = args.decode_combine_all {
         options.decode_combine_all = c;
+    }
+    if let Some(h) = args.decode_head_lanes {
+        options.decode_head_lanes = h;
     }
     options.from_source = args.from_source;
     Ok(Plan {
