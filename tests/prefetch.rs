@@ -269,3 +269,62 @@ fn dropping_a_prefetch_cancels_what_has_not_begun_and_waits_for_what_runs() {
         "{at_drop} of 40 built: the rest was cancelled"
     );
 }
+
+/// A kernel a caller asks for while its request waits in a prefetch queue is built at once by the
+/// caller, ahead of the queue, and only once: the prefetch later finds it in memory.
+#[test]
+fn a_request_queued_in_a_prefetch_is_built_by_the_requester_ahead_and_once() {
+    let gate = Arc::new(BuildGate::default());
+    let pm = manager(FakeBackend::new().gated(gate.clone()));
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let n = cores + 4;
+    let workers = kpc::runtime::prefetch::default_workers(n);
+    assert!(
+        workers < n,
+        "{workers} workers for {n} requests leave some queued"
+    );
+    let reqs: Vec<KernelRequest> = (0..n)
+        .map(|i| KernelRequest::new(&image(&format!("q{i}"), &["k"]), "k"))
+        .collect();
+    let last = reqs[n - 1].clone();
+    let p = prefetch_kernels(&pm, reqs);
+    // Every worker is inside a build; the rest of the batch is queued behind them.
+    gate.wait_parked(workers);
+    let requester = {
+        let pm = pm.clone();
+        std::thread::spawn(move || {
+            pm.kernel(&last.image, &last.entry, &last.spec, &last.options)
+                .unwrap()
+                .source
+        })
+    };
+    // The caller's build starts while the workers' builds are still held: ahead of the queue.
+    gate.wait_parked(workers + 1);
+    assert_eq!(
+        gate.order()[workers],
+        format!("q{}", n - 1),
+        "{:?}",
+        gate.order()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !(requester.is_finished() && p.is_finished()) {
+        gate.release();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch never finished"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(requester.join().unwrap(), Source::Built);
+    let results = p.wait();
+    // One build per key: the queued request for the caller's key was served from memory.
+    assert_eq!(pm.fake().builds(), n);
+    assert_eq!(
+        gate.order()
+            .iter()
+            .filter(|i| **i == format!("q{}", n - 1))
+            .count(),
+        1
+    );
+    assert_eq!(results[n - 1].as_ref().unwrap().source, Source::Memory);
+}

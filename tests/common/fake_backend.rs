@@ -130,13 +130,15 @@ pub struct BuildGate {
 struct GateState {
     arrived: usize,
     released: usize,
+    order: Vec<String>,
 }
 
 impl BuildGate {
-    fn pass(&self) {
+    fn pass(&self, image: &str) {
         let mut s = self.state.lock();
         let me = s.arrived;
         s.arrived += 1;
+        s.order.push(image.to_string());
         self.changed.notify_all();
         while s.released <= me {
             self.changed.wait(&mut s);
@@ -145,6 +147,10 @@ impl BuildGate {
     /// Builds that reached the gate so far, released or not.
     pub fn arrived(&self) -> usize {
         self.state.lock().arrived
+    }
+    /// The image names of the builds that reached the gate, in the order they did.
+    pub fn order(&self) -> Vec<String> {
+        self.state.lock().order.clone()
     }
     /// Builds parked at the gate now.
     pub fn parked(&self) -> usize {
@@ -290,7 +296,7 @@ impl Backend for FakeBackend {
     ) -> Result<FakeProgram> {
         let n = self.builds.fetch_add(1, Ordering::SeqCst);
         if let Some(gate) = &self.gate {
-            gate.pass();
+            gate.pass(image.name());
         }
         if !self.build_delay.is_zero() {
             std::thread::sleep(self.build_delay);
