@@ -249,6 +249,11 @@ pub struct Config {
     pub host_id: Option<String>,
     /// Sealed mode (`KPC_CACHE_SEAL`, default off): what a context does with a build once sealed.
     pub seal: SealMode,
+    /// Builds a context may run after its warm-up before it is sealed (`KPC_CACHE_BUILD_BUDGET`,
+    /// default `None`: sealed, if at all, as soon as the warm-up ends). With a budget, the seal
+    /// ([`Config::seal`], `warn` where that is off) comes into force at the first build past it: a
+    /// serving process that keeps meeting new kernels stops compiling after the first few.
+    pub build_budget: Option<u64>,
     /// Receives the warnings of the caches and stores of contexts made with this configuration
     /// (an unusable cache directory, a failing remote, corrupt entries: once per cause); `None`
     /// (default): the process-wide callback ([`crate::set_warning_callback`]), else stderr. See
@@ -295,6 +300,7 @@ impl Default for Config {
             trusted_keys: Vec::new(),
             host_id: None,
             seal: SealMode::Off,
+            build_budget: None,
             on_warning: None,
             log_stderr: true,
         }
@@ -395,6 +401,9 @@ impl Config {
         }
         if let Some(v) = get(vars::CACHE_SEAL)? {
             b = b.seal(seal::parse_seal(&v)?);
+        }
+        if let Some(v) = get(vars::CACHE_BUILD_BUDGET)? {
+            b.config.build_budget = seal::parse_build_budget(&v)?;
         }
         if let Some(v) = get(vars::LOG_STDERR)? {
             b = b.log_stderr(parse_bool(vars::LOG_STDERR, &v)?);
@@ -574,6 +583,11 @@ impl ConfigBuilder {
     /// Sets sealed mode ([`Config::seal`]).
     pub fn seal(mut self, mode: SealMode) -> Self {
         self.config.seal = mode;
+        self
+    }
+    /// Sets the build budget ([`Config::build_budget`]): `builds` after the warm-up, then sealed.
+    pub fn build_budget(mut self, builds: u64) -> Self {
+        self.config.build_budget = Some(builds);
         self
     }
     /// Checks cross-field invariants and returns the configuration.

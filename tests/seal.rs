@@ -79,7 +79,8 @@ fn sealed_error_refuses_a_build_with_the_field_that_differs_and_serves_disk_hits
         SealStats {
             mode: SealMode::Error,
             builds: 0,
-            refused: 2
+            refused: 2,
+            budget_left: None
         }
     );
     // Refusals are not cached: once another process published the variant, it is served from disk.
@@ -124,7 +125,8 @@ fn sealed_warn_builds_and_logs_one_line_with_kernel_explanation_and_time() {
         SealStats {
             mode: SealMode::Warn,
             builds: 1,
-            refused: 0
+            refused: 0,
+            budget_left: None
         }
     );
 }
@@ -280,4 +282,36 @@ fn a_refused_acquisition_leaves_nothing_cached_for_concurrent_callers() {
         acquire(&pm, &spec(5), &BuildOptions::default()).unwrap(),
         Source::Built
     );
+}
+
+/// The build budget with the fake backend: `n` builds after the warm-up run unsealed, each counted
+/// down; the next finds the seal in force (`warn` where the configured mode is off), and the budget
+/// seals once, however many threads find it spent.
+#[test]
+fn a_build_budget_seals_after_that_many_builds() {
+    let dir = TempDir::new("seal-budget");
+    let pm = manager(dir.path());
+    pm.seal_after_warm_up(SealMode::Off, Some(2));
+    let o = BuildOptions::default();
+    assert_eq!(pm.seal_stats().budget_left, Some(2));
+    assert_eq!(acquire(&pm, &spec(1), &o).unwrap(), Source::Built);
+    assert_eq!(pm.seal_stats().budget_left, Some(1));
+    assert_eq!(acquire(&pm, &spec(2), &o).unwrap(), Source::Built);
+    assert_eq!(pm.seal_stats().mode, SealMode::Off);
+    let (src, events) = capture(|| acquire(&pm, &spec(3), &o).unwrap());
+    assert_eq!(src, Source::Built, "warn builds");
+    let s = pm.seal_stats();
+    assert_eq!((s.mode, s.builds, s.budget_left), (SealMode::Warn, 1, None));
+    let lines = seal_lines(&events);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].contains("build budget"), "{lines:?}");
+    // Hits are unaffected; error past a budget of 0 refuses the first build.
+    assert_eq!(acquire(&pm, &spec(1), &o).unwrap(), Source::Memory);
+    let pm = manager(TempDir::new("seal-budget-0").path());
+    pm.seal_after_warm_up(SealMode::Error, Some(0));
+    assert!(matches!(
+        acquire(&pm, &spec(4), &o),
+        Err(Error::Sealed { .. })
+    ));
+    assert_eq!(pm.fake().builds(), 0);
 }

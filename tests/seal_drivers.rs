@@ -127,6 +127,34 @@ crate::backend_tests! {
     }
 }
 
+crate::backend_tests! {
+    /// `KPC_CACHE_BUILD_BUDGET` through a context: two builds run unsealed after the (absent)
+    /// warm-up, the third finds the configured seal (`error`) in force, and hits still serve.
+    fn a_spent_build_budget_seals_the_context(backend, test) {
+        let Some(d) = crate::common::drivers::device(backend, test) else {
+            return;
+        };
+        let dir = TempDir::new("seal-budget");
+        let config = Config::builder()
+            .cache_dir(dir.path())
+            .seal(SealMode::Error)
+            .build_budget(2)
+            .build()
+            .unwrap();
+        let ctx = Context::with_device(&d, &config).unwrap();
+        assert_eq!(ctx.seal_mode(), SealMode::Off, "the budget counts first");
+        assert_eq!(ctx.stats().seal.budget_left, Some(2));
+        assert_eq!(saxpy(&ctx, 1).unwrap().source(), Source::Built);
+        assert_eq!(saxpy(&ctx, 2).unwrap().source(), Source::Built);
+        assert_eq!(ctx.stats().seal.budget_left, Some(0));
+        let e = saxpy(&ctx, 3).unwrap_err();
+        assert!(matches!(e, Error::Sealed { .. }), "{e:?}");
+        assert_eq!(saxpy(&ctx, 1).unwrap().source(), Source::Memory);
+        let s = ctx.stats().seal;
+        assert_eq!((s.mode, s.refused, s.budget_left), (SealMode::Error, 1, None));
+    }
+}
+
 const GLSL: &str = "#version 450
 layout(local_size_x = 8) in;
 layout(std430, binding = 0) buffer O { float o[]; };

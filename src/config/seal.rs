@@ -37,6 +37,20 @@ impl fmt::Display for SealMode {
     }
 }
 
+/// What `KPC_CACHE_BUILD_BUDGET` accepts.
+pub const BUILD_BUDGET_ACCEPTED: &str = "a whole number of builds (0 or more) that a context may run after its warm-up before it is sealed, or empty for no budget";
+
+/// Parses a `KPC_CACHE_BUILD_BUDGET` value: `None` for empty (no budget).
+pub(crate) fn parse_build_budget(v: &str) -> Result<Option<u64>, ConfigError> {
+    let t = v.trim();
+    if t.is_empty() {
+        return Ok(None);
+    }
+    t.parse::<u64>()
+        .map(Some)
+        .map_err(|_| invalid(vars::CACHE_BUILD_BUDGET, v, BUILD_BUDGET_ACCEPTED))
+}
+
 /// Parses a `KPC_CACHE_SEAL` value (case-insensitive, surrounding blanks ignored).
 pub(crate) fn parse_seal(v: &str) -> Result<SealMode, ConfigError> {
     match v.trim().to_ascii_lowercase().as_str() {
@@ -50,6 +64,22 @@ pub(crate) fn parse_seal(v: &str) -> Result<SealMode, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn build_budget_values_and_errors() {
+        assert_eq!(parse_build_budget("").unwrap(), None);
+        assert_eq!(parse_build_budget(" 0 ").unwrap(), Some(0));
+        assert_eq!(parse_build_budget("12").unwrap(), Some(12));
+        for bad in ["-1", "1.5", "ten", "3 builds"] {
+            let msg = parse_build_budget(bad).unwrap_err().to_string();
+            assert!(
+                msg.contains("KPC_CACHE_BUILD_BUDGET")
+                    && msg.contains(bad)
+                    && msg.contains("whole number"),
+                "{msg}"
+            );
+        }
+    }
 
     #[test]
     fn values_and_errors() {

@@ -50,6 +50,8 @@ pub const CACHE_TRUSTED_KEYS: &str = "KPC_CACHE_TRUSTED_KEYS";
 pub const HOST_ID: &str = "KPC_HOST_ID";
 /// Sealed mode: off, warn or error for a build after warm-up.
 pub const CACHE_SEAL: &str = "KPC_CACHE_SEAL";
+/// Builds a context may run after its warm-up before it is sealed.
+pub const CACHE_BUILD_BUDGET: &str = "KPC_CACHE_BUILD_BUDGET";
 /// Fallback cache root base (XDG base directory spec).
 pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
 /// Last-resort cache root base.

@@ -135,7 +135,7 @@ impl Context {
             warm: warm.clone(),
             background: Background::default(),
         });
-        let seal = config.seal;
+        let (seal, budget) = (config.seal, config.build_budget);
         if let Some(w) = &warm {
             w.share_through(inner.programs.stores().stores().cloned().collect());
             // Weak: the loader must not keep a context alive that its owner dropped. A load holds
@@ -149,16 +149,18 @@ impl Context {
                         super::warm_start::load_if_stored(&c.programs, r)
                     })
                 },
-                // KPC_CACHE_SEAL: sealed once the warm-up is over.
+                // KPC_CACHE_SEAL: sealed once the warm-up is over (KPC_CACHE_BUILD_BUDGET: once
+                // that many builds more have run).
                 move || {
-                    if let Some(c) = sealer.upgrade().filter(|_| seal != SealMode::Off) {
-                        c.programs.seal(seal);
+                    if let Some(c) = sealer.upgrade() {
+                        c.programs.seal_after_warm_up(seal, budget);
                     }
                 },
             );
         } else {
-            // No warm start, no warm-up: sealed from the start (hits of every store still serve).
-            inner.programs.seal(seal);
+            // No warm start, no warm-up: sealed from the start (hits of every store still serve),
+            // or the build budget counts from the start.
+            inner.programs.seal_after_warm_up(seal, budget);
         }
         Context {
             _life: Some(Arc::new(Life { warm })),

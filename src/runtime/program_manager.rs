@@ -446,6 +446,16 @@ impl ProgramManager {
         self.seal.set(mode);
     }
 
+    /// What ends a warm-up: `mode` in force now, or, with a build `budget`, after that many builds
+    /// more (`KPC_CACHE_SEAL`, `KPC_CACHE_BUILD_BUDGET`; see `src/runtime/seal.rs`).
+    pub fn seal_after_warm_up(&self, mode: SealMode, budget: Option<u64>) {
+        match budget {
+            Some(builds) => self.seal.start_budget(builds, mode),
+            None if mode != SealMode::Off => self.seal.set(mode),
+            None => {}
+        }
+    }
+
     /// What sealing did so far, and the mode in force.
     pub fn seal_stats(&self) -> SealStats {
         self.seal.stats()

@@ -30,14 +30,43 @@ pub struct SealStats {
     pub builds: u64,
     /// Acquisitions refused after sealing (`error`) because they would have built.
     pub refused: u64,
+    /// Builds left of the budget (`KPC_CACHE_BUILD_BUDGET`) before the seal comes into force;
+    /// `None` where no budget is counting (none configured, the warm-up still running, or spent).
+    pub budget_left: Option<u64>,
 }
 
 /// One context's seal: the mode in force and what it counted.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Seal {
     mode: AtomicU8,
     builds: AtomicU64,
     refused: AtomicU64,
+    /// Builds left before the budget seals ([`NO_BUDGET`]: none counting), and the mode it seals with.
+    budget_left: AtomicU64,
+    budget_mode: AtomicU8,
+}
+
+/// `budget_left` when no budget is counting.
+const NO_BUDGET: u64 = u64::MAX;
+
+impl Default for Seal {
+    fn default() -> Self {
+        Seal {
+            mode: AtomicU8::new(0),
+            builds: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            budget_left: AtomicU64::new(NO_BUDGET),
+            budget_mode: AtomicU8::new(0),
+        }
+    }
+}
+
+fn mode_of(code: u8) -> SealMode {
+    match code {
+        1 => SealMode::Warn,
+        2 => SealMode::Error,
+        _ => SealMode::Off,
+    }
 }
 
 fn code(m: SealMode) -> u8 {
@@ -56,10 +85,37 @@ impl Seal {
 
     /// The mode in force.
     pub(crate) fn mode(&self) -> SealMode {
-        match self.mode.load(Ordering::Acquire) {
-            1 => SealMode::Warn,
-            2 => SealMode::Error,
-            _ => SealMode::Off,
+        mode_of(self.mode.load(Ordering::Acquire))
+    }
+
+    /// Starts the build budget: `builds` more builds run as they would unsealed; the next one finds
+    /// `mode` in force (`warn` where `mode` is off: a budget that sealed nothing would be no budget).
+    pub(crate) fn start_budget(&self, builds: u64, mode: SealMode) {
+        let mode = if mode == SealMode::Off {
+            SealMode::Warn
+        } else {
+            mode
+        };
+        self.budget_mode.store(code(mode), Ordering::Release);
+        self.budget_left
+            .store(builds.min(NO_BUDGET - 1), Ordering::Release);
+    }
+
+    /// Takes one build of the budget, if one is counting: whether the budget was already spent, in
+    /// which case its seal is put in force now (once: the thread that finds it spent).
+    fn spend_budget(&self, kernel: &str) {
+        let spent = self
+            .budget_left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| match left {
+                NO_BUDGET => None,
+                0 => Some(NO_BUDGET),
+                n => Some(n - 1),
+            });
+        if spent == Ok(0) {
+            let mode = mode_of(self.budget_mode.load(Ordering::Acquire));
+            self.set(mode);
+            tracing::warn!(target: "kpc::seal", kernel, %mode,
+                "build budget (KPC_CACHE_BUILD_BUDGET) spent: the context is sealed ({mode}) from {kernel} on");
         }
     }
 
@@ -71,6 +127,9 @@ impl Seal {
         kernel: &str,
         why: impl FnOnce() -> String,
     ) -> Result<Option<String>> {
+        if self.mode() == SealMode::Off {
+            self.spend_budget(kernel);
+        }
         match self.mode() {
             SealMode::Off => Ok(None),
             SealMode::Warn => Ok(Some(why())),
@@ -102,6 +161,10 @@ impl Seal {
             mode: self.mode(),
             builds: self.builds.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
+            budget_left: match self.budget_left.load(Ordering::Acquire) {
+                NO_BUDGET => None,
+                n => Some(n),
+            },
         }
     }
 }
