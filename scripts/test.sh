@@ -3,7 +3,11 @@
 # that no driver test was skipped. Installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each section says when it starts, in seconds since this script did: the fresh-machine timing
+# (BENCHMARKS.md, "Test command timing") is read from these lines.
+section() { echo "== $* [${SECONDS}s]"; }
 . scripts/setup.sh
+section "setup done"
 # s3s-fs (crates.io): the S3 tests start their own on a loopback port (tests/common/s3.rs; BENCHMARKS.md,
 # "S3 test server choice", says why this server). Installed here rather than in setup.sh because the
 # main job never needs it. Pinned and built with its own lock file (0.17 needs rustc 1.96, newer than
@@ -23,11 +27,11 @@ export KPC_TEST_DRIVER_LOG="$PWD/target/driver-tests.log"
 export KPC_VULKAN_VALIDATION=abort
 mkdir -p target
 : > "$KPC_TEST_DRIVER_LOG"
-echo "== the C library (kpc-capi/tests/capi_c.rs compiles C programs against it)"
+section "the C library (kpc-capi/tests/capi_c.rs compiles C programs against it)"
 # `cargo test` builds no cdylib or staticlib (tests link only rlibs), so the C library the C tests
 # link is built here, by the same profile, before them.
 cargo build --release -p kpc-capi
-echo "== cargo test (unit, integration, driver tests)"
+section "cargo test (unit, integration, driver tests)"
 status=0
 cargo test --release --workspace --all-targets --no-fail-fast 2>&1 | tee target/test-output.txt || status=$?
 if [ "$status" -ne 0 ]; then
@@ -39,9 +43,9 @@ if [ "$status" -ne 0 ]; then
   grep -A4 "^error: .*targets\? failed" target/test-output.txt >&2 || true
   exit "$status"
 fi
-echo "== the C package as installed (scripts/check-capi-install.sh: shared and static links, both drivers)"
+section "the C package as installed (scripts/check-capi-install.sh: shared and static links, both drivers)"
 scripts/check-capi-install.sh
-echo "== driver tests"
+section "driver tests"
 for backend in vulkan opencl glslang redis s3; do
   ran=$(grep -c "^ran $backend " "$KPC_TEST_DRIVER_LOG" || true)
   skipped=$(grep -c "^skipped $backend " "$KPC_TEST_DRIVER_LOG" || true)
@@ -57,8 +61,8 @@ if grep -q "^skipped " "$KPC_TEST_DRIVER_LOG"; then
   grep "^skipped " "$KPC_TEST_DRIVER_LOG" >&2
   exit 1
 fi
-echo "== kill -9 cycles on a shared cache dir (scripts/kill9.sh; the full run is 1000, BENCHMARKS.md)"
+section "kill -9 cycles on a shared cache dir (scripts/kill9.sh; the full run is 1000, BENCHMARKS.md)"
 KPC=target/release/kpc scripts/kill9.sh 16 4
-echo "== loom models (separate target dir so the main build stays warm)"
+section "loom models (separate target dir so the main build stays warm)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release -p kpc --test loom
-echo "== all tests passed"
+section "all tests passed"
