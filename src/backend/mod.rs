@@ -295,6 +295,9 @@ pub struct BackendStats {
     pub driver_cache_unknown: u64,
     /// Launches submitted.
     pub launches: u64,
+    /// Batches submitted ([`crate::Queue::submit`] calls, each of any number of launches). On a
+    /// Vulkan device kpc opened several close batches may still share one `vkQueueSubmit`.
+    pub batches: u64,
 }
 
 /// What a program was built from: every part of its persistent key. kpc's backends record it when

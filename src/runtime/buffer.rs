@@ -67,6 +67,16 @@ impl<T: Pod> fmt::Debug for Buffer<T> {
 
 impl<T: Pod> sealed::Sealed for Buffer<T> {}
 
+impl sealed::Sealed for RawBuffer {}
+
+/// An untyped handle passes as the buffer it is: a recorded launch can keep its arguments as
+/// `RawBuffer`s (each keeps its buffer alive) whatever their element types.
+impl BufferArg for RawBuffer {
+    fn raw(&self) -> &RawBuffer {
+        self
+    }
+}
+
 impl<T: Pod> BufferArg for Buffer<T> {
     fn raw(&self) -> &RawBuffer {
         &self.raw

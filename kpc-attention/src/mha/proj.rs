@@ -5,12 +5,13 @@
 
 use kpc::backend::DeviceInfo;
 use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
+use kpc::runtime::{Buffer, BufferArg, Context, Kernel, LaunchDesc, PushConstants};
 use kpc::{SpecConstants, SpecValue};
 
 use super::gemm::{GemmAccumulator, GemmShape, WideGemm};
 use super::weights::DeviceMatrix;
 use super::{KvDtype, MAX_GEMV_BATCH, MhaParams, ProjectionKernel};
+use crate::launch::Batch;
 
 /// Output columns per `mha_gemm` workgroup, and rows.
 const GEMM_TILE: usize = 64;
@@ -221,6 +222,7 @@ impl Projector {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn project(
         &self,
+        batch: &mut Batch,
         ctx: &Context,
         x: &Buffer<f32>,
         rows: usize,
@@ -229,7 +231,7 @@ impl Projector {
         a_seq: usize,
         c_seq: usize,
         decode: bool,
-    ) -> Result<Event> {
+    ) -> Result<()> {
         let args: [&dyn BufferArg; 6] = [x, &w.w, &w.bias, out.bufs[0], out.bufs[1], out.bufs[2]];
         let max_groups = ctx.device().limits.max_workgroup_count;
         if let (Some(gemv), true) = (&self.gemv, decode) {
@@ -247,15 +249,13 @@ impl Projector {
                 .u32(out.n0 as u32)
                 .u32(out.n1 as u32)
                 .f32(out.alpha0);
-            return crate::launch::submit(
-                &ctx.queue(),
-                &[LaunchDesc {
-                    kernel: gemv,
-                    groups: [groups as u32, 1, 1],
-                    buffers: &args,
-                    push_constants: push.as_bytes(),
-                }],
-            );
+            batch.add(&[LaunchDesc {
+                kernel: gemv,
+                groups: [groups as u32, 1, 1],
+                buffers: &args,
+                push_constants: push.as_bytes(),
+            }]);
+            return Ok(());
         }
         if !self.wide.is_empty() {
             let shape = GemmShape {
@@ -280,7 +280,7 @@ impl Projector {
                         w.n
                     ))
                 })?;
-            return wide.launch(ctx, x, &w.w, &w.bias, out.bufs, &shape, 1);
+            return wide.record(batch, ctx, x, &w.w, &w.bias, out.bufs, &shape, 1);
         }
         let (kernel, tile) = match &self.coop {
             Some(coop) => (coop, COOP_TILE),
@@ -303,14 +303,12 @@ impl Projector {
             .u32(c_seq as u32)
             .u32(self.head_dim as u32)
             .f32(out.alpha0);
-        crate::launch::submit(
-            &ctx.queue(),
-            &[LaunchDesc {
-                kernel,
-                groups: [groups[0] as u32, groups[1] as u32, 1],
-                buffers: &args,
-                push_constants: push.as_bytes(),
-            }],
-        )
+        batch.add(&[LaunchDesc {
+            kernel,
+            groups: [groups[0] as u32, groups[1] as u32, 1],
+            buffers: &args,
+            push_constants: push.as_bytes(),
+        }]);
+        Ok(())
     }
 }

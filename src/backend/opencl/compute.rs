@@ -122,6 +122,7 @@ impl ComputeBackend for OpenClBackend {
         self.counters
             .launches
             .fetch_add(launches.len() as u64, Ordering::Relaxed);
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
         let event = OpenClEvent {
             events,
             _buffers: buffers,
@@ -165,6 +166,7 @@ impl ComputeBackend for OpenClBackend {
             // OpenCL drivers say nothing about their own caches.
             driver_cache_unknown: l(&c.kernels_created),
             launches: l(&c.launches),
+            batches: l(&c.batches),
         }
     }
 }

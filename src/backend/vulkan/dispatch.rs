@@ -156,6 +156,7 @@ impl VulkanBackend {
         self.counters
             .launches
             .fetch_add(launches.len() as u64, Ordering::Relaxed);
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
         submit_profile::end(Phase::Dispatch, whole);
         Ok(rec)
     }

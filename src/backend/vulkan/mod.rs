@@ -116,6 +116,7 @@ struct Counters {
     driver_cache_misses: AtomicU64,
     driver_cache_unknown: AtomicU64,
     launches: AtomicU64,
+    batches: AtomicU64,
 }
 
 /// One opened Vulkan device: the [`Backend`] and [`ComputeBackend`] of kpc's Vulkan path.
@@ -500,6 +501,7 @@ impl ComputeBackend for VulkanBackend {
             driver_cache_misses: l(&c.driver_cache_misses),
             driver_cache_unknown: l(&c.driver_cache_unknown),
             launches: l(&c.launches),
+            batches: l(&c.batches),
         }
     }
 }
