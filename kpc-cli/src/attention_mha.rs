@@ -15,16 +15,16 @@ use kpc_attention::reference::relative_error;
 use kpc_attention::{KvDtype, MhaKind, MhaParams, MultiHeadAttention};
 
 /// Uniform numbers in [-scale, scale) from a xorshift generator seeded by the clock.
-struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    fn new() -> Rng {
+    pub(crate) fn new() -> Rng {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64);
         Rng(t | 1)
     }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+    pub(crate) fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n)
             .map(|_| {
                 self.0 ^= self.0 << 13;
@@ -37,7 +37,7 @@ impl Rng {
 }
 
 /// A layer's eight weight arrays, random, scaled by 1/sqrt(fan-in).
-fn random_weights(rng: &mut Rng, p: &MhaParams) -> Vec<Vec<f32>> {
+pub(crate) fn random_weights(rng: &mut Rng, p: &MhaParams) -> Vec<Vec<f32>> {
     let (e, kv) = (p.embed_dim, p.kv_dim());
     [
         (e, p.qdim),
@@ -57,7 +57,7 @@ fn random_weights(rng: &mut Rng, p: &MhaParams) -> Vec<Vec<f32>> {
     .collect()
 }
 
-fn view(w: &[Vec<f32>]) -> MhaWeights<'_> {
+pub(crate) fn view(w: &[Vec<f32>]) -> MhaWeights<'_> {
     MhaWeights {
         q_weight: &w[0],
         q_bias: &w[1],
@@ -70,7 +70,7 @@ fn view(w: &[Vec<f32>]) -> MhaWeights<'_> {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -126,6 +126,9 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
 }
 
 fn run_on(ctx: &Context, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
+    if let Some(n) = args.layers {
+        return crate::attention_stack::run(ctx, args, plan, n as usize);
+    }
     let ctx = ctx.clone();
     let s = plan.shape;
     let (prompt, steps) = (args.prompt, args.steps);

@@ -14,6 +14,7 @@ mod attention_args;
 mod attention_measure;
 mod attention_mha;
 mod attention_report;
+mod attention_stack;
 mod bench_build;
 mod bench_build_cl;
 mod bench_glsl;
