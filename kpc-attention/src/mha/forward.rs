@@ -7,7 +7,7 @@ use std::time::Duration;
 use kpc::error::{Error, Result};
 use kpc::runtime::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
 
-use super::proj::Outputs;
+use super::proj::{Half, Outputs};
 use super::{MhaKind, MultiHeadAttention};
 use crate::check_len;
 use crate::launch::{Batch, Phase};
@@ -496,8 +496,6 @@ impl MultiHeadAttention {
         let (hq, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim());
         let cross = p.kind == MhaKind::CrossAttention;
         batch.phase(Phase::Projection);
-        let step_x = self.step_x.clone();
-        let xb = self.input_f32(batch, x, Some(&step_x))?;
         let outs = Outputs {
             bufs: [&self.step_q, &self.step_k, &self.step_v],
             n0: hq * d,
@@ -505,8 +503,25 @@ impl MultiHeadAttention {
             alpha0: self.alpha,
         };
         let w = &self.weights.q_or_qkv;
-        self.proj
-            .project(batch, &ctx, &xb, p.batch, w, &outs, 0, 0, true)?;
+        match x.as_f16() {
+            // fp16 input read as it is by the matrix-vector projection.
+            Some(xh) if self.proj.has_half(Half::Input) => self.proj.project_half(
+                batch,
+                &ctx,
+                Half::Input,
+                xh,
+                p.batch,
+                w,
+                [outs.bufs[0], outs.bufs[1], outs.bufs[2]],
+                (outs.n0, outs.n1, outs.alpha0),
+            )?,
+            _ => {
+                let step_x = self.step_x.clone();
+                let xb = self.input_f32(batch, x, Some(&step_x))?;
+                self.proj
+                    .project(batch, &ctx, &xb, p.batch, w, &outs, 0, 0, true)?;
+            }
+        }
         let kv_len = if cross {
             self.cache.len()
         } else {
@@ -532,6 +547,21 @@ impl MultiHeadAttention {
             }
         }
         batch.phase(Phase::Projection);
+        if let Some(oh) = out.as_f16()
+            && self.proj.has_half(Half::Output)
+        {
+            // fp16 output written as it is by the matrix-vector projection.
+            return self.proj.project_half(
+                batch,
+                &ctx,
+                Half::Output,
+                &o,
+                p.batch,
+                &self.weights.out,
+                [oh, oh, oh],
+                (p.qdim, 0, 1.0),
+            );
+        }
         let y = match out.as_f32() {
             Some(y) => y.clone(),
             None => self.step_y.clone(),
