@@ -122,6 +122,14 @@ impl DecoderStack {
         &mut self.layers
     }
 
+    /// Rolls every self-attention layer back to `len` positions (see
+    /// [`MultiHeadAttention::truncate`]); the memories are kept.
+    pub fn truncate(&mut self, len: usize) {
+        for l in &mut self.layers {
+            l.self_attn.truncate(len);
+        }
+    }
+
     /// Sets every cross-attention layer's memory from the same encoder states (see
     /// [`MultiHeadAttention::set_memory_device`]).
     ///
@@ -215,6 +223,18 @@ impl DecoderStack {
             Some(e) => e.device_time(),
             None => Ok(None),
         }
+    }
+
+    /// Each launch of the last step's submission with its device time, in order (waiting for
+    /// it); `None` before a step or where the backend does not time.
+    ///
+    /// Errors: the event's errors.
+    pub fn last_launch_times(&self) -> Result<Option<Vec<(String, Duration)>>> {
+        let Some(e) = &self.last else {
+            return Ok(None);
+        };
+        Ok(e.launch_times()?
+            .map(|t| e.kernels().iter().cloned().zip(t).collect()))
     }
 
     /// The launches of the last step's submission, in order.

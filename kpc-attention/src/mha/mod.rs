@@ -389,6 +389,15 @@ impl MultiHeadAttention {
         self.memory_set = false;
     }
 
+    /// Self-attention: forgets every cached position from `len` on (a rollback, as after rejected
+    /// speculative tokens); a `len` at or past [`MultiHeadAttention::len`] changes nothing. The
+    /// cross-attention memory is not affected. Nothing is written.
+    pub fn truncate(&mut self, len: usize) {
+        if self.params.kind == MhaKind::SelfAttention {
+            self.cache.truncate(len);
+        }
+    }
+
     /// Whether decode steps project with the matrix-vector kernel (`mha_gemv`).
     pub fn uses_matvec(&self) -> bool {
         self.proj.has_gemv()
