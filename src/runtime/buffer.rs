@@ -93,6 +93,24 @@ impl<T: Pod> Buffer<T> {
         }
     }
 
+    /// The same memory seen as elements of `U` (shared, not copied).
+    ///
+    /// Errors: [`Error::InvalidArgument`] when its bytes are not a whole number of `U`s.
+    pub fn cast<U: Pod>(&self) -> Result<Buffer<U>> {
+        let size = std::mem::size_of::<U>() as u64;
+        if size == 0 || self.raw.bytes % size != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a buffer of {} bytes is not a whole number of {size}-byte elements",
+                self.raw.bytes
+            )));
+        }
+        Ok(Buffer::new(
+            self.raw.clone(),
+            (self.raw.bytes / size) as usize,
+            self.backend.clone(),
+        ))
+    }
+
     /// Elements.
     pub fn len(&self) -> usize {
         self.len

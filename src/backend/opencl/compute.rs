@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use opencl3::event::Event;
-use opencl3::memory::{Buffer as ClBuffer, CL_MEM_READ_WRITE};
+use opencl3::memory::{Buffer as ClBuffer, CL_MEM_READ_WRITE, ClMem};
 
 use super::{OpenClBackend, OpenClBuffer, OpenClEvent, cl_err};
 use crate::backend::{BackendStats, ComputeBackend, DeviceInfo, Launch};
@@ -150,6 +150,49 @@ impl ComputeBackend for OpenClBackend {
             .queue
             .finish()
             .map_err(|e| cl_err("clFinish", e))
+    }
+
+    unsafe fn import_buffer(
+        &self,
+        foreign: &crate::backend::ForeignBuffer,
+    ) -> Result<OpenClBuffer> {
+        let crate::backend::ForeignBuffer::OpenCl { mem, size } = *foreign else {
+            return Err(Error::InvalidArgument(
+                "a VkBuffer cannot be imported into an OpenCL context".into(),
+            ));
+        };
+        if mem == 0 {
+            return Err(Error::InvalidArgument("the imported cl_mem is NULL".into()));
+        }
+        let raw = mem as opencl3::types::cl_mem;
+        // SAFETY: the caller guarantees a live cl_mem; the retain is the reference the wrapper
+        // below releases when it drops (on the error paths too).
+        unsafe { opencl3::memory::retain_mem_object(raw) }
+            .map_err(|e| cl_err("clRetainMemObject", e))?;
+        let mem = ClBuffer::<u8>::new(raw);
+        let owner = mem
+            .context()
+            .map_err(|e| cl_err("clGetMemObjectInfo(CL_MEM_CONTEXT)", e))?;
+        if owner != self.shared.context.get() {
+            return Err(Error::InvalidArgument(
+                "the imported cl_mem belongs to another cl_context than this kpc context's".into(),
+            ));
+        }
+        let have = mem
+            .size()
+            .map_err(|e| cl_err("clGetMemObjectInfo(CL_MEM_SIZE)", e))? as u64;
+        if size == 0 || size > have {
+            return Err(Error::Size {
+                what: "imported cl_mem".into(),
+                got: format!("{size} bytes asked for"),
+                expected: format!("1 to {have} bytes (CL_MEM_SIZE of the cl_mem)"),
+            });
+        }
+        Ok(OpenClBuffer {
+            mem,
+            bytes: size,
+            _device: self.shared.clone(),
+        })
     }
 
     fn stats(&self) -> BackendStats {

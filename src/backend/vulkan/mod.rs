@@ -473,6 +473,35 @@ impl ComputeBackend for VulkanBackend {
         self.read(buffer, offset, out)
     }
 
+    unsafe fn import_buffer(
+        &self,
+        foreign: &crate::backend::ForeignBuffer,
+    ) -> Result<VulkanBuffer> {
+        use ash::vk::{self, Handle};
+        match *foreign {
+            crate::backend::ForeignBuffer::Vulkan {
+                buffer,
+                memory,
+                offset,
+                size,
+            } => {
+                // SAFETY: the caller's contract (ComputeBackend::import_buffer) is import's.
+                unsafe {
+                    VulkanBuffer::import(
+                        &self.dev,
+                        vk::Buffer::from_raw(buffer),
+                        vk::DeviceMemory::from_raw(memory),
+                        offset,
+                        size,
+                    )
+                }
+            }
+            crate::backend::ForeignBuffer::OpenCl { .. } => Err(Error::InvalidArgument(
+                "an OpenCL cl_mem cannot be imported into a Vulkan context".into(),
+            )),
+        }
+    }
+
     fn submit(&self, launches: &[Launch<'_, Self>]) -> Result<Arc<Record>> {
         self.dispatch(launches)
     }
