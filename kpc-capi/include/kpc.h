@@ -471,6 +471,20 @@ typedef enum kpc_seal_mode {
 } kpc_seal_mode;
 
 /**
+ * The element type of a tensor.
+ */
+typedef enum kpc_dtype {
+  /**
+   * IEEE half floats (an fp16 tensor holds an even number of elements).
+   */
+  KPC_DTYPE_F16 = 1,
+  /**
+   * 32-bit floats.
+   */
+  KPC_DTYPE_F32 = 2,
+} kpc_dtype;
+
+/**
  * Device memory of one context (opaque): created by kpc (`kpc_buffer_create`) or the embedder's
  * own (`kpc_buffer_import_vulkan`, `kpc_buffer_import_opencl`). Destroy with
  * `kpc_buffer_destroy`; objects made from it (tensors) keep the memory alive until they go.
