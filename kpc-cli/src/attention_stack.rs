@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use crate::attention_args::{Args, KvArg, Plan};
-use crate::attention_mha::{Rng, median, random_weights, view};
+use crate::mha_random::{Rng, median, random_weights, view};
 use kpc::Context;
 use kpc_attention::mha::reference::{RefCall, multi_head_attention};
 use kpc_attention::reference::relative_error;

@@ -29,6 +29,7 @@ mod cache_gc;
 mod cache_keys;
 mod cache_metrics;
 mod cache_prebuild;
+mod mha_random;
 // `kpc cache ls --remote` and the remote in `kpc cache stats`.
 mod cache_remote;
 mod cache_report;
