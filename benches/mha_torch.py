@@ -143,6 +143,13 @@ def main():
     p.add_argument("--kv-heads", default="32,8")
     p.add_argument("--decode", default="1024,4096,16384")
     p.add_argument("--prefill", default="2048,8192")
+    p.add_argument(
+        "--stack",
+        type=int,
+        default=1,
+        help="also time a decode step through this many layers captured in one graph (cuDNN SDPA, "
+        "fused Q/K/V): kpc's --layers N",
+    )
     a = p.parse_args()
     E, H = a.embed, a.heads
     dev = "cuda"
@@ -177,7 +184,25 @@ def main():
     for hkv in [int(x) for x in a.kv_heads.split(",") if x]:
         cap = max(decode + prefill)
         layer = Layer(E, H, hkv, cap, dev)
+        stack = [layer] + [Layer(E, H, hkv, max(decode), dev) for _ in range(a.stack - 1)] if a.stack > 1 and decode else []
         for L in decode:
+            if stack:
+                xs = torch.randn(1, 1, E, device=dev, dtype=torch.float16)
+                outs = torch.empty(1, 1, E, device=dev, dtype=torch.float16)
+
+                def stack_step():
+                    h = xs
+                    for l in stack:
+                        h = l.forward(h, L - 1, 1, SDPBackend.CUDNN_ATTENTION, True, False)
+                    outs.copy_(h)
+
+                st = graph_us(stack_step)
+                sfloor = sum(l.weight_bytes() + 2 * hkv * L * l.D * 2 for l in stack)
+                print(
+                    f"torch: phase=stack layers={len(stack)} Hkv={hkv} L={L} step_us={fmt(st)} "
+                    f"floor_us={sfloor / copy_gbs / 1e3:.2f}",
+                    flush=True,
+                )
             x = torch.randn(1, 1, E, device=dev, dtype=torch.float16)
             out = torch.empty(1, 1, E, device=dev, dtype=torch.float16)
             r = {}

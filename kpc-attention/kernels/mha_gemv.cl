@@ -4,6 +4,8 @@
 //
 // kpc-spec-constant 0 W_F16
 // kpc-spec-constant 1 MAX_M
+// kpc-spec-constant 2 X_F16
+// kpc-spec-constant 3 C_F16
 #ifndef W_F16
 #define W_F16 0
 #endif
@@ -11,12 +13,45 @@
 #define MAX_M 8
 #endif
 
+#ifndef X_F16
+#define X_F16 0
+#endif
+#ifndef C_F16
+#define C_F16 0
+#endif
+
 #define WG 128
 #define ROWS 2
 
+// Elements [4 * j, 4 * j + 4) of row mm of X (k per row).
+static inline float4 xload(global const uint4 *x, uint mm, uint j, uint k)
+{
+#if X_F16
+    return vload_half4(mm * (k / 4) + j, (global const half *)x);
+#else
+    return as_float4(x[mm * (k / 4) + j]);
+#endif
+}
+
+// Writes column col of row mm: f32, or with C_F16 the pair (col, col + 1) as fp16.
+static inline void store(global uint *c0, global uint *c1, global uint *c2, uint n, uint n0,
+                         uint n1, float alpha0, uint mm, uint col, float y, float y1)
+{
+    uint seg_n = col < n0 ? n0 : (col < n0 + n1 ? n1 : n - n0 - n1);
+    uint at = col < n0 ? col : (col < n0 + n1 ? col - n0 : col - n0 - n1);
+    float s = col < n0 ? alpha0 : 1.0f;
+    global uint *c = col < n0 ? c0 : (col < n0 + n1 ? c1 : c2);
+    uint i = mm * seg_n + at;
+#if C_F16
+    vstore_half2_rte((float2)(y * s, y1 * s), i / 2, (global half *)c);
+#else
+    c[i] = as_uint(y * s);
+#endif
+}
+
 __attribute__((reqd_work_group_size(WG, 1, 1)))
-kernel void mha_gemv(global const float4 *x, global const uint4 *w, global const float *bias,
-                     global float *c0, global float *c1, global float *c2,
+kernel void mha_gemv(global const uint4 *x, global const uint4 *w, global const float *bias,
+                     global uint *c0, global uint *c1, global uint *c2,
                      uint m, uint n, uint k, uint n0, uint n1, float alpha0)
 {
     local float red[ROWS * MAX_M][WG];
@@ -24,7 +59,6 @@ kernel void mha_gemv(global const float4 *x, global const uint4 *w, global const
     uint first = get_group_id(0) * ROWS;
     uint per = W_F16 ? 8 : 4;
     uint words = k / per;
-    uint xw = k / 4;
     float acc[ROWS * MAX_M];
     for (uint i = 0; i < ROWS * MAX_M; i++) {
         acc[i] = 0.0f;
@@ -39,15 +73,15 @@ kernel void mha_gemv(global const float4 *x, global const uint4 *w, global const
             float8 f = vload_half8(row * words + c, (global const half *)w);
             for (uint mm = 0; mm < MAX_M; mm++) {
                 if (mm < m) {
-                    acc[r * MAX_M + mm] += dot(f.lo, x[mm * xw + 2 * c])
-                        + dot(f.hi, x[mm * xw + 2 * c + 1]);
+                    acc[r * MAX_M + mm] += dot(f.lo, xload(x, mm, 2 * c, k))
+                        + dot(f.hi, xload(x, mm, 2 * c + 1, k));
                 }
             }
 #else
             float4 f = as_float4(w[row * words + c]);
             for (uint mm = 0; mm < MAX_M; mm++) {
                 if (mm < m) {
-                    acc[r * MAX_M + mm] += dot(f, x[mm * xw + c]);
+                    acc[r * MAX_M + mm] += dot(f, xload(x, mm, c, k));
                 }
             }
 #endif
@@ -71,13 +105,13 @@ kernel void mha_gemv(global const float4 *x, global const uint4 *w, global const
         uint col = first + r;
         if (col < n && mm < m) {
             float y = red[tid][0] + bias[col];
-            if (col < n0) {
-                c0[mm * n0 + col] = y * alpha0;
-            } else if (col < n0 + n1) {
-                c1[mm * n1 + col - n0] = y;
-            } else {
-                c2[mm * (n - n0 - n1) + col - n0 - n1] = y;
+#if C_F16
+            if (r == 0) {
+                store(c0, c1, c2, n, n0, n1, alpha0, mm, col, y, red[MAX_M + mm][0] + bias[col + 1]);
             }
+#else
+            store(c0, c1, c2, n, n0, n1, alpha0, mm, col, y, 0.0f);
+#endif
         }
     }
 }

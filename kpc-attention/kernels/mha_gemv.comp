@@ -9,18 +9,24 @@
 // Outputs are three segments as in mha_gemm (columns [0, n0) to C0 scaled by alpha0, [n0, n0 + n1)
 // to C1, the rest to C2), all row-major: with one token per sequence that is also the head-split
 // layout the attention kernels read. So one launch is the fused Q/K/V projection of a decode step.
+//
+// X_F16: X holds fp16 (K a multiple of 8; checked on the host), read as it is. C_F16: the outputs
+// take fp16, each written by the invocation of the even column of a pair (every segment's width is
+// even; checked on the host). Outputs are declared as words and written by their bits either way.
 #version 450
 
 layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint W_F16 = 0;  // 1: W holds f16
 layout(constant_id = 1) const uint MAX_M = 8;  // most rows of X (the host checks)
+layout(constant_id = 2) const uint X_F16 = 0;  // 1: X holds fp16
+layout(constant_id = 3) const uint C_F16 = 0;  // 1: the outputs take fp16
 
-layout(std430, set = 0, binding = 0) readonly buffer X { vec4 x[]; };       // [M][K / 4]
+layout(std430, set = 0, binding = 0) readonly buffer X { uvec4 x[]; };      // [M][K] in 16-byte words
 layout(std430, set = 0, binding = 1) readonly buffer W { uvec4 w[]; };      // [N][K] in 16-byte words
 layout(std430, set = 0, binding = 2) readonly buffer Bias { float bias[]; };// [N]
-layout(std430, set = 0, binding = 3) writeonly buffer C0 { float c0[]; };
-layout(std430, set = 0, binding = 4) writeonly buffer C1 { float c1[]; };
-layout(std430, set = 0, binding = 5) writeonly buffer C2 { float c2[]; };
+layout(std430, set = 0, binding = 3) writeonly buffer C0 { uint c0[]; };
+layout(std430, set = 0, binding = 4) writeonly buffer C1 { uint c1[]; };
+layout(std430, set = 0, binding = 5) writeonly buffer C2 { uint c2[]; };
 
 layout(push_constant) uniform Params {
     uint m;        // rows of X
@@ -35,12 +41,42 @@ const uint WG = 128u;
 const uint ROWS = 2u;
 shared float red[ROWS * MAX_M][WG];
 
+// Elements [4 * j, 4 * j + 4) of row mm of X, `xw` 16-byte words per row.
+vec4 xload(uint mm, uint j, uint xw) {
+    if (X_F16 != 0u) {
+        uvec4 h = x[mm * xw + j / 2u];
+        uvec2 q = (j & 1u) == 0u ? h.xy : h.zw;
+        return vec4(unpackHalf2x16(q.x), unpackHalf2x16(q.y));
+    }
+    return uintBitsToFloat(x[mm * xw + j]);
+}
+
+// Writes column col (of segment 0, 1 or 2) of row mm: f32 bits, or with C_F16 the pair (col, col + 1).
+void store(uint mm, uint col, float y, float y1) {
+    uint seg_n = col < p.n0 ? p.n0 : (col < p.n0 + p.n1 ? p.n1 : p.n - p.n0 - p.n1);
+    uint at = col < p.n0 ? col : (col < p.n0 + p.n1 ? col - p.n0 : col - p.n0 - p.n1);
+    float s = col < p.n0 ? p.alpha0 : 1.0;
+    uint i = mm * seg_n + at;
+    uint v = floatBitsToUint(y * s);
+    if (C_F16 != 0u) {
+        i /= 2u;
+        v = packHalf2x16(vec2(y, y1) * s);
+    }
+    if (col < p.n0) {
+        c0[i] = v;
+    } else if (col < p.n0 + p.n1) {
+        c1[i] = v;
+    } else {
+        c2[i] = v;
+    }
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint first = gl_WorkGroupID.x * ROWS;
     uint per = W_F16 != 0u ? 8u : 4u;  // elements per 16-byte word of W
     uint words = p.k / per;            // 16-byte words per row of W
-    uint xw = p.k / 4u;                // vec4s per row of X
+    uint xw = p.k / (X_F16 != 0u ? 8u : 4u);  // 16-byte words per row of X
     float acc[ROWS * MAX_M];
     for (uint i = 0u; i < ROWS * MAX_M; i++) {
         acc[i] = 0.0;
@@ -57,15 +93,15 @@ void main() {
                 vec4 hi = vec4(unpackHalf2x16(word.z), unpackHalf2x16(word.w));
                 for (uint mm = 0u; mm < MAX_M; mm++) {
                     if (mm < p.m) {
-                        acc[r * MAX_M + mm] += dot(lo, x[mm * xw + 2u * c])
-                            + dot(hi, x[mm * xw + 2u * c + 1u]);
+                        acc[r * MAX_M + mm] += dot(lo, xload(mm, 2u * c, xw))
+                            + dot(hi, xload(mm, 2u * c + 1u, xw));
                     }
                 }
             } else {
                 vec4 f = uintBitsToFloat(word);
                 for (uint mm = 0u; mm < MAX_M; mm++) {
                     if (mm < p.m) {
-                        acc[r * MAX_M + mm] += dot(f, x[mm * xw + c]);
+                        acc[r * MAX_M + mm] += dot(f, xload(mm, c, xw));
                     }
                 }
             }
@@ -83,19 +119,18 @@ void main() {
         }
         barrier();
     }
-    // One invocation per (row, batch row) writes the result.
+    // One invocation per (row, batch row) writes the result; for fp16, the even column's writes
+    // the pair (ROWS is 2, so both are this workgroup's).
     if (tid < ROWS * MAX_M) {
         uint r = tid / MAX_M;
         uint mm = tid % MAX_M;
         uint col = first + r;
         if (col < p.n && mm < p.m) {
             float y = red[tid][0] + bias[col];
-            if (col < p.n0) {
-                c0[mm * p.n0 + col] = y * p.alpha0;
-            } else if (col < p.n0 + p.n1) {
-                c1[mm * p.n1 + col - p.n0] = y;
-            } else {
-                c2[mm * (p.n - p.n0 - p.n1) + col - p.n0 - p.n1] = y;
+            if (C_F16 == 0u) {
+                store(mm, col, y, 0.0);
+            } else if (r == 0u) {
+                store(mm, col, y, red[MAX_M + mm][0] + bias[col + 1u]);
             }
         }
     }

@@ -6,6 +6,7 @@ use kpc::error::{Error, Result};
 use kpc::runtime::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
 
 use super::{Attention, KvCache, check_len};
+use crate::launch::Batch;
 
 impl Attention {
     /// The split launch's groups and push constants for a decode over `len` positions of `cache`.
@@ -70,9 +71,11 @@ impl Attention {
             ));
         }
         let _scratch = self.step.lock();
+        let mut batch = Batch::new();
         // The vectorized kernel reads no new row without the append flag; any buffers of the right
         // type fill those bindings.
-        self.submit_step(cache, q, None, out, cache.len())
+        self.record_step(&mut batch, cache, q, None, out, cache.len());
+        batch.submit(&self.ctx.queue())
     }
 
     /// One decode step as a single submission: `k_new` and `v_new` (device buffers,
@@ -95,6 +98,36 @@ impl Attention {
         self.check_step(cache, q, out, k_new.len(), v_new.len())?;
         let _scratch = self.step.lock();
         self.append_and_submit(cache, q, k_new, v_new, out)
+    }
+
+    /// [`Attention::decode`] recorded into `batch` instead of submitted; the cache counts the new
+    /// position at once. The caller has checked the step (`check_step`) and keeps `batch` in the
+    /// order of the context's queue (the scratch is shared between this attention's steps, which
+    /// the in-order batch keeps apart).
+    pub(crate) fn record_decode(
+        &self,
+        batch: &mut Batch,
+        cache: &mut KvCache,
+        q: &Buffer<f32>,
+        k_new: &Buffer<f32>,
+        v_new: &Buffer<f32>,
+        out: &Buffer<f32>,
+    ) {
+        let len = cache.len() + 1;
+        self.record_step(batch, cache, q, Some((k_new, v_new)), out, len);
+        cache.len = len;
+    }
+
+    /// [`Attention::attend`] recorded into `batch`; the caller has checked the arguments and that
+    /// the cache is not empty.
+    pub(crate) fn record_attend(
+        &self,
+        batch: &mut Batch,
+        cache: &KvCache,
+        q: &Buffer<f32>,
+        out: &Buffer<f32>,
+    ) {
+        self.record_step(batch, cache, q, None, out, cache.len());
     }
 
     /// What a decode step checks before anything is written or launched: the cache (shape, type,
@@ -124,22 +157,26 @@ impl Attention {
         v_new: &Buffer<f32>,
         out: &Buffer<f32>,
     ) -> Result<Event> {
+        let mut batch = Batch::new();
         let len = cache.len() + 1;
-        let event = self.submit_step(cache, q, Some((k_new, v_new)), out, len)?;
+        self.record_step(&mut batch, cache, q, Some((k_new, v_new)), out, len);
+        let event = batch.submit(&self.ctx.queue())?;
         cache.len = len;
         Ok(event)
     }
 
-    /// Submits attention of `q` over the first `len` positions of `cache`; with `new`, position
-    /// `len - 1` is first written from it. The caller holds `step` and has checked the arguments.
-    pub(super) fn submit_step(
+    /// Records attention of `q` over the first `len` positions of `cache`; with `new`, position
+    /// `len - 1` is first written from it. The caller holds `step` (or orders the batch) and has
+    /// checked the arguments.
+    pub(super) fn record_step(
         &self,
+        batch: &mut Batch,
         cache: &KvCache,
         q: &Buffer<f32>,
         new: Option<(&Buffer<f32>, &Buffer<f32>)>,
         out: &Buffer<f32>,
         len: usize,
-    ) -> Result<Event> {
+    ) {
         let (groups, split_push, splits) = self.split_launch(len, cache.capacity(), new.is_some());
         let (k, v) = cache.buffers();
         let (Some(append), Some(reduce)) = (&self.append, &self.reduce) else {
@@ -155,15 +192,13 @@ impl Attention {
                 &self.done,
                 out,
             ];
-            return crate::launch::submit(
-                &self.ctx.queue(),
-                &[LaunchDesc {
-                    kernel: &self.decode,
-                    groups,
-                    buffers: &args,
-                    push_constants: split_push.as_bytes(),
-                }],
-            );
+            batch.add(&[LaunchDesc {
+                kernel: &self.decode,
+                groups,
+                buffers: &args,
+                push_constants: split_push.as_bytes(),
+            }]);
+            return;
         };
         let reduce_push = PushConstants::new().u32(splits);
         let decode_args: [&dyn BufferArg; 5] = [q, k, v, &self.part_o, &self.part_ml];
@@ -181,7 +216,8 @@ impl Attention {
             push_constants: reduce_push.as_bytes(),
         };
         let Some((k_new, v_new)) = new else {
-            return crate::launch::submit(&self.ctx.queue(), &[split, combine]);
+            batch.add(&[split, combine]);
+            return;
         };
         let pos = len - 1;
         let pairs = self.shape.kv_step_elems() / 2;
@@ -193,19 +229,16 @@ impl Attention {
             .u32(cache.capacity() as u32)
             .u32(pairs as u32);
         let append_args: [&dyn BufferArg; 4] = [k_new, v_new, k, v];
-        crate::launch::submit(
-            &self.ctx.queue(),
-            &[
-                LaunchDesc {
-                    kernel: append,
-                    groups: [append_groups, 1, 1],
-                    buffers: &append_args,
-                    push_constants: append_push.as_bytes(),
-                },
-                split,
-                combine,
-            ],
-        )
+        batch.add(&[
+            LaunchDesc {
+                kernel: append,
+                groups: [append_groups, 1, 1],
+                buffers: &append_args,
+                push_constants: append_push.as_bytes(),
+            },
+            split,
+            combine,
+        ]);
     }
 
     /// [`Attention::decode`] with the new position's K and V given on the host

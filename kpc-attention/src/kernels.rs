@@ -127,6 +127,14 @@ pub const SPIRV: &[ShippedSpirv] = &[
         cooperative_matrix2: false,
     },
     ShippedSpirv {
+        name: "mha_cast",
+        source: "kernels/mha_cast.comp",
+        spirv: include_bytes!("../kernels/mha_cast.spv"),
+        glsl: include_str!("../kernels/mha_cast.comp"),
+        cooperative_matrix: false,
+        cooperative_matrix2: false,
+    },
+    ShippedSpirv {
         name: "mha_attn",
         source: "kernels/mha_attn.comp",
         spirv: include_bytes!("../kernels/mha_attn.spv"),
@@ -194,6 +202,11 @@ pub const OPENCL: &[ShippedOpenCl] = &[
         name: "mha_gemv",
         path: "kernels/mha_gemv.cl",
         source: include_str!("../kernels/mha_gemv.cl"),
+    },
+    ShippedOpenCl {
+        name: "mha_cast",
+        path: "kernels/mha_cast.cl",
+        source: include_str!("../kernels/mha_cast.cl"),
     },
     ShippedOpenCl {
         name: "mha_attn",

@@ -46,10 +46,14 @@ pub mod mha;
 mod options;
 mod prefill;
 pub mod reference;
+mod stack;
+mod tensor;
 
 pub use kv_cache::{F16_MAX, KvCache, check_storable, round_to_f16};
 pub use mha::{MhaKind, MhaParams, MhaWeights, MultiHeadAttention, ProjectionKernel};
 pub use options::{AttentionOptions, DecodeKernel, PrefillKernel};
+pub use stack::{DecoderLayer, DecoderStack};
+pub use tensor::{Dtype, Tensor};
 
 use kpc::config::BackendKind;
 use kpc::error::{Error, Result};

@@ -5,6 +5,7 @@ use kpc::error::{Error, Result};
 use kpc::runtime::{Buffer, Event, LaunchDesc, PushConstants};
 
 use super::{Attention, KvCache, PrefillKernel, check_len};
+use crate::launch::Batch;
 
 impl Attention {
     /// Causal attention for `len` new positions: appends `k` and `v` (`[batch][kv_head][len][head_dim]`)
@@ -65,6 +66,20 @@ impl Attention {
         len: usize,
         out: &Buffer<f32>,
     ) -> Result<Event> {
+        let mut batch = Batch::new();
+        self.record_prefill_cached(&mut batch, cache, q, len, out)?;
+        batch.submit(&self.ctx.queue())
+    }
+
+    /// [`Attention::prefill_cached`] recorded into `batch`.
+    pub(crate) fn record_prefill_cached(
+        &self,
+        batch: &mut Batch,
+        cache: &KvCache,
+        q: &Buffer<f32>,
+        len: usize,
+        out: &Buffer<f32>,
+    ) -> Result<()> {
         self.check_cache(cache)?;
         if len == 0 || len > cache.len() {
             return Err(Error::InvalidArgument(format!(
@@ -100,14 +115,12 @@ impl Attention {
             _ => [tiles, rows, 1],
         };
         let (kb, vb) = cache.buffers();
-        super::launch::submit(
-            &self.ctx.queue(),
-            &[LaunchDesc {
-                kernel: &self.prefill,
-                groups,
-                buffers: &[q, kb, vb, out],
-                push_constants: push.as_bytes(),
-            }],
-        )
+        batch.add(&[LaunchDesc {
+            kernel: &self.prefill,
+            groups,
+            buffers: &[q, kb, vb, out],
+            push_constants: push.as_bytes(),
+        }]);
+        Ok(())
     }
 }

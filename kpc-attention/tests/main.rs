@@ -10,6 +10,7 @@ mod attention;
 mod gemm_wide;
 mod kernels;
 mod mha;
+mod mha_device;
 mod mha_edges;
 mod mha_errors;
 mod mha_support;

@@ -471,6 +471,27 @@ typedef enum kpc_seal_mode {
 } kpc_seal_mode;
 
 /**
+ * The element type of a tensor.
+ */
+typedef enum kpc_dtype {
+  /**
+   * IEEE half floats (an fp16 tensor holds an even number of elements).
+   */
+  KPC_DTYPE_F16 = 1,
+  /**
+   * 32-bit floats.
+   */
+  KPC_DTYPE_F32 = 2,
+} kpc_dtype;
+
+/**
+ * Device memory of one context (opaque): created by kpc (`kpc_buffer_create`) or the embedder's
+ * own (`kpc_buffer_import_vulkan`, `kpc_buffer_import_opencl`). Destroy with
+ * `kpc_buffer_destroy`; objects made from it (tensors) keep the memory alive until they go.
+ */
+typedef struct kpc_buffer kpc_buffer;
+
+/**
  * A configuration (opaque). Create with `kpc_config_create` or `kpc_config_from_env`, destroy with
  * `kpc_config_destroy`. Contexts copy it when created, so it may be changed or destroyed afterwards.
  */
@@ -507,6 +528,12 @@ typedef struct kpc_lease kpc_lease;
  * with `kpc_mha_destroy`.
  */
 typedef struct kpc_mha kpc_mha;
+
+/**
+ * A device tensor (opaque): a shape (row-major, the last dimension contiguous) and an element type
+ * over device memory. Destroy with `kpc_tensor_destroy`.
+ */
+typedef struct kpc_tensor kpc_tensor;
 
 /**
  * A specialization constant's value; the member read is the one `kpc_spec_constant.kind` names.
@@ -1164,6 +1191,111 @@ enum kpc_status kpc_kernel_create_from_blob(const struct kpc_context *context,
                                             const uint8_t *blob,
                                             size_t blob_size,
                                             struct kpc_kernel **out);
+
+/**
+ * A buffer of `bytes` bytes on `context` (contents undefined until written).
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or `out`, or `bytes` 0;
+ * `KPC_STATUS_OUT_OF_RESOURCES` when the device has no room.
+ *
+ * # Safety
+ * `out` is NULL or writable.
+ */
+enum kpc_status kpc_buffer_create(const struct kpc_context *context,
+                                  uint64_t bytes,
+                                  struct kpc_buffer **out);
+
+/**
+ * The embedder's own `VkBuffer` (its raw handle) used in place, no copy: `size` bytes from byte
+ * `offset` of it, bound to `memory`. kpc never destroys the buffer or frees the memory.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or `out`, a null `VkBuffer` or
+ * `VkDeviceMemory`, an offset that is not a multiple of the device's
+ * `minStorageBufferOffsetAlignment`, or a context that is not Vulkan; `KPC_STATUS_SIZE` for a
+ * size of 0 or `offset + size` past the end of the buffer (as its memory requirements say).
+ *
+ * # Safety
+ * `buffer` is a live `VkBuffer` of the context's `VkDevice` (a context made with
+ * `kpc_context_create_vulkan_interop`), created with `VK_BUFFER_USAGE_STORAGE_BUFFER_BIT`,
+ * `TRANSFER_SRC_BIT` and `TRANSFER_DST_BIT`, bound to `memory`, at least `offset + size` bytes;
+ * it outlives this buffer and everything made from it, and the embedder does not write it while
+ * kpc's work on it runs. `out` is NULL or writable.
+ */
+enum kpc_status kpc_buffer_import_vulkan(const struct kpc_context *context,
+                                         uint64_t buffer,
+                                         uint64_t memory,
+                                         uint64_t offset,
+                                         uint64_t size,
+                                         struct kpc_buffer **out);
+
+/**
+ * The embedder's own `cl_mem` buffer used in place, no copy: its first `size` bytes. kpc retains
+ * the `cl_mem` while it uses it.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or `out`, a NULL `mem`, a `cl_mem` of
+ * another `cl_context` than the context's, or a context that is not OpenCL; `KPC_STATUS_SIZE` for
+ * a size of 0 or more than the `cl_mem` holds.
+ *
+ * # Safety
+ * `mem` is NULL or a live `cl_mem` buffer object; the embedder does not write it while kpc's work
+ * on it runs. `out` is NULL or writable.
+ */
+enum kpc_status kpc_buffer_import_opencl(const struct kpc_context *context,
+                                         void *mem,
+                                         uint64_t size,
+                                         struct kpc_buffer **out);
+
+/**
+ * Writes the buffer's size in bytes to `*out`.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or `out`.
+ *
+ * # Safety
+ * `out` is NULL or writable.
+ */
+enum kpc_status kpc_buffer_size(const struct kpc_buffer *buffer, uint64_t *out);
+
+/**
+ * Copies `bytes` bytes from `data` into the buffer at byte `offset`, after every launch
+ * submitted before on its context (a synchronous write).
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or NULL `data` with `bytes` > 0;
+ * `KPC_STATUS_SIZE` for a range past the buffer's end (nothing is written then).
+ *
+ * # Safety
+ * `data` is NULL or points to `bytes` readable bytes.
+ */
+enum kpc_status kpc_buffer_upload(const struct kpc_buffer *buffer,
+                                  uint64_t offset,
+                                  const void *data,
+                                  size_t bytes);
+
+/**
+ * Copies `bytes` bytes from the buffer at byte `offset` into `data`, after every launch submitted
+ * before on its context (it waits for them).
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or NULL `data` with `bytes` > 0;
+ * `KPC_STATUS_SIZE` for a range past the buffer's end (nothing is read then).
+ *
+ * # Safety
+ * `data` is NULL or points to `bytes` writable bytes.
+ */
+enum kpc_status kpc_buffer_download(const struct kpc_buffer *buffer,
+                                    uint64_t offset,
+                                    void *data,
+                                    size_t bytes);
+
+/**
+ * Destroys a buffer handle. The memory goes when nothing made from it (tensors) and no launch
+ * uses it any more; an imported buffer's memory stays the embedder's. NULL is accepted and does
+ * nothing.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` when `buffer` is not a live buffer.
+ *
+ * # Safety
+ * None beyond the handle's (which is checked).
+ */
+enum kpc_status kpc_buffer_destroy(struct kpc_buffer *buffer);
 
 /**
  * Creates a configuration with kpc's defaults: what `kpc_config_from_env` gives with no `KPC_*`
@@ -1963,6 +2095,128 @@ enum kpc_status kpc_mha_import_cache(struct kpc_mha *layer,
                                      const float *v,
                                      size_t count,
                                      uint32_t len);
+
+/**
+ * A decode step on device tensors, submitted with no host copy and no wait: `x` `[batch][qdim]`
+ * in (fp16 or f32), `out` `[batch][qdim]` written (fp16 or f32), `mask` an f32 tensor
+ * `[1][kv_len]` or `[num_heads][1][kv_len]` (layers with `attn_mask`) or NULL. A read of `out`
+ * (`kpc_tensor_read_f32`) waits for the step. Device values are not inspected: a NaN in `x` or the
+ * mask gives NaN outputs.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle, a tensor of another context, of an
+ * unaccepted type (the mask is f32) or a mask against the layer's `attn_mask`; `KPC_STATUS_SIZE`
+ * for a tensor of the wrong shape or a full cache; `KPC_STATUS_CALL_ORDER` as `kpc_mha_step`.
+ * Nothing is written or launched then.
+ *
+ * # Safety
+ * None beyond the handles' (which are checked).
+ */
+enum kpc_status kpc_mha_step_tensor(struct kpc_mha *layer,
+                                    const struct kpc_tensor *x,
+                                    struct kpc_tensor *out,
+                                    const struct kpc_tensor *mask);
+
+/**
+ * A prefill on device tensors, submitted with no host copy and no wait: `x` `[batch][len][qdim]`
+ * (fp16 or f32; `len` is its second dimension), `out` of the same shape, `mask` an f32 tensor
+ * `[len][kv_len]` or `[num_heads][len][kv_len]` or NULL.
+ *
+ * Errors: as `kpc_mha_step_tensor`, and `KPC_STATUS_SIZE` for positions past the capacity.
+ * Nothing is written, launched or forgotten then.
+ *
+ * # Safety
+ * None beyond the handles' (which are checked).
+ */
+enum kpc_status kpc_mha_prefill_tensor(struct kpc_mha *layer,
+                                       const struct kpc_tensor *x,
+                                       struct kpc_tensor *out,
+                                       const struct kpc_tensor *mask);
+
+/**
+ * Cross-attention memory from device tensors: `keys` `[batch][len][kdim]`, `values`
+ * `[batch][len][vdim]` or NULL for the keys as values (kdim == vdim); fp16 or f32. Submitted with
+ * no wait.
+ *
+ * Errors: as `kpc_mha_set_memory`; `KPC_STATUS_INVALID_ARGUMENT` for a tensor of another context;
+ * `KPC_STATUS_SIZE` for a tensor of the wrong shape. The old memory is kept then.
+ *
+ * # Safety
+ * None beyond the handles' (which are checked).
+ */
+enum kpc_status kpc_mha_set_memory_tensor(struct kpc_mha *layer,
+                                          const struct kpc_tensor *keys,
+                                          const struct kpc_tensor *values);
+
+/**
+ * A tensor of `shape` (`rank` dimensions) and `dtype` in new device memory of `context`
+ * (contents undefined until written).
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle, `out`, `dtype` or shape (rank 0 or
+ * above 8, a zero dimension, an odd number of fp16 elements); `KPC_STATUS_OUT_OF_RESOURCES` when
+ * the device has no room.
+ *
+ * # Safety
+ * `shape` points to `rank` readable values; `out` is NULL or writable.
+ */
+enum kpc_status kpc_tensor_create(const struct kpc_context *context,
+                                  int32_t dtype,
+                                  const uint64_t *shape,
+                                  size_t rank,
+                                  struct kpc_tensor **out);
+
+/**
+ * A tensor of `shape` and `dtype` over `buffer`'s memory (its first bytes; shared, not copied),
+ * an imported buffer included. The tensor keeps the memory alive after `kpc_buffer_destroy`.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle, `out`, `dtype` or shape, or a buffer
+ * whose size is not whole elements; `KPC_STATUS_SIZE` for a buffer smaller than the shape.
+ *
+ * # Safety
+ * `shape` points to `rank` readable values; `out` is NULL or writable.
+ */
+enum kpc_status kpc_tensor_from_buffer(const struct kpc_buffer *buffer,
+                                       int32_t dtype,
+                                       const uint64_t *shape,
+                                       size_t rank,
+                                       struct kpc_tensor **out);
+
+/**
+ * Writes `count` floats from `data` into the tensor (rounded to nearest even for fp16), after
+ * every launch submitted before.
+ *
+ * Errors: `KPC_STATUS_SIZE` unless `count` is the tensor's element count;
+ * `KPC_STATUS_INVALID_ARGUMENT` for a bad handle, NULL `data`, or a value outside fp16's range
+ * for an fp16 tensor (nothing is written then).
+ *
+ * # Safety
+ * `data` is NULL or points to `count` readable floats.
+ */
+enum kpc_status kpc_tensor_write_f32(const struct kpc_tensor *tensor,
+                                     const float *data,
+                                     size_t count);
+
+/**
+ * Reads the tensor into `out` (`count` floats, its element count; fp16 widened exactly), after
+ * every launch submitted before (it waits for them).
+ *
+ * Errors: `KPC_STATUS_SIZE` unless `count` is the tensor's element count;
+ * `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or `out`.
+ *
+ * # Safety
+ * `out` is NULL or points to `count` writable floats.
+ */
+enum kpc_status kpc_tensor_read_f32(const struct kpc_tensor *tensor, float *out, size_t count);
+
+/**
+ * Destroys a tensor handle (its memory goes with the last user). NULL is accepted and does
+ * nothing.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` when `tensor` is not a live tensor.
+ *
+ * # Safety
+ * None beyond the handle's (which is checked).
+ */
+enum kpc_status kpc_tensor_destroy(struct kpc_tensor *tensor);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -25,6 +25,7 @@
 
 mod arrays;
 mod blob;
+mod buffer;
 mod config;
 mod config_stores;
 mod context;
@@ -34,9 +35,11 @@ mod kernel;
 mod log;
 mod mha;
 mod registry;
+mod tensor;
 mod util;
 
 pub use blob::*;
+pub use buffer::*;
 pub use config::*;
 pub use config_stores::*;
 pub use context::*;
@@ -45,6 +48,7 @@ pub use interop::*;
 pub use kernel::*;
 pub use log::*;
 pub use mha::*;
+pub use tensor::*;
 
 use std::cell::RefCell;
 use std::ffi::{CString, c_char};

@@ -6,6 +6,7 @@ use parking_lot::Mutex;
 
 use super::interop::read_versioned;
 use super::registry::{self, Object};
+use super::tensor::{TensorObj, kpc_tensor, opt_tensor};
 use super::util::{check_out, slice_arg, switch_arg, write_out};
 use super::{Failure, guard, kpc_context, kpc_status};
 use kpc::error::Error;
@@ -457,5 +458,90 @@ pub unsafe extern "C" fn kpc_mha_import_cache(
         // SAFETY: forwarded to the caller.
         let (k, v) = unsafe { (slice_arg(k, count, "k")?, slice_arg(v, count, "v")?) };
         Ok(l.0.lock().import_cache(layout, k, v, len as usize)?)
+    })
+}
+
+/// A decode step on device tensors, submitted with no host copy and no wait: `x` `[batch][qdim]`
+/// in (fp16 or f32), `out` `[batch][qdim]` written (fp16 or f32), `mask` an f32 tensor
+/// `[1][kv_len]` or `[num_heads][1][kv_len]` (layers with `attn_mask`) or NULL. A read of `out`
+/// (`kpc_tensor_read_f32`) waits for the step. Device values are not inspected: a NaN in `x` or the
+/// mask gives NaN outputs.
+///
+/// Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle, a tensor of another context, of an
+/// unaccepted type (the mask is f32) or a mask against the layer's `attn_mask`; `KPC_STATUS_SIZE`
+/// for a tensor of the wrong shape or a full cache; `KPC_STATUS_CALL_ORDER` as `kpc_mha_step`.
+/// Nothing is written or launched then.
+///
+/// # Safety
+/// None beyond the handles' (which are checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_mha_step_tensor(
+    layer: *mut kpc_mha,
+    x: *const kpc_tensor,
+    out: *mut kpc_tensor,
+    mask: *const kpc_tensor,
+) -> kpc_status {
+    guard("kpc_mha_step_tensor", || {
+        let l = registry::get::<Layer>(layer, "layer")?;
+        let x = registry::get::<TensorObj>(x, "x")?;
+        let out = registry::get::<TensorObj>(out, "out")?;
+        let mask = opt_tensor(mask, "mask")?;
+        let mut y = out.0.clone();
+        Ok(l.0
+            .lock()
+            .step_device(&x.0, &mut y, mask.as_ref().map(|m| &m.0))?)
+    })
+}
+
+/// A prefill on device tensors, submitted with no host copy and no wait: `x` `[batch][len][qdim]`
+/// (fp16 or f32; `len` is its second dimension), `out` of the same shape, `mask` an f32 tensor
+/// `[len][kv_len]` or `[num_heads][len][kv_len]` or NULL.
+///
+/// Errors: as `kpc_mha_step_tensor`, and `KPC_STATUS_SIZE` for positions past the capacity.
+/// Nothing is written, launched or forgotten then.
+///
+/// # Safety
+/// None beyond the handles' (which are checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_mha_prefill_tensor(
+    layer: *mut kpc_mha,
+    x: *const kpc_tensor,
+    out: *mut kpc_tensor,
+    mask: *const kpc_tensor,
+) -> kpc_status {
+    guard("kpc_mha_prefill_tensor", || {
+        let l = registry::get::<Layer>(layer, "layer")?;
+        let x = registry::get::<TensorObj>(x, "x")?;
+        let out = registry::get::<TensorObj>(out, "out")?;
+        let mask = opt_tensor(mask, "mask")?;
+        let mut y = out.0.clone();
+        Ok(l.0
+            .lock()
+            .prefill_device(&x.0, &mut y, mask.as_ref().map(|m| &m.0))?)
+    })
+}
+
+/// Cross-attention memory from device tensors: `keys` `[batch][len][kdim]`, `values`
+/// `[batch][len][vdim]` or NULL for the keys as values (kdim == vdim); fp16 or f32. Submitted with
+/// no wait.
+///
+/// Errors: as `kpc_mha_set_memory`; `KPC_STATUS_INVALID_ARGUMENT` for a tensor of another context;
+/// `KPC_STATUS_SIZE` for a tensor of the wrong shape. The old memory is kept then.
+///
+/// # Safety
+/// None beyond the handles' (which are checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_mha_set_memory_tensor(
+    layer: *mut kpc_mha,
+    keys: *const kpc_tensor,
+    values: *const kpc_tensor,
+) -> kpc_status {
+    guard("kpc_mha_set_memory_tensor", || {
+        let l = registry::get::<Layer>(layer, "layer")?;
+        let keys = registry::get::<TensorObj>(keys, "keys")?;
+        let values = opt_tensor(values, "values")?;
+        Ok(l.0
+            .lock()
+            .set_memory_device(&keys.0, values.as_ref().map(|v| &v.0))?)
     })
 }

@@ -614,3 +614,62 @@ fn c_warnings_reach_the_program() {
     let (_, quiet) = run_both(&exe, &args, &[("KPC_LOG_STDERR", Path::new("0"))]);
     assert!(!quiet.contains("kpc: warning:"), "{quiet}");
 }
+
+/// Issue 40, item 4: the layer on device tensors from C, in an embedder that owns its device and
+/// passes its own buffers (a VkBuffer at an offset, a cl_mem) without a copy; every bad buffer and
+/// tensor argument a status with a message, the layer unchanged after each.
+fn mha_tensor_from_c(backend: &str, index: usize) {
+    let dir = TempDir::new(&format!("capi-mha-tensor-{backend}"));
+    let exe = compile("mha_tensor", &["-lvulkan", "-lOpenCL"], dir.path());
+    let cache = dir.join("cache");
+    let out = run(
+        &exe,
+        &[backend, &index.to_string()],
+        &[("KPC_CACHE_DIR", &cache)],
+    );
+    for line in [
+        "prefill: 3 positions, tensor call = host call (bit-exact)",
+        "on the embedder's own buffers",
+        "read from the embedder's memory",
+        "refused tensor calls left the layer as it was",
+        "mha_tensor: ",
+        "ok KPC_STATUS_SIZE",
+        "ok KPC_STATUS_CALL_ORDER",
+    ] {
+        assert!(out.contains(line), "{backend}: no {line:?} in:\n{out}");
+    }
+    for msg in [
+        "belongs to another context",
+        "imported",
+        "a F16 tensor; this call takes F32",
+        "is NULL",
+        "outside fp16's range",
+    ] {
+        assert!(
+            out.contains(msg),
+            "{backend}: no message {msg:?} in:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn c_mha_tensor_vulkan_embedder() {
+    let test = "c_mha_tensor_vulkan_embedder";
+    let Some(()) = cc_available("vulkan", test) else {
+        return;
+    };
+    if let Some(dev) = drivers::vulkan_device(test) {
+        mha_tensor_from_c("vulkan", dev.index);
+    }
+}
+
+#[test]
+fn c_mha_tensor_opencl_embedder() {
+    let test = "c_mha_tensor_opencl_embedder";
+    let Some(()) = cc_available("opencl", test) else {
+        return;
+    };
+    if let Some(dev) = drivers::opencl_device(test) {
+        mha_tensor_from_c("opencl", dev.index);
+    }
+}

@@ -47,6 +47,11 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             "--cross needs --layer mha (cross-attention is a MultiHeadAttention layer)".into(),
         ));
     }
+    if args.layers.is_some() {
+        return Err(kpc::Error::InvalidArgument(
+            "--layers needs --layer mha (a decoder stack of MultiHeadAttention layers)".into(),
+        ));
+    }
     let ctx = Context::with_device(&device, config)?;
     crate::attention_report::seal_before_first_acquisition(&ctx);
     let mut report = Report::default();

@@ -39,6 +39,14 @@ pub struct Args {
     /// projected once, after the self-attention layer at every step.
     #[arg(long)]
     pub(crate) cross: Option<usize>,
+    /// With `--layer mha`: run a decoder stack of this many layers (self-attention, each followed
+    /// by cross-attention with --cross), chained on the device in one submission per step
+    /// (DecoderStack); reports device time, wall time and the weights + K/V read floor per step.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) layers: Option<u32>,
+    /// With `--layers`: the activations' type between and into the layers.
+    #[arg(long, value_enum, default_value = "f16")]
+    pub(crate) activations: KvArg,
     /// With `--layer mha`: the projection kernel (`auto`: the matrix-vector one for decode steps
     /// where it fits, else the wide cooperative-matrix GEMM (mha_gemm_wide), else the first
     /// cooperative-matrix GEMM (mha_gemm_coop), where the device and shape allow them, else the

@@ -8,75 +8,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use crate::attention_args::{Args, Plan};
+use crate::mha_random::{Rng, median, random_weights, view};
 use kpc::{Config, Context};
+use kpc_attention::mha::MhaTimes;
 use kpc_attention::mha::reference::{RefCall, multi_head_attention};
-use kpc_attention::mha::{MhaTimes, MhaWeights};
 use kpc_attention::reference::relative_error;
 use kpc_attention::{KvDtype, MhaKind, MhaParams, MultiHeadAttention};
-
-/// Uniform numbers in [-scale, scale) from a xorshift generator seeded by the clock.
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Rng {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64);
-        Rng(t | 1)
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                self.0 ^= self.0 << 13;
-                self.0 ^= self.0 >> 7;
-                self.0 ^= self.0 << 17;
-                (((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
-}
-
-/// A layer's eight weight arrays, random, scaled by 1/sqrt(fan-in).
-fn random_weights(rng: &mut Rng, p: &MhaParams) -> Vec<Vec<f32>> {
-    let (e, kv) = (p.embed_dim, p.kv_dim());
-    [
-        (e, p.qdim),
-        (e, 0),
-        (kv, p.kdim),
-        (kv, 0),
-        (kv, p.vdim),
-        (kv, 0),
-        (p.qdim, e),
-        (p.qdim, 0),
-    ]
-    .iter()
-    .map(|&(rows, k)| {
-        let s = if k == 0 { 0.1 } else { 1.0 / (k as f32).sqrt() };
-        rng.vec(rows * k.max(1), s)
-    })
-    .collect()
-}
-
-fn view(w: &[Vec<f32>]) -> MhaWeights<'_> {
-    MhaWeights {
-        q_weight: &w[0],
-        q_bias: &w[1],
-        k_weight: &w[2],
-        k_bias: &w[3],
-        v_weight: &w[4],
-        v_bias: &w[5],
-        out_weight: &w[6],
-        out_bias: &w[7],
-    }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Per-step figures of one layer: wall time and, where the backend times launches, device time
 /// by phase.
@@ -126,6 +63,9 @@ pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
 }
 
 fn run_on(ctx: &Context, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
+    if let Some(n) = args.layers {
+        return crate::attention_stack::run(ctx, args, plan, n as usize);
+    }
     let ctx = ctx.clone();
     let s = plan.shape;
     let (prompt, steps) = (args.prompt, args.steps);

@@ -14,6 +14,7 @@ mod attention_args;
 mod attention_measure;
 mod attention_mha;
 mod attention_report;
+mod attention_stack;
 mod bench_build;
 mod bench_build_cl;
 mod bench_glsl;
@@ -28,6 +29,7 @@ mod cache_gc;
 mod cache_keys;
 mod cache_metrics;
 mod cache_prebuild;
+mod mha_random;
 // `kpc cache ls --remote` and the remote in `kpc cache stats`.
 mod cache_remote;
 mod cache_report;

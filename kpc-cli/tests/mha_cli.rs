@@ -123,3 +123,64 @@ fn mha_takes_the_attention_options() {
         "{generic:?}"
     );
 }
+
+/// `--layers N --cross S`: the chained decoder stack passes the reference check, one submission
+/// per step, and reports wall and device time and the floor per step.
+fn stack_check(backend: &str, activations: &str) {
+    let cache = TempDir::new(&format!("mha-stack-cli-{backend}"));
+    let out = Command::new(env!("CARGO_BIN_EXE_kpc"))
+        .args([
+            "attention",
+            "--layer",
+            "mha",
+            "--check",
+            "--backend",
+            backend,
+        ])
+        .args(["--heads", "4", "--kv-heads", "2", "--head-dim", "16"])
+        .args([
+            "--prompt", "6", "--steps", "4", "--layers", "3", "--cross", "5",
+        ])
+        .args(["--activations", activations, "--kv", activations])
+        .env("KPC_CACHE_DIR", cache.path())
+        .env_remove("KPC_DEVICE")
+        .env_remove("KPC_CACHE_REMOTE_KEY")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("over 6 sublayers") && text.contains(": ok"),
+        "{text}"
+    );
+    let bench = text
+        .lines()
+        .find(|l| l.starts_with("bench: phase=mha_stack"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(field(bench, "submissions"), "1", "{bench}");
+    assert_eq!(field(bench, "layers"), "3", "{bench}");
+    for key in ["wall_us", "device_us", "floor_us", "copy_gbs"] {
+        let v: f64 = field(bench, key).parse().unwrap();
+        assert!(v > 0.0, "{key}: {bench}");
+    }
+}
+
+#[test]
+fn vulkan_mha_stack_checks() {
+    if vulkan_device("vulkan_mha_stack_cli").is_some() {
+        stack_check("vulkan", "f16");
+        stack_check("vulkan", "f32");
+    }
+}
+
+#[test]
+fn opencl_mha_stack_checks() {
+    if opencl_device("opencl_mha_stack_cli").is_some() {
+        stack_check("opencl", "f16");
+        stack_check("opencl", "f32");
+    }
+}

@@ -295,6 +295,9 @@ pub struct BackendStats {
     pub driver_cache_unknown: u64,
     /// Launches submitted.
     pub launches: u64,
+    /// Batches submitted ([`crate::Queue::submit`] calls, each of any number of launches). On a
+    /// Vulkan device kpc opened several close batches may still share one `vkQueueSubmit`.
+    pub batches: u64,
 }
 
 /// What a program was built from: every part of its persistent key. kpc's backends record it when
@@ -407,4 +410,45 @@ pub trait ComputeBackend: Backend {
 
     /// This backend's counters.
     fn stats(&self) -> BackendStats;
+
+    /// A buffer over memory the embedder owns (see [`ForeignBuffer`]), used in place, never freed
+    /// by kpc. The default refuses: the backend imports nothing.
+    ///
+    /// # Safety
+    /// As [`crate::runtime::Context::import_vulkan_buffer`] and
+    /// [`crate::runtime::Context::import_opencl_buffer`]: the handle is a live buffer of this
+    /// backend's device, of at least the size given, that outlives every kpc use of it.
+    unsafe fn import_buffer(&self, foreign: &ForeignBuffer) -> crate::Result<Self::Buffer> {
+        let _ = foreign;
+        Err(crate::Error::InvalidArgument(format!(
+            "the {} backend {:?} imports no buffers",
+            self.device_info().backend,
+            self.device_info().name
+        )))
+    }
+}
+
+/// An embedder's own buffer, named by its API's handles, for [`ComputeBackend::import_buffer`].
+#[derive(Debug, Clone, Copy)]
+pub enum ForeignBuffer {
+    /// A `VkBuffer` (its raw handle) created on the context's `VkDevice` with storage-buffer and
+    /// transfer source and destination usage, bound to `memory`; kpc uses `size` bytes from byte
+    /// `offset` of it.
+    Vulkan {
+        /// The `VkBuffer`, as its raw 64-bit handle.
+        buffer: u64,
+        /// The `VkDeviceMemory` it is bound to, as its raw handle (not null).
+        memory: u64,
+        /// The first byte kpc uses: a multiple of the device's `minStorageBufferOffsetAlignment`.
+        offset: u64,
+        /// Bytes kpc uses from `offset`.
+        size: u64,
+    },
+    /// A `cl_mem` buffer of the context's `cl_context`; kpc uses its first `size` bytes.
+    OpenCl {
+        /// The `cl_mem`, as a pointer-sized value. kpc retains it while it uses it.
+        mem: usize,
+        /// Bytes kpc uses.
+        size: u64,
+    },
 }

@@ -67,6 +67,16 @@ impl<T: Pod> fmt::Debug for Buffer<T> {
 
 impl<T: Pod> sealed::Sealed for Buffer<T> {}
 
+impl sealed::Sealed for RawBuffer {}
+
+/// An untyped handle passes as the buffer it is: a recorded launch can keep its arguments as
+/// `RawBuffer`s (each keeps its buffer alive) whatever their element types.
+impl BufferArg for RawBuffer {
+    fn raw(&self) -> &RawBuffer {
+        self
+    }
+}
+
 impl<T: Pod> BufferArg for Buffer<T> {
     fn raw(&self) -> &RawBuffer {
         &self.raw
@@ -81,6 +91,24 @@ impl<T: Pod> Buffer<T> {
             backend,
             _t: PhantomData,
         }
+    }
+
+    /// The same memory seen as elements of `U` (shared, not copied).
+    ///
+    /// Errors: [`Error::InvalidArgument`] when its bytes are not a whole number of `U`s.
+    pub fn cast<U: Pod>(&self) -> Result<Buffer<U>> {
+        let size = std::mem::size_of::<U>() as u64;
+        if size == 0 || self.raw.bytes % size != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a buffer of {} bytes is not a whole number of {size}-byte elements",
+                self.raw.bytes
+            )));
+        }
+        Ok(Buffer::new(
+            self.raw.clone(),
+            (self.raw.bytes / size) as usize,
+            self.backend.clone(),
+        ))
     }
 
     /// Elements.

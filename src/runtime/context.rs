@@ -19,7 +19,7 @@ use crate::cache::{BuildOptions, SpecConstants, StoreChain};
 use crate::config::{BackendKind, Config, SealMode};
 use crate::error::{Error, Result};
 
-use super::buffer::{Buffer, RawBuffer};
+use super::buffer::{Buffer, BufferArg, RawBuffer};
 use super::kernel::Kernel;
 use super::lifecycle::{Background, Life};
 use super::prefetch::{KernelRequest, Prefetch};
@@ -290,6 +290,12 @@ impl Context {
             len,
             self.inner.compute.clone(),
         ))
+    }
+
+    /// Whether `buffer` was made on this context (or a clone of it): only such buffers may be passed
+    /// to its kernels.
+    pub fn owns(&self, buffer: &dyn BufferArg) -> bool {
+        buffer.raw().context == self.inner.id
     }
 
     /// A device buffer holding a copy of `data`.

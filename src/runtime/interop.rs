@@ -73,8 +73,10 @@ pub use crate::backend::vulkan::{
 use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
 
+use super::buffer::{Buffer, RawBuffer};
 use super::context::Context;
 use super::kernel::Kernel;
+use crate::backend::{ForeignBuffer, Pod};
 
 impl Context {
     /// A context over the embedder's Vulkan instance, device and queue, which kpc borrows and never
@@ -103,6 +105,78 @@ impl Context {
         // SAFETY: the caller upholds from_handles' contract, which this function's repeats.
         let backend = unsafe { OpenClBackend::from_handles(handles, config) }?;
         Ok(Context::from_backend(backend, config))
+    }
+
+    /// A buffer of `T` over the embedder's own `VkBuffer`, used in place (no copy) and never
+    /// destroyed by kpc: `size` bytes from byte `offset` of `buffer` (raw handles, as
+    /// `ash::vk::Handle::as_raw` gives them), bound to `memory`. Its elements are
+    /// `size / size_of::<T>()`. Kernels, reads and writes of this context use it like any buffer
+    /// of the context.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for null handles, an offset that is not a multiple of
+    /// the device's `minStorageBufferOffsetAlignment`, a size that is not whole elements, or a
+    /// context that is not Vulkan; [`Error::Size`] for a zero size or `offset + size` past the
+    /// buffer's memory requirements (a buffer smaller than the caller says).
+    ///
+    /// # Safety
+    /// `buffer` is a live `VkBuffer` of this context's `VkDevice` (a context over the embedder's
+    /// device: [`Context::from_vulkan_handles`]), created with `STORAGE_BUFFER`, `TRANSFER_SRC` and
+    /// `TRANSFER_DST` usage, bound to `memory`, at least `offset + size` bytes long; it outlives the
+    /// returned buffer, its clones and every launch using them, and the embedder does not write it
+    /// while kpc's work on it runs.
+    pub unsafe fn import_vulkan_buffer<T: Pod>(
+        &self,
+        buffer: u64,
+        memory: u64,
+        offset: u64,
+        size: u64,
+    ) -> Result<Buffer<T>> {
+        let f = ForeignBuffer::Vulkan {
+            buffer,
+            memory,
+            offset,
+            size,
+        };
+        // SAFETY: the caller's contract is import_buffer's.
+        unsafe { self.import(&f, size) }
+    }
+
+    /// A buffer of `T` over the embedder's own `cl_mem` (a pointer-sized handle), its first `size`
+    /// bytes, used in place (no copy); kpc retains the `cl_mem` while it uses it.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a NULL handle, a `cl_mem` of another `cl_context`,
+    /// a size that is not whole elements, or a context that is not OpenCL; [`Error::Size`] for a
+    /// zero size or more bytes than the `cl_mem` holds (`CL_MEM_SIZE`).
+    ///
+    /// # Safety
+    /// `mem` is a live `cl_mem` buffer object, and the embedder does not write it while kpc's work
+    /// on it runs.
+    pub unsafe fn import_opencl_buffer<T: Pod>(&self, mem: usize, size: u64) -> Result<Buffer<T>> {
+        let f = ForeignBuffer::OpenCl { mem, size };
+        // SAFETY: the caller's contract is import_buffer's.
+        unsafe { self.import(&f, size) }
+    }
+
+    /// # Safety
+    /// As [`crate::backend::ComputeBackend::import_buffer`].
+    unsafe fn import<T: Pod>(&self, f: &ForeignBuffer, size: u64) -> Result<Buffer<T>> {
+        let elem = std::mem::size_of::<T>() as u64;
+        if elem == 0 || size % elem != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "an imported buffer of {size} bytes is not a whole number of {elem}-byte elements"
+            )));
+        }
+        // SAFETY: the caller's contract is import_buffer's.
+        let handle = unsafe { self.inner.compute.import_buffer(f) }?;
+        Ok(Buffer::new(
+            RawBuffer {
+                handle,
+                bytes: size,
+                context: self.inner.id,
+            },
+            (size / elem) as usize,
+            self.inner.compute.clone(),
+        ))
     }
 }
 

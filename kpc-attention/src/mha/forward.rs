@@ -1,45 +1,42 @@
 //! The layer's calls: prefill and decode steps (self-attention, and cross-attention over its
-//! memory), and setting the memory.
+//! memory), and setting the memory. Each call records its launches into one batch: the device calls
+//! on [`Tensor`]s submit it and return, the host-slice calls wrap them (upload, submit, read back).
 
 use std::time::Duration;
 
 use kpc::error::{Error, Result};
 use kpc::runtime::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
 
-use super::proj::Outputs;
+use super::proj::{Half, Outputs};
 use super::{MhaKind, MultiHeadAttention};
 use crate::check_len;
-
-/// What a launch of a layer call does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MhaPhase {
-    /// A Q/K/V or output projection.
-    Projection,
-    /// Appending K/V and attending.
-    Attention,
-}
+use crate::launch::{Batch, Phase};
+use crate::tensor::{Dtype, Tensor};
 
 /// Device time of one layer call, by phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MhaTimes {
-    /// The projections (input and output).
+    /// The projections (input and output), with any conversion between fp16 and f32 activations.
     pub projection: Duration,
     /// The K/V append and the attention.
     pub attention: Duration,
 }
 
-/// The submissions of one layer call, each with its phase.
-pub(crate) type MhaRun = Vec<(MhaPhase, Event)>;
+/// The submission of a call: its event and each launch's phase.
+pub(crate) type MhaRun = Option<(Event, Vec<Phase>)>;
 
 pub(super) fn times(run: &MhaRun) -> Result<Option<MhaTimes>> {
     let mut t = MhaTimes::default();
-    for (phase, event) in run {
-        let Some(d) = event.device_time()? else {
-            return Ok(None);
-        };
+    let Some((event, phases)) = run else {
+        return Ok(Some(t));
+    };
+    let Some(each) = event.launch_times()? else {
+        return Ok(None);
+    };
+    for (phase, d) in phases.iter().zip(each) {
         match phase {
-            MhaPhase::Projection => t.projection += d,
-            MhaPhase::Attention => t.attention += d,
+            Phase::Projection => t.projection += d,
+            Phase::Attention => t.attention += d,
         }
     }
     Ok(Some(t))
@@ -53,10 +50,14 @@ enum MaskMode {
     PerHead = 2,
 }
 
+/// Both activation types the device calls take.
+const ANY: &[Dtype] = &[Dtype::F16, Dtype::F32];
+
 impl MultiHeadAttention {
-    /// Checks `mask` against the layer's `attn_mask` and the call's `q_len` x `kv_len` logits.
-    fn mask_mode(&self, mask: Option<&[f32]>, q_len: usize, kv_len: usize) -> Result<MaskMode> {
-        match (self.params.attn_mask, mask) {
+    /// Checks a mask of `mask_len` elements (or none) against the layer's `attn_mask` and the
+    /// call's `q_len` x `kv_len` logits.
+    fn mask_mode(&self, mask_len: Option<usize>, q_len: usize, kv_len: usize) -> Result<MaskMode> {
+        match (self.params.attn_mask, mask_len) {
             (false, None) => Ok(MaskMode::None),
             (false, Some(_)) => Err(Error::InvalidArgument(
                 "this layer was built without attn_mask; pass no mask, or build it with \
@@ -66,24 +67,17 @@ impl MultiHeadAttention {
             (true, None) => Err(Error::InvalidArgument(
                 "this layer was built with attn_mask: every call takes a mask".into(),
             )),
-            (true, Some(m)) => {
-                if let Some(i) = m.iter().position(|x| x.is_nan() || *x == f32::INFINITY) {
-                    return Err(Error::InvalidArgument(format!(
-                        "attention mask[{i}] is {}; masks take finite values (added to the \
-                         logits) and -inf (the key is masked)",
-                        m[i]
-                    )));
-                }
+            (true, Some(len)) => {
                 let shared = q_len * kv_len;
                 let per_head = self.params.num_heads * shared;
-                if m.len() == shared {
+                if len == shared {
                     Ok(MaskMode::Shared)
-                } else if m.len() == per_head {
+                } else if len == per_head {
                     Ok(MaskMode::PerHead)
                 } else {
                     Err(Error::Size {
                         what: "attention mask".into(),
-                        got: format!("{} elements", m.len()),
+                        got: format!("{len} elements"),
                         expected: format!(
                             "{shared} ([q_len {q_len}][kv_len {kv_len}], shared by the heads) or \
                              {per_head} ([heads {}][q_len][kv_len])",
@@ -93,6 +87,60 @@ impl MultiHeadAttention {
                 }
             }
         }
+    }
+
+    /// [`MultiHeadAttention::mask_mode`] for a host mask: also refuses NaN and `+inf`.
+    fn host_mask_mode(
+        &self,
+        mask: Option<&[f32]>,
+        q_len: usize,
+        kv_len: usize,
+    ) -> Result<MaskMode> {
+        if let (true, Some(m)) = (self.params.attn_mask, mask)
+            && let Some(i) = m.iter().position(|x| x.is_nan() || *x == f32::INFINITY)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "attention mask[{i}] is {}; masks take finite values (added to the logits) and \
+                 -inf (the key is masked)",
+                m[i]
+            )));
+        }
+        self.mask_mode(mask.map(<[f32]>::len), q_len, kv_len)
+    }
+
+    /// Checks a device mask: an f32 tensor on the layer's context, `[q_len][kv_len]` or
+    /// `[num_heads][q_len][kv_len]`.
+    fn tensor_mask_mode(
+        &self,
+        mask: Option<&Tensor>,
+        q_len: usize,
+        kv_len: usize,
+    ) -> Result<MaskMode> {
+        let mode = self.mask_mode(mask.map(Tensor::len), q_len, kv_len)?;
+        if let Some(m) = mask {
+            let shape = match mode {
+                MaskMode::PerHead => vec![self.params.num_heads, q_len, kv_len],
+                _ => vec![q_len, kv_len],
+            };
+            m.check("attention mask", &self.ctx, &[Dtype::F32], &shape)?;
+        }
+        Ok(mode)
+    }
+
+    /// A host mask as a device tensor of the shape its mode says.
+    fn upload_mask(
+        &self,
+        mask: Option<&[f32]>,
+        mode: MaskMode,
+        q_len: usize,
+        kv_len: usize,
+    ) -> Result<Option<Tensor>> {
+        let Some(m) = mask else { return Ok(None) };
+        let shape = match mode {
+            MaskMode::PerHead => vec![self.params.num_heads, q_len, kv_len],
+            _ => vec![q_len, kv_len],
+        };
+        Tensor::from_buffer_f32(self.ctx.buffer_from(m)?, &shape).map(Some)
     }
 
     /// Self-attention over a prompt, or cross-attention of `len` queries over the memory.
@@ -105,6 +153,9 @@ impl MultiHeadAttention {
     /// `[len][kv_len]` or `[num_heads][len][kv_len]`, where `kv_len` is the cache's length after the
     /// append (self) or the memory's (cross); see [`MhaParams::attn_mask`](super::MhaParams) for
     /// what its values mean, fully masked rows included.
+    ///
+    /// A thin wrapper over [`MultiHeadAttention::prefill_device`]: `x` and the mask are uploaded,
+    /// the output read back.
     ///
     /// Errors: [`Error::InvalidArgument`] for `len == 0`, non-finite input, a mask against the
     /// layer's `attn_mask`, or NaN or `+inf` in the mask; [`Error::Size`] for `x` or the mask of the
@@ -120,46 +171,109 @@ impl MultiHeadAttention {
         }
         check_len("prefill input x", x.len(), p.batch * len * p.qdim)?;
         check_finite("prefill input x", x)?;
-        let (d, hq, hkv) = (p.head_dim(), p.num_heads, p.num_kv_heads);
-        let rows = p.batch * len;
+        let kv_len = self.prefill_kv_len(len)?;
+        let mode = self.host_mask_mode(mask, len, kv_len)?;
+        let shape = [p.batch, len, p.qdim];
+        let xt = Tensor::from_buffer_f32(self.ctx.buffer_from(x)?, &shape)?;
+        let mut out = Tensor::new(&self.ctx, &shape, Dtype::F32)?;
+        let mt = self.upload_mask(mask, mode, len, kv_len)?;
+        self.prefill_device(&xt, &mut out, mt.as_ref())?;
+        out.read_f32()
+    }
+
+    /// The positions a prefill of `len` attends, after its checks of the layer's state: the memory
+    /// is set (cross), the positions fit the capacity.
+    fn prefill_kv_len(&self, len: usize) -> Result<usize> {
+        let p = &self.params;
         let cross = p.kind == MhaKind::CrossAttention;
         if cross {
             self.check_memory("prefill")?;
+            return Ok(self.cache.len());
         }
-        // With caching off the prompt stands alone: it is written from position 0 and the cache's
-        // length set to it once the launches are under way, so a refused call keeps the old
-        // positions.
-        let start = if cross || !p.kv_cache {
-            0
-        } else {
-            self.cache.len()
-        };
-        let kv_len = if cross { self.cache.len() } else { start + len };
-        if kv_len > self.cache.capacity() {
+        let start = if p.kv_cache { self.cache.len() } else { 0 };
+        if start + len > self.cache.capacity() {
             return Err(Error::Size {
                 what: "KV cache prefill".into(),
                 got: format!("{len} positions after {start}"),
                 expected: format!("at most the capacity {} in all", self.cache.capacity()),
             });
         }
-        let mode = self.mask_mode(mask, len, kv_len)?;
+        Ok(start + len)
+    }
+
+    /// [`MultiHeadAttention::prefill`] on device tensors, submitted as one batch with no host wait:
+    /// `x` is `[batch][len][qdim]` (fp16 or f32; `len` is its second dimension), `out` the same
+    /// shape (fp16 or f32, written), `mask` an f32 tensor `[len][kv_len]` or
+    /// `[num_heads][len][kv_len]`. A read of `out` waits for the batch.
+    ///
+    /// The device's values are not inspected (that would need a host wait): a NaN in `x` or the
+    /// mask gives NaN outputs, where the host call refuses it.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a tensor of another context or of an unaccepted type
+    /// (the mask is f32), a mask against the layer's `attn_mask`; [`Error::Size`] for a tensor of
+    /// the wrong shape or positions past the capacity; [`Error::CallOrder`] as
+    /// [`MultiHeadAttention::prefill`]. Nothing is written, launched or forgotten then.
+    pub fn prefill_device(
+        &mut self,
+        x: &Tensor,
+        out: &mut Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<()> {
+        let p = self.params;
+        let len = seq_len(x, "prefill input x", &self.ctx, p.batch, p.qdim)?;
+        out.check("prefill output", &self.ctx, ANY, &[p.batch, len, p.qdim])?;
+        let kv_len = self.prefill_kv_len(len)?;
+        let mode = self.tensor_mask_mode(mask, len, kv_len)?;
+        let mut batch = Batch::new();
+        let saved = self.cache.len;
+        let run = self
+            .record_prefill(&mut batch, x, out, mask, mode, len, kv_len)
+            .and_then(|()| batch.submit(&self.ctx.queue()));
+        match run {
+            Ok(event) => {
+                self.last = Some((event, batch.phases()));
+                Ok(())
+            }
+            Err(e) => {
+                self.cache.len = saved;
+                Err(e)
+            }
+        }
+    }
+
+    /// Records a checked prefill.
+    #[allow(clippy::too_many_arguments)]
+    fn record_prefill(
+        &mut self,
+        batch: &mut Batch,
+        x: &Tensor,
+        out: &Tensor,
+        mask: Option<&Tensor>,
+        mode: MaskMode,
+        len: usize,
+        kv_len: usize,
+    ) -> Result<()> {
+        let p = self.params;
+        let (d, hq, hkv) = (p.head_dim(), p.num_heads, p.num_kv_heads);
+        let rows = p.batch * len;
+        let cross = p.kind == MhaKind::CrossAttention;
         let ctx = self.ctx.clone();
-        let xb = ctx.buffer_from(x)?;
+        batch.phase(Phase::Projection);
+        let xb = self.input_f32(batch, x, None)?;
         let q = ctx.buffer(rows * hq * d)?;
         let o = ctx.buffer(rows * hq * d)?;
-        let y = ctx.buffer(rows * p.qdim)?;
-        let mut run = MhaRun::new();
+        let y = match out.as_f32() {
+            Some(y) => y.clone(),
+            None => ctx.buffer(rows * p.qdim)?,
+        };
+        let w = &self.weights.q_or_qkv;
         if cross {
             let outs = Outputs {
                 alpha0: self.alpha,
                 ..Outputs::one(&q, hq * d)
             };
-            let w = &self.weights.q_or_qkv;
-            run.push((
-                MhaPhase::Projection,
-                self.proj
-                    .project(&ctx, &xb, rows, w, &outs, 0, len, false)?,
-            ));
+            self.proj
+                .project(batch, &ctx, &xb, rows, w, &outs, 0, len, false)?;
         } else {
             let k = ctx.buffer(rows * hkv * d)?;
             let v = ctx.buffer(rows * hkv * d)?;
@@ -169,37 +283,89 @@ impl MultiHeadAttention {
                 n1: hkv * d,
                 alpha0: self.alpha,
             };
-            let w = &self.weights.q_or_qkv;
-            run.push((
-                MhaPhase::Projection,
-                self.proj
-                    .project(&ctx, &xb, rows, w, &outs, 0, len, false)?,
-            ));
-            run.push((MhaPhase::Attention, self.append_rows(&k, &v, start, len)?));
+            self.proj
+                .project(batch, &ctx, &xb, rows, w, &outs, 0, len, false)?;
+            // With caching off the prompt stands alone: it is written from position 0.
+            let start = kv_len - len;
+            batch.phase(Phase::Attention);
+            self.append_rows(batch, &k, &v, start, len);
             self.cache.len = kv_len;
         }
+        batch.phase(Phase::Attention);
         let causal = !cross && p.causal;
-        let event = match (mode, causal) {
-            (MaskMode::None, true) => self.attn.prefill_cached(&self.cache, &q, len, &o)?,
-            _ => self.masked_attention(&q, &o, len, kv_len, causal, mode, mask)?,
+        match (mode, causal) {
+            (MaskMode::None, true) => {
+                self.attn
+                    .record_prefill_cached(batch, &self.cache, &q, len, &o)?
+            }
+            _ => self.masked_attention(batch, &q, &o, len, kv_len, causal, mode, mask),
+        }
+        batch.phase(Phase::Projection);
+        self.proj.project(
+            batch,
+            &ctx,
+            &o,
+            rows,
+            &self.weights.out,
+            &Outputs::one(&y, p.qdim),
+            len,
+            0,
+            false,
+        )?;
+        self.output_from_f32(batch, &y, out);
+        Ok(())
+    }
+
+    /// `x` as an f32 buffer: itself, or converted on the device into `staging` (or a new buffer).
+    fn input_f32(
+        &self,
+        batch: &mut Batch,
+        x: &Tensor,
+        staging: Option<&Buffer<f32>>,
+    ) -> Result<Buffer<f32>> {
+        if let Some(b) = x.as_f32() {
+            return Ok(b.clone());
+        }
+        let dst = match staging {
+            Some(s) => s.clone(),
+            None => self.ctx.buffer(x.len())?,
         };
-        run.push((MhaPhase::Attention, event));
-        run.push((
-            MhaPhase::Projection,
-            self.proj.project(
-                &ctx,
-                &o,
-                rows,
-                &self.weights.out,
-                &Outputs::one(&y, p.qdim),
-                len,
-                0,
-                false,
-            )?,
-        ));
-        let out = y.read()?;
-        self.last = run;
-        Ok(out)
+        self.record_cast(batch, x.buffer(), &dst, x.len(), false);
+        Ok(dst)
+    }
+
+    /// Converts `y` into `out` where `out` is fp16 (an f32 `out` is `y` itself).
+    fn output_from_f32(&self, batch: &mut Batch, y: &Buffer<f32>, out: &Tensor) {
+        if out.dtype() == Dtype::F16 {
+            batch.phase(Phase::Projection);
+            self.record_cast(batch, y, out.buffer(), out.len(), true);
+        }
+    }
+
+    /// `mha_cast` of `n` elements (even) from `src` to `dst`.
+    fn record_cast(
+        &self,
+        batch: &mut Batch,
+        src: &dyn BufferArg,
+        dst: &dyn BufferArg,
+        n: usize,
+        to_f16: bool,
+    ) {
+        let pairs = n / 2;
+        let groups = (pairs.div_ceil(256) as u32)
+            .clamp(1, self.ctx.device().limits.max_workgroup_count[0].max(1));
+        let kernel = if to_f16 {
+            &self.cast_to_f16
+        } else {
+            &self.cast_to_f32
+        };
+        let push = PushConstants::new().u32(pairs as u32);
+        batch.add(&[LaunchDesc {
+            kernel,
+            groups: [groups, 1, 1],
+            buffers: &[src, dst],
+            push_constants: push.as_bytes(),
+        }]);
     }
 
     /// One decode step: `x` is `[batch][qdim]` (one token per sequence), the output `[batch][qdim]`.
@@ -211,28 +377,32 @@ impl MultiHeadAttention {
     /// attended (the cache's length after the append, or the memory's); its values mean what
     /// [`MhaParams::attn_mask`](super::MhaParams) says.
     ///
+    /// A thin wrapper over [`MultiHeadAttention::step_device`] on the layer's staging tensors.
+    ///
     /// Errors: [`Error::CallOrder`] for a self-attention step with caching off or a
     /// cross-attention step before its memory is set; [`Error::Size`] for `x` or the mask of the
     /// wrong length or a full cache; [`Error::InvalidArgument`] for non-finite input, a mask
     /// against the layer's `attn_mask`, or NaN or `+inf` in the mask. Nothing is written or
     /// launched then.
     pub fn step(&mut self, x: &[f32], mask: Option<&[f32]>) -> Result<Vec<f32>> {
-        check_len(
-            "step input x",
-            x.len(),
-            self.params.batch * self.params.qdim,
-        )?;
+        let p = self.params;
+        check_len("step input x", x.len(), p.batch * p.qdim)?;
         check_finite("step input x", x)?;
-        self.check_step(mask)?;
+        let kv_len = self.step_kv_len()?;
+        let mode = self.host_mask_mode(mask, 1, kv_len)?;
         self.step_x.write(x)?;
-        let (xb, yb) = (self.step_x.clone(), self.step_y.clone());
-        self.step_device(&xb, &yb, mask)?;
-        yb.read()
+        let shape = [p.batch, p.qdim];
+        let xt = Tensor::from_buffer_f32(self.step_x.clone(), &shape)?;
+        let mut yt = Tensor::from_buffer_f32(self.step_y.clone(), &shape)?;
+        let mt = self.upload_mask(mask, mode, 1, kv_len)?;
+        self.step_device(&xt, &mut yt, mt.as_ref())?;
+        yt.read_f32()
     }
 
-    fn check_step(&self, mask: Option<&[f32]>) -> Result<()> {
+    /// The positions a step attends, after the checks of the layer's state.
+    fn step_kv_len(&self) -> Result<usize> {
         let p = &self.params;
-        let kv_len = match p.kind {
+        match p.kind {
             MhaKind::SelfAttention => {
                 if !p.kv_cache {
                     return Err(Error::CallOrder {
@@ -243,36 +413,89 @@ impl MultiHeadAttention {
                     });
                 }
                 self.cache.check_room()?;
-                self.cache.len() + 1
+                Ok(self.cache.len() + 1)
             }
             MhaKind::CrossAttention => {
                 self.check_memory("step")?;
-                self.cache.len()
+                Ok(self.cache.len())
             }
-        };
-        self.mask_mode(mask, 1, kv_len).map(|_| ())
+        }
     }
 
-    /// [`MultiHeadAttention::step`] on device buffers: `x` `[batch][qdim]` in, `out` `[batch][qdim]`
-    /// written. Submits the projections and the attention (no host copy, no wait inside); their
-    /// submissions are kept for [`MultiHeadAttention::last_times`], and a read of `out` waits for
-    /// them.
+    /// Everything a device step checks before anything changes; returns the mask's mode.
+    pub(crate) fn check_step_device(
+        &self,
+        x: &Tensor,
+        out: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<()> {
+        let p = &self.params;
+        let shape = [p.batch, p.qdim];
+        x.check("step input x", &self.ctx, ANY, &shape)?;
+        out.check("step output", &self.ctx, ANY, &shape)?;
+        let kv_len = self.step_kv_len()?;
+        self.tensor_mask_mode(mask, 1, kv_len).map(|_| ())
+    }
+
+    /// [`MultiHeadAttention::step`] on device tensors, submitted as one batch with no host copy and
+    /// no host wait: `x` `[batch][qdim]` in (fp16 or f32), `out` `[batch][qdim]` written (fp16 or
+    /// f32), `mask` an f32 tensor `[1][kv_len]` or `[num_heads][1][kv_len]`. A read of `out` waits
+    /// for the batch; [`MultiHeadAttention::last_times`] splits its device time.
     ///
-    /// Errors: as [`MultiHeadAttention::step`]; [`Error::Size`] for buffers of the wrong length.
-    pub(crate) fn step_device(
+    /// The device's values are not inspected (that would need a host wait): a NaN in `x` or the
+    /// mask gives NaN outputs, where the host call refuses it.
+    ///
+    /// Errors: as [`MultiHeadAttention::step`]; [`Error::InvalidArgument`] for a tensor of another
+    /// context or of an unaccepted type (the mask is f32); [`Error::Size`] for a tensor of the
+    /// wrong shape. Nothing is written or launched then.
+    pub fn step_device(
         &mut self,
-        x: &Buffer<f32>,
-        out: &Buffer<f32>,
-        mask: Option<&[f32]>,
+        x: &Tensor,
+        out: &mut Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<()> {
+        self.check_step_device(x, out, mask)?;
+        let mut batch = Batch::new();
+        let saved = self.cache.len;
+        let run = self
+            .record_step(&mut batch, x, out, mask)
+            .and_then(|()| batch.submit(&self.ctx.queue()));
+        match run {
+            Ok(event) => {
+                self.last = Some((event, batch.phases()));
+                Ok(())
+            }
+            Err(e) => {
+                self.cache.len = saved;
+                Err(e)
+            }
+        }
+    }
+
+    /// The cache's length, to restore when a recorded batch is not submitted.
+    pub(crate) fn saved_len(&self) -> usize {
+        self.cache.len
+    }
+
+    /// Restores the cache's length saved before a recording that was not submitted.
+    pub(crate) fn restore_len(&mut self, len: usize) {
+        self.cache.len = len;
+    }
+
+    /// Records a step checked by [`MultiHeadAttention::check_step_device`] into `batch`; the cache
+    /// counts the new position at once.
+    pub(crate) fn record_step(
+        &mut self,
+        batch: &mut Batch,
+        x: &Tensor,
+        out: &Tensor,
+        mask: Option<&Tensor>,
     ) -> Result<()> {
         let p = self.params;
-        check_len("step input x", x.len(), p.batch * p.qdim)?;
-        check_len("step output", out.len(), p.batch * p.qdim)?;
-        self.check_step(mask)?;
         let ctx = self.ctx.clone();
         let (hq, hkv, d) = (p.num_heads, p.num_kv_heads, p.head_dim());
-        let mut run = MhaRun::new();
         let cross = p.kind == MhaKind::CrossAttention;
+        batch.phase(Phase::Projection);
         let outs = Outputs {
             bufs: [&self.step_q, &self.step_k, &self.step_v],
             n0: hq * d,
@@ -280,48 +503,81 @@ impl MultiHeadAttention {
             alpha0: self.alpha,
         };
         let w = &self.weights.q_or_qkv;
-        run.push((
-            MhaPhase::Projection,
-            self.proj.project(&ctx, x, p.batch, w, &outs, 0, 0, true)?,
-        ));
+        match x.as_f16() {
+            // fp16 input read as it is by the matrix-vector projection.
+            Some(xh) if self.proj.has_half(Half::Input) => self.proj.project_half(
+                batch,
+                &ctx,
+                Half::Input,
+                xh,
+                p.batch,
+                w,
+                [outs.bufs[0], outs.bufs[1], outs.bufs[2]],
+                (outs.n0, outs.n1, outs.alpha0),
+            )?,
+            _ => {
+                let step_x = self.step_x.clone();
+                let xb = self.input_f32(batch, x, Some(&step_x))?;
+                self.proj
+                    .project(batch, &ctx, &xb, p.batch, w, &outs, 0, 0, true)?;
+            }
+        }
         let kv_len = if cross {
             self.cache.len()
         } else {
             self.cache.len() + 1
         };
-        let mode = self.mask_mode(mask, 1, kv_len)?;
+        let mode = self.mask_mode(mask.map(Tensor::len), 1, kv_len)?;
         let (q, o) = (self.step_q.clone(), self.step_o.clone());
-        let event = match (mode, cross) {
-            (MaskMode::None, true) => self.attn.attend(&self.cache, &q, &o)?,
+        batch.phase(Phase::Attention);
+        match (mode, cross) {
+            (MaskMode::None, true) => self.attn.record_attend(batch, &self.cache, &q, &o),
             (MaskMode::None, false) => {
                 let (k, v) = (self.step_k.clone(), self.step_v.clone());
-                self.attn.decode(&mut self.cache, &q, &k, &v, &o)?
+                self.attn
+                    .record_decode(batch, &mut self.cache, &q, &k, &v, &o)
             }
-            (_, true) => self.masked_attention(&q, &o, 1, kv_len, false, mode, mask)?,
+            (_, true) => self.masked_attention(batch, &q, &o, 1, kv_len, false, mode, mask),
             (_, false) => {
                 let (k, v) = (self.step_k.clone(), self.step_v.clone());
                 let start = self.cache.len();
-                run.push((MhaPhase::Attention, self.append_rows(&k, &v, start, 1)?));
+                self.append_rows(batch, &k, &v, start, 1);
                 self.cache.len = kv_len;
-                self.masked_attention(&q, &o, 1, kv_len, false, mode, mask)?
+                self.masked_attention(batch, &q, &o, 1, kv_len, false, mode, mask);
             }
-        };
-        run.push((MhaPhase::Attention, event));
-        let out_w = &self.weights.out;
-        run.push((
-            MhaPhase::Projection,
-            self.proj.project(
+        }
+        batch.phase(Phase::Projection);
+        if let Some(oh) = out.as_f16()
+            && self.proj.has_half(Half::Output)
+        {
+            // fp16 output written as it is by the matrix-vector projection.
+            return self.proj.project_half(
+                batch,
                 &ctx,
+                Half::Output,
                 &o,
                 p.batch,
-                out_w,
-                &Outputs::one(out, p.qdim),
-                0,
-                0,
-                true,
-            )?,
-        ));
-        self.last = run;
+                &self.weights.out,
+                [oh, oh, oh],
+                (p.qdim, 0, 1.0),
+            );
+        }
+        let y = match out.as_f32() {
+            Some(y) => y.clone(),
+            None => self.step_y.clone(),
+        };
+        self.proj.project(
+            batch,
+            &ctx,
+            &o,
+            p.batch,
+            &self.weights.out,
+            &Outputs::one(&y, p.qdim),
+            0,
+            0,
+            true,
+        )?;
+        self.output_from_f32(batch, &y, out);
         Ok(())
     }
 
@@ -329,6 +585,8 @@ impl MultiHeadAttention {
     /// memory every later call attends. `keys` is `[batch][len][kdim]`; `values` `[batch][len][vdim]`,
     /// or `None` for the same states as `keys` (needs `kdim == vdim`). The new memory replaces the
     /// old one entirely: only its `len` positions are attended afterwards.
+    ///
+    /// A thin wrapper over [`MultiHeadAttention::set_memory_device`].
     ///
     /// Errors: [`Error::CallOrder`] on a self-attention layer; [`Error::InvalidArgument`] for
     /// `len == 0`, non-finite states, or `None` values with `kdim != vdim`; [`Error::Size`] for
@@ -341,6 +599,30 @@ impl MultiHeadAttention {
                 "set_memory needs at least one position".into(),
             ));
         }
+        self.check_memory_len(len)?;
+        check_len("memory keys", keys.len(), p.batch * len * p.kdim)?;
+        check_finite("memory keys", keys)?;
+        if let Some(v) = values {
+            check_len("memory values", v.len(), p.batch * len * p.vdim)?;
+            check_finite("memory values", v)?;
+        } else if p.kdim != p.vdim {
+            return Err(Error::InvalidArgument(format!(
+                "memory values may be omitted only when kdim ({}) equals vdim ({})",
+                p.kdim, p.vdim
+            )));
+        }
+        let kt = Tensor::from_buffer_f32(self.ctx.buffer_from(keys)?, &[p.batch, len, p.kdim])?;
+        let vt = match values {
+            Some(v) => Some(Tensor::from_buffer_f32(
+                self.ctx.buffer_from(v)?,
+                &[p.batch, len, p.vdim],
+            )?),
+            None => None,
+        };
+        self.set_memory_device(&kt, vt.as_ref())
+    }
+
+    fn check_memory_len(&self, len: usize) -> Result<()> {
         if len > self.cache.capacity() {
             return Err(Error::Size {
                 what: "cross-attention memory".into(),
@@ -348,12 +630,24 @@ impl MultiHeadAttention {
                 expected: format!("at most the capacity {}", self.cache.capacity()),
             });
         }
-        check_len("memory keys", keys.len(), p.batch * len * p.kdim)?;
-        check_finite("memory keys", keys)?;
+        Ok(())
+    }
+
+    /// [`MultiHeadAttention::set_memory`] on device tensors, submitted as one batch with no host
+    /// wait: `keys` `[batch][len][kdim]` and `values` `[batch][len][vdim]` (fp16 or f32; `len` is
+    /// the keys' second dimension), or `None` for the keys as values (needs `kdim == vdim`).
+    ///
+    /// Errors: as [`MultiHeadAttention::set_memory`]; [`Error::InvalidArgument`] for a tensor of
+    /// another context; [`Error::Size`] for a tensor of the wrong shape. The old memory is kept
+    /// then.
+    pub fn set_memory_device(&mut self, keys: &Tensor, values: Option<&Tensor>) -> Result<()> {
+        self.check_kind("set_memory", MhaKind::CrossAttention)?;
+        let p = self.params;
+        let len = seq_len(keys, "memory keys", &self.ctx, p.batch, p.kdim)?;
+        self.check_memory_len(len)?;
         let values = match values {
             Some(v) => {
-                check_len("memory values", v.len(), p.batch * len * p.vdim)?;
-                check_finite("memory values", v)?;
+                v.check("memory values", &self.ctx, ANY, &[p.batch, len, p.vdim])?;
                 v
             }
             None if p.kdim == p.vdim => keys,
@@ -364,36 +658,31 @@ impl MultiHeadAttention {
                 )));
             }
         };
-        let ctx = self.ctx.clone();
-        let rows = p.batch * len;
-        let n = p.kv_dim();
-        let (kx, vx) = (ctx.buffer_from(keys)?, ctx.buffer_from(values)?);
-        let (k, v) = (ctx.buffer(rows * n)?, ctx.buffer(rows * n)?);
         let Some((wk, wv)) = &self.weights.kv else {
             return Err(Error::InvalidArgument(
                 "a cross-attention layer without K/V weights".into(),
             ));
         };
-        let mut run = MhaRun::new();
+        let ctx = self.ctx.clone();
+        let rows = p.batch * len;
+        let n = p.kv_dim();
+        let mut batch = Batch::new();
+        batch.phase(Phase::Projection);
+        let kx = self.input_f32(&mut batch, keys, None)?;
+        let vx = self.input_f32(&mut batch, values, None)?;
+        let (k, v) = (ctx.buffer(rows * n)?, ctx.buffer(rows * n)?);
         let one_k = Outputs::one(&k, n);
         let one_v = Outputs::one(&v, n);
-        run.push((
-            MhaPhase::Projection,
-            self.proj
-                .project(&ctx, &kx, rows, wk, &one_k, 0, len, false)?,
-        ));
-        run.push((
-            MhaPhase::Projection,
-            self.proj
-                .project(&ctx, &vx, rows, wv, &one_v, 0, len, false)?,
-        ));
-        // Until the copy is in, no call may attend a half-replaced memory.
-        self.memory_set = false;
-        self.cache.clear();
-        run.push((MhaPhase::Attention, self.append_rows(&k, &v, 0, len)?));
+        self.proj
+            .project(&mut batch, &ctx, &kx, rows, wk, &one_k, 0, len, false)?;
+        self.proj
+            .project(&mut batch, &ctx, &vx, rows, wv, &one_v, 0, len, false)?;
+        batch.phase(Phase::Attention);
+        self.append_rows(&mut batch, &k, &v, 0, len);
+        let event = batch.submit(&ctx.queue())?;
         self.cache.len = len;
         self.memory_set = true;
-        self.last = run;
+        self.last = Some((event, batch.phases()));
         Ok(())
     }
 
@@ -407,15 +696,16 @@ impl MultiHeadAttention {
         })
     }
 
-    /// Writes `rows` positions of K and V (`[batch][kv_head][rows][head_dim]`) into the cache at
-    /// `pos`, converting to its type.
+    /// Records writing `rows` positions of K and V (`[batch][kv_head][rows][head_dim]`) into the
+    /// cache at `pos`, converting to its type.
     fn append_rows(
         &self,
+        batch: &mut Batch,
         k: &Buffer<f32>,
         v: &Buffer<f32>,
         pos: usize,
         rows: usize,
-    ) -> Result<Event> {
+    ) {
         let shape = self.params.shape();
         let pairs = shape.kv_step_elems() * rows / 2;
         let groups = (pairs.div_ceil(64) as u32)
@@ -427,35 +717,29 @@ impl MultiHeadAttention {
             .u32(pairs as u32);
         let (kc, vc) = self.cache.buffers();
         let args: [&dyn BufferArg; 4] = [k, v, kc, vc];
-        crate::launch::submit(
-            &self.ctx.queue(),
-            &[LaunchDesc {
-                kernel: &self.append,
-                groups: [groups, 1, 1],
-                buffers: &args,
-                push_constants: push.as_bytes(),
-            }],
-        )
+        batch.add(&[LaunchDesc {
+            kernel: &self.append,
+            groups: [groups, 1, 1],
+            buffers: &args,
+            push_constants: push.as_bytes(),
+        }]);
     }
 
-    /// `mha_attn`: `q` (`[batch][q_head][q_len][head_dim]`) over the cache's first `kv_len`
+    /// Records `mha_attn`: `q` (`[batch][q_head][q_len][head_dim]`) over the cache's first `kv_len`
     /// positions, with the mask, into `o`.
     #[allow(clippy::too_many_arguments)]
     fn masked_attention(
         &self,
+        batch: &mut Batch,
         q: &Buffer<f32>,
         o: &Buffer<f32>,
         q_len: usize,
         kv_len: usize,
         causal: bool,
         mode: MaskMode,
-        mask: Option<&[f32]>,
-    ) -> Result<Event> {
+        mask: Option<&Tensor>,
+    ) {
         let p = &self.params;
-        let mask_buf = match mask {
-            Some(m) => Some(self.ctx.buffer_from(m)?),
-            None => None,
-        };
         let push = PushConstants::new()
             .u32(q_len as u32)
             .u32(kv_len as u32)
@@ -466,17 +750,38 @@ impl MultiHeadAttention {
             .u32(u32::from(causal))
             .u32(mode as u32);
         let (kc, vc) = self.cache.buffers();
-        let m: &Buffer<f32> = mask_buf.as_ref().unwrap_or(&self.no_mask);
+        let m: &dyn BufferArg = match mask.and_then(Tensor::as_f32) {
+            Some(m) => m,
+            None => &self.no_mask,
+        };
         let args: [&dyn BufferArg; 5] = [q, kc, vc, m, o];
-        crate::launch::submit(
-            &self.ctx.queue(),
-            &[LaunchDesc {
-                kernel: &self.masked,
-                groups: [q_len as u32, (p.batch * p.num_heads) as u32, 1],
-                buffers: &args,
-                push_constants: push.as_bytes(),
-            }],
-        )
+        batch.add(&[LaunchDesc {
+            kernel: &self.masked,
+            groups: [q_len as u32, (p.batch * p.num_heads) as u32, 1],
+            buffers: &args,
+            push_constants: push.as_bytes(),
+        }]);
+    }
+}
+
+/// The sequence length of `x`, `[batch][len][width]` of an accepted type on `ctx`.
+fn seq_len(
+    x: &Tensor,
+    what: &str,
+    ctx: &kpc::runtime::Context,
+    batch: usize,
+    width: usize,
+) -> Result<usize> {
+    match x.shape() {
+        &[b, len, w] if b == batch && w == width => {
+            x.check(what, ctx, ANY, &[batch, len, width])?;
+            Ok(len)
+        }
+        other => Err(Error::Size {
+            what: what.into(),
+            got: format!("shape {other:?}"),
+            expected: format!("shape [batch {batch}, len, {width}]"),
+        }),
     }
 }
 

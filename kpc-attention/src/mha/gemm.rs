@@ -508,6 +508,24 @@ impl WideGemm {
         shape: &GemmShape,
         repeats: usize,
     ) -> Result<Event> {
+        let mut batch = crate::launch::Batch::new();
+        self.record(&mut batch, ctx, a, w, bias, outs, shape, repeats)?;
+        batch.submit(&ctx.queue())
+    }
+
+    /// [`WideGemm::launch`] recorded into `batch`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record(
+        &self,
+        batch: &mut crate::launch::Batch,
+        ctx: &Context,
+        a: &dyn BufferArg,
+        w: &Buffer<u32>,
+        bias: &Buffer<f32>,
+        outs: [&Buffer<f32>; 3],
+        shape: &GemmShape,
+        repeats: usize,
+    ) -> Result<()> {
         if let Some(why) = shape.unfit() {
             return Err(Error::InvalidArgument(format!(
                 "{KERNEL} cannot compute a {} x {} x {} product: {why}",
@@ -559,7 +577,8 @@ impl WideGemm {
         let launches: Vec<LaunchDesc<'_>> =
             (0..repeats.max(1)).map(|_| LaunchDesc { ..one }).collect();
         // Every buffer was checked above against the shape the kernel indexes by.
-        crate::launch::submit(&ctx.queue(), &launches)
+        batch.add(&launches);
+        Ok(())
     }
 }
 

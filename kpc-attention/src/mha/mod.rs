@@ -32,7 +32,6 @@ pub mod reference;
 mod weights;
 
 pub use cache_io::CacheLayout;
-pub(crate) use forward::MhaPhase;
 pub use forward::MhaTimes;
 pub use weights::MhaWeights;
 
@@ -252,6 +251,9 @@ pub struct MultiHeadAttention {
     proj: Projector,
     append: Kernel,
     masked: Kernel,
+    /// `mha_cast` both ways: fp16 activations in and out of the f32 projections.
+    cast_to_f16: Kernel,
+    cast_to_f32: Kernel,
     /// Decode-step staging: input, Q, new K and V, attention output, output.
     step_x: Buffer<f32>,
     step_q: Buffer<f32>,
@@ -261,7 +263,8 @@ pub struct MultiHeadAttention {
     step_y: Buffer<f32>,
     /// Binds the mask parameter of `mha_attn` when there is no mask.
     no_mask: Buffer<f32>,
-    last: Vec<(MhaPhase, kpc::runtime::Event)>,
+    /// The last call's submission.
+    last: forward::MhaRun,
 }
 
 impl std::fmt::Debug for MultiHeadAttention {
@@ -326,6 +329,14 @@ impl MultiHeadAttention {
             "mha_attn",
             &kpc::SpecConstants::new().with(2, f16).with(3, d),
         )?;
+        let cast = |to_f16: bool| {
+            super::shipped_kernel(
+                ctx,
+                "mha_cast",
+                &kpc::SpecConstants::new().with(0, kpc::SpecValue::U32(u32::from(to_f16))),
+            )
+        };
+        let (cast_to_f16, cast_to_f32) = (cast(true)?, cast(false)?);
         let (b, e) = (p.batch, shape.head_dim);
         Ok(MultiHeadAttention {
             ctx: ctx.clone(),
@@ -338,6 +349,8 @@ impl MultiHeadAttention {
             proj,
             append,
             masked,
+            cast_to_f16,
+            cast_to_f32,
             step_x: ctx.buffer(b * p.qdim)?,
             step_q: ctx.buffer(shape.q_elems())?,
             step_k: ctx.buffer(shape.kv_step_elems())?,
@@ -345,8 +358,13 @@ impl MultiHeadAttention {
             step_o: ctx.buffer(shape.q_elems())?,
             step_y: ctx.buffer(b * p.qdim)?,
             no_mask: ctx.buffer(1)?,
-            last: Vec::new(),
+            last: None,
         })
+    }
+
+    /// Whether the layer lives on `ctx` (a clone of the context it was built on).
+    pub fn is_on(&self, ctx: &Context) -> bool {
+        ctx.owns(&self.step_x)
     }
 
     /// The parameters it was built with.
@@ -371,6 +389,15 @@ impl MultiHeadAttention {
         self.memory_set = false;
     }
 
+    /// Self-attention: forgets every cached position from `len` on (a rollback, as after rejected
+    /// speculative tokens); a `len` at or past [`MultiHeadAttention::len`] changes nothing. The
+    /// cross-attention memory is not affected. Nothing is written.
+    pub fn truncate(&mut self, len: usize) {
+        if self.params.kind == MhaKind::SelfAttention {
+            self.cache.truncate(len);
+        }
+    }
+
     /// Whether decode steps project with the matrix-vector kernel (`mha_gemv`).
     pub fn uses_matvec(&self) -> bool {
         self.proj.has_gemv()
@@ -392,6 +419,8 @@ impl MultiHeadAttention {
         let mut k = self.proj.kernels();
         k.push(&self.append);
         k.push(&self.masked);
+        k.push(&self.cast_to_f16);
+        k.push(&self.cast_to_f32);
         k.extend(self.attn.kernels());
         k
     }

@@ -5,12 +5,13 @@
 
 use kpc::backend::DeviceInfo;
 use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
+use kpc::runtime::{Buffer, BufferArg, Context, Kernel, LaunchDesc, PushConstants};
 use kpc::{SpecConstants, SpecValue};
 
 use super::gemm::{GemmAccumulator, GemmShape, WideGemm};
 use super::weights::DeviceMatrix;
 use super::{KvDtype, MAX_GEMV_BATCH, MhaParams, ProjectionKernel};
+use crate::launch::Batch;
 
 /// Output columns per `mha_gemm` workgroup, and rows.
 const GEMM_TILE: usize = 64;
@@ -50,7 +51,20 @@ pub(super) struct Projector {
     /// every projection `gemm` would (before `coop`).
     wide: Vec<WideGemm>,
     gemv: Option<Kernel>,
+    /// `mha_gemv` reading fp16 X (decode steps' fp16 inputs), where the input width allows.
+    gemv_x16: Option<Kernel>,
+    /// `mha_gemv` writing fp16 outputs (decode steps' fp16 outputs), where the width allows.
+    gemv_c16: Option<Kernel>,
     head_dim: usize,
+}
+
+/// What a decode-step projection reads or writes in fp16.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Half {
+    /// X is fp16.
+    Input,
+    /// The outputs take fp16.
+    Output,
 }
 
 /// Why `mha_gemm_coop` cannot project `p`'s layer on `device`, if it cannot.
@@ -131,16 +145,30 @@ impl Projector {
                 }
             },
         };
-        let gemv = if want_gemv {
-            Some(super::super::shipped_kernel(
+        let gemv_with = |x16: bool, c16: bool| {
+            super::super::shipped_kernel(
                 ctx,
                 "mha_gemv",
                 &SpecConstants::new()
                     .with(0, f16)
-                    .with(1, SpecValue::U32(p.batch as u32)),
-            )?)
+                    .with(1, SpecValue::U32(p.batch as u32))
+                    .with(2, SpecValue::U32(u32::from(x16)))
+                    .with(3, SpecValue::U32(u32::from(c16))),
+            )
+        };
+        let (gemv, gemv_x16, gemv_c16) = if want_gemv {
+            // fp16 X is read 8 halves per 16-byte word; fp16 outputs are written in pairs.
+            (
+                Some(gemv_with(false, false)?),
+                (p.qdim % 8 == 0)
+                    .then(|| gemv_with(true, false))
+                    .transpose()?,
+                (p.qdim % 2 == 0)
+                    .then(|| gemv_with(false, true))
+                    .transpose()?,
+            )
         } else {
-            None
+            (None, None, None)
         };
         let want_wide = match p.projection {
             ProjectionKernel::Auto => wide_unfit(ctx.device(), p).is_none(),
@@ -189,6 +217,8 @@ impl Projector {
             coop,
             wide,
             gemv,
+            gemv_x16,
+            gemv_c16,
             head_dim: p.head_dim(),
         })
     }
@@ -212,7 +242,43 @@ impl Projector {
             .chain(self.coop.as_ref())
             .chain(self.wide.iter().map(WideGemm::kernel))
             .chain(self.gemv.as_ref())
+            .chain(self.gemv_x16.as_ref())
+            .chain(self.gemv_c16.as_ref())
             .collect()
+    }
+
+    /// Whether decode steps can read (`Half::Input`) or write (`Half::Output`) fp16 directly.
+    pub(super) fn has_half(&self, half: Half) -> bool {
+        match half {
+            Half::Input => self.gemv_x16.is_some(),
+            Half::Output => self.gemv_c16.is_some(),
+        }
+    }
+
+    /// A decode step's matrix-vector projection with fp16 X or fp16 outputs (`half`): `x` (`rows`
+    /// rows of `w.k`) times `w` into `outs` (consecutive column ranges of `n0` and `n1`, the first
+    /// scaled by `alpha0`). The caller checked [`Projector::has_half`] and every buffer's size.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn project_half(
+        &self,
+        batch: &mut Batch,
+        ctx: &Context,
+        half: Half,
+        x: &dyn BufferArg,
+        rows: usize,
+        w: &DeviceMatrix,
+        outs: [&dyn BufferArg; 3],
+        (n0, n1, alpha0): (usize, usize, f32),
+    ) -> Result<()> {
+        let kernel = match half {
+            Half::Input => self.gemv_x16.as_ref(),
+            Half::Output => self.gemv_c16.as_ref(),
+        }
+        .ok_or_else(|| {
+            Error::InvalidArgument("this layer has no fp16 matrix-vector projection".into())
+        })?;
+        let args: [&dyn BufferArg; 6] = [x, &w.w, &w.bias, outs[0], outs[1], outs[2]];
+        gemv_launch(batch, ctx, kernel, &args, w, rows, n0, n1, alpha0)
     }
 
     /// `x` (`rows` rows of `w.k` features) times `w` into `out`. `a_seq` / `c_seq`: 0 for
@@ -221,6 +287,7 @@ impl Projector {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn project(
         &self,
+        batch: &mut Batch,
         ctx: &Context,
         x: &Buffer<f32>,
         rows: usize,
@@ -229,33 +296,11 @@ impl Projector {
         a_seq: usize,
         c_seq: usize,
         decode: bool,
-    ) -> Result<Event> {
+    ) -> Result<()> {
         let args: [&dyn BufferArg; 6] = [x, &w.w, &w.bias, out.bufs[0], out.bufs[1], out.bufs[2]];
         let max_groups = ctx.device().limits.max_workgroup_count;
         if let (Some(gemv), true) = (&self.gemv, decode) {
-            let groups = w.n.div_ceil(GEMV_ROWS);
-            if groups > max_groups[0] as usize {
-                return Err(Error::InvalidArgument(format!(
-                    "{} output features need {groups} workgroups; the device allows {}",
-                    w.n, max_groups[0]
-                )));
-            }
-            let push = PushConstants::new()
-                .u32(rows as u32)
-                .u32(w.n as u32)
-                .u32(w.k as u32)
-                .u32(out.n0 as u32)
-                .u32(out.n1 as u32)
-                .f32(out.alpha0);
-            return crate::launch::submit(
-                &ctx.queue(),
-                &[LaunchDesc {
-                    kernel: gemv,
-                    groups: [groups as u32, 1, 1],
-                    buffers: &args,
-                    push_constants: push.as_bytes(),
-                }],
-            );
+            return gemv_launch(batch, ctx, gemv, &args, w, rows, out.n0, out.n1, out.alpha0);
         }
         if !self.wide.is_empty() {
             let shape = GemmShape {
@@ -280,7 +325,7 @@ impl Projector {
                         w.n
                     ))
                 })?;
-            return wide.launch(ctx, x, &w.w, &w.bias, out.bufs, &shape, 1);
+            return wide.record(batch, ctx, x, &w.w, &w.bias, out.bufs, &shape, 1);
         }
         let (kernel, tile) = match &self.coop {
             Some(coop) => (coop, COOP_TILE),
@@ -303,14 +348,49 @@ impl Projector {
             .u32(c_seq as u32)
             .u32(self.head_dim as u32)
             .f32(out.alpha0);
-        crate::launch::submit(
-            &ctx.queue(),
-            &[LaunchDesc {
-                kernel,
-                groups: [groups[0] as u32, groups[1] as u32, 1],
-                buffers: &args,
-                push_constants: push.as_bytes(),
-            }],
-        )
+        batch.add(&[LaunchDesc {
+            kernel,
+            groups: [groups[0] as u32, groups[1] as u32, 1],
+            buffers: &args,
+            push_constants: push.as_bytes(),
+        }]);
+        Ok(())
     }
+}
+
+/// Records one `mha_gemv` launch over `w`'s rows.
+#[allow(clippy::too_many_arguments)]
+fn gemv_launch(
+    batch: &mut Batch,
+    ctx: &Context,
+    gemv: &Kernel,
+    args: &[&dyn BufferArg; 6],
+    w: &DeviceMatrix,
+    rows: usize,
+    n0: usize,
+    n1: usize,
+    alpha0: f32,
+) -> Result<()> {
+    let max_groups = ctx.device().limits.max_workgroup_count;
+    let groups = w.n.div_ceil(GEMV_ROWS);
+    if groups > max_groups[0] as usize {
+        return Err(Error::InvalidArgument(format!(
+            "{} output features need {groups} workgroups; the device allows {}",
+            w.n, max_groups[0]
+        )));
+    }
+    let push = PushConstants::new()
+        .u32(rows as u32)
+        .u32(w.n as u32)
+        .u32(w.k as u32)
+        .u32(n0 as u32)
+        .u32(n1 as u32)
+        .f32(alpha0);
+    batch.add(&[LaunchDesc {
+        kernel: gemv,
+        groups: [groups as u32, 1, 1],
+        buffers: args,
+        push_constants: push.as_bytes(),
+    }]);
+    Ok(())
 }

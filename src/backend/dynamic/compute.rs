@@ -48,6 +48,11 @@ pub trait DynComputeBackend: DynBackend {
     fn finish(&self) -> Result<()>;
     /// As [`ComputeBackend::stats`].
     fn stats(&self) -> BackendStats;
+    /// As [`ComputeBackend::import_buffer`].
+    ///
+    /// # Safety
+    /// As [`ComputeBackend::import_buffer`].
+    unsafe fn import_buffer(&self, foreign: &crate::backend::ForeignBuffer) -> Result<AnyBuffer>;
 }
 
 fn buffer<B: ComputeBackend>(b: &AnyBuffer) -> Result<&B::Buffer> {
@@ -110,5 +115,11 @@ impl<B: ComputeBackend> DynComputeBackend for B {
     }
     fn stats(&self) -> BackendStats {
         ComputeBackend::stats(self)
+    }
+    unsafe fn import_buffer(&self, foreign: &crate::backend::ForeignBuffer) -> Result<AnyBuffer> {
+        // SAFETY: the caller's contract is this function's.
+        Ok(Arc::new(unsafe {
+            ComputeBackend::import_buffer(self, foreign)
+        }?))
     }
 }

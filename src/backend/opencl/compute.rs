@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use opencl3::event::Event;
-use opencl3::memory::{Buffer as ClBuffer, CL_MEM_READ_WRITE};
+use opencl3::memory::{Buffer as ClBuffer, CL_MEM_READ_WRITE, ClMem};
 
 use super::{OpenClBackend, OpenClBuffer, OpenClEvent, cl_err};
 use crate::backend::{BackendStats, ComputeBackend, DeviceInfo, Launch};
@@ -122,6 +122,7 @@ impl ComputeBackend for OpenClBackend {
         self.counters
             .launches
             .fetch_add(launches.len() as u64, Ordering::Relaxed);
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
         let event = OpenClEvent {
             events,
             _buffers: buffers,
@@ -151,6 +152,49 @@ impl ComputeBackend for OpenClBackend {
             .map_err(|e| cl_err("clFinish", e))
     }
 
+    unsafe fn import_buffer(
+        &self,
+        foreign: &crate::backend::ForeignBuffer,
+    ) -> Result<OpenClBuffer> {
+        let crate::backend::ForeignBuffer::OpenCl { mem, size } = *foreign else {
+            return Err(Error::InvalidArgument(
+                "a VkBuffer cannot be imported into an OpenCL context".into(),
+            ));
+        };
+        if mem == 0 {
+            return Err(Error::InvalidArgument("the imported cl_mem is NULL".into()));
+        }
+        let raw = mem as opencl3::types::cl_mem;
+        // SAFETY: the caller guarantees a live cl_mem; the retain is the reference the wrapper
+        // below releases when it drops (on the error paths too).
+        unsafe { opencl3::memory::retain_mem_object(raw) }
+            .map_err(|e| cl_err("clRetainMemObject", e))?;
+        let mem = ClBuffer::<u8>::new(raw);
+        let owner = mem
+            .context()
+            .map_err(|e| cl_err("clGetMemObjectInfo(CL_MEM_CONTEXT)", e))?;
+        if owner != self.shared.context.get() {
+            return Err(Error::InvalidArgument(
+                "the imported cl_mem belongs to another cl_context than this kpc context's".into(),
+            ));
+        }
+        let have = mem
+            .size()
+            .map_err(|e| cl_err("clGetMemObjectInfo(CL_MEM_SIZE)", e))? as u64;
+        if size == 0 || size > have {
+            return Err(Error::Size {
+                what: "imported cl_mem".into(),
+                got: format!("{size} bytes asked for"),
+                expected: format!("1 to {have} bytes (CL_MEM_SIZE of the cl_mem)"),
+            });
+        }
+        Ok(OpenClBuffer {
+            mem,
+            bytes: size,
+            _device: self.shared.clone(),
+        })
+    }
+
     fn stats(&self) -> BackendStats {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let c = &self.counters;
@@ -165,6 +209,7 @@ impl ComputeBackend for OpenClBackend {
             // OpenCL drivers say nothing about their own caches.
             driver_cache_unknown: l(&c.kernels_created),
             launches: l(&c.launches),
+            batches: l(&c.batches),
         }
     }
 }

@@ -137,6 +137,7 @@ struct Counters {
     binaries_rejected: AtomicU64,
     kernels_created: AtomicU64,
     launches: AtomicU64,
+    batches: AtomicU64,
 }
 
 /// The OpenCL objects of one opened device. The backend and everything made on it (programs, and

@@ -284,6 +284,10 @@ pub struct VulkanBuffer {
     memory: vk::DeviceMemory,
     /// Bytes the user asked for (the allocation may be larger).
     pub(crate) size: u64,
+    /// Where kpc's bytes start in `raw`: 0, except in an embedder's buffer.
+    pub(crate) offset: u64,
+    /// Whether kpc created `raw` and `memory` (and destroys them); an embedder's are only used.
+    owned: bool,
     pub(crate) place: BufferPlace,
     pub(crate) mapped: Option<Mapped>,
 }
@@ -315,6 +319,8 @@ impl VulkanBuffer {
             raw: vk::Buffer::null(),
             memory: vk::DeviceMemory::null(),
             size,
+            offset: 0,
+            owned: true,
             place,
             mapped: None,
         };
@@ -362,6 +368,11 @@ impl VulkanBuffer {
         Ok(buf)
     }
 
+    /// Whether kpc created the buffer (an embedder's is only used).
+    pub(crate) fn owned(&self) -> bool {
+        self.owned
+    }
+
     /// Copies `data` into the mapped memory at `offset`. The caller guarantees the buffer is mapped,
     /// the range is inside it, and no device work touches it meanwhile.
     pub(crate) fn copy_in(&self, offset: u64, data: &[u8]) {
@@ -391,8 +402,68 @@ impl VulkanBuffer {
     }
 }
 
+impl VulkanBuffer {
+    /// The embedder's buffer `raw` (bound to `memory`), `size` bytes from `offset`, used in place.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a null handle or an offset that is not a multiple of
+    /// the device's storage-buffer offset alignment; [`Error::Size`] when `offset + size` passes
+    /// the end of what the buffer's memory requirements say it spans.
+    ///
+    /// # Safety
+    /// `raw` is a live `VkBuffer` of `dev`, created with storage-buffer and transfer source and
+    /// destination usage, bound to `memory`, at least `offset + size` bytes long, and it outlives
+    /// every kpc use of this buffer.
+    pub(crate) unsafe fn import(
+        dev: &Arc<Device>,
+        raw: vk::Buffer,
+        memory: vk::DeviceMemory,
+        offset: u64,
+        size: u64,
+    ) -> Result<VulkanBuffer> {
+        if raw == vk::Buffer::null() || memory == vk::DeviceMemory::null() {
+            return Err(Error::InvalidArgument(
+                "an imported Vulkan buffer needs its VkBuffer and VkDeviceMemory (not null)".into(),
+            ));
+        }
+        let align = dev.limits.min_storage_buffer_offset_alignment.max(1);
+        if offset % align != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "imported Vulkan buffer offset {offset} is not a multiple of the device's                  minStorageBufferOffsetAlignment ({align})"
+            )));
+        }
+        // SAFETY: the caller guarantees `raw` is a live buffer of this device.
+        let req = unsafe { dev.raw.get_buffer_memory_requirements(raw) };
+        let end = offset.checked_add(size);
+        if size == 0 || end.is_none_or(|end| end > req.size) {
+            return Err(Error::Size {
+                what: "imported Vulkan buffer".into(),
+                got: format!("{size} bytes from offset {offset}"),
+                expected: format!(
+                    "1 to {} bytes in all (the VkBuffer's memory requirements span {} bytes)",
+                    req.size.saturating_sub(offset),
+                    req.size
+                ),
+            });
+        }
+        Ok(VulkanBuffer {
+            dev: dev.clone(),
+            raw,
+            memory,
+            size,
+            offset,
+            owned: false,
+            place: BufferPlace::DeviceLocal,
+            mapped: None,
+        })
+    }
+}
+
 impl Drop for VulkanBuffer {
     fn drop(&mut self) {
+        if !self.owned {
+            // The embedder's: it destroys its buffer and frees its memory.
+            return;
+        }
         // SAFETY: submissions keep every buffer they use alive (Arc) until their fence has signaled,
         // so the device no longer uses this one; null handles are ignored by Vulkan.
         unsafe {

@@ -64,8 +64,9 @@ impl VulkanBackend {
                     .map(|b| {
                         [vk::DescriptorBufferInfo {
                             buffer: b.raw,
-                            offset: 0,
-                            range: vk::WHOLE_SIZE,
+                            offset: b.offset,
+                            // An embedder's buffer is bound only over the bytes it gave kpc.
+                            range: if b.owned() { vk::WHOLE_SIZE } else { b.size },
                         }]
                     })
                     .collect();
@@ -156,6 +157,7 @@ impl VulkanBackend {
         self.counters
             .launches
             .fetch_add(launches.len() as u64, Ordering::Relaxed);
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
         submit_profile::end(Phase::Dispatch, whole);
         Ok(rec)
     }

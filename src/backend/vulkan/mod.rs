@@ -116,6 +116,7 @@ struct Counters {
     driver_cache_misses: AtomicU64,
     driver_cache_unknown: AtomicU64,
     launches: AtomicU64,
+    batches: AtomicU64,
 }
 
 /// One opened Vulkan device: the [`Backend`] and [`ComputeBackend`] of kpc's Vulkan path.
@@ -472,6 +473,35 @@ impl ComputeBackend for VulkanBackend {
         self.read(buffer, offset, out)
     }
 
+    unsafe fn import_buffer(
+        &self,
+        foreign: &crate::backend::ForeignBuffer,
+    ) -> Result<VulkanBuffer> {
+        use ash::vk::{self, Handle};
+        match *foreign {
+            crate::backend::ForeignBuffer::Vulkan {
+                buffer,
+                memory,
+                offset,
+                size,
+            } => {
+                // SAFETY: the caller's contract (ComputeBackend::import_buffer) is import's.
+                unsafe {
+                    VulkanBuffer::import(
+                        &self.dev,
+                        vk::Buffer::from_raw(buffer),
+                        vk::DeviceMemory::from_raw(memory),
+                        offset,
+                        size,
+                    )
+                }
+            }
+            crate::backend::ForeignBuffer::OpenCl { .. } => Err(Error::InvalidArgument(
+                "an OpenCL cl_mem cannot be imported into a Vulkan context".into(),
+            )),
+        }
+    }
+
     fn submit(&self, launches: &[Launch<'_, Self>]) -> Result<Arc<Record>> {
         self.dispatch(launches)
     }
@@ -500,6 +530,7 @@ impl ComputeBackend for VulkanBackend {
             driver_cache_misses: l(&c.driver_cache_misses),
             driver_cache_unknown: l(&c.driver_cache_unknown),
             launches: l(&c.launches),
+            batches: l(&c.batches),
         }
     }
 }

@@ -74,9 +74,9 @@ impl VulkanBackend {
             rec.keep_alive
                 .push(staging.clone() as Arc<dyn Any + Send + Sync>);
             let (src, dst, src_off, dst_off) = if upload {
-                (staging.raw, buffer.raw, 0, offset + done)
+                (staging.raw, buffer.raw, 0, buffer.offset + offset + done)
             } else {
-                (buffer.raw, staging.raw, offset + done, 0)
+                (buffer.raw, staging.raw, buffer.offset + offset + done, 0)
             };
             let rec = self.submitter.submit(rec, !upload, |d, cmd| {
                 let region = vk::BufferCopy {
