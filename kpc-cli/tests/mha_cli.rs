@@ -128,7 +128,7 @@ fn mha_takes_the_attention_options() {
 /// per step, and reports wall and device time and the floor per step.
 fn stack_check(backend: &str, activations: &str) {
     let cache = TempDir::new(&format!("mha-stack-cli-{backend}"));
-    let out = Command::new(env!("CARGO_BIN_EXE_kpc"))
+    let out = common::cli::kpc_command()
         .args([
             "attention",
             "--layer",
@@ -143,8 +143,6 @@ fn stack_check(backend: &str, activations: &str) {
         ])
         .args(["--activations", activations, "--kv", activations])
         .env("KPC_CACHE_DIR", cache.path())
-        .env_remove("KPC_DEVICE")
-        .env_remove("KPC_CACHE_REMOTE_KEY")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -169,18 +167,11 @@ fn stack_check(backend: &str, activations: &str) {
     }
 }
 
-#[test]
-fn vulkan_mha_stack_checks() {
-    if vulkan_device("vulkan_mha_stack_cli").is_some() {
-        stack_check("vulkan", "f16");
-        stack_check("vulkan", "f32");
-    }
-}
-
-#[test]
-fn opencl_mha_stack_checks() {
-    if opencl_device("opencl_mha_stack_cli").is_some() {
-        stack_check("opencl", "f16");
-        stack_check("opencl", "f32");
+crate::backend_tests! {
+    fn mha_stack_checks(backend, test) {
+        if crate::common::drivers::device(backend, test).is_some() {
+            stack_check(&backend.to_string(), "f16");
+            stack_check(&backend.to_string(), "f32");
+        }
     }
 }
