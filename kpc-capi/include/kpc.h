@@ -1907,6 +1907,36 @@ enum kpc_status kpc_kernel_source(const struct kpc_kernel *kernel, enum kpc_sour
 const char *kpc_source_name(int32_t source);
 
 /**
+ * Launches `kernel` on `context`'s queue over `groups[0] x groups[1] x groups[2]` workgroups, with
+ * `buffers[0..buffer_count]` bound in the kernel's binding order and `push_size` bytes of push
+ * constants at `push` (exactly the kernel's push-constant size; NULL with 0 for none), and returns
+ * once the launch has finished on the device. Buffers are read back with `kpc_buffer_download`.
+ *
+ * The kernel and every buffer must belong to `context`. On a device without robust buffer access
+ * (every OpenCL device; Vulkan devices lacking `robustBufferAccess`) only kernels whose access
+ * bounds are declared run: kpc's shipped kernels (`kpc_image_shipped`). Another kernel is refused
+ * with `KPC_STATUS_LAUNCH`, because it could write past a short buffer into this process's memory.
+ *
+ * Errors (nothing is launched then): `KPC_STATUS_INVALID_ARGUMENT` (a bad handle, NULL `groups`,
+ * NULL `buffers` or `push` with a non-zero count, a kernel or buffer of another context);
+ * `KPC_STATUS_LAUNCH` (a buffer count or group counts the kernel or device does not take, a
+ * kernel without declared bounds on a device without robust access); `KPC_STATUS_SIZE` (a buffer
+ * smaller than the kernel reads or writes for these groups and push constants, push constants of
+ * the wrong size); a device failure's status.
+ *
+ * # Safety
+ * `groups` is NULL or points to 3 `uint32_t`; `buffers` is NULL or points to `buffer_count`
+ * handles; `push` is NULL or points to `push_size` readable bytes.
+ */
+enum kpc_status kpc_kernel_launch(const struct kpc_context *context,
+                                  const struct kpc_kernel *kernel,
+                                  const uint32_t *groups,
+                                  const struct kpc_buffer *const *buffers,
+                                  size_t buffer_count,
+                                  const void *push,
+                                  size_t push_size);
+
+/**
  * Sends every kpc warning of this process to `callback` with `user_data` (`callback` NULL: back
  * to the default, one line per warning on stderr unless `KPC_LOG_STDERR=0`). Replaces any earlier
  * callback; a warning being delivered while it is replaced may still reach the old one.

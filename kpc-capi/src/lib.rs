@@ -32,6 +32,7 @@ mod context;
 mod glsl;
 mod interop;
 mod kernel;
+mod launch;
 mod log;
 mod mha;
 mod registry;

@@ -673,3 +673,31 @@ fn c_mha_tensor_opencl_embedder() {
         mha_tensor_from_c("opencl", dev.index);
     }
 }
+
+crate::backend_tests! {
+    /// tests/c/installed.c, the program scripts/check-capi-install.sh builds against an installed
+    /// package, against this build: kpc's shipped saxpy for the context's backend (built, then from
+    /// disk in a second process), launched on kpc's own queue over kpc buffers with no Vulkan or
+    /// OpenCL code of its own, and the launch's refusals (short buffers, a missing buffer, no
+    /// groups, push constants of the wrong size), which leave the output as it was.
+    fn c_program_launches_a_shipped_kernel_on_kpcs_queue(backend, test) {
+        let Some(()) = cc_available(&backend.to_string(), test) else {
+            return;
+        };
+        let Some(dev) = drivers::device(backend, test) else {
+            return;
+        };
+        let dir = TempDir::new("capi-installed");
+        let exe = compile("installed", &[], dir.path());
+        let selector = format!("{backend}:{}", dev.index);
+        let cache = dir.join("cache");
+        let first = run(&exe, &[&selector, "built"], &[("KPC_CACHE_DIR", &cache)]);
+        let second = run(&exe, &[&selector, "disk"], &[("KPC_CACHE_DIR", &cache)]);
+        for (out, source) in [(first, "built"), (second, "disk")] {
+            assert!(
+                out.contains(&format!("installed: {backend} saxpy {source}, launched: 12 24 36")),
+                "{out}"
+            );
+        }
+    }
+}
