@@ -29,6 +29,12 @@
 //! - [`mha`] is ncnn's MultiHeadAttention layer around these kernels: Q/K/V and output projections,
 //!   self-attention with this cache, cross-attention over K/V projected once.
 //!
+//! - [`Tensor`] is a device array (fp16 or f32, a shape) over a kpc buffer: the layer's device calls
+//!   ([`MultiHeadAttention::step_device`], [`MultiHeadAttention::prefill_device`],
+//!   [`MultiHeadAttention::set_memory_device`]) read and write tensors and submit without a host copy
+//!   or wait; its host-slice calls are thin wrappers over them. [`DecoderStack`] chains several layers
+//!   (self-attention, optionally followed by cross-attention) into one submission per step.
+//!
 //! Q and O are f32, `[batch][q_head][head_dim]` per decode step. K and V are f32 or f16
 //! ([`KvDtype`]); computation is f32, except that the cooperative-matrix prefill multiplies Q and
 //! the softmax weights as fp16 (accumulating in f32). The scale is `1 / sqrt(head_dim)`.

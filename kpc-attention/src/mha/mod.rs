@@ -17,8 +17,11 @@
 //!   nothing. New memory replaces the old one.
 //! - The self-attention cache can be exported and imported in ncnn's two layouts ([`CacheLayout`]).
 //!
-//! Inputs and outputs are f32, `[batch][seq][features]` row-major; the output has `qdim` features,
-//! as ncnn's. The projection kernels are `mha_gemm` (tiled, any size), `mha_gemm_wide` (the matrix
+//! Inputs and outputs are `[batch][seq][features]` row-major; the output has `qdim` features, as
+//! ncnn's. The host-slice calls take and return f32; the device calls take [`crate::Tensor`]s of
+//! fp16 or f32, which decode steps' matrix-vector projection reads and writes as they are (other
+//! projections convert with `mha_cast` inside the same submission). Every call records its launches
+//! into one batch and submits it once. The projection kernels are `mha_gemm` (tiled, any size), `mha_gemm_wide` (the matrix
 //! units with a feed built for them, [`gemm`]: where the device has fp16 cooperative matrices and
 //! the weights are fp16; `mha_gemm_coop` before it) and, for decode steps, `mha_gemv` (one token
 //! per sequence: bound by reading the weights, split across workgroups, Q, K and V in one launch); `mha_attn` is the attention with an additive mask. Like every kernel they
