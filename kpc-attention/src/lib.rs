@@ -51,10 +51,10 @@ pub use kv_cache::{F16_MAX, KvCache, check_storable, round_to_f16};
 pub use mha::{MhaKind, MhaParams, MhaWeights, MultiHeadAttention, ProjectionKernel};
 pub use options::{AttentionOptions, DecodeKernel, PrefillKernel};
 
+use kpc::SpecConstants;
 use kpc::config::BackendKind;
 use kpc::error::{Error, Result};
 use kpc::runtime::{Buffer, Context, Kernel};
-use kpc::{BuildOptions, SpecConstants};
 
 use decode_choice::VecLayout;
 
@@ -213,5 +213,5 @@ fn shipped_kernel_from(
         BackendKind::Vulkan => crate::kernels::spirv_image(name)?,
         BackendKind::OpenCl => crate::kernels::opencl_image(name)?,
     };
-    ctx.kernel(&image, name, spec, &BuildOptions::default())
+    ctx.kernel_with(&kpc::KernelRequest::new(&image, name).spec(spec.clone()))
 }

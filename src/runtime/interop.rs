@@ -64,47 +64,18 @@
 //! and the other way round.
 
 use crate::backend::KernelObject;
-use crate::backend::opencl::{OpenClBackend, OpenClKernel};
+use crate::backend::opencl::OpenClKernel;
 pub use crate::backend::opencl::{OpenClHandles, OpenClKernelLease};
-use crate::backend::vulkan::{VulkanBackend, VulkanKernel};
+use crate::backend::vulkan::VulkanKernel;
 pub use crate::backend::vulkan::{
     VulkanFeatures, VulkanHandles, VulkanKernelHandles, VulkanQueueLock,
 };
-use crate::config::{BackendKind, Config};
+use crate::config::BackendKind;
 use crate::error::{Error, Result};
 
+#[cfg(doc)]
 use super::context::Context;
 use super::kernel::Kernel;
-
-impl Context {
-    /// A context over the embedder's Vulkan instance, device and queue, which kpc borrows and never
-    /// destroys. The contract (Vulkan 1.1+, declared optional features, queue synchronization) is
-    /// [`VulkanBackend::from_handles`]'s.
-    ///
-    /// Errors: as [`VulkanBackend::from_handles`].
-    ///
-    /// # Safety
-    /// As [`VulkanBackend::from_handles`]: valid handles that belong together, kept alive until every
-    /// kpc object made from this context is dropped, and truthful [`VulkanHandles::enabled`].
-    pub unsafe fn from_vulkan_handles(handles: &VulkanHandles, config: &Config) -> Result<Context> {
-        // SAFETY: the caller upholds from_handles' contract, which this function's repeats.
-        let backend = unsafe { VulkanBackend::from_handles(handles, config) }?;
-        Ok(Context::from_backend(backend, config))
-    }
-
-    /// A context over the embedder's OpenCL context, device and queue; kpc retains the context and
-    /// queue and releases them when its last object is dropped.
-    ///
-    /// Errors: as [`OpenClBackend::from_handles`].
-    ///
-    /// # Safety
-    /// As [`OpenClBackend::from_handles`]: valid handles that belong together.
-    pub unsafe fn from_opencl_handles(handles: &OpenClHandles, config: &Config) -> Result<Context> {
-        // SAFETY: the caller upholds from_handles' contract, which this function's repeats.
-        let backend = unsafe { OpenClBackend::from_handles(handles, config) }?;
-        Ok(Context::from_backend(backend, config))
-    }
-}
 
 /// Which of kpc's backends made `obj`, if any.
 fn backend_of(obj: &dyn KernelObject) -> Option<BackendKind> {
