@@ -9,7 +9,6 @@
 
 use std::hint::black_box;
 
-use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::config::BackendKind;
 use kpc::{Config, Context};
 
@@ -46,7 +45,10 @@ fn main() {
         .map_err(|e| e.to_string())
         .and_then(|mut c| {
             c.persistent = false;
-            Context::new(&c).map_err(|e| e.to_string())
+            Context::builder()
+                .config(c.clone())
+                .build()
+                .map_err(|e| e.to_string())
         });
     let ctx = match opened {
         Ok(ctx) => ctx,
@@ -60,17 +62,12 @@ fn main() {
         BackendKind::OpenCl => kpc::kernels::opencl_image("copy"),
     }
     .expect("the built-in copy kernel");
-    let (spec, options) = (SpecConstants::new(), BuildOptions::default());
-    ctx.kernel(&image, "copy", &spec, &options)
-        .expect("the copy kernel builds");
+    ctx.kernel(&image, "copy").expect("the copy kernel builds");
     let mut ns: Vec<f64> = (0..rounds)
         .map(|_| {
             let t = cpu_ns();
             for _ in 0..hits {
-                black_box(
-                    ctx.kernel(black_box(&image), "copy", &spec, &options)
-                        .expect("a memory hit"),
-                );
+                black_box(ctx.kernel(black_box(&image), "copy").expect("a memory hit"));
             }
             (cpu_ns() - t) as f64 / hits as f64
         })

@@ -185,8 +185,6 @@ struct DeviceCall {
     ctx: Context,
     image: DeviceImage,
     entry: &'static str,
-    spec: SpecConstants,
-    options: BuildOptions,
 }
 
 impl DeviceCall {
@@ -199,7 +197,9 @@ impl DeviceCall {
             })
             .map_err(|e| eprintln!("hit_path: no device column: {e}"))
             .ok()?;
-        let ctx = Context::new(&config)
+        let ctx = Context::builder()
+            .config(config.clone())
+            .build()
             .map_err(|e| eprintln!("hit_path: no device column: {e}"))
             .ok()?;
         let image = match ctx.backend() {
@@ -211,11 +211,9 @@ impl DeviceCall {
             ctx,
             image,
             entry: "copy",
-            spec: SpecConstants::new(),
-            options: BuildOptions::default(),
         };
         d.ctx
-            .kernel(&d.image, d.entry, &d.spec, &d.options)
+            .kernel(&d.image, d.entry)
             .map_err(|e| eprintln!("hit_path: no device column: {e}"))
             .ok()?;
         Some(d)
@@ -225,11 +223,7 @@ impl DeviceCall {
 impl HitPath for DeviceCall {
     #[inline]
     fn hit(&self, _i: u32) {
-        black_box(
-            self.ctx
-                .kernel(&self.image, self.entry, &self.spec, &self.options)
-                .unwrap(),
-        );
+        black_box(self.ctx.kernel(&self.image, self.entry).unwrap());
     }
 }
 

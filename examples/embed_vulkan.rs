@@ -61,11 +61,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = Config::from_env()?;
     // SAFETY: the handles are live and belong together; they outlive every kpc object below
     // (destroyed at the end, after those are dropped); no optional feature is declared.
-    let ctx = unsafe { Context::from_vulkan_handles(&handles, &config)? };
+    let ctx = unsafe {
+        Context::builder()
+            .vulkan_handles(&handles)
+            .config(config.clone())
+            .build()?
+    };
     let image = kpc::kernels::spirv_image("saxpy")?;
     let spec = SpecConstants::new().with(1, SpecValue::I32(10)); // BIAS
     let options = BuildOptions::default();
-    let kernel = ctx.kernel(&image, "saxpy", &spec, &options)?;
+    let kernel = ctx.kernel_with(
+        &kpc::KernelRequest::new(&image, "saxpy")
+            .spec(spec.clone())
+            .options(options.clone()),
+    )?;
     let h = kernel.vulkan_handles()?;
     println!(
         "kpc kernel {:?} on {} from {}: local size {:?}, bindings {:?}",
@@ -217,7 +226,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let id = ctx.cache_blob_id(&image, &spec, &options)?;
     let blob = kernel.cache_blob()?;
     // SAFETY: as for the first context.
-    let ctx2 = unsafe { Context::from_vulkan_handles(&handles, &config)? };
+    let ctx2 = unsafe {
+        Context::builder()
+            .vulkan_handles(&handles)
+            .config(config.clone())
+            .build()?
+    };
     let again = ctx2.kernel_from_blob(&image, "saxpy", &spec, &options, &blob)?;
     println!(
         "blob: {} bytes under a {}-byte id; second context: kernel from {}, {} programs built",

@@ -205,6 +205,21 @@ pub fn opencl_image(name: &str) -> Result<DeviceImage> {
     Ok(find(OPENCL, name, "OpenCL", |k| k.name)?.image())
 }
 
+/// The image of the kernel `name` that kpc ships for `backend`: its SPIR-V for Vulkan, its OpenCL
+/// C for OpenCL, so one program runs on either (`KPC_DEVICE`):
+/// `kernels::shipped("saxpy", ctx.backend())`. Each shipped kernel computes the same function on
+/// both backends (same parameters, push-constant layout and spec-constant ids).
+///
+/// Errors: [`Error::InvalidArgument`] for a name kpc does not ship for that backend, listing those
+/// it does (the cooperative-matrix kernels are Vulkan only).
+#[cfg(not(loom))]
+pub fn shipped(name: &str, backend: crate::config::BackendKind) -> Result<DeviceImage> {
+    match backend {
+        crate::config::BackendKind::Vulkan => spirv_image(name),
+        crate::config::BackendKind::OpenCl => opencl_image(name),
+    }
+}
+
 /// What kpc's generic shipped kernels touch of their buffers, for both their SPIR-V and OpenCL C
 /// images (GLSL images are compiled through options a caller may set, so they are not declared):
 /// a launch of them on a device without robust buffer access is checked against these (see

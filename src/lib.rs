@@ -6,7 +6,7 @@
 //! built on this crate's public API.
 //!
 //! Embedding: a [`Context`] can also run over a device the embedder owns
-//! ([`Context::from_vulkan_handles`], [`Context::from_opencl_handles`]); kpc then borrows the
+//! ([`ContextBuilder::vulkan_handles`], [`ContextBuilder::opencl_handles`]); kpc then borrows the
 //! instance, device, context and queue and never destroys them, and owns only the objects it creates
 //! on them. [`runtime::interop`] states the whole contract; cached kernels hand out their raw handles
 //! ([`Kernel::vulkan_handles`], [`Kernel::opencl_lease`]) and cache blobs ([`runtime::blob`]).
@@ -35,13 +35,14 @@ pub use error::{Error, Result};
 pub use runtime::Source;
 #[cfg(not(loom))]
 pub use runtime::{
-    Buffer, CacheBlob, Context, Event, Kernel, OpenClHandles, OpenClKernelLease, PushConstants,
-    Queue, VulkanFeatures, VulkanHandles, VulkanKernelHandles, VulkanQueueLock,
+    Buffer, CacheBlob, Context, ContextBuilder, Event, Kernel, KernelRequest, OpenClHandles,
+    OpenClKernelLease, PushConstants, Queue, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
+    VulkanQueueLock,
 };
 pub use warnings::{Warning, WarningCallback, set_warning_callback};
 
 /// Everything a typical embedder names: `use kpc::prelude::*;` then
-/// `ctx.kernel(&image, "entry", &SpecConstants::new(), &BuildOptions::default())`.
+/// `ctx.kernel(&image, "entry")`.
 #[cfg(not(loom))]
 pub mod prelude {
     pub use crate::{

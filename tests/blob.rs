@@ -43,13 +43,8 @@ fn bias(b: i32) -> SpecConstants {
 
 fn saxpy(ctx: &Context, spec: &SpecConstants) -> Kernel {
     let kind = ctx.backend();
-    ctx.kernel(
-        &image(kind, "saxpy"),
-        "saxpy",
-        spec,
-        &BuildOptions::default(),
-    )
-    .unwrap()
+    ctx.kernel_with(&kpc::KernelRequest::new(&image(kind, "saxpy"), "saxpy").spec(spec.clone()))
+        .unwrap()
 }
 
 fn from_blob(ctx: &Context, spec: &SpecConstants, blob: &[u8]) -> kpc::Result<Kernel> {

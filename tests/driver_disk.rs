@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kpc::backend::DeviceInfo;
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::cache::{SpecConstants, SpecValue};
 use kpc::config::BackendKind;
 use kpc::kernels::{opencl_image, spirv_image};
 use kpc::runtime::Source;
@@ -34,17 +34,19 @@ fn acquire_and_run(d: &DeviceInfo, root: &Path) -> String {
         .cache_dir(root)
         .build()
         .unwrap();
-    let ctx = Context::with_device(d, &config).unwrap();
+    let ctx = Context::builder()
+        .device(d)
+        .config(config.clone())
+        .build()
+        .unwrap();
     let image = match d.backend {
         BackendKind::Vulkan => spirv_image("saxpy").unwrap(),
         BackendKind::OpenCl => opencl_image("saxpy").unwrap(),
     };
     let k = ctx
-        .kernel(
-            &image,
-            "saxpy",
-            &SpecConstants::new().with(1, SpecValue::I32(7)),
-            &BuildOptions::default(),
+        .kernel_with(
+            &kpc::KernelRequest::new(&image, "saxpy")
+                .spec(SpecConstants::new().with(1, SpecValue::I32(7))),
         )
         .unwrap();
     let n = 3000;

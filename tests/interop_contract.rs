@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use ash::vk;
 use kpc::backend::vulkan::queue_lock_sharers;
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::cache::{SpecConstants, SpecValue};
 use kpc::kernels::spirv_image;
 use kpc::runtime::KernelRequest;
 use kpc::{Buffer, Config, Context, PushConstants, VulkanHandles, VulkanQueueLock};
@@ -102,7 +102,7 @@ fn launches(ctx: &Context, n: usize) {
     let image = spirv_image("saxpy").unwrap();
     let spec = SpecConstants::new().with(1, SpecValue::I32(0));
     let k = ctx
-        .kernel(&image, "saxpy", &spec, &BuildOptions::default())
+        .kernel_with(&kpc::KernelRequest::new(&image, "saxpy").spec(spec.clone()))
         .unwrap();
     let len = 64usize;
     let x: Vec<f32> = (0..len).map(|i| i as f32).collect();
@@ -328,7 +328,15 @@ fn kpc_and_the_engine_serialize_on_the_engines_lock() {
     // SAFETY: as in Engine::context; the hook's callbacks lock and unlock `lock`, which outlives
     // every context, from any thread.
     let contexts: Vec<Context> = (0..4)
-        .map(|_| unsafe { Context::from_vulkan_handles(&handles, &test_config()) }.unwrap())
+        .map(|_| {
+            unsafe {
+                Context::builder()
+                    .vulkan_handles(&handles)
+                    .config(test_config())
+                    .build()
+            }
+            .unwrap()
+        })
         .collect();
     std::thread::scope(|s| {
         for ctx in &contexts {
@@ -396,7 +404,13 @@ fn an_instance_api_version_never_splits_the_cache_and_a_malformed_one_is_refused
         };
         // SAFETY: as in Engine::context; a declared version at or below the instance's own uses
         // nothing the instance lacks.
-        let ctx = unsafe { Context::from_vulkan_handles(&h, &test_config()) }.unwrap();
+        let ctx = unsafe {
+            Context::builder()
+                .vulkan_handles(&h)
+                .config(test_config())
+                .build()
+        }
+        .unwrap();
         assert_eq!(ctx.device().fingerprint, owned, "instance API {v:#x}");
     }
     for bad in [
@@ -409,7 +423,13 @@ fn an_instance_api_version_never_splits_the_cache_and_a_malformed_one_is_refused
             ..engine.handles()
         };
         // SAFETY: refused before any handle is used.
-        let e = unsafe { Context::from_vulkan_handles(&h, &test_config()) }.unwrap_err();
+        let e = unsafe {
+            Context::builder()
+                .vulkan_handles(&h)
+                .config(test_config())
+                .build()
+        }
+        .unwrap_err();
         assert!(
             matches!(&e, kpc::Error::InvalidArgument(m) if m.contains("API") || m.contains("Vulkan")),
             "{bad:#x}: {e}"
@@ -435,7 +455,7 @@ fn kernel_handles_are_made_once_and_the_eviction_threshold_counts_the_code() {
     let kernels: Vec<kpc::Kernel> = (0..4)
         .map(|b| {
             let spec = SpecConstants::new().with(1, SpecValue::I32(b));
-            ctx.kernel(&image, "saxpy", &spec, &BuildOptions::default())
+            ctx.kernel_with(&kpc::KernelRequest::new(&image, "saxpy").spec(spec.clone()))
                 .unwrap()
         })
         .collect();

@@ -66,8 +66,13 @@ impl Embedder {
     fn context(&self, config: &Config) -> Context {
         // SAFETY: the handles are this embedder's live objects, a root device of the context and an
         // in-order queue of both.
-        unsafe { Context::from_opencl_handles(&self.handles(), config) }
-            .expect("an interop context")
+        unsafe {
+            Context::builder()
+                .opencl_handles(&self.handles())
+                .config(config.clone())
+                .build()
+        }
+        .expect("an interop context")
     }
 
     fn buffer(&self, data: &[f32]) -> Buffer<f32> {
@@ -179,11 +184,8 @@ fn an_embedder_enqueues_kpcs_saxpy_through_a_lease() {
 
     let spec = SpecConstants::new().with(1, SpecValue::I32(4));
     let k = ctx
-        .kernel(
-            &opencl_image("saxpy").unwrap(),
-            "saxpy",
-            &spec,
-            &BuildOptions::default(),
+        .kernel_with(
+            &kpc::KernelRequest::new(&opencl_image("saxpy").unwrap(), "saxpy").spec(spec.clone()),
         )
         .unwrap();
     let local = k.info().local_size[0] as usize;
@@ -272,7 +274,11 @@ fn interop_and_owned_contexts_share_fingerprint_and_disk_cache() {
         .build()
         .unwrap();
     let e = Embedder::new(d.index);
-    let owned = Context::with_device(&d, &config).unwrap();
+    let owned = Context::builder()
+        .device(&d)
+        .config(config.clone())
+        .build()
+        .unwrap();
     let interop = e.context(&config);
     assert_eq!(owned.device().fingerprint, interop.device().fingerprint);
     assert_eq!(interop.device().index, d.index);
@@ -280,7 +286,12 @@ fn interop_and_owned_contexts_share_fingerprint_and_disk_cache() {
     let opts = BuildOptions::default();
     let get = |ctx: &Context, bias: i32| {
         let spec = SpecConstants::new().with(1, SpecValue::I32(bias));
-        ctx.kernel(&image, "saxpy", &spec, &opts).unwrap()
+        ctx.kernel_with(
+            &kpc::KernelRequest::new(&image, "saxpy")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap()
     };
     assert_eq!(get(&owned, 1).source(), Source::Built);
     assert_eq!(get(&interop, 1).source(), Source::Disk);
@@ -308,7 +319,12 @@ fn handles_that_do_not_belong_together_are_refused() {
     let try_handles = |h: OpenClHandles| {
         // SAFETY: every handle is a live object of the two embedders; the mismatch is what is
         // refused, before kpc uses any of them.
-        unsafe { Context::from_opencl_handles(&h, &test_config()) }
+        unsafe {
+            Context::builder()
+                .opencl_handles(&h)
+                .config(test_config())
+                .build()
+        }
     };
     let mismatched = OpenClHandles {
         queue: other.queue.get(),
@@ -425,12 +441,7 @@ fn nothing_of_kpc_stays_on_the_borrowed_context_after_a_dropped_prefetch() {
     let ctx = e.context(&test_config());
     // The probe sees kpc's objects: a kernel held adds references beyond kpc's own retain.
     let k = ctx
-        .kernel(
-            &opencl_image("saxpy").unwrap(),
-            "saxpy",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
+        .kernel(&opencl_image("saxpy").unwrap(), "saxpy")
         .unwrap();
     assert!(cl_refs(&e).0 > own.0 + 1, "{:?} vs {own:?}", cl_refs(&e));
     drop(k);

@@ -102,8 +102,13 @@ impl Embedder {
             robust_buffer_access: common::vk_device::robust(&self.instance, self.pd),
             ..VulkanFeatures::default()
         };
-        unsafe { Context::from_vulkan_handles(&self.handles(enabled), config) }
-            .expect("an interop context")
+        unsafe {
+            Context::builder()
+                .vulkan_handles(&self.handles(enabled))
+                .config(config.clone())
+                .build()
+        }
+        .expect("an interop context")
     }
 
     /// A host-visible, coherent buffer of `bytes` bytes, mapped.
@@ -365,11 +370,8 @@ fn an_embedder_records_kpcs_saxpy_pipeline_in_its_own_command_buffer() {
     assert_eq!(ctx.device().name, d.name);
     let spec = SpecConstants::new().with(1, SpecValue::I32(3));
     let k = ctx
-        .kernel(
-            &spirv_image("saxpy").unwrap(),
-            "saxpy",
-            &spec,
-            &BuildOptions::default(),
+        .kernel_with(
+            &kpc::KernelRequest::new(&spirv_image("saxpy").unwrap(), "saxpy").spec(spec.clone()),
         )
         .unwrap();
     let h = k.vulkan_handles().unwrap();
@@ -434,14 +436,22 @@ fn interop_and_owned_contexts_share_fingerprint_and_disk_cache() {
         .build()
         .unwrap();
     let e = Embedder::new(d.index);
-    let owned = Context::with_device(&d, &config).unwrap();
+    let owned = Context::builder()
+        .device(&d)
+        .config(config.clone())
+        .build()
+        .unwrap();
     let interop = e.context(&config);
     // A device declared without robustBufferAccess is another device to the cache: pipelines built
     // without it never serve a robust one (whose safe launches rely on it), nor the reverse.
     // SAFETY: as in Embedder::context; declaring less than was enabled promises nothing untrue.
-    let fragile =
-        unsafe { Context::from_vulkan_handles(&e.handles(VulkanFeatures::default()), &config) }
-            .unwrap();
+    let fragile = unsafe {
+        Context::builder()
+            .vulkan_handles(&e.handles(VulkanFeatures::default()))
+            .config(config.clone())
+            .build()
+    }
+    .unwrap();
     assert!(!fragile.device().limits.robust_buffer_access);
     assert!(interop.device().limits.robust_buffer_access);
     assert!(
@@ -460,7 +470,12 @@ fn interop_and_owned_contexts_share_fingerprint_and_disk_cache() {
     let opts = BuildOptions::default();
     let get = |ctx: &Context, bias: i32| {
         let spec = SpecConstants::new().with(1, SpecValue::I32(bias));
-        ctx.kernel(&image, "saxpy", &spec, &opts).unwrap()
+        ctx.kernel_with(
+            &kpc::KernelRequest::new(&image, "saxpy")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap()
     };
     let kind = |ctx: &Context| {
         let f = &ctx.device().fingerprint.fields;
@@ -535,7 +550,7 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
         .name
         .clone();
     let spec = SpecConstants::new();
-    match ctx.kernel(&coop, &entry, &spec, &BuildOptions::default()) {
+    match ctx.kernel_with(&kpc::KernelRequest::new(&coop, &entry).spec(spec.clone())) {
         Err(Error::Unsupported { needs, reason, .. }) => {
             assert!(needs.contains("Float16"), "{needs}");
             assert!(
@@ -560,7 +575,12 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
             ..VulkanFeatures::default()
         };
         // SAFETY: live handles; the (false) declaration is what is being refused, before use.
-        match unsafe { Context::from_vulkan_handles(&e.handles(claims), &test_config()) } {
+        match unsafe {
+            Context::builder()
+                .vulkan_handles(&e.handles(claims))
+                .config(test_config())
+                .build()
+        } {
             Err(Error::InvalidArgument(m)) => assert!(m.contains("cooperative_matrix"), "{m}"),
             other => panic!("expected a refusal, got {other:?}"),
         }
@@ -569,17 +589,32 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
     let mut bad = e.handles(VulkanFeatures::default());
     bad.device = vk::Device::null();
     // SAFETY: refused before any handle is used.
-    let r = unsafe { Context::from_vulkan_handles(&bad, &test_config()) };
+    let r = unsafe {
+        Context::builder()
+            .vulkan_handles(&bad)
+            .config(test_config())
+            .build()
+    };
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
     let mut old = e.handles(VulkanFeatures::default());
     old.instance_api_version = vk::API_VERSION_1_0;
     // SAFETY: as above.
-    let r = unsafe { Context::from_vulkan_handles(&old, &test_config()) };
+    let r = unsafe {
+        Context::builder()
+            .vulkan_handles(&old)
+            .config(test_config())
+            .build()
+    };
     assert!(matches!(r, Err(Error::InvalidArgument(m)) if m.contains("1.1")));
     let mut family = e.handles(VulkanFeatures::default());
     family.queue_family_index = 1000;
     // SAFETY: as above: the family is checked against the device's before the device is used.
-    let r = unsafe { Context::from_vulkan_handles(&family, &test_config()) };
+    let r = unsafe {
+        Context::builder()
+            .vulkan_handles(&family)
+            .config(test_config())
+            .build()
+    };
     assert!(matches!(r, Err(Error::InvalidArgument(m)) if m.contains("queue family 1000")));
 }
 
@@ -601,7 +636,12 @@ fn handles_and_blobs_outlive_in_memory_eviction() {
     let opts = BuildOptions::default();
     let get = |bias: i32| {
         let spec = SpecConstants::new().with(1, SpecValue::I32(bias));
-        ctx.kernel(&image, "saxpy", &spec, &opts).unwrap()
+        ctx.kernel_with(
+            &kpc::KernelRequest::new(&image, "saxpy")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap()
     };
     let first = get(11);
     let h = first.vulkan_handles().unwrap();

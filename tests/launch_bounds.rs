@@ -39,14 +39,7 @@ fn saxpy_push(n: u32) -> PushConstants {
 /// The shipped saxpy over `n` elements into an output of 10: refused with `Error::Size` naming the
 /// output binding, and nothing written; then a launch that fits runs.
 fn short_output_is_refused(ctx: &Context, image: &DeviceImage) {
-    let k = ctx
-        .kernel(
-            image,
-            "saxpy",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap();
+    let k = ctx.kernel(image, "saxpy").unwrap();
     assert!(
         k.has_access_bounds(),
         "the shipped saxpy declares its bounds"
@@ -112,14 +105,7 @@ fn short_output_is_refused(ctx: &Context, image: &DeviceImage) {
 /// without robust access, run by the unsafe one with buffers that fit; where the device is
 /// robust, the safe launch runs it.
 fn unbounded_kernel(ctx: &Context, image: &DeviceImage) {
-    let k = ctx
-        .kernel(
-            image,
-            "saxpy",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap();
+    let k = ctx.kernel(image, "saxpy").unwrap();
     assert!(!k.has_access_bounds());
     let n = 64usize;
     let x = ctx.buffer_from(&vec![1.0f32; n]).unwrap();
@@ -159,14 +145,7 @@ fn unbounded_kernel(ctx: &Context, image: &DeviceImage) {
         )
     }
     .unwrap();
-    let k = ctx
-        .kernel(
-            image,
-            "saxpy",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap();
+    let k = ctx.kernel(image, "saxpy").unwrap();
     assert!(k.has_access_bounds());
     let short = ctx.buffer::<f32>(n / 2).unwrap();
     let e = ctx
@@ -263,7 +242,12 @@ fn robust_access_variable_is_checked() {
         Some("bad") => {
             let vulkan = kpc::config::DeviceSelector::parse("vulkan:0").unwrap();
             let e = kpc::runtime::select_device(&vulkan)
-                .and_then(|d| Context::with_device(&d, &drivers::test_config()))
+                .and_then(|d| {
+                    Context::builder()
+                        .device(&d)
+                        .config(drivers::test_config())
+                        .build()
+                })
                 .unwrap_err()
                 .to_string();
             assert!(

@@ -30,7 +30,11 @@ fn a_compile_error_carries_the_build_log() {
     };
     let (spec, opts) = none();
     let e = ctx
-        .kernel(&cl("broken", BROKEN), "broken", &spec, &opts)
+        .kernel_with(
+            &kpc::KernelRequest::new(&cl("broken", BROKEN), "broken")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
         .unwrap_err();
     match &e {
         Error::Build {
@@ -58,13 +62,29 @@ fn a_cached_failed_build_returns_the_same_error_without_rebuilding() {
     };
     let (spec, opts) = none();
     let image = cl("broken", BROKEN);
-    let first = ctx.kernel(&image, "broken", &spec, &opts).unwrap_err();
+    let first = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&image, "broken")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap_err();
     let builds = ctx.stats().memory.builds;
     let failed = ctx.stats().memory.failed_builds;
     let started = std::time::Instant::now();
-    let second = ctx.kernel(&image, "broken", &spec, &opts).unwrap_err();
+    let second = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&image, "broken")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap_err();
     let third = ctx
-        .kernel(&cl("broken", BROKEN), "broken", &spec, &opts)
+        .kernel_with(
+            &kpc::KernelRequest::new(&cl("broken", BROKEN), "broken")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
         .unwrap_err();
     assert_eq!(first, second, "the same error, log and all");
     assert_eq!(first, third);
@@ -79,7 +99,13 @@ fn a_cached_failed_build_returns_the_same_error_without_rebuilding() {
     eprintln!("two cached failures took {:?}", started.elapsed());
     // The failure is per key: a fixed source under the same name builds.
     let fixed = cl("broken", &BROKEN.replace("undeclared_name", "1.0f"));
-    let k = ctx.kernel(&fixed, "broken", &spec, &opts).unwrap();
+    let k = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&fixed, "broken")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap();
     assert_eq!(k.source(), Source::Built);
 }
 
@@ -89,11 +115,9 @@ fn bad_build_options_are_a_cached_build_error() {
         return;
     };
     let e = ctx
-        .kernel(
-            &opencl_image("saxpy").unwrap(),
-            "saxpy",
-            &SpecConstants::new(),
-            &BuildOptions::new("-cl-no-such-option-kpc"),
+        .kernel_with(
+            &kpc::KernelRequest::new(&opencl_image("saxpy").unwrap(), "saxpy")
+                .options(BuildOptions::new("-cl-no-such-option-kpc")),
         )
         .unwrap_err();
     assert!(matches!(e, Error::Build { .. }), "{e}");
@@ -107,7 +131,13 @@ fn kernels_and_images_kpc_cannot_use_are_typed_errors() {
     let (spec, opts) = none();
     let saxpy = opencl_image("saxpy").unwrap();
 
-    let e = ctx.kernel(&saxpy, "main", &spec, &opts).unwrap_err();
+    let e = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&saxpy, "main")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap_err();
     assert!(
         matches!(&e, Error::UnknownKernel { available, .. } if available == "saxpy"),
         "{e}"
@@ -115,7 +145,13 @@ fn kernels_and_images_kpc_cannot_use_are_typed_errors() {
 
     // A SPIR-V image handed to the OpenCL backend.
     let spirv = DeviceImage::new("spv", ImageFormat::SpirV, vec![0x07, 0x23, 0x02, 0x03]);
-    let e = ctx.kernel(&spirv, "main", &spec, &opts).unwrap_err();
+    let e = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&spirv, "main")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap_err();
     assert!(
         matches!(&e, Error::InvalidArgument(m) if m.contains("OpenCL C")),
         "{e}"
@@ -126,7 +162,13 @@ fn kernels_and_images_kpc_cannot_use_are_typed_errors() {
         "local",
         "kernel void k(global float *o, local float *scratch) { o[0] = 1.0f; }",
     );
-    let e = ctx.kernel(&local, "k", &spec, &opts).unwrap_err();
+    let e = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&local, "k")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap_err();
     assert!(
         matches!(&e, Error::InvalidArgument(m) if m.contains("scratch")),
         "{e}"
@@ -135,7 +177,13 @@ fn kernels_and_images_kpc_cannot_use_are_typed_errors() {
     // A required workgroup size beyond the device's limit.
     let max = ctx.device().limits.max_workgroup_invocations;
     let too_big = SpecConstants::new().with(0, SpecValue::U32(max * 2));
-    let e = ctx.kernel(&saxpy, "saxpy", &too_big, &opts).unwrap_err();
+    let e = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&saxpy, "saxpy")
+                .spec(too_big.clone())
+                .options(opts.clone()),
+        )
+        .unwrap_err();
     assert!(
         matches!(e, Error::Build { .. } | Error::InvalidArgument(_)),
         "{e}"
@@ -146,7 +194,13 @@ fn kernels_and_images_kpc_cannot_use_are_typed_errors() {
         "decl",
         "// kpc-spec-constant zero N\nkernel void k(global int *o) { o[0] = 1; }",
     );
-    let e = ctx.kernel(&bad_decl, "k", &spec, &opts).unwrap_err();
+    let e = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&bad_decl, "k")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap_err();
     assert!(
         matches!(&e, Error::InvalidArgument(m) if m.contains("kpc-spec-constant")),
         "{e}"
@@ -191,7 +245,11 @@ fn kernels_carry_the_driver_figures() {
     };
     let (spec, options) = none();
     let k = ctx
-        .kernel(&cl("local_sum", LOCAL_SUM), "local_sum", &spec, &options)
+        .kernel_with(
+            &kpc::KernelRequest::new(&cl("local_sum", LOCAL_SUM), "local_sum")
+                .spec(spec.clone())
+                .options(options.clone()),
+        )
         .unwrap();
     let stat = |name: &str| -> u64 {
         k.driver_stats()

@@ -14,11 +14,8 @@ use kpc::{Buffer, Context, Error, PushConstants};
 use common::drivers::{check_read_kernel, opencl_backend, opencl_context, random_f32, test_config};
 
 fn saxpy(ctx: &Context, spec: &SpecConstants) -> kpc::Kernel {
-    ctx.kernel(
-        &opencl_image("saxpy").unwrap(),
-        "saxpy",
-        spec,
-        &BuildOptions::default(),
+    ctx.kernel_with(
+        &kpc::KernelRequest::new(&opencl_image("saxpy").unwrap(), "saxpy").spec(spec.clone()),
     )
     .expect("saxpy builds")
 }
@@ -117,14 +114,7 @@ fn copy_kernel_copies_with_a_grid_stride_loop() {
     let Some(ctx) = opencl_context("copy_kernel_copies_with_a_grid_stride_loop") else {
         return;
     };
-    let k = ctx
-        .kernel(
-            &opencl_image("copy").unwrap(),
-            "copy",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap();
+    let k = ctx.kernel(&opencl_image("copy").unwrap(), "copy").unwrap();
     assert_eq!(k.info().push_constant_bytes, 4);
     assert_eq!(k.info().local_size, [256, 1, 1]);
     let n = 100_003usize; // uint4 elements
@@ -160,7 +150,13 @@ fn second_request_is_a_memory_hit() {
     };
     let image = opencl_image("saxpy").unwrap();
     let (spec, opts) = (SpecConstants::new(), BuildOptions::default());
-    let first = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap();
+    let first = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&image, "saxpy")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap();
     assert_eq!(first.source(), Source::Built);
     let before = ctx.stats().memory;
     // A fresh copy of the same bytes is the same key.
@@ -169,7 +165,13 @@ fn second_request_is_a_memory_hit() {
         kpc::backend::ImageFormat::OpenClC,
         image.bytes().to_vec(),
     );
-    let second = ctx.kernel(&again, "saxpy", &spec, &opts).unwrap();
+    let second = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&again, "saxpy")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap();
     assert_eq!(second.source(), Source::Memory);
     let after = ctx.stats().memory;
     assert_eq!(after.builds, before.builds, "nothing was built again");
@@ -199,11 +201,9 @@ fn spec_constants_are_definitions_and_part_of_the_key() {
     check_saxpy(&run_saxpy(&ctx, &k70, 2.0, &x, &y), 2.0, &x, &y, -70.0);
     // The shipped saxpy declares BIAS as i32: a float is refused, as its SPIR-V twin refuses it.
     let e = ctx
-        .kernel(
-            &opencl_image("saxpy").unwrap(),
-            "saxpy",
-            &SpecConstants::new().with(1, SpecValue::f32(0.1)),
-            &BuildOptions::default(),
+        .kernel_with(
+            &kpc::KernelRequest::new(&opencl_image("saxpy").unwrap(), "saxpy")
+                .spec(SpecConstants::new().with(1, SpecValue::f32(0.1))),
         )
         .unwrap_err();
     assert!(
@@ -217,11 +217,9 @@ fn spec_constants_are_definitions_and_part_of_the_key() {
         .replace("kpc-spec-constant 1 BIAS i32", "kpc-spec-constant 1 BIAS");
     let untyped = DeviceImage::new("saxpy", kpc::ImageFormat::OpenClC, untyped.into_bytes());
     let kf = ctx
-        .kernel(
-            &untyped,
-            "saxpy",
-            &SpecConstants::new().with(1, SpecValue::f32(0.1)),
-            &BuildOptions::default(),
+        .kernel_with(
+            &kpc::KernelRequest::new(&untyped, "saxpy")
+                .spec(SpecConstants::new().with(1, SpecValue::f32(0.1))),
         )
         .unwrap();
     check_saxpy(
@@ -242,11 +240,9 @@ fn spec_constants_are_definitions_and_part_of_the_key() {
 
     // An id the image does not declare is a typed error that lists the declared ones.
     let e = ctx
-        .kernel(
-            &opencl_image("saxpy").unwrap(),
-            "saxpy",
-            &SpecConstants::new().with(9, SpecValue::I32(1)),
-            &BuildOptions::default(),
+        .kernel_with(
+            &kpc::KernelRequest::new(&opencl_image("saxpy").unwrap(), "saxpy")
+                .spec(SpecConstants::new().with(9, SpecValue::I32(1))),
         )
         .unwrap_err();
     assert!(
@@ -287,7 +283,11 @@ fn bad_launches_are_typed_errors() {
     ev.wait().unwrap();
 
     // Handles from another context (or another backend) are refused, not misused.
-    let other = Context::with_device(ctx.device(), &test_config()).unwrap();
+    let other = Context::builder()
+        .device(ctx.device())
+        .config(test_config())
+        .build()
+        .unwrap();
     let foreign = other.buffer::<f32>(16).unwrap();
     let e = q
         .launch(&k, [1, 1, 1], &[&a, &b, &foreign], push.as_bytes())
@@ -361,11 +361,9 @@ fn thirty_two_threads(ctx: &Context) {
             s.spawn(move || {
                 // Every thread asks the cache for the kernel itself: one build, 31 waits or hits.
                 let k = ctx
-                    .kernel(
-                        &image,
-                        "saxpy",
-                        &SpecConstants::new().with(1, SpecValue::I32(3)),
-                        &BuildOptions::default(),
+                    .kernel_with(
+                        &kpc::KernelRequest::new(&image, "saxpy")
+                            .spec(SpecConstants::new().with(1, SpecValue::I32(3))),
                     )
                     .unwrap();
                 barrier.wait();
@@ -394,7 +392,11 @@ fn thirty_two_threads_launch_one_cached_kernel_pool() {
     ) else {
         return;
     };
-    let ctx = Context::from_backend(b, &test_config());
+    let ctx = Context::builder()
+        .backend(b)
+        .config(test_config())
+        .build()
+        .unwrap();
     thirty_two_threads(&ctx);
     // The pool grew to at most one object per concurrent launch.
     let pm = ctx.program_manager();
@@ -425,7 +427,13 @@ fn thirty_two_threads_launch_one_cached_kernel_clone() {
     ) else {
         return;
     };
-    thirty_two_threads(&Context::from_backend(b, &test_config()));
+    thirty_two_threads(
+        &Context::builder()
+            .backend(b)
+            .config(test_config())
+            .build()
+            .unwrap(),
+    );
 }
 
 #[test]
@@ -438,7 +446,13 @@ fn thirty_two_threads_launch_one_cached_kernel_lock() {
     ) else {
         return;
     };
-    thirty_two_threads(&Context::from_backend(b, &test_config()));
+    thirty_two_threads(
+        &Context::builder()
+            .backend(b)
+            .config(test_config())
+            .build()
+            .unwrap(),
+    );
 }
 
 #[test]

@@ -56,7 +56,7 @@ fn run_prebuild(manifests: &Path, pm: Arc<ProgramManager>) -> kpc::runtime::Preb
     let (used, reqs) = app_manifests(manifests, APP, BackendKind::OpenCl);
     assert_eq!((used.len(), reqs.len()), (1, N));
     prebuild(reqs, move |r| {
-        pm.kernel(&r.image, &r.entry, &r.spec, &r.options)
+        pm.kernel(r.image(), r.entry(), r.spec_constants(), r.build_options())
             .map(|a| a.source)
     })
 }
@@ -189,7 +189,7 @@ fn a_fresh_machine_prebuilds_from_the_manifest_the_fleet_shares() {
     assert_eq!(shared.len(), N, "the union of both machines' manifests");
     let p = pm.clone();
     let r = prebuild(shared, move |r| {
-        p.kernel(&r.image, &r.entry, &r.spec, &r.options)
+        p.kernel(r.image(), r.entry(), r.spec_constants(), r.build_options())
             .map(|a| a.source)
     });
     assert_eq!((r.kernels, r.built, r.failed.len()), (N, N, 0));
@@ -225,7 +225,7 @@ fn progress_reports_each_kernel_once_in_order_of_completion() {
     let r = kpc::runtime::prebuild::prebuild_with_progress(
         reqs,
         move |r| {
-            pm.kernel(&r.image, &r.entry, &r.spec, &r.options)
+            pm.kernel(r.image(), r.entry(), r.spec_constants(), r.build_options())
                 .map(|a| a.source)
         },
         move |p: &kpc::runtime::prebuild::Progress<'_>| {

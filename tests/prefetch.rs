@@ -167,15 +167,7 @@ fn prefetch_on_driver(ctx: &Context, images: Vec<DeviceImage>, read: DeviceImage
     let caller = {
         let ctx = ctx.clone();
         let read = read.clone();
-        std::thread::spawn(move || {
-            ctx.kernel(
-                &read,
-                "read",
-                &SpecConstants::new(),
-                &BuildOptions::default(),
-            )
-            .unwrap()
-        })
+        std::thread::spawn(move || ctx.kernel(&read, "read").unwrap())
     };
     let results = p.wait();
     caller.join().unwrap();
@@ -202,7 +194,11 @@ fn prefetch_on_lavapipe_builds_each_program_once_and_launches() {
     else {
         return;
     };
-    let ctx = Context::with_device(&d, &test_config()).unwrap();
+    let ctx = Context::builder()
+        .device(&d)
+        .config(test_config())
+        .build()
+        .unwrap();
     let images: Vec<DeviceImage> = kpc::kernels::SPIRV
         .iter()
         .filter(|k| k.matrices_fit(&d.limits))
@@ -217,7 +213,11 @@ fn prefetch_on_pocl_builds_each_program_once_and_launches() {
     let Some(d) = opencl_device("prefetch_on_pocl_builds_each_program_once_and_launches") else {
         return;
     };
-    let ctx = Context::with_device(&d, &test_config()).unwrap();
+    let ctx = Context::builder()
+        .device(&d)
+        .config(test_config())
+        .build()
+        .unwrap();
     let images: Vec<DeviceImage> = kpc::kernels::OPENCL
         .iter()
         .map(|k| kpc::kernels::opencl_image(k.name).unwrap())
@@ -293,9 +293,14 @@ fn a_request_queued_in_a_prefetch_is_built_by_the_requester_ahead_and_once() {
     let requester = {
         let pm = pm.clone();
         std::thread::spawn(move || {
-            pm.kernel(&last.image, &last.entry, &last.spec, &last.options)
-                .unwrap()
-                .source
+            pm.kernel(
+                last.image(),
+                last.entry(),
+                last.spec_constants(),
+                last.build_options(),
+            )
+            .unwrap()
+            .source
         })
     };
     // The caller's build starts while the workers' builds are still held: ahead of the queue.

@@ -31,7 +31,7 @@ fn saxpy(ctx: &Context, bias: i32) -> kpc::Result<Kernel> {
         BackendKind::OpenCl => opencl_image("saxpy")?,
     };
     let spec = SpecConstants::new().with(1, SpecValue::I32(bias));
-    ctx.kernel(&image, "saxpy", &spec, &BuildOptions::default())
+    ctx.kernel_with(&kpc::KernelRequest::new(&image, "saxpy").spec(spec.clone()))
 }
 
 /// A first run remembers saxpy (bias 7); a sealed second run (`error`) warms it up, seals itself
@@ -39,13 +39,19 @@ fn saxpy(ctx: &Context, bias: i32) -> kpc::Result<Kernel> {
 fn sealed_after_warm_start(d: &DeviceInfo) {
     let dir = TempDir::new("seal-drv");
     {
-        let ctx =
-            Context::with_device(d, &config(dir.path(), SealMode::Off, Some("seal-drv"))).unwrap();
+        let ctx = Context::builder()
+            .device(d)
+            .config(config(dir.path(), SealMode::Off, Some("seal-drv")))
+            .build()
+            .unwrap();
         assert_eq!(saxpy(&ctx, 7).unwrap().source(), Source::Built);
         assert_eq!(ctx.seal_mode(), SealMode::Off);
     }
-    let ctx =
-        Context::with_device(d, &config(dir.path(), SealMode::Error, Some("seal-drv"))).unwrap();
+    let ctx = Context::builder()
+        .device(d)
+        .config(config(dir.path(), SealMode::Error, Some("seal-drv")))
+        .build()
+        .unwrap();
     let report = ctx.wait_warm_start().unwrap();
     assert_eq!((report.listed, report.loaded), (1, 1), "{report:?}");
     assert_eq!(
@@ -83,10 +89,18 @@ fn sealed_after_warm_start(d: &DeviceInfo) {
 fn warn_without_warm_start(d: &DeviceInfo) {
     let dir = TempDir::new("seal-drv-warn");
     {
-        let ctx = Context::with_device(d, &config(dir.path(), SealMode::Off, None)).unwrap();
+        let ctx = Context::builder()
+            .device(d)
+            .config(config(dir.path(), SealMode::Off, None))
+            .build()
+            .unwrap();
         assert_eq!(saxpy(&ctx, 7).unwrap().source(), Source::Built);
     }
-    let ctx = Context::with_device(d, &config(dir.path(), SealMode::Warn, None)).unwrap();
+    let ctx = Context::builder()
+        .device(d)
+        .config(config(dir.path(), SealMode::Warn, None))
+        .build()
+        .unwrap();
     assert_eq!(ctx.seal_mode(), SealMode::Warn);
     let (sources, events) = capture(|| {
         [
@@ -141,7 +155,11 @@ crate::backend_tests! {
             .build_budget(2)
             .build()
             .unwrap();
-        let ctx = Context::with_device(&d, &config).unwrap();
+        let ctx = Context::builder()
+            .device(&d)
+            .config(config)
+            .build()
+            .unwrap();
         assert_eq!(ctx.seal_mode(), SealMode::Off, "the budget counts first");
         assert_eq!(ctx.stats().seal.budget_left, Some(2));
         assert_eq!(saxpy(&ctx, 1).unwrap().source(), Source::Built);
@@ -169,14 +187,24 @@ fn vulkan_sealed_glsl_compile_is_refused_then_warned() {
         return;
     };
     let dir = TempDir::new("seal-drv-glsl");
-    let ctx = Context::with_device(&d, &config(dir.path(), SealMode::Error, None)).unwrap();
+    let ctx = Context::builder()
+        .device(&d)
+        .config(config(dir.path(), SealMode::Error, None))
+        .build()
+        .unwrap();
     let img = kpc::DeviceImage::glsl(kpc::backend::glsl::GlslSource::compute(
         "sealed_glsl",
         GLSL.to_string(),
     ))
     .unwrap();
     let (spec, opts) = (SpecConstants::new(), BuildOptions::default());
-    let e = ctx.kernel(&img, "sealed_glsl", &spec, &opts).unwrap_err();
+    let e = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&img, "sealed_glsl")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap_err();
     let Error::Sealed { kernel, why } = &e else {
         panic!("expected Error::Sealed, got {e:?}");
     };
@@ -185,7 +213,14 @@ fn vulkan_sealed_glsl_compile_is_refused_then_warned() {
     assert_eq!(ctx.stats().spirv.compiles, 0, "nothing compiled");
 
     ctx.seal_with(SealMode::Warn);
-    let (k, events) = capture(|| ctx.kernel(&img, "sealed_glsl", &spec, &opts).unwrap());
+    let (k, events) = capture(|| {
+        ctx.kernel_with(
+            &kpc::KernelRequest::new(&img, "sealed_glsl")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap()
+    });
     assert_eq!(k.source(), Source::Built);
     let lines: Vec<&String> = events
         .iter()

@@ -324,14 +324,19 @@ fn a_binary_the_backend_refuses_is_removed_from_its_store_and_rebuilt() {
 /// returns where it came from and how many programs the backend built and loaded.
 fn saxpy_through(d: &DeviceInfo, mem: &Arc<MemStore>) -> (Source, u64, u64) {
     let stores = StoreChain::new().with_store(mem.clone());
-    let ctx = Context::with_device_and_stores(d, &test_config(), stores).unwrap();
+    let ctx = Context::builder()
+        .device(d)
+        .config(test_config())
+        .stores(stores)
+        .build()
+        .unwrap();
     let image = match d.backend {
         BackendKind::Vulkan => kpc::kernels::spirv_image("saxpy").unwrap(),
         BackendKind::OpenCl => kpc::kernels::opencl_image("saxpy").unwrap(),
     };
     let spec = SpecConstants::new().with(1, SpecValue::I32(7));
     let k = ctx
-        .kernel(&image, "saxpy", &spec, &BuildOptions::default())
+        .kernel_with(&kpc::KernelRequest::new(&image, "saxpy").spec(spec.clone()))
         .unwrap();
     let n = 1000;
     let (x, y) = (random_f32(n), random_f32(n));

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use common::drivers::{opencl_device, test_config, vulkan_device};
 use kpc::backend::DeviceInfo;
-use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::config::BackendKind;
 use kpc::{Buffer, Context, Error, PushConstants};
 
@@ -158,14 +157,7 @@ fn saxpy_setup(ctx: &Context, seed: usize) -> (kpc::Kernel, [Buffer<f32>; 3]) {
         BackendKind::OpenCl => kpc::kernels::opencl_image("saxpy"),
     }
     .unwrap();
-    let k = ctx
-        .kernel(
-            &image,
-            "saxpy",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .expect("saxpy builds");
+    let k = ctx.kernel(&image, "saxpy").expect("saxpy builds");
     let n = 200 + seed % 64;
     let x: Vec<f32> = (0..n).map(|i| (i + seed) as f32 * 0.25).collect();
     let y: Vec<f32> = (0..n).map(|i| 1.0 - i as f32).collect();
@@ -192,14 +184,22 @@ fn worker(device: &DeviceInfo, w: usize, p: &Progress) {
             // A device that does not exist: a typed error, whatever the other threads do.
             0 => {
                 p.set(w, round, "opening a missing device");
-                let e = Context::with_device(&missing_device(device), &config).unwrap_err();
+                let e = Context::builder()
+                    .device(&missing_device(device))
+                    .config(config.clone())
+                    .build()
+                    .unwrap_err();
                 assert!(matches!(e, Error::NoSuchDevice { .. }), "{e}");
             }
             // The owner drops its context while a second thread still holds a kernel, buffers and
             // the queue, and launches with them afterwards: the second thread's drop is the last.
             1 => {
                 p.set(w, round, "opening a context");
-                let ctx = Context::with_device(device, &config).expect("open");
+                let ctx = Context::builder()
+                    .device(device)
+                    .config(config.clone())
+                    .build()
+                    .expect("open");
                 p.set(w, round, "acquiring saxpy");
                 let (k, bufs) = saxpy_setup(&ctx, w * 1000 + round);
                 let queue = ctx.queue();
@@ -223,7 +223,11 @@ fn worker(device: &DeviceInfo, w: usize, p: &Progress) {
             // Open, build, launch, drop.
             _ => {
                 p.set(w, round, "opening a context");
-                let ctx = Context::with_device(device, &config).expect("open");
+                let ctx = Context::builder()
+                    .device(device)
+                    .config(config.clone())
+                    .build()
+                    .expect("open");
                 p.set(w, round, "acquiring saxpy");
                 let (k, bufs) = saxpy_setup(&ctx, w * 1000 + round);
                 p.set(w, round, "launching saxpy");

@@ -36,14 +36,7 @@ fn invalid_spirv_is_a_typed_error_and_nothing_is_cached() {
     // is not cached, so each request validates again and nothing is left in the cache.
     let raw = DeviceImage::new("broken", ImageFormat::SpirV, bytes);
     for _ in 0..2 {
-        let e2 = ctx
-            .kernel(
-                &raw,
-                "saxpy",
-                &SpecConstants::new(),
-                &BuildOptions::default(),
-            )
-            .unwrap_err();
+        let e2 = ctx.kernel(&raw, "saxpy").unwrap_err();
         assert_eq!(e2, e);
     }
     let s = ctx.stats().memory;
@@ -64,13 +57,25 @@ fn a_failed_build_returns_the_same_error_from_the_cache() {
     // A workgroup of 2^20 invocations: valid SPIR-V, beyond every device's limits.
     let spec = SpecConstants::new().with(0, SpecValue::U32(1 << 20));
     let opts = BuildOptions::default();
-    let e1 = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap_err();
+    let e1 = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&image, "saxpy")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap_err();
     assert!(
         matches!(&e1, Error::Build { message, .. } if message.contains("workgroup size")),
         "{e1}"
     );
     let after_first = ctx.stats().memory;
-    let e2 = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap_err();
+    let e2 = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&image, "saxpy")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap_err();
     assert_eq!(e1, e2);
     let after_second = ctx.stats().memory;
     assert_eq!(
@@ -82,11 +87,9 @@ fn a_failed_build_returns_the_same_error_from_the_cache() {
 
     // An option the backend does not know is refused, and cached like any failed build.
     let e = ctx
-        .kernel(
-            &image,
-            "saxpy",
-            &SpecConstants::new(),
-            &BuildOptions::new("-O -cl-mad-enable"),
+        .kernel_with(
+            &kpc::KernelRequest::new(&image, "saxpy")
+                .options(BuildOptions::new("-O -cl-mad-enable")),
         )
         .unwrap_err();
     assert!(
@@ -99,10 +102,24 @@ fn a_failed_build_returns_the_same_error_from_the_cache() {
         SpecConstants::new().with(1, SpecValue::f32(80.0)),
         SpecConstants::new().with(9, SpecValue::U32(1)),
     ] {
-        let e1 = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap_err();
+        let e1 = ctx
+            .kernel_with(
+                &kpc::KernelRequest::new(&image, "saxpy")
+                    .spec(spec.clone())
+                    .options(opts.clone()),
+            )
+            .unwrap_err();
         assert!(matches!(e1, Error::InvalidArgument(_)), "{e1}");
         let builds = ctx.stats().memory.builds;
-        assert_eq!(ctx.kernel(&image, "saxpy", &spec, &opts).unwrap_err(), e1);
+        assert_eq!(
+            ctx.kernel_with(
+                &kpc::KernelRequest::new(&image, "saxpy")
+                    .spec(spec.clone())
+                    .options(opts.clone())
+            )
+            .unwrap_err(),
+            e1
+        );
         assert_eq!(ctx.stats().memory.builds, builds);
     }
 }
@@ -116,10 +133,14 @@ fn optimized_build_is_its_own_program_with_the_same_results() {
     let image = spirv_image("saxpy").unwrap();
     let spec = SpecConstants::new().with(1, SpecValue::I32(3));
     let plain = ctx
-        .kernel(&image, "saxpy", &spec, &BuildOptions::default())
+        .kernel_with(&kpc::KernelRequest::new(&image, "saxpy").spec(spec.clone()))
         .unwrap();
     let opt = ctx
-        .kernel(&image, "saxpy", &spec, &BuildOptions::new("-O"))
+        .kernel_with(
+            &kpc::KernelRequest::new(&image, "saxpy")
+                .spec(spec.clone())
+                .options(BuildOptions::new("-O")),
+        )
         .unwrap();
     assert_eq!(ctx.stats().memory.programs, 2);
     assert_eq!(

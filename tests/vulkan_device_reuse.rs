@@ -8,7 +8,6 @@ use common::disk::{child, child_role};
 use common::drivers::{test_config, vulkan_device};
 use kpc::Context;
 use kpc::backend::vulkan::devices_created;
-use kpc::cache::{BuildOptions, SpecConstants};
 
 #[test]
 fn dropped_contexts_leave_their_device_to_the_next() {
@@ -29,16 +28,13 @@ fn dropped_contexts_leave_their_device_to_the_next() {
     let before = devices_created();
     let image = kpc::kernels::spirv_image("saxpy").unwrap();
     for round in 0..3 {
-        let ctx = Context::with_device(&d, &test_config()).unwrap();
-        // Used, so that the kept device carries spare fences and pools into the next round.
-        let k = ctx
-            .kernel(
-                &image,
-                "saxpy",
-                &SpecConstants::new(),
-                &BuildOptions::default(),
-            )
+        let ctx = Context::builder()
+            .device(&d)
+            .config(test_config())
+            .build()
             .unwrap();
+        // Used, so that the kept device carries spare fences and pools into the next round.
+        let k = ctx.kernel(&image, "saxpy").unwrap();
         let x = ctx.buffer_from(&[1.0f32, 2.0, 3.0]).unwrap();
         let y = ctx.buffer_from(&[10.0f32, 20.0, 30.0]).unwrap();
         let out = ctx.buffer_from(&[0.0f32; 3]).unwrap();
@@ -52,12 +48,28 @@ fn dropped_contexts_leave_their_device_to_the_next() {
         assert_eq!(devices_created() - before, 1, "round {round}");
     }
     // Two at once need two devices; both are kept afterwards.
-    let a = Context::with_device(&d, &test_config()).unwrap();
-    let b = Context::with_device(&d, &test_config()).unwrap();
+    let a = Context::builder()
+        .device(&d)
+        .config(test_config())
+        .build()
+        .unwrap();
+    let b = Context::builder()
+        .device(&d)
+        .config(test_config())
+        .build()
+        .unwrap();
     assert_eq!(devices_created() - before, 2);
     drop((a, b));
-    let _c = Context::with_device(&d, &test_config()).unwrap();
-    let _d = Context::with_device(&d, &test_config()).unwrap();
+    let _c = Context::builder()
+        .device(&d)
+        .config(test_config())
+        .build()
+        .unwrap();
+    let _d = Context::builder()
+        .device(&d)
+        .config(test_config())
+        .build()
+        .unwrap();
     assert_eq!(devices_created() - before, 2);
     println!("REUSE CHECKED");
 }

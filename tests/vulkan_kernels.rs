@@ -12,11 +12,8 @@ use kpc::{Buffer, Context, Error, PushConstants};
 use common::drivers::{check_read_kernel, random_f32, test_config, vulkan_backend, vulkan_context};
 
 fn saxpy(ctx: &Context, spec: &SpecConstants) -> kpc::Kernel {
-    ctx.kernel(
-        &spirv_image("saxpy").unwrap(),
-        "saxpy",
-        spec,
-        &BuildOptions::default(),
+    ctx.kernel_with(
+        &kpc::KernelRequest::new(&spirv_image("saxpy").unwrap(), "saxpy").spec(spec.clone()),
     )
     .expect("saxpy builds")
 }
@@ -76,7 +73,11 @@ fn staging_buffers_carry_the_same_results() {
         return;
     };
     assert!(!b.host_visible_buffers());
-    let ctx = Context::from_backend(b, &test_config());
+    let ctx = Context::builder()
+        .backend(b)
+        .config(test_config())
+        .build()
+        .unwrap();
     let n = 5000;
     let (x, y) = (random_f32(n), random_f32(n));
     let k = saxpy(&ctx, &SpecConstants::new());
@@ -104,14 +105,7 @@ fn copy_kernel_copies_with_a_grid_stride_loop() {
     let Some(ctx) = vulkan_context("copy_kernel_copies_with_a_grid_stride_loop") else {
         return;
     };
-    let k = ctx
-        .kernel(
-            &spirv_image("copy").unwrap(),
-            "copy",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap();
+    let k = ctx.kernel(&spirv_image("copy").unwrap(), "copy").unwrap();
     assert_eq!(k.info().push_constant_bytes, 4);
     let n = 100_003usize; // uvec4 elements
     let src: Vec<u32> = (0..4 * n as u32)
@@ -143,12 +137,24 @@ fn second_request_is_a_memory_hit() {
     };
     let image = spirv_image("saxpy").unwrap();
     let (spec, opts) = (SpecConstants::new(), BuildOptions::default());
-    let first = ctx.kernel(&image, "saxpy", &spec, &opts).unwrap();
+    let first = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&image, "saxpy")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap();
     assert_eq!(first.source(), Source::Built);
     let before = ctx.stats().memory;
     // A clone of the image and a fresh copy of its bytes are the same key.
     let again = kpc::backend::DeviceImage::spirv("saxpy", image.bytes().to_vec()).unwrap();
-    let second = ctx.kernel(&again, "saxpy", &spec, &opts).unwrap();
+    let second = ctx
+        .kernel_with(
+            &kpc::KernelRequest::new(&again, "saxpy")
+                .spec(spec.clone())
+                .options(opts.clone()),
+        )
+        .unwrap();
     assert_eq!(second.source(), Source::Memory);
     let after = ctx.stats().memory;
     assert_eq!(after.builds, before.builds, "nothing was built again");
@@ -226,7 +232,11 @@ fn bad_launches_are_typed_errors() {
     }
 
     // Handles from another context are refused, not misused.
-    let other = Context::with_device(ctx.device(), &test_config()).unwrap();
+    let other = Context::builder()
+        .device(ctx.device())
+        .config(test_config())
+        .build()
+        .unwrap();
     let foreign = other.buffer::<f32>(16).unwrap();
     let e = q
         .launch(&k, [1, 1, 1], &[&a, &b, &foreign], push.as_bytes())
@@ -244,12 +254,7 @@ fn bad_launches_are_typed_errors() {
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
 
     let e = ctx
-        .kernel(
-            &spirv_image("saxpy").unwrap(),
-            "main",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
+        .kernel(&spirv_image("saxpy").unwrap(), "main")
         .unwrap_err();
     assert!(
         matches!(&e, Error::UnknownKernel { available, .. } if available == "saxpy"),
@@ -317,7 +322,11 @@ fn back_to_back_batches_run_in_order_and_each_event_waits() {
     ) else {
         return;
     };
-    let ctx = Context::from_backend(b, &test_config());
+    let ctx = Context::builder()
+        .backend(b)
+        .config(test_config())
+        .build()
+        .unwrap();
     let k = saxpy(&ctx, &SpecConstants::new());
     let n = 20_000;
     let (x, y) = (random_f32(n), random_f32(n));

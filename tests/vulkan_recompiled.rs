@@ -7,7 +7,6 @@ use crate::common;
 
 use std::time::Duration;
 
-use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::kernels::spirv_image;
 use kpc::runtime::Source;
 use kpc::{Config, Context};
@@ -31,20 +30,20 @@ fn disk_hits_the_driver_recompiled_save_no_build_time() {
     let entry = image.spirv_reflection().unwrap().entry_points[0]
         .name
         .clone();
-    let get = |ctx: &Context| {
-        ctx.kernel(
-            &image,
-            &entry,
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap()
-    };
+    let get = |ctx: &Context| ctx.kernel(&image, &entry).unwrap();
     // The first context builds and stores; the second (its own memory cache) loads from disk.
-    let first = Context::with_device(&d, &config).unwrap();
+    let first = Context::builder()
+        .device(&d)
+        .config(config.clone())
+        .build()
+        .unwrap();
     assert_eq!(get(&first).source(), Source::Built);
     drop(first);
-    let ctx = Context::with_device(&d, &config).unwrap();
+    let ctx = Context::builder()
+        .device(&d)
+        .config(config.clone())
+        .build()
+        .unwrap();
     let k = get(&ctx);
     assert_eq!(k.source(), Source::Disk);
     let disk = ctx.stats().disk.expect("the disk cache is on");

@@ -46,11 +46,8 @@ fn aliased_blocks_are_one_binding_each() {
         )
         .unwrap();
         let k = ctx
-            .kernel(
-                &image,
-                &format!("aliased_{tag}"),
-                &none,
-                &BuildOptions::default(),
+            .kernel_with(
+                &kpc::KernelRequest::new(&image, &format!("aliased_{tag}")).spec(none.clone()),
             )
             .unwrap();
         let b = &k.info().buffers;
@@ -119,12 +116,7 @@ layout(std140, binding = 0) uniform U { vec4 u; };
 void main() { s[0] = u.x; }
 ";
     let e = ctx
-        .kernel(
-            &glsl("mixed_kinds", src),
-            "mixed_kinds",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
+        .kernel(&glsl("mixed_kinds", src), "mixed_kinds")
         .expect_err("a storage and a uniform block on one binding");
     assert!(e.to_string().contains("binding 0"), "{e}");
 }
@@ -150,7 +142,7 @@ fn missing_subgroup_operation_is_a_typed_cached_error() {
     let image = glsl("clustered", CLUSTERED);
     let none = SpecConstants::new();
     let first = ctx
-        .kernel(&image, "clustered", &none, &BuildOptions::default())
+        .kernel_with(&kpc::KernelRequest::new(&image, "clustered").spec(none.clone()))
         .expect_err("lavapipe has no clustered subgroup operations");
     match &first {
         Error::Unsupported { needs, reason, .. } => {
@@ -161,7 +153,7 @@ fn missing_subgroup_operation_is_a_typed_cached_error() {
     }
     let builds = ctx.stats().memory.builds;
     let again = ctx
-        .kernel(&image, "clustered", &none, &BuildOptions::default())
+        .kernel_with(&kpc::KernelRequest::new(&image, "clustered").spec(none.clone()))
         .expect_err("still refused");
     assert_eq!(again, first);
     assert_eq!(
@@ -196,12 +188,7 @@ fn f16_subgroup_operations_run_with_extended_types_enabled() {
         return;
     };
     let k = ctx
-        .kernel(
-            &glsl("f16_subgroup", F16_SUBGROUP),
-            "f16_subgroup",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
+        .kernel(&glsl("f16_subgroup", F16_SUBGROUP), "f16_subgroup")
         .unwrap();
     let sub = ctx.device().limits.subgroup_size.unwrap() as usize;
     let n = 64usize;
@@ -259,7 +246,12 @@ fn storage_kernels_share_one_layout_and_others_get_their_own() {
     let (none, opts) = (SpecConstants::new(), BuildOptions::default());
     let get = |name: &str| {
         let image = kpc::kernels::spirv_image(name).unwrap();
-        ctx.kernel(&image, name, &none, &opts).unwrap()
+        ctx.kernel_with(
+            &kpc::KernelRequest::new(&image, name)
+                .spec(none.clone())
+                .options(opts.clone()),
+        )
+        .unwrap()
     };
     let (copy, read) = (get("copy"), get("read"));
     let (hc, hr) = (
@@ -271,11 +263,13 @@ fn storage_kernels_share_one_layout_and_others_get_their_own() {
     assert_ne!(hc.pipeline, hr.pipeline);
 
     let own = ctx
-        .kernel(
-            &glsl("uniform_high", UNIFORM_AND_HIGH_BINDING),
-            "uniform_high",
-            &none,
-            &opts,
+        .kernel_with(
+            &kpc::KernelRequest::new(
+                &glsl("uniform_high", UNIFORM_AND_HIGH_BINDING),
+                "uniform_high",
+            )
+            .spec(none.clone())
+            .options(opts.clone()),
         )
         .unwrap();
     let ho = own.vulkan_handles().unwrap();

@@ -13,7 +13,7 @@ use common::disk::{TempDir, capture, child, child_role};
 use common::drivers::{opencl_device, vulkan_device};
 use common::fake_backend::{AsFake, FakeBackend, image};
 use kpc::backend::DeviceImage;
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::cache::{SpecConstants, SpecValue};
 use kpc::runtime::warm_start::{LoadOutcome, WarmStart, load_if_stored, manifest};
 use kpc::runtime::{KernelRequest, ManifestState, ProgramManager, Source};
 use kpc::{Config, Context};
@@ -33,7 +33,7 @@ fn fake_manager(root: &Path) -> ProgramManager {
 }
 
 fn acquire(pm: &ProgramManager, r: &KernelRequest) -> Source {
-    pm.kernel(&r.image, &r.entry, &r.spec, &r.options)
+    pm.kernel(r.image(), r.entry(), r.spec_constants(), r.build_options())
         .unwrap()
         .source
 }
@@ -54,12 +54,12 @@ fn first_run(root: &Path, reqs: &[KernelRequest]) -> WarmStart {
     let ws = WarmStart::new(root, &pm.backend().fingerprint().digest, APP);
     for r in reqs {
         // y is a second entry point of a's program: created from the program in memory.
-        let want = if r.entry == "y" {
+        let want = if r.entry() == "y" {
             Source::Memory
         } else {
             Source::Built
         };
-        assert_eq!(acquire(&pm, r), want, "{}", r.entry);
+        assert_eq!(acquire(&pm, r), want, "{}", r.entry());
         ws.record(r);
     }
     assert_eq!(ws.save().unwrap(), Some(reqs.len()));
@@ -91,7 +91,7 @@ fn a_new_run_finds_the_last_runs_kernels_in_memory_without_building() {
         (3, 3, 0, 0)
     );
     for r in &reqs {
-        assert_eq!(acquire(&pm, r), Source::Memory, "{}", r.entry);
+        assert_eq!(acquire(&pm, r), Source::Memory, "{}", r.entry());
     }
     assert_eq!(pm.fake().builds(), 0);
     // Two programs (a, b with spec 7) loaded from disk, once each.
@@ -107,7 +107,11 @@ fn keys_no_longer_on_disk_are_skipped_silently_and_forgotten() {
     drop(first_run(dir.path(), &reqs));
     // b's entry goes (evicted, or removed by hand).
     let pm = fake_manager(dir.path());
-    let key = pm.disk_key(&reqs[2].image, &reqs[2].spec, &reqs[2].options);
+    let key = pm.disk_key(
+        reqs[2].image(),
+        reqs[2].spec_constants(),
+        reqs[2].build_options(),
+    );
     std::fs::remove_dir_all(pm.disk_cache().unwrap().entry_dir(&key)).unwrap();
 
     // On this thread, where the capture sees it: a missing key is a plain `false`, no warning.
@@ -125,7 +129,7 @@ fn keys_no_longer_on_disk_are_skipped_silently_and_forgotten() {
     assert_eq!(ws.save().unwrap(), Some(2));
     let listed = manifest::decode(&std::fs::read(ws.manifest_path()).unwrap()).unwrap();
     assert_eq!(
-        listed.iter().map(|r| r.entry.as_str()).collect::<Vec<_>>(),
+        listed.iter().map(|r| r.entry()).collect::<Vec<_>>(),
         ["x", "y"]
     );
     // Asked for again, it is built and remembered again.
@@ -166,12 +170,12 @@ fn a_corrupt_manifest_is_a_warning_and_is_rewritten() {
     assert!(matches!(rep.state, ManifestState::Corrupt(_)));
     assert_eq!(rep.listed, 0);
     for r in &reqs {
-        let want = if r.entry == "y" {
+        let want = if r.entry() == "y" {
             Source::Memory
         } else {
             Source::Disk
         };
-        assert_eq!(acquire(&pm2, r), want, "{}", r.entry);
+        assert_eq!(acquire(&pm2, r), want, "{}", r.entry());
         ws2.record(r);
     }
     assert_eq!(ws2.save().unwrap(), Some(3));
@@ -270,19 +274,16 @@ fn device_for(backend: &str, test: &str) -> Option<kpc::backend::DeviceInfo> {
 fn warm_child(backend: &str) {
     let root = std::env::var("KPC_TEST_ROOT").unwrap();
     let d = device_for(backend, "warm_child").unwrap();
-    let ctx = Context::with_device(&d, &disk_config(Path::new(&root), Some(APP))).unwrap();
+    let ctx = Context::builder()
+        .device(&d)
+        .config(disk_config(Path::new(&root), Some(APP)))
+        .build()
+        .unwrap();
     let rep = ctx.wait_warm_start().expect("warm start is on");
     assert_eq!(rep.state, ManifestState::Read);
     assert_eq!((rep.listed, rep.loaded, rep.failed), (3, 3, 0), "{rep:?}");
     for img in shipped(&d) {
-        let k = ctx
-            .kernel(
-                &img,
-                img.name(),
-                &SpecConstants::new(),
-                &BuildOptions::default(),
-            )
-            .unwrap();
+        let k = ctx.kernel(&img, img.name()).unwrap();
         assert_eq!(k.source(), Source::Memory, "{}", img.name());
     }
     assert_eq!(ctx.stats().backend_counters.programs_built, 0);
@@ -297,17 +298,14 @@ fn parent_records_child_warm_starts(backend: &str, test: &str) {
     };
     let dir = TempDir::new("warm-process");
     {
-        let ctx = Context::with_device(&d, &disk_config(dir.path(), Some(APP))).unwrap();
+        let ctx = Context::builder()
+            .device(&d)
+            .config(disk_config(dir.path(), Some(APP)))
+            .build()
+            .unwrap();
         assert_eq!(ctx.wait_warm_start().unwrap().state, ManifestState::Absent);
         for img in shipped(&d) {
-            let k = ctx
-                .kernel(
-                    &img,
-                    img.name(),
-                    &SpecConstants::new(),
-                    &BuildOptions::default(),
-                )
-                .unwrap();
+            let k = ctx.kernel(&img, img.name()).unwrap();
             assert_eq!(k.source(), Source::Built);
         }
         // Written when the last handle goes.
@@ -363,7 +361,11 @@ fn a_corrupt_manifest_does_not_stop_a_context_on_lavapipe() {
     std::fs::create_dir_all(ws.manifest_path().parent().unwrap()).unwrap();
     std::fs::write(ws.manifest_path(), b"kpcwarm\0 not really").unwrap();
     drop(ws);
-    let ctx = Context::with_device(&d, &config).unwrap();
+    let ctx = Context::builder()
+        .device(&d)
+        .config(config.clone())
+        .build()
+        .unwrap();
     let rep = ctx.wait_warm_start().unwrap();
     assert!(matches!(rep.state, ManifestState::Corrupt(_)), "{rep:?}");
     let read = kpc::kernels::spirv_image("read").unwrap();
@@ -371,7 +373,7 @@ fn a_corrupt_manifest_does_not_stop_a_context_on_lavapipe() {
     // The next write replaces it with a valid manifest listing what this context built.
     assert_eq!(ctx.save_warm_start().unwrap(), Some(1));
     let listed = manifest::decode(&std::fs::read(&rep.manifest).unwrap()).unwrap();
-    assert_eq!(listed[0].entry, "read");
+    assert_eq!(listed[0].entry(), "read");
 }
 
 #[test]

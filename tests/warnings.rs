@@ -81,14 +81,7 @@ fn context_reports_unusable_root(ctx_for: impl Fn(&Config) -> Context, image: De
         .build()
         .unwrap();
     let ctx = ctx_for(&config);
-    let k = ctx
-        .kernel(
-            &image,
-            "saxpy",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap();
+    let k = ctx.kernel(&image, "saxpy").unwrap();
     assert_eq!(k.source(), kpc::Source::Built);
     let stats = ctx.stats();
     assert!(stats.disk.is_none(), "no disk cache over a file");
@@ -109,7 +102,13 @@ fn unusable_root_in_context_stats_vulkan() {
         return;
     };
     context_reports_unusable_root(
-        |c| Context::with_device(&dev, c).unwrap(),
+        |c| {
+            Context::builder()
+                .device(&dev)
+                .config(c.clone())
+                .build()
+                .unwrap()
+        },
         kpc::kernels::spirv_image("saxpy").unwrap(),
     );
 }
@@ -121,7 +120,13 @@ fn unusable_root_in_context_stats_opencl() {
         return;
     };
     context_reports_unusable_root(
-        |c| Context::with_device(&dev, c).unwrap(),
+        |c| {
+            Context::builder()
+                .device(&dev)
+                .config(c.clone())
+                .build()
+                .unwrap()
+        },
         kpc::kernels::opencl_image("saxpy").unwrap(),
     );
 }

@@ -61,10 +61,10 @@ pub use options::{AttentionOptions, DecodeKernel, PrefillKernel};
 pub use stack::{DecoderLayer, DecoderStack};
 pub use tensor::{Dtype, Tensor};
 
+use kpc::SpecConstants;
 use kpc::config::BackendKind;
 use kpc::error::{Error, Result};
 use kpc::runtime::{Buffer, Context, Kernel};
-use kpc::{BuildOptions, SpecConstants};
 
 use decode_choice::VecLayout;
 
@@ -223,5 +223,5 @@ fn shipped_kernel_from(
         BackendKind::Vulkan => crate::kernels::spirv_image(name)?,
         BackendKind::OpenCl => crate::kernels::opencl_image(name)?,
     };
-    ctx.kernel(&image, name, spec, &BuildOptions::default())
+    ctx.kernel_with(&kpc::KernelRequest::new(&image, name).spec(spec.clone()))
 }

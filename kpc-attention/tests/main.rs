@@ -5,14 +5,6 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
-// The interop engine (mha_interop) and the counting entry point it installs; this binary uses only
-// part of the counting.
-#[allow(dead_code)]
-#[path = "../../tests/common/vk_counting.rs"]
-mod vk_counting;
-#[allow(dead_code)]
-#[path = "../../tests/common/vk_engine.rs"]
-mod vk_engine;
 
 mod attention;
 mod gemm_wide;

@@ -63,7 +63,7 @@ pub unsafe extern "C" fn kpc_context_create(
         if let Some(s) = unsafe { opt_str_arg(selector, "selector")? } {
             c.device = DeviceSelector::parse(s)?;
         }
-        let ctx = Context::new(&c)?;
+        let ctx = Context::builder().config(c.clone()).build()?;
         let h = registry::insert(ctx);
         // SAFETY: checked above; writable by the caller's promise.
         unsafe { write_out(out, h, "out") }

@@ -353,7 +353,12 @@ pub unsafe extern "C" fn kpc_context_create_vulkan(
         };
         // SAFETY: the caller upholds from_vulkan_handles' contract, which this function's repeats;
         // kpc checks the null handles itself.
-        let ctx = unsafe { Context::from_vulkan_handles(&handles, &c)? };
+        let ctx = unsafe {
+            Context::builder()
+                .vulkan_handles(&handles)
+                .config(c.clone())
+                .build()?
+        };
         let handle = registry::insert(ctx);
         // SAFETY: checked above; writable by the caller's promise.
         unsafe { write_out(out, handle, "out") }
@@ -402,7 +407,12 @@ pub unsafe extern "C" fn kpc_context_create_opencl(
             queue: h.queue,
         };
         // SAFETY: the caller promises live OpenCL objects (this function's contract).
-        let ctx = unsafe { Context::from_opencl_handles(&handles, &c)? };
+        let ctx = unsafe {
+            Context::builder()
+                .opencl_handles(&handles)
+                .config(c.clone())
+                .build()?
+        };
         let handle = registry::insert(ctx);
         // SAFETY: checked above; writable by the caller's promise.
         unsafe { write_out(out, handle, "out") }

@@ -400,7 +400,11 @@ pub unsafe extern "C" fn kpc_kernel_create(
         // SAFETY: forwarded to the caller.
         let entry = unsafe { str_arg(entry, "entry")? };
         check_format(&k.context, &k.image)?;
-        let kernel = k.context.kernel(&k.image, entry, &k.spec, &k.options)?;
+        let kernel = k.context.kernel_with(
+            &kpc::KernelRequest::new(&k.image, entry)
+                .spec(k.spec.clone())
+                .options(k.options.clone()),
+        )?;
         let h = registry::insert(KernelObject::new(kernel, k.context.backend()));
         // SAFETY: checked above; writable by the caller's promise.
         unsafe { write_out(out, h, "out") }

@@ -52,7 +52,10 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             "--layers needs --layer mha (a decoder stack of MultiHeadAttention layers)".into(),
         ));
     }
-    let ctx = Context::with_device(&device, config)?;
+    let ctx = Context::builder()
+        .device(&device)
+        .config(config.clone())
+        .build()?;
     crate::attention_report::seal_before_first_acquisition(&ctx);
     let mut report = Report::default();
     let result = workload(&mut report, args, &device, &ctx, shape, dtype, options);

@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::config::BackendKind;
 use kpc::{Context, Event, PushConstants};
 
@@ -42,12 +41,7 @@ pub(crate) fn shipped(ctx: &Context, name: &str) -> kpc::Result<kpc::Kernel> {
         BackendKind::Vulkan => crate::shipped::spirv_image(name)?,
         BackendKind::OpenCl => crate::shipped::opencl_image(name)?,
     };
-    ctx.kernel(
-        &image,
-        name,
-        &SpecConstants::new(),
-        &BuildOptions::default(),
-    )
+    ctx.kernel(&image, name)
 }
 
 /// The device's copy bandwidth in bytes per second (read + write), from the copy kernel.

@@ -55,7 +55,10 @@ impl StepTimes {
 
 /// Runs the MHA layers `args` and `plan` select on a new context.
 pub fn run(config: &Config, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
-    let ctx = Context::with_device(&plan.device, config)?;
+    let ctx = Context::builder()
+        .device(&plan.device)
+        .config(config.clone())
+        .build()?;
     crate::attention_report::seal_before_first_acquisition(&ctx);
     let r = run_on(&ctx, args, plan);
     crate::attention_report::seal_summary(&ctx);

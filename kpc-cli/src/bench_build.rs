@@ -381,14 +381,14 @@ fn context_phase(
     options: &str,
 ) -> kpc::Result<ExitCode> {
     let k = crate::shipped::spirv_kernel(name)?;
-    let ctx = kpc::runtime::Context::with_device(device, config)?;
+    let ctx = kpc::runtime::Context::builder()
+        .device(device)
+        .config(config.clone())
+        .build()?;
     let image = DeviceImage::new(k.name, kpc::backend::ImageFormat::SpirV, k.spirv);
     let t = Instant::now();
-    let kernel = ctx.kernel(
-        &image,
-        k.name,
-        &SpecConstants::new(),
-        &BuildOptions::new(options),
+    let kernel = ctx.kernel_with(
+        &kpc::KernelRequest::new(&image, k.name).options(BuildOptions::new(options)),
     )?;
     let took = t.elapsed();
     let hit = match kernel.driver_cache_hit() {

@@ -149,14 +149,28 @@ fn one(
     let compile_time = t.elapsed();
 
     // Cold: empty directory, new context.
-    let ctx = Context::with_device(device, &cfg)?;
-    let k = ctx.kernel(&crate::shipped::glsl_image(name)?, name, &spec, &opts)?;
+    let ctx = Context::builder()
+        .device(device)
+        .config(cfg.clone())
+        .build()?;
+    let k = ctx.kernel_with(
+        &kpc::KernelRequest::new(&crate::shipped::glsl_image(name)?, name)
+            .spec(spec.clone())
+            .options(opts.clone()),
+    )?;
     let cold = k.acquire_time();
     drop((k, ctx));
 
     // Warm: a new context on the same directory; then a memory hit of the SPIR-V step.
-    let ctx = Context::with_device(device, &cfg)?;
-    let k = ctx.kernel(&crate::shipped::glsl_image(name)?, name, &spec, &opts)?;
+    let ctx = Context::builder()
+        .device(device)
+        .config(cfg.clone())
+        .build()?;
+    let k = ctx.kernel_with(
+        &kpc::KernelRequest::new(&crate::shipped::glsl_image(name)?, name)
+            .spec(spec.clone())
+            .options(opts.clone()),
+    )?;
     let warm = k.acquire_time();
     let step = k.spirv_step().expect("a GLSL kernel");
     if step.source == kpc::runtime::Source::Built || k.source() == kpc::runtime::Source::Built {
@@ -166,7 +180,11 @@ fn one(
         );
     }
     let disk_hit = step.elapsed;
-    let k = ctx.kernel(&crate::shipped::glsl_image(name)?, name, &spec, &opts)?;
+    let k = ctx.kernel_with(
+        &kpc::KernelRequest::new(&crate::shipped::glsl_image(name)?, name)
+            .spec(spec.clone())
+            .options(opts.clone()),
+    )?;
     let mem_hit = k.spirv_step().expect("a GLSL kernel").elapsed;
     Ok(Row {
         compile: compile_time,

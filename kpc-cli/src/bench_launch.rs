@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use clap::Args as ClapArgs;
 use kpc::backend::opencl::{KernelSharing, OpenClBackend, OpenClOptions};
-use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::config::BackendKind;
 use kpc::runtime::device::select_device;
 use kpc::{Buffer, Config, Context, Error, PushConstants};
@@ -51,12 +50,7 @@ fn measure(
     wait_each: bool,
 ) -> kpc::Result<Duration> {
     let image = kpc::kernels::opencl_image("saxpy")?;
-    let k = ctx.kernel(
-        &image,
-        "saxpy",
-        &SpecConstants::new(),
-        &BuildOptions::default(),
-    )?;
+    let k = ctx.kernel(&image, "saxpy")?;
     let groups = k.groups_for([n as u64, 1, 1])?;
     let push = PushConstants::new().u32(n as u32).f32(2.0);
     let bufs = (0..threads)
@@ -183,7 +177,10 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
                 kernel_sharing: sharing,
             },
         )?;
-        let ctx = Context::from_backend(backend, config);
+        let ctx = Context::builder()
+            .backend(backend)
+            .config(config.clone())
+            .build()?;
         out!("{label:<16}");
         for &t in &args.threads {
             for wait_each in [false, true] {

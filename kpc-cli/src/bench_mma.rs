@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args as ClapArgs;
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::cache::{SpecConstants, SpecValue};
 use kpc::config::{BackendKind, DeviceSelector};
 use kpc::runtime::device::select_device;
 use kpc::runtime::{BufferArg, LaunchDesc};
@@ -261,7 +261,7 @@ fn registers(k: &Kernel) -> String {
 
 fn kernel(ctx: &Context, name: &str, spec: &SpecConstants) -> kpc::Result<Kernel> {
     let image = kpc::kernels::spirv_image(name)?;
-    ctx.kernel(&image, name, spec, &BuildOptions::default())
+    ctx.kernel_with(&kpc::KernelRequest::new(&image, name).spec(spec.clone()))
 }
 
 fn launch_n<'a>(
@@ -676,7 +676,10 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     if args.runs == 0 {
         return Err(Error::InvalidArgument("--runs must be at least 1".into()));
     }
-    let ctx = Context::with_device(&device, config)?;
+    let ctx = Context::builder()
+        .device(&device)
+        .config(config.clone())
+        .build()?;
     let l = &device.limits;
     outln!(
         "device: {} (driver {}, Vulkan {}), shared {} KiB per workgroup, subgroup {:?}, f16 matrices {} (fp16 sums {}), workgroup-scope matrices {}",

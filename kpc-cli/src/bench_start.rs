@@ -24,7 +24,6 @@ use std::time::Instant;
 use clap::{Args as ClapArgs, ValueEnum};
 use kpc::backend::DeviceImage;
 use kpc::backend::DeviceInfo;
-use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::config::{BackendKind, DeviceSelector};
 use kpc::runtime::device::select_device;
 use kpc::runtime::warm_start::{WarmStart, manifest};
@@ -140,12 +139,7 @@ fn record(ctx: &Context, args: &Args, config: &Config, device: &DeviceInfo) -> k
         BackendKind::Vulkan => crate::shipped::spirv_image("copy")?,
         BackendKind::OpenCl => crate::shipped::opencl_image("copy")?,
     };
-    ctx.kernel(
-        &copy,
-        "copy",
-        &SpecConstants::new(),
-        &BuildOptions::default(),
-    )?;
+    ctx.kernel(&copy, "copy")?;
     names.push("copy".into());
     drop(attn);
     let listed = ctx.save_warm_start()?;
@@ -193,7 +187,10 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         Phase::Floor | Phase::Record => Vec::new(),
     };
     let setup_ms = ms(setup);
-    let ctx = Context::with_device(&device, &config)?;
+    let ctx = Context::builder()
+        .device(&device)
+        .config(config.clone())
+        .build()?;
     let open_ms = ms(start) - setup_ms;
     let label = format!(
         "phase={} backend={} device={:?}",
@@ -210,7 +207,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         }
         Phase::Serial => {
             for r in &reqs {
-                each.push(ctx.kernel(&r.image, &r.entry, &r.spec, &r.options)?);
+                each.push(ctx.kernel_with(r)?);
             }
         }
         Phase::Prefetch | Phase::ColdParallel | Phase::ColdSingle => {
@@ -221,7 +218,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         Phase::Warm => {
             let report = ctx.wait_warm_start();
             for r in &reqs {
-                each.push(ctx.kernel(&r.image, &r.entry, &r.spec, &r.options)?);
+                each.push(ctx.kernel_with(r)?);
             }
             if let Some(rep) = report {
                 eprintln!(

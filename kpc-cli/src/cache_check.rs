@@ -72,8 +72,8 @@ fn find_manifest(
         .collect();
     others.sort();
     let fits = |r: &KernelRequest| match device.backend {
-        BackendKind::Vulkan => r.image.format() != ImageFormat::OpenClC,
-        BackendKind::OpenCl => r.image.format() == ImageFormat::OpenClC,
+        BackendKind::Vulkan => r.image().format() != ImageFormat::OpenClC,
+        BackendKind::OpenCl => r.image().format() == ImageFormat::OpenClC,
     };
     for (_, p) in others.into_iter().rev() {
         // Another device's manifest that cannot be read is not this check's business.
@@ -106,13 +106,13 @@ fn wanted(requests: &[KernelRequest], target: Target<'_>) -> Vec<(String, StoreK
             let key = StoreKey::new(
                 target.description,
                 target.digest,
-                r.image.digest(),
-                r.image.bytes().len() as u64,
-                &r.spec.canonical_bytes(),
-                r.options.as_str(),
+                r.image().digest(),
+                r.image().bytes().len() as u64,
+                &r.spec_constants().canonical_bytes(),
+                r.build_options().as_str(),
             )
-            .with_label(r.image.name());
-            (format!("{}:{}", r.image.name(), r.entry), key)
+            .with_label(r.image().name());
+            (format!("{}:{}", r.image().name(), r.entry()), key)
         })
         .collect()
 }

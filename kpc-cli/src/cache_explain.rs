@@ -392,13 +392,21 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             let mut quiet = config.clone();
             quiet.cache_debug = false;
             let chain = StoreChain::new().with_store(recorder.clone());
-            let ctx = Context::with_device_and_stores(device, &quiet, chain)?;
+            let ctx = Context::builder()
+                .device(device)
+                .config(quiet.clone())
+                .stores(chain)
+                .build()?;
             let spec = args
                 .spec
                 .iter()
                 .fold(SpecConstants::new(), |s, &(id, v)| s.with(id, v));
             let options = BuildOptions::new(&args.build_options);
-            if let Err(e) = ctx.kernel(&image, &entry, &spec, &options) {
+            if let Err(e) = ctx.kernel_with(
+                &kpc::KernelRequest::new(&image, &entry)
+                    .spec(spec.clone())
+                    .options(options.clone()),
+            ) {
                 note = Some(e.to_string());
             }
             recorder.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -445,7 +453,11 @@ pub fn run(config: &Config, local: PersistentCache, args: &ExplainArgs) -> kpc::
             let mut quiet = config.clone();
             quiet.cache_debug = false;
             let chain = StoreChain::new().with_store(recorder.clone());
-            let ctx = Context::with_device_and_stores(device, &quiet, chain)?;
+            let ctx = Context::builder()
+                .device(device)
+                .config(quiet.clone())
+                .stores(chain)
+                .build()?;
             attention::acquire_kernels(&ctx, &plan, &args.attention)?;
             recorder.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
         }

@@ -66,7 +66,10 @@ pub fn run(config: &Config, args: &PrebuildArgs) -> kpc::Result<ExitCode> {
     let mut c = config.clone();
     c.seal = SealMode::Off;
     c.warm_start = None;
-    let ctx = Context::with_device(&device, &c)?;
+    let ctx = Context::builder()
+        .device(&device)
+        .config(c.clone())
+        .build()?;
     // The fleet's manifest (shared through the remote): what other machines ran, for a machine
     // that never ran the application.
     let shared = ctx.shared_manifest(&app);

@@ -64,9 +64,13 @@ fn acquire_all(ctx: &Context, with_uncached: bool) -> Vec<Source> {
     wanted
         .into_iter()
         .map(|(name, spec)| {
-            ctx.kernel(&image(name), name, &spec, &none)
-                .unwrap()
-                .source()
+            ctx.kernel_with(
+                &kpc::KernelRequest::new(&image(name), name)
+                    .spec(spec.clone())
+                    .options(none.clone()),
+            )
+            .unwrap()
+            .source()
         })
         .collect()
 }
@@ -74,13 +78,21 @@ fn acquire_all(ctx: &Context, with_uncached: bool) -> Vec<Source> {
 fn debug_mode_builds_and_compares(d: &DeviceInfo) {
     let t = TempDir::new("cache-debug");
     let root = t.join("cache");
-    let warm = Context::with_device(d, &config(&root, false)).unwrap();
+    let warm = Context::builder()
+        .device(d)
+        .config(config(&root, false))
+        .build()
+        .unwrap();
     assert_eq!(acquire_all(&warm, false), [Source::Built, Source::Built]);
     drop(warm);
     let before = snapshot(&root);
     assert!(before.len() >= 4, "two entries expected: {before:?}");
 
-    let ctx = Context::with_device(d, &config(&root, true)).unwrap();
+    let ctx = Context::builder()
+        .device(d)
+        .config(config(&root, true))
+        .build()
+        .unwrap();
     let sources = acquire_all(&ctx, true);
     assert_eq!(sources, [Source::Built; 3], "every program is built fresh");
     assert_eq!(ctx.stats().backend_counters.programs_built, 3);

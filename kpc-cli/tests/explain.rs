@@ -60,7 +60,11 @@ fn changed_image(base: &DeviceImage) -> DeviceImage {
 /// field, and counted under its cause.
 fn each_field_is_named(d: &DeviceInfo) {
     let t = TempDir::new("explain");
-    let ctx = Context::with_device(d, &disk_config(t.path())).unwrap();
+    let ctx = Context::builder()
+        .device(d)
+        .config(disk_config(t.path()))
+        .build()
+        .unwrap();
     let base = match d.backend {
         BackendKind::Vulkan => spirv_image("saxpy").unwrap(),
         BackendKind::OpenCl => opencl_image("saxpy").unwrap(),
@@ -68,7 +72,13 @@ fn each_field_is_named(d: &DeviceInfo) {
     let spec7 = SpecConstants::new().with(1, SpecValue::I32(7));
     let none = BuildOptions::default();
     let acquire = |img: &DeviceImage, spec: &SpecConstants, opts: &BuildOptions| {
-        let (r, ev) = capture(|| ctx.kernel(img, "saxpy", spec, opts));
+        let (r, ev) = capture(|| {
+            ctx.kernel_with(
+                &kpc::KernelRequest::new(img, "saxpy")
+                    .spec(spec.clone())
+                    .options(opts.clone()),
+            )
+        });
         r.unwrap();
         miss_lines(&ev)
     };
@@ -272,14 +282,17 @@ fn cli_explain_takes_a_blob_id() {
     };
     let t = TempDir::new("explain-blob");
     let root = t.join("cache");
-    let ctx = Context::with_device(&d, &disk_config(&root)).unwrap();
+    let ctx = Context::builder()
+        .device(&d)
+        .config(disk_config(&root))
+        .build()
+        .unwrap();
     let img = opencl_image("saxpy").unwrap();
     let opts = BuildOptions::default();
-    ctx.kernel(
-        &img,
-        "saxpy",
-        &SpecConstants::new().with(1, SpecValue::I32(7)),
-        &opts,
+    ctx.kernel_with(
+        &kpc::KernelRequest::new(&img, "saxpy")
+            .spec(SpecConstants::new().with(1, SpecValue::I32(7)))
+            .options(opts.clone()),
     )
     .unwrap();
     let hex = |b: Vec<u8>| b.iter().map(|x| format!("{x:02x}")).collect::<String>();

@@ -18,7 +18,7 @@ use kpc::backend::DeviceImage;
 use kpc::backend::glsl::{DirIncludes, GlslOptimization, GlslSource, MapIncludes, SpirvTarget};
 use kpc::cache::disk::{DiskCacheSettings, FieldDiff, MissCause, PersistentCache};
 use kpc::cache::store::{PutOutcome, StoreKey};
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::cache::{SpecConstants, SpecValue};
 use kpc::config::TraceFlags;
 use kpc::runtime::spirv_cache::spirv_key;
 use kpc::{Config, Context};
@@ -249,15 +249,12 @@ fn vulkan_include_edit_is_named_for_spirv_and_program_and_by_the_cli() {
         .unwrap()
     };
     let acquire = || {
-        let ctx = Context::with_device(&d, &trace_config(&root)).unwrap();
-        let (r, ev) = capture(|| {
-            ctx.kernel(
-                &image(),
-                "fill",
-                &SpecConstants::new(),
-                &BuildOptions::default(),
-            )
-        });
+        let ctx = Context::builder()
+            .device(&d)
+            .config(trace_config(&root))
+            .build()
+            .unwrap();
+        let (r, ev) = capture(|| ctx.kernel(&image(), "fill"));
         r.unwrap();
         let whys: Vec<String> = ev
             .iter()
@@ -338,8 +335,12 @@ fn vulkan_explain_glsl_takes_an_engines_target_optimization_and_spec() {
     )
     .unwrap();
     let spec = SpecConstants::new().with(0, SpecValue::U32(128));
-    let ctx = Context::with_device(&d, &trace_config(&root)).unwrap();
-    ctx.kernel(&image, "fill", &spec, &BuildOptions::default())
+    let ctx = Context::builder()
+        .device(&d)
+        .config(trace_config(&root))
+        .build()
+        .unwrap();
+    ctx.kernel_with(&kpc::KernelRequest::new(&image, "fill").spec(spec.clone()))
         .unwrap();
     drop(ctx);
     let sel = format!("vulkan:{}", d.index);

@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use kpc::backend::DeviceImage;
 use kpc::backend::glsl::{DirIncludes, GlslSource};
-use kpc::cache::{BuildOptions, SpecConstants};
 use kpc::kernels::{SPIRV, glsl_image};
 use kpc::runtime::Source;
 use kpc::{Config, Context, Error, PushConstants};
@@ -81,19 +80,16 @@ fn disk_context(root: &Path) -> Context {
         .build()
         .unwrap();
     let d = vulkan_device("glsl disk context").expect("checked by the caller");
-    Context::with_device(&d, &config).unwrap()
+    Context::builder()
+        .device(&d)
+        .config(config.clone())
+        .build()
+        .unwrap()
 }
 
 /// Runs a two-buffer kernel of `image` on 1000 random floats and checks `f`.
 fn run_and_check(ctx: &Context, image: &DeviceImage, f: impl Fn(f32) -> f32) -> kpc::Kernel {
-    let k = ctx
-        .kernel(
-            image,
-            image.name(),
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap();
+    let k = ctx.kernel(image, image.name()).unwrap();
     let n = 1000;
     let x = random_f32(n);
     let bx = ctx.buffer_from(&x).unwrap();
@@ -187,14 +183,7 @@ fn a_compile_error_carries_its_line_and_is_cached() {
     // `y` is undeclared on line 5.
     let bad = "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {\n    int x = 1;\n    x = y;\n}\n";
     let image = || DeviceImage::glsl(GlslSource::compute("broken", bad)).unwrap();
-    let err = ctx
-        .kernel(
-            &image(),
-            "broken",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap_err();
+    let err = ctx.kernel(&image(), "broken").unwrap_err();
     let Error::GlslCompile {
         image: name,
         message,
@@ -207,14 +196,7 @@ fn a_compile_error_carries_its_line_and_is_cached() {
     assert!(message.contains("'y'"), "{message}");
     assert_eq!(ctx.stats().spirv.compiles, 1);
     // A new image of the same source: the cached failure, no second compile.
-    let again = ctx
-        .kernel(
-            &image(),
-            "broken",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap_err();
+    let again = ctx.kernel(&image(), "broken").unwrap_err();
     assert_eq!(again.to_string(), err.to_string());
     let s = ctx.stats().spirv;
     assert_eq!((s.compiles, s.compile_errors), (1, 1), "{s:?}");
@@ -225,8 +207,6 @@ fn a_compile_error_carries_its_line_and_is_cached() {
         .kernel(
             &DeviceImage::glsl(GlslSource::compute("needs_x", inc)).unwrap(),
             "needs_x",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
         )
         .unwrap_err();
     let msg = err.to_string();
@@ -303,22 +283,10 @@ fn shipped_glsl_compiles_to_valid_spirv_that_computes_the_same() {
         let image = k.glsl_image().unwrap();
         // Building validates (spirv-tools) and reflects; the entry point is named as committed.
         let kernel = ctx
-            .kernel(
-                &image,
-                k.name,
-                &SpecConstants::new(),
-                &BuildOptions::default(),
-            )
+            .kernel(&image, k.name)
             .unwrap_or_else(|e| panic!("{}: {e}", k.name));
         assert_eq!(kernel.name(), k.name);
-        let committed = ctx
-            .kernel(
-                &k.image().unwrap(),
-                k.name,
-                &SpecConstants::new(),
-                &BuildOptions::default(),
-            )
-            .unwrap();
+        let committed = ctx.kernel(&k.image().unwrap(), k.name).unwrap();
         assert_eq!(
             kernel.info().local_size,
             committed.info().local_size,

@@ -4,7 +4,7 @@
 //! A `Context` holds its backend behind the backend seam (`crate::backend::dynamic`): one
 //! non-generic [`ProgramManager`] over the device's [`DynBackend`](crate::backend::dynamic::DynBackend)
 //! and the same device as a [`DynComputeBackend`]. A backend plugs in by implementing the typed
-//! backend traits and opening in [`Context::with_device`]. Handles (kernels, buffers) remember the
+//! backend traits and opening in [`ContextBuilder::build`](super::ContextBuilder::build). Handles (kernels, buffers) remember the
 //! context that made them, so a handle passed to another context is a typed error, not undefined
 //! behaviour.
 
@@ -20,6 +20,7 @@ use crate::config::{BackendKind, Config, SealMode};
 use crate::error::{Error, Result};
 
 use super::buffer::{Buffer, BufferArg, RawBuffer};
+use super::builder::ContextBuilder;
 use super::kernel::Kernel;
 use super::lifecycle::{Background, Life};
 use super::prefetch::{KernelRequest, Prefetch};
@@ -72,56 +73,15 @@ impl fmt::Debug for Context {
 }
 
 impl Context {
-    /// A context on the device `config.device` (`KPC_DEVICE`) selects.
-    ///
-    /// Errors: as [`super::select_device`] and [`Context::with_device`].
-    pub fn new(config: &Config) -> Result<Context> {
-        let device = super::device::select_device(&config.device)?;
-        Context::with_device(&device, config)
+    /// Opens a context: `Context::builder().build()` is the device `KPC_DEVICE` selects with the
+    /// configuration of the environment; see [`ContextBuilder`] for the rest (a device, the
+    /// embedder's Vulkan or OpenCL handles, stores, a configuration, a warning sink).
+    pub fn builder() -> ContextBuilder {
+        ContextBuilder::default()
     }
 
-    /// A context on `device` (one that discovery reported).
-    ///
-    /// Errors: [`Error::Unavailable`] when the device cannot be opened.
-    pub fn with_device(device: &DeviceInfo, config: &Config) -> Result<Context> {
-        Context::with_device_and_stores(device, config, StoreChain::from_config(config))
-    }
-
-    /// A context on `device` whose persistent layer is exactly `stores` (see
-    /// [`Context::from_backend_with_stores`]).
-    ///
-    /// Errors: [`Error::Unavailable`] when the device cannot be opened.
-    pub fn with_device_and_stores(
-        device: &DeviceInfo,
-        config: &Config,
-        stores: StoreChain,
-    ) -> Result<Context> {
-        match device.backend {
-            BackendKind::Vulkan => Ok(Context::from_backend_with_stores(
-                crate::backend::vulkan::VulkanBackend::open(device.index, config)?,
-                config,
-                stores,
-            )),
-            BackendKind::OpenCl => Ok(Context::from_backend_with_stores(
-                crate::backend::opencl::OpenClBackend::open(device.index, config)?,
-                config,
-                stores,
-            )),
-        }
-    }
-
-    /// A context on a backend device opened by the caller (for example with backend-specific
-    /// options).
-    pub fn from_backend<B: ComputeBackend>(backend: B, config: &Config) -> Context {
-        Context::from_backend_with_stores(backend, config, StoreChain::from_config(config))
-    }
-
-    /// A context on a backend device opened by the caller whose persistent layer is exactly `stores`,
-    /// looked up in order after the context's memory cache: for an embedder that keeps binaries in its
-    /// own storage. `StoreChain::from_config(config).with_store(mine)` keeps kpc's disk cache and
-    /// read-only layers in front of the embedder's store (hits from it are copied to the local disk);
-    /// `StoreChain::new().with_store(mine)` uses the embedder's store alone.
-    pub fn from_backend_with_stores<B: ComputeBackend>(
+    /// A context over `backend` (opened already) whose persistent layer is exactly `stores`.
+    pub(crate) fn from_backend_with_stores<B: ComputeBackend>(
         backend: B,
         config: &Config,
         stores: StoreChain,
@@ -189,14 +149,42 @@ impl Context {
         &self.inner.programs
     }
 
-    /// The kernel `entry` of `image`, specialized with `spec` and built with `options`: from this
-    /// context's memory cache, the disk cache, or a fresh build. The returned [`Kernel`] says which.
+    /// The kernel `entry` of `image`, unspecialized and with default build options: from this
+    /// context's memory cache, a store (the disk cache, ...), or a fresh build. The returned
+    /// [`Kernel`] says which. [`Context::kernel_with`] takes spec constants and build options.
+    ///
+    /// Errors: as [`Context::kernel_with`].
+    pub fn kernel(&self, image: &DeviceImage, entry: &str) -> Result<Kernel> {
+        self.acquire(
+            image,
+            entry,
+            &SpecConstants::new(),
+            &BuildOptions::default(),
+        )
+    }
+
+    /// The kernel `request` names (image, entry, spec constants, build options): from this
+    /// context's memory cache, a store, or a fresh build. The returned [`Kernel`] says which.
+    ///
+    /// Guarantees: within a context the kernel is built at most once while cached; a failed build
+    /// returns the same error again without building.
     ///
     /// Errors: [`Error::InvalidSpirv`] for an invalid SPIR-V image (nothing is cached for it);
-    /// [`Error::UnknownKernel`] for an entry point the image lacks; [`Error::Build`] and
-    /// [`Error::InvalidArgument`] (bad spec constants) for a build that fails, returned again from the
-    /// cache on later requests.
-    pub fn kernel(
+    /// [`Error::UnknownKernel`] for an entry point the image lacks; [`Error::InvalidSpirv`] (Vulkan)
+    /// or [`Error::InvalidArgument`] (OpenCL) for an image of the other backend, naming the image
+    /// function to use ([`crate::kernels::shipped`] picks the right one); [`Error::Build`] and
+    /// [`Error::InvalidArgument`] (bad spec constants) for a build that fails, returned again from
+    /// the cache on later requests.
+    pub fn kernel_with(&self, request: &KernelRequest) -> Result<Kernel> {
+        self.acquire(
+            &request.image,
+            &request.entry,
+            &request.spec,
+            &request.options,
+        )
+    }
+
+    pub(crate) fn acquire(
         &self,
         image: &DeviceImage,
         entry: &str,

@@ -1,7 +1,7 @@
 //! Platform and device discovery across backends, and `KPC_DEVICE` selection.
 //!
 //! A platform is one backend as this machine has it: its devices, or why it cannot be used. Adding a
-//! backend means adding it to [`platforms`] and to `Context::with_device`; nothing else here changes.
+//! backend means adding it to [`platforms`] and to `ContextBuilder::build`; nothing else here changes.
 
 use crate::backend::{DeviceInfo, DeviceType};
 use crate::config::{BackendKind, DeviceClass, DeviceSelector};

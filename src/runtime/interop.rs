@@ -64,13 +64,13 @@
 //! and the other way round.
 
 use crate::backend::KernelObject;
-use crate::backend::opencl::{OpenClBackend, OpenClKernel};
+use crate::backend::opencl::OpenClKernel;
 pub use crate::backend::opencl::{OpenClHandles, OpenClKernelLease};
-use crate::backend::vulkan::{VulkanBackend, VulkanKernel};
+use crate::backend::vulkan::VulkanKernel;
 pub use crate::backend::vulkan::{
     VulkanFeatures, VulkanHandles, VulkanKernelHandles, VulkanQueueLock,
 };
-use crate::config::{BackendKind, Config};
+use crate::config::BackendKind;
 use crate::error::{Error, Result};
 
 use super::buffer::{Buffer, RawBuffer};
@@ -79,34 +79,6 @@ use super::kernel::Kernel;
 use crate::backend::{ForeignBuffer, Pod};
 
 impl Context {
-    /// A context over the embedder's Vulkan instance, device and queue, which kpc borrows and never
-    /// destroys. The contract (Vulkan 1.1+, declared optional features, queue synchronization) is
-    /// [`VulkanBackend::from_handles`]'s.
-    ///
-    /// Errors: as [`VulkanBackend::from_handles`].
-    ///
-    /// # Safety
-    /// As [`VulkanBackend::from_handles`]: valid handles that belong together, kept alive until every
-    /// kpc object made from this context is dropped, and truthful [`VulkanHandles::enabled`].
-    pub unsafe fn from_vulkan_handles(handles: &VulkanHandles, config: &Config) -> Result<Context> {
-        // SAFETY: the caller upholds from_handles' contract, which this function's repeats.
-        let backend = unsafe { VulkanBackend::from_handles(handles, config) }?;
-        Ok(Context::from_backend(backend, config))
-    }
-
-    /// A context over the embedder's OpenCL context, device and queue; kpc retains the context and
-    /// queue and releases them when its last object is dropped.
-    ///
-    /// Errors: as [`OpenClBackend::from_handles`].
-    ///
-    /// # Safety
-    /// As [`OpenClBackend::from_handles`]: valid handles that belong together.
-    pub unsafe fn from_opencl_handles(handles: &OpenClHandles, config: &Config) -> Result<Context> {
-        // SAFETY: the caller upholds from_handles' contract, which this function's repeats.
-        let backend = unsafe { OpenClBackend::from_handles(handles, config) }?;
-        Ok(Context::from_backend(backend, config))
-    }
-
     /// A buffer of `T` over the embedder's own `VkBuffer`, used in place (no copy) and never
     /// destroyed by kpc: `size` bytes from byte `offset` of `buffer` (raw handles, as
     /// `ash::vk::Handle::as_raw` gives them), bound to `memory`. Its elements are
@@ -120,7 +92,7 @@ impl Context {
     ///
     /// # Safety
     /// `buffer` is a live `VkBuffer` of this context's `VkDevice` (a context over the embedder's
-    /// device: [`Context::from_vulkan_handles`]), created with `STORAGE_BUFFER`, `TRANSFER_SRC` and
+    /// device: [`Context::builder`] with [`super::ContextBuilder::vulkan_handles`]), created with `STORAGE_BUFFER`, `TRANSFER_SRC` and
     /// `TRANSFER_DST` usage, bound to `memory`, at least `offset + size` bytes long; it outlives the
     /// returned buffer, its clones and every launch using them, and the embedder does not write it
     /// while kpc's work on it runs.

@@ -4,12 +4,11 @@
 //! `Queue`, `Buffer<T>`, kernels and events).
 //!
 //! ```no_run
-//! use kpc::cache::{BuildOptions, SpecConstants};
-//! use kpc::{Config, Context, PushConstants};
+//! use kpc::{Context, PushConstants};
 //!
-//! let ctx = Context::new(&Config::from_env()?)?; // the device KPC_DEVICE selects
-//! let image = kpc::kernels::spirv_image("saxpy")?; // validated, reflected
-//! let k = ctx.kernel(&image, "saxpy", &SpecConstants::new(), &BuildOptions::default())?;
+//! let ctx = Context::builder().build()?; // the device KPC_DEVICE selects
+//! let image = kpc::kernels::shipped("saxpy", ctx.backend())?; // SPIR-V or OpenCL C
+//! let k = ctx.kernel(&image, "saxpy")?;
 //! let n = 1000;
 //! let x = ctx.buffer_from(&vec![1.0f32; n])?;
 //! let y = ctx.buffer_from(&vec![2.0f32; n])?;
@@ -27,6 +26,8 @@ pub mod blob;
 pub mod bounds;
 #[cfg(not(loom))]
 pub mod buffer;
+#[cfg(not(loom))]
+mod builder;
 pub mod cache_debug;
 #[cfg(not(loom))]
 pub mod context;
@@ -62,6 +63,8 @@ pub use blob::CacheBlob;
 pub use bounds::{BufferBound, Extent, declare_access_bounds};
 #[cfg(not(loom))]
 pub use buffer::{Buffer, BufferArg, RawBuffer};
+#[cfg(not(loom))]
+pub use builder::ContextBuilder;
 #[cfg(not(loom))]
 pub use context::Context;
 #[cfg(not(loom))]

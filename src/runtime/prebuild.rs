@@ -187,10 +187,7 @@ impl super::Context {
         progress: impl Fn(&Progress<'_>) + Send + Sync + 'static,
     ) -> PrebuildReport {
         let ctx = self.internal();
-        let acquire = move |r: &KernelRequest| {
-            ctx.kernel(&r.image, &r.entry, &r.spec, &r.options)
-                .map(|k| k.source())
-        };
+        let acquire = move |r: &KernelRequest| ctx.kernel_with(r).map(|k| k.source());
         prebuild_with_progress(requests, acquire, progress)
     }
 }

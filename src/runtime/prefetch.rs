@@ -29,17 +29,28 @@ use crate::error::{Error, Result};
 
 use super::program_manager::{Acquired, ProgramManager};
 
-/// One kernel to acquire: what [`super::Context::kernel`] takes, owned so a worker thread can hold it.
+/// One kernel to acquire: an image's entry point, its specialization constants and its build
+/// options. The one request type of kpc: [`Context::kernel_with`](super::Context::kernel_with)
+/// acquires one, [`Context::prefetch`](super::Context::prefetch) and
+/// [`Context::prebuild`](super::Context::prebuild) many; the warm-start manifests record them.
+///
+/// ```no_run
+/// # fn f(ctx: &kpc::Context, image: &kpc::DeviceImage) -> kpc::Result<()> {
+/// use kpc::{KernelRequest, SpecConstants, SpecValue};
+/// let k = ctx.kernel_with(
+///     &KernelRequest::new(image, "saxpy").spec(SpecConstants::new().with(0, SpecValue::U32(64))),
+/// )?;
+/// # Ok(()) }
+/// ```
+///
+/// Guarantees: two requests with the same image bytes, entry, constants and options name the same
+/// cached kernel, whatever the image's name.
 #[derive(Debug, Clone)]
 pub struct KernelRequest {
-    /// The device image.
-    pub image: DeviceImage,
-    /// Its entry point.
-    pub entry: String,
-    /// Specialization constants.
-    pub spec: SpecConstants,
-    /// Build options.
-    pub options: BuildOptions,
+    pub(crate) image: DeviceImage,
+    pub(crate) entry: String,
+    pub(crate) spec: SpecConstants,
+    pub(crate) options: BuildOptions,
 }
 
 impl KernelRequest {
@@ -52,15 +63,31 @@ impl KernelRequest {
             options: BuildOptions::default(),
         }
     }
-    /// With specialization constants `spec`.
+    /// With specialization constants `spec` (replacing any set before).
     pub fn spec(mut self, spec: SpecConstants) -> Self {
         self.spec = spec;
         self
     }
-    /// With build options `options`.
+    /// With build options `options` (replacing any set before).
     pub fn options(mut self, options: BuildOptions) -> Self {
         self.options = options;
         self
+    }
+    /// The device image.
+    pub fn image(&self) -> &DeviceImage {
+        &self.image
+    }
+    /// The entry point.
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+    /// The specialization constants.
+    pub fn spec_constants(&self) -> &SpecConstants {
+        &self.spec
+    }
+    /// The build options.
+    pub fn build_options(&self) -> &BuildOptions {
+        &self.options
     }
 }
 
@@ -341,7 +368,7 @@ impl super::Context {
         let ctx = self.internal();
         let workers = default_workers(requests.len());
         let p = Prefetch::spawn(requests, workers, move |r: &KernelRequest| {
-            ctx.kernel(&r.image, &r.entry, &r.spec, &r.options)
+            ctx.kernel_with(r)
         });
         self.inner.background.register(&p.canceller());
         p

@@ -105,7 +105,13 @@ pub fn test_config() -> Config {
 /// A context on the first usable Vulkan device, or a reported skip.
 pub fn vulkan_context(test: &str) -> Option<Context> {
     let d = vulkan_device(test)?;
-    Some(Context::with_device(&d, &test_config()).expect("open the Vulkan device"))
+    Some(
+        Context::builder()
+            .device(&d)
+            .config(test_config())
+            .build()
+            .expect("open the Vulkan device"),
+    )
 }
 
 /// The first usable Vulkan device opened directly, with `options`, or a reported skip.
@@ -134,7 +140,13 @@ pub fn opencl_device(test: &str) -> Option<DeviceInfo> {
 /// A context on the first usable OpenCL device, or a reported skip.
 pub fn opencl_context(test: &str) -> Option<Context> {
     let d = opencl_device(test)?;
-    Some(Context::with_device(&d, &test_config()).expect("open the OpenCL device"))
+    Some(
+        Context::builder()
+            .device(&d)
+            .config(test_config())
+            .build()
+            .expect("open the OpenCL device"),
+    )
 }
 
 /// The first usable OpenCL device opened directly, with `options`, or a reported skip.
@@ -156,16 +168,8 @@ pub fn random_f32(n: usize) -> Vec<f32> {
 /// far fewer workgroups than elements, and checks that the XOR of its per-workgroup outputs is the
 /// XOR of its input, also after one bit of the last element is flipped.
 pub fn check_read_kernel(ctx: &Context, image: &kpc::backend::DeviceImage) {
-    use kpc::cache::{BuildOptions, SpecConstants};
     use kpc::{Buffer, PushConstants};
-    let k = ctx
-        .kernel(
-            image,
-            "read",
-            &SpecConstants::new(),
-            &BuildOptions::default(),
-        )
-        .unwrap();
+    let k = ctx.kernel(image, "read").unwrap();
     assert_eq!(k.info().push_constant_bytes, 4);
     let n = 100_003usize; // 16-byte elements
     let groups = 5;

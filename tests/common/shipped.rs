@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::process::Command;
 
+use kpc::Context;
 use kpc::kernels::{ShippedOpenCl, ShippedSpirv};
-use kpc::{BuildOptions, Context, SpecConstants};
 
 /// Each OpenCL image of `opencl` mirrors its SPIR-V twin in `spirv`: the same entry point, buffers
 /// (count and read-only-ness, in order), push-constant bytes, default workgroup size and
@@ -25,14 +25,7 @@ pub fn both_backends_agree(ctx: &Context, opencl: &[ShippedOpenCl], spirv: &[Shi
     {
         let name = cl_kernel.name;
         let image = cl_kernel.image();
-        let k = ctx
-            .kernel(
-                &image,
-                name,
-                &SpecConstants::new(),
-                &BuildOptions::default(),
-            )
-            .unwrap();
+        let k = ctx.kernel(&image, name).unwrap();
         let spv = spv_kernel.image().unwrap();
         let module = spv.spirv_module().unwrap();
         let entry = module.entry(name, name).unwrap();

@@ -152,8 +152,13 @@ impl Engine {
         // SAFETY: the handles are this engine's live objects, destroyed in Drop after every kpc
         // object of the scenario was dropped; the counting entry point forwards to the loader's,
         // which created the instance; nothing optional is declared or enabled.
-        unsafe { Context::from_vulkan_handles(&self.handles(), config) }
-            .expect("an interop context")
+        unsafe {
+            Context::builder()
+                .vulkan_handles(&self.handles())
+                .config(config.clone())
+                .build()
+        }
+        .expect("an interop context")
     }
 }
 

@@ -473,7 +473,7 @@ impl StoreWarnings {
 /// let config = kpc::Config::from_env()?;
 /// let stores = StoreChain::from_config(&config).with_store(Arc::new(Mine::default()));
 /// let device = kpc::runtime::select_device(&config.device)?;
-/// let ctx = kpc::Context::with_device_and_stores(&device, &config, stores)?;
+/// let ctx = kpc::Context::builder().device(&device).config(config).stores(stores).build()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub trait Store: Send + Sync + fmt::Debug {
