@@ -7,8 +7,8 @@ mod common;
 
 use std::time::Duration;
 
+use kpc::Source;
 use kpc::kernels::spirv_image;
-use kpc::runtime::Source;
 use kpc::{Config, Context};
 
 use common::disk::TempDir;
@@ -52,7 +52,7 @@ fn disk_hits_the_driver_recompiled_save_no_build_time() {
         .stats()
         .stores
         .into_iter()
-        .find(|l| l.kind == kpc::cache::StoreKind::Disk)
+        .find(|l| l.kind == kpc::StoreKind::Disk)
         .expect("the local disk level");
     assert_eq!((disk.hits, backend.programs_loaded, level.hits), (1, 1, 1));
     let lavapipe = d.name.contains("llvmpipe");

@@ -6,8 +6,8 @@
 //! launch with and check every caller-supplied buffer against it before they get here, which is
 //! the contract [`kpc::Queue::submit_unchecked`] asks for.
 
-use kpc::error::Result;
-use kpc::runtime::{Event, LaunchDesc, Queue};
+use kpc::Result;
+use kpc::{Event, LaunchDesc, Queue};
 
 /// Submits `launches` as one batch on `queue`.
 pub(crate) fn submit(queue: &Queue, launches: &[LaunchDesc<'_>]) -> Result<Event> {

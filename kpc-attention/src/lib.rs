@@ -51,10 +51,10 @@ pub use kv_cache::{F16_MAX, KvCache, check_storable, round_to_f16};
 pub use mha::{MhaKind, MhaParams, MhaWeights, MultiHeadAttention, ProjectionKernel};
 pub use options::{AttentionOptions, DecodeKernel, PrefillKernel};
 
+use kpc::BackendKind;
 use kpc::SpecConstants;
-use kpc::config::BackendKind;
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, Context, Kernel};
+use kpc::{Buffer, Context, Kernel};
+use kpc::{Error, Result};
 
 use decode_choice::VecLayout;
 

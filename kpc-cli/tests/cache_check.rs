@@ -15,9 +15,9 @@ use common::cli::{attention_check, kpc_bin};
 use common::disk::TempDir;
 use common::drivers::{opencl_device, vulkan_device};
 use kpc::Config;
-use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::StoreKey;
+use kpc::Digest;
+use kpc::StoreKey;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
 
 const APP: &str = "check-cli";
 

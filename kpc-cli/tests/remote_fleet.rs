@@ -18,8 +18,8 @@ use common::disk::{TempDir, child, child_role};
 use common::drivers::{opencl_device, vulkan_device};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::RedisServer;
-use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
-use kpc::runtime::ProgramManager;
+use kpc::admin::runtime::ProgramManager;
+use kpc::{BuildOptions, SpecConstants, StoreKind};
 
 const KEYS: usize = 4;
 const PROCESSES: usize = 8;

@@ -11,7 +11,8 @@ use crate::error::Result;
 use crate::warnings::{Warning, WarningCallback};
 
 use super::context::Context;
-use super::interop::{OpenClHandles, VulkanHandles};
+use crate::backend::opencl::OpenClHandles;
+use crate::backend::vulkan::VulkanHandles;
 
 /// Where the context's device comes from.
 enum Device {
@@ -73,6 +74,15 @@ impl fmt::Debug for ContextBuilder {
             .field("config", &self.config.is_some())
             .field("stores", &self.stores.is_some())
             .finish()
+    }
+}
+
+impl Context {
+    /// Opens a context: `Context::builder().build()` is the device `KPC_DEVICE` selects with the
+    /// configuration of the environment; see [`ContextBuilder`] for the rest (a device, the
+    /// embedder's Vulkan or OpenCL handles, stores, a configuration, a warning sink).
+    pub fn builder() -> ContextBuilder {
+        ContextBuilder::default()
     }
 }
 

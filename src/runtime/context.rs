@@ -4,7 +4,7 @@
 //! A `Context` holds its backend behind the backend seam (`crate::backend::dynamic`): one
 //! non-generic [`ProgramManager`] over the device's [`DynBackend`](crate::backend::dynamic::DynBackend)
 //! and the same device as a [`DynComputeBackend`]. A backend plugs in by implementing the typed
-//! backend traits and opening in [`ContextBuilder::build`](super::ContextBuilder::build). Handles (kernels, buffers) remember the
+//! backend traits and opening in `ContextBuilder::build`. Handles (kernels, buffers) remember the
 //! context that made them, so a handle passed to another context is a typed error, not undefined
 //! behaviour.
 
@@ -20,7 +20,6 @@ use crate::config::{BackendKind, Config, SealMode};
 use crate::error::{Error, Result};
 
 use super::buffer::{Buffer, RawBuffer};
-use super::builder::ContextBuilder;
 use super::kernel::Kernel;
 use super::lifecycle::{Background, Life};
 use super::prefetch::{KernelRequest, Prefetch};
@@ -73,13 +72,6 @@ impl fmt::Debug for Context {
 }
 
 impl Context {
-    /// Opens a context: `Context::builder().build()` is the device `KPC_DEVICE` selects with the
-    /// configuration of the environment; see [`ContextBuilder`] for the rest (a device, the
-    /// embedder's Vulkan or OpenCL handles, stores, a configuration, a warning sink).
-    pub fn builder() -> ContextBuilder {
-        ContextBuilder::default()
-    }
-
     /// A context over `backend` (opened already) whose persistent layer is exactly `stores`.
     pub(crate) fn from_backend_with_stores<B: ComputeBackend>(
         backend: B,

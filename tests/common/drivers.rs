@@ -8,9 +8,9 @@
 //!   `skipped <backend> <test>` to the file, which scripts/test.sh counts and prints.
 use std::io::Write;
 
-use kpc::backend::DeviceInfo;
-use kpc::backend::opencl::{OpenClBackend, OpenClOptions};
-use kpc::backend::vulkan::{VulkanBackend, VulkanOptions};
+use kpc::DeviceInfo;
+use kpc::admin::opencl::{OpenClBackend, OpenClOptions};
+use kpc::admin::vulkan::{VulkanBackend, VulkanOptions};
 use kpc::{Config, Context};
 
 /// Whether a missing driver fails the test run (CI) rather than skipping.
@@ -49,7 +49,7 @@ pub fn skip<T>(backend: &str, test: &str, reason: &str) -> Option<T> {
 
 /// The first usable Vulkan device, or a reported skip. Counts the test as run when it returns one.
 pub fn vulkan_device(test: &str) -> Option<DeviceInfo> {
-    match kpc::backend::vulkan::devices() {
+    match kpc::admin::vulkan::devices() {
         Ok(devs) => match devs.into_iter().find(|d| d.unusable.is_none()) {
             Some(d) => {
                 ran("vulkan", test);
@@ -92,7 +92,7 @@ pub fn vulkan_backend(test: &str, options: &VulkanOptions) -> Option<VulkanBacke
 /// The first usable OpenCL device (PoCL in CI), or a reported skip. Counts the test as run when it
 /// returns one.
 pub fn opencl_device(test: &str) -> Option<DeviceInfo> {
-    match kpc::backend::opencl::devices() {
+    match kpc::admin::opencl::devices() {
         Ok(devs) => match devs.into_iter().find(|d| d.unusable.is_none()) {
             Some(d) => {
                 ran("opencl", test);
@@ -134,7 +134,7 @@ pub fn random_f32(n: usize) -> Vec<f32> {
 /// Runs the shipped read kernel on `ctx` (`image` is its image for the context's backend) with
 /// far fewer workgroups than elements, and checks that the XOR of its per-workgroup outputs is the
 /// XOR of its input, also after one bit of the last element is flipped.
-pub fn check_read_kernel(ctx: &Context, image: &kpc::backend::DeviceImage) {
+pub fn check_read_kernel(ctx: &Context, image: &kpc::DeviceImage) {
     use kpc::{Buffer, PushConstants};
     let k = ctx.kernel(image, "read").unwrap();
     assert_eq!(k.info().push_constant_bytes, 4);
@@ -183,12 +183,12 @@ pub fn assert_no_validation_errors(test: &str) {
         .is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"));
     if asked {
         assert!(
-            kpc::backend::vulkan::validation_enabled(),
+            kpc::admin::vulkan::validation_enabled(),
             "{test}: KPC_VULKAN_VALIDATION is set but kpc's instance runs without the layer"
         );
     }
     assert_eq!(
-        kpc::backend::vulkan::validation_errors(),
+        kpc::admin::vulkan::validation_errors(),
         0,
         "{test}: the validation layer reported errors (printed on stderr)"
     );

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
+use kpc::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
+use kpc::{Error, Result};
 
 use super::proj::Outputs;
 use super::{MhaKind, MultiHeadAttention};

@@ -36,8 +36,8 @@ pub(crate) use forward::MhaPhase;
 pub use forward::MhaTimes;
 pub use weights::MhaWeights;
 
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, Context, Kernel};
+use kpc::{Buffer, Context, Kernel};
+use kpc::{Error, Result};
 
 use super::{Attention, AttentionOptions, AttentionShape, KvCache, KvDtype, MAX_HEAD_DIM};
 use proj::Projector;
@@ -261,7 +261,7 @@ pub struct MultiHeadAttention {
     step_y: Buffer<f32>,
     /// Binds the mask parameter of `mha_attn` when there is no mask.
     no_mask: Buffer<f32>,
-    last: Vec<(MhaPhase, kpc::runtime::Event)>,
+    last: Vec<(MhaPhase, kpc::Event)>,
 }
 
 impl std::fmt::Debug for MultiHeadAttention {

@@ -481,6 +481,7 @@ pub(crate) fn claimed_record(envelope: &[u8]) -> Option<super::KeyRecord> {
 
 /// The provenance an envelope claims, read without authentication (for the remote's collector,
 /// which judges age, never trust). `None` for a version-1 envelope or one that does not parse.
+#[cfg(feature = "remote")]
 pub(crate) fn claimed_provenance(envelope: &[u8]) -> Option<Provenance> {
     let p = split(envelope).ok()?;
     if p.version == V1 {
