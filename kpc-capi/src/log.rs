@@ -12,7 +12,7 @@ use super::util::copy_out;
 use super::{guard, kpc_status};
 use kpc::Context;
 
-/// Receives one kpc warning: `target` is the part of kpc that warns (`kpc::admin::disk`, ...),
+/// Receives one kpc warning: `target` is the part of kpc that warns (`kpc::cache::disk`, ...),
 /// `cause` a short stable name (`unusable-root`, `io`, `timeout`, ...), `message` the warning in
 /// words; all three are NUL-terminated UTF-8, valid only during the call. `user_data` is what
 /// `kpc_set_log_callback` was given. Called on whichever thread warns (kpc's background threads

@@ -595,7 +595,7 @@ fn c_warnings_reach_the_program() {
     let args = [selector.as_str(), file.to_str().unwrap()];
     let (out, err) = run_both(&exe, &args, &[]);
     assert!(
-        out.contains("callback: target=kpc::admin::disk cause=unusable-root"),
+        out.contains("callback: target=kpc::cache::disk cause=unusable-root"),
         "{out}"
     );
     assert!(
