@@ -14,6 +14,9 @@ use super::context::Context;
 use crate::backend::opencl::OpenClHandles;
 use crate::backend::vulkan::VulkanHandles;
 
+/// Makes the context over a backend the caller opened, once the configuration and stores are known.
+type OpenBackend = Box<dyn FnOnce(&Config, StoreChain) -> Context + Send>;
+
 /// Where the context's device comes from.
 enum Device {
     /// The configuration's selector (`KPC_DEVICE`), or the one given.
@@ -25,7 +28,7 @@ enum Device {
     /// The embedder's OpenCL objects (the caller vouched for them in `opencl_handles`).
     OpenCl(OpenClHandles),
     /// A backend the caller opened (with backend-specific options).
-    Backend(Box<dyn FnOnce(&Config, StoreChain) -> Context + Send>),
+    Backend(OpenBackend),
 }
 
 /// Opens a [`Context`]: which device (by default the one `KPC_DEVICE` selects; or a selector, a
