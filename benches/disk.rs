@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use criterion::{
     BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
-use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::{PutOutcome, StoreKey};
+use kpc::Digest;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::{PutOutcome, StoreKey};
 
 const DEVICE: &str =
     "backend=vulkan\nkpc_format=1\nvendorID=0x10de\ndeviceID=0x2335\ndeviceName=bench\n";

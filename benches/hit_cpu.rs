@@ -9,7 +9,7 @@
 
 use std::hint::black_box;
 
-use kpc::config::BackendKind;
+use kpc::BackendKind;
 use kpc::{Config, Context};
 
 /// This thread's CPU time in nanoseconds.

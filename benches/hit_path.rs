@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group};
 use fake_backend::{FakeBackend, image};
-use kpc::backend::DeviceImage;
-use kpc::cache::{
-    BuildError, BuildOptions, CacheCost, Digest, KernelKey, KernelProgramCache, MemCacheSettings,
-    ProgramKey, SpecConstants, SpecValue,
+use kpc::BackendKind;
+use kpc::DeviceImage;
+use kpc::admin::cache::{
+    BuildError, CacheCost, KernelKey, KernelProgramCache, MemCacheSettings, ProgramKey,
 };
-use kpc::config::BackendKind;
-use kpc::runtime::ProgramManager;
+use kpc::admin::runtime::ProgramManager;
+use kpc::{BuildOptions, Digest, SpecConstants, SpecValue};
 use kpc::{Config, Context};
 
 struct Prog;

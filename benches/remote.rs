@@ -7,12 +7,13 @@
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::StoreKey;
-use kpc::cache::store::{Access, RemoteStore, Store};
-use kpc::config::MacKey;
-use kpc::config::RemoteUrl;
+use kpc::Digest;
+use kpc::MacKey;
+use kpc::RemoteUrl;
+use kpc::StoreKey;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::store::RemoteStore;
+use kpc::{Access, Store};
 
 const DEVICE: &str =
     "backend=vulkan\nkpc_format=1\nvendorID=0x10de\ndeviceID=0x2335\ndeviceName=bench\n";

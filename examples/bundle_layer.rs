@@ -13,10 +13,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kpc::cache::Digest;
-use kpc::cache::bundle::{self, BundleStore};
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::{Access, EntryAuth, ReadOnlyStore, Store, StoreKey};
+use kpc::Digest;
+use kpc::admin::bundle;
+use kpc::admin::bundle::BundleStore;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::store::{EntryAuth, ReadOnlyStore};
+use kpc::{Access, Store, StoreKey};
 
 const DEVICE: &str =
     "backend=vulkan\nkpc_format=1\nvendorID=0x10de\ndeviceID=0x2335\ndeviceName=bench\n";

@@ -13,9 +13,9 @@
 
 use std::time::{Duration, Instant};
 
-use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::{PutOutcome, StoreKey};
+use kpc::Digest;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::{PutOutcome, StoreKey};
 
 fn main() {
     let mut args = std::env::args().skip(1);

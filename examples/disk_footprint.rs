@@ -13,9 +13,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::{PutOutcome, StoreKey};
+use kpc::Digest;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::{PutOutcome, StoreKey};
 
 #[derive(Default)]
 struct Census {

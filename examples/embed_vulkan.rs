@@ -1,16 +1,17 @@
-//! A Rust embedder that owns its Vulkan device: it creates the instance and device itself (ash),
-//! lends them to kpc, takes the raw handles of kpc's cached saxpy pipeline, and records and submits
-//! the dispatch in its own command buffer. kpc never destroys the embedder's instance or device; the
-//! embedder destroys them after kpc's objects are gone. Then it saves the kernel as a cache blob and
-//! recreates it in a second context without a build, as an engine with its own storage would.
-//!
-//! Run: `cargo run --example embed_vulkan` (any Vulkan 1.1 driver; lavapipe works).
-//!
-//! The `unsafe` blocks are the embedder's own Vulkan calls, as in any ash program.
+// A Rust embedder that owns its Vulkan device: it creates the instance and device itself (ash),
+// lends them to kpc, takes the raw handles of kpc's cached saxpy pipeline, and records and submits
+// the dispatch in its own command buffer. kpc never destroys the embedder's instance or device; the
+// embedder destroys them after kpc's objects are gone. Then it saves the kernel as a cache blob and
+// recreates it in a second context without a build, as an engine with its own storage would.
+//
+// Run: `cargo run --example embed_vulkan` (any Vulkan 1.1 driver; lavapipe works).
+//
+// The `unsafe` blocks are the embedder's own Vulkan calls, as in any ash program.
 
 use ash::vk;
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
-use kpc::{Config, Context, VulkanFeatures, VulkanHandles};
+use kpc::interop::{VulkanFeatures, VulkanHandles};
+use kpc::{BuildOptions, SpecConstants, SpecValue};
+use kpc::{Config, Context};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // --- The embedder's own device: one compute queue, no optional features. ---

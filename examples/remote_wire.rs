@@ -21,9 +21,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::{Access, EntryAuth, PutOutcome, RemoteStore, Store, StoreKey};
-use kpc::config::RemoteUrl;
+use kpc::RemoteUrl;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::store::{EntryAuth, RemoteStore};
+use kpc::{Access, PutOutcome, Store, StoreKey};
 
 #[path = "../tests/common/mod.rs"]
 mod common;

@@ -20,11 +20,13 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use kpc::cache::Digest;
-use kpc::cache::bundle::{self, BundleStore};
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::{Access, EntryAuth, GcPolicy, ReadOnlyStore, RemoteStore, Store, StoreKey};
-use kpc::config::RemoteUrl;
+use kpc::Digest;
+use kpc::RemoteUrl;
+use kpc::admin::bundle;
+use kpc::admin::bundle::BundleStore;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::store::{EntryAuth, GcPolicy, ReadOnlyStore, RemoteStore};
+use kpc::{Access, Store, StoreKey};
 
 #[path = "../tests/common/mod.rs"]
 mod common;

@@ -13,10 +13,9 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use kpc::cache::front::Front;
-use kpc::cache::pass_gate::PassGate;
-use kpc::cache::sync::Mutex;
-use kpc::cache::{BuildError, BuildMap, BuildResult, BuildState, Served, get_or_build};
+use kpc::loom_internals::{
+    BuildError, BuildMap, BuildResult, BuildState, Front, Mutex, PassGate, Served, get_or_build,
+};
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 

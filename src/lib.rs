@@ -1,9 +1,14 @@
 //! kpc builds GPU kernels once and reuses them: per context in memory, across processes on disk.
 //!
-//! Layers, top to bottom: `runtime` (keys, orchestration), `cache` (in-memory
-//! `KernelProgramCache`, on-disk persistent cache), `backend` (Vulkan, OpenCL). The cache layer knows
-//! nothing of any backend. The attention workload is the `kpc-attention` crate of this workspace,
-//! built on this crate's public API.
+//! The surface, in the order an embedder meets it: [`Context::builder`] opens a device (the one
+//! `KPC_DEVICE` selects, one from [`platforms`], or the embedder's own through [`interop`]);
+//! [`Context::kernel`] acquires a kernel of a [`DeviceImage`] (from memory, a store, or a build;
+//! [`kernels::shipped`] gives kpc's own for the context's backend); [`Context::buffer_from`] and
+//! [`Queue::launch`] run it; [`Context::stats`] says what the caches did. [`Config`] holds every
+//! setting (ENVIRONMENT.md lists the variables), [`StoreChain`] and [`Store`] the persistent layers.
+//! [`admin`] is for tools (the `kpc` command): the on-disk cache, the remote, the backends opened
+//! directly. The attention workload is the `kpc-attention` crate of this workspace, built on this
+//! surface.
 //!
 //! Embedding: a [`Context`] can also run over a device the embedder owns
 //! ([`ContextBuilder::vulkan_handles`], [`ContextBuilder::opencl_handles`]); kpc then borrows the
@@ -16,37 +21,67 @@
 //! checked on every call. The `kpc` binary is the `kpc-cli` crate.
 
 #![warn(missing_docs)]
+// The loom build (`--cfg loom`) compiles the cache layer for its models alone: what only the backends
+// and the runtime use is dead there, and used in every other build.
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
 
-pub mod backend;
-pub mod cache;
-pub mod config;
-pub mod error;
+// The layers (top to bottom: runtime, cache, backend; the cache knows nothing of any backend) are
+// crate-private; the root re-exports the embedder's surface and `admin` the tools'. loom's model
+// tests reach the cache's synchronization through `loom_internals`.
+#[cfg(not(loom))]
+pub mod admin;
+mod backend;
+mod cache;
+mod config;
+mod error;
+#[cfg(not(loom))]
+pub mod interop;
 pub mod kernels;
-pub mod runtime;
-pub mod warnings;
+mod runtime;
+mod warnings;
 
-// One import brings in what the main call (`Context::kernel`) and its results need:
-// `use kpc::prelude::*;` or these root names.
-pub use backend::{DeviceImage, ImageFormat};
-pub use cache::{BuildOptions, SpecConstants, SpecValue};
-pub use config::{BackendKind, Config, ConfigError, SealMode};
+pub use backend::{
+    BackendStats, BufferParam, DeviceImage, DeviceInfo, DeviceLimits, DeviceType, ImageFormat,
+    KernelInfo, Pod, ProgramOrigin,
+};
+pub use cache::store::{
+    Access, KeyRecord, LevelStats, PutOutcome, StoreCounters, StoreEntry, StoreKind, seal,
+    sealed_record,
+};
+pub use cache::{
+    BuildOptions, CacheStats, Digest, DiskStats, Removal, SpecConstants, SpecValue, Store,
+    StoreChain, StoreHit, StoreKey, StoreStats,
+};
+pub use config::{
+    BackendKind, CacheDirSource, Config, ConfigBuilder, ConfigError, DeviceClass, DeviceSelector,
+    MacKey, MinFree, PublicKey, RemoteUrl, SealMode, SigningKey, TraceFlags,
+};
 pub use error::{Error, Result};
 #[cfg(not(loom))]
-pub use runtime::Source;
-#[cfg(not(loom))]
 pub use runtime::{
-    Buffer, CacheBlob, Context, ContextBuilder, Event, Kernel, KernelRequest, OpenClHandles,
-    OpenClKernelLease, PushConstants, Queue, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
-    VulkanQueueLock,
+    Buffer, BufferArg, BufferBound, CacheBlob, Context, ContextBuilder, ContextStats, Event,
+    Extent, Kernel, KernelRequest, LaunchDesc, ManifestState, Platform, PrebuildReport, Prefetch,
+    PushConstants, Queue, RawBuffer, SpirvStats, SpirvStep, WarmStartReport, declare_access_bounds,
+    platforms, select_device,
 };
+pub use runtime::{CacheDebugStats, SealStats, Source};
 pub use warnings::{Warning, WarningCallback, set_warning_callback};
 
-/// Everything a typical embedder names: `use kpc::prelude::*;` then
-/// `ctx.kernel(&image, "entry")`.
+/// The cache's synchronization, for loom's model tests (loom_tests/) only.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_internals {
+    pub use crate::cache::front::Front;
+    pub use crate::cache::pass_gate::PassGate;
+    pub use crate::cache::sync::Mutex;
+    pub use crate::cache::{BuildError, BuildMap, BuildResult, BuildState, Served, get_or_build};
+}
+
+/// Everything a typical embedder names: `use kpc::prelude::*;` then `ctx.kernel(&image, "entry")`.
 #[cfg(not(loom))]
 pub mod prelude {
     pub use crate::{
         BackendKind, Buffer, BuildOptions, Config, Context, DeviceImage, Error, Kernel,
-        PushConstants, Result, Source, SpecConstants, SpecValue,
+        KernelRequest, PushConstants, Result, Source, SpecConstants, SpecValue,
     };
 }

@@ -5,11 +5,11 @@
 
 use crate::common;
 
-use kpc::backend::DeviceImage;
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
-use kpc::config::BackendKind;
+use kpc::BackendKind;
+use kpc::DeviceImage;
+use kpc::Source;
 use kpc::kernels::{opencl_image, spirv_image};
-use kpc::runtime::Source;
+use kpc::{BuildOptions, SpecConstants, SpecValue};
 use kpc::{CacheBlob, Context, Error, Kernel, PushConstants};
 
 use common::disk::{TempDir, child_role};

@@ -15,10 +15,15 @@ use common::disk::{CHILD_ENV, TempDir, child, child_role};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::RedisServer;
 use kpc::Config;
-use kpc::cache::store::{Provenance, StoreKey, auth, seal};
-use kpc::cache::{BuildOptions, Digest, PersistentCache, SpecConstants};
-use kpc::config::{MacKey, RemoteUrl};
-use kpc::runtime::{ProgramManager, Source};
+use kpc::Source;
+use kpc::StoreKey;
+use kpc::admin::disk::PersistentCache;
+use kpc::admin::runtime::ProgramManager;
+use kpc::admin::store::Provenance;
+use kpc::admin::store::auth;
+use kpc::seal;
+use kpc::{BuildOptions, Digest, SpecConstants};
+use kpc::{MacKey, RemoteUrl};
 
 const ROOT: &str = "KPC_TEST_ROOT";
 
@@ -193,7 +198,7 @@ fn a_process_dying_outside_a_load_costs_no_entry() {
 #[test]
 fn a_live_loaders_record_is_not_a_crash_and_a_dead_ones_is() {
     let t = TempDir::new("crash-record");
-    let cache = PersistentCache::new(kpc::cache::DiskCacheSettings::from_config_at(
+    let cache = PersistentCache::new(kpc::admin::disk::DiskCacheSettings::from_config_at(
         &Config::default(),
         t.path(),
     ));

@@ -11,8 +11,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::disk::*;
-use kpc::cache::disk::{DiskCacheSettings, DiskStats, Lookup, PersistentCache};
-use kpc::cache::store::WarnCause;
+use kpc::DiskStats;
+use kpc::admin::disk::{DiskCacheSettings, Lookup, PersistentCache};
+use kpc::admin::store::WarnCause;
 use rand::Rng;
 
 const KEYS: u64 = 400;

@@ -6,9 +6,10 @@ use crate::common;
 use std::time::Duration;
 
 use common::disk::*;
-use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, Lookup, PersistentCache};
-use kpc::cache::store::{PutOutcome, StoreKey, WarnCause};
+use kpc::Digest;
+use kpc::admin::disk::{DiskCacheSettings, Lookup, PersistentCache};
+use kpc::admin::store::WarnCause;
+use kpc::{PutOutcome, StoreKey};
 
 #[test]
 fn put_then_get_round_trips_and_lays_out_files() {

@@ -10,8 +10,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::disk::*;
-use kpc::cache::disk::{DiskCacheSettings, Lookup, PersistentCache};
-use kpc::cache::store::PutOutcome;
+use kpc::PutOutcome;
+use kpc::admin::disk::{DiskCacheSettings, Lookup, PersistentCache};
 use rand::Rng;
 
 /// `threads` threads start together on one key of `size` bytes; half share one cache instance, half

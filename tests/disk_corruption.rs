@@ -9,8 +9,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::disk::*;
-use kpc::cache::disk::Lookup;
-use kpc::cache::store::{PutOutcome, WarnCause};
+use kpc::PutOutcome;
+use kpc::admin::disk::Lookup;
+use kpc::admin::store::WarnCause;
 
 fn set_mode(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();

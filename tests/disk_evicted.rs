@@ -15,11 +15,12 @@ use std::time::{Duration, SystemTime};
 use common::disk::*;
 use common::fake_backend::{FakeBackend, image};
 use kpc::Config;
-use kpc::cache::disk::evicted::{EVICTED_FILE, EVICTED_RECORDS};
-use kpc::cache::disk::{DiskCacheSettings, MissCause, PersistentCache};
-use kpc::cache::journal::{self, RecordKind};
-use kpc::cache::{BuildOptions, SpecConstants};
-use kpc::runtime::ProgramManager;
+use kpc::admin::disk::{DiskCacheSettings, MissCause, PersistentCache};
+use kpc::admin::disk::{EVICTED_FILE, EVICTED_RECORDS};
+use kpc::admin::journal;
+use kpc::admin::journal::RecordKind;
+use kpc::admin::runtime::ProgramManager;
+use kpc::{BuildOptions, SpecConstants};
 
 const PAYLOAD: usize = 2000;
 
@@ -213,9 +214,9 @@ fn the_miss_journal_records_builds_and_hits_and_stays_bounded() {
             .unwrap()
             .source
     };
-    assert_eq!(get(), kpc::runtime::Source::Built);
+    assert_eq!(get(), kpc::Source::Built);
     // Another process's view: a hit, recorded when its manager drops.
-    assert_eq!(get(), kpc::runtime::Source::Disk);
+    assert_eq!(get(), kpc::Source::Disk);
     let c = cache(&root);
     let recs = journal::read_local(&c).unwrap();
     assert!(recs.len() <= 4096 + 2, "{}", recs.len());

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use common::disk::*;
 use filetime::FileTime;
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::{PutOutcome, StoreKey};
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::{PutOutcome, StoreKey};
 
 fn age(c: &PersistentCache, k: &StoreKey, secs: u64) {
     let t = FileTime::from_system_time(SystemTime::now() - Duration::from_secs(secs));

@@ -11,9 +11,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::disk::*;
-use kpc::cache::disk::{DiskCacheSettings, Lookup, PersistentCache};
-use kpc::cache::store::PutOutcome;
-use kpc::config::MinFree;
+use kpc::MinFree;
+use kpc::PutOutcome;
+use kpc::admin::disk::{DiskCacheSettings, Lookup, PersistentCache};
 
 fn env_path(name: &str) -> PathBuf {
     PathBuf::from(std::env::var(name).unwrap())

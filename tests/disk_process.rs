@@ -9,8 +9,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::disk::*;
-use kpc::cache::disk::{DiskCacheSettings, Lookup, PersistentCache};
-use kpc::cache::store::PutOutcome;
+use kpc::PutOutcome;
+use kpc::admin::disk::{DiskCacheSettings, Lookup, PersistentCache};
 
 const BIG: usize = 16 << 20;
 

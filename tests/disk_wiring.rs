@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use common::disk::{TempDir, capture, disk_warnings};
 use common::fake_backend::{AsFake, FakeBackend, image};
-use kpc::backend::{DeviceImage, ImageFormat};
-use kpc::cache::disk::PersistentCache;
-use kpc::cache::store::WarnCause;
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
-use kpc::runtime::{ProgramManager, Source};
+use kpc::Source;
+use kpc::admin::disk::PersistentCache;
+use kpc::admin::runtime::ProgramManager;
+use kpc::admin::store::WarnCause;
+use kpc::{BuildOptions, SpecConstants, SpecValue};
 use kpc::{Config, Error};
+use kpc::{DeviceImage, ImageFormat};
 
 fn config(root: &std::path::Path) -> Config {
     Config::builder().cache_dir(root).build().unwrap()
@@ -155,7 +156,7 @@ fn a_failed_build_persists_nothing_and_releases_the_build_lock() {
     let be = Arc::new(FakeBackend::new());
     be.fail_with(|_, img| {
         Some(Error::Build {
-            backend: kpc::config::BackendKind::Vulkan,
+            backend: kpc::BackendKind::Vulkan,
             image: img.name().into(),
             code: -11,
             message: "fake compile error".into(),

@@ -7,12 +7,12 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kpc::backend::DeviceInfo;
-use kpc::cache::{SpecConstants, SpecValue};
-use kpc::config::BackendKind;
+use kpc::BackendKind;
+use kpc::DeviceInfo;
+use kpc::Source;
 use kpc::kernels::{opencl_image, spirv_image};
-use kpc::runtime::Source;
 use kpc::{Buffer, Config, Context, PushConstants};
+use kpc::{SpecConstants, SpecValue};
 
 use common::drivers::{opencl_device, random_f32, vulkan_device};
 
@@ -74,7 +74,15 @@ fn acquire_and_run(d: &DeviceInfo, root: &Path) -> String {
             out[i]
         );
     }
-    let s = ctx.stats().backend_counters;
+    let stats = ctx.stats();
+    // The local disk is counted once, in `disk`, not again among the stores.
+    assert!(stats.disk.is_some());
+    assert!(
+        stats.stores.iter().all(|l| l.kind != kpc::StoreKind::Disk),
+        "{:?}",
+        stats.stores
+    );
+    let s = stats.backend_counters;
     format!(
         "source={} built={} loaded={}",
         k.source(),

@@ -21,11 +21,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ash::vk;
-use kpc::backend::vulkan::queue_lock_sharers;
-use kpc::cache::{SpecConstants, SpecValue};
+use kpc::KernelRequest;
+use kpc::admin::vulkan::queue_lock_sharers;
+use kpc::interop::{VulkanHandles, VulkanQueueLock};
 use kpc::kernels::spirv_image;
-use kpc::runtime::KernelRequest;
-use kpc::{Buffer, Config, Context, PushConstants, VulkanHandles, VulkanQueueLock};
+use kpc::{Buffer, Config, Context, PushConstants};
+use kpc::{SpecConstants, SpecValue};
 
 use common::disk::TempDir;
 use common::drivers::test_config;
@@ -392,7 +393,7 @@ fn an_instance_api_version_never_splits_the_cache_and_a_malformed_one_is_refused
     let Some(engine) = Engine::new(test) else {
         return;
     };
-    let owned = kpc::backend::vulkan::devices().unwrap()[0]
+    let owned = kpc::admin::vulkan::devices().unwrap()[0]
         .fingerprint
         .clone();
     // 1.1 declared for an instance made at a higher version (or truly 1.1): a device that cannot

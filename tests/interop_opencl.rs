@@ -10,11 +10,12 @@ use crate::common;
 
 use std::ffi::c_void;
 
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
-use kpc::config::BackendKind;
+use kpc::BackendKind;
+use kpc::Source;
+use kpc::interop::OpenClHandles;
 use kpc::kernels::opencl_image;
-use kpc::runtime::Source;
-use kpc::{Config, Context, Error, OpenClHandles};
+use kpc::{BuildOptions, SpecConstants, SpecValue};
+use kpc::{Config, Context, Error};
 use opencl3::command_queue::{
     CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, CL_QUEUE_REFERENCE_COUNT, CommandQueue,
     get_command_queue_info,
@@ -420,11 +421,11 @@ fn wait_for_refs(e: &Embedder, n: u32) {
     }
 }
 
-fn cl_variants(n: i32) -> Vec<kpc::runtime::KernelRequest> {
+fn cl_variants(n: i32) -> Vec<kpc::KernelRequest> {
     let image = opencl_image("saxpy").unwrap();
     (0..n)
         .map(|bias| {
-            kpc::runtime::KernelRequest::new(&image, "saxpy")
+            kpc::KernelRequest::new(&image, "saxpy")
                 .spec(SpecConstants::new().with(1, SpecValue::I32(bias)))
         })
         .collect()

@@ -9,12 +9,11 @@
 use crate::common;
 
 use ash::vk;
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::Source;
+use kpc::interop::{VulkanFeatures, VulkanHandles, VulkanKernelHandles};
 use kpc::kernels::spirv_image;
-use kpc::runtime::Source;
-use kpc::{
-    Config, Context, DeviceImage, Error, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
-};
+use kpc::{BuildOptions, SpecConstants, SpecValue};
+use kpc::{Config, Context, DeviceImage, Error};
 
 use common::disk::TempDir;
 use common::drivers::{random_f32, test_config, vulkan_device};
@@ -398,8 +397,8 @@ fn an_embedder_records_kpcs_saxpy_pipeline_in_its_own_command_buffer() {
     assert!(matches!(
         k.opencl_lease(),
         Err(Error::WrongBackend {
-            expected: kpc::config::BackendKind::OpenCl,
-            found: Some(kpc::config::BackendKind::Vulkan),
+            expected: kpc::BackendKind::OpenCl,
+            found: Some(kpc::BackendKind::Vulkan),
             ..
         })
     ));

@@ -10,7 +10,7 @@ use crate::common;
 use common::disk::{child, child_role};
 use common::drivers;
 use kpc::prelude::*;
-use kpc::runtime::{BufferBound, Extent, declare_access_bounds};
+use kpc::{BufferBound, Extent, declare_access_bounds};
 
 /// What every child prints last when all its checks passed.
 const DONE: &str = "launch-bounds child: all checks passed";
@@ -240,8 +240,8 @@ fn robust_access_variable_is_checked() {
     let test = "robust_access_variable_is_checked";
     match child_role().as_deref() {
         Some("bad") => {
-            let vulkan = kpc::config::DeviceSelector::parse("vulkan:0").unwrap();
-            let e = kpc::runtime::select_device(&vulkan)
+            let vulkan = kpc::DeviceSelector::parse("vulkan:0").unwrap();
+            let e = kpc::select_device(&vulkan)
                 .and_then(|d| {
                     Context::builder()
                         .device(&d)

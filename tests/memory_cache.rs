@@ -11,12 +11,14 @@ use std::thread;
 use std::time::Duration;
 
 use common::fake_backend::{AsFake, FakeBackend, image};
-use kpc::cache::{
-    BuildError, BuildOptions, CacheCost, Digest, KernelKey, KernelProgramCache,
-    MAX_TRANSIENT_RETRIES, MemCacheSettings, ProgramKey, SpecConstants, SpecValue,
+use kpc::BackendKind;
+use kpc::Source;
+use kpc::admin::cache::{
+    BuildError, CacheCost, KernelKey, KernelProgramCache, MAX_TRANSIENT_RETRIES, MemCacheSettings,
+    ProgramKey,
 };
-use kpc::config::BackendKind;
-use kpc::runtime::{ProgramManager, Source};
+use kpc::admin::runtime::ProgramManager;
+use kpc::{BuildOptions, Digest, SpecConstants, SpecValue};
 use kpc::{Config, Error};
 
 /// A cached program of a fixed weight.

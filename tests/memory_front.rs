@@ -10,11 +10,12 @@ use std::thread;
 
 use common::fake_backend::{FakeBackend, image};
 use kpc::Config;
-use kpc::cache::{
-    BuildError, BuildOptions, CacheCost, Digest, KernelKey, KernelProgramCache, MemCacheSettings,
-    ProgramKey, SpecConstants,
+use kpc::Source;
+use kpc::admin::cache::{
+    BuildError, CacheCost, KernelKey, KernelProgramCache, MemCacheSettings, ProgramKey,
 };
-use kpc::runtime::{ProgramManager, Source};
+use kpc::admin::runtime::ProgramManager;
+use kpc::{BuildOptions, Digest, SpecConstants};
 
 struct Prog;
 

@@ -15,10 +15,13 @@ use std::time::{Duration, Instant};
 use common::disk::TempDir;
 use common::fake_backend::{FakeBackend, image};
 use kpc::Config;
-use kpc::cache::store::{EntryAuth, Provenance, auth, seal};
-use kpc::cache::{BuildOptions, SpecConstants};
-use kpc::config::{RemoteUrl, SigningKey};
-use kpc::runtime::{ProgramManager, Source};
+use kpc::Source;
+use kpc::admin::runtime::ProgramManager;
+use kpc::admin::store::auth;
+use kpc::admin::store::{EntryAuth, Provenance};
+use kpc::seal;
+use kpc::{BuildOptions, SpecConstants};
+use kpc::{RemoteUrl, SigningKey};
 
 fn config(root: &Path, url: &str, signing: Option<SigningKey>, trusted: &SigningKey) -> Config {
     Config::builder()

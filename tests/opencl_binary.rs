@@ -6,11 +6,11 @@ use crate::common;
 
 use std::sync::Arc;
 
-use kpc::backend::opencl::{OpenClBinary, OpenClOptions, Origin};
-use kpc::backend::{Backend, ComputeBackend, DeviceFingerprint, Launch};
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
-use kpc::config::BackendKind;
+use kpc::BackendKind;
+use kpc::admin::backend::{Backend, ComputeBackend, DeviceFingerprint, Launch};
+use kpc::admin::opencl::{OpenClBinary, OpenClOptions, Origin};
 use kpc::kernels::opencl_image;
+use kpc::{BuildOptions, SpecConstants, SpecValue};
 use kpc::{Error, PushConstants};
 
 use common::drivers::{opencl_backend, random_f32};
@@ -21,12 +21,16 @@ fn run_saxpy<B: ComputeBackend>(b: &B, k: &B::Kernel, a: f32, bias: f32) {
     let bufs: Vec<Arc<B::Buffer>> = (0..3)
         .map(|_| Arc::new(b.create_buffer(4 * n as u64).unwrap()))
         .collect();
-    b.write_buffer(&bufs[0], 0, kpc::backend::pod::as_bytes(&x))
+    b.write_buffer(&bufs[0], 0, kpc::admin::backend::as_bytes(&x))
         .unwrap();
-    b.write_buffer(&bufs[1], 0, kpc::backend::pod::as_bytes(&y))
+    b.write_buffer(&bufs[1], 0, kpc::admin::backend::as_bytes(&y))
         .unwrap();
-    b.write_buffer(&bufs[2], 0, kpc::backend::pod::as_bytes(&vec![f32::NAN; n]))
-        .unwrap();
+    b.write_buffer(
+        &bufs[2],
+        0,
+        kpc::admin::backend::as_bytes(&vec![f32::NAN; n]),
+    )
+    .unwrap();
     let push = PushConstants::new().u32(n as u32).f32(a);
     let ev = b
         .submit(&[Launch {
@@ -38,7 +42,7 @@ fn run_saxpy<B: ComputeBackend>(b: &B, k: &B::Kernel, a: f32, bias: f32) {
         .unwrap();
     b.wait(&ev).unwrap();
     let mut out = vec![0f32; n];
-    b.read_buffer(&bufs[2], 0, kpc::backend::pod::as_bytes_mut(&mut out))
+    b.read_buffer(&bufs[2], 0, kpc::admin::backend::as_bytes_mut(&mut out))
         .unwrap();
     for i in 0..n {
         let want = a * x[i] + y[i] + bias;
@@ -88,8 +92,8 @@ fn a_program_comes_back_from_its_binary_and_computes() {
     let k = b.create_kernel(&loaded, "saxpy").unwrap();
     let built_k = b.create_kernel(&Arc::new(built), "saxpy").unwrap();
     assert_eq!(
-        kpc::backend::KernelObject::info(&k),
-        kpc::backend::KernelObject::info(&built_k),
+        kpc::admin::backend::KernelObject::info(&k),
+        kpc::admin::backend::KernelObject::info(&built_k),
         "the interface travels with the binary"
     );
     run_saxpy(&b, &k, 2.0, 5.0);
@@ -171,9 +175,9 @@ fn binaries_that_do_not_fit_are_rejected_as_misses() {
 }
 
 fn rejected_for(
-    b: &kpc::backend::opencl::OpenClBackend,
+    b: &kpc::admin::opencl::OpenClBackend,
     blob: &[u8],
-    image: &kpc::backend::DeviceImage,
+    image: &kpc::DeviceImage,
     spec: &SpecConstants,
     opts: &BuildOptions,
 ) {

@@ -5,10 +5,10 @@
 use crate::common;
 
 use kpc::Error;
-use kpc::backend::{DeviceImage, ImageFormat};
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::Source;
 use kpc::kernels::opencl_image;
-use kpc::runtime::Source;
+use kpc::{BuildOptions, SpecConstants, SpecValue};
+use kpc::{DeviceImage, ImageFormat};
 
 use common::drivers::opencl_context;
 

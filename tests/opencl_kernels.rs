@@ -4,12 +4,12 @@
 
 use crate::common;
 
-use kpc::backend::DeviceImage;
-use kpc::backend::opencl::{KernelSharing, OpenClBackend, OpenClKernel, OpenClOptions};
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::DeviceImage;
+use kpc::admin::opencl::{KernelSharing, OpenClBackend, OpenClKernel, OpenClOptions};
 use kpc::kernels::opencl_image;
-use kpc::runtime::{LaunchDesc, Source};
 use kpc::{Buffer, Context, Error, PushConstants};
+use kpc::{BuildOptions, SpecConstants, SpecValue};
+use kpc::{LaunchDesc, Source};
 
 use common::drivers::{check_read_kernel, opencl_backend, opencl_context, random_f32, test_config};
 
@@ -160,11 +160,7 @@ fn second_request_is_a_memory_hit() {
     assert_eq!(first.source(), Source::Built);
     let before = ctx.stats().memory;
     // A fresh copy of the same bytes is the same key.
-    let again = kpc::backend::DeviceImage::new(
-        "saxpy",
-        kpc::backend::ImageFormat::OpenClC,
-        image.bytes().to_vec(),
-    );
+    let again = kpc::DeviceImage::new("saxpy", kpc::ImageFormat::OpenClC, image.bytes().to_vec());
     let second = ctx
         .kernel_with(
             &kpc::KernelRequest::new(&again, "saxpy")

@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use common::disk::TempDir;
 use common::fake_backend::{AsFake, FakeBackend, image};
-use kpc::cache::{BuildOptions, SpecConstants};
-use kpc::config::BackendKind;
-use kpc::runtime::{ProgramManager, Source};
+use kpc::BackendKind;
+use kpc::Source;
+use kpc::admin::runtime::ProgramManager;
+use kpc::{BuildOptions, SpecConstants};
 use kpc::{Config, Error};
 
 fn oom(code: i32) -> Error {

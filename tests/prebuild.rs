@@ -11,12 +11,13 @@ use std::time::Duration;
 use common::disk::{CHILD_ENV, TempDir, child, child_role};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::RedisServer;
-use kpc::cache::{SpecConstants, SpecValue};
-use kpc::config::{BackendKind, RemoteUrl};
-use kpc::runtime::prebuild::{app_manifests, prebuild};
-use kpc::runtime::warm_start::{WarmStart, shared_requests};
-use kpc::runtime::{KernelRequest, ProgramManager};
+use kpc::KernelRequest;
+use kpc::admin::runtime::ProgramManager;
+use kpc::admin::runtime::{WarmStart, shared_requests};
+use kpc::admin::runtime::{app_manifests, prebuild};
+use kpc::{BackendKind, RemoteUrl};
 use kpc::{Config, Error};
+use kpc::{SpecConstants, SpecValue};
 
 const APP: &str = "prebuild-app";
 const N: usize = 6;
@@ -33,7 +34,11 @@ fn requests() -> Vec<KernelRequest> {
 /// A manifest of `requests()` recorded by driver version "1" under `root`.
 fn record_old_manifest(root: &Path) {
     let old = FakeBackend::with_driver_version("fake-device-0", "1");
-    let ws = WarmStart::new(root, &kpc::backend::Backend::fingerprint(&old).digest, APP);
+    let ws = WarmStart::new(
+        root,
+        &kpc::admin::backend::Backend::fingerprint(&old).digest,
+        APP,
+    );
     for r in requests() {
         ws.record(&r);
     }
@@ -52,7 +57,7 @@ fn new_driver_manager(root: &Path, remote: Option<&str>) -> Arc<ProgramManager> 
     Arc::new(ProgramManager::new(Arc::new(be), &config))
 }
 
-fn run_prebuild(manifests: &Path, pm: Arc<ProgramManager>) -> kpc::runtime::PrebuildReport {
+fn run_prebuild(manifests: &Path, pm: Arc<ProgramManager>) -> kpc::PrebuildReport {
     let (used, reqs) = app_manifests(manifests, APP, BackendKind::OpenCl);
     assert_eq!((used.len(), reqs.len()), (1, N));
     prebuild(reqs, move |r| {
@@ -170,7 +175,7 @@ fn a_fresh_machine_prebuilds_from_the_manifest_the_fleet_shares() {
     for (m, part) in [("a", &all[..N / 2 + 1]), ("b", &all[N / 2..])] {
         let pm = new_driver_manager(&t.join(m), Some(&redis.url()));
         let old = FakeBackend::with_driver_version("fake-device-0", "1");
-        let digest = kpc::backend::Backend::fingerprint(&old).digest;
+        let digest = kpc::admin::backend::Backend::fingerprint(&old).digest;
         let ws = WarmStart::new(&t.join(m), &digest, APP);
         ws.share_through(pm.stores().stores().cloned().collect());
         for r in part {
@@ -203,8 +208,7 @@ fn a_fresh_machine_prebuilds_from_the_manifest_the_fleet_shares() {
         .cache_dir(t.join("d"))
         .remote(Some(RemoteUrl::parse(&redis.url()).unwrap()))
         .remote_key(
-            kpc::config::MacKey::from_secret("KPC_CACHE_REMOTE_KEY", "a fleet secret of 16+")
-                .unwrap(),
+            kpc::MacKey::from_secret("KPC_CACHE_REMOTE_KEY", "a fleet secret of 16+").unwrap(),
         )
         .build()
         .unwrap();
@@ -222,13 +226,13 @@ fn progress_reports_each_kernel_once_in_order_of_completion() {
     let (_, reqs) = app_manifests(t.path(), APP, BackendKind::OpenCl);
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = seen.clone();
-    let r = kpc::runtime::prebuild::prebuild_with_progress(
+    let r = kpc::admin::runtime::prebuild_with_progress(
         reqs,
         move |r| {
             pm.kernel(r.image(), r.entry(), r.spec_constants(), r.build_options())
                 .map(|a| a.source)
         },
-        move |p: &kpc::runtime::prebuild::Progress<'_>| {
+        move |p: &kpc::admin::runtime::Progress<'_>| {
             assert_eq!(p.total, N);
             log.lock()
                 .unwrap()

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use common::drivers::{check_read_kernel, opencl_device, test_config, vulkan_device};
 use common::fake_backend::{AsFake, BuildGate, FakeBackend, image};
-use kpc::backend::DeviceImage;
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
-use kpc::runtime::{KernelRequest, ProgramManager, Source, prefetch_kernels};
+use kpc::DeviceImage;
+use kpc::admin::runtime::{ProgramManager, prefetch_kernels};
+use kpc::{BuildOptions, SpecConstants, SpecValue};
 use kpc::{Context, Error};
+use kpc::{KernelRequest, Source};
 
 fn manager(backend: FakeBackend) -> Arc<ProgramManager> {
     Arc::new(ProgramManager::new(Arc::new(backend), &test_config()))
@@ -24,7 +25,7 @@ fn one_result_per_request_each_with_its_own_error() {
     let fake = FakeBackend::new();
     fake.fail_with(|_, img: &DeviceImage| {
         (img.name() == "broken").then(|| Error::Build {
-            backend: kpc::config::BackendKind::Vulkan,
+            backend: kpc::BackendKind::Vulkan,
             image: "broken".into(),
             code: -11,
             message: "compile error".into(),
@@ -278,7 +279,7 @@ fn a_request_queued_in_a_prefetch_is_built_by_the_requester_ahead_and_once() {
     let pm = manager(FakeBackend::new().gated(gate.clone()));
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let n = cores + 4;
-    let workers = kpc::runtime::prefetch::default_workers(n);
+    let workers = kpc::admin::runtime::default_workers(n);
     assert!(
         workers < n,
         "{workers} workers for {n} requests leave some queued"

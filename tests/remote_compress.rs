@@ -15,11 +15,13 @@ use common::disk::{TempDir, capture};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::RedisServer;
 use kpc::Config;
-use kpc::cache::disk::PersistentCache;
-use kpc::cache::store::{StoreKey, auth};
-use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
-use kpc::config::RemoteUrl;
-use kpc::runtime::{ProgramManager, Source};
+use kpc::RemoteUrl;
+use kpc::Source;
+use kpc::StoreKey;
+use kpc::admin::disk::PersistentCache;
+use kpc::admin::runtime::ProgramManager;
+use kpc::admin::store::auth;
+use kpc::{BuildOptions, SpecConstants, StoreKind};
 
 fn config(root: &Path, url: &str, level: u8) -> Config {
     Config::builder()

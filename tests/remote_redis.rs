@@ -16,10 +16,11 @@ use common::disk::{Ev, TempDir, capture};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::{RedisServer, dead_url};
 use kpc::Config;
-use kpc::cache::store::auth;
-use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
-use kpc::config::{ConfigError, MacKey, RemoteUrl};
-use kpc::runtime::{ProgramManager, Source};
+use kpc::Source;
+use kpc::admin::runtime::ProgramManager;
+use kpc::admin::store::auth;
+use kpc::{BuildOptions, SpecConstants, StoreKind};
+use kpc::{ConfigError, MacKey, RemoteUrl};
 
 const SECRET: &str = "0123456789abcdef-fleet-secret";
 
@@ -208,7 +209,7 @@ fn a_remote_slower_than_the_timeout_does_not_hold_builds_back() {
 }
 
 /// The remote level's counters.
-fn remote_level(pm: &ProgramManager) -> kpc::cache::StoreStats {
+fn remote_level(pm: &ProgramManager) -> kpc::StoreStats {
     pm.store_stats()
         .into_iter()
         .find(|l| l.kind == StoreKind::Remote)
@@ -243,7 +244,7 @@ fn a_frozen_remote_costs_one_timeout_and_the_breaker_skips_the_rest() {
     // Builds one new program after another (each asks the breaker once) until the remote level's
     // counters say `done`: a deadline poll for a hold-off to pass, whatever the machine's speed.
     let mut next = 5;
-    let mut build_until = |what: &str, done: &dyn Fn(&kpc::cache::StoreStats) -> bool| {
+    let mut build_until = |what: &str, done: &dyn Fn(&kpc::StoreStats) -> bool| {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             assert_eq!(program(&pm, next), Source::Built);
@@ -375,8 +376,8 @@ fn poisoned_garbage_truncated_and_misplaced_values_are_refused() {
     );
     // A poisoner without the key: a well-formed entry (its own binary, checksums right) with no MAC,
     // or MAC'd with another secret.
-    let forged = kpc::cache::store::seal(&key0, b"FAKEBIN1 evil binary", Duration::ZERO);
-    let prov = kpc::cache::store::Provenance::for_key("forger", &key0, None, Duration::ZERO);
+    let forged = kpc::seal(&key0, b"FAKEBIN1 evil binary", Duration::ZERO);
+    let prov = kpc::admin::store::Provenance::for_key("forger", &key0, None, Duration::ZERO);
     let no_mac = auth::wrap(&None.into(), &key0, &forged, &prov);
     let other = MacKey::from_secret("KPC_CACHE_REMOTE_KEY", "another-secret-of-16+").unwrap();
     let wrong_mac = auth::wrap(&Some(other).into(), &key0, &forged, &prov);
@@ -531,7 +532,7 @@ fn an_fs_remote_serves_a_fresh_machine_and_lists_its_entries() {
         (Source::Remote, Source::Remote)
     );
     assert_eq!(be.builds(), 2);
-    let remote = kpc::cache::store::RemoteStore::open(
+    let remote = kpc::admin::store::RemoteStore::open(
         &RemoteUrl::parse(&url).unwrap(),
         Duration::from_secs(2),
         None,
@@ -549,7 +550,7 @@ fn an_fs_remote_serves_a_fresh_machine_and_lists_its_entries() {
     assert_eq!(labels, vec!["k0.cl", "k1.cl"]);
     assert!(
         remote
-            .list_device(Some(kpc::cache::Digest([7; 32])))
+            .list_device(Some(kpc::Digest([7; 32])))
             .unwrap()
             .is_empty()
     );

@@ -14,10 +14,12 @@ use common::disk::{TempDir, capture};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::RedisServer;
 use kpc::Config;
-use kpc::cache::store::{Access, GcPolicy, GcReason, RemoteStore, Store, StoreKey};
-use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
-use kpc::config::RemoteUrl;
-use kpc::runtime::{ProgramManager, Source};
+use kpc::RemoteUrl;
+use kpc::Source;
+use kpc::admin::runtime::ProgramManager;
+use kpc::admin::store::{GcPolicy, GcReason, RemoteStore};
+use kpc::{Access, Store, StoreKey};
+use kpc::{BuildOptions, SpecConstants, StoreKind};
 
 fn config(root: &Path, url: &str) -> Config {
     Config::builder()

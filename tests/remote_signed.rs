@@ -17,10 +17,14 @@ use common::disk::{Ev, TempDir, capture};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::RedisServer;
 use kpc::Config;
-use kpc::cache::store::{EntryAuth, Provenance, StoreKey, auth, seal};
-use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
-use kpc::config::SigningKey;
-use kpc::runtime::{ProgramManager, Source};
+use kpc::SigningKey;
+use kpc::Source;
+use kpc::StoreKey;
+use kpc::admin::runtime::ProgramManager;
+use kpc::admin::store::auth;
+use kpc::admin::store::{EntryAuth, Provenance};
+use kpc::seal;
+use kpc::{BuildOptions, SpecConstants, StoreKind};
 
 /// Writes a key pair `name` (seed `n`) under `dir`; returns the private key file (the public key is
 /// beside it, `.pub`).
@@ -144,8 +148,9 @@ fn a_serving_node_with_only_trusted_keys_cannot_produce_an_entry_another_node_ac
     let be = Arc::new(FakeBackend::new());
     let pm = ProgramManager::new(be.clone(), &serving);
     let k5 = store_key(&pm, 5);
-    let store = kpc::cache::store::RemoteStore::from_config(&serving).unwrap();
-    use kpc::cache::store::{BuildLock, Store};
+    let store = kpc::admin::store::RemoteStore::from_config(&serving).unwrap();
+    use kpc::Store;
+    use kpc::admin::store::BuildLock;
     assert!(matches!(store.lock_for_build(&k5), BuildLock::NotOffered));
     assert!(r.keys("kpc-lock/*").is_empty());
 
@@ -359,7 +364,7 @@ fn signatures_work_the_same_on_an_fs_remote() {
     assert_eq!((src, stats.2), (vec![Source::Built], 1));
     assert_eq!(warned, vec!["untrusted"]);
     // The listing verifies what it lists, with provenance.
-    let store = kpc::cache::store::RemoteStore::from_config(&reader).unwrap();
+    let store = kpc::admin::store::RemoteStore::from_config(&reader).unwrap();
     let listed = store.list_verified(None).unwrap();
     assert_eq!(listed.len(), 1);
     let p = listed[0].verdict.clone().unwrap().unwrap();
@@ -389,7 +394,7 @@ fn signatures_work_the_same_on_an_fs_remote() {
     assert_eq!(copied.signer.as_deref(), Some(fp.as_str()));
     // The stranger built it itself.
     assert_eq!(record("x").host, "serving-x");
-    let strange = kpc::cache::store::RemoteStore::from_config(&stranger).unwrap();
+    let strange = kpc::admin::store::RemoteStore::from_config(&stranger).unwrap();
     let listed = strange.list_verified(None).unwrap();
     assert!(
         listed[0]

@@ -9,11 +9,11 @@ use std::path::Path;
 
 use common::disk::{TempDir, capture};
 use common::drivers::vulkan_device;
-use kpc::backend::DeviceInfo;
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
-use kpc::config::BackendKind;
+use kpc::BackendKind;
+use kpc::DeviceInfo;
+use kpc::Source;
 use kpc::kernels::{opencl_image, spirv_image};
-use kpc::runtime::Source;
+use kpc::{BuildOptions, SpecConstants, SpecValue};
 use kpc::{Config, Context, Error, Kernel, SealMode};
 
 fn config(root: &Path, seal: SealMode, app: Option<&str>) -> Config {
@@ -192,7 +192,7 @@ fn vulkan_sealed_glsl_compile_is_refused_then_warned() {
         .config(config(dir.path(), SealMode::Error, None))
         .build()
         .unwrap();
-    let img = kpc::DeviceImage::glsl(kpc::backend::glsl::GlslSource::compute(
+    let img = kpc::DeviceImage::glsl(kpc::admin::glsl::GlslSource::compute(
         "sealed_glsl",
         GLSL.to_string(),
     ))

@@ -4,9 +4,9 @@ use crate::common;
 
 use std::path::Path;
 
+use kpc::DeviceImage;
 use kpc::Error;
-use kpc::backend::DeviceImage;
-use kpc::backend::spirv::{DescriptorKind, LocalDim, SpecType};
+use kpc::admin::spirv::{DescriptorKind, LocalDim, SpecType};
 use kpc::kernels::{SPIRV, spirv_image};
 
 #[test]

@@ -15,16 +15,18 @@ use std::time::Duration;
 use common::disk::TempDir;
 use common::drivers::{opencl_device, random_f32, test_config, vulkan_device};
 use common::fake_backend::{AsFake, FakeBackend, image};
-use kpc::backend::DeviceInfo;
-use kpc::cache::store::StoreKey;
-use kpc::cache::store::{LevelStats, PutOutcome, StoreCounters, StoreEntry, seal, sealed_record};
-use kpc::cache::{
+use kpc::BackendKind;
+use kpc::DeviceInfo;
+use kpc::Source;
+use kpc::StoreKey;
+use kpc::admin::runtime::ProgramManager;
+use kpc::{
     Access, BuildOptions, Removal, SpecConstants, SpecValue, Store, StoreChain, StoreHit,
     StoreKind, StoreStats,
 };
-use kpc::config::BackendKind;
-use kpc::runtime::{ProgramManager, Source};
 use kpc::{Config, Context, PushConstants};
+use kpc::{LevelStats, PutOutcome, StoreEntry, sealed_record};
+use kpc::{StoreCounters, seal};
 
 /// An embedder's store: sealed entries in a map, keyed by the key's digest. It verifies what it hands
 /// back through `StoreHit::unseal`, as every store outside kpc must.
@@ -243,7 +245,7 @@ fn levels_are_asked_in_order_and_the_first_hit_wins() {
 
     let chain = || {
         StoreChain::with_local_disk(
-            kpc::cache::PersistentCache::from_config(&with_disk(t.path())),
+            kpc::admin::disk::PersistentCache::from_config(&with_disk(t.path())),
             &no_disk(),
         )
         .with_store(first.clone())

@@ -12,12 +12,14 @@ use common::disk::{Ev, TempDir, capture};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::RedisServer;
 use kpc::Config;
-use kpc::cache::disk::DiskCacheSettings;
-use kpc::cache::store::ReadOnlyStore;
-use kpc::cache::store::idle::IDLE_LOOKUPS;
-use kpc::cache::{BuildOptions, PersistentCache, SpecConstants, StoreChain};
-use kpc::config::RemoteUrl;
-use kpc::runtime::{ProgramManager, Source};
+use kpc::RemoteUrl;
+use kpc::Source;
+use kpc::admin::disk::DiskCacheSettings;
+use kpc::admin::disk::PersistentCache;
+use kpc::admin::runtime::ProgramManager;
+use kpc::admin::store::IDLE_LOOKUPS;
+use kpc::admin::store::ReadOnlyStore;
+use kpc::{BuildOptions, SpecConstants, StoreChain};
 
 fn config(root: &Path) -> Config {
     Config::builder().cache_dir(root).build().unwrap()

@@ -19,8 +19,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::drivers::{opencl_device, test_config, vulkan_device};
-use kpc::backend::DeviceInfo;
-use kpc::config::BackendKind;
+use kpc::BackendKind;
+use kpc::DeviceInfo;
 use kpc::{Buffer, Context, Error, PushConstants};
 
 const THREADS: usize = 16;

@@ -6,11 +6,11 @@ use crate::common;
 
 use std::sync::Arc;
 
-use kpc::backend::vulkan::VulkanOptions;
-use kpc::backend::vulkan::pipeline_cache::{PIPELINE_CACHE_HEADER_BYTES, Payload, decode};
-use kpc::backend::{Backend, ComputeBackend, KernelObject, Launch};
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::admin::backend::{Backend, ComputeBackend, KernelObject, Launch};
+use kpc::admin::vulkan::VulkanOptions;
+use kpc::admin::vulkan::pipeline_cache::{PIPELINE_CACHE_HEADER_BYTES, Payload, decode};
 use kpc::kernels::spirv_image;
+use kpc::{BuildOptions, SpecConstants, SpecValue};
 use kpc::{Error, PushConstants};
 
 use common::drivers::{random_f32, vulkan_backend};
@@ -43,7 +43,7 @@ fn a_program_comes_back_from_its_binary_and_computes() {
         }
         // One pipeline (saxpy's one entry point), with at least one binary of non-empty data.
         Payload::PipelineBinaries(b) => {
-            let sets = kpc::backend::vulkan::pipeline_binary::decode(b).unwrap();
+            let sets = kpc::admin::vulkan::pipeline_binary::decode(b).unwrap();
             assert_eq!(sets.len(), 1);
             assert!(!sets[0].is_empty() && sets[0].iter().all(|x| !x.data.is_empty()));
         }
@@ -78,9 +78,9 @@ fn a_program_comes_back_from_its_binary_and_computes() {
     let bufs: Vec<Arc<_>> = (0..3)
         .map(|_| Arc::new(b.create_buffer(4 * n as u64).unwrap()))
         .collect();
-    b.write_buffer(&bufs[0], 0, kpc::backend::pod::as_bytes(&x))
+    b.write_buffer(&bufs[0], 0, kpc::admin::backend::as_bytes(&x))
         .unwrap();
-    b.write_buffer(&bufs[1], 0, kpc::backend::pod::as_bytes(&y))
+    b.write_buffer(&bufs[1], 0, kpc::admin::backend::as_bytes(&y))
         .unwrap();
     let push = PushConstants::new().u32(n as u32).f32(2.0);
     let ev = b
@@ -93,7 +93,7 @@ fn a_program_comes_back_from_its_binary_and_computes() {
         .unwrap();
     b.wait(&ev).unwrap();
     let mut out = vec![0f32; n];
-    b.read_buffer(&bufs[2], 0, kpc::backend::pod::as_bytes_mut(&mut out))
+    b.read_buffer(&bufs[2], 0, kpc::admin::backend::as_bytes_mut(&mut out))
         .unwrap();
     for i in 0..n {
         let want = 2.0 * x[i] + y[i] + 5.0;
@@ -126,17 +126,17 @@ fn a_blob_whose_header_does_not_match_is_rejected() {
     ];
     // The other kind of payload, whole and well formed, is refused as of the wrong kind.
     let other = match payload {
-        Payload::PipelineCache(c) => kpc::backend::vulkan::pipeline_cache::encode(
+        Payload::PipelineCache(c) => kpc::admin::vulkan::pipeline_cache::encode(
             None,
-            Payload::PipelineBinaries(&kpc::backend::vulkan::pipeline_binary::encode(&[vec![
-                kpc::backend::vulkan::pipeline_binary::BinaryData {
+            Payload::PipelineBinaries(&kpc::admin::vulkan::pipeline_binary::encode(&[vec![
+                kpc::admin::vulkan::pipeline_binary::BinaryData {
                     key: vec![1; 32],
                     data: c.iter().copied().chain([0u8]).collect(),
                 },
             ]])),
         ),
         Payload::PipelineBinaries(_) => {
-            kpc::backend::vulkan::pipeline_cache::encode(None, Payload::PipelineCache(&[]))
+            kpc::admin::vulkan::pipeline_cache::encode(None, Payload::PipelineCache(&[]))
         }
     };
     tampered.push(("the other kind", other));

@@ -2,9 +2,9 @@
 
 use crate::common;
 
-use kpc::backend::{DeviceImage, ImageFormat};
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
 use kpc::kernels::spirv_image;
+use kpc::{BuildOptions, SpecConstants, SpecValue};
+use kpc::{DeviceImage, ImageFormat};
 use kpc::{Error, PushConstants};
 
 use common::drivers::{random_f32, vulkan_context};

@@ -7,7 +7,7 @@ use crate::common;
 use common::disk::{child, child_role};
 use common::drivers::{test_config, vulkan_device};
 use kpc::Context;
-use kpc::backend::vulkan::devices_created;
+use kpc::admin::vulkan::devices_created;
 
 #[test]
 fn dropped_contexts_leave_their_device_to_the_next() {

@@ -3,11 +3,11 @@
 
 use crate::common;
 
-use kpc::backend::vulkan::{BufferStrategy, VulkanBackend, VulkanOptions};
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
+use kpc::Source;
+use kpc::admin::vulkan::{BufferStrategy, VulkanBackend, VulkanOptions};
 use kpc::kernels::spirv_image;
-use kpc::runtime::Source;
 use kpc::{Buffer, Context, Error, PushConstants};
+use kpc::{BuildOptions, SpecConstants, SpecValue};
 
 use common::drivers::{check_read_kernel, random_f32, test_config, vulkan_backend, vulkan_context};
 
@@ -147,7 +147,7 @@ fn second_request_is_a_memory_hit() {
     assert_eq!(first.source(), Source::Built);
     let before = ctx.stats().memory;
     // A clone of the image and a fresh copy of its bytes are the same key.
-    let again = kpc::backend::DeviceImage::spirv("saxpy", image.bytes().to_vec()).unwrap();
+    let again = kpc::DeviceImage::spirv("saxpy", image.bytes().to_vec()).unwrap();
     let second = ctx
         .kernel_with(
             &kpc::KernelRequest::new(&again, "saxpy")
@@ -280,13 +280,13 @@ fn a_batch_runs_in_order_and_is_timed_per_launch() {
     let ev = ctx
         .queue()
         .submit(&[
-            kpc::runtime::LaunchDesc {
+            kpc::LaunchDesc {
                 kernel: &k,
                 groups: g,
                 buffers: &[&bx, &by, &t1],
                 push_constants: push.as_bytes(),
             },
-            kpc::runtime::LaunchDesc {
+            kpc::LaunchDesc {
                 kernel: &k,
                 groups: g,
                 buffers: &[&t1, &by, &t2],

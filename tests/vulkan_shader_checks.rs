@@ -5,9 +5,9 @@
 
 use crate::common;
 
-use kpc::backend::DeviceImage;
-use kpc::backend::glsl::{GlslOptimization, GlslSource};
-use kpc::cache::{BuildOptions, SpecConstants};
+use kpc::DeviceImage;
+use kpc::admin::glsl::{GlslOptimization, GlslSource};
+use kpc::{BuildOptions, SpecConstants};
 use kpc::{Error, PushConstants};
 
 use common::drivers::{assert_no_validation_errors, vulkan_context};

@@ -12,11 +12,12 @@ use std::sync::atomic::Ordering;
 use common::disk::{TempDir, capture, child, child_role};
 use common::drivers::{opencl_device, vulkan_device};
 use common::fake_backend::{AsFake, FakeBackend, image};
-use kpc::backend::DeviceImage;
-use kpc::cache::{SpecConstants, SpecValue};
-use kpc::runtime::warm_start::{LoadOutcome, WarmStart, load_if_stored, manifest};
-use kpc::runtime::{KernelRequest, ManifestState, ProgramManager, Source};
+use kpc::DeviceImage;
+use kpc::admin::runtime::ProgramManager;
+use kpc::admin::runtime::{LoadOutcome, WarmStart, load_if_stored, manifest};
 use kpc::{Config, Context};
+use kpc::{KernelRequest, ManifestState, Source};
+use kpc::{SpecConstants, SpecValue};
 
 const APP: &str = "warm-test";
 
@@ -252,17 +253,17 @@ fn a_bad_prefetch_setting_is_a_config_error_naming_the_variable() {
 
 // Real drivers, real processes: a parent records, a child (this binary re-executed) warm-starts.
 
-fn shipped(d: &kpc::backend::DeviceInfo) -> Vec<DeviceImage> {
+fn shipped(d: &kpc::DeviceInfo) -> Vec<DeviceImage> {
     ["saxpy", "copy", "read"]
         .iter()
         .map(|n| match d.backend {
-            kpc::config::BackendKind::Vulkan => kpc::kernels::spirv_image(n).unwrap(),
-            kpc::config::BackendKind::OpenCl => kpc::kernels::opencl_image(n).unwrap(),
+            kpc::BackendKind::Vulkan => kpc::kernels::spirv_image(n).unwrap(),
+            kpc::BackendKind::OpenCl => kpc::kernels::opencl_image(n).unwrap(),
         })
         .collect()
 }
 
-fn device_for(backend: &str, test: &str) -> Option<kpc::backend::DeviceInfo> {
+fn device_for(backend: &str, test: &str) -> Option<kpc::DeviceInfo> {
     match backend {
         "vulkan" => vulkan_device(test),
         _ => opencl_device(test),
@@ -356,7 +357,7 @@ fn a_corrupt_manifest_does_not_stop_a_context_on_lavapipe() {
     let config = disk_config(dir.path(), Some(APP));
     // The fingerprint entries are keyed by (on a device persisting pipeline binaries, the opened
     // device's, which holds the driver's key).
-    let fp = kpc::runtime::device::cache_fingerprint(&d, &config).unwrap();
+    let fp = kpc::admin::runtime::cache_fingerprint(&d, &config).unwrap();
     let ws = WarmStart::new(dir.path(), &fp.digest, APP);
     std::fs::create_dir_all(ws.manifest_path().parent().unwrap()).unwrap();
     std::fs::write(ws.manifest_path(), b"kpcwarm\0 not really").unwrap();
@@ -400,7 +401,7 @@ fn a_load_cut_short_by_a_dropped_context_forgets_nothing() {
 
 #[test]
 fn concurrent_writer_processes_merge() {
-    let digest = kpc::cache::Digest::of(b"fake device for writer processes");
+    let digest = kpc::Digest::of(b"fake device for writer processes");
     if let Some(role) = child_role() {
         if let Some(w) = role.strip_prefix("writer-") {
             let root = std::env::var("KPC_TEST_ROOT").unwrap();

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use common::disk::{TempDir, child, child_role};
 use common::drivers;
-use kpc::cache::StoreChain;
+use kpc::StoreChain;
 use kpc::prelude::*;
 use kpc::{Warning, WarningCallback};
 

@@ -2,11 +2,11 @@
 //! cooperative matrices, head dimensions), and the cooperative-matrix layout probe that the
 //! register softmax of the matrix kernels depends on. The decode's choice is in `decode_choice`.
 
+use kpc::BackendKind;
+use kpc::Context;
+use kpc::DeviceInfo;
+use kpc::Result;
 use kpc::SpecConstants;
-use kpc::backend::DeviceInfo;
-use kpc::config::BackendKind;
-use kpc::error::Result;
-use kpc::runtime::Context;
 
 use super::{AttentionOptions, AttentionShape, KvDtype, PrefillKernel, shipped_kernel};
 
@@ -66,7 +66,7 @@ pub(super) fn coop_quad_layout(ctx: &Context) -> Result<bool> {
 fn probe_quad_layout(ctx: &Context) -> Result<bool> {
     let kernel = shipped_kernel(ctx, "coop_layout", &SpecConstants::new())?;
     let out = ctx.buffer::<u32>(1026)?;
-    let probe = kpc::runtime::LaunchDesc {
+    let probe = kpc::LaunchDesc {
         kernel: &kernel,
         groups: [1, 1, 1],
         buffers: &[&out],
@@ -292,8 +292,9 @@ pub(super) mod tests {
         AttentionOptions, AttentionShape, DeviceInfo, KvDtype, PrefillKernel, auto_prefill,
         cm2_prefill_fits, quad_layout,
     };
-    use kpc::backend::{DeviceFingerprint, DeviceLimits, DeviceType};
-    use kpc::config::BackendKind;
+    use kpc::BackendKind;
+    use kpc::admin::backend::DeviceFingerprint;
+    use kpc::{DeviceLimits, DeviceType};
 
     /// A device as discovery would describe one: lavapipe-like (no matrices), KHR matrices only, or
     /// KHR and NV cooperative matrix 2 (H100-like: workgroup-scope matrices up to 256 invocations).

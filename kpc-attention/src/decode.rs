@@ -2,8 +2,8 @@
 //! workgroups (flash-decoding) and combined with a log-sum-exp; `attend` does the same without
 //! appending.
 
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
+use kpc::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
+use kpc::{Error, Result};
 
 use super::{Attention, KvCache, check_len};
 use crate::launch::Batch;

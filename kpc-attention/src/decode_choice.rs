@@ -1,8 +1,8 @@
 //! Which decode kernel runs on which device: the vectorized kernel's layout (lanes per row, how a
 //! row's lanes are summed) and what the cooperative-matrix decode needs.
 
-use kpc::backend::DeviceInfo;
-use kpc::config::BackendKind;
+use kpc::BackendKind;
+use kpc::DeviceInfo;
 
 use super::choice::fp16_matrix_fits;
 use super::{AttentionOptions, AttentionShape, KvDtype};

@@ -1,8 +1,8 @@
 //! [`KvCache`]: one layer's K and V on the device, appended in place, one position at a time or a
 //! prompt at a time.
 
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, BufferArg, Context};
+use kpc::{Buffer, BufferArg, Context};
+use kpc::{Error, Result};
 
 use super::{AttentionShape, KvDtype, check_len};
 

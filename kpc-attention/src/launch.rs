@@ -10,8 +10,8 @@
 //! push constants) and submits the batch once: a layer call, or a whole decoder stack's step, is
 //! one [`kpc::Queue::submit`], each launch ordered after the one before it.
 
-use kpc::error::Result;
-use kpc::runtime::{BufferArg, Event, Kernel, LaunchDesc, Queue, RawBuffer};
+use kpc::Result;
+use kpc::{BufferArg, Event, Kernel, LaunchDesc, Queue, RawBuffer};
 
 /// What a launch of a layer call does, for splitting its device time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

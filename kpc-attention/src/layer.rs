@@ -1,9 +1,9 @@
 //! Making an [`Attention`]: the kernel chosen per device and shape, acquired through the context's
 //! caches, and the scratch its splits need; its accessors and the split arithmetic.
 
-use kpc::config::BackendKind;
-use kpc::error::{Error, Result};
-use kpc::runtime::{Context, Kernel};
+use kpc::BackendKind;
+use kpc::{Context, Kernel};
+use kpc::{Error, Result};
 use kpc::{SpecConstants, SpecValue};
 
 use super::choice::{

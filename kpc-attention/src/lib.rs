@@ -61,10 +61,10 @@ pub use options::{AttentionOptions, DecodeKernel, PrefillKernel};
 pub use stack::{DecoderLayer, DecoderStack};
 pub use tensor::{Dtype, Tensor};
 
+use kpc::BackendKind;
 use kpc::SpecConstants;
-use kpc::config::BackendKind;
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, Context, Kernel};
+use kpc::{Buffer, Context, Kernel};
+use kpc::{Error, Result};
 
 use decode_choice::VecLayout;
 

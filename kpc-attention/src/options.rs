@@ -1,7 +1,7 @@
 //! What a caller may choose: the decode and prefill kernels, and the sizes of [`AttentionOptions`].
 
-use kpc::backend::DeviceInfo;
-use kpc::config::BackendKind;
+use kpc::BackendKind;
+use kpc::DeviceInfo;
 
 /// Which split kernel a decode runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,7 +51,7 @@ pub enum PrefillKernel {
     /// knows (NVIDIA's), the softmax stays in registers and tiles are 64 keys
     /// ([`AttentionOptions::coop_registers`]); elsewhere it goes through shared memory with
     /// 32-key tiles. Needs a Vulkan device with
-    /// [`DeviceLimits::cooperative_matrix_f16`](kpc::backend::DeviceLimits), subgroups of 32,
+    /// [`DeviceLimits::cooperative_matrix_f16`](kpc::DeviceLimits), subgroups of 32,
     /// fp16 K/V, and a head dimension up to 128 that is a multiple of `coop_rows / 2` (32 or 64).
     /// Q and P are rounded to fp16 for the products; sums are fp32.
     Cooperative,
@@ -59,7 +59,7 @@ pub enum PrefillKernel {
     /// `cm2_rows` query rows by `cm2_keys` keys per tile, K and V read from the cache by
     /// tensor-addressed loads, the row max by a matrix reduction and the row sums as a product with
     /// a matrix of ones; the driver stages the tiles itself. Needs a Vulkan device with
-    /// [`DeviceLimits::cooperative_matrix2_workgroup`](kpc::backend::DeviceLimits) at least
+    /// [`DeviceLimits::cooperative_matrix2_workgroup`](kpc::DeviceLimits) at least
     /// `cm2_local_size` (besides what [`PrefillKernel::Cooperative`] needs of the device), fp16
     /// K/V, and a head dimension up to 128 that is a multiple of 32. Q and P are rounded to fp16 for
     /// the products; sums are fp32. On an H100 it was slower than [`PrefillKernel::Cooperative`]

@@ -1,8 +1,8 @@
 //! Prefill: a prompt's K and V appended, then causal attention over it in tiles with an online
 //! softmax, fully masked tiles skipped.
 
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, Event, LaunchDesc, PushConstants};
+use kpc::{Buffer, Event, LaunchDesc, PushConstants};
+use kpc::{Error, Result};
 
 use super::{Attention, KvCache, PrefillKernel, check_len};
 use crate::launch::Batch;

@@ -8,7 +8,7 @@
 //! key (cross-attention).
 
 use super::AttentionShape;
-use kpc::error::{Error, Result};
+use kpc::{Error, Result};
 
 /// Attention in float64: the output `[batch][q_head][q_len][head_dim]`.
 ///

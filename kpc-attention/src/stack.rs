@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use kpc::error::{Error, Result};
-use kpc::runtime::{Context, Event};
+use kpc::{Context, Event};
+use kpc::{Error, Result};
 
 use crate::launch::Batch;
 use crate::mha::{MhaKind, MultiHeadAttention};

@@ -1,8 +1,8 @@
 //! [`Tensor`]: a device-resident array of fp16 or f32 with a shape, over a kpc [`Buffer`], the unit
 //! the layers' device calls read and write without a host copy or a host wait.
 
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, BufferArg, Context};
+use kpc::{Buffer, BufferArg, Context};
+use kpc::{Error, Result};
 
 /// The element type of a [`Tensor`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

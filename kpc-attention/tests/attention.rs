@@ -2,7 +2,7 @@
 //! reference by ‖out − ref‖ / ‖ref‖: at most 1e-5 with f32 K/V, 2e-3 with f16. Inputs are fresh
 //! random numbers each run and outputs are poisoned with NaN before every launch.
 
-use kpc::config::BackendKind;
+use kpc::BackendKind;
 use kpc::{Context, Error};
 use kpc_attention::reference::{attention, relative_error};
 use kpc_attention::{

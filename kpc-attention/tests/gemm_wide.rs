@@ -4,7 +4,7 @@
 //! elsewhere (lavapipe and PoCL in CI, which have none) every tile is refused with a typed error
 //! before anything is built.
 
-use kpc::runtime::BufferArg;
+use kpc::BufferArg;
 use kpc::{BackendKind, Buffer, Context, Error};
 use kpc_attention::mha::gemm::{
     DEFAULT_TILES, GemmAccumulator, GemmShape, GemmTiles, KERNEL, SWEEP_TILES, WideGemm,

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use kpc::backend::spirv::LocalDim;
+use kpc::admin::spirv::LocalDim;
 use kpc_attention::kernels::{OPENCL, SPIRV, spirv_image};
 
 use crate::common::drivers::opencl_context;

@@ -10,8 +10,8 @@ use kpc_attention::{
 };
 
 use crate::common::drivers::{random_f32, test_config, vulkan_context};
-use crate::mha_support::{Weights, params};
 use crate::common::vk_engine::{Engine, VALIDATION_ERRORS};
+use crate::mha_support::{Weights, params};
 
 fn stack(ctx: &Context, ws: &[(Weights, Weights)], ps: &MhaParams, pc: &MhaParams) -> DecoderStack {
     let layers = ws

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use super::registry::{self, Object};
 use super::util::{check_out, slice_arg, write_out};
 use super::{Failure, guard, kpc_context, kpc_status};
-use kpc::runtime::{Buffer, Context};
+use kpc::{Buffer, Context};
 
 /// Device memory of one context (opaque): created by kpc (`kpc_buffer_create`) or the embedder's
 /// own (`kpc_buffer_import_vulkan`, `kpc_buffer_import_opencl`). Destroy with

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use super::registry::{self, Object};
 use super::util::{cstr_bytes, str_arg, switch_arg, write_out};
 use super::{Failure, guard, kpc_status};
-use kpc::config::{CacheDirSource, Config, DeviceSelector, TraceFlags};
+use kpc::{CacheDirSource, Config, DeviceSelector, TraceFlags};
 
 /// A configuration (opaque). Create with `kpc_config_create` or `kpc_config_from_env`, destroy with
 /// `kpc_config_destroy`. Contexts copy it when created, so it may be changed or destroyed afterwards.

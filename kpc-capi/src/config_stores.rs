@@ -9,9 +9,10 @@ use std::time::Duration;
 use super::config::{kpc_config, with_config};
 use super::util::{cstr_bytes, str_arg, switch_arg};
 use super::{Failure, guard, kpc_status};
-use kpc::config::prefetch::valid_app_name;
-use kpc::config::signing::parse_trusted_keys;
-use kpc::config::{MacKey, RemoteUrl, SigningKey, parse_dir_list, vars};
+use kpc::admin::config::parse_trusted_keys;
+use kpc::admin::config::valid_app_name;
+use kpc::admin::config::{parse_dir_list, vars};
+use kpc::{MacKey, RemoteUrl, SigningKey};
 
 /// Sets the read-only cache layers searched after the local disk (`KPC_CACHE_READONLY_DIRS`
 /// syntax: absolute paths separated by `:`, each a cache directory or a bundle file from

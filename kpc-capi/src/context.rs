@@ -7,8 +7,8 @@ use super::config::resolved;
 use super::registry::{self, Object};
 use super::util::{check_out, copy_out, opt_str_arg, write_out, write_versioned};
 use super::{Failure, guard, kpc_config, kpc_status};
-use kpc::config::{BackendKind, DeviceSelector, SealMode};
-use kpc::runtime::Context;
+use kpc::Context;
+use kpc::{BackendKind, DeviceSelector, SealMode};
 
 /// A context (opaque): one device, its in-memory kernel cache, and the disk cache its configuration
 /// names. Thread-safe: any thread may use one context at once. Destroy with `kpc_context_destroy`.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use super::registry;
 use super::util::{check_out, opt_str_arg, slice_arg, str_arg, write_out};
 use super::{Failure, guard, kpc_image, kpc_status};
-use kpc::backend::DeviceImage;
-use kpc::backend::glsl::{DirIncludes, GlslOptimization, GlslSource, SpirvTarget};
+use kpc::DeviceImage;
+use kpc::admin::glsl::{DirIncludes, GlslOptimization, GlslSource, SpirvTarget};
 
 /// The Vulkan environment (and so the SPIR-V version) a GLSL image compiles for.
 #[repr(C)]

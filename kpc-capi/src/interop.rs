@@ -15,9 +15,9 @@ use super::registry::{self, Object};
 use super::util::{check_out, write_out, write_versioned};
 use super::{Failure, guard, kpc_config, kpc_status};
 use crate::arrays::VulkanArrays;
-use kpc::backend::opencl::{OpenClHandles, OpenClKernelLease};
-use kpc::backend::vulkan::{VulkanFeatures, VulkanHandles, VulkanQueueLock};
-use kpc::runtime::Context;
+use kpc::Context;
+use kpc::interop::{OpenClHandles, OpenClKernelLease};
+use kpc::interop::{VulkanFeatures, VulkanHandles, VulkanQueueLock};
 
 /// `shaderInt16` was enabled on the device.
 pub const KPC_VULKAN_FEATURE_SHADER_INT16: u64 = 1 << 0;

@@ -8,10 +8,10 @@ use super::context::{c_backend, kpc_backend, kpc_context};
 use super::registry::{self, Object};
 use super::util::{check_out, opt_str_arg, slice_arg, str_arg, write_out, write_versioned};
 use super::{Failure, guard, kpc_status};
-use kpc::backend::{DeviceImage, ImageFormat};
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
-use kpc::config::BackendKind;
-use kpc::runtime::{Context, Kernel, Source};
+use kpc::BackendKind;
+use kpc::{BuildOptions, SpecConstants, SpecValue};
+use kpc::{Context, Kernel, Source};
+use kpc::{DeviceImage, ImageFormat};
 
 /// A device image (opaque): the input of a build, immutable, identified by a digest of its bytes.
 /// Create once and reuse: the digest (and, for SPIR-V, validation and reflection) is computed once

@@ -11,7 +11,7 @@ use super::kernel::{KernelObject, kpc_kernel};
 use super::registry;
 use super::util::slice_arg;
 use super::{Failure, guard, kpc_context, kpc_status};
-use kpc::runtime::{BufferArg, Context};
+use kpc::{BufferArg, Context};
 
 /// Launches `kernel` on `context`'s queue over `groups[0] x groups[1] x groups[2]` workgroups, with
 /// `buffers[0..buffer_count]` bound in the kernel's binding order and `push_size` bytes of push

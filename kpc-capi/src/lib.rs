@@ -55,7 +55,7 @@ use std::cell::RefCell;
 use std::ffi::{CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use kpc::error::Error;
+use kpc::Error;
 
 /// The version of this C interface: bumped whenever a function, type or value changes incompatibly.
 /// `kpc_abi_version()` returns the library's; compare it with `KPC_ABI_VERSION` from the header.
@@ -180,8 +180,8 @@ impl From<Error> for Failure {
     }
 }
 
-impl From<kpc::config::ConfigError> for Failure {
-    fn from(e: kpc::config::ConfigError) -> Failure {
+impl From<kpc::ConfigError> for Failure {
+    fn from(e: kpc::ConfigError) -> Failure {
         Failure::from(Error::Config(e))
     }
 }

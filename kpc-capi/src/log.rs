@@ -10,7 +10,7 @@ use super::context::kpc_context;
 use super::registry;
 use super::util::copy_out;
 use super::{guard, kpc_status};
-use kpc::runtime::Context;
+use kpc::Context;
 
 /// Receives one kpc warning: `target` is the part of kpc that warns (`kpc::cache::disk`, ...),
 /// `cause` a short stable name (`unusable-root`, `io`, `timeout`, ...), `message` the warning in

@@ -9,8 +9,8 @@ use super::registry::{self, Object};
 use super::tensor::{TensorObj, kpc_tensor, opt_tensor};
 use super::util::{check_out, slice_arg, switch_arg, write_out};
 use super::{Failure, guard, kpc_context, kpc_status};
-use kpc::error::Error;
-use kpc::runtime::Context;
+use kpc::Context;
+use kpc::Error;
 use kpc_attention::mha::CacheLayout;
 use kpc_attention::{KvDtype, MhaKind, MhaParams, MhaWeights, MultiHeadAttention};
 

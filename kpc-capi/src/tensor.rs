@@ -6,8 +6,8 @@ use super::buffer::{DeviceBuffer, kpc_buffer};
 use super::registry::{self, Object};
 use super::util::{check_out, slice_arg, write_out};
 use super::{Failure, guard, kpc_context, kpc_status};
-use kpc::error::Error;
-use kpc::runtime::Context;
+use kpc::Context;
+use kpc::Error;
 use kpc_attention::{Dtype, Tensor};
 
 /// The element type of a tensor.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 pub use crate::attention_args::{Args, Plan, plan};
 use crate::attention_measure::{Rng, copy_bandwidth, prefix, shipped, stream_time, timed};
 use crate::attention_report::{Report, say};
-use kpc::runtime::Source;
+use kpc::Source;
 use kpc::{Config, Context};
 use kpc_attention::reference::{attention, relative_error};
 use kpc_attention::{
@@ -63,7 +63,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     crate::attention_report::seal_summary(&ctx);
     let code = result?;
     for l in ctx.stats().stores {
-        if l.kind == kpc::cache::StoreKind::Remote {
+        if l.kind == kpc::StoreKind::Remote {
             // What the fleet's cache did for this run (KPC_CACHE_REMOTE).
             let s = l.store;
             outln!(
@@ -89,7 +89,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
 fn workload(
     log: &mut Report,
     args: &Args,
-    device: &kpc::backend::DeviceInfo,
+    device: &kpc::DeviceInfo,
     ctx: &Context,
     shape: AttentionShape,
     dtype: KvDtype,

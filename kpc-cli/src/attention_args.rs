@@ -3,8 +3,8 @@
 //! make `kpc attention` use.
 
 use clap::Args as ClapArgs;
-use kpc::config::DeviceSelector;
-use kpc::runtime::device::select_device;
+use kpc::DeviceSelector;
+use kpc::select_device;
 use kpc::{Config, Error};
 use kpc_attention::{AttentionOptions, AttentionShape, DecodeKernel, KvDtype, PrefillKernel};
 
@@ -229,7 +229,7 @@ fn selector(args: &Args, config: &Config) -> kpc::Result<DeviceSelector> {
 /// What `kpc attention` runs with: the device, shape, K/V type and attention options its arguments
 /// select. `kpc cache explain` takes the same arguments and so looks at the same kernels.
 pub struct Plan {
-    pub device: kpc::backend::DeviceInfo,
+    pub device: kpc::DeviceInfo,
     pub shape: AttentionShape,
     pub dtype: KvDtype,
     pub options: AttentionOptions,

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use kpc::config::BackendKind;
+use kpc::BackendKind;
 use kpc::{Context, Event, PushConstants};
 
 /// Uniform numbers in [-1, 1) from a xorshift generator seeded by the clock: fresh inputs each run.

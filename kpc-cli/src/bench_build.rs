@@ -11,11 +11,12 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use clap::{Args as ClapArgs, ValueEnum};
-use kpc::backend::vulkan::VulkanBackend;
-use kpc::backend::{Backend, DeviceImage};
-use kpc::cache::{BuildOptions, SpecConstants};
-use kpc::config::BackendKind;
-use kpc::runtime::device::select_device;
+use kpc::BackendKind;
+use kpc::DeviceImage;
+use kpc::admin::backend::Backend;
+use kpc::admin::vulkan::VulkanBackend;
+use kpc::select_device;
+use kpc::{BuildOptions, SpecConstants};
 use kpc::{Config, Error};
 
 #[derive(ClapArgs, Debug)]
@@ -122,7 +123,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         let cache_dir = dir.join(format!("{name}-cache"));
         let child = |phase: &str| {
             let mut c = Command::new(&exe);
-            kpc::backend::process::with_original_loader_environment(&mut c)
+            kpc::admin::backend::with_original_loader_environment(&mut c)
                 .env("KPC_CACHE_DIR", &cache_dir)
                 .env("KPC_CACHE_PERSISTENT", "1")
                 .args([
@@ -238,7 +239,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         "new process with the cache the first one filled: keys, disk lookup (read + checksum) or build +"
     );
     outln!("put, pipeline creation. Device open is excluded.");
-    if device.device_type == kpc::backend::DeviceType::Cpu {
+    if device.device_type == kpc::DeviceType::Cpu {
         outln!(
             "note: lavapipe compiles at first dispatch, not in vkCreateComputePipelines, and its"
         );
@@ -317,7 +318,7 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
     }
     let backend = VulkanBackend::open(device.index, config)?;
     let k = crate::shipped::spirv_kernel(name)?;
-    let image = DeviceImage::new(k.name, kpc::backend::ImageFormat::SpirV, k.spirv);
+    let image = DeviceImage::new(k.name, kpc::ImageFormat::SpirV, k.spirv);
     // The cold path validates and reflects; the load path only reflects (see program_from_binary).
     let t = Instant::now();
     let module = match phase {
@@ -376,16 +377,16 @@ fn phase_main(config: &Config, args: &Args, phase: Phase) -> kpc::Result<ExitCod
 /// One `Context::kernel` in this (new) process, timed as a user sees it.
 fn context_phase(
     config: &Config,
-    device: &kpc::backend::DeviceInfo,
+    device: &kpc::DeviceInfo,
     name: &str,
     options: &str,
 ) -> kpc::Result<ExitCode> {
     let k = crate::shipped::spirv_kernel(name)?;
-    let ctx = kpc::runtime::Context::builder()
+    let ctx = kpc::Context::builder()
         .device(device)
         .config(config.clone())
         .build()?;
-    let image = DeviceImage::new(k.name, kpc::backend::ImageFormat::SpirV, k.spirv);
+    let image = DeviceImage::new(k.name, kpc::ImageFormat::SpirV, k.spirv);
     let t = Instant::now();
     let kernel = ctx.kernel_with(
         &kpc::KernelRequest::new(&image, k.name).options(BuildOptions::new(options)),

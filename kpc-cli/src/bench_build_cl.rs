@@ -18,9 +18,10 @@ use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kpc::backend::opencl::OpenClBackend;
-use kpc::backend::{Backend, ComputeBackend, DeviceInfo, KernelObject, Launch};
-use kpc::cache::{BuildOptions, SpecConstants};
+use kpc::DeviceInfo;
+use kpc::admin::backend::{Backend, ComputeBackend, KernelObject, Launch};
+use kpc::admin::opencl::OpenClBackend;
+use kpc::{BuildOptions, SpecConstants};
 use kpc::{Config, Error};
 
 /// Driver variables that change what is measured, shown in the header.
@@ -109,7 +110,7 @@ pub fn run(
         let blob = dir.join(format!("{name}.bin"));
         let mut child = |phase: &str| -> Result<Vec<(String, String)>, String> {
             let mut c = Command::new(&exe);
-            kpc::backend::process::with_original_loader_environment(&mut c)
+            kpc::admin::backend::with_original_loader_environment(&mut c)
                 .args([
                     "bench-build",
                     "--kernel",
@@ -233,7 +234,7 @@ pub fn run(
 }
 
 /// One workgroup of `kernel` with zeroed scalars and zeroed 64 KiB buffers; waits for it.
-fn launch_once(b: &OpenClBackend, k: &kpc::backend::opencl::OpenClKernel) -> kpc::Result<()> {
+fn launch_once(b: &OpenClBackend, k: &kpc::admin::opencl::OpenClKernel) -> kpc::Result<()> {
     let info = k.info();
     let buffers = info
         .buffers

@@ -16,10 +16,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args as ClapArgs;
-use kpc::backend::glsl::compile;
-use kpc::cache::{BuildOptions, SpecConstants};
-use kpc::config::{BackendKind, DeviceSelector};
-use kpc::runtime::device::select_device;
+use kpc::admin::glsl::compile;
+use kpc::select_device;
+use kpc::{BackendKind, DeviceSelector};
+use kpc::{BuildOptions, SpecConstants};
 use kpc::{Config, Context, Error};
 
 #[derive(ClapArgs, Debug)]
@@ -127,12 +127,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn one(
-    device: &kpc::backend::DeviceInfo,
-    config: &Config,
-    name: &str,
-    dir: PathBuf,
-) -> kpc::Result<Row> {
+fn one(device: &kpc::DeviceInfo, config: &Config, name: &str, dir: PathBuf) -> kpc::Result<Row> {
     let cfg = Config::builder()
         .persistent(true)
         .cache_dir(&dir)
@@ -173,7 +168,7 @@ fn one(
     )?;
     let warm = k.acquire_time();
     let step = k.spirv_step().expect("a GLSL kernel");
-    if step.source == kpc::runtime::Source::Built || k.source() == kpc::runtime::Source::Built {
+    if step.source == kpc::Source::Built || k.source() == kpc::Source::Built {
         eprintln!(
             "bench-glsl: {name}: the warm run was not served from disk ({step}, program {})",
             k.source()

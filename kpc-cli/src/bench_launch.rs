@@ -15,9 +15,9 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use clap::Args as ClapArgs;
-use kpc::backend::opencl::{KernelSharing, OpenClBackend, OpenClOptions};
-use kpc::config::BackendKind;
-use kpc::runtime::device::select_device;
+use kpc::BackendKind;
+use kpc::admin::opencl::{KernelSharing, OpenClBackend, OpenClOptions};
+use kpc::select_device;
 use kpc::{Buffer, Config, Context, Error, PushConstants};
 
 #[derive(ClapArgs, Debug)]

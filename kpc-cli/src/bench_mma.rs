@@ -25,11 +25,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args as ClapArgs;
-use kpc::cache::{SpecConstants, SpecValue};
-use kpc::config::{BackendKind, DeviceSelector};
-use kpc::runtime::device::select_device;
-use kpc::runtime::{BufferArg, LaunchDesc};
+use kpc::select_device;
+use kpc::{BackendKind, DeviceSelector};
 use kpc::{Buffer, Config, Context, Error, Event, Kernel, PushConstants};
+use kpc::{BufferArg, LaunchDesc};
+use kpc::{SpecConstants, SpecValue};
 use kpc_attention::mha::gemm::{
     GemmAccumulator, GemmShape, GemmTiles, KERNEL, SWEEP_TILES, WideGemm,
 };

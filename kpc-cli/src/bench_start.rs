@@ -22,13 +22,13 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args as ClapArgs, ValueEnum};
-use kpc::backend::DeviceImage;
-use kpc::backend::DeviceInfo;
-use kpc::config::{BackendKind, DeviceSelector};
-use kpc::runtime::device::select_device;
-use kpc::runtime::warm_start::{WarmStart, manifest};
-use kpc::runtime::{KernelRequest, Source};
+use kpc::DeviceImage;
+use kpc::DeviceInfo;
+use kpc::admin::runtime::{WarmStart, manifest};
+use kpc::select_device;
+use kpc::{BackendKind, DeviceSelector};
 use kpc::{Config, Context, Error};
+use kpc::{KernelRequest, Source};
 use kpc_attention::{Attention, AttentionOptions, AttentionShape, KvDtype};
 
 #[derive(ClapArgs, Debug)]
@@ -163,11 +163,11 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     if let Some(d) = &args.device {
         config.device = DeviceSelector::parse(d)?;
     }
-    if !kpc::config::prefetch::valid_app_name(&args.app) {
+    if !kpc::admin::config::valid_app_name(&args.app) {
         return Err(Error::InvalidArgument(format!(
             "--app {:?}: expected {}",
             args.app,
-            kpc::config::prefetch::PREFETCH_ACCEPTED
+            kpc::admin::config::PREFETCH_ACCEPTED
         )));
     }
     let warm = matches!(args.phase, Phase::Record | Phase::Warm);

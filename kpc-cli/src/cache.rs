@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{ArgGroup, Subcommand};
 use kpc::Config;
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
 use serde_json::{Value, json};
 
 use crate::entry_fmt::{device_of, human, utc};
@@ -113,7 +113,7 @@ pub enum CacheCommand {
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
-    kpc::config::parse_size("--max-size", s).map_err(|e| e.to_string())
+    kpc::admin::config::parse_size("--max-size", s).map_err(|e| e.to_string())
 }
 
 fn parse_age(s: &str) -> Result<Duration, String> {

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use kpc::cache::bundle::{self, ImportReport};
-use kpc::cache::disk::PersistentCache;
-use kpc::cache::store::EntryAuth;
-use kpc::config::DeviceSelector;
+use kpc::DeviceSelector;
+use kpc::admin::bundle;
+use kpc::admin::bundle::ImportReport;
+use kpc::admin::disk::PersistentCache;
+use kpc::admin::store::EntryAuth;
 use kpc::{Config, Error};
 use serde_json::json;
 
@@ -53,11 +54,11 @@ pub fn export(
 ) -> kpc::Result<ExitCode> {
     let device = match &args.device {
         None => None,
-        Some(sel) => Some(kpc::runtime::select_device(sel)?),
+        Some(sel) => Some(kpc::select_device(sel)?),
     };
     let fingerprint = device
         .as_ref()
-        .map(|d| kpc::runtime::device::cache_fingerprint(d, config))
+        .map(|d| kpc::admin::runtime::cache_fingerprint(d, config))
         .transpose()?;
     let r = bundle::export(
         cache,

@@ -10,15 +10,16 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
-use kpc::cache::bundle;
-use kpc::cache::check::{self, CheckedEntry, Covered, Target, Usability};
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::StoreKey;
-use kpc::config::BackendKind;
-use kpc::config::DeviceSelector;
-use kpc::config::prefetch::valid_app_name;
-use kpc::runtime::KernelRequest;
-use kpc::runtime::warm_start::{manifest, manifest_dir};
+use kpc::BackendKind;
+use kpc::DeviceSelector;
+use kpc::KernelRequest;
+use kpc::StoreKey;
+use kpc::admin::bundle;
+use kpc::admin::check;
+use kpc::admin::check::{CheckedEntry, Covered, Target, Usability};
+use kpc::admin::config::valid_app_name;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::runtime::{manifest, manifest_dir};
 use kpc::{Config, Error, ImageFormat};
 use serde_json::{Value, json};
 
@@ -50,7 +51,7 @@ fn parse_selector(s: &str) -> Result<DeviceSelector, String> {
 /// either way.
 fn find_manifest(
     roots: &[&Path],
-    device: &kpc::backend::DeviceInfo,
+    device: &kpc::DeviceInfo,
     app: &str,
 ) -> kpc::Result<Option<(PathBuf, Vec<KernelRequest>)>> {
     let name = format!("{app}.manifest");
@@ -155,7 +156,7 @@ fn entry_json(e: &CheckedEntry) -> Value {
 
 pub fn run(config: &Config, args: &CheckArgs) -> kpc::Result<ExitCode> {
     let selector = args.device.as_ref().unwrap_or(&config.device);
-    let device = kpc::runtime::select_device(selector)?;
+    let device = kpc::select_device(selector)?;
     let description = device.fingerprint.describe();
     let target = Target {
         description: &description,
@@ -169,7 +170,7 @@ pub fn run(config: &Config, args: &CheckArgs) -> kpc::Result<ExitCode> {
         ("cache directory", None, e)
     } else {
         let (signed, raw) = bundle::read_entries(
-            &kpc::cache::store::auth::EntryAuth::from_config(config),
+            &kpc::admin::store::EntryAuth::from_config(config),
             &args.path,
         )?;
         let e = raw

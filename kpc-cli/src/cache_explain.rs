@@ -1,6 +1,6 @@
 //! `kpc cache explain`: for each kernel `kpc attention` would use on the selected device (same
 //! arguments), whether the disk cache (and each read-only layer) holds it, and if not, why: the
-//! nearest cached entry and the key fields that differ (see `kpc::cache::disk::explain`).
+//! nearest cached entry and the key fields that differ (see `kpc::admin::disk`).
 //! `--blob-id HEX` explains one key given as a cache blob id instead; `--glsl FILE` the keys of a
 //! GLSL compute shader: the SPIR-V compiled from it (source, includes and defines) and the program
 //! built from that SPIR-V on the selected Vulkan device.
@@ -16,14 +16,14 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kpc::backend::DeviceImage;
-use kpc::backend::glsl::{DirIncludes, GlslOptimization, GlslSource, SpirvTarget};
-use kpc::cache::disk::{DiskCacheSettings, MissExplanation, PersistentCache};
-use kpc::cache::store::StoreKey;
-use kpc::cache::store::{Access, PutOutcome, Removal, Store, StoreEntry, StoreHit, StoreStats};
-use kpc::cache::{BuildOptions, Digest, SpecConstants, SpecValue, StoreChain};
-use kpc::config::BackendKind;
-use kpc::runtime::blob::{BLOB_ID_MAGIC, CACHE_BLOB_VERSION};
+use kpc::BackendKind;
+use kpc::DeviceImage;
+use kpc::StoreKey;
+use kpc::admin::disk::{DiskCacheSettings, MissExplanation, PersistentCache};
+use kpc::admin::glsl::{DirIncludes, GlslOptimization, GlslSource, SpirvTarget};
+use kpc::admin::runtime::{BLOB_ID_MAGIC, CACHE_BLOB_VERSION};
+use kpc::{Access, PutOutcome, Removal, Store, StoreEntry, StoreHit, StoreStats};
+use kpc::{BuildOptions, Digest, SpecConstants, SpecValue, StoreChain};
 use kpc::{Config, Context, Error};
 use serde_json::{Value, json};
 
@@ -173,7 +173,7 @@ struct Verdict {
     cached: bool,
     why: Option<MissExplanation>,
     /// Who built the cached entry, where its record says.
-    provenance: Option<kpc::cache::store::Provenance>,
+    provenance: Option<kpc::admin::store::Provenance>,
 }
 
 fn parse_hex(s: &str) -> kpc::Result<Vec<u8>> {

@@ -1,5 +1,5 @@
 //! `kpc cache gc --remote [--older-than D] [--max-size S] [--dry-run]`: the remote's garbage
-//! collection (`kpc::cache::store::remote`, retention): entries not served for D, then the least
+//! collection (`kpc::admin::store`, retention): entries not served for D, then the least
 //! recently served until the rest fit in S, and the fingerprint namespaces nobody was served from for D.
 
 use std::process::ExitCode;
@@ -33,7 +33,7 @@ pub struct GcArgs {
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
-    kpc::config::parse_size("--max-size", s).map_err(|e| e.to_string())
+    kpc::admin::config::parse_size("--max-size", s).map_err(|e| e.to_string())
 }
 
 fn parse_age(s: &str) -> Result<Duration, String> {
@@ -48,7 +48,7 @@ pub fn run(_: &Config, _: &GcArgs) -> kpc::Result<ExitCode> {
 
 #[cfg(feature = "remote")]
 pub fn run(config: &Config, args: &GcArgs) -> kpc::Result<ExitCode> {
-    use kpc::cache::store::{GcPolicy, GcReason, RemoteStore};
+    use kpc::admin::store::{GcPolicy, GcReason, RemoteStore};
     let Some(url) = &config.remote else {
         eprintln!("kpc: no remote: KPC_CACHE_REMOTE is not set");
         return Ok(ExitCode::from(2));

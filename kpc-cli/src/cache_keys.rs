@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use kpc::config::SigningKey;
+use kpc::SigningKey;
 use serde_json::json;
 
 #[derive(Args, Debug)]

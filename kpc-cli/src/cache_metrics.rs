@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use kpc::Config;
-use kpc::cache::disk::PersistentCache;
+use kpc::admin::disk::PersistentCache;
 
 /// What `kpc cache stats` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

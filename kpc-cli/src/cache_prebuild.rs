@@ -1,15 +1,15 @@
 //! `kpc cache prebuild`: builds, in parallel, every kernel an application's warm-start manifests name
 //! (also those recorded under an older fingerprint of the device's backend: a manifest carries the
 //! images) for the selected device, into every writable store; with a redis remote each key is built
-//! under the fleet lock (see `kpc::runtime::prebuild`). Exit status 0 unless a kernel failed.
+//! under the fleet lock (see `kpc::admin::runtime`). Exit status 0 unless a kernel failed.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Args;
-use kpc::config::DeviceSelector;
-use kpc::config::prefetch::valid_app_name;
-use kpc::runtime::prebuild::{Progress, app_manifests};
+use kpc::DeviceSelector;
+use kpc::admin::config::valid_app_name;
+use kpc::admin::runtime::{Progress, app_manifests};
 use kpc::{Config, Context, Error, SealMode};
 use serde_json::json;
 
@@ -54,7 +54,7 @@ pub fn run(config: &Config, args: &PrebuildArgs) -> kpc::Result<ExitCode> {
                 .into(),
         ));
     };
-    let device = kpc::runtime::select_device(args.device.as_ref().unwrap_or(&config.device))?;
+    let device = kpc::select_device(args.device.as_ref().unwrap_or(&config.device))?;
     let (mut manifests, mut requests): (Vec<String>, _) = {
         let (paths, reqs) = app_manifests(root, &app, device.backend);
         (

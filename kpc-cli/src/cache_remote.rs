@@ -5,8 +5,9 @@
 use std::process::ExitCode;
 
 use kpc::Config;
-use kpc::cache::disk::PersistentCache;
-use kpc::cache::store::{Provenance, StoreEntry};
+use kpc::StoreEntry;
+use kpc::admin::disk::PersistentCache;
+use kpc::admin::store::Provenance;
 use serde_json::{Value, json};
 
 use crate::entry_fmt::utc;
@@ -22,9 +23,9 @@ fn verified(config: &Config) -> Result<(String, Vec<Listed>), String> {
     let Some(url) = &config.remote else {
         return Err("no remote: KPC_CACHE_REMOTE is not set".into());
     };
-    let store = kpc::cache::store::RemoteStore::from_config(config)
+    let store = kpc::admin::store::RemoteStore::from_config(config)
         .ok_or_else(|| format!("could not set up the remote {url}"))?;
-    let d = kpc::runtime::select_device(&config.device).map_err(|e| e.to_string())?;
+    let d = kpc::select_device(&config.device).map_err(|e| e.to_string())?;
     let e = store
         .list_verified(Some(d.fingerprint.digest))
         .map_err(|e| e.to_string())?;
@@ -46,7 +47,7 @@ fn all_entries(config: &Config) -> Result<(String, Vec<StoreEntry>), String> {
     let Some(url) = &config.remote else {
         return Err("no remote: KPC_CACHE_REMOTE is not set".into());
     };
-    let store = kpc::cache::store::RemoteStore::from_config(config)
+    let store = kpc::admin::store::RemoteStore::from_config(config)
         .ok_or_else(|| format!("could not set up the remote {url}"))?;
     let e = store.list_device(None).map_err(|e| e.to_string())?;
     Ok((url.to_string(), e))
@@ -225,7 +226,7 @@ pub fn ls_local_provenance(cache: &PersistentCache, json: bool) -> kpc::Result<E
             f(|p| utc(p.built_unix)),
             r.build_time.as_secs_f64() * 1e3,
             f(|p| p.signer.clone().unwrap_or_else(|| "-".into())),
-            kpc::cache::store::provenance::driver_of(&r.device)
+            kpc::admin::store::driver_of(&r.device)
         );
     }
     outln!("{} entries", rows.len());

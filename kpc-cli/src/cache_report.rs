@@ -1,13 +1,14 @@
-//! `kpc cache report` (the miss journal, ranked: `kpc::cache::journal`) and the eviction part of
+//! `kpc cache report` (the miss journal, ranked: `kpc::admin::journal`) and the eviction part of
 //! `kpc cache stats` (what eviction cost, and the `KPC_CACHE_MAX_SIZE` that would have served the
-//! misses it caused: `kpc::cache::disk::evicted`).
+//! misses it caused: `kpc::admin::disk`).
 
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use kpc::Config;
-use kpc::cache::disk::PersistentCache;
-use kpc::cache::journal::{self, JournalRecord, Report};
+use kpc::admin::disk::PersistentCache;
+use kpc::admin::journal;
+use kpc::admin::journal::{JournalRecord, Report};
 use serde_json::{Value, json};
 
 use crate::entry_fmt::human;
@@ -43,7 +44,7 @@ pub(crate) fn parse_period(flag: &'static str, s: &str) -> Result<Duration, Stri
             .map(Duration::from_secs)
             .ok_or_else(|| format!("{flag}={s:?} is not valid: expected e.g. 30m, 12h or 7d"));
     }
-    kpc::config::parse_duration(flag, s).map_err(|e| e.to_string())
+    kpc::admin::config::parse_duration(flag, s).map_err(|e| e.to_string())
 }
 
 fn since_time(since: Option<Duration>) -> Option<SystemTime> {
@@ -57,11 +58,11 @@ fn since_time(since: Option<Duration>) -> Option<SystemTime> {
 /// The fleet's records from the remote, or why not.
 #[cfg(feature = "remote")]
 fn remote_records(config: &Config) -> Result<(String, Vec<JournalRecord>), String> {
-    use kpc::cache::Store;
+    use kpc::Store;
     let Some(url) = &config.remote else {
         return Err("no remote: KPC_CACHE_REMOTE is not set".into());
     };
-    let store = kpc::cache::store::RemoteStore::from_config(config)
+    let store = kpc::admin::store::RemoteStore::from_config(config)
         .ok_or_else(|| format!("could not set up the remote {url}"))?;
     match store.read_journal() {
         None => Err(format!("the remote {url} keeps no miss journal")),
@@ -228,7 +229,7 @@ pub fn eviction_text(cache: &PersistentCache, since: Option<Duration>, max_size:
         };
         outln!(
             "  KPC_CACHE_MAX_SIZE={} would have served them (now {now})",
-            kpc::cache::disk::evicted::size_arg(s)
+            kpc::admin::disk::size_arg(s)
         );
     }
 }

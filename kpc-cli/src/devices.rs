@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use kpc::Config;
-use kpc::runtime::device::{platforms, select_device};
+use kpc::{platforms, select_device};
 
 pub fn run(config: &Config) -> kpc::Result<ExitCode> {
     let selected = select_device(&config.device);

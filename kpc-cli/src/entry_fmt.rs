@@ -1,6 +1,6 @@
 //! Formatting shared by the `kpc cache` commands: dates without a date crate, an entry's device.
 
-use kpc::cache::disk::EntryInfo;
+use kpc::admin::disk::EntryInfo;
 
 /// "2025-11-21 09:37:05 UTC" without a date crate (days-to-civil, H. Hinnant's algorithm).
 pub fn utc(secs: u64) -> String {

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use kpc::config::{CacheDirSource, Config};
+use kpc::{CacheDirSource, Config};
 
 fn size(b: u64) -> String {
     match b {
@@ -110,8 +110,8 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
     outln!(
         "  KPC_CACHE_MIN_FREE                  = {}",
         match c.min_free {
-            kpc::config::MinFree::Bytes(0) => "0 (no free-space floor)".to_string(),
-            kpc::config::MinFree::Bytes(b) => size(b),
+            kpc::MinFree::Bytes(0) => "0 (no free-space floor)".to_string(),
+            kpc::MinFree::Bytes(b) => size(b),
             f => format!("{f} of the file system (and of its inodes)"),
         }
     );
@@ -175,8 +175,8 @@ pub fn run(c: &Config) -> kpc::Result<ExitCode> {
     }
     for (i, d) in c.readonly_dirs.iter().enumerate() {
         // Searched after the local cache, in this order; never written, so no state but presence.
-        let bundle = kpc::cache::bundle::layer::is_bundle_path(d);
-        let state = match (c.persistent, d.join(kpc::cache::disk::VERSION_DIR).is_dir()) {
+        let bundle = kpc::admin::bundle::is_bundle_path(d);
+        let state = match (c.persistent, d.join(kpc::admin::disk::VERSION_DIR).is_dir()) {
             (false, _) => "off (KPC_CACHE_PERSISTENT=0)",
             (true, _) if bundle && d.is_file() => "bundle, searched in place",
             (true, _) if bundle => "bundle, missing: every lookup misses",

@@ -12,9 +12,11 @@ use std::time::Duration;
 use common::cli::{attention_check, kernel_sources};
 use common::disk::{TempDir, cache, key, payload};
 use kpc::Error;
-use kpc::cache::bundle::{self, ImportReport};
-use kpc::cache::store::{EntryAuth, PutOutcome};
-use kpc::config::MacKey;
+use kpc::MacKey;
+use kpc::PutOutcome;
+use kpc::admin::bundle;
+use kpc::admin::bundle::ImportReport;
+use kpc::admin::store::EntryAuth;
 
 const SECRET: &str = "the fleet's shared secret, 2026";
 
@@ -28,7 +30,7 @@ fn mac(s: &str) -> MacKey {
 }
 
 /// A cache with `n` entries of distinct keys and payload sizes.
-fn filled(dir: &TempDir, n: u64) -> kpc::cache::disk::PersistentCache {
+fn filled(dir: &TempDir, n: u64) -> kpc::admin::disk::PersistentCache {
     let c = cache(dir.path());
     for i in 0..n {
         let out = c.put(
@@ -69,7 +71,7 @@ fn export_then_import_into_an_empty_cache_takes_every_entry_and_serves_them() {
         assert_eq!(hit.build_time(), Duration::from_millis(i));
     }
     // The device filter: none of these entries are of another device's fingerprint.
-    let other = kpc::cache::Digest::of(b"another device");
+    let other = kpc::Digest::of(b"another device");
     let none = bundle::export(&src, Some(other), &auth_mac(None), &a.join("none.kpcb")).unwrap();
     assert_eq!((none.entries, none.other_devices), (0, 12));
     let same = key(0).device_digest();

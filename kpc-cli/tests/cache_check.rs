@@ -13,9 +13,9 @@ use std::process::Output;
 use common::cli::attention_check;
 use common::disk::TempDir;
 use kpc::Config;
-use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::StoreKey;
+use kpc::Digest;
+use kpc::StoreKey;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
 
 const APP: &str = "check-cli";
 

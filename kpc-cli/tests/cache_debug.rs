@@ -11,12 +11,12 @@ use std::time::SystemTime;
 
 use common::disk::{TempDir, files_under};
 use common::drivers::opencl_device;
-use kpc::backend::DeviceInfo;
-use kpc::cache::disk::DiskStats;
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
-use kpc::config::BackendKind;
+use kpc::BackendKind;
+use kpc::DeviceInfo;
+use kpc::DiskStats;
+use kpc::Source;
 use kpc::kernels::{opencl_image, spirv_image};
-use kpc::runtime::Source;
+use kpc::{BuildOptions, SpecConstants, SpecValue};
 use kpc::{Config, Context};
 
 type Snapshot = BTreeMap<PathBuf, (Vec<u8>, SystemTime)>;

@@ -13,9 +13,10 @@ use std::time::Duration;
 use common::disk::*;
 use common::fake_backend::{FakeBackend, image};
 use kpc::Config;
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::{BuildOptions, SpecConstants};
-use kpc::runtime::{ProgramManager, Source};
+use kpc::Source;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::runtime::ProgramManager;
+use kpc::{BuildOptions, SpecConstants};
 use serde_json::Value;
 
 fn kpc(root: &Path, envs: &[(&str, &str)], args: &[&str]) -> Output {
@@ -78,7 +79,7 @@ fn stats_prints_what_eviction_cost_and_the_limit_that_would_have_served_it() {
     );
     let advice = format!(
         "KPC_CACHE_MAX_SIZE={} would have served them",
-        kpc::cache::disk::evicted::size_arg(suggested)
+        kpc::admin::disk::size_arg(suggested)
     );
     assert!(s.contains(&advice), "{s}");
 
@@ -102,7 +103,7 @@ fn machine(root: &Path, host: &str, remote: &str, max_size: u64) -> Config {
         .cache_dir(root)
         .host_id(host.to_string())
         .max_size(max_size)
-        .remote(kpc::config::RemoteUrl::parse(remote).unwrap())
+        .remote(kpc::RemoteUrl::parse(remote).unwrap())
         .remote_timeout(Duration::from_secs(5))
         .build()
         .unwrap()

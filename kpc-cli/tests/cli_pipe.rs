@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::disk::{TempDir, cache, key, payload, settings};
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
 
 fn kpc_path() -> &'static str {
     env!("CARGO_BIN_EXE_kpc")

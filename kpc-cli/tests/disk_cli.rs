@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use common::disk::*;
 use filetime::FileTime;
-use kpc::cache::Digest;
-use kpc::cache::store::StoreKey;
+use kpc::Digest;
+use kpc::StoreKey;
 use serde_json::Value;
 
 fn kpc(root: Option<&Path>, args: &[&str]) -> Output {

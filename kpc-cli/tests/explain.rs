@@ -13,13 +13,14 @@ use std::sync::Arc;
 use common::disk::{TempDir, capture};
 use common::drivers::opencl_device;
 use common::fake_backend::{FakeBackend, image as fake_image};
-use kpc::backend::{DeviceImage, DeviceInfo, ImageFormat};
-use kpc::cache::disk::{DiskStats, MissCause};
-use kpc::cache::{BuildOptions, SpecConstants, SpecValue};
-use kpc::config::{BackendKind, TraceFlags};
+use kpc::DiskStats;
+use kpc::admin::disk::MissCause;
+use kpc::admin::runtime::ProgramManager;
 use kpc::kernels::{opencl_image, spirv_image};
-use kpc::runtime::ProgramManager;
+use kpc::{BackendKind, TraceFlags};
+use kpc::{BuildOptions, SpecConstants, SpecValue};
 use kpc::{Config, Context};
+use kpc::{DeviceImage, DeviceInfo, ImageFormat};
 use serde_json::Value;
 
 fn disk_config(root: &Path) -> Config {
@@ -121,11 +122,11 @@ fn each_field_is_named(d: &DeviceInfo) {
     assert_eq!(s.misses_device_changed + s.misses_entry_unusable, 0);
 
     // The explanation on demand agrees with the trace line.
-    let pm_key = |spec: &SpecConstants| -> kpc::cache::store::StoreKey {
+    let pm_key = |spec: &SpecConstants| -> kpc::StoreKey {
         ctx.program_manager().disk_key(&base, spec, &none)
     };
-    let disk = kpc::cache::disk::PersistentCache::new(
-        kpc::cache::disk::DiskCacheSettings::from_config_at(&disk_config(t.path()), t.path()),
+    let disk = kpc::admin::disk::PersistentCache::new(
+        kpc::admin::disk::DiskCacheSettings::from_config_at(&disk_config(t.path()), t.path()),
     );
     let spec9 = SpecConstants::new().with(1, SpecValue::I32(9));
     let why = disk.explain_miss(&pm_key(&spec9));
@@ -163,7 +164,7 @@ fn a_changed_device_fingerprint_is_named() {
         &config,
     );
     let (r, ev) = capture(|| new.program(&img, &spec, &opts));
-    assert_eq!(r.unwrap().source, kpc::runtime::Source::Built);
+    assert_eq!(r.unwrap().source, kpc::Source::Built);
     assert_eq!(miss_lines(&ev), ["driverVersion 580.159.03 → 580.159.04"]);
     let s = new.disk_stats().unwrap();
     assert_eq!((s.misses, s.misses_device_changed), (1, 1));

@@ -14,14 +14,14 @@ use std::time::Duration;
 
 use common::disk::{TempDir, capture, payload, settings};
 use common::drivers::vulkan_device;
-use kpc::backend::DeviceImage;
-use kpc::backend::glsl::{DirIncludes, GlslOptimization, GlslSource, MapIncludes, SpirvTarget};
-use kpc::cache::disk::{DiskCacheSettings, FieldDiff, MissCause, PersistentCache};
-use kpc::cache::store::{PutOutcome, StoreKey};
-use kpc::cache::{SpecConstants, SpecValue};
-use kpc::config::TraceFlags;
-use kpc::runtime::spirv_cache::spirv_key;
+use kpc::DeviceImage;
+use kpc::TraceFlags;
+use kpc::admin::disk::{DiskCacheSettings, FieldDiff, MissCause, PersistentCache};
+use kpc::admin::glsl::{DirIncludes, GlslOptimization, GlslSource, MapIncludes, SpirvTarget};
+use kpc::admin::runtime::spirv_key;
 use kpc::{Config, Context};
+use kpc::{PutOutcome, StoreKey};
+use kpc::{SpecConstants, SpecValue};
 use serde_json::Value;
 
 const SHADERS: usize = 100;

@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use kpc::backend::DeviceImage;
-use kpc::backend::glsl::{DirIncludes, GlslSource};
+use kpc::DeviceImage;
+use kpc::Source;
+use kpc::admin::glsl::{DirIncludes, GlslSource};
 use kpc::kernels::{SPIRV, glsl_image};
-use kpc::runtime::Source;
 use kpc::{Config, Context, Error, PushConstants};
 
 use common::drivers::{check_read_kernel, random_f32, vulkan_context, vulkan_device};

@@ -18,7 +18,7 @@ fn kpc_devices_lists_the_opencl_device_and_opencl_cpu_selects_it() {
     ) else {
         return;
     };
-    let selector = if d.device_type == kpc::backend::DeviceType::Cpu {
+    let selector = if d.device_type == kpc::DeviceType::Cpu {
         "opencl:cpu".to_string()
     } else {
         format!("opencl:{}", d.index)

@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 use common::disk::{TempDir, child, child_role, wait_for_file};
 use common::fake_backend::{FakeBackend, image};
 use common::s3::S3Server;
-use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
-use kpc::runtime::ProgramManager;
+use kpc::admin::runtime::ProgramManager;
+use kpc::{BuildOptions, SpecConstants, StoreKind};
 
 /// One machine: asks for the programs in `KPC_TEST_PROGRAMS` (after `KPC_TEST_GO` exists, when
 /// given) with the configuration of its environment, and prints what happened on one line.

@@ -16,8 +16,8 @@ use common::cli::{attention_check, kernel_sources};
 use common::disk::{TempDir, child, child_role};
 use common::fake_backend::{FakeBackend, image};
 use common::redis::RedisServer;
-use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
-use kpc::runtime::ProgramManager;
+use kpc::admin::runtime::ProgramManager;
+use kpc::{BuildOptions, SpecConstants, StoreKind};
 
 const KEYS: usize = 4;
 const PROCESSES: usize = 8;

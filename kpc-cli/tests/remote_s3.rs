@@ -19,11 +19,11 @@ use common::disk::{TempDir, capture, child, child_role, wait_for_file};
 use common::drivers::vulkan_device;
 use common::fake_backend::{FakeBackend, image};
 use common::s3::{S3Server, dead_url};
-use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
-use kpc::runtime::ProgramManager;
+use kpc::admin::runtime::ProgramManager;
+use kpc::{BuildOptions, SpecConstants, StoreKind};
 
 /// The fake device's program `i`, as every machine asks for it.
-fn program_key(pm: &ProgramManager, i: usize) -> kpc::cache::store::StoreKey {
+fn program_key(pm: &ProgramManager, i: usize) -> kpc::StoreKey {
     pm.disk_key(
         &image(&format!("k{i}.cl"), &["main"]),
         &SpecConstants::new(),
@@ -274,8 +274,8 @@ fn compressed_and_uncompressed_objects_share_a_bucket() {
     let b = run(&t.join("b"), &url, &[1]);
     assert_eq!((a.puts, b.puts), (1, 1), "{a:?} {b:?}");
     let (plain, packed) = (r.get(&object("z", 0)), r.get(&object("z", 1)));
-    assert_eq!(kpc::cache::store::auth::is_compressed(&plain), Some(false));
-    assert_eq!(kpc::cache::store::auth::is_compressed(&packed), Some(true));
+    assert_eq!(kpc::admin::store::is_compressed(&plain), Some(false));
+    assert_eq!(kpc::admin::store::is_compressed(&packed), Some(true));
     assert!(
         packed.len() < plain.len(),
         "{} {}",

@@ -15,9 +15,10 @@ use std::time::Duration;
 use common::cli::{attention_check, kernel_sources};
 use common::disk::{TempDir, cache, key, payload};
 use common::drivers::vulkan_device;
-use kpc::cache::bundle;
-use kpc::cache::store::{EntryAuth, PutOutcome};
-use kpc::config::SigningKey;
+use kpc::PutOutcome;
+use kpc::SigningKey;
+use kpc::admin::bundle;
+use kpc::admin::store::EntryAuth;
 
 fn kpc(cache: &Path) -> Command {
     let mut c = common::cli::kpc_command();
@@ -62,7 +63,7 @@ fn auth(signing: Option<&Path>, trusted: &[&Path]) -> EntryAuth {
         trusted: trusted
             .iter()
             .flat_map(|p| {
-                kpc::config::signing::parse_trusted_keys("KPC_CACHE_TRUSTED_KEYS", &pub_of(p))
+                kpc::admin::config::parse_trusted_keys("KPC_CACHE_TRUSTED_KEYS", &pub_of(p))
                     .unwrap()
             })
             .collect(),
@@ -71,7 +72,7 @@ fn auth(signing: Option<&Path>, trusted: &[&Path]) -> EntryAuth {
     }
 }
 
-fn filled(dir: &TempDir, n: u64) -> kpc::cache::disk::PersistentCache {
+fn filled(dir: &TempDir, n: u64) -> kpc::admin::disk::PersistentCache {
     let c = cache(dir.path());
     for i in 0..n {
         let out = c.put(
@@ -92,7 +93,7 @@ fn keygen_writes_a_0600_private_key_and_never_overwrites() {
     let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     let public = std::fs::read_to_string(pub_of(&file)).unwrap();
-    assert!(kpc::config::PublicKey::parse(&public).is_some(), "{public}");
+    assert!(kpc::PublicKey::parse(&public).is_some(), "{public}");
     let before = std::fs::read(&file).unwrap();
     let (code, _, err) = run(kpc(d.path())
         .args(["cache", "keygen"])

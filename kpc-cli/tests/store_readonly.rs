@@ -18,9 +18,10 @@ use std::sync::atomic::Ordering;
 use common::disk::{TempDir, capture, child_role, disk_warnings, files_named, flip_byte};
 use common::fake_backend::{FakeBackend, image};
 use filetime::FileTime;
-use kpc::cache::{BuildOptions, SpecConstants, StoreKind};
-use kpc::config::vars;
-use kpc::runtime::{ProgramManager, Source};
+use kpc::Source;
+use kpc::admin::config::vars;
+use kpc::admin::runtime::ProgramManager;
+use kpc::{BuildOptions, SpecConstants, StoreKind};
 use kpc::{Config, ConfigError};
 
 /// Path -> (bytes for a file, mtime and ctime in ns) for everything under `dir`, `dir` included.

@@ -277,6 +277,7 @@ pub struct KernelInfo {
 
 /// Counters a compute backend keeps about itself (the cache layer keeps its own).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BackendStats {
     /// Programs built from a device image.
     pub programs_built: u64,

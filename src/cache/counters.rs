@@ -58,6 +58,7 @@ pub(crate) struct MemCounters {
 
 /// A plain snapshot of a cache's counters (programs and kernels together).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheStats {
     /// Requests answered from a finished entry without building or waiting.
     pub hits: u64,

@@ -32,6 +32,7 @@ use super::store::warn::WarnCause;
 /// Hits summed into one `hits` record at most (a process serving only hits still reports them).
 pub const HITS_PER_RECORD: u64 = 64;
 /// How many records a shared fleet journal keeps (approximately: Redis trims `MAXLEN ~`).
+#[cfg(feature = "remote")]
 pub const FLEET_RECORDS: usize = 10_000;
 
 /// What a journal record tells.

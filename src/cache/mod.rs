@@ -21,18 +21,14 @@ pub mod store;
 pub mod sync;
 
 pub use build_result::{
-    BuildError, BuildFailure, BuildMap, BuildResult, BuildState, FailureKind,
-    MAX_TRANSIENT_RETRIES, Resolved, Served, get_or_build,
+    BuildError, BuildFailure, BuildMap, BuildResult, BuildState, MAX_TRANSIENT_RETRIES, Served,
+    get_or_build,
 };
 pub use counters::CacheStats;
-pub use disk::{BuildGuard, DiskCacheSettings, DiskHit, DiskStats, Lookup, PersistentCache};
+pub use disk::{DiskStats, PersistentCache};
 pub use front::Local;
 pub use kernel_program_cache::{CacheCost, KernelProgramCache, MemCacheSettings};
 pub use keys::{
-    BuildOptions, Digest, KernelKey, KernelKeyParts, KernelKeyRef, ProgramKey, SpecConstants,
-    SpecValue,
+    BuildOptions, Digest, KernelKey, KernelKeyRef, ProgramKey, SpecConstants, SpecValue,
 };
-pub use store::{
-    Access, BuildLock, PutOutcome, ReadOnlyStore, Removal, Store, StoreChain, StoreHit, StoreKey,
-    StoreKind, StoreStats,
-};
+pub use store::{Removal, Store, StoreChain, StoreHit, StoreKey, StoreKind, StoreStats};

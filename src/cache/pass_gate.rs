@@ -75,6 +75,7 @@ impl PassGate {
     }
 
     /// Whether a runner is active now (a snapshot).
+    #[cfg(loom)]
     pub fn running(&self) -> bool {
         self.state.load(Ordering::Acquire) != IDLE
     }

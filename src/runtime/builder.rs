@@ -11,7 +11,11 @@ use crate::error::Result;
 use crate::warnings::{Warning, WarningCallback};
 
 use super::context::Context;
-use super::interop::{OpenClHandles, VulkanHandles};
+use crate::backend::opencl::OpenClHandles;
+use crate::backend::vulkan::VulkanHandles;
+
+/// Makes the context over a backend the caller opened, once the configuration and stores are known.
+type OpenBackend = Box<dyn FnOnce(&Config, StoreChain) -> Context + Send>;
 
 /// Where the context's device comes from.
 enum Device {
@@ -24,7 +28,7 @@ enum Device {
     /// The embedder's OpenCL objects (the caller vouched for them in `opencl_handles`).
     OpenCl(OpenClHandles),
     /// A backend the caller opened (with backend-specific options).
-    Backend(Box<dyn FnOnce(&Config, StoreChain) -> Context + Send>),
+    Backend(OpenBackend),
 }
 
 /// Opens a [`Context`]: which device (by default the one `KPC_DEVICE` selects; or a selector, a
@@ -73,6 +77,15 @@ impl fmt::Debug for ContextBuilder {
             .field("config", &self.config.is_some())
             .field("stores", &self.stores.is_some())
             .finish()
+    }
+}
+
+impl Context {
+    /// Opens a context: `Context::builder().build()` is the device `KPC_DEVICE` selects with the
+    /// configuration of the environment; see [`ContextBuilder`] for the rest (a device, the
+    /// embedder's Vulkan or OpenCL handles, stores, a configuration, a warning sink).
+    pub fn builder() -> ContextBuilder {
+        ContextBuilder::default()
     }
 }
 

@@ -69,6 +69,7 @@ pub struct DebugDiff {
 
 /// Debug-mode counters of one `ProgramManager` (all zero when debug mode is off).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheDebugStats {
     /// Programs built fresh whose binary equals the cached one.
     pub equal: u64,

@@ -4,7 +4,7 @@
 //! A `Context` holds its backend behind the backend seam (`crate::backend::dynamic`): one
 //! non-generic [`ProgramManager`] over the device's [`DynBackend`](crate::backend::dynamic::DynBackend)
 //! and the same device as a [`DynComputeBackend`]. A backend plugs in by implementing the typed
-//! backend traits and opening in [`ContextBuilder::build`](super::ContextBuilder::build). Handles (kernels, buffers) remember the
+//! backend traits and opening in `ContextBuilder::build`. Handles (kernels, buffers) remember the
 //! context that made them, so a handle passed to another context is a typed error, not undefined
 //! behaviour.
 
@@ -73,13 +73,6 @@ impl fmt::Debug for Context {
 }
 
 impl Context {
-    /// Opens a context: `Context::builder().build()` is the device `KPC_DEVICE` selects with the
-    /// configuration of the environment; see [`ContextBuilder`] for the rest (a device, the
-    /// embedder's Vulkan or OpenCL handles, stores, a configuration, a warning sink).
-    pub fn builder() -> ContextBuilder {
-        ContextBuilder::default()
-    }
-
     /// A context over `backend` (opened already) whose persistent layer is exactly `stores`.
     pub(crate) fn from_backend_with_stores<B: ComputeBackend>(
         backend: B,

@@ -65,15 +65,11 @@ pub use bounds::{BufferBound, Extent, declare_access_bounds};
 pub use buffer::{Buffer, BufferArg, RawBuffer};
 #[cfg(not(loom))]
 pub use builder::ContextBuilder;
+pub use cache_debug::CacheDebugStats;
 #[cfg(not(loom))]
 pub use context::Context;
 #[cfg(not(loom))]
 pub use device::{Platform, platforms, select_device};
-#[cfg(not(loom))]
-pub use interop::{
-    OpenClHandles, OpenClKernelLease, VulkanFeatures, VulkanHandles, VulkanKernelHandles,
-    VulkanQueueLock,
-};
 #[cfg(not(loom))]
 pub use kernel::Kernel;
 #[cfg(not(loom))]
@@ -90,4 +86,4 @@ pub use spirv_cache::{SpirvStats, SpirvStep};
 #[cfg(not(loom))]
 pub use stats::ContextStats;
 #[cfg(not(loom))]
-pub use warm_start::{LoadOutcome, ManifestState, WarmStart, WarmStartReport};
+pub use warm_start::{ManifestState, WarmStartReport};

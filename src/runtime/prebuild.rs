@@ -24,6 +24,7 @@ use super::warm_start::manifest;
 
 /// What a prebuild did.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct PrebuildReport {
     /// Kernels asked for (distinct).
     pub kernels: usize,

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 
 /// What sealing did for one context (part of [`crate::runtime::ContextStats`] and the C `kpc_stats`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct SealStats {
     /// The seal in force now: [`SealMode::Off`] while the context is not sealed.
     pub mode: SealMode,

@@ -36,6 +36,7 @@ use crate::error::{Error, Result};
 
 /// How the SPIR-V of one request for a GLSL image was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SpirvStep {
     /// [`Source::Built`] when it was compiled now; else the layer that had it (memory, disk, ...).
     pub source: Source,
@@ -55,6 +56,7 @@ impl fmt::Display for SpirvStep {
 
 /// What a context's SPIR-V cache did (this process only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SpirvStats {
     /// GLSL compiles run (successful or not).
     pub compiles: u64,

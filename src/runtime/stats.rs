@@ -1,7 +1,7 @@
 //! [`ContextStats`]: everything a context counts, in one snapshot.
 
 use crate::backend::BackendStats;
-use crate::cache::store::LevelStats;
+use crate::cache::store::{LevelStats, StoreKind};
 use crate::cache::{CacheStats, DiskStats};
 use crate::config::BackendKind;
 
@@ -31,8 +31,9 @@ pub struct ContextStats {
     /// The backend's own counters (programs built and loaded, driver pipeline-cache hits,
     /// launches).
     pub backend_counters: BackendStats,
-    /// What each persistent store (local disk, read-only layers, an embedder's, remote) did for this
-    /// context, in lookup order.
+    /// What each persistent store after the local disk (read-only layers, an embedder's, remote) did
+    /// for this context, in lookup order. The local disk is [`ContextStats::disk`] alone, so that
+    /// summing the parts counts every lookup once.
     pub stores: Vec<LevelStats>,
     /// What the SPIR-V cache did for GLSL images: compiles, compile errors, hits from memory and from
     /// stores.
@@ -50,13 +51,21 @@ impl Context {
     pub fn stats(&self) -> ContextStats {
         let programs = &self.inner.programs;
         programs.publish_metrics();
+        let disk = programs.disk_stats();
+        let mut stores = programs.store_stats();
+        // The chain puts the local disk first; its counters are `disk`'s, reported once.
+        if disk.is_some()
+            && let Some(i) = stores.iter().position(|l| l.kind == StoreKind::Disk)
+        {
+            stores.remove(i);
+        }
         ContextStats {
             backend: programs.kind(),
             memory: programs.memory_stats(),
-            disk: programs.disk_stats(),
+            disk,
             disk_unusable: programs.disk_unusable().map(str::to_string),
             backend_counters: self.inner.compute.stats(),
-            stores: programs.store_stats(),
+            stores,
             spirv: programs.spirv_stats(),
             cache_debug: programs.debug_stats(),
             seal: programs.seal_stats(),

@@ -43,7 +43,7 @@ use super::prefetch::{Cancel, KernelRequest, Prefetch, default_workers};
 use super::program_manager::ProgramManager;
 use manifest::RecordId;
 
-pub use manifest::{Corrupt, MAX_RECORDS};
+pub use manifest::Corrupt;
 
 /// What became of the manifest a warm start read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +73,7 @@ pub enum LoadOutcome {
 
 /// What a background warm start did.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct WarmStartReport {
     /// The application name.
     pub app: String,

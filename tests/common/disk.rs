@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kpc::cache::Digest;
-use kpc::cache::disk::{DiskCacheSettings, PersistentCache};
-use kpc::cache::store::StoreKey;
+use kpc::Digest;
+use kpc::StoreKey;
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
 
 /// The environment variable that turns a test binary run into a child role. Read only by tests.
 pub const CHILD_ENV: &str = "KPC_DISK_TEST_CHILD";

@@ -8,14 +8,14 @@
 //!   `skipped <backend> <test>` to the file, which scripts/test.sh counts and prints.
 use std::io::Write;
 
-use kpc::backend::DeviceInfo;
-use kpc::backend::opencl::{OpenClBackend, OpenClOptions};
-use kpc::backend::vulkan::{VulkanBackend, VulkanOptions};
+use kpc::DeviceInfo;
+use kpc::admin::opencl::{OpenClBackend, OpenClOptions};
+use kpc::admin::vulkan::{VulkanBackend, VulkanOptions};
 use kpc::{Config, Context};
 
 /// Declares each case once for every backend: `fn name(backend, test) { body }` becomes
 /// `mod name { fn vulkan(); fn opencl(); }`, two tests whose body runs with `backend` (a
-/// [`kpc::config::BackendKind`]) and `test` (the test's name, `name::vulkan`) bound. The body gets
+/// [`kpc::BackendKind`]) and `test` (the test's name, `name::vulkan`) bound. The body gets
 /// its device through [`device`] (or a helper built on it), which reports a skip, or fails under
 /// `KPC_TEST_REQUIRE_DRIVERS`, where that backend's driver is missing: no twin functions per backend.
 #[macro_export]
@@ -25,24 +25,24 @@ macro_rules! backend_tests {
         mod $name {
             #[allow(unused_imports)]
             use super::*;
-            fn case($backend: kpc::config::BackendKind, $test: &'static str) $body
+            fn case($backend: kpc::BackendKind, $test: &'static str) $body
             #[test]
             fn vulkan() {
-                case(kpc::config::BackendKind::Vulkan, concat!(stringify!($name), "::vulkan"))
+                case(kpc::BackendKind::Vulkan, concat!(stringify!($name), "::vulkan"))
             }
             #[test]
             fn opencl() {
-                case(kpc::config::BackendKind::OpenCl, concat!(stringify!($name), "::opencl"))
+                case(kpc::BackendKind::OpenCl, concat!(stringify!($name), "::opencl"))
             }
         }
     )+};
 }
 
 /// The first usable device of `backend`, or a reported skip: [`vulkan_device`] or [`opencl_device`].
-pub fn device(backend: kpc::config::BackendKind, test: &str) -> Option<DeviceInfo> {
+pub fn device(backend: kpc::BackendKind, test: &str) -> Option<DeviceInfo> {
     match backend {
-        kpc::config::BackendKind::Vulkan => vulkan_device(test),
-        kpc::config::BackendKind::OpenCl => opencl_device(test),
+        kpc::BackendKind::Vulkan => vulkan_device(test),
+        kpc::BackendKind::OpenCl => opencl_device(test),
     }
 }
 
@@ -82,7 +82,7 @@ pub fn skip<T>(backend: &str, test: &str, reason: &str) -> Option<T> {
 
 /// The first usable Vulkan device, or a reported skip. Counts the test as run when it returns one.
 pub fn vulkan_device(test: &str) -> Option<DeviceInfo> {
-    match kpc::backend::vulkan::devices() {
+    match kpc::admin::vulkan::devices() {
         Ok(devs) => match devs.into_iter().find(|d| d.unusable.is_none()) {
             Some(d) => {
                 ran("vulkan", test);
@@ -125,7 +125,7 @@ pub fn vulkan_backend(test: &str, options: &VulkanOptions) -> Option<VulkanBacke
 /// The first usable OpenCL device (PoCL in CI), or a reported skip. Counts the test as run when it
 /// returns one.
 pub fn opencl_device(test: &str) -> Option<DeviceInfo> {
-    match kpc::backend::opencl::devices() {
+    match kpc::admin::opencl::devices() {
         Ok(devs) => match devs.into_iter().find(|d| d.unusable.is_none()) {
             Some(d) => {
                 ran("opencl", test);
@@ -167,7 +167,7 @@ pub fn random_f32(n: usize) -> Vec<f32> {
 /// Runs the shipped read kernel on `ctx` (`image` is its image for the context's backend) with
 /// far fewer workgroups than elements, and checks that the XOR of its per-workgroup outputs is the
 /// XOR of its input, also after one bit of the last element is flipped.
-pub fn check_read_kernel(ctx: &Context, image: &kpc::backend::DeviceImage) {
+pub fn check_read_kernel(ctx: &Context, image: &kpc::DeviceImage) {
     use kpc::{Buffer, PushConstants};
     let k = ctx.kernel(image, "read").unwrap();
     assert_eq!(k.info().push_constant_bytes, 4);
@@ -216,12 +216,12 @@ pub fn assert_no_validation_errors(test: &str) {
         .is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"));
     if asked {
         assert!(
-            kpc::backend::vulkan::validation_enabled(),
+            kpc::admin::vulkan::validation_enabled(),
             "{test}: KPC_VULKAN_VALIDATION is set but kpc's instance runs without the layer"
         );
     }
     assert_eq!(
-        kpc::backend::vulkan::validation_errors(),
+        kpc::admin::vulkan::validation_errors(),
         0,
         "{test}: the validation layer reported errors (printed on stderr)"
     );

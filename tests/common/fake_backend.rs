@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use kpc::backend::dynamic::{DynKernel, DynProgram};
-use kpc::backend::{
-    Backend, DeviceFingerprint, DeviceImage, ImageFormat, KernelInfo, KernelObject,
-};
-use kpc::cache::{BuildOptions, CacheCost, SpecConstants, SpecValue};
-use kpc::config::BackendKind;
+use kpc::BackendKind;
+use kpc::admin::backend::{Backend, DeviceFingerprint, KernelObject};
+use kpc::admin::backend::{DynKernel, DynProgram};
+use kpc::admin::cache::CacheCost;
+use kpc::{BuildOptions, SpecConstants, SpecValue};
+use kpc::{DeviceImage, ImageFormat, KernelInfo};
 use kpc::{Error, Result};
 use parking_lot::Mutex;
 
@@ -70,7 +70,7 @@ impl AsFake for DynKernel {
     }
 }
 
-impl AsFake for kpc::runtime::ProgramManager {
+impl AsFake for kpc::admin::runtime::ProgramManager {
     type Fake = FakeBackend;
     fn fake(&self) -> &FakeBackend {
         self.backend_as::<FakeBackend>()

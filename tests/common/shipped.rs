@@ -41,7 +41,7 @@ pub fn both_backends_agree(ctx: &Context, opencl: &[ShippedOpenCl], spirv: &[Shi
             "{name}"
         );
         assert_eq!(cl.local_size, entry.local_size.map(|d| d.default), "{name}");
-        let mut cl_ids: Vec<u32> = kpc::backend::opencl::spec_constants(&image)
+        let mut cl_ids: Vec<u32> = kpc::admin::opencl::spec_constants(&image)
             .unwrap()
             .iter()
             .map(|d| d.id)

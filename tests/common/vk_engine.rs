@@ -6,7 +6,8 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ash::vk;
-use kpc::{Config, Context, VulkanFeatures, VulkanHandles};
+use kpc::interop::{VulkanFeatures, VulkanHandles};
+use kpc::{Config, Context};
 
 use crate::common::drivers::{ran, skip};
 use crate::common::vk_counting;

@@ -2,7 +2,7 @@
 //! import, exact both ways (an f16 cache exports its values widened exactly, and they import back
 //! to the same bits).
 
-use kpc::error::{Error, Result};
+use kpc::{Error, Result};
 
 use super::{MhaKind, MultiHeadAttention};
 use crate::{check_len, check_storable};

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
+use kpc::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
+use kpc::{Error, Result};
 
 use super::proj::{Half, Outputs};
 use super::{MhaKind, MultiHeadAttention};
@@ -768,7 +768,7 @@ impl MultiHeadAttention {
 fn seq_len(
     x: &Tensor,
     what: &str,
-    ctx: &kpc::runtime::Context,
+    ctx: &kpc::Context,
     batch: usize,
     width: usize,
 ) -> Result<usize> {

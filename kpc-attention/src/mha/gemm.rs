@@ -13,10 +13,10 @@
 
 use std::fmt;
 
-use kpc::backend::DeviceInfo;
-use kpc::config::BackendKind;
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
+use kpc::BackendKind;
+use kpc::DeviceInfo;
+use kpc::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
+use kpc::{Error, Result};
 use kpc::{SpecConstants, SpecValue};
 
 /// The kernel's name (and its image's).

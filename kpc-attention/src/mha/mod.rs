@@ -38,8 +38,8 @@ pub use cache_io::CacheLayout;
 pub use forward::MhaTimes;
 pub use weights::MhaWeights;
 
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, Context, Kernel};
+use kpc::{Buffer, Context, Kernel};
+use kpc::{Error, Result};
 
 use super::{Attention, AttentionOptions, AttentionShape, KvCache, KvDtype, MAX_HEAD_DIM};
 use proj::Projector;

@@ -3,9 +3,9 @@
 //! matrix units: [`super::gemm`]) and `mha_gemv` (decode steps: matrix-vector, bound by reading the
 //! weights), chosen per layer and launched into up to three outputs (fused Q/K/V).
 
-use kpc::backend::DeviceInfo;
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, BufferArg, Context, Kernel, LaunchDesc, PushConstants};
+use kpc::DeviceInfo;
+use kpc::{Buffer, BufferArg, Context, Kernel, LaunchDesc, PushConstants};
+use kpc::{Error, Result};
 use kpc::{SpecConstants, SpecValue};
 
 use super::gemm::{GemmAccumulator, GemmShape, WideGemm};

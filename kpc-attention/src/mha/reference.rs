@@ -5,7 +5,7 @@
 //! `p.cache_dtype` F16 the projected K and V are rounded to f16: what the layer stores. Everything
 //! else is float64, so the reference differs from the device only by f32 sums.
 
-use kpc::error::{Error, Result};
+use kpc::{Error, Result};
 
 use super::{KvDtype, MhaParams, MhaWeights};
 use crate::check_len;

@@ -1,8 +1,8 @@
 //! The layer's weights: ncnn's order and shapes, size checks naming the wrong one, and their upload
 //! (fp32 or fp16, Q/K/V fused into one matrix for self-attention).
 
-use kpc::error::{Error, Result};
-use kpc::runtime::{Buffer, Context};
+use kpc::{Buffer, Context};
+use kpc::{Error, Result};
 
 use super::{KvDtype, MhaKind, MhaParams};
 

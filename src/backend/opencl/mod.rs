@@ -62,13 +62,13 @@ use crate::cache::{BuildOptions, SpecConstants};
 use crate::config::{BackendKind, Config, TraceFlags};
 use crate::error::{Error, Result};
 
-pub use container::{CONTAINER_VERSION, OpenClBinary};
+pub use container::OpenClBinary;
 pub use discovery::devices;
 pub use interop::{OpenClHandles, OpenClKernelLease};
 pub use launch::{KernelSharing, OpenClBuffer, OpenClEvent, OpenClKernel};
-pub use meta::{KernelMeta, Param, ParamKind};
+pub use meta::ParamKind;
 pub use program::{OpenClProgram, Origin};
-pub use source::{ARG_INFO_OPTION, SPEC_CONSTANT_MARKER, SpecDecl};
+pub use source::SpecDecl;
 
 use launch::Slot;
 

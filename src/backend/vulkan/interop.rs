@@ -49,7 +49,7 @@ pub struct VulkanHandles {
     /// The engine's own lock over `queue`, where it shares the queue with kpc: kpc takes it around
     /// each of its queue calls, so the engine serializes its submissions on it and needs no other
     /// coordination (see [`VulkanQueueLock`]). `None`: the engine keeps its own use of the queue
-    /// apart from kpc's submitting calls itself (see `kpc::runtime::interop`).
+    /// apart from kpc's submitting calls itself (see `kpc::interop`).
     pub queue_lock: Option<VulkanQueueLock>,
 }
 
@@ -112,7 +112,7 @@ impl VulkanBackend {
     /// and the engine serializes on it; without, the engine must not use that queue
     /// (vkQueueSubmit, vkQueueWaitIdle, ...) at the same time as such a kpc call, or passes a
     /// queue kpc alone uses. Everything else kpc calls on the device is free of external
-    /// synchronization or on kpc's own objects. See `kpc::runtime::interop` for which calls
+    /// synchronization or on kpc's own objects. See `kpc::interop` for which calls
     /// submit.
     ///
     /// Errors: [`Error::InvalidArgument`] for a null handle, an instance API version below 1.1, a

@@ -59,7 +59,6 @@ pub use kernel_handles::VulkanKernelHandles;
 pub use pipeline_cache::CacheIdentity;
 pub use program::{VulkanKernel, VulkanProgram};
 pub use queue_lock::{VulkanQueueLock, queue_lock_sharers};
-pub use submit::Record as VulkanEvent;
 use submit::{Record, Submitter};
 pub use validation::{validation_enabled, validation_errors};
 

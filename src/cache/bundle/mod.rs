@@ -21,7 +21,7 @@ use std::path::Path;
 
 pub(crate) use format::Bundle;
 use format::{LEVEL, Written, bad};
-pub use layer::{BundleRow, BundleStore};
+pub use layer::BundleStore;
 
 use crate::cache::Digest;
 use crate::cache::disk::PersistentCache;

@@ -18,7 +18,6 @@ use std::path::PathBuf;
 
 use super::evicted::Evicted;
 use super::nearest::{Differs, Exact, search};
-pub use super::nearest::{MAX_EXPLAIN_PROBES, MAX_EXPLAIN_RECORDS};
 use super::{Inner, PersistentCache, StoreKey};
 use crate::cache::store::key::hex;
 

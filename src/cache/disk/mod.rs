@@ -101,14 +101,12 @@ mod store;
 mod trash;
 mod walk;
 
-pub use entry::{Defect, FileKind};
 pub use evict::EvictReport;
 pub use evicted::{Evicted, EvictionCost};
 pub use explain::{FieldDiff, MissCause, MissExplanation, compare_keys};
-pub use inventory::{BadEntry, ClearReport, EntryInfo, VerifyReport};
+pub use inventory::EntryInfo;
 pub use loading::{CrashedLoading, LoadRecord};
-pub use lookup::{DiskHit, Lookup};
-pub use put::BuildGuard;
+pub use lookup::Lookup;
 pub use settings::DiskCacheSettings;
 pub use stats::DiskStats;
 

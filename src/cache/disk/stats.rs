@@ -14,6 +14,7 @@ use crate::cache::store::warn::WarnCause;
 /// A snapshot of one disk cache instance's counters (this process only; other processes sharing the
 /// directory keep their own).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DiskStats {
     /// Lookups that returned a verified binary.
     pub hits: u64,

@@ -92,6 +92,7 @@ pub enum Turn {
 
 /// What the chain did with one level, in this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LevelStats {
     /// The store's name.
     pub name: String,

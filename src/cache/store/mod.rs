@@ -35,15 +35,13 @@ pub(crate) mod outcome;
 pub mod provenance;
 pub(crate) mod warn;
 pub use auth::EntryAuth;
-pub use chain::{ChainHit, ChainLock, LevelStats, StoreChain, Turn};
+pub use chain::{ChainHit, LevelStats, StoreChain, Turn};
 pub use key::{KeyRecord, StoreKey};
 pub use outcome::PutOutcome;
 pub use provenance::Provenance;
 pub use readonly::ReadOnlyStore;
 #[cfg(all(feature = "remote", not(loom)))]
-pub use remote::{
-    GcEntry, GcPlan, GcPolicy, GcReason, GcReport, RemoteStore, TOUCH_PERIOD, VerifiedEntry,
-};
+pub use remote::{GcPolicy, GcReason, RemoteStore};
 pub use warn::WarnCause;
 
 use std::fmt;
@@ -286,6 +284,7 @@ pub struct StoreEntry {
 
 /// A snapshot of one store's counters (this process only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoreStats {
     /// Lookups that returned a verified binary.
     pub hits: u64,
@@ -441,8 +440,10 @@ impl StoreWarnings {
 /// use std::collections::HashMap;
 /// use std::sync::{Arc, Mutex};
 /// use std::time::Duration;
-/// use kpc::cache::store::StoreKey;
-/// use kpc::cache::store::*;
+/// use kpc::{
+///     Access, PutOutcome, Removal, Store, StoreChain, StoreCounters, StoreEntry, StoreHit, StoreKey,
+///     StoreStats, seal, sealed_record,
+/// };
 ///
 /// #[derive(Debug, Default)]
 /// struct Mine(Mutex<HashMap<[u8; 32], Vec<u8>>>, StoreCounters);
@@ -472,7 +473,7 @@ impl StoreWarnings {
 /// // kpc's disk cache and read-only layers first, then the embedder's store.
 /// let config = kpc::Config::from_env()?;
 /// let stores = StoreChain::from_config(&config).with_store(Arc::new(Mine::default()));
-/// let device = kpc::runtime::select_device(&config.device)?;
+/// let device = kpc::select_device(&config.device)?;
 /// let ctx = kpc::Context::builder().device(&device).config(config).stores(stores).build()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```

@@ -47,9 +47,9 @@ mod ops;
 mod publish;
 
 #[cfg(all(feature = "remote", not(loom)))]
-pub use imp::retention::{GcEntry, GcPlan, GcPolicy, GcReason, GcReport, TOUCH_PERIOD};
+pub use imp::RemoteStore;
 #[cfg(all(feature = "remote", not(loom)))]
-pub use imp::{RemoteStore, VerifiedEntry};
+pub use imp::retention::{GcPolicy, GcReason};
 
 #[cfg(all(feature = "remote", not(loom)))]
 mod imp {
