@@ -78,8 +78,8 @@
 //! `touch_interval`, so recency works on noatime and relatime mounts and a hit writes nothing else.
 
 mod boundlog;
+mod chain;
 mod count;
-pub mod entry;
 mod evict;
 pub mod evicted;
 pub mod explain;
@@ -101,6 +101,7 @@ mod store;
 mod trash;
 mod walk;
 
+pub use crate::cache::store::entry;
 pub use entry::{Defect, FileKind};
 pub use evict::EvictReport;
 pub use evicted::{Evicted, EvictionCost};
