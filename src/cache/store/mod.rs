@@ -23,6 +23,7 @@
 //! - **No lock across calls.** The chain holds no mutex while it calls a store, so a slow store delays
 //!   only the request that asked it.
 
+pub(crate) mod acquire;
 pub mod auth;
 pub mod chain;
 pub(crate) mod compress;
