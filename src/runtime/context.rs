@@ -20,7 +20,6 @@ use crate::config::{BackendKind, Config, SealMode};
 use crate::error::{Error, Result};
 
 use super::buffer::{Buffer, BufferArg, RawBuffer};
-use super::builder::ContextBuilder;
 use super::kernel::Kernel;
 use super::lifecycle::{Background, Life};
 use super::prefetch::{KernelRequest, Prefetch};

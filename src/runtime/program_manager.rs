@@ -18,7 +18,8 @@ use crate::backend::dynamic::{DynBackend, DynKernel, DynProgram};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
 use crate::cache::metrics as count;
-use crate::cache::store::{LevelStats, Turn};
+use crate::cache::store::LevelStats;
+use crate::cache::store::acquire::Acquire;
 use crate::cache::{
     BuildOptions, CacheStats, Digest, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
     MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain, StoreKey,
@@ -55,11 +56,6 @@ pub struct ProgramManager {
     /// Publishes the counters through the `metrics` facade (`src/runtime/metrics.rs`).
     metrics: metrics::Publisher,
 }
-
-/// How many persisted binaries in a row the backend may refuse for one request before it is built
-/// without consulting the stores again (each refusal removes the entry from a writable store and takes
-/// a read-only one out of the request, so this only bounds a storm).
-const MAX_REJECTED_BINARIES: usize = 3;
 
 impl fmt::Debug for ProgramManager {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -480,88 +476,54 @@ impl ProgramManager {
             return Ok((p, Source::Built));
         }
         if self.config.cache_debug {
-            // Debug mode builds every program by design; only a genuine miss is a sealed build.
-            let cached = self.stores.peek(&key);
-            let sealed = if cached.is_none() { seal()? } else { None };
-            let (program, _) = self.build_sealed(image, spec, options, sealed, &kernel)?;
-            let fresh = self.backend.program_binary(&program);
-            let trace = self.config.trace.contains(TraceFlags::DISK);
-            self.debug
-                .compare(image.name(), &key, cached.as_ref(), fresh, trace);
-            return Ok((program, Source::Built));
+            return self.build_debug(image, spec, options, &key, seal, &kernel);
         }
-        // Levels whose binary the backend refused and which would serve it again (read-only ones).
-        let mut skip = Vec::new();
-        let mut lock = None;
-        for _ in 0..MAX_REJECTED_BINARIES {
-            let lookup_start = Instant::now();
-            let hit = match self.stores.get(&key, &skip) {
-                Some(hit) => hit,
-                None => match self.stores.lock_for_build(&key, &skip) {
-                    Turn::Published(hit) => hit,
-                    Turn::Build(l) => {
-                        lock = l;
-                        break;
-                    }
-                },
-            };
-            // A binary that crashed a process loading it is refused like one the driver refused.
-            let guard_start = Instant::now();
-            let record = match self.stores.begin_load(&key, &hit) {
-                Ok(r) => r,
-                Err(crashed) => {
-                    if !self.stores.reject(&key, &hit, &crashed) {
-                        skip.push(hit.level());
-                    }
-                    continue;
-                }
-            };
-            let guarded = guard_start.elapsed();
-            // Out of resources is not a refusal of the binary: retried, then returned, never rejected.
-            let loaded = self.retry_out_of_resources("binary load", || {
+        let loaded = self.stores.acquire(&key, |bytes| {
+            // Out of resources is not a refusal of the binary: retried, then returned.
+            let p = self.retry_out_of_resources("binary load", || {
                 self.backend
-                    .program_from_binary(image, spec, options, hit.bytes())
-            });
-            drop(record);
-            match loaded {
-                Err(e @ crate::Error::OutOfResources { .. }) => return Err(e),
-                Ok(p) => {
-                    // Copied up only now that the backend took it: refused bytes never spread.
-                    self.stores.backfill(&key, &hit);
-                    if self.backend.load_avoided_compile(&p) == Some(false) {
-                        self.stores.note_recompiled(&hit);
-                    }
-                    let source = Source::of_store(hit.kind());
-                    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-                    let (l, r) = (ms(guard_start - lookup_start), ms(guarded));
-                    let what =
-                        format!("loaded from {source} (lookup {l:.3} ms, load record {r:.3} ms)");
-                    self.trace_build(image, &what, true, Some(guard_start.elapsed()));
-                    return Ok((p, source));
-                }
-                // The kernel needs what this device did not enable (an embedder's device that shares
-                // the fingerprint of one with more features): not the entry's fault, so it stays for
-                // the contexts that can use it, and the error is the build's.
-                Err(e @ crate::error::Error::Unsupported { .. }) => return Err(e),
-                // Verified bytes the driver will not take (a driver change the fingerprint missed):
-                // the store removes them and we look again, which now misses and takes the lock.
-                Err(e) => {
-                    if !self.stores.reject(&key, &hit, &e) {
-                        skip.push(hit.level());
-                    }
-                }
+                    .program_from_binary(image, spec, options, bytes)
+            })?;
+            let recompiled = self.backend.load_avoided_compile(&p) == Some(false);
+            Ok((p, recompiled))
+        })?;
+        let ticket = match loaded {
+            Acquire::Build(ticket) => ticket,
+            Acquire::Loaded(l) => {
+                let source = Source::of_store(l.kind);
+                let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                let (lookup, record) = (ms(l.lookup), ms(l.guard));
+                let what = format!(
+                    "loaded from {source} (lookup {lookup:.3} ms, load record {record:.3} ms)"
+                );
+                self.trace_build(image, &what, true, Some(l.load));
+                return Ok((l.program, source));
             }
-        }
-        // A refused or failed build drops the lock here, releasing it for a waiting process.
+        };
+        // A refused or failed build drops the ticket here, releasing its locks for a waiting process.
         let (program, took) = self.build_sealed(image, spec, options, seal()?, &kernel)?;
-        self.stores.note_built(&key, took);
-        match self.backend.program_binary(&program) {
-            // Bytes that crashed a load before are not stored again for anyone to load.
-            Ok(Some(bytes)) if self.stores.crashed_before(&key, &bytes) => {}
-            Ok(Some(bytes)) => self.stores.put(&key, &bytes, took, lock),
-            Ok(None) => {}
-            Err(e) => self.stores.note_serialize_failure(&e),
-        }
+        ticket.publish(took, self.backend.program_binary(&program));
+        Ok((program, Source::Built))
+    }
+
+    /// Cache debug mode's miss: every program is built by design and compared with what the stores
+    /// hold; only a genuine miss is a sealed build.
+    fn build_debug(
+        &self,
+        image: &DeviceImage,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+        key: &StoreKey,
+        seal: impl Fn() -> Result<Option<String>>,
+        kernel: &str,
+    ) -> Result<(DynProgram, Source)> {
+        let cached = self.stores.peek(key);
+        let sealed = if cached.is_none() { seal()? } else { None };
+        let (program, _) = self.build_sealed(image, spec, options, sealed, kernel)?;
+        let fresh = self.backend.program_binary(&program);
+        let trace = self.config.trace.contains(TraceFlags::DISK);
+        self.debug
+            .compare(image.name(), key, cached.as_ref(), fresh, trace);
         Ok((program, Source::Built))
     }
 

@@ -19,31 +19,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::boundlog::BoundedLog;
 use super::{Inner, StoreKey};
+pub use crate::cache::store::explain::{Evicted, size_arg};
 
 /// How many records the eviction record keeps (evictions and the misses they caused together).
 pub const EVICTED_RECORDS: usize = 4096;
 /// The eviction record's file name, under the cache root.
 pub const EVICTED_FILE: &str = "evicted.log";
-
-/// A key's latest eviction, as the record has it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Evicted {
-    /// When the pass removed it.
-    pub at: SystemTime,
-    /// The bytes it occupied (both files).
-    pub bytes: u64,
-    /// `KPC_CACHE_MAX_SIZE` then in force (0: none; removed by age).
-    pub limit: u64,
-}
-
-impl Evicted {
-    /// How long ago it was evicted (zero when the clock went back).
-    pub fn ago(&self) -> Duration {
-        SystemTime::now()
-            .duration_since(self.at)
-            .unwrap_or_default()
-    }
-}
 
 /// One miss on an evicted key, from the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,17 +56,6 @@ pub struct EvictionCost {
     /// (to a KiB below 1 MiB).
     /// `None` without misses, or when every one was of an entry removed by age rather than size.
     pub suggested_max_size: Option<u64>,
-}
-
-/// A size as `KPC_CACHE_MAX_SIZE` takes it: `512K`, `3M`, `2G` when exact, else bytes.
-pub fn size_arg(b: u64) -> String {
-    match b {
-        0 => "0".into(),
-        b if b % (1 << 30) == 0 => format!("{}G", b >> 30),
-        b if b % (1 << 20) == 0 => format!("{}M", b >> 20),
-        b if b % (1 << 10) == 0 => format!("{}K", b >> 10),
-        b => b.to_string(),
-    }
 }
 
 pub(super) fn unix_ms(t: SystemTime) -> u64 {

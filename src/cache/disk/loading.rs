@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::PersistentCache;
 use super::stats::bump;
 use crate::cache::store::StoreKey;
+pub use crate::cache::store::crash::CrashedLoading;
 
 /// The directory of loading records, under the cache root.
 const LOADING_DIR: &str = "loading";
@@ -46,23 +47,6 @@ impl Drop for LoadRecord {
     fn drop(&mut self) {
         // We hold the lock, so the path still names our record; closing `_file` then releases it.
         let _ = fs::remove_file(&self.path);
-    }
-}
-
-/// A stored binary that crashed a process while it was being loaded: refuse it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CrashedLoading {
-    /// The quarantine marker naming it.
-    pub marker: PathBuf,
-}
-
-impl std::fmt::Display for CrashedLoading {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "crashed-loading: this binary crashed a process that was loading it (quarantined as {})",
-            self.marker.display()
-        )
     }
 }
 

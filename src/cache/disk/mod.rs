@@ -78,8 +78,8 @@
 //! `touch_interval`, so recency works on noatime and relatime mounts and a hit writes nothing else.
 
 mod boundlog;
+mod chain;
 mod count;
-pub mod entry;
 mod evict;
 pub mod evicted;
 pub mod explain;
@@ -101,11 +101,11 @@ mod store;
 mod trash;
 mod walk;
 
+pub use crate::cache::store::entry;
 pub use evict::EvictReport;
 pub use evicted::{Evicted, EvictionCost};
 pub use explain::{FieldDiff, MissCause, MissExplanation, compare_keys};
 pub use inventory::EntryInfo;
-pub use loading::{CrashedLoading, LoadRecord};
 pub use lookup::Lookup;
 pub use settings::DiskCacheSettings;
 pub use stats::DiskStats;

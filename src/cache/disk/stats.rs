@@ -3,13 +3,11 @@
 //! Everything here is counted on the disk path, which costs tens of microseconds at least, so plain
 //! relaxed atomics are cheap enough; nothing needs the striping the in-memory hit counter uses.
 
-use std::fmt;
-use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::MissCause;
-use crate::cache::store::warn::WarnCause;
+pub(crate) use crate::cache::store::warn::Warned;
 
 /// A snapshot of one disk cache instance's counters (this process only; other processes sharing the
 /// directory keep their own).
@@ -178,51 +176,16 @@ impl DiskCounters {
     }
 }
 
-/// Which causes have been warned about. A bit per cause, set with one `fetch_or`, so a thousand
-/// requests failing the same way log one line.
-#[derive(Debug, Default)]
-pub(crate) struct Warned(AtomicU32);
-
-impl Warned {
-    /// Emits the warning for `cause` unless this instance already did.
-    pub fn warn(
-        &self,
-        sink: &crate::warnings::Sink,
-        cause: WarnCause,
-        path: &Path,
-        detail: &dyn fmt::Display,
-    ) {
-        if self.first(cause) {
-            tracing::warn!(
-                target: "kpc::cache::disk",
-                cause = cause.name(),
-                path = %path.display(),
-                "disk cache: {detail}; building instead (further {cause} problems are not reported)"
-            );
-            let w = crate::warnings::Warning {
-                target: "kpc::cache::disk",
-                cause: cause.name(),
-                message: format!(
-                    "disk cache at {}: {detail}; building instead (further {cause} problems are \
-                     not reported)",
-                    path.display()
-                ),
-            };
-            crate::warnings::deliver(Some(sink), &w);
+impl From<DiskStats> for crate::cache::store::StoreStats {
+    fn from(d: DiskStats) -> Self {
+        Self {
+            hits: d.hits,
+            misses: d.misses,
+            errors: d.read_errors + d.failed_puts + d.corruptions + d.lock_timeouts + d.rejected,
+            puts: d.puts,
+            bytes_read: d.bytes_read,
+            bytes_written: d.bytes_written,
+            ..Default::default()
         }
-    }
-
-    /// Marks `cause` as warned about; true the first time only (the caller then logs it).
-    pub fn first(&self, cause: WarnCause) -> bool {
-        let prev = self.0.fetch_or(cause.bit(), Ordering::Relaxed);
-        prev & cause.bit() == 0
-    }
-
-    pub fn causes(&self) -> Vec<WarnCause> {
-        let bits = self.0.load(Ordering::Relaxed);
-        WarnCause::ALL
-            .into_iter()
-            .filter(|c| bits & c.bit() != 0)
-            .collect()
     }
 }

@@ -35,8 +35,8 @@ use std::borrow::Cow;
 
 use super::StoreHit;
 use super::compress::{self, Inflate};
+use super::entry::Defect;
 use super::provenance::Provenance;
-use crate::cache::disk::entry::Defect;
 use crate::cache::store::StoreKey;
 use crate::config::{Config, MacKey, PublicKey, SigningKey};
 

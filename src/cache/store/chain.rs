@@ -19,13 +19,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::crash::{CrashedLoading, LocalLevel};
+use super::explain::{MissCause, MissExplanation};
 use super::idle::IdleWatch;
 use super::{
-    BuildLock, LockGuard, PutOutcome, ReadOnlyStore, Removal, Store, StoreHit, StoreKind,
-    StoreStats, StoreWarnings, WarnCause,
-};
-use crate::cache::disk::{
-    CrashedLoading, DiskCacheSettings, LoadRecord, MissCause, MissExplanation, PersistentCache,
+    BuildLock, LockGuard, PutOutcome, Removal, Store, StoreHit, StoreKind, StoreStats,
+    StoreWarnings, WarnCause,
 };
 use crate::cache::journal::Journal;
 use crate::cache::store::StoreKey;
@@ -156,7 +155,8 @@ impl Level {
 /// failure; a read-only store is never written, locked or repaired through the chain.
 pub struct StoreChain {
     levels: Vec<Level>,
-    local: Option<PersistentCache>,
+    /// The local level's crash guard (the first disk cache appended).
+    local: Option<Arc<dyn LocalLevel>>,
     trace: bool,
     warnings: StoreWarnings,
     /// The miss journal (`crate::cache::journal`), local with the first disk cache appended.
@@ -192,48 +192,42 @@ impl StoreChain {
         }
     }
 
-    /// What `config` asks for: the local disk cache (unless `KPC_CACHE_PERSISTENT=0` or no directory
-    /// resolves), then the read-only layers of `KPC_CACHE_READONLY_DIRS` in order, then the remote
-    /// (`KPC_CACHE_REMOTE`).
-    ///
-    /// A local root that cannot be used (a file, or a directory that cannot be created) leaves the
-    /// disk cache out: warned once through the configuration's warning sink, and said by
-    /// [`StoreChain::local_unusable`].
-    pub fn from_config(config: &Config) -> StoreChain {
-        match PersistentCache::open_from_config(config) {
-            Ok(disk) => StoreChain::with_local_disk(disk, config),
-            Err(why) => {
-                let mut chain = StoreChain::with_local_disk(None, config);
-                crate::warnings::emit!(
-                    Some(&config.warning_sink()),
-                    target: "kpc::cache::disk",
-                    cause: "unusable-root",
-                    "disk cache off: {why}; every kernel is built instead of loaded (set \
-                     KPC_CACHE_DIR or Config::builder().cache_dir(..) to a directory kpc can \
-                     create and write)"
-                );
-                chain.local_unusable = Some(why);
-                chain
-            }
-        }
-    }
-
     /// Why the configured local disk cache is not in this chain: its root could not be used
     /// (`None` when it is there, or when none was configured).
     pub fn local_unusable(&self) -> Option<&str> {
         self.local_unusable.as_deref()
     }
 
-    /// `disk` as the local cache (none for none), then `config`'s read-only layers and remote.
-    pub fn with_local_disk(disk: Option<PersistentCache>, config: &Config) -> StoreChain {
-        let mut chain = StoreChain::new();
-        chain.trace = config.trace.contains(TraceFlags::DISK);
-        chain.warnings.set_sink(config.warning_sink());
-        chain.journal.host = config.host_id();
-        if let Some(d) = disk {
-            chain = chain.with_disk(d);
-        }
-        chain.with_read_only_dirs(config).with_remote(config)
+    /// Takes `config`'s tracing, warning sink and host name (what `with_local_disk` starts from).
+    pub(crate) fn configure(&mut self, config: &Config) {
+        self.trace = config.trace.contains(TraceFlags::DISK);
+        self.warnings.set_sink(config.warning_sink());
+        self.journal.host = config.host_id();
+    }
+
+    /// Records why the configured local disk cache is not in the chain.
+    pub(crate) fn set_local_unusable(&mut self, why: String) {
+        self.local_unusable = Some(why);
+    }
+
+    /// Whether a local level (crash guard, journal) is set.
+    pub(crate) fn has_local(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// Sets the local level, whose crash guard serves every load.
+    pub(crate) fn set_local(&mut self, local: Arc<dyn LocalLevel>) {
+        self.local = Some(local);
+    }
+
+    /// The miss journal, for the local level to attach its log to.
+    pub(crate) fn journal_mut(&mut self) -> &mut Journal {
+        &mut self.journal
+    }
+
+    /// The local level, if one was set.
+    pub(crate) fn local_level(&self) -> Option<&dyn LocalLevel> {
+        self.local.as_deref()
     }
 
     /// Appends the remote `config` names (`KPC_CACHE_REMOTE`), if any. Without the `remote` feature a
@@ -249,39 +243,6 @@ impl StoreChain {
                 WarnCause::Unavailable,
                 &"KPC_CACHE_REMOTE is set but this kpc was built without the `remote` feature",
             );
-        }
-        self
-    }
-
-    /// Appends `disk` as the next level; the first disk cache appended this way is the local one
-    /// (`StoreChain::local_disk`).
-    pub fn with_disk(mut self, disk: PersistentCache) -> StoreChain {
-        if self.local.is_none() {
-            self.local = Some(disk.clone());
-            self.journal.local = Some(disk.clone());
-        }
-        self.with_store(Arc::new(disk))
-    }
-
-    /// Appends a read-only layer for each of `config.readonly_dirs`, with `config`'s image size limits:
-    /// a disk cache for a directory, a [`BundleStore`](crate::cache::bundle::BundleStore) for a bundle
-    /// file. None when `KPC_CACHE_PERSISTENT=0`: that switch turns off every on-disk layer.
-    pub(crate) fn with_read_only_dirs(mut self, config: &Config) -> StoreChain {
-        if !config.persistent {
-            return self;
-        }
-        for dir in &config.readonly_dirs {
-            // A bundle file (`kpc cache export`) is read in place; anything else is a cache directory.
-            let inner: Arc<dyn Store> = if crate::cache::bundle::layer::is_bundle_path(dir) {
-                Arc::new(crate::cache::bundle::BundleStore::from_config(config, dir))
-            } else {
-                Arc::new(PersistentCache::new(DiskCacheSettings::from_config_at(
-                    config, dir,
-                )))
-            };
-            let mut store = ReadOnlyStore::new(inner);
-            store.set_sink(config.warning_sink());
-            self = self.with_store(Arc::new(store));
         }
         self
     }
@@ -311,11 +272,6 @@ impl StoreChain {
     /// The stores, in lookup order.
     pub fn stores(&self) -> impl Iterator<Item = &Arc<dyn Store>> {
         self.levels.iter().map(|l| &l.store)
-    }
-
-    /// The local disk cache, if one was added with [`StoreChain::with_disk`].
-    pub(crate) fn local_disk(&self) -> Option<&PersistentCache> {
-        self.local.as_ref()
     }
 
     fn trace(&self, f: impl FnOnce()) {
@@ -458,7 +414,7 @@ impl StoreChain {
         &self,
         key: &StoreKey,
         hit: &ChainHit,
-    ) -> Result<Option<LoadRecord>, CrashedLoading> {
+    ) -> Result<Option<Box<dyn Send>>, CrashedLoading> {
         let bytes = hit.bytes();
         if let Some(m) = self.levels[hit.level].store.crashed_marker(key, bytes) {
             return Err(CrashedLoading { marker: m.into() });
@@ -482,7 +438,7 @@ impl StoreChain {
     pub(crate) fn crashed_before(&self, key: &StoreKey, bytes: &[u8]) -> bool {
         self.local
             .as_ref()
-            .is_some_and(|d| d.crashed_before(key, bytes).is_some())
+            .is_some_and(|d| d.crashed_before(key, bytes))
     }
 
     /// Stores a fresh build in every writable level, in order, releasing each of `lock`'s locks as

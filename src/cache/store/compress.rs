@@ -11,7 +11,7 @@
 
 use std::io::Read;
 
-use crate::cache::disk::entry::{FileKind, HEADER_LEN, MAX_SRC_LEN, parse_header};
+use super::entry::{FileKind, HEADER_LEN, MAX_SRC_LEN, parse_header};
 
 /// Bytes before the zstd frame: the decompressed length.
 pub(crate) const LEN_PREFIX: usize = 8;

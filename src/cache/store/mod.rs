@@ -23,9 +23,13 @@
 //! - **No lock across calls.** The chain holds no mutex while it calls a store, so a slow store delays
 //!   only the request that asked it.
 
+pub(crate) mod acquire;
 pub mod auth;
 pub mod chain;
 pub(crate) mod compress;
+pub(crate) mod crash;
+pub mod entry;
+pub mod explain;
 pub mod idle;
 pub mod readonly;
 pub mod remote;
@@ -49,10 +53,9 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use crate::cache::disk::DiskStats;
-use crate::cache::disk::MissExplanation;
-use crate::cache::disk::entry::{self, Defect, FileKind, HEADER_LEN};
-use crate::cache::disk::stats::Warned;
+use entry::{Defect, FileKind, HEADER_LEN};
+use explain::MissExplanation;
+use warn::Warned;
 
 /// What kind of place a store is: decides how the runtime reports a hit from it
 /// ([`Source`](crate::runtime::Source)) and whether the chain writes to it.
@@ -305,20 +308,6 @@ pub struct StoreStats {
     /// Times the remote's circuit breaker opened: each is one call that timed out or could not
     /// connect, and paid for it.
     pub trips: u64,
-}
-
-impl From<DiskStats> for StoreStats {
-    fn from(d: DiskStats) -> StoreStats {
-        StoreStats {
-            hits: d.hits,
-            misses: d.misses,
-            errors: d.read_errors + d.failed_puts + d.corruptions + d.lock_timeouts + d.rejected,
-            puts: d.puts,
-            bytes_read: d.bytes_read,
-            bytes_written: d.bytes_written,
-            ..StoreStats::default()
-        }
-    }
 }
 
 /// Counters a store implementation can keep with one relaxed atomic each.

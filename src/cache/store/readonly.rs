@@ -82,7 +82,7 @@ impl Store for ReadOnlyStore {
         false
     }
 
-    fn explain_miss(&self, key: &StoreKey) -> Option<crate::cache::disk::MissExplanation> {
+    fn explain_miss(&self, key: &StoreKey) -> Option<super::explain::MissExplanation> {
         self.inner.explain_miss(key)
     }
 

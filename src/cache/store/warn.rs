@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Why a store (the disk cache, a read-only layer, the remote) fell back to "build it". Each cause is warned about once per cache instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -96,5 +98,55 @@ impl WarnCause {
 impl fmt::Display for WarnCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// Which causes have been warned about. A bit per cause, set with one `fetch_or`, so a thousand
+/// requests failing the same way log one line.
+#[derive(Debug, Default)]
+pub(crate) struct Warned(AtomicU32);
+
+impl Warned {
+    /// Emits the warning for `cause` unless this instance already did.
+    pub fn warn(
+        &self,
+        sink: &crate::warnings::Sink,
+        cause: WarnCause,
+        path: &Path,
+        detail: &dyn fmt::Display,
+    ) {
+        if self.first(cause) {
+            tracing::warn!(
+                target: "kpc::cache::disk",
+                cause = cause.name(),
+                path = %path.display(),
+                "disk cache: {detail}; building instead (further {cause} problems are not reported)"
+            );
+            let w = crate::warnings::Warning {
+                target: "kpc::cache::disk",
+                cause: cause.name(),
+                message: format!(
+                    "disk cache at {}: {detail}; building instead (further {cause} problems are \
+                     not reported)",
+                    path.display()
+                ),
+            };
+            crate::warnings::deliver(Some(sink), &w);
+        }
+    }
+
+    /// Marks `cause` as warned about; true the first time only (the caller then logs it).
+    pub fn first(&self, cause: WarnCause) -> bool {
+        let prev = self.0.fetch_or(cause.bit(), Ordering::Relaxed);
+        prev & cause.bit() == 0
+    }
+
+    /// The causes warned about so far, in declaration order.
+    pub fn causes(&self) -> Vec<WarnCause> {
+        let bits = self.0.load(Ordering::Relaxed);
+        WarnCause::ALL
+            .into_iter()
+            .filter(|c| bits & c.bit() != 0)
+            .collect()
     }
 }

@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
-use crate::cache::disk::entry::FORMAT_VERSION;
 use crate::cache::store::StoreKey;
+use crate::cache::store::entry::FORMAT_VERSION;
 
 /// The namespace of every entry: kpc's format version.
 pub(super) fn namespace() -> String {
