@@ -7,6 +7,7 @@ use std::time::Duration;
 use kpc::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
 use kpc::{Error, Result};
 
+use super::mask::MaskMode;
 use super::proj::{Half, Outputs};
 use super::{MhaKind, MultiHeadAttention};
 use crate::check_len;
@@ -42,107 +43,10 @@ pub(super) fn times(run: &MhaRun) -> Result<Option<MhaTimes>> {
     Ok(Some(t))
 }
 
-/// How the attention of a call reads its mask.
-#[derive(Clone, Copy)]
-enum MaskMode {
-    None = 0,
-    Shared = 1,
-    PerHead = 2,
-}
-
 /// Both activation types the device calls take.
-const ANY: &[Dtype] = &[Dtype::F16, Dtype::F32];
+pub(super) const ANY: &[Dtype] = &[Dtype::F16, Dtype::F32];
 
 impl MultiHeadAttention {
-    /// Checks a mask of `mask_len` elements (or none) against the layer's `attn_mask` and the
-    /// call's `q_len` x `kv_len` logits.
-    fn mask_mode(&self, mask_len: Option<usize>, q_len: usize, kv_len: usize) -> Result<MaskMode> {
-        match (self.params.attn_mask, mask_len) {
-            (false, None) => Ok(MaskMode::None),
-            (false, Some(_)) => Err(Error::InvalidArgument(
-                "this layer was built without attn_mask; pass no mask, or build it with \
-                 attn_mask on"
-                    .into(),
-            )),
-            (true, None) => Err(Error::InvalidArgument(
-                "this layer was built with attn_mask: every call takes a mask".into(),
-            )),
-            (true, Some(len)) => {
-                let shared = q_len * kv_len;
-                let per_head = self.params.num_heads * shared;
-                if len == shared {
-                    Ok(MaskMode::Shared)
-                } else if len == per_head {
-                    Ok(MaskMode::PerHead)
-                } else {
-                    Err(Error::Size {
-                        what: "attention mask".into(),
-                        got: format!("{len} elements"),
-                        expected: format!(
-                            "{shared} ([q_len {q_len}][kv_len {kv_len}], shared by the heads) or \
-                             {per_head} ([heads {}][q_len][kv_len])",
-                            self.params.num_heads
-                        ),
-                    })
-                }
-            }
-        }
-    }
-
-    /// [`MultiHeadAttention::mask_mode`] for a host mask: also refuses NaN and `+inf`.
-    fn host_mask_mode(
-        &self,
-        mask: Option<&[f32]>,
-        q_len: usize,
-        kv_len: usize,
-    ) -> Result<MaskMode> {
-        if let (true, Some(m)) = (self.params.attn_mask, mask)
-            && let Some(i) = m.iter().position(|x| x.is_nan() || *x == f32::INFINITY)
-        {
-            return Err(Error::InvalidArgument(format!(
-                "attention mask[{i}] is {}; masks take finite values (added to the logits) and \
-                 -inf (the key is masked)",
-                m[i]
-            )));
-        }
-        self.mask_mode(mask.map(<[f32]>::len), q_len, kv_len)
-    }
-
-    /// Checks a device mask: an f32 tensor on the layer's context, `[q_len][kv_len]` or
-    /// `[num_heads][q_len][kv_len]`.
-    fn tensor_mask_mode(
-        &self,
-        mask: Option<&Tensor>,
-        q_len: usize,
-        kv_len: usize,
-    ) -> Result<MaskMode> {
-        let mode = self.mask_mode(mask.map(Tensor::len), q_len, kv_len)?;
-        if let Some(m) = mask {
-            let shape = match mode {
-                MaskMode::PerHead => vec![self.params.num_heads, q_len, kv_len],
-                _ => vec![q_len, kv_len],
-            };
-            m.check("attention mask", &self.ctx, &[Dtype::F32], &shape)?;
-        }
-        Ok(mode)
-    }
-
-    /// A host mask as a device tensor of the shape its mode says.
-    fn upload_mask(
-        &self,
-        mask: Option<&[f32]>,
-        mode: MaskMode,
-        q_len: usize,
-        kv_len: usize,
-    ) -> Result<Option<Tensor>> {
-        let Some(m) = mask else { return Ok(None) };
-        let shape = match mode {
-            MaskMode::PerHead => vec![self.params.num_heads, q_len, kv_len],
-            _ => vec![q_len, kv_len],
-        };
-        Tensor::from_buffer_f32(self.ctx.buffer_from(m)?, &shape).map(Some)
-    }
-
     /// Self-attention over a prompt, or cross-attention of `len` queries over the memory.
     ///
     /// `x` is `[batch][len][qdim]`; the output is `[batch][len][qdim]`. Self-attention projects Q,
@@ -317,7 +221,7 @@ impl MultiHeadAttention {
     }
 
     /// `x` as an f32 buffer: itself, or converted on the device into `staging` (or a new buffer).
-    fn input_f32(
+    pub(super) fn input_f32(
         &self,
         batch: &mut Batch,
         x: &Tensor,
@@ -581,124 +485,9 @@ impl MultiHeadAttention {
         Ok(())
     }
 
-    /// Cross-attention: projects the encoder's states to K and V once and keeps them as the
-    /// memory every later call attends. `keys` is `[batch][len][kdim]`; `values` `[batch][len][vdim]`,
-    /// or `None` for the same states as `keys` (needs `kdim == vdim`). The new memory replaces the
-    /// old one entirely: only its `len` positions are attended afterwards.
-    ///
-    /// A thin wrapper over [`MultiHeadAttention::set_memory_device`].
-    ///
-    /// Errors: [`Error::CallOrder`] on a self-attention layer; [`Error::InvalidArgument`] for
-    /// `len == 0`, non-finite states, or `None` values with `kdim != vdim`; [`Error::Size`] for
-    /// states of the wrong length or more positions than the capacity. The old memory is kept then.
-    pub fn set_memory(&mut self, keys: &[f32], values: Option<&[f32]>, len: usize) -> Result<()> {
-        self.check_kind("set_memory", MhaKind::CrossAttention)?;
-        let p = self.params;
-        if len == 0 {
-            return Err(Error::InvalidArgument(
-                "set_memory needs at least one position".into(),
-            ));
-        }
-        self.check_memory_len(len)?;
-        check_len("memory keys", keys.len(), p.batch * len * p.kdim)?;
-        check_finite("memory keys", keys)?;
-        if let Some(v) = values {
-            check_len("memory values", v.len(), p.batch * len * p.vdim)?;
-            check_finite("memory values", v)?;
-        } else if p.kdim != p.vdim {
-            return Err(Error::InvalidArgument(format!(
-                "memory values may be omitted only when kdim ({}) equals vdim ({})",
-                p.kdim, p.vdim
-            )));
-        }
-        let kt = Tensor::from_buffer_f32(self.ctx.buffer_from(keys)?, &[p.batch, len, p.kdim])?;
-        let vt = match values {
-            Some(v) => Some(Tensor::from_buffer_f32(
-                self.ctx.buffer_from(v)?,
-                &[p.batch, len, p.vdim],
-            )?),
-            None => None,
-        };
-        self.set_memory_device(&kt, vt.as_ref())
-    }
-
-    fn check_memory_len(&self, len: usize) -> Result<()> {
-        if len > self.cache.capacity() {
-            return Err(Error::Size {
-                what: "cross-attention memory".into(),
-                got: format!("{len} positions"),
-                expected: format!("at most the capacity {}", self.cache.capacity()),
-            });
-        }
-        Ok(())
-    }
-
-    /// [`MultiHeadAttention::set_memory`] on device tensors, submitted as one batch with no host
-    /// wait: `keys` `[batch][len][kdim]` and `values` `[batch][len][vdim]` (fp16 or f32; `len` is
-    /// the keys' second dimension), or `None` for the keys as values (needs `kdim == vdim`).
-    ///
-    /// Errors: as [`MultiHeadAttention::set_memory`]; [`Error::InvalidArgument`] for a tensor of
-    /// another context; [`Error::Size`] for a tensor of the wrong shape. The old memory is kept
-    /// then.
-    pub fn set_memory_device(&mut self, keys: &Tensor, values: Option<&Tensor>) -> Result<()> {
-        self.check_kind("set_memory", MhaKind::CrossAttention)?;
-        let p = self.params;
-        let len = seq_len(keys, "memory keys", &self.ctx, p.batch, p.kdim)?;
-        self.check_memory_len(len)?;
-        let values = match values {
-            Some(v) => {
-                v.check("memory values", &self.ctx, ANY, &[p.batch, len, p.vdim])?;
-                v
-            }
-            None if p.kdim == p.vdim => keys,
-            None => {
-                return Err(Error::InvalidArgument(format!(
-                    "memory values may be omitted only when kdim ({}) equals vdim ({})",
-                    p.kdim, p.vdim
-                )));
-            }
-        };
-        let Some((wk, wv)) = &self.weights.kv else {
-            return Err(Error::InvalidArgument(
-                "a cross-attention layer without K/V weights".into(),
-            ));
-        };
-        let ctx = self.ctx.clone();
-        let rows = p.batch * len;
-        let n = p.kv_dim();
-        let mut batch = Batch::new();
-        batch.phase(Phase::Projection);
-        let kx = self.input_f32(&mut batch, keys, None)?;
-        let vx = self.input_f32(&mut batch, values, None)?;
-        let (k, v) = (ctx.buffer(rows * n)?, ctx.buffer(rows * n)?);
-        let one_k = Outputs::one(&k, n);
-        let one_v = Outputs::one(&v, n);
-        self.proj
-            .project(&mut batch, &ctx, &kx, rows, wk, &one_k, 0, len, false)?;
-        self.proj
-            .project(&mut batch, &ctx, &vx, rows, wv, &one_v, 0, len, false)?;
-        batch.phase(Phase::Attention);
-        self.append_rows(&mut batch, &k, &v, 0, len);
-        let event = batch.submit(&ctx.queue())?;
-        self.cache.len = len;
-        self.memory_set = true;
-        self.last = Some((event, batch.phases()));
-        Ok(())
-    }
-
-    fn check_memory(&self, call: &str) -> Result<()> {
-        if self.memory_set {
-            return Ok(());
-        }
-        Err(Error::CallOrder {
-            call: format!("cross-attention {call}"),
-            needs: "set_memory first: the memory (the encoder's states) is not set".into(),
-        })
-    }
-
     /// Records writing `rows` positions of K and V (`[batch][kv_head][rows][head_dim]`) into the
     /// cache at `pos`, converting to its type.
-    fn append_rows(
+    pub(super) fn append_rows(
         &self,
         batch: &mut Batch,
         k: &Buffer<f32>,
@@ -765,7 +554,7 @@ impl MultiHeadAttention {
 }
 
 /// The sequence length of `x`, `[batch][len][width]` of an accepted type on `ctx`.
-fn seq_len(
+pub(super) fn seq_len(
     x: &Tensor,
     what: &str,
     ctx: &kpc::Context,
@@ -785,7 +574,7 @@ fn seq_len(
     }
 }
 
-fn check_finite(what: &str, x: &[f32]) -> Result<()> {
+pub(super) fn check_finite(what: &str, x: &[f32]) -> Result<()> {
     match x.iter().position(|v| !v.is_finite()) {
         None => Ok(()),
         Some(i) => Err(Error::InvalidArgument(format!(

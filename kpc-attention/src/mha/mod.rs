@@ -30,6 +30,8 @@
 mod cache_io;
 mod forward;
 pub mod gemm;
+mod mask;
+mod memory;
 mod proj;
 pub mod reference;
 mod weights;
