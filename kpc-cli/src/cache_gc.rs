@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use clap::Args;
 use kpc::Config;
+#[cfg(feature = "remote")]
 use serde_json::json;
 
+#[cfg(feature = "remote")]
 use crate::entry_fmt::{human, utc};
 
 #[derive(Args, Debug)]
