@@ -12,7 +12,7 @@ use super::{Failure, guard, kpc_context, kpc_status};
 use kpc::Context;
 use kpc::Error;
 use kpc_attention::mha::CacheLayout;
-use kpc_attention::{KvDtype, MhaKind, MhaParams, MhaWeights, MultiHeadAttention};
+use kpc_attention::{KvDtype, MhaKind, MhaParams, MhaWeights, MultiHeadAttention, Tensor};
 
 /// A MultiHeadAttention layer (opaque). One call at a time runs on a layer (others wait); destroy
 /// with `kpc_mha_destroy`.
@@ -482,15 +482,29 @@ pub unsafe extern "C" fn kpc_mha_step_tensor(
     mask: *const kpc_tensor,
 ) -> kpc_status {
     guard("kpc_mha_step_tensor", || {
-        let l = registry::get::<Layer>(layer, "layer")?;
-        let x = registry::get::<TensorObj>(x, "x")?;
-        let out = registry::get::<TensorObj>(out, "out")?;
-        let mask = opt_tensor(mask, "mask")?;
-        let mut y = out.0.clone();
-        Ok(l.0
-            .lock()
-            .step_device(&x.0, &mut y, mask.as_ref().map(|m| &m.0))?)
+        tensor_call(layer, x, out, mask, MultiHeadAttention::step_device)
     })
+}
+
+/// The handles of a tensor call (step or prefill) checked and looked up, then `call` on the layer.
+fn tensor_call(
+    layer: *mut kpc_mha,
+    x: *const kpc_tensor,
+    out: *mut kpc_tensor,
+    mask: *const kpc_tensor,
+    call: fn(&mut MultiHeadAttention, &Tensor, &mut Tensor, Option<&Tensor>) -> kpc::Result<()>,
+) -> Result<(), Failure> {
+    let l = registry::get::<Layer>(layer, "layer")?;
+    let x = registry::get::<TensorObj>(x, "x")?;
+    let out = registry::get::<TensorObj>(out, "out")?;
+    let mask = opt_tensor(mask, "mask")?;
+    let mut y = out.0.clone();
+    Ok(call(
+        &mut l.0.lock(),
+        &x.0,
+        &mut y,
+        mask.as_ref().map(|m| &m.0),
+    )?)
 }
 
 /// A prefill on device tensors, submitted with no host copy and no wait: `x` `[batch][len][qdim]`
@@ -510,14 +524,7 @@ pub unsafe extern "C" fn kpc_mha_prefill_tensor(
     mask: *const kpc_tensor,
 ) -> kpc_status {
     guard("kpc_mha_prefill_tensor", || {
-        let l = registry::get::<Layer>(layer, "layer")?;
-        let x = registry::get::<TensorObj>(x, "x")?;
-        let out = registry::get::<TensorObj>(out, "out")?;
-        let mask = opt_tensor(mask, "mask")?;
-        let mut y = out.0.clone();
-        Ok(l.0
-            .lock()
-            .prefill_device(&x.0, &mut y, mask.as_ref().map(|m| &m.0))?)
+        tensor_call(layer, x, out, mask, MultiHeadAttention::prefill_device)
     })
 }
 

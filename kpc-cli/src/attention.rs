@@ -109,15 +109,7 @@ fn workload(
         steps,
         dtype
     );
-    say!(
-        log,
-        "device: {}:{} {} [{}], driver {}",
-        device.backend,
-        device.index,
-        device.name,
-        device.device_type,
-        device.driver
-    );
+    say!(log, "{}", crate::attention_report::device_line(device));
     log.what = format!(
         "causal prefill of {prompt} positions, then {steps} decode steps with a KV cache \
          (batch {}, {} query / {} KV heads, head dim {d}, {dtype:?} K/V)",

@@ -92,15 +92,7 @@ fn run_on(ctx: &Context, args: &Args, plan: Plan) -> kpc::Result<ExitCode> {
         args.cross.map_or("none".into(), |c| c.to_string()),
         plan.dtype
     );
-    let d = &plan.device;
-    outln!(
-        "device: {}:{} {} [{}], driver {}",
-        d.backend,
-        d.index,
-        d.name,
-        d.device_type,
-        d.driver
-    );
+    outln!("{}", crate::attention_report::device_line(&plan.device));
     let mut rng = Rng::new();
     let self_w = random_weights(&mut rng, &base);
     // The attention flags (--decode-kernel, --decode-split-min, ...) apply to the layers' SDPA.

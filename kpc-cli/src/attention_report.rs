@@ -78,6 +78,14 @@ impl Report {
 /// With `KPC_CACHE_SEAL` set: waits for the context's warm start, so that the seal is in force
 /// before the first acquisition (a kernel the manifest lacks is then reported or refused here too),
 /// and says so in one line.
+/// The device line every attention run prints first: selector, name, type and driver.
+pub(crate) fn device_line(d: &kpc::DeviceInfo) -> String {
+    format!(
+        "device: {}:{} {} [{}], driver {}",
+        d.backend, d.index, d.name, d.device_type, d.driver
+    )
+}
+
 pub(crate) fn seal_before_first_acquisition(ctx: &kpc::Context) {
     let mode = ctx.config().seal;
     if mode == kpc::SealMode::Off {

@@ -75,15 +75,7 @@ pub(crate) fn run(ctx: &Context, args: &Args, plan: Plan, n: usize) -> kpc::Resu
         args.cross.map_or("none".into(), |c| c.to_string()),
         plan.dtype
     );
-    let d = &plan.device;
-    outln!(
-        "device: {}:{} {} [{}], driver {}",
-        d.backend,
-        d.index,
-        d.name,
-        d.device_type,
-        d.driver
-    );
+    outln!("{}", crate::attention_report::device_line(&plan.device));
     let mut rng = Rng::new();
     let mut weights = Vec::with_capacity(n);
     let mut decoder = Vec::with_capacity(n);
