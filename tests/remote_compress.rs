@@ -12,16 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::disk::{TempDir, capture};
-use common::fake_backend::{FakeBackend, image};
+use common::fake_backend::{FakeBackend, key, program};
 use common::redis::RedisServer;
 use kpc::Config;
 use kpc::RemoteUrl;
 use kpc::Source;
 use kpc::StoreKey;
+use kpc::StoreKind;
 use kpc::admin::disk::PersistentCache;
 use kpc::admin::runtime::ProgramManager;
 use kpc::admin::store::auth;
-use kpc::{BuildOptions, SpecConstants, StoreKind};
 
 fn config(root: &Path, url: &str, level: u8) -> Config {
     Config::builder()
@@ -31,21 +31,6 @@ fn config(root: &Path, url: &str, level: u8) -> Config {
         .remote_compress(level)
         .build()
         .unwrap()
-}
-
-fn program(pm: &ProgramManager, i: usize) -> Source {
-    let img = image(&format!("k{i}.cl"), &["main"]);
-    pm.program(&img, &SpecConstants::new(), &BuildOptions::new("-O2"))
-        .unwrap()
-        .source
-}
-
-fn key(pm: &ProgramManager, i: usize) -> StoreKey {
-    pm.disk_key(
-        &image(&format!("k{i}.cl"), &["main"]),
-        &SpecConstants::new(),
-        &BuildOptions::new("-O2"),
-    )
 }
 
 fn path_of(k: &StoreKey) -> String {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::disk::{Ev, TempDir, capture};
-use common::fake_backend::{FakeBackend, image};
+use common::fake_backend::{FakeBackend, image, program};
 use common::redis::{RedisServer, dead_url};
 use kpc::Config;
 use kpc::Source;
@@ -37,14 +37,6 @@ fn config(root: &Path, url: &str, key: Option<&str>) -> Config {
 
 fn manager(be: &Arc<FakeBackend>, cfg: &Config) -> ProgramManager {
     ProgramManager::new(be.clone(), cfg)
-}
-
-/// Acquires program `i` and returns where it came from.
-fn program(pm: &ProgramManager, i: usize) -> Source {
-    let img = image(&format!("k{i}.cl"), &["main"]);
-    pm.program(&img, &SpecConstants::new(), &BuildOptions::new("-O2"))
-        .unwrap()
-        .source
 }
 
 /// The remote level's (hits, misses, errors, puts) as the store counted them.

@@ -11,15 +11,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::disk::{TempDir, capture};
-use common::fake_backend::{FakeBackend, image};
+use common::fake_backend::{FakeBackend, key, program};
 use common::redis::RedisServer;
 use kpc::Config;
 use kpc::RemoteUrl;
 use kpc::Source;
+use kpc::StoreKind;
 use kpc::admin::runtime::ProgramManager;
 use kpc::admin::store::{GcPolicy, GcReason, RemoteStore};
 use kpc::{Access, Store, StoreKey};
-use kpc::{BuildOptions, SpecConstants, StoreKind};
 
 fn config(root: &Path, url: &str) -> Config {
     Config::builder()
@@ -28,21 +28,6 @@ fn config(root: &Path, url: &str) -> Config {
         .remote_timeout(Duration::from_secs(2))
         .build()
         .unwrap()
-}
-
-fn program(pm: &ProgramManager, i: usize) -> Source {
-    let img = image(&format!("k{i}.cl"), &["main"]);
-    pm.program(&img, &SpecConstants::new(), &BuildOptions::new("-O2"))
-        .unwrap()
-        .source
-}
-
-fn key(pm: &ProgramManager, i: usize) -> StoreKey {
-    pm.disk_key(
-        &image(&format!("k{i}.cl"), &["main"]),
-        &SpecConstants::new(),
-        &BuildOptions::new("-O2"),
-    )
 }
 
 fn entry(k: &StoreKey) -> String {

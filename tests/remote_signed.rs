@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::disk::{Ev, TempDir, capture};
-use common::fake_backend::{FakeBackend, image};
+use common::fake_backend::{FakeBackend, image, program};
 use common::redis::RedisServer;
 use kpc::Config;
 use kpc::SigningKey;
@@ -65,13 +65,6 @@ fn node(
             .map(|(_, v)| OsString::from(v))
     })
     .unwrap()
-}
-
-fn program(pm: &ProgramManager, i: usize) -> Source {
-    let img = image(&format!("k{i}.cl"), &["main"]);
-    pm.program(&img, &SpecConstants::new(), &BuildOptions::new("-O2"))
-        .unwrap()
-        .source
 }
 
 fn store_key(pm: &ProgramManager, i: usize) -> StoreKey {

@@ -261,6 +261,24 @@ pub fn image(name: &str, entries: &[&str]) -> DeviceImage {
     )
 }
 
+/// Acquires the numbered program `k{i}.cl` (options `-O2`) through `pm`: the keys the store tests
+/// count and look for, each a distinct entry.
+pub fn program(pm: &kpc::admin::runtime::ProgramManager, i: usize) -> kpc::Source {
+    let img = image(&format!("k{i}.cl"), &["main"]);
+    pm.program(&img, &SpecConstants::new(), &BuildOptions::new("-O2"))
+        .unwrap()
+        .source
+}
+
+/// The store key of [`program`]`(pm, i)`.
+pub fn key(pm: &kpc::admin::runtime::ProgramManager, i: usize) -> kpc::StoreKey {
+    pm.disk_key(
+        &image(&format!("k{i}.cl"), &["main"]),
+        &SpecConstants::new(),
+        &BuildOptions::new("-O2"),
+    )
+}
+
 fn entries_of(image: &DeviceImage) -> Vec<String> {
     String::from_utf8_lossy(image.bytes())
         .lines()
