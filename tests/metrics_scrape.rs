@@ -1,7 +1,8 @@
 //! kpc's metrics as an embedder's exporter sees them: this process installs the real
 //! `metrics-exporter-prometheus` on a loopback port, runs kernels through the counting fake backend
 //! (a builder publishing signed entries to an fs:// remote, a serving node served by it, one forged
-//! entry refused), scrapes `/metrics` over HTTP and checks each series' value.
+//! entry refused), scrapes `/metrics` over HTTP and checks each series' value. The recorder is
+//! process-wide, so the test runs in a child process of its own: no other test's kernels count.
 #![cfg(feature = "remote")]
 
 use crate::common;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::disk::TempDir;
-use common::fake_backend::{FakeBackend, image};
+use common::fake_backend::{FakeBackend, image, program};
 use kpc::Config;
 use kpc::Source;
 use kpc::admin::runtime::ProgramManager;
@@ -32,13 +33,6 @@ fn config(root: &Path, url: &str, signing: Option<SigningKey>, trusted: &Signing
         .host_id(Some("metrics-test".to_string()))
         .build()
         .unwrap()
-}
-
-fn program(pm: &ProgramManager, i: usize) -> Source {
-    let img = image(&format!("k{i}.cl"), &["main"]);
-    pm.program(&img, &SpecConstants::new(), &BuildOptions::new("-O2"))
-        .unwrap()
-        .source
 }
 
 /// GET /metrics from the exporter at `port`, retried while it starts.
@@ -83,6 +77,17 @@ fn value(body: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 #[test]
 fn a_prometheus_scrape_shows_builds_hits_per_level_and_refusals() {
+    let test = "a_prometheus_scrape_shows_builds_hits_per_level_and_refusals";
+    if common::disk::child_role().as_deref() != Some("scrape") {
+        let out = common::disk::child(test, "scrape").output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("SCRAPE CHECKED"),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -192,4 +197,5 @@ fn a_prometheus_scrape_shows_builds_hits_per_level_and_refusals() {
         2.0
     );
     assert!(body.contains("# TYPE kpc_programs_total counter"), "{body}");
+    println!("SCRAPE CHECKED");
 }
