@@ -76,8 +76,8 @@ pub mod cache {
 pub mod disk {
     pub use crate::cache::disk::evicted::{EVICTED_FILE, EVICTED_RECORDS, size_arg};
     pub use crate::cache::disk::{
-        DiskCacheSettings, EntryInfo, FieldDiff, Lookup, MissCause, MissExplanation,
-        PersistentCache, VERSION_DIR,
+        DiskCacheSettings, EntryInfo, FieldDiff, MissCause, MissExplanation, PersistentCache,
+        VERSION_DIR,
     };
 }
 

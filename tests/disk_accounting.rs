@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::disk::*;
 use kpc::DiskStats;
-use kpc::admin::disk::{DiskCacheSettings, Lookup, PersistentCache};
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
 use kpc::admin::store::WarnCause;
 use rand::Rng;
 

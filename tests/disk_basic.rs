@@ -6,8 +6,9 @@ use crate::common;
 use std::time::Duration;
 
 use common::disk::*;
+use common::poll_until;
 use kpc::Digest;
-use kpc::admin::disk::{DiskCacheSettings, Lookup, PersistentCache};
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
 use kpc::admin::store::WarnCause;
 use kpc::{PutOutcome, StoreKey};
 
@@ -207,13 +208,14 @@ fn a_waiter_gets_the_builders_result_and_a_dropped_guard_hands_over() {
         Lookup::Hit(h) => h.into_bytes(),
         Lookup::Miss(_) => panic!("the waiter must see the builder's entry"),
     });
-    // Give the waiter time to reach the lock; whether it waits or arrives after the put, it must get
-    // the builder's bytes and never build.
-    std::thread::sleep(Duration::from_millis(100));
+    // Once the waiter's first look has missed, it goes for the build lock the builder holds: whether
+    // it waits there or takes the lock after the put, it must get the builder's bytes and never build.
+    poll_until("the waiter's miss", || other.stats().misses == 1);
     g.put(b"result", Duration::ZERO);
     assert_eq!(waiter.join().unwrap(), b"result");
     let s = other.stats();
-    assert_eq!((s.hits, s.misses, s.lock_timeouts), (1, 0, 0));
+    // The chain's path counts the first look's miss, then the hit found under the lock.
+    assert_eq!((s.hits, s.misses, s.lock_timeouts), (1, 1, 0));
     assert!(s.lock_waits <= 1);
 
     // A guard dropped without a put (the build failed) lets the next caller build.
@@ -227,7 +229,7 @@ fn a_waiter_gets_the_builders_result_and_a_dropped_guard_hands_over() {
         Lookup::Miss(g) => g.holds_lock(),
         Lookup::Hit(_) => panic!("nothing was put"),
     });
-    std::thread::sleep(Duration::from_millis(50));
+    poll_until("the next caller's miss", || other.stats().misses == 2);
     drop(g);
     assert!(next.join().unwrap(), "the next caller takes over the lock");
     assert_eq!(other.stats().lock_timeouts, 0);

@@ -10,8 +10,9 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::disk::*;
+use common::poll_until;
 use kpc::PutOutcome;
-use kpc::admin::disk::{DiskCacheSettings, Lookup, PersistentCache};
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
 use rand::Rng;
 
 /// `threads` threads start together on one key of `size` bytes; half share one cache instance, half
@@ -32,12 +33,24 @@ fn single_flight(threads: usize, size: usize) {
             }
         })
         .collect();
+    // Distinct instances (the shared one appears many times), for counting.
+    let distinct: Arc<Vec<PersistentCache>> = Arc::new(
+        std::iter::once(shared.clone())
+            .chain(instances.iter().skip(1).step_by(2).cloned())
+            .collect(),
+    );
+    let misses = |d: &[PersistentCache]| d.iter().map(|c| c.stats().misses).sum::<u64>() as usize;
     let handles: Vec<_> = instances
         .iter()
         .cloned()
         .map(|c| {
-            let (k, data, builds, barrier) =
-                (k.clone(), data.clone(), builds.clone(), barrier.clone());
+            let (k, data, builds, barrier, distinct) = (
+                k.clone(),
+                data.clone(),
+                builds.clone(),
+                barrier.clone(),
+                distinct.clone(),
+            );
             std::thread::spawn(move || {
                 barrier.wait();
                 match c.get_or_lock(&k) {
@@ -45,7 +58,9 @@ fn single_flight(threads: usize, size: usize) {
                     Lookup::Miss(g) => {
                         builds.fetch_add(1, Ordering::SeqCst);
                         assert!(g.holds_lock());
-                        std::thread::sleep(Duration::from_millis(20));
+                        // Nothing is published before this put, so every thread's first look misses
+                        // and then queues on the build lock: the build waits until all of them have.
+                        poll_until("every thread's miss", || misses(&distinct) == threads);
                         assert_eq!(
                             g.put(&data, Duration::from_millis(20)),
                             PutOutcome::Published(0)
@@ -64,17 +79,16 @@ fn single_flight(threads: usize, size: usize) {
         1,
         "{threads} threads x {size} B: one build"
     );
-    // Sum over distinct instances (the shared one appears many times).
-    let mut distinct: Vec<&PersistentCache> = vec![&shared];
-    distinct.extend(instances.iter().skip(1).step_by(2));
     let (mut hits, mut corruptions, mut timeouts) = (0, 0, 0);
-    for c in distinct {
+    for c in distinct.iter() {
         let s = c.stats();
         hits += s.hits;
         corruptions += s.corruptions;
         timeouts += s.lock_timeouts;
     }
-    // Every thread: one get_or_lock (hit for all but the builder) and one get (always a hit).
+    // Every thread: a first look (a miss), then the build lock (a hit for all but the builder) and a
+    // last get (always a hit).
+    assert_eq!(misses(&distinct), threads);
     assert_eq!(hits as usize, 2 * threads - 1);
     assert_eq!((corruptions, timeouts), (0, 0));
     let r = shared.verify(false).unwrap();

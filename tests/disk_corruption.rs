@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use common::disk::*;
 use kpc::PutOutcome;
-use kpc::admin::disk::Lookup;
 use kpc::admin::store::WarnCause;
 
 fn set_mode(p: &Path, mode: u32) {

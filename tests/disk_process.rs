@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::disk::*;
 use kpc::PutOutcome;
-use kpc::admin::disk::{DiskCacheSettings, Lookup, PersistentCache};
+use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
 
 const BIG: usize = 16 << 20;
 

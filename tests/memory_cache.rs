@@ -11,6 +11,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::fake_backend::{AsFake, FakeBackend, image};
+use common::poll_until;
 use kpc::BackendKind;
 use kpc::Source;
 use kpc::admin::cache::{
@@ -74,8 +75,8 @@ fn three_hundred_threads_one_key_one_build_one_arc() {
                 barrier.wait();
                 c.get_or_build_program(&pkey(1), || {
                     builds.fetch_add(1, Ordering::SeqCst);
-                    // Long enough that the other threads find the build in progress and wait on it.
-                    thread::sleep(Duration::from_millis(50));
+                    // The build finishes only once every other thread waits on it.
+                    poll_until("299 waiters", || c.program_waiters(&pkey(1)) == 299);
                     Ok(Prog { id: 1, bytes: 10 })
                 })
                 .unwrap()
@@ -88,6 +89,12 @@ fn three_hundred_threads_one_key_one_build_one_arc() {
     let s = c.stats();
     assert_eq!(s.builds, 1);
     assert_eq!(s.hits + s.misses, 300);
+    assert_eq!(
+        (s.misses, s.waits),
+        (300, 299),
+        "every other caller waited on the one build"
+    );
+    assert_eq!(c.program_waiters(&pkey(1)), 0);
     assert!(s.waits >= 1, "{s:?}");
     assert_eq!(s.programs, 1);
 }
@@ -150,20 +157,17 @@ fn transient_failures_wake_one_retrying_waiter_at_a_time_and_are_bounded() {
     const N: usize = 50;
     let c = Arc::new(cache(0));
     let builds = Arc::new(AtomicUsize::new(0));
-    let entered = Arc::new(AtomicUsize::new(0));
     let handles: Vec<_> = (0..N)
         .map(|_| {
-            let (c, builds, entered) = (c.clone(), builds.clone(), entered.clone());
+            let (c, builds) = (c.clone(), builds.clone());
             thread::spawn(move || {
-                entered.fetch_add(1, Ordering::SeqCst);
                 c.get_or_build_program(&pkey(1), || {
                     let n = builds.fetch_add(1, Ordering::SeqCst);
                     if n == 0 {
-                        // Hold the first build until every caller has started its request.
-                        while entered.load(Ordering::SeqCst) < N {
-                            thread::yield_now();
-                        }
-                        thread::sleep(Duration::from_millis(100));
+                        // Hold the first build until every other caller waits on it.
+                        poll_until("every other caller waiting", || {
+                            c.program_waiters(&pkey(1)) as usize == N - 1
+                        });
                     }
                     Err(BuildError::transient(-5, format!("device lost #{n}")))
                 })
@@ -194,7 +198,7 @@ fn a_panic_in_build_reaches_its_caller_and_waiters_retry() {
                 catch_unwind(AssertUnwindSafe(|| {
                     c.get_or_build_program(&pkey(1), || {
                         if builds.fetch_add(1, Ordering::SeqCst) == 0 {
-                            thread::sleep(Duration::from_millis(30));
+                            poll_until("7 waiters", || c.program_waiters(&pkey(1)) == 7);
                             panic!("driver crashed");
                         }
                         Ok(Prog { id: 7, bytes: 1 })

@@ -9,7 +9,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
+use std::sync::atomic::{AtomicU32 as AtomicU32Std, AtomicU64, Ordering as StdOrdering};
 
 use super::sync::{AtomicU8, AtomicU32, Condvar, Mutex, OnceValue, Ordering};
 
@@ -134,6 +134,7 @@ pub struct BuildResult<T, E> {
     // under loom.
     last_use: AtomicU64,
     cost: AtomicU64,
+    waiters: AtomicU32Std,
 }
 
 impl<T, E> Default for BuildResult<T, E> {
@@ -154,7 +155,14 @@ impl<T, E> BuildResult<T, E> {
             last_transient: Mutex::new(None),
             last_use: AtomicU64::new(0),
             cost: AtomicU64::new(0),
+            waiters: AtomicU32Std::new(0),
         }
+    }
+
+    /// How many callers are blocked now on this entry's build in progress (bookkeeping for
+    /// introspection: the state machine does not read it).
+    pub fn waiters(&self) -> u32 {
+        self.waiters.load(StdOrdering::Relaxed)
     }
 
     /// The current state.
@@ -265,10 +273,13 @@ impl<T, E: BuildFailure> BuildResult<T, E> {
                 }
                 BuildState::InProgress => {
                     waited = true;
+                    self.waiters.fetch_add(1, StdOrdering::Relaxed);
                     let mut g = self.wait_lock.lock();
                     while self.state() == BuildState::InProgress {
                         g = self.wait_cv.wait(g);
                     }
+                    drop(g);
+                    self.waiters.fetch_sub(1, StdOrdering::Relaxed);
                 }
             }
         }

@@ -332,6 +332,12 @@ where
         self.maps.programs.contains_key(key)
     }
 
+    /// How many callers are blocked now on the build in progress of `key`'s program (0 when nothing
+    /// builds it): what a herd of requests for one new kernel looks like while it builds.
+    pub fn program_waiters(&self, key: &ProgramKey) -> u32 {
+        self.maps.programs.get(key).map_or(0, |e| e.waiters())
+    }
+
     /// Whether a kernel entry for `key` is present (in any state).
     pub fn contains_kernel(&self, key: &KernelKey) -> bool {
         self.maps.kernels.contains_key(key)

@@ -315,3 +315,62 @@ pub fn disk_warnings(events: &[Ev]) -> Vec<String> {
         .map(|e| e.fields.get("cause").cloned().unwrap_or_default())
         .collect()
 }
+
+/// What a lookup on the product's path found: the store chain's `get`, then on a miss the key's
+/// build lock, through the [`Store`](kpc::Store) trait as the chain calls it.
+pub enum Lookup {
+    /// A verified binary (found at once, or published by another builder while this caller waited).
+    Hit(kpc::StoreHit),
+    /// Nothing usable: build, then [`Build::put`]. (Boxed: the key is large, as in the library.)
+    Miss(Box<Build>),
+}
+
+/// The right to build one key, as the chain holds it: the store's answer to `lock_for_build`.
+pub struct Build {
+    cache: PersistentCache,
+    key: StoreKey,
+    lock: kpc::admin::store::BuildLock,
+}
+
+impl Build {
+    /// Whether the key's build lock is held (false after a timeout or on an unwritable cache).
+    pub fn holds_lock(&self) -> bool {
+        matches!(self.lock, kpc::admin::store::BuildLock::Held(_))
+    }
+
+    /// Whether the disk keeps this key at all (false outside the image size limits: it offers no lock).
+    pub fn persists(&self) -> bool {
+        !matches!(self.lock, kpc::admin::store::BuildLock::NotOffered)
+    }
+
+    /// Publishes `bytes` as the chain does after a build, then releases the lock.
+    pub fn put(self, bytes: &[u8], build_time: Duration) -> kpc::PutOutcome {
+        let outcome = kpc::Store::put(&self.cache, &self.key, bytes, build_time);
+        drop(self.lock);
+        outcome
+    }
+}
+
+/// The disk cache on the product's path, for tests that look up and build as the store chain does.
+pub trait ProductPath {
+    /// `Store::get`, then on a miss `Store::lock_for_build` (which waits for another builder and
+    /// reads again).
+    fn get_or_lock(&self, key: &StoreKey) -> Lookup;
+}
+
+impl ProductPath for PersistentCache {
+    fn get_or_lock(&self, key: &StoreKey) -> Lookup {
+        use kpc::admin::store::BuildLock;
+        if let Some(hit) = kpc::Store::get(self, key, kpc::Access::ReadWrite) {
+            return Lookup::Hit(hit);
+        }
+        match kpc::Store::lock_for_build(self, key) {
+            BuildLock::Published(hit) => Lookup::Hit(hit),
+            lock => Lookup::Miss(Box::new(Build {
+                cache: self.clone(),
+                key: key.clone(),
+                lock,
+            })),
+        }
+    }
+}

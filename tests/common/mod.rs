@@ -13,3 +13,16 @@ pub mod validation;
 pub mod vk_counting;
 pub mod vk_device;
 pub mod vk_engine;
+
+/// Polls `done` until it holds, failing the test after a minute (a deadline for a hung peer, not a
+/// timing assumption: the condition is what the test waits for).
+pub fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gave up waiting for {what}"
+        );
+        std::thread::yield_now();
+    }
+}

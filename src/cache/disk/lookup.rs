@@ -67,9 +67,9 @@ impl DiskHit {
     }
 }
 
-/// What [`PersistentCache::get_or_lock`] found.
+/// What [`PersistentCache::lock_for_build`] found.
 #[derive(Debug)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     /// A verified binary.
     Hit(DiskHit),
     /// Nothing usable: build, then [`BuildGuard::put`]. The guard holds the key's build lock when it
@@ -112,41 +112,13 @@ impl PersistentCache {
         r
     }
 
-    /// Looks `key` up; on a miss, takes the key's cross-process build lock, waiting up to
-    /// `lock_timeout` while another process (or thread) holds it and then reading again. Returns the hit,
-    /// or a guard for the caller to build under. After a timeout, or when the lock cannot be taken at all
-    /// (unwritable cache), the guard holds no lock and the caller builds anyway.
-    pub fn get_or_lock(&self, key: &StoreKey) -> Lookup {
-        let i = &self.inner;
-        if !self.persists_image_of_size(key.image_len()) {
-            bump(&i.counters.skipped, 1);
-            return self.miss(key, None, false);
-        }
-        if let Some(hit) = i.find(&i.leaf(key), key, true, true) {
-            i.count_lookup(key, Some(&hit), None);
-            return Lookup::Hit(hit);
-        }
-        match self.lock_and_look(key) {
-            Ok((lock, wait, r)) => {
-                i.count_lookup(key, r.as_ref(), wait);
-                match r {
-                    Some(hit) => Lookup::Hit(hit),
-                    None => self.miss(key, lock, true),
-                }
-            }
-            Err(()) => {
-                i.count_lookup(key, None, None);
-                self.miss(key, None, true)
-            }
-        }
-    }
-
-    /// The second half of [`PersistentCache::get_or_lock`], for a caller whose [`PersistentCache::get`]
-    /// just missed (the store chain, which looks in every store before it locks): takes the key's
-    /// build lock, waiting as `get_or_lock` does, and reads again. A hit found then is counted as a hit;
+    /// For a caller whose [`PersistentCache::get`] just missed (the store chain, which looks in every
+    /// store before it locks): takes the key's cross-process build lock, waiting up to `lock_timeout`
+    /// while another process (or thread) holds it, and reads again. After a timeout, or when the lock
+    /// cannot be taken at all (unwritable cache), the guard holds no lock and the caller builds anyway. A hit found then is counted as a hit;
     /// a miss is not counted again (the `get` counted it). Images outside the size limits are not
     /// locked: the guard then persists nothing.
-    pub fn lock_for_build(&self, key: &StoreKey) -> Lookup {
+    pub(crate) fn lock_for_build(&self, key: &StoreKey) -> Lookup {
         if !self.persists_image_of_size(key.image_len()) {
             return self.miss(key, None, false);
         }

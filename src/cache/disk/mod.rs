@@ -36,8 +36,8 @@
 //!   the `.bin` and then the `.src` into place (a visible `.src` therefore always has its `.bin`),
 //!   and fsyncs the directory. Only keys whose directory names collide share a leaf, so writers of
 //!   different keys never wait for each other.
-//! - **Single flight across processes.** [`PersistentCache::get_or_lock`] returns either a hit or a
-//!   [`BuildGuard`] holding the key's build lock (`key.lock` in the leaf). Another process that misses
+//! - **Single flight across processes.** After a miss, [`PersistentCache::lock_for_build`] returns
+//!   either a hit or a `BuildGuard` holding the key's build lock (`key.lock` in the leaf). Another process that misses
 //!   the same key waits for that lock (up to `KPC_CACHE_LOCK_TIMEOUT`) and reads again, so a key is
 //!   built once however many processes start together. After the timeout it builds itself.
 //! - **Removal** (eviction, corruption, `prune`, `clear`) happens only under the leaf's lock
@@ -106,7 +106,7 @@ pub use evict::EvictReport;
 pub use evicted::{Evicted, EvictionCost};
 pub use explain::{FieldDiff, MissCause, MissExplanation, compare_keys};
 pub use inventory::EntryInfo;
-pub use lookup::Lookup;
+pub(crate) use lookup::Lookup;
 pub use settings::DiskCacheSettings;
 pub use stats::DiskStats;
 

@@ -20,9 +20,9 @@ use crate::cache::store::provenance::Provenance;
 use crate::cache::store::warn::WarnCause;
 
 /// The right, and the duty, to build one key. Holds the key's cross-process build lock (when it could be
-/// taken) until [`BuildGuard::put`] or drop; dropping it without a put (the build failed) lets a waiting
-/// process take over.
-pub struct BuildGuard {
+/// taken) until it drops: the chain puts the build, then drops it; dropped without a put (the build
+/// failed), it lets a waiting process take over.
+pub(crate) struct BuildGuard {
     pub(super) cache: PersistentCache,
     // Boxed: a key is a few hundred bytes and a miss is the rare case, so `Lookup` stays small.
     pub(super) key: Box<StoreKey>,
@@ -50,21 +50,6 @@ impl BuildGuard {
     /// Whether a put would be attempted at all (false when the image size is outside the limits).
     pub fn persists(&self) -> bool {
         self.persist
-    }
-
-    /// Publishes `bytes` built in `build_time` for the key, then releases the build lock.
-    pub fn put(mut self, bytes: &[u8], build_time: Duration) -> PutOutcome {
-        if !self.persist {
-            return PutOutcome::Skipped;
-        }
-        let built_here = self.cache.built_here(&self.key, build_time);
-        let r = self
-            .cache
-            .inner
-            .put(&self.key, bytes, build_time, Some(&built_here));
-        // Released here, after the publish; the drop below then has nothing to tidy.
-        drop(self.lock.take());
-        r
     }
 }
 
