@@ -6,12 +6,16 @@
 # acquisition, from every process's report: the source (built by this process; disk = waited for
 # another's build, then loaded) and its time. Driver caches off (source .gpu/prelude.sh first).
 #   source .gpu/prelude.sh; .gpu/herd_gpu.sh            (after ../shared/gpu/pack.sh benches/herd_gpu.sh)
-# Variables: KPC (default .gpu/kpc), N (8), ROUNDS (3), DEVICES ("vulkan:gpu opencl:gpu").
+# Variables: KPC (default .gpu/kpc), N (8), ROUNDS (3), DEVICES ("vulkan:gpu opencl:gpu"), ARGS (the
+# attention arguments; issue 45 item 5 uses "--heads 32 --head-dim 128 --prompt 1024 --steps 4").
+# Per process of each herd, the breakdown line: wall, the kernel acquisitions' sum (waiting for the
+# builder's lock and loading, or building), the device opening alone measured beside it (floor), and
+# the rest (prefill, steps, buffers, teardown).
 set -uo pipefail
 KPC=${KPC:-.gpu/kpc}
 N=${N:-8}
 rounds=${ROUNDS:-3}
-args=(--heads 32 --kv-heads 8 --head-dim 128 --prompt 512 --steps 4)
+read -ra args <<<"${ARGS:---heads 32 --kv-heads 8 --head-dim 128 --prompt 512 --steps 4}"
 now() { date +%s.%N; }
 sec() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 for dev in ${DEVICES:-vulkan:gpu opencl:gpu}; do
@@ -23,7 +27,7 @@ for dev in ${DEVICES:-vulkan:gpu opencl:gpu}; do
     shared=$(mktemp -d)
     pids=(); t2=$(now)
     for ((i = 1; i <= N; i++)); do
-      KPC_CACHE_DIR=$shared POCL_CACHE_DIR=$shared/pocl$i "$KPC" attention --device "$dev" "${args[@]}" >"$shared.out$i" 2>&1 &
+      (s0=$(now); KPC_CACHE_DIR=$shared POCL_CACHE_DIR=$shared/pocl$i "$KPC" attention --device "$dev" "${args[@]}" >"$shared.out$i" 2>&1; echo "wall $(sec "$s0" "$(now)")" >>"$shared.out$i") &
       pids+=($!)
     done
     wait "${pids[@]}"; t3=$(now)
@@ -36,6 +40,10 @@ for dev in ${DEVICES:-vulkan:gpu opencl:gpu}; do
     echo "round $r: one process $(sec "$t0" "$t1") s; $N on one dir $(sec "$t2" "$t3") s ($(awk -v a="$(sec "$t0" "$t1")" -v b="$(sec "$t2" "$t3")" 'BEGIN{printf "%.2f", b/a}')x); floor one $(sec "$f1a" "$f1b") s, $N at once $(sec "$f2a" "$f2b") s; builds $built for $kernels kernels; runs without a result $failed"
     # "  kernel:  NAME  SOURCE[ (note)] in MS ms": the source, and the time before " ms".
     cat "$shared".out* | awk '$1 == "kernel:" { ms = $(NF - 1); src[$3] = src[$3] " " $2 "=" ms } END { for (s in src) print "  " s ":" src[s] }'
+    for ((i = 1; i <= N; i++)); do
+      awk -v i="$i" '$1 == "kernel:" { acq += $(NF - 1); how = how " " $3 } $1 == "wall" { wall = $2 }
+        END { printf "  process %d: wall %.3f s, kernels %.3f s (%s), other %.3f s\n", i, wall, acq / 1000, how, wall - acq / 1000 }' "$shared.out$i"
+    done
     rm -rf "$one" "$shared" "$shared".out*
   done
 done
