@@ -70,8 +70,24 @@ fn age_and_snapshot(dir: &Path) -> Tree {
     }
     let tree = snapshot(dir);
     // File times come from the kernel's coarse clock (one tick, up to 10 ms): a change within the tick
-    // of the snapshot would carry the same times. Past it, any change shows.
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    // of the snapshot would carry the same times. Wait until a new file's change time is past every
+    // time in the snapshot; from then on, any change shows.
+    let newest = tree.values().map(|(_, m, c)| *m.max(c)).max().unwrap_or(0);
+    let probe = dir.parent().unwrap().join(".clock-probe");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        std::fs::write(&probe, b"").unwrap();
+        let m = std::fs::metadata(&probe).unwrap();
+        if m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128 > newest {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the file clock never moved"
+        );
+        std::thread::yield_now();
+    }
+    std::fs::remove_file(&probe).unwrap();
     tree
 }
 
