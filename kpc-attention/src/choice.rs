@@ -10,19 +10,27 @@ use kpc::SpecConstants;
 
 use super::{AttentionOptions, AttentionShape, KvDtype, PrefillKernel, shipped_kernel};
 
-/// Shared memory the cooperative-matrix prefill kernel declares for head dimension `d` and
-/// `subgroups` subgroups. With the softmax in shared memory: a 32-key tile of K and of V (rows
-/// padded by 8 halves) and a 16 x 36 f32 score block per subgroup (the Q tile, staged first, fits
-/// in the same space). With it in registers (`quad`): a 64-key tile of K and of V, which the score
-/// blocks reuse to stage the output.
-pub(super) const fn coop_prefill_shared(d: usize, subgroups: usize, quad: bool) -> usize {
+/// Shared memory the cooperative-matrix prefill kernel declares for head dimension `d`, `subgroups`
+/// subgroups and `keys` keys per tile. With the softmax in shared memory: a 32-key tile of K and of
+/// V (rows padded by 8 halves) and a 16 x 36 f32 score block per subgroup. With it in registers
+/// (`quad`): a `keys`-key tile of K and of V, which the score blocks reuse to stage the output.
+/// Either way Q is staged first, 16 rows per subgroup at a time, in the same space.
+pub(super) const fn coop_prefill_shared(
+    d: usize,
+    subgroups: usize,
+    quad: bool,
+    keys: usize,
+) -> usize {
+    let row = (d / 8 + 1) * 16;
     let blocks = subgroups * 16 * 9 * 16;
-    if quad {
-        let tile = 2 * 64 * (d / 8 + 1) * 16;
+    let q = subgroups * 16 * row;
+    let most = if quad {
+        let tile = 2 * keys * row;
         if tile > blocks { tile } else { blocks }
     } else {
-        2 * 32 * (d / 8 + 1) * 16 + blocks
-    }
+        2 * 32 * row + blocks
+    };
+    if q > most { q } else { most }
 }
 
 /// Whether invocation `l`'s element `e` is row `(l >> 2) + 8 * (e >> 2)`, column
@@ -138,37 +146,57 @@ pub(super) fn fp16_matrix_fits(
     Ok(())
 }
 
-/// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype`; the
-/// error says why not.
+/// Subgroups of the cooperative-matrix prefill's workgroups for `options`: `coop_rows` over
+/// 16 rows times `coop_row_blocks`.
+pub(super) fn coop_prefill_subgroups(options: &AttentionOptions) -> u32 {
+    options.coop_rows / (16 * options.coop_row_blocks.max(1))
+}
+
+/// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype` with the
+/// tile that `options` sets (`coop_rows`, `coop_row_blocks`, `coop_keys`); the error says why not.
 pub(super) fn coop_prefill_fits(
     device: &DeviceInfo,
     shape: &AttentionShape,
     dtype: KvDtype,
-    rows: u32,
+    options: &AttentionOptions,
 ) -> std::result::Result<(), String> {
     let l = &device.limits;
-    if rows != 64 && rows != 128 {
+    let (rows, blocks, keys) = (
+        options.coop_rows,
+        options.coop_row_blocks,
+        options.coop_keys,
+    );
+    if blocks != 1 && blocks != 2 {
         return Err(format!(
-            "coop_rows {rows} is not one of 64 and 128 (query rows per workgroup)"
+            "coop_row_blocks {blocks} is not 1 or 2 (16-row blocks per subgroup)"
         ));
     }
-    let subgroups = rows as usize / 16;
-    // Each invocation stages whole 16-byte pieces of a 32-key tile.
-    let hint = format!(" (with coop_rows {rows})");
-    fp16_matrix_fits(device, dtype, shape.head_dim, 8 * subgroups, &hint)?;
-    if l.max_workgroup_invocations < 2 * rows {
+    if keys != 32 && keys != 64 {
+        return Err(format!("coop_keys {keys} is not 32 or 64 (keys per tile)"));
+    }
+    let subgroups = coop_prefill_subgroups(options);
+    if rows % (16 * blocks) != 0 || (subgroups != 4 && subgroups != 8) {
         return Err(format!(
-            "it needs workgroups of {} invocations; the device allows {}",
-            2 * rows,
+            "coop_rows {rows} is not 4 or 8 subgroups of {} rows (coop_row_blocks {blocks}): \
+             64 or 128 rows with 1 block, 128 or 256 with 2",
+            16 * blocks
+        ));
+    }
+    let subgroups = subgroups as usize;
+    // Each invocation stages whole 16-byte pieces of a 32-key tile.
+    let hint = format!(" (with {subgroups} subgroups)");
+    fp16_matrix_fits(device, dtype, shape.head_dim, 8 * subgroups, &hint)?;
+    let invocations = 32 * subgroups as u32;
+    if l.max_workgroup_invocations < invocations {
+        return Err(format!(
+            "it needs workgroups of {invocations} invocations; the device allows {}",
             l.max_workgroup_invocations
         ));
     }
     // Either softmax (the probe that picks one runs later, in Attention::new).
-    let need = coop_prefill_shared(shape.head_dim, subgroups, false).max(coop_prefill_shared(
-        shape.head_dim,
-        subgroups,
-        true,
-    ));
+    let need = coop_prefill_shared(shape.head_dim, subgroups, false, keys as usize).max(
+        coop_prefill_shared(shape.head_dim, subgroups, true, keys as usize),
+    );
     if (l.max_shared_memory_bytes as usize) < need {
         return Err(format!(
             "it needs {need} bytes of shared memory; the device has {}",
@@ -233,7 +261,7 @@ pub(super) fn auto_prefill(
     dtype: KvDtype,
     options: &AttentionOptions,
 ) -> PrefillKernel {
-    if coop_prefill_fits(device, shape, dtype, options.coop_rows).is_ok() {
+    if coop_prefill_fits(device, shape, dtype, options).is_ok() {
         PrefillKernel::Cooperative
     } else if cm2_prefill_fits(device, shape, dtype, options).is_ok() {
         PrefillKernel::Cm2

@@ -8,7 +8,8 @@ use kpc::{SpecConstants, SpecValue};
 
 use super::choice::{
     auto_prefill, cm2_prefill_fits, coop_matrix_unfit, coop_prefill_fits, coop_prefill_shared,
-    coop_quad_layout, tiled_prefill_fits, tiled_prefill_shared, tiled_prefill_slice,
+    coop_prefill_subgroups, coop_quad_layout, tiled_prefill_fits, tiled_prefill_shared,
+    tiled_prefill_slice,
 };
 use super::decode_choice::{coop_decode_fits, coop_decode_shared, vec_layout};
 use super::{
@@ -70,12 +71,17 @@ impl Attention {
             ),
         };
         let mut options = options;
+        let narrow = AttentionOptions {
+            coop_rows: 64,
+            coop_row_blocks: 1,
+            ..options
+        };
         if options.prefill == PrefillKernel::Auto
-            && coop_prefill_fits(device, shape, dtype, options.coop_rows).is_err()
-            && coop_prefill_fits(device, shape, dtype, 64).is_ok()
+            && coop_prefill_fits(device, shape, dtype, &options).is_err()
+            && coop_prefill_fits(device, shape, dtype, &narrow).is_ok()
         {
-            // 64 rows per workgroup also take head dimensions that are multiples of 32 only.
-            options.coop_rows = 64;
+            // 4 subgroups of 16 rows also take head dimensions that are multiples of 32 only.
+            options = narrow;
         }
         let prefill_kind = match options.prefill {
             PrefillKernel::Generic => PrefillKernel::Generic,
@@ -97,7 +103,7 @@ impl Attention {
                 PrefillKernel::Tiled
             }
             PrefillKernel::Cooperative => {
-                coop_prefill_fits(device, shape, dtype, options.coop_rows).map_err(|why| {
+                coop_prefill_fits(device, shape, dtype, &options).map_err(|why| {
                     Error::InvalidArgument(format!(
                         "the cooperative-matrix prefill kernel cannot run here: {why}"
                     ))
@@ -108,6 +114,12 @@ impl Attention {
         let coop_quad = prefill_kind == PrefillKernel::Cooperative
             && options.coop_registers
             && coop_quad_layout(ctx)?;
+        if prefill_kind == PrefillKernel::Cooperative && !coop_quad {
+            // The shared-memory softmax keeps one 16-row block per subgroup (and 32-key tiles):
+            // the same subgroups then own half the rows.
+            options.coop_rows = 16 * coop_prefill_subgroups(&options);
+            options.coop_row_blocks = 1;
+        }
         let (bq, bk) = (options.block_q as usize, options.block_k as usize);
         let decode_shared = match vec {
             Some(_) if coop_decode => {
@@ -127,9 +139,12 @@ impl Attention {
             }
         };
         let prefill_shared = match prefill_kind {
-            PrefillKernel::Cooperative => {
-                coop_prefill_shared(shape.head_dim, options.coop_rows as usize / 16, coop_quad)
-            }
+            PrefillKernel::Cooperative => coop_prefill_shared(
+                shape.head_dim,
+                coop_prefill_subgroups(&options) as usize,
+                coop_quad,
+                options.coop_keys as usize,
+            ),
             PrefillKernel::Tiled => tiled_prefill_shared(tiled_prefill_slice(device) as usize),
             // It declares none: the driver stages its matrices in memory it reserves itself.
             PrefillKernel::Cm2 => 0,
@@ -224,9 +239,12 @@ impl Attention {
             PrefillKernel::Cooperative => (
                 "attn_prefill_coop",
                 SpecConstants::new()
-                    .with(0, SpecValue::U32(2 * options.coop_rows))
+                    .with(0, SpecValue::U32(32 * coop_prefill_subgroups(&options)))
                     .with(3, d)
-                    .with(4, SpecValue::U32(u32::from(coop_quad))),
+                    .with(4, SpecValue::U32(u32::from(coop_quad)))
+                    .with(5, SpecValue::U32(options.coop_row_blocks))
+                    .with(6, SpecValue::U32(options.coop_keys))
+                    .with(7, SpecValue::U32(u32::from(options.coop_prefetch))),
             ),
             PrefillKernel::Tiled => (
                 "attn_prefill_tiled",

@@ -129,6 +129,17 @@ pub struct AttentionOptions {
     /// measured before the kernel's accumulators moved out of local memory (BENCHMARKS.md); with
     /// [`PrefillKernel::Auto`], 64 is used where only it fits the head dimension.
     pub coop_rows: u32,
+    /// 16-row blocks per subgroup of the cooperative-matrix prefill with its softmax in registers:
+    /// 1 or 2 (`coop_rows` is then 4 or 8 subgroups times 16 or 32 rows). With 2, each K or V
+    /// fragment read from shared memory feeds two products. The shared-memory softmax keeps 1 (the
+    /// same subgroups then own half the rows).
+    pub coop_row_blocks: u32,
+    /// Keys per tile of the cooperative-matrix prefill with its softmax in registers: 32 or 64.
+    pub coop_keys: u32,
+    /// Whether the cooperative-matrix prefill with its softmax in registers fetches each K/V tile
+    /// into registers while the previous one is computed (rather than after the barrier that
+    /// ends it: fewer registers).
+    pub coop_prefetch: bool,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers (64-key tiles) where
     /// the device's matrix layout allows it (a probe kernel checks, once per device), rather
     /// than in shared memory (32-key tiles). On by default; off only to compare the two.
@@ -175,6 +186,9 @@ impl Default for AttentionOptions {
             decode_combine_all: true,
             decode_head_lanes: true,
             coop_rows: 128,
+            coop_row_blocks: 1,
+            coop_keys: 64,
+            coop_prefetch: true,
             coop_registers: true,
             cm2_rows: 128,
             cm2_keys: 64,

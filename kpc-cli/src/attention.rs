@@ -151,7 +151,13 @@ fn workload(
         attn.decode_kernel(),
         attn.prefill_kernel(),
         match (attn.prefill_kernel(), attn.coop_register_softmax()) {
-            (PrefillKernel::Cooperative, true) => ", softmax in registers".to_string(),
+            (PrefillKernel::Cooperative, true) => format!(
+                ", softmax in registers, {} rows ({} x 16 per subgroup) x {} keys, prefetch {}",
+                options.coop_rows,
+                options.coop_row_blocks,
+                options.coop_keys,
+                options.coop_prefetch
+            ),
             (PrefillKernel::Cooperative, false) => ", softmax in shared memory".to_string(),
             (PrefillKernel::Cm2, _) => format!(
                 ", VK_NV_cooperative_matrix2, {} rows x {} keys, {} invocations",

@@ -250,6 +250,36 @@ pub(crate) fn coop_prefill_choice(ctx: &Context) {
         matches!(&e, Error::InvalidArgument(m) if m.contains("cooperative-matrix")),
         "{e}"
     );
+    // Tiles the kernel does not have, refused by name on every device.
+    for (bad, what) in [
+        (
+            AttentionOptions {
+                coop_row_blocks: 3,
+                ..forced(128)
+            },
+            "coop_row_blocks 3",
+        ),
+        (
+            AttentionOptions {
+                coop_keys: 48,
+                ..forced(128)
+            },
+            "coop_keys 48",
+        ),
+        (
+            AttentionOptions {
+                coop_row_blocks: 2,
+                ..forced(64)
+            },
+            "coop_rows 64",
+        ),
+    ] {
+        let e = Attention::new(ctx, &s, KvDtype::F16, 64, bad).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("cooperative-matrix") && m.contains(what)),
+            "{e}"
+        );
+    }
     if !coop_capable(ctx) {
         let e = Attention::new(ctx, &s, KvDtype::F16, 64, forced(128)).unwrap_err();
         assert!(
@@ -288,6 +318,32 @@ pub(crate) fn coop_prefill_choice(ctx: &Context) {
             assert!(
                 err <= 2e-3,
                 "{s:?} rows {rows} len {len} q x{q_scale} registers {coop_registers}: error {err:e}"
+            );
+        }
+    }
+    // Two 16-row blocks per subgroup, 32- and 64-key tiles, with and without the prefetch, with
+    // either softmax (the shared-memory one takes one block per subgroup, half the rows).
+    for coop_registers in [true, false] {
+        for (s, rows, blocks, keys, prefetch, len, q_scale) in [
+            (shape(1, 4, 2, 128), 128, 2, 32, true, 300, 1.0),
+            (shape(1, 4, 2, 128), 128, 2, 32, false, 129, 30.0),
+            (shape(2, 4, 4, 128), 256, 2, 32, true, 515, 1.0),
+            (shape(1, 2, 1, 64), 256, 2, 64, false, 77, 30.0),
+            (shape(1, 4, 2, 128), 128, 1, 32, false, 333, 30.0),
+            (shape(1, 2, 2, 128), 64, 1, 64, false, 200, 1.0),
+        ] {
+            let options = AttentionOptions {
+                coop_registers,
+                coop_row_blocks: blocks,
+                coop_keys: keys,
+                coop_prefetch: prefetch,
+                ..forced(rows)
+            };
+            let err = prefill_case_scaled(ctx, s, KvDtype::F16, options, len, q_scale);
+            assert!(
+                err <= 2e-3,
+                "{s:?} rows {rows} blocks {blocks} keys {keys} prefetch {prefetch} len {len} \
+                 q x{q_scale} registers {coop_registers}: error {err:e}"
             );
         }
     }
