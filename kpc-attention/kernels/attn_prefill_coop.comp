@@ -56,6 +56,10 @@ layout(constant_id = 6) const uint QUAD_KEYS = 64;
 // the SM cover the wait). Always 1 without QUAD.
 layout(constant_id = 7) const uint PREFETCH = 1;
 
+// With QUAD and 2 row blocks: 1 keeps the second block's Q in shared memory (beside the K/V tile)
+// and reads its fragments each tile, 32 registers fewer than holding it.
+layout(constant_id = 8) const uint Q_SHARED = 0;
+
 const uint SG = gl_WorkGroupSize.x / 32u;  // subgroups
 const uint RB = QUAD != 0u ? ROW_BLOCKS : 1u;  // 16-row blocks per subgroup
 const uint BQ = 16u * RB * SG;     // query rows per workgroup
@@ -73,7 +77,11 @@ const uint SC_SMEM = SC + SG * 16u * SS;
 // Q is staged one row block per subgroup at a time (RB passes), from 0.
 const uint Q_SMEM = SG * 16u * RS;
 const uint SMEM_A = KV_SMEM > SC_SMEM ? KV_SMEM : SC_SMEM;
-const uint SMEM = SMEM_A > Q_SMEM ? SMEM_A : Q_SMEM;
+const uint SMEM_B = SMEM_A > Q_SMEM ? SMEM_A : Q_SMEM;
+const uint QSH = QUAD != 0u && RB > 1u ? Q_SHARED : 0u;
+const uint QB = KV_SMEM;           // where the second block's Q stays (QSH)
+const uint QB_SMEM = QSH != 0u ? QB + SG * 16u * RS : 0u;
+const uint SMEM = SMEM_B > QB_SMEM ? SMEM_B : QB_SMEM;
 const uint CHUNKS = BK * (HEAD_DIM / 8u) / gl_WorkGroupSize.x;  // uvec4s of K (and of V) per invocation per tile
 // Register arrays get fixed bounds (as in attn_decode_vec); the loops index them with constants
 // once unrolled. The output's accumulators are separate variables, not an array (see EACH_ACC).
@@ -293,11 +301,13 @@ void main() {
                 vec4 z = q4[at + 1u] * qs;
                 w = uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw), packHalf2x16(z.xy), packHalf2x16(z.zw));
             }
-            kvq[r * RS + c] = w;
+            kvq[(rb > 0u && QSH != 0u ? QB : 0u) + r * RS + c] = w;
         }
         barrier();
         [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
-            if (rb == 0u) {
+            if (rb > 0u && QSH != 0u) {
+                // stays in shared memory, read where it is used
+            } else if (rb == 0u) {
                 coopMatLoad(qa[kk], kvq, sg * 16u * RS + 2u * kk, RS, gl_CooperativeMatrixLayoutRowMajor);
             } else {
                 coopMatLoad(qb[kk], kvq, sg * 16u * RS + 2u * kk, RS, gl_CooperativeMatrixLayoutRowMajor);
@@ -370,12 +380,19 @@ void main() {
                     }
                 }
                 [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
+                    MatA qt;
+                    if (QSH != 0u) {
+                        coopMatLoad(qt, kvq, QB + sg * 16u * RS + 2u * kk, RS,
+                                    gl_CooperativeMatrixLayoutRowMajor);
+                    }
                     [[unroll]] for (uint n = 0u; n < NT; n++) {
                         MatB kb;
                         coopMatLoad(kb, kvq, KV + n * 16u * RS + 2u * kk, RS,
                                     gl_CooperativeMatrixLayoutColumnMajor);
                         s[n] = coopMatMulAdd(qa[kk], kb, s[n]);
-                        if (RB > 1u) {
+                        if (QSH != 0u) {
+                            t[n] = coopMatMulAdd(qt, kb, t[n]);
+                        } else if (RB > 1u) {
                             t[n] = coopMatMulAdd(qb[kk], kb, t[n]);
                         }
                     }

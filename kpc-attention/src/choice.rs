@@ -14,18 +14,20 @@ use super::{AttentionOptions, AttentionShape, KvDtype, PrefillKernel, shipped_ke
 /// subgroups and `keys` keys per tile. With the softmax in shared memory: a 32-key tile of K and of
 /// V (rows padded by 8 halves) and a 16 x 36 f32 score block per subgroup. With it in registers
 /// (`quad`): a `keys`-key tile of K and of V, which the score blocks reuse to stage the output.
-/// Either way Q is staged first, 16 rows per subgroup at a time, in the same space.
+/// Either way Q is staged first, 16 rows per subgroup at a time, in the same space; with `q_shared`
+/// (register softmax, two row blocks) the second block's Q stays beside the K/V tile.
 pub(super) const fn coop_prefill_shared(
     d: usize,
     subgroups: usize,
     quad: bool,
     keys: usize,
+    q_shared: bool,
 ) -> usize {
     let row = (d / 8 + 1) * 16;
     let blocks = subgroups * 16 * 9 * 16;
     let q = subgroups * 16 * row;
     let most = if quad {
-        let tile = 2 * keys * row;
+        let tile = 2 * keys * row + if q_shared { q } else { 0 };
         if tile > blocks { tile } else { blocks }
     } else {
         2 * 32 * row + blocks
@@ -194,8 +196,9 @@ pub(super) fn coop_prefill_fits(
         ));
     }
     // Either softmax (the probe that picks one runs later, in Attention::new).
-    let need = coop_prefill_shared(shape.head_dim, subgroups, false, keys as usize).max(
-        coop_prefill_shared(shape.head_dim, subgroups, true, keys as usize),
+    let q_shared = options.coop_q_shared && blocks == 2;
+    let need = coop_prefill_shared(shape.head_dim, subgroups, false, keys as usize, false).max(
+        coop_prefill_shared(shape.head_dim, subgroups, true, keys as usize, q_shared),
     );
     if (l.max_shared_memory_bytes as usize) < need {
         return Err(format!(
@@ -423,8 +426,14 @@ pub(super) mod tests {
         );
         // f32 K/V: neither matrix kernel.
         assert_eq!(pick(&device(true, 256), KvDtype::F32), PrefillKernel::Tiled);
-        // Too little shared memory for the KHR kernel: cm2 (which declares none) on a device that
-        // has it, the tiled kernel on one that does not.
+        // Too little shared memory for the KHR kernel (with 8 subgroups of 16 rows, which need
+        // 35 KiB; the default 4 subgroups of 32 rows need 26 KiB, less than the tiled kernel's
+        // 28.25): cm2 (which declares none) on a device that has it, the tiled kernel on one
+        // that does not.
+        let o = AttentionOptions {
+            coop_row_blocks: 1,
+            ..o
+        };
         let mut small = device(true, 256);
         small.limits.max_shared_memory_bytes = 32768;
         assert_eq!(

@@ -114,11 +114,25 @@ impl Attention {
         let coop_quad = prefill_kind == PrefillKernel::Cooperative
             && options.coop_registers
             && coop_quad_layout(ctx)?;
-        if prefill_kind == PrefillKernel::Cooperative && !coop_quad {
+        if prefill_kind == PrefillKernel::Cooperative && !coop_quad && options.coop_row_blocks != 1
+        {
             // The shared-memory softmax keeps one 16-row block per subgroup (and 32-key tiles):
-            // the same subgroups then own half the rows.
-            options.coop_rows = 16 * coop_prefill_subgroups(&options);
-            options.coop_row_blocks = 1;
+            // up to 128 rows over twice the subgroups where they fit (its measured best, before
+            // the register softmax existed), else the same subgroups with half the rows.
+            let wide = AttentionOptions {
+                coop_rows: options.coop_rows.min(128),
+                coop_row_blocks: 1,
+                ..options
+            };
+            options = if coop_prefill_fits(device, shape, dtype, &wide).is_ok() {
+                wide
+            } else {
+                AttentionOptions {
+                    coop_rows: 16 * coop_prefill_subgroups(&options),
+                    coop_row_blocks: 1,
+                    ..options
+                }
+            };
         }
         let (bq, bk) = (options.block_q as usize, options.block_k as usize);
         let decode_shared = match vec {
@@ -144,6 +158,7 @@ impl Attention {
                 coop_prefill_subgroups(&options) as usize,
                 coop_quad,
                 options.coop_keys as usize,
+                options.coop_q_shared && options.coop_row_blocks == 2,
             ),
             PrefillKernel::Tiled => tiled_prefill_shared(tiled_prefill_slice(device) as usize),
             // It declares none: the driver stages its matrices in memory it reserves itself.
@@ -244,7 +259,8 @@ impl Attention {
                     .with(4, SpecValue::U32(u32::from(coop_quad)))
                     .with(5, SpecValue::U32(options.coop_row_blocks))
                     .with(6, SpecValue::U32(options.coop_keys))
-                    .with(7, SpecValue::U32(u32::from(options.coop_prefetch))),
+                    .with(7, SpecValue::U32(u32::from(options.coop_prefetch)))
+                    .with(8, SpecValue::U32(u32::from(options.coop_q_shared))),
             ),
             PrefillKernel::Tiled => (
                 "attn_prefill_tiled",

@@ -124,10 +124,10 @@ pub struct AttentionOptions {
     /// (BENCHMARKS.md, issue 41: 3 to 4.5% faster at Hkv = 8, L = 4k to 32k, on an H100); OpenCL
     /// keeps its own row sums either way.
     pub decode_head_lanes: bool,
-    /// Query rows per workgroup of the cooperative-matrix prefill, 16 per subgroup: 64 or 128.
-    /// 128 (the default) was 11 to 33% faster on an H200 at L = 2k to 16k with either softmax, as
-    /// measured before the kernel's accumulators moved out of local memory (BENCHMARKS.md); with
-    /// [`PrefillKernel::Auto`], 64 is used where only it fits the head dimension.
+    /// Query rows per workgroup of the cooperative-matrix prefill: 4 or 8 subgroups of
+    /// 16 x `coop_row_blocks` rows (64 or 128 with 1 block, 128 or 256 with 2). 128 is the default.
+    /// With [`PrefillKernel::Auto`], 64 rows of 1 block are used where only they fit the head
+    /// dimension.
     pub coop_rows: u32,
     /// 16-row blocks per subgroup of the cooperative-matrix prefill with its softmax in registers:
     /// 1 or 2 (`coop_rows` is then 4 or 8 subgroups times 16 or 32 rows). With 2, each K or V
@@ -140,6 +140,10 @@ pub struct AttentionOptions {
     /// into registers while the previous one is computed (rather than after the barrier that
     /// ends it: fewer registers).
     pub coop_prefetch: bool,
+    /// With 2 row blocks and the register softmax: whether the second block's Q stays in shared
+    /// memory beside the K/V tile, its fragments read each tile, rather than in registers (32
+    /// fewer per invocation). Needs the shared memory for it (4 subgroups, 32-key tiles at D = 128).
+    pub coop_q_shared: bool,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers (64-key tiles) where
     /// the device's matrix layout allows it (a probe kernel checks, once per device), rather
     /// than in shared memory (32-key tiles). On by default; off only to compare the two.
@@ -186,9 +190,10 @@ impl Default for AttentionOptions {
             decode_combine_all: true,
             decode_head_lanes: true,
             coop_rows: 128,
-            coop_row_blocks: 1,
-            coop_keys: 64,
-            coop_prefetch: true,
+            coop_row_blocks: 2,
+            coop_keys: 32,
+            coop_prefetch: false,
+            coop_q_shared: false,
             coop_registers: true,
             cm2_rows: 128,
             cm2_keys: 64,

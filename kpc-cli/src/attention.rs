@@ -152,11 +152,13 @@ fn workload(
         attn.prefill_kernel(),
         match (attn.prefill_kernel(), attn.coop_register_softmax()) {
             (PrefillKernel::Cooperative, true) => format!(
-                ", softmax in registers, {} rows ({} x 16 per subgroup) x {} keys, prefetch {}",
+                ", softmax in registers, {} rows ({} x 16 per subgroup) x {} keys, prefetch {}, \
+                 Q in shared memory {}",
                 options.coop_rows,
                 options.coop_row_blocks,
                 options.coop_keys,
-                options.coop_prefetch
+                options.coop_prefetch,
+                options.coop_q_shared
             ),
             (PrefillKernel::Cooperative, false) => ", softmax in shared memory".to_string(),
             (PrefillKernel::Cm2, _) => format!(

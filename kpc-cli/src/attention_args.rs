@@ -107,6 +107,10 @@ pub struct Args {
     /// the current one (AttentionOptions::coop_prefetch): `true` or `false`.
     #[arg(long)]
     pub(crate) coop_prefetch: Option<bool>,
+    /// Whether the cooperative-matrix prefill with 2 row blocks keeps the second block's Q in
+    /// shared memory (AttentionOptions::coop_q_shared): `true` or `false`.
+    #[arg(long)]
+    pub(crate) coop_q_shared: Option<bool>,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers where the device's
     /// matrix layout allows (AttentionOptions::coop_registers): `true` or `false`; without it, the
     /// default.
@@ -295,6 +299,9 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(p) = args.coop_prefetch {
         options.coop_prefetch = p;
+    }
+    if let Some(q) = args.coop_q_shared {
+        options.coop_q_shared = q;
     }
     if let Some(r) = args.coop_registers {
         options.coop_registers = r;

@@ -324,28 +324,45 @@ pub(crate) fn coop_prefill_choice(ctx: &Context) {
     // Two 16-row blocks per subgroup, 32- and 64-key tiles, with and without the prefetch, with
     // either softmax (the shared-memory one takes one block per subgroup, half the rows).
     for coop_registers in [true, false] {
-        for (s, rows, blocks, keys, prefetch, len, q_scale) in [
-            (shape(1, 4, 2, 128), 128, 2, 32, true, 300, 1.0),
-            (shape(1, 4, 2, 128), 128, 2, 32, false, 129, 30.0),
-            (shape(2, 4, 4, 128), 256, 2, 32, true, 515, 1.0),
-            (shape(1, 2, 1, 64), 256, 2, 64, false, 77, 30.0),
-            (shape(1, 4, 2, 128), 128, 1, 32, false, 333, 30.0),
-            (shape(1, 2, 2, 128), 64, 1, 64, false, 200, 1.0),
+        for (s, rows, blocks, keys, prefetch, q_shared, len, q_scale) in [
+            (shape(1, 4, 2, 128), 128, 2, 32, true, false, 300, 1.0),
+            (shape(1, 4, 2, 128), 128, 2, 32, false, false, 129, 30.0),
+            (shape(2, 4, 4, 128), 256, 2, 32, true, false, 515, 1.0),
+            (shape(1, 2, 1, 64), 256, 2, 64, false, false, 77, 30.0),
+            (shape(1, 4, 2, 128), 128, 1, 32, false, false, 333, 30.0),
+            (shape(1, 2, 2, 128), 64, 1, 64, false, false, 200, 1.0),
+            (shape(1, 4, 2, 128), 128, 2, 32, false, true, 300, 30.0),
+            (shape(2, 4, 4, 128), 128, 2, 32, true, true, 515, 1.0),
         ] {
             let options = AttentionOptions {
                 coop_registers,
                 coop_row_blocks: blocks,
                 coop_keys: keys,
                 coop_prefetch: prefetch,
+                coop_q_shared: q_shared,
                 ..forced(rows)
             };
             let err = prefill_case_scaled(ctx, s, KvDtype::F16, options, len, q_scale);
             assert!(
                 err <= 2e-3,
-                "{s:?} rows {rows} blocks {blocks} keys {keys} prefetch {prefetch} len {len} \
-                 q x{q_scale} registers {coop_registers}: error {err:e}"
+                "{s:?} rows {rows} blocks {blocks} keys {keys} prefetch {prefetch} q in shared \
+                 {q_shared} len {len} q x{q_scale} registers {coop_registers}: error {err:e}"
             );
         }
+    }
+    // The second block's Q beside a 64-key tile of 8 subgroups needs more than 48 KiB of shared
+    // memory at D = 128, which no device here has: refused by its size.
+    if ctx.device().limits.max_shared_memory_bytes < 64 * 1024 {
+        let big = AttentionOptions {
+            coop_row_blocks: 2,
+            coop_q_shared: true,
+            ..forced(256)
+        };
+        let e = Attention::new(ctx, &shape(1, 2, 1, 128), KvDtype::F16, 64, big).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("bytes of shared memory")),
+            "{e}"
+        );
     }
     // D = 96 fits only 64 rows per workgroup: Auto takes those rather than giving up the kernel.
     let auto = Attention::new(
