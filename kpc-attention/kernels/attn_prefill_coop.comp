@@ -60,6 +60,13 @@ layout(constant_id = 7) const uint PREFETCH = 1;
 // and reads its fragments each tile, 32 registers fewer than holding it.
 layout(constant_id = 8) const uint Q_SHARED = 0;
 
+// With QUAD: 1 stages K/V tiles in two buffers, so one barrier per tile ends it: the next tile is
+// written into the other buffer while this one is read. With PREFETCH, the next tile's K is
+// loaded before S = Q K^T and stored after it, its V loaded before O += P V and stored after it
+// (half the registers of holding both across the tile); without, both are loaded and stored
+// before the products.
+layout(constant_id = 9) const uint DOUBLE = 0;
+
 const uint SG = gl_WorkGroupSize.x / 32u;  // subgroups
 const uint RB = QUAD != 0u ? ROW_BLOCKS : 1u;  // 16-row blocks per subgroup
 const uint BQ = 16u * RB * SG;     // query rows per workgroup
@@ -81,7 +88,10 @@ const uint SMEM_B = SMEM_A > Q_SMEM ? SMEM_A : Q_SMEM;
 const uint QSH = QUAD != 0u && RB > 1u ? Q_SHARED : 0u;
 const uint QB = KV_SMEM;           // where the second block's Q stays (QSH)
 const uint QB_SMEM = QSH != 0u ? QB + SG * 16u * RS : 0u;
-const uint SMEM = SMEM_B > QB_SMEM ? SMEM_B : QB_SMEM;
+const uint SMEM_C = SMEM_B > QB_SMEM ? SMEM_B : QB_SMEM;
+const uint DB = QUAD != 0u && QSH == 0u ? DOUBLE : 0u;
+const uint DB_SMEM = DB != 0u ? 2u * KV_SMEM : 0u;
+const uint SMEM = SMEM_C > DB_SMEM ? SMEM_C : DB_SMEM;
 const uint CHUNKS = BK * (HEAD_DIM / 8u) / gl_WorkGroupSize.x;  // uvec4s of K (and of V) per invocation per tile
 // Register arrays get fixed bounds (as in attn_decode_vec); the loops index them with constants
 // once unrolled. The output's accumulators are separate variables, not an array (see EACH_ACC).
@@ -139,7 +149,7 @@ shared uvec4 kvq[SMEM];
 #define PV(C, A) \
     if (C < DM) { \
         MatB vb; \
-        coopMatLoad(vb, kvq, KV + (BK + 16u * kb) * RS + 2u * C, RS, \
+        coopMatLoad(vb, kvq, kvb + (BK + 16u * kb) * RS + 2u * C, RS, \
                     gl_CooperativeMatrixLayoutRowMajor); \
         A = coopMatMulAdd(pa[kb], vb, A); \
     }
@@ -147,7 +157,7 @@ shared uvec4 kvq[SMEM];
 #define PV2(C, A, B) \
     if (C < DM) { \
         MatB vb; \
-        coopMatLoad(vb, kvq, KV + (BK + 16u * kb) * RS + 2u * C, RS, \
+        coopMatLoad(vb, kvq, kvb + (BK + 16u * kb) * RS + 2u * C, RS, \
                     gl_CooperativeMatrixLayoutRowMajor); \
         A = coopMatMulAdd(pa[kb], vb, A); \
         if (RB > 1u) { \
@@ -265,6 +275,29 @@ void fetch(out uvec4 kn[MAX_CHUNKS], out uvec4 vn[MAX_CHUNKS], uint j0, uint hea
     }
 }
 
+// K (or V: `v`) rows j0 .. j0+BK alone, as fetch() takes them.
+void fetch_one(out uvec4 xn[MAX_CHUNKS], bool v, uint j0, uint head_row, uint visible) {
+    [[unroll]] for (uint e = 0u; e < CHUNKS; e++) {
+        uint i = gl_LocalInvocationID.x + e * gl_WorkGroupSize.x;
+        uint j = j0 + i / (HEAD_DIM / 8u);
+        xn[e] = uvec4(0u);
+        if (j < visible) {
+            uint at = (head_row + j) * (HEAD_DIM / 8u) + i % (HEAD_DIM / 8u);
+            xn[e] = v ? v8[at] : k8[at];
+        }
+    }
+}
+
+// The invocation's share of a tile's K rows (or V rows, `v`) into the buffer at `base`.
+void store_one(uvec4 xn[MAX_CHUNKS], bool v, uint base) {
+    [[unroll]] for (uint e = 0u; e < CHUNKS; e++) {
+        uint i = gl_LocalInvocationID.x + e * gl_WorkGroupSize.x;
+        uint key = i / (HEAD_DIM / 8u);
+        uint c = i % (HEAD_DIM / 8u);
+        kvq[base + ((v ? BK : 0u) + key) * RS + c] = xn[e];
+    }
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint sg = gl_SubgroupID;
@@ -355,20 +388,37 @@ void main() {
         float m3 = NONE;
         float l2 = 0.0;
         float l3 = 0.0;
-        for (uint j0 = 0u; j0 < visible; j0 += BK) {
+        if (DB != 0u) {
+            // Tile 0 into buffer 0 (kn and vn hold it with PREFETCH).
             if (PF == 0u) {
-                fetch(kn, vn, j0, head_row, visible);
+                fetch(kn, vn, 0u, head_row, visible);
             }
-            [[unroll]] for (uint e = 0u; e < CHUNKS; e++) {
-                uint i = tid + e * gl_WorkGroupSize.x;
-                uint key = i / (HEAD_DIM / 8u);
-                uint c = i % (HEAD_DIM / 8u);
-                kvq[KV + key * RS + c] = kn[e];
-                kvq[KV + (BK + key) * RS + c] = vn[e];
-            }
+            store_one(kn, false, 0u);
+            store_one(vn, true, 0u);
             barrier();
-            if (PF != 0u && j0 + BK < visible) {
-                fetch(kn, vn, j0 + BK, head_row, visible);
+        }
+        uint kvb = KV;  // the buffer this tile is read from
+        for (uint j0 = 0u; j0 < visible; j0 += BK) {
+            bool more = j0 + BK < visible;
+            uint other = KV_SMEM - kvb;  // DB: the buffer the next tile goes to
+            if (DB == 0u) {
+                if (PF == 0u) {
+                    fetch(kn, vn, j0, head_row, visible);
+                }
+                store_one(kn, false, KV);
+                store_one(vn, true, KV);
+                barrier();
+                if (PF != 0u && more) {
+                    fetch(kn, vn, j0 + BK, head_row, visible);
+                }
+            } else if (more) {
+                if (PF == 0u) {
+                    fetch(kn, vn, j0 + BK, head_row, visible);
+                    store_one(kn, false, other);
+                    store_one(vn, true, other);
+                } else {
+                    fetch_one(kn, false, j0 + BK, head_row, visible);
+                }
             }
             if (has_rows && j0 <= sg_last) {
                 MatC s[MAX_NT];
@@ -387,7 +437,7 @@ void main() {
                     }
                     [[unroll]] for (uint n = 0u; n < NT; n++) {
                         MatB kb;
-                        coopMatLoad(kb, kvq, KV + n * 16u * RS + 2u * kk, RS,
+                        coopMatLoad(kb, kvq, kvb + n * 16u * RS + 2u * kk, RS,
                                     gl_CooperativeMatrixLayoutColumnMajor);
                         s[n] = coopMatMulAdd(qa[kk], kb, s[n]);
                         if (QSH != 0u) {
@@ -403,11 +453,26 @@ void main() {
                 if (RB > 1u) {
                     SOFTMAX(t, pb, m2, m3, l2, l3, 16u, EACH_BCC)
                 }
+                if (DB != 0u && PF != 0u && more) {
+                    store_one(kn, false, other);
+                    fetch_one(vn, true, j0 + BK, head_row, visible);
+                }
                 [[unroll]] for (uint kb = 0u; kb < NT; kb++) {
                     EACH_ACC_BCC(PV2)
                 }
+                if (DB != 0u && PF != 0u && more) {
+                    store_one(vn, true, other);
+                }
+            } else if (DB != 0u && PF != 0u && more) {
+                // A subgroup past its rows still stages its share of the next tile.
+                store_one(kn, false, other);
+                fetch_one(vn, true, j0 + BK, head_row, visible);
+                store_one(vn, true, other);
             }
             barrier();
+            if (DB != 0u) {
+                kvb = other;
+            }
         }
         // O = acc / l, scaled in place; written below through the (now free) shared memory.
         l0 += subgroupShuffleXor(l0, 1u);
@@ -427,6 +492,7 @@ void main() {
             EACH_BCC(SCALE_ROWS)
         }
     } else {
+        uint kvb = KV;
         for (uint j0 = 0u; j0 < visible; j0 += BK) {
             [[unroll]] for (uint e = 0u; e < CHUNKS; e++) {
                 uint i = tid + e * gl_WorkGroupSize.x;
@@ -446,7 +512,7 @@ void main() {
                 [[unroll]] for (uint kk = 0u; kk < DM; kk++) {
                     [[unroll]] for (uint n = 0u; n < 2u; n++) {
                         MatB kb;
-                        coopMatLoad(kb, kvq, KV + n * 16u * RS + 2u * kk, RS,
+                        coopMatLoad(kb, kvq, kvb + n * 16u * RS + 2u * kk, RS,
                                     gl_CooperativeMatrixLayoutColumnMajor);
                         s[n] = coopMatMulAdd(qa[kk], kb, s[n]);
                     }

@@ -15,19 +15,27 @@ use super::{AttentionOptions, AttentionShape, KvDtype, PrefillKernel, shipped_ke
 /// V (rows padded by 8 halves) and a 16 x 36 f32 score block per subgroup. With it in registers
 /// (`quad`): a `keys`-key tile of K and of V, which the score blocks reuse to stage the output.
 /// Either way Q is staged first, 16 rows per subgroup at a time, in the same space; with `q_shared`
-/// (register softmax, two row blocks) the second block's Q stays beside the K/V tile.
+/// (register softmax, two row blocks) the second block's Q stays beside the K/V tile; else with
+/// `double` (register softmax) the K/V tile has two buffers.
 pub(super) const fn coop_prefill_shared(
     d: usize,
     subgroups: usize,
     quad: bool,
     keys: usize,
     q_shared: bool,
+    double: bool,
 ) -> usize {
     let row = (d / 8 + 1) * 16;
     let blocks = subgroups * 16 * 9 * 16;
     let q = subgroups * 16 * row;
     let most = if quad {
-        let tile = 2 * keys * row + if q_shared { q } else { 0 };
+        let tile = if q_shared {
+            2 * keys * row + q
+        } else if double {
+            4 * keys * row
+        } else {
+            2 * keys * row
+        };
         if tile > blocks { tile } else { blocks }
     } else {
         2 * 32 * row + blocks
@@ -197,9 +205,22 @@ pub(super) fn coop_prefill_fits(
     }
     // Either softmax (the probe that picks one runs later, in Attention::new).
     let q_shared = options.coop_q_shared && blocks == 2;
-    let need = coop_prefill_shared(shape.head_dim, subgroups, false, keys as usize, false).max(
-        coop_prefill_shared(shape.head_dim, subgroups, true, keys as usize, q_shared),
-    );
+    let need = coop_prefill_shared(
+        shape.head_dim,
+        subgroups,
+        false,
+        keys as usize,
+        false,
+        false,
+    )
+    .max(coop_prefill_shared(
+        shape.head_dim,
+        subgroups,
+        true,
+        keys as usize,
+        q_shared,
+        options.coop_double,
+    ));
     if (l.max_shared_memory_bytes as usize) < need {
         return Err(format!(
             "it needs {need} bytes of shared memory; the device has {}",

@@ -159,6 +159,7 @@ impl Attention {
                 coop_quad,
                 options.coop_keys as usize,
                 options.coop_q_shared && options.coop_row_blocks == 2,
+                options.coop_double,
             ),
             PrefillKernel::Tiled => tiled_prefill_shared(tiled_prefill_slice(device) as usize),
             // It declares none: the driver stages its matrices in memory it reserves itself.
@@ -260,7 +261,8 @@ impl Attention {
                     .with(5, SpecValue::U32(options.coop_row_blocks))
                     .with(6, SpecValue::U32(options.coop_keys))
                     .with(7, SpecValue::U32(u32::from(options.coop_prefetch)))
-                    .with(8, SpecValue::U32(u32::from(options.coop_q_shared))),
+                    .with(8, SpecValue::U32(u32::from(options.coop_q_shared)))
+                    .with(9, SpecValue::U32(u32::from(options.coop_double))),
             ),
             PrefillKernel::Tiled => (
                 "attn_prefill_tiled",

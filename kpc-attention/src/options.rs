@@ -144,6 +144,12 @@ pub struct AttentionOptions {
     /// memory beside the K/V tile, its fragments read each tile, rather than in registers (32
     /// fewer per invocation). Needs the shared memory for it (4 subgroups, 32-key tiles at D = 128).
     pub coop_q_shared: bool,
+    /// With the register softmax (and not `coop_q_shared`): whether K/V tiles are staged in two
+    /// shared buffers, the next tile written into one while this one is read from the other, so
+    /// that one barrier per tile ends it rather than two. With `coop_prefetch`, the next tile's K
+    /// is held in registers across S = Q K^T and its V across O += P V. Needs twice the tile's
+    /// shared memory (32-key tiles at D = 128).
+    pub coop_double: bool,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers (64-key tiles) where
     /// the device's matrix layout allows it (a probe kernel checks, once per device), rather
     /// than in shared memory (32-key tiles). On by default; off only to compare the two.
@@ -194,6 +200,7 @@ impl Default for AttentionOptions {
             coop_keys: 32,
             coop_prefetch: false,
             coop_q_shared: false,
+            coop_double: false,
             coop_registers: true,
             cm2_rows: 128,
             cm2_keys: 64,

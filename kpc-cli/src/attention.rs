@@ -153,12 +153,13 @@ fn workload(
         match (attn.prefill_kernel(), attn.coop_register_softmax()) {
             (PrefillKernel::Cooperative, true) => format!(
                 ", softmax in registers, {} rows ({} x 16 per subgroup) x {} keys, prefetch {}, \
-                 Q in shared memory {}",
+                 Q in shared memory {}, two K/V buffers {}",
                 options.coop_rows,
                 options.coop_row_blocks,
                 options.coop_keys,
                 options.coop_prefetch,
-                options.coop_q_shared
+                options.coop_q_shared,
+                options.coop_double
             ),
             (PrefillKernel::Cooperative, false) => ", softmax in shared memory".to_string(),
             (PrefillKernel::Cm2, _) => format!(

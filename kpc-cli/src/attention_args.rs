@@ -111,6 +111,10 @@ pub struct Args {
     /// shared memory (AttentionOptions::coop_q_shared): `true` or `false`.
     #[arg(long)]
     pub(crate) coop_q_shared: Option<bool>,
+    /// Whether the cooperative-matrix prefill stages K/V tiles in two shared buffers, one barrier
+    /// per tile (AttentionOptions::coop_double): `true` or `false`.
+    #[arg(long)]
+    pub(crate) coop_double: Option<bool>,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers where the device's
     /// matrix layout allows (AttentionOptions::coop_registers): `true` or `false`; without it, the
     /// default.
@@ -302,6 +306,9 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(q) = args.coop_q_shared {
         options.coop_q_shared = q;
+    }
+    if let Some(d) = args.coop_double {
+        options.coop_double = d;
     }
     if let Some(r) = args.coop_registers {
         options.coop_registers = r;

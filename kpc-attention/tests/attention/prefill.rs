@@ -234,9 +234,14 @@ pub(crate) fn coop_capable(ctx: &Context) -> bool {
 /// lengths that end mid-tile, scaled queries, and the softmax in registers (where the layout probe
 /// allows) and in shared memory. Wrong row counts and f32 K/V are typed errors everywhere.
 pub(crate) fn coop_prefill_choice(ctx: &Context) {
+    // One 16-row block per subgroup, 64-key tiles, prefetch (the first tile this kernel had);
+    // the cases below vary the rest.
     let forced = |rows: u32| AttentionOptions {
         prefill: PrefillKernel::Cooperative,
         coop_rows: rows,
+        coop_row_blocks: 1,
+        coop_keys: 64,
+        coop_prefetch: true,
         ..AttentionOptions::default()
     };
     let s = shape(1, 4, 2, 64);
@@ -324,15 +329,98 @@ pub(crate) fn coop_prefill_choice(ctx: &Context) {
     // Two 16-row blocks per subgroup, 32- and 64-key tiles, with and without the prefetch, with
     // either softmax (the shared-memory one takes one block per subgroup, half the rows).
     for coop_registers in [true, false] {
-        for (s, rows, blocks, keys, prefetch, q_shared, len, q_scale) in [
-            (shape(1, 4, 2, 128), 128, 2, 32, true, false, 300, 1.0),
-            (shape(1, 4, 2, 128), 128, 2, 32, false, false, 129, 30.0),
-            (shape(2, 4, 4, 128), 256, 2, 32, true, false, 515, 1.0),
-            (shape(1, 2, 1, 64), 256, 2, 64, false, false, 77, 30.0),
-            (shape(1, 4, 2, 128), 128, 1, 32, false, false, 333, 30.0),
-            (shape(1, 2, 2, 128), 64, 1, 64, false, false, 200, 1.0),
-            (shape(1, 4, 2, 128), 128, 2, 32, false, true, 300, 30.0),
-            (shape(2, 4, 4, 128), 128, 2, 32, true, true, 515, 1.0),
+        for (s, rows, blocks, keys, prefetch, q_shared, double, len, q_scale) in [
+            (
+                shape(1, 4, 2, 128),
+                128,
+                2,
+                32,
+                true,
+                false,
+                false,
+                300,
+                1.0,
+            ),
+            (
+                shape(1, 4, 2, 128),
+                128,
+                2,
+                32,
+                false,
+                false,
+                false,
+                129,
+                30.0,
+            ),
+            (
+                shape(2, 4, 4, 128),
+                256,
+                2,
+                32,
+                true,
+                false,
+                false,
+                515,
+                1.0,
+            ),
+            (
+                shape(1, 2, 1, 64),
+                256,
+                2,
+                64,
+                false,
+                false,
+                false,
+                77,
+                30.0,
+            ),
+            (
+                shape(1, 4, 2, 128),
+                128,
+                1,
+                32,
+                false,
+                false,
+                false,
+                333,
+                30.0,
+            ),
+            (
+                shape(1, 2, 2, 128),
+                64,
+                1,
+                64,
+                false,
+                false,
+                false,
+                200,
+                1.0,
+            ),
+            (
+                shape(1, 4, 2, 128),
+                128,
+                2,
+                32,
+                false,
+                true,
+                false,
+                300,
+                30.0,
+            ),
+            (shape(2, 4, 4, 128), 128, 2, 32, true, true, false, 515, 1.0),
+            (
+                shape(1, 4, 2, 128),
+                128,
+                2,
+                32,
+                false,
+                false,
+                true,
+                300,
+                30.0,
+            ),
+            (shape(2, 4, 4, 128), 128, 2, 32, true, false, true, 515, 1.0),
+            (shape(1, 4, 1, 64), 64, 1, 64, true, false, true, 200, 1.0),
         ] {
             let options = AttentionOptions {
                 coop_registers,
@@ -340,13 +428,15 @@ pub(crate) fn coop_prefill_choice(ctx: &Context) {
                 coop_keys: keys,
                 coop_prefetch: prefetch,
                 coop_q_shared: q_shared,
+                coop_double: double,
                 ..forced(rows)
             };
             let err = prefill_case_scaled(ctx, s, KvDtype::F16, options, len, q_scale);
             assert!(
                 err <= 2e-3,
                 "{s:?} rows {rows} blocks {blocks} keys {keys} prefetch {prefetch} q in shared \
-                 {q_shared} len {len} q x{q_scale} registers {coop_registers}: error {err:e}"
+                 {q_shared} double {double} len {len} q x{q_scale} registers {coop_registers}: \
+                 error {err:e}"
             );
         }
     }
