@@ -3,13 +3,16 @@
 // scope, its subgroups are 32 wide, K and V are fp16 and the head dimension is a multiple of 8 * SG
 // up to 128 (see Attention::prefill_kernel).
 //
-// Layout of the work: a workgroup of SG subgroups (4 or 8) owns 16 * SG query rows, 16 per
-// subgroup, and walks key tiles (BK: 64 keys with QUAD, else 32) up to the last key its last row may
-// see. The workgroup stages each K and V tile in shared memory, fetching the next tile into registers
-// while the current one is computed (zero past the visible keys, so nothing beyond the cache is read
-// and no stale value meets a zero weight). Each subgroup keeps its Q block (scaled by
-// log2(e)/sqrt(D), as fp16) and its 16 x D output block in cooperative matrices for the whole walk, so
-// per 16 keys it issues D/16 products for S = Q K^T and as many for O += P V.
+// Layout of the work: a workgroup of SG subgroups (4 or 8) owns 16 * RB * SG query rows, RB blocks
+// of 16 per subgroup (RB 1 or 2, ROW_BLOCKS), and walks key tiles (BK: QUAD_KEYS, 32 or 64, with
+// QUAD, else 32) up to the last key its last row may see. The workgroup stages each K and V tile in
+// shared memory (zero past the visible keys, so nothing beyond the cache is read and no stale value
+// meets a zero weight), fetched after the barrier that ends the previous tile or, with PREFETCH, into
+// registers while the previous tile is computed. Each subgroup keeps its Q blocks (scaled by
+// log2(e)/sqrt(D), as fp16) and its 16 x D output blocks in cooperative matrices for the whole walk,
+// so per 16 keys it issues RB * D/16 products for S = Q K^T and as many for O += P V, each staged K
+// or V fragment feeding RB of them. On an H200 two blocks of 16 rows, 4 subgroups, 32-key tiles and
+// no prefetch were the fastest tile (BENCHMARKS.md, issue 41).
 //
 // The cooperative-matrix extension does not say which invocation holds which element. Where the
 // host's probe (coop_layout.comp) found the layout that QUAD describes, the softmax stays in

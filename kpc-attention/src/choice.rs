@@ -272,13 +272,14 @@ pub(super) fn cm2_prefill_fits(
 }
 
 /// The prefill kernel [`PrefillKernel::Auto`] resolves to on `device` for `shape` and `dtype`: the
-/// KHR cooperative-matrix kernel (`options.coop_rows` rows) where it fits, else the
+/// KHR cooperative-matrix kernel (the tile `options` sets) where it fits, else the
 /// VK_NV_cooperative_matrix2 one where that fits, else the tiled one, else the generic one.
 ///
-/// The KHR kernel comes first because it was the faster of the two on the one device measured with
+/// The KHR kernel comes first because it was the faster of the two on both devices measured with
 /// both (H100, driver 580.159.04: 162/191/207 against cm2's best 126/157/175 TFLOP/s at L =
-/// 2k/4k/8k, BENCHMARKS.md); the cm2 kernel then runs where the KHR one does not fit (too little
-/// shared memory) or when asked for.
+/// 2k/4k/8k; H200, same driver, with two 16-row blocks per subgroup: 174/209/232 against 126/157/169;
+/// BENCHMARKS.md); the cm2 kernel then runs where the KHR one does not fit (too little shared
+/// memory) or when asked for.
 pub(super) fn auto_prefill(
     device: &DeviceInfo,
     shape: &AttentionShape,

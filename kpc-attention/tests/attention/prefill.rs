@@ -454,16 +454,18 @@ pub(crate) fn coop_prefill_choice(ctx: &Context) {
             "{e}"
         );
     }
-    // D = 96 fits only 64 rows per workgroup: Auto takes those rather than giving up the kernel.
-    let auto = Attention::new(
-        ctx,
-        &shape(1, 2, 1, 96),
-        KvDtype::F16,
-        64,
+    // D = 96 fits only 4 subgroups: Auto's tile has 4 (2 blocks of 16 rows each); with 8
+    // subgroups of 1 block asked for, Auto takes 64 rows rather than giving up the kernel.
+    for options in [
         AttentionOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(auto.prefill_kernel(), PrefillKernel::Cooperative);
+        AttentionOptions {
+            coop_row_blocks: 1,
+            ..AttentionOptions::default()
+        },
+    ] {
+        let auto = Attention::new(ctx, &shape(1, 2, 1, 96), KvDtype::F16, 64, options).unwrap();
+        assert_eq!(auto.prefill_kernel(), PrefillKernel::Cooperative);
+    }
 }
 
 /// A prompt prefilled in two chunks (the second attending the first's K/V in the cache) gives the
