@@ -70,6 +70,10 @@ layout(constant_id = 8) const uint Q_SHARED = 0;
 // before the products.
 layout(constant_id = 9) const uint DOUBLE = 0;
 
+// With QUAD: 1 takes the exponentials of P in fp16, two per instruction (P is fp16 for its
+// product either way; the row sums add the same fp16 weights in fp32).
+layout(constant_id = 10) const uint HALF_EXP = 0;
+
 const uint SG = gl_WorkGroupSize.x / 32u;  // subgroups
 const uint RB = QUAD != 0u ? ROW_BLOCKS : 1u;  // 16-row blocks per subgroup
 const uint BQ = 16u * RB * SG;     // query rows per workgroup
@@ -220,15 +224,25 @@ shared uvec4 kvq[SMEM];
             EACH(SCALE_ROWS) \
         } \
         [[unroll]] for (uint n = 0u; n < NT; n++) { \
-            [[unroll]] for (uint e = 0u; e < 8u; e++) { \
+            [[unroll]] for (uint e = 0u; e < 8u; e += 2u) { \
                 bool hi = e >= 4u; \
-                float pv = exp2(S[n][e] - (hi ? M1 : M0)); \
-                if (hi) { \
-                    L1 += pv; \
+                vec2 x2 = vec2(S[n][e], S[n][e + 1u]) - (hi ? M1 : M0); \
+                vec2 pv; \
+                if (HALF_EXP != 0u) { \
+                    f16vec2 ph = exp2(f16vec2(x2)); \
+                    PA[n][e] = ph.x; \
+                    PA[n][e + 1u] = ph.y; \
+                    pv = vec2(ph); \
                 } else { \
-                    L0 += pv; \
+                    pv = exp2(x2); \
+                    PA[n][e] = float16_t(pv.x); \
+                    PA[n][e + 1u] = float16_t(pv.y); \
                 } \
-                PA[n][e] = float16_t(pv); \
+                if (hi) { \
+                    L1 += pv.x + pv.y; \
+                } else { \
+                    L0 += pv.x + pv.y; \
+                } \
             } \
         } \
     }

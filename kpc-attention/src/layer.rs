@@ -262,7 +262,8 @@ impl Attention {
                     .with(6, SpecValue::U32(options.coop_keys))
                     .with(7, SpecValue::U32(u32::from(options.coop_prefetch)))
                     .with(8, SpecValue::U32(u32::from(options.coop_q_shared)))
-                    .with(9, SpecValue::U32(u32::from(options.coop_double))),
+                    .with(9, SpecValue::U32(u32::from(options.coop_double)))
+                    .with(10, SpecValue::U32(u32::from(options.coop_half_exp))),
             ),
             PrefillKernel::Tiled => (
                 "attn_prefill_tiled",

@@ -157,6 +157,9 @@ pub struct AttentionOptions {
     /// shared memory (32-key tiles at D = 128). Off by default: on an H200 it was 35 to 40% slower
     /// than the default tile (55 to 61% with the prefetch).
     pub coop_double: bool,
+    /// With the register softmax: whether the cooperative-matrix prefill takes P's exponentials
+    /// in fp16, two per instruction (P is rounded to fp16 for its product either way).
+    pub coop_half_exp: bool,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers (64-key tiles) where
     /// the device's matrix layout allows it (a probe kernel checks, once per device), rather
     /// than in shared memory (32-key tiles). On by default; off only to compare the two.
@@ -208,6 +211,7 @@ impl Default for AttentionOptions {
             coop_prefetch: false,
             coop_q_shared: false,
             coop_double: false,
+            coop_half_exp: false,
             coop_registers: true,
             cm2_rows: 128,
             cm2_keys: 64,

@@ -115,6 +115,10 @@ pub struct Args {
     /// per tile (AttentionOptions::coop_double): `true` or `false`.
     #[arg(long)]
     pub(crate) coop_double: Option<bool>,
+    /// Whether the cooperative-matrix prefill takes P's exponentials in fp16
+    /// (AttentionOptions::coop_half_exp): `true` or `false`.
+    #[arg(long)]
+    pub(crate) coop_half_exp: Option<bool>,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers where the device's
     /// matrix layout allows (AttentionOptions::coop_registers): `true` or `false`; without it, the
     /// default.
@@ -309,6 +313,9 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(d) = args.coop_double {
         options.coop_double = d;
+    }
+    if let Some(h) = args.coop_half_exp {
+        options.coop_half_exp = h;
     }
     if let Some(r) = args.coop_registers {
         options.coop_registers = r;

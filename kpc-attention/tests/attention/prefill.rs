@@ -422,22 +422,28 @@ pub(crate) fn coop_prefill_choice(ctx: &Context) {
             (shape(2, 4, 4, 128), 128, 2, 32, true, false, true, 515, 1.0),
             (shape(1, 4, 1, 64), 64, 1, 64, true, false, true, 200, 1.0),
         ] {
-            let options = AttentionOptions {
-                coop_registers,
-                coop_row_blocks: blocks,
-                coop_keys: keys,
-                coop_prefetch: prefetch,
-                coop_q_shared: q_shared,
-                coop_double: double,
-                ..forced(rows)
-            };
-            let err = prefill_case_scaled(ctx, s, KvDtype::F16, options, len, q_scale);
-            assert!(
-                err <= 2e-3,
-                "{s:?} rows {rows} blocks {blocks} keys {keys} prefetch {prefetch} q in shared \
-                 {q_shared} double {double} len {len} q x{q_scale} registers {coop_registers}: \
-                 error {err:e}"
-            );
+            for half_exp in [false, true] {
+                if half_exp && (q_shared || double) {
+                    continue;
+                }
+                let options = AttentionOptions {
+                    coop_registers,
+                    coop_row_blocks: blocks,
+                    coop_keys: keys,
+                    coop_prefetch: prefetch,
+                    coop_q_shared: q_shared,
+                    coop_double: double,
+                    coop_half_exp: half_exp,
+                    ..forced(rows)
+                };
+                let err = prefill_case_scaled(ctx, s, KvDtype::F16, options, len, q_scale);
+                assert!(
+                    err <= 2e-3,
+                    "{s:?} rows {rows} blocks {blocks} keys {keys} prefetch {prefetch} q in shared \
+                 {q_shared} double {double} fp16 exp {half_exp} len {len} q x{q_scale} \
+                 registers {coop_registers}: error {err:e}"
+                );
+            }
         }
     }
     // The second block's Q beside a 64-key tile of 8 subgroups needs more than 48 KiB of shared
