@@ -158,7 +158,8 @@ pub struct AttentionOptions {
     /// than the default tile (55 to 61% with the prefetch).
     pub coop_double: bool,
     /// With the register softmax: whether the cooperative-matrix prefill takes P's exponentials
-    /// in fp16, two per instruction (P is rounded to fp16 for its product either way).
+    /// in fp16, two per instruction (P is rounded to fp16 for its product either way). Off by
+    /// default: on an H200 it was 3 to 4% slower (BENCHMARKS.md, issue 41).
     pub coop_half_exp: bool,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers (64-key tiles) where
     /// the device's matrix layout allows it (a probe kernel checks, once per device), rather
