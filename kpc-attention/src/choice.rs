@@ -10,19 +10,37 @@ use kpc::SpecConstants;
 
 use super::{AttentionOptions, AttentionShape, KvDtype, PrefillKernel, shipped_kernel};
 
-/// Shared memory the cooperative-matrix prefill kernel declares for head dimension `d` and
-/// `subgroups` subgroups. With the softmax in shared memory: a 32-key tile of K and of V (rows
-/// padded by 8 halves) and a 16 x 36 f32 score block per subgroup (the Q tile, staged first, fits
-/// in the same space). With it in registers (`quad`): a 64-key tile of K and of V, which the score
-/// blocks reuse to stage the output.
-pub(super) const fn coop_prefill_shared(d: usize, subgroups: usize, quad: bool) -> usize {
+/// Shared memory the cooperative-matrix prefill kernel declares for head dimension `d`, `subgroups`
+/// subgroups and `keys` keys per tile. With the softmax in shared memory: a 32-key tile of K and of
+/// V (rows padded by 8 halves) and a 16 x 36 f32 score block per subgroup. With it in registers
+/// (`quad`): a `keys`-key tile of K and of V, which the score blocks reuse to stage the output.
+/// Either way Q is staged first, 16 rows per subgroup at a time, in the same space; with `q_shared`
+/// (register softmax, two row blocks) the second block's Q stays beside the K/V tile; else with
+/// `double` (register softmax) the K/V tile has two buffers.
+pub(super) const fn coop_prefill_shared(
+    d: usize,
+    subgroups: usize,
+    quad: bool,
+    keys: usize,
+    q_shared: bool,
+    double: bool,
+) -> usize {
+    let row = (d / 8 + 1) * 16;
     let blocks = subgroups * 16 * 9 * 16;
-    if quad {
-        let tile = 2 * 64 * (d / 8 + 1) * 16;
+    let q = subgroups * 16 * row;
+    let most = if quad {
+        let tile = if q_shared {
+            2 * keys * row + q
+        } else if double {
+            4 * keys * row
+        } else {
+            2 * keys * row
+        };
         if tile > blocks { tile } else { blocks }
     } else {
-        2 * 32 * (d / 8 + 1) * 16 + blocks
-    }
+        2 * 32 * row + blocks
+    };
+    if q > most { q } else { most }
 }
 
 /// Whether invocation `l`'s element `e` is row `(l >> 2) + 8 * (e >> 2)`, column
@@ -138,36 +156,70 @@ pub(super) fn fp16_matrix_fits(
     Ok(())
 }
 
-/// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype`; the
-/// error says why not.
+/// Subgroups of the cooperative-matrix prefill's workgroups for `options`: `coop_rows` over
+/// 16 rows times `coop_row_blocks`.
+pub(super) fn coop_prefill_subgroups(options: &AttentionOptions) -> u32 {
+    options.coop_rows / (16 * options.coop_row_blocks.max(1))
+}
+
+/// Whether the cooperative-matrix prefill kernel runs on `device` for `shape` and `dtype` with the
+/// tile that `options` sets (`coop_rows`, `coop_row_blocks`, `coop_keys`); the error says why not.
 pub(super) fn coop_prefill_fits(
     device: &DeviceInfo,
     shape: &AttentionShape,
     dtype: KvDtype,
-    rows: u32,
+    options: &AttentionOptions,
 ) -> std::result::Result<(), String> {
     let l = &device.limits;
-    if rows != 64 && rows != 128 {
+    let (rows, blocks, keys) = (
+        options.coop_rows,
+        options.coop_row_blocks,
+        options.coop_keys,
+    );
+    if blocks != 1 && blocks != 2 {
         return Err(format!(
-            "coop_rows {rows} is not one of 64 and 128 (query rows per workgroup)"
+            "coop_row_blocks {blocks} is not 1 or 2 (16-row blocks per subgroup)"
         ));
     }
-    let subgroups = rows as usize / 16;
-    // Each invocation stages whole 16-byte pieces of a 32-key tile.
-    let hint = format!(" (with coop_rows {rows})");
-    fp16_matrix_fits(device, dtype, shape.head_dim, 8 * subgroups, &hint)?;
-    if l.max_workgroup_invocations < 2 * rows {
+    if keys != 32 && keys != 64 {
+        return Err(format!("coop_keys {keys} is not 32 or 64 (keys per tile)"));
+    }
+    let subgroups = coop_prefill_subgroups(options);
+    if rows % (16 * blocks) != 0 || (subgroups != 4 && subgroups != 8) {
         return Err(format!(
-            "it needs workgroups of {} invocations; the device allows {}",
-            2 * rows,
+            "coop_rows {rows} is not 4 or 8 subgroups of {} rows (coop_row_blocks {blocks}): \
+             64 or 128 rows with 1 block, 128 or 256 with 2",
+            16 * blocks
+        ));
+    }
+    let subgroups = subgroups as usize;
+    // Each invocation stages whole 16-byte pieces of a 32-key tile.
+    let hint = format!(" (with {subgroups} subgroups)");
+    fp16_matrix_fits(device, dtype, shape.head_dim, 8 * subgroups, &hint)?;
+    let invocations = 32 * subgroups as u32;
+    if l.max_workgroup_invocations < invocations {
+        return Err(format!(
+            "it needs workgroups of {invocations} invocations; the device allows {}",
             l.max_workgroup_invocations
         ));
     }
     // Either softmax (the probe that picks one runs later, in Attention::new).
-    let need = coop_prefill_shared(shape.head_dim, subgroups, false).max(coop_prefill_shared(
+    let q_shared = options.coop_q_shared && blocks == 2;
+    let need = coop_prefill_shared(
+        shape.head_dim,
+        subgroups,
+        false,
+        keys as usize,
+        false,
+        false,
+    )
+    .max(coop_prefill_shared(
         shape.head_dim,
         subgroups,
         true,
+        keys as usize,
+        q_shared,
+        options.coop_double,
     ));
     if (l.max_shared_memory_bytes as usize) < need {
         return Err(format!(
@@ -220,20 +272,21 @@ pub(super) fn cm2_prefill_fits(
 }
 
 /// The prefill kernel [`PrefillKernel::Auto`] resolves to on `device` for `shape` and `dtype`: the
-/// KHR cooperative-matrix kernel (`options.coop_rows` rows) where it fits, else the
+/// KHR cooperative-matrix kernel (the tile `options` sets) where it fits, else the
 /// VK_NV_cooperative_matrix2 one where that fits, else the tiled one, else the generic one.
 ///
-/// The KHR kernel comes first because it was the faster of the two on the one device measured with
+/// The KHR kernel comes first because it was the faster of the two on both devices measured with
 /// both (H100, driver 580.159.04: 162/191/207 against cm2's best 126/157/175 TFLOP/s at L =
-/// 2k/4k/8k, BENCHMARKS.md); the cm2 kernel then runs where the KHR one does not fit (too little
-/// shared memory) or when asked for.
+/// 2k/4k/8k; H200, same driver, with two 16-row blocks per subgroup: 174/209/232 against 126/157/169;
+/// BENCHMARKS.md); the cm2 kernel then runs where the KHR one does not fit (too little shared
+/// memory) or when asked for.
 pub(super) fn auto_prefill(
     device: &DeviceInfo,
     shape: &AttentionShape,
     dtype: KvDtype,
     options: &AttentionOptions,
 ) -> PrefillKernel {
-    if coop_prefill_fits(device, shape, dtype, options.coop_rows).is_ok() {
+    if coop_prefill_fits(device, shape, dtype, options).is_ok() {
         PrefillKernel::Cooperative
     } else if cm2_prefill_fits(device, shape, dtype, options).is_ok() {
         PrefillKernel::Cm2
@@ -395,8 +448,14 @@ pub(super) mod tests {
         );
         // f32 K/V: neither matrix kernel.
         assert_eq!(pick(&device(true, 256), KvDtype::F32), PrefillKernel::Tiled);
-        // Too little shared memory for the KHR kernel: cm2 (which declares none) on a device that
-        // has it, the tiled kernel on one that does not.
+        // Too little shared memory for the KHR kernel (with 8 subgroups of 16 rows, which need
+        // 35 KiB; the default 4 subgroups of 32 rows need 26 KiB, less than the tiled kernel's
+        // 28.25): cm2 (which declares none) on a device that has it, the tiled kernel on one
+        // that does not.
+        let o = AttentionOptions {
+            coop_row_blocks: 1,
+            ..o
+        };
         let mut small = device(true, 256);
         small.limits.max_shared_memory_bytes = 32768;
         assert_eq!(

@@ -8,7 +8,8 @@ use kpc::{SpecConstants, SpecValue};
 
 use super::choice::{
     auto_prefill, cm2_prefill_fits, coop_matrix_unfit, coop_prefill_fits, coop_prefill_shared,
-    coop_quad_layout, tiled_prefill_fits, tiled_prefill_shared, tiled_prefill_slice,
+    coop_prefill_subgroups, coop_quad_layout, tiled_prefill_fits, tiled_prefill_shared,
+    tiled_prefill_slice,
 };
 use super::decode_choice::{coop_decode_fits, coop_decode_shared, vec_layout};
 use super::{
@@ -70,12 +71,17 @@ impl Attention {
             ),
         };
         let mut options = options;
+        let narrow = AttentionOptions {
+            coop_rows: 64,
+            coop_row_blocks: 1,
+            ..options
+        };
         if options.prefill == PrefillKernel::Auto
-            && coop_prefill_fits(device, shape, dtype, options.coop_rows).is_err()
-            && coop_prefill_fits(device, shape, dtype, 64).is_ok()
+            && coop_prefill_fits(device, shape, dtype, &options).is_err()
+            && coop_prefill_fits(device, shape, dtype, &narrow).is_ok()
         {
-            // 64 rows per workgroup also take head dimensions that are multiples of 32 only.
-            options.coop_rows = 64;
+            // 4 subgroups of 16 rows also take head dimensions that are multiples of 32 only.
+            options = narrow;
         }
         let prefill_kind = match options.prefill {
             PrefillKernel::Generic => PrefillKernel::Generic,
@@ -97,7 +103,7 @@ impl Attention {
                 PrefillKernel::Tiled
             }
             PrefillKernel::Cooperative => {
-                coop_prefill_fits(device, shape, dtype, options.coop_rows).map_err(|why| {
+                coop_prefill_fits(device, shape, dtype, &options).map_err(|why| {
                     Error::InvalidArgument(format!(
                         "the cooperative-matrix prefill kernel cannot run here: {why}"
                     ))
@@ -108,6 +114,26 @@ impl Attention {
         let coop_quad = prefill_kind == PrefillKernel::Cooperative
             && options.coop_registers
             && coop_quad_layout(ctx)?;
+        if prefill_kind == PrefillKernel::Cooperative && !coop_quad && options.coop_row_blocks != 1
+        {
+            // The shared-memory softmax keeps one 16-row block per subgroup (and 32-key tiles):
+            // up to 128 rows over twice the subgroups where they fit (its measured best, before
+            // the register softmax existed), else the same subgroups with half the rows.
+            let wide = AttentionOptions {
+                coop_rows: options.coop_rows.min(128),
+                coop_row_blocks: 1,
+                ..options
+            };
+            options = if coop_prefill_fits(device, shape, dtype, &wide).is_ok() {
+                wide
+            } else {
+                AttentionOptions {
+                    coop_rows: 16 * coop_prefill_subgroups(&options),
+                    coop_row_blocks: 1,
+                    ..options
+                }
+            };
+        }
         let (bq, bk) = (options.block_q as usize, options.block_k as usize);
         let decode_shared = match vec {
             Some(_) if coop_decode => {
@@ -127,9 +153,14 @@ impl Attention {
             }
         };
         let prefill_shared = match prefill_kind {
-            PrefillKernel::Cooperative => {
-                coop_prefill_shared(shape.head_dim, options.coop_rows as usize / 16, coop_quad)
-            }
+            PrefillKernel::Cooperative => coop_prefill_shared(
+                shape.head_dim,
+                coop_prefill_subgroups(&options) as usize,
+                coop_quad,
+                options.coop_keys as usize,
+                options.coop_q_shared && options.coop_row_blocks == 2,
+                options.coop_double,
+            ),
             PrefillKernel::Tiled => tiled_prefill_shared(tiled_prefill_slice(device) as usize),
             // It declares none: the driver stages its matrices in memory it reserves itself.
             PrefillKernel::Cm2 => 0,
@@ -224,9 +255,15 @@ impl Attention {
             PrefillKernel::Cooperative => (
                 "attn_prefill_coop",
                 SpecConstants::new()
-                    .with(0, SpecValue::U32(2 * options.coop_rows))
+                    .with(0, SpecValue::U32(32 * coop_prefill_subgroups(&options)))
                     .with(3, d)
-                    .with(4, SpecValue::U32(u32::from(coop_quad))),
+                    .with(4, SpecValue::U32(u32::from(coop_quad)))
+                    .with(5, SpecValue::U32(options.coop_row_blocks))
+                    .with(6, SpecValue::U32(options.coop_keys))
+                    .with(7, SpecValue::U32(u32::from(options.coop_prefetch)))
+                    .with(8, SpecValue::U32(u32::from(options.coop_q_shared)))
+                    .with(9, SpecValue::U32(u32::from(options.coop_double)))
+                    .with(10, SpecValue::U32(u32::from(options.coop_half_exp))),
             ),
             PrefillKernel::Tiled => (
                 "attn_prefill_tiled",

@@ -47,12 +47,13 @@ pub enum PrefillKernel {
     Tiled,
     /// `attn_prefill_coop`: the products S = Q K^T and O += P V on the device's matrix units
     /// (Vulkan cooperative matrices, 16x16 fp16 into fp32), `coop_rows` query rows per workgroup
-    /// (16 per 32-wide subgroup). Where a probe kernel finds the matrices' element layout that it
-    /// knows (NVIDIA's), the softmax stays in registers and tiles are 64 keys
-    /// ([`AttentionOptions::coop_registers`]); elsewhere it goes through shared memory with
-    /// 32-key tiles. Needs a Vulkan device with
+    /// in 4 or 8 32-wide subgroups. Where a probe kernel finds the matrices' element layout that it
+    /// knows (NVIDIA's), the softmax stays in registers, each subgroup owns
+    /// `coop_row_blocks` blocks of 16 rows and tiles are `coop_keys` keys
+    /// ([`AttentionOptions::coop_registers`]); elsewhere it goes through shared memory with one
+    /// block per subgroup and 32-key tiles. Needs a Vulkan device with
     /// [`DeviceLimits::cooperative_matrix_f16`](kpc::DeviceLimits), subgroups of 32,
-    /// fp16 K/V, and a head dimension up to 128 that is a multiple of `coop_rows / 2` (32 or 64).
+    /// fp16 K/V, and a head dimension up to 128 that is a multiple of 8 per subgroup (32 or 64).
     /// Q and P are rounded to fp16 for the products; sums are fp32.
     Cooperative,
     /// `attn_prefill_cm2`: the same products on workgroup-scope matrices (VK_NV_cooperative_matrix2),
@@ -124,11 +125,42 @@ pub struct AttentionOptions {
     /// (BENCHMARKS.md, issue 41: 3 to 4.5% faster at Hkv = 8, L = 4k to 32k, on an H100); OpenCL
     /// keeps its own row sums either way.
     pub decode_head_lanes: bool,
-    /// Query rows per workgroup of the cooperative-matrix prefill, 16 per subgroup: 64 or 128.
-    /// 128 (the default) was 11 to 33% faster on an H200 at L = 2k to 16k with either softmax, as
-    /// measured before the kernel's accumulators moved out of local memory (BENCHMARKS.md); with
-    /// [`PrefillKernel::Auto`], 64 is used where only it fits the head dimension.
+    /// Query rows per workgroup of the cooperative-matrix prefill: 4 or 8 subgroups of
+    /// 16 x `coop_row_blocks` rows (64 or 128 with 1 block, 128 or 256 with 2). 128 is the default.
+    /// With [`PrefillKernel::Auto`], 64 rows of 1 block are used where only they fit the head
+    /// dimension.
     pub coop_rows: u32,
+    /// 16-row blocks per subgroup of the cooperative-matrix prefill with its softmax in registers:
+    /// 1 or 2 (`coop_rows` is then 4 or 8 subgroups times 16 or 32 rows). With 2, each K or V
+    /// fragment read from shared memory feeds two products. The default, 2 blocks of 128 rows
+    /// with `coop_keys` 32 and no `coop_prefetch`, was the fastest tile on an H200: 6 to 11%
+    /// faster than 1 block of 128 rows with 64-key tiles and the prefetch at L = 2k to 8k
+    /// (BENCHMARKS.md, issue 41). The shared-memory softmax keeps 1 block per subgroup (up to 128
+    /// rows).
+    pub coop_row_blocks: u32,
+    /// Keys per tile of the cooperative-matrix prefill with its softmax in registers: 32 or 64.
+    pub coop_keys: u32,
+    /// Whether the cooperative-matrix prefill with its softmax in registers fetches each K/V tile
+    /// into registers while the previous one is computed (rather than after the barrier that
+    /// ends it: fewer registers). Off by default: on an H200 it cost 5 to 7% with 1 block and
+    /// 20 to 23% with 2 (where it spills).
+    pub coop_prefetch: bool,
+    /// With 2 row blocks and the register softmax: whether the second block's Q stays in shared
+    /// memory beside the K/V tile, its fragments read each tile, rather than in registers (32
+    /// fewer per invocation). Needs the shared memory for it (4 subgroups, 32-key tiles at D = 128).
+    /// Off by default: on an H200 it ended the default tile's spill but was 31 to 34% slower.
+    pub coop_q_shared: bool,
+    /// With the register softmax (and not `coop_q_shared`): whether K/V tiles are staged in two
+    /// shared buffers, the next tile written into one while this one is read from the other, so
+    /// that one barrier per tile ends it rather than two. With `coop_prefetch`, the next tile's K
+    /// is held in registers across S = Q K^T and its V across O += P V. Needs twice the tile's
+    /// shared memory (32-key tiles at D = 128). Off by default: on an H200 it was 35 to 40% slower
+    /// than the default tile (55 to 61% with the prefetch).
+    pub coop_double: bool,
+    /// With the register softmax: whether the cooperative-matrix prefill takes P's exponentials
+    /// in fp16, two per instruction (P is rounded to fp16 for its product either way). Off by
+    /// default: on an H200 it was 3 to 4% slower (BENCHMARKS.md, issue 41).
+    pub coop_half_exp: bool,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers (64-key tiles) where
     /// the device's matrix layout allows it (a probe kernel checks, once per device), rather
     /// than in shared memory (32-key tiles). On by default; off only to compare the two.
@@ -175,6 +207,12 @@ impl Default for AttentionOptions {
             decode_combine_all: true,
             decode_head_lanes: true,
             coop_rows: 128,
+            coop_row_blocks: 2,
+            coop_keys: 32,
+            coop_prefetch: false,
+            coop_q_shared: false,
+            coop_double: false,
+            coop_half_exp: false,
             coop_registers: true,
             cm2_rows: 128,
             cm2_keys: 64,

@@ -151,7 +151,17 @@ fn workload(
         attn.decode_kernel(),
         attn.prefill_kernel(),
         match (attn.prefill_kernel(), attn.coop_register_softmax()) {
-            (PrefillKernel::Cooperative, true) => ", softmax in registers".to_string(),
+            (PrefillKernel::Cooperative, true) => format!(
+                ", softmax in registers, {} rows ({} x 16 per subgroup) x {} keys, prefetch {}, \
+                 Q in shared memory {}, two K/V buffers {}, fp16 exponentials {}",
+                options.coop_rows,
+                options.coop_row_blocks,
+                options.coop_keys,
+                options.coop_prefetch,
+                options.coop_q_shared,
+                options.coop_double,
+                options.coop_half_exp
+            ),
             (PrefillKernel::Cooperative, false) => ", softmax in shared memory".to_string(),
             (PrefillKernel::Cm2, _) => format!(
                 ", VK_NV_cooperative_matrix2, {} rows x {} keys, {} invocations",

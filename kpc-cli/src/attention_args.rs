@@ -96,6 +96,29 @@ pub struct Args {
     /// Query rows per workgroup of the cooperative-matrix prefill (AttentionOptions::coop_rows).
     #[arg(long)]
     pub(crate) coop_rows: Option<u32>,
+    /// 16-row blocks per subgroup of the cooperative-matrix prefill, 1 or 2
+    /// (AttentionOptions::coop_row_blocks).
+    #[arg(long)]
+    pub(crate) coop_row_blocks: Option<u32>,
+    /// Keys per tile of the cooperative-matrix prefill, 32 or 64 (AttentionOptions::coop_keys).
+    #[arg(long)]
+    pub(crate) coop_keys: Option<u32>,
+    /// Whether the cooperative-matrix prefill fetches the next K/V tile into registers during
+    /// the current one (AttentionOptions::coop_prefetch): `true` or `false`.
+    #[arg(long)]
+    pub(crate) coop_prefetch: Option<bool>,
+    /// Whether the cooperative-matrix prefill with 2 row blocks keeps the second block's Q in
+    /// shared memory (AttentionOptions::coop_q_shared): `true` or `false`.
+    #[arg(long)]
+    pub(crate) coop_q_shared: Option<bool>,
+    /// Whether the cooperative-matrix prefill stages K/V tiles in two shared buffers, one barrier
+    /// per tile (AttentionOptions::coop_double): `true` or `false`.
+    #[arg(long)]
+    pub(crate) coop_double: Option<bool>,
+    /// Whether the cooperative-matrix prefill takes P's exponentials in fp16
+    /// (AttentionOptions::coop_half_exp): `true` or `false`.
+    #[arg(long)]
+    pub(crate) coop_half_exp: Option<bool>,
     /// Whether the cooperative-matrix prefill keeps its softmax in registers where the device's
     /// matrix layout allows (AttentionOptions::coop_registers): `true` or `false`; without it, the
     /// default.
@@ -275,6 +298,24 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(r) = args.coop_rows {
         options.coop_rows = r;
+    }
+    if let Some(b) = args.coop_row_blocks {
+        options.coop_row_blocks = b;
+    }
+    if let Some(k) = args.coop_keys {
+        options.coop_keys = k;
+    }
+    if let Some(p) = args.coop_prefetch {
+        options.coop_prefetch = p;
+    }
+    if let Some(q) = args.coop_q_shared {
+        options.coop_q_shared = q;
+    }
+    if let Some(d) = args.coop_double {
+        options.coop_double = d;
+    }
+    if let Some(h) = args.coop_half_exp {
+        options.coop_half_exp = h;
     }
     if let Some(r) = args.coop_registers {
         options.coop_registers = r;

@@ -234,9 +234,14 @@ pub(crate) fn coop_capable(ctx: &Context) -> bool {
 /// lengths that end mid-tile, scaled queries, and the softmax in registers (where the layout probe
 /// allows) and in shared memory. Wrong row counts and f32 K/V are typed errors everywhere.
 pub(crate) fn coop_prefill_choice(ctx: &Context) {
+    // One 16-row block per subgroup, 64-key tiles, prefetch (the first tile this kernel had);
+    // the cases below vary the rest.
     let forced = |rows: u32| AttentionOptions {
         prefill: PrefillKernel::Cooperative,
         coop_rows: rows,
+        coop_row_blocks: 1,
+        coop_keys: 64,
+        coop_prefetch: true,
         ..AttentionOptions::default()
     };
     let s = shape(1, 4, 2, 64);
@@ -250,6 +255,36 @@ pub(crate) fn coop_prefill_choice(ctx: &Context) {
         matches!(&e, Error::InvalidArgument(m) if m.contains("cooperative-matrix")),
         "{e}"
     );
+    // Tiles the kernel does not have, refused by name on every device.
+    for (bad, what) in [
+        (
+            AttentionOptions {
+                coop_row_blocks: 3,
+                ..forced(128)
+            },
+            "coop_row_blocks 3",
+        ),
+        (
+            AttentionOptions {
+                coop_keys: 48,
+                ..forced(128)
+            },
+            "coop_keys 48",
+        ),
+        (
+            AttentionOptions {
+                coop_row_blocks: 2,
+                ..forced(64)
+            },
+            "coop_rows 64",
+        ),
+    ] {
+        let e = Attention::new(ctx, &s, KvDtype::F16, 64, bad).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("cooperative-matrix") && m.contains(what)),
+            "{e}"
+        );
+    }
     if !coop_capable(ctx) {
         let e = Attention::new(ctx, &s, KvDtype::F16, 64, forced(128)).unwrap_err();
         assert!(
@@ -291,16 +326,152 @@ pub(crate) fn coop_prefill_choice(ctx: &Context) {
             );
         }
     }
-    // D = 96 fits only 64 rows per workgroup: Auto takes those rather than giving up the kernel.
-    let auto = Attention::new(
-        ctx,
-        &shape(1, 2, 1, 96),
-        KvDtype::F16,
-        64,
+    // Two 16-row blocks per subgroup, 32- and 64-key tiles, with and without the prefetch, with
+    // either softmax (the shared-memory one takes one block per subgroup, half the rows).
+    for coop_registers in [true, false] {
+        for (s, rows, blocks, keys, prefetch, q_shared, double, len, q_scale) in [
+            (
+                shape(1, 4, 2, 128),
+                128,
+                2,
+                32,
+                true,
+                false,
+                false,
+                300,
+                1.0,
+            ),
+            (
+                shape(1, 4, 2, 128),
+                128,
+                2,
+                32,
+                false,
+                false,
+                false,
+                129,
+                30.0,
+            ),
+            (
+                shape(2, 4, 4, 128),
+                256,
+                2,
+                32,
+                true,
+                false,
+                false,
+                515,
+                1.0,
+            ),
+            (
+                shape(1, 2, 1, 64),
+                256,
+                2,
+                64,
+                false,
+                false,
+                false,
+                77,
+                30.0,
+            ),
+            (
+                shape(1, 4, 2, 128),
+                128,
+                1,
+                32,
+                false,
+                false,
+                false,
+                333,
+                30.0,
+            ),
+            (
+                shape(1, 2, 2, 128),
+                64,
+                1,
+                64,
+                false,
+                false,
+                false,
+                200,
+                1.0,
+            ),
+            (
+                shape(1, 4, 2, 128),
+                128,
+                2,
+                32,
+                false,
+                true,
+                false,
+                300,
+                30.0,
+            ),
+            (shape(2, 4, 4, 128), 128, 2, 32, true, true, false, 515, 1.0),
+            (
+                shape(1, 4, 2, 128),
+                128,
+                2,
+                32,
+                false,
+                false,
+                true,
+                300,
+                30.0,
+            ),
+            (shape(2, 4, 4, 128), 128, 2, 32, true, false, true, 515, 1.0),
+            (shape(1, 4, 1, 64), 64, 1, 64, true, false, true, 200, 1.0),
+        ] {
+            for half_exp in [false, true] {
+                if half_exp && (q_shared || double) {
+                    continue;
+                }
+                let options = AttentionOptions {
+                    coop_registers,
+                    coop_row_blocks: blocks,
+                    coop_keys: keys,
+                    coop_prefetch: prefetch,
+                    coop_q_shared: q_shared,
+                    coop_double: double,
+                    coop_half_exp: half_exp,
+                    ..forced(rows)
+                };
+                let err = prefill_case_scaled(ctx, s, KvDtype::F16, options, len, q_scale);
+                assert!(
+                    err <= 2e-3,
+                    "{s:?} rows {rows} blocks {blocks} keys {keys} prefetch {prefetch} q in shared \
+                 {q_shared} double {double} fp16 exp {half_exp} len {len} q x{q_scale} \
+                 registers {coop_registers}: error {err:e}"
+                );
+            }
+        }
+    }
+    // The second block's Q beside a 64-key tile of 8 subgroups needs more than 48 KiB of shared
+    // memory at D = 128, which no device here has: refused by its size.
+    if ctx.device().limits.max_shared_memory_bytes < 64 * 1024 {
+        let big = AttentionOptions {
+            coop_row_blocks: 2,
+            coop_q_shared: true,
+            ..forced(256)
+        };
+        let e = Attention::new(ctx, &shape(1, 2, 1, 128), KvDtype::F16, 64, big).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("bytes of shared memory")),
+            "{e}"
+        );
+    }
+    // D = 96 fits only 4 subgroups: Auto's tile has 4 (2 blocks of 16 rows each); with 8
+    // subgroups of 1 block asked for, Auto takes 64 rows rather than giving up the kernel.
+    for options in [
         AttentionOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(auto.prefill_kernel(), PrefillKernel::Cooperative);
+        AttentionOptions {
+            coop_row_blocks: 1,
+            ..AttentionOptions::default()
+        },
+    ] {
+        let auto = Attention::new(ctx, &shape(1, 2, 1, 96), KvDtype::F16, 64, options).unwrap();
+        assert_eq!(auto.prefill_kernel(), PrefillKernel::Cooperative);
+    }
 }
 
 /// A prompt prefilled in two chunks (the second attending the first's K/V in the cache) gives the
