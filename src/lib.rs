@@ -45,7 +45,7 @@ pub use backend::{
     KernelInfo, Pod, ProgramOrigin,
 };
 pub use cache::store::{
-    Access, KeyRecord, LevelStats, PutOutcome, StoreCounters, StoreEntry, StoreKind, seal,
+    Access, Fleet, KeyRecord, LevelStats, PutOutcome, StoreCounters, StoreEntry, StoreKind, seal,
     sealed_record,
 };
 pub use cache::{

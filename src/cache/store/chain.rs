@@ -416,7 +416,8 @@ impl StoreChain {
         hit: &ChainHit,
     ) -> Result<Option<Box<dyn Send>>, CrashedLoading> {
         let bytes = hit.bytes();
-        if let Some(m) = self.levels[hit.level].store.crashed_marker(key, bytes) {
+        let fleet = self.levels[hit.level].store.fleet();
+        if let Some(m) = fleet.and_then(|f| f.crashed_marker(key, bytes)) {
             return Err(CrashedLoading { marker: m.into() });
         }
         let Some(d) = &self.local else {
@@ -424,9 +425,9 @@ impl StoreChain {
         };
         let r = d.begin_load(key, bytes);
         if r.is_err() {
-            for l in self.levels.iter().filter(|l| l.kind == StoreKind::Remote) {
-                if l.store.crashed_marker(key, bytes).is_none() {
-                    l.store.note_crashed(key, bytes);
+            for f in self.levels.iter().filter_map(|l| l.store.fleet()) {
+                if f.crashed_marker(key, bytes).is_none() {
+                    f.note_crashed(key, bytes);
                 }
             }
         }

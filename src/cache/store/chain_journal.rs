@@ -39,8 +39,8 @@ impl StoreChain {
         self.journal
             .write_local(records, |cause, what| self.warnings.warn(cause, &what));
         let lines: Vec<String> = records.iter().map(JournalRecord::to_line).collect();
-        for l in &self.levels {
-            l.store.share_journal(&lines);
+        for f in self.levels.iter().filter_map(|l| l.store.fleet()) {
+            f.share_journal(&lines);
         }
     }
 }
