@@ -44,6 +44,7 @@ pub use backend::{
     BackendStats, BufferParam, DeviceImage, DeviceInfo, DeviceLimits, DeviceType, ImageFormat,
     KernelInfo, Pod, ProgramOrigin,
 };
+pub use cache::events::{BuildCause, CacheEvent, CacheLevel, CacheObserver};
 pub use cache::store::{
     Access, Fleet, KeyRecord, LevelStats, PutOutcome, StoreCounters, StoreEntry, StoreKind, seal,
     sealed_record,

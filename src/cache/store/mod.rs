@@ -40,7 +40,7 @@ pub(crate) mod outcome;
 pub mod provenance;
 pub(crate) mod warn;
 pub use auth::EntryAuth;
-pub use chain::{ChainHit, LevelStats, StoreChain, Turn};
+pub use chain::{LevelStats, StoreChain, Turn};
 pub use fleet::Fleet;
 pub use key::{KeyRecord, StoreKey};
 pub use outcome::PutOutcome;
