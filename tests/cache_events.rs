@@ -1,7 +1,8 @@
 //! Cache events (`src/cache/events.rs`): what a subscriber is told for a miss that builds and
 //! publishes, then for a fresh manager that hits and loads; that kpc's own subscribers (the level
-//! counters) agree with what it is told; that a panicking subscriber costs the request nothing; and
-//! that `ContextBuilder::observer` subscribes an embedder to a real device's context.
+//! counters) agree with what it is told; the memory cache's evictions; that a panicking subscriber
+//! costs the request nothing; and that `ContextBuilder::observer` subscribes an embedder to a real
+//! device's context.
 
 use crate::common;
 
@@ -59,6 +60,7 @@ impl CacheObserver for Recorder {
                 level.kind,
                 matches!(outcome, PutOutcome::Published(_))
             ),
+            CacheEvent::Evicted { bytes } => format!("evicted {bytes}"),
             CacheEvent::ProgramServed { from } => format!("program from {}", kind(from)),
             CacheEvent::KernelServed { from, entry, .. } => {
                 format!("kernel {entry} from {}", kind(from))
@@ -131,6 +133,30 @@ fn without_stores_a_build_is_told_with_its_cause() {
         rec.take(),
         ["built no-stores binary=false", "program from build"]
     );
+}
+
+#[test]
+fn the_memory_caches_evictions_are_told_with_their_cost() {
+    let be = Arc::new(FakeBackend::new().binary_size(100));
+    let rec = Arc::new(Recorder::default());
+    // Room for two programs of 100 bytes.
+    let config = Config::builder()
+        .persistent(false)
+        .in_mem_eviction_threshold(250)
+        .build()
+        .unwrap();
+    let chain = StoreChain::new().with_observer(rec.clone());
+    let pm = ProgramManager::with_stores(be, &config, chain);
+    for i in 0..5 {
+        assert_eq!(common::fake_backend::program(&pm, i), Source::Built);
+    }
+    let evicted: Vec<String> = rec
+        .take()
+        .into_iter()
+        .filter(|e| e.starts_with("evicted"))
+        .collect();
+    assert_eq!(evicted.len() as u64, pm.memory_stats().evictions);
+    assert_eq!(evicted, ["evicted 100", "evicted 100", "evicted 100"]);
 }
 
 /// Panics at every event.

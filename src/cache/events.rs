@@ -11,9 +11,10 @@
 //! [`ContextBuilder::observer`](crate::ContextBuilder::observer) or
 //! [`StoreChain::with_observer`](super::StoreChain::with_observer).
 //!
-//! What is not an event: a memory hit (the hot path writes no shared state; its counts are in
-//! [`CacheStats`](super::CacheStats)), and the seal, which decides whether a build may run and so is
-//! a gate on the miss path, not something told afterwards.
+//! The memory cache tells its LRU evictions ([`CacheEvent::Evicted`]) to the observers subscribed
+//! with `with_observer`. What is not an event: a memory hit (the hot path writes no shared state; its
+//! counts are in [`CacheStats`](super::CacheStats)), and the seal, which decides whether a build may
+//! run and so is a gate on the miss path, not something told afterwards.
 //!
 //! Delivery is synchronous, on the thread that made the request, in the order things happened, with
 //! no lock of the chain held; an observer should be quick (count, queue, or note) and must not call
@@ -143,6 +144,14 @@ pub enum CacheEvent<'a> {
         outcome: PutOutcome,
         /// Whether the bytes were copied from a lower level rather than freshly built.
         copy: bool,
+    },
+    /// The memory cache's LRU evicted a program (with its kernels) of `bytes`
+    /// ([`CacheCost`](super::CacheCost)) to stay under its threshold
+    /// (`KPC_IN_MEM_CACHE_EVICTION_THRESHOLD`). The stores evict on their own and count it in their
+    /// statistics.
+    Evicted {
+        /// The program's cost.
+        bytes: u64,
     },
     /// A program request that missed memory was served: from a level of kind `from`, or built
     /// (`None`). One per program that entered memory this way.

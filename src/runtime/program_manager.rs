@@ -17,7 +17,7 @@ use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
 use crate::backend::dynamic::{DynBackend, DynKernel, DynProgram};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
-use crate::cache::events::{BuildCause, CacheEvent};
+use crate::cache::events::{self, BuildCause, CacheEvent};
 use crate::cache::store::LevelStats;
 use crate::cache::store::acquire::Acquire;
 use crate::cache::{
@@ -111,12 +111,20 @@ impl ProgramManager {
         if config.cache_debug {
             stores = stores.with_observer(debug.clone());
         }
+        let cache = KernelProgramCache::new(MemCacheSettings::from(config));
+        let observers = stores.observers();
+        cache.on_evict(move |bytes| {
+            let evicted = CacheEvent::Evicted { bytes };
+            observers
+                .iter()
+                .for_each(|o| events::deliver(&**o, &evicted));
+        });
         ProgramManager {
             kind: backend.kind(),
             device: fingerprint.digest,
             backend,
             config: config.clone(),
-            cache: KernelProgramCache::new(MemCacheSettings::from(config)),
+            cache,
             stores,
             device_description,
             debug,
@@ -491,12 +499,7 @@ impl ProgramManager {
         };
         if self.stores.is_empty() {
             let (p, took) = self.build_sealed(image, spec, options, seal()?, &kernel)?;
-            self.stores.emit(&CacheEvent::Built {
-                key: &key,
-                took,
-                binary: None,
-                cause: BuildCause::NoStores,
-            });
+            self.stores.built(&key, took, None, BuildCause::NoStores);
             return Ok((p, Source::Built));
         }
         if self.config.cache_debug {
@@ -545,14 +548,10 @@ impl ProgramManager {
         let sealed = if cached.is_none() { seal()? } else { None };
         let (program, took) = self.build_sealed(image, spec, options, sealed, kernel)?;
         let fresh = self.backend.program_binary(&program);
-        self.stores.emit(&CacheEvent::Built {
-            key,
-            took,
-            binary: fresh.as_ref().ok().and_then(Option::as_deref),
-            cause: BuildCause::Debug {
-                cached: cached.as_ref().map(|h| h.bytes()),
-            },
-        });
+        let (fresh, cached) = (fresh.as_ref().ok(), cached.as_ref().map(|h| h.bytes()));
+        let cause = BuildCause::Debug { cached };
+        self.stores
+            .built(key, took, fresh.and_then(Option::as_deref), cause);
         Ok((program, Source::Built))
     }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::chain::{ChainHit, ChainLock, Turn};
 use super::{StoreChain, StoreKey, StoreKind};
-use crate::cache::events::{BuildCause, CacheEvent};
+use crate::cache::events::BuildCause;
 use crate::error::Error;
 
 /// How many persisted binaries in a row the backend may refuse for one request before it is built
@@ -58,7 +58,7 @@ pub(crate) struct Ticket<'a> {
 
 impl Ticket<'_> {
     /// The fresh build took `took` and serialized to `binary` (`Ok(None)`: the backend keeps no
-    /// binary; `Err`: it could not serialize): told as [`CacheEvent::Built`] and stored in every
+    /// binary; `Err`: it could not serialize): told as [`CacheEvent::Built`](crate::cache::events::CacheEvent::Built) and stored in every
     /// writable level, unless the same bytes crashed a process loading them before.
     pub(crate) fn publish<E: fmt::Display>(
         self,
@@ -66,12 +66,8 @@ impl Ticket<'_> {
         binary: Result<Option<Vec<u8>>, E>,
     ) {
         let Ticket { chain, key, lock } = self;
-        chain.emit(&CacheEvent::Built {
-            key,
-            took,
-            binary: binary.as_ref().ok().and_then(Option::as_deref),
-            cause: BuildCause::Missed,
-        });
+        let bytes = binary.as_ref().ok().and_then(Option::as_deref);
+        chain.built(key, took, bytes, BuildCause::Missed);
         match binary {
             Ok(Some(bytes)) if chain.crashed_before(key, &bytes) => {}
             Ok(Some(bytes)) => chain.put(key, &bytes, took, lock),

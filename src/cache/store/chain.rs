@@ -28,7 +28,7 @@ use super::idle::IdleWatches;
 use super::{
     BuildLock, LockGuard, Removal, Store, StoreHit, StoreKind, StoreStats, StoreWarnings, WarnCause,
 };
-use crate::cache::events::{self, CacheEvent, CacheObserver};
+use crate::cache::events::{self, BuildCause, CacheEvent, CacheObserver};
 use crate::cache::journal::Journal;
 use crate::cache::store::StoreKey;
 use crate::config::{Config, TraceFlags};
@@ -147,7 +147,7 @@ pub struct StoreChain {
     /// The miss journal (`crate::cache::journal`), local with the first disk cache appended.
     journal: ChainJournal,
     /// Everyone else subscribed: the runtime's (metrics, debug mode, warm start) and an embedder's.
-    observers: Vec<Arc<dyn CacheObserver>>,
+    observers: Arc<Vec<Arc<dyn CacheObserver>>>,
 }
 
 impl fmt::Debug for StoreChain {
@@ -176,7 +176,7 @@ impl StoreChain {
             counters: LevelCounters::default(),
             idle: IdleWatches::default(),
             journal: ChainJournal::new(crate::config::signing::hostname()),
-            observers: Vec::new(),
+            observers: Arc::default(),
         }
     }
 
@@ -253,8 +253,14 @@ impl StoreChain {
     /// Subscribes `observer` to this chain's events ([`CacheEvent`]): every level's hits and misses,
     /// waits, loads, refusals, builds and puts, and the requests the context served from them.
     pub fn with_observer(mut self, observer: Arc<dyn CacheObserver>) -> StoreChain {
-        self.observers.push(observer);
+        Arc::make_mut(&mut self.observers).push(observer);
         self
+    }
+
+    /// Everyone subscribed with [`StoreChain::with_observer`]: for what the chain does not see
+    /// itself (the memory cache's evictions).
+    pub(crate) fn observers(&self) -> Arc<Vec<Arc<dyn CacheObserver>>> {
+        self.observers.clone()
     }
 
     /// Tells every subscriber that `event` happened.
@@ -262,9 +268,26 @@ impl StoreChain {
         self.counters.on_event(event);
         self.idle.on_event(event);
         self.journal.on_event(event);
-        for o in &self.observers {
+        for o in self.observers.iter() {
             events::deliver(&**o, event);
         }
+    }
+
+    /// Tells that `key` was built in `took` (serialized to `binary`, if asked and given) for
+    /// `cause` ([`CacheEvent::Built`]).
+    pub(crate) fn built(
+        &self,
+        key: &StoreKey,
+        took: Duration,
+        binary: Option<&[u8]>,
+        cause: BuildCause<'_>,
+    ) {
+        self.emit(&CacheEvent::Built {
+            key,
+            took,
+            binary,
+            cause,
+        });
     }
 
     /// Level `index` as events name it.
