@@ -21,6 +21,7 @@
 //! back into the context. A panic in an embedder's observer is caught and the event dropped for it.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::store::{PutOutcome, Store, StoreKey, StoreKind};
@@ -199,6 +200,17 @@ pub trait CacheObserver: Send + Sync {
     /// `event` happened. Called on the requesting thread, in order; see the module documentation
     /// for what an observer may do.
     fn on_event(&self, event: &CacheEvent<'_>);
+}
+
+/// What the memory cache calls for each program it evicts: tells `observers`
+/// [`CacheEvent::Evicted`].
+pub(crate) fn evictions_to(
+    observers: Arc<Vec<Arc<dyn CacheObserver>>>,
+) -> impl Fn(u64) + Send + Sync + 'static {
+    move |bytes| {
+        let evicted = CacheEvent::Evicted { bytes };
+        observers.iter().for_each(|o| deliver(&**o, &evicted));
+    }
 }
 
 /// Delivers `event` to an embedder's `observer`: a panic there is caught (kpc never panics on a

@@ -112,13 +112,7 @@ impl ProgramManager {
             stores = stores.with_observer(debug.clone());
         }
         let cache = KernelProgramCache::new(MemCacheSettings::from(config));
-        let observers = stores.observers();
-        cache.on_evict(move |bytes| {
-            let evicted = CacheEvent::Evicted { bytes };
-            observers
-                .iter()
-                .for_each(|o| events::deliver(&**o, &evicted));
-        });
+        cache.on_evict(events::evictions_to(stores.observers()));
         ProgramManager {
             kind: backend.kind(),
             device: fingerprint.digest,
