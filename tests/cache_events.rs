@@ -159,6 +159,34 @@ fn the_memory_caches_evictions_are_told_with_their_cost() {
     assert_eq!(evicted, ["evicted 100", "evicted 100", "evicted 100"]);
 }
 
+/// Each event as its `Debug` text.
+#[derive(Default)]
+struct Logged(Mutex<Vec<String>>);
+
+impl CacheObserver for Logged {
+    fn on_event(&self, event: &CacheEvent<'_>) {
+        self.0.lock().unwrap().push(format!("{event:?}"));
+    }
+}
+
+#[test]
+fn an_events_debug_text_shows_a_binary_by_its_length() {
+    let t = TempDir::new("events-debug");
+    let config = disk_config(t.path());
+    let be = Arc::new(FakeBackend::new().binary_size(100_000));
+    let log = Arc::new(Logged::default());
+    let chain = StoreChain::from_config(&config).with_observer(log.clone());
+    let pm = ProgramManager::with_stores(be, &config, chain);
+    assert_eq!(common::fake_backend::program(&pm, 0), Source::Built);
+    let log = log.0.lock().unwrap();
+    let built = log
+        .iter()
+        .find(|l| l.starts_with("Built"))
+        .expect("a Built event");
+    assert!(built.contains("binary: Some(100000)"), "{built}");
+    assert!(log.iter().all(|l| l.len() < 400), "{log:?}");
+}
+
 /// Panics at every event.
 struct Panics;
 

@@ -50,7 +50,7 @@ impl fmt::Debug for CacheLevel<'_> {
 }
 
 /// Why a program was built rather than loaded.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 #[non_exhaustive]
 pub enum BuildCause<'a> {
     /// Every level of the chain missed (or held only binaries the backend refused): the build is
@@ -69,7 +69,7 @@ pub enum BuildCause<'a> {
 
 /// One thing the cache did for a request that missed memory. See the module documentation for who
 /// listens.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 #[non_exhaustive]
 pub enum CacheEvent<'a> {
     /// `level` returned a verified binary of `bytes` bytes for `key` (not loaded yet).
@@ -174,6 +174,79 @@ pub enum CacheEvent<'a> {
         /// The build options.
         options: &'a BuildOptions,
     },
+}
+
+// By hand: binaries are shown by their length, so that logging an event never dumps one.
+impl fmt::Debug for BuildCause<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildCause::Missed => f.write_str("Missed"),
+            BuildCause::NoStores => f.write_str("NoStores"),
+            BuildCause::Debug { cached } => f
+                .debug_struct("Debug")
+                .field("cached", &cached.map(<[u8]>::len))
+                .finish(),
+        }
+    }
+}
+
+impl fmt::Debug for CacheEvent<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at =
+            |f: &mut fmt::Formatter<'_>, what: &str, level: &CacheLevel<'_>, key: &StoreKey| {
+                write!(f, "{what} {level:?} {}", key.digest())
+            };
+        match self {
+            CacheEvent::Hit { level, key, bytes } => {
+                at(f, "Hit", level, key)?;
+                write!(f, " ({bytes} bytes)")
+            }
+            CacheEvent::Miss { level, key } => at(f, "Miss", level, key),
+            CacheEvent::Waited { level, key, bytes } => {
+                at(f, "Waited", level, key)?;
+                write!(f, " ({bytes} bytes)")
+            }
+            CacheEvent::Loaded {
+                level,
+                key,
+                build_time,
+                recompiled,
+            } => {
+                at(f, "Loaded", level, key)?;
+                write!(f, " (built in {build_time:?}, recompiled: {recompiled})")
+            }
+            CacheEvent::Rejected { level, key, reason } => {
+                at(f, "Rejected", level, key)?;
+                write!(f, " ({reason})")
+            }
+            CacheEvent::Built {
+                key,
+                took,
+                binary,
+                cause,
+            } => f
+                .debug_struct("Built")
+                .field("key", &format_args!("{}", key.digest()))
+                .field("took", took)
+                .field("binary", &binary.map(<[u8]>::len))
+                .field("cause", cause)
+                .finish(),
+            CacheEvent::Published {
+                level,
+                key,
+                outcome,
+                copy,
+            } => {
+                at(f, "Published", level, key)?;
+                write!(f, " ({outcome:?}, copy: {copy})")
+            }
+            CacheEvent::Evicted { bytes } => write!(f, "Evicted ({bytes} bytes)"),
+            CacheEvent::ProgramServed { from } => write!(f, "ProgramServed from {from:?}"),
+            CacheEvent::KernelServed {
+                from, image, entry, ..
+            } => write!(f, "KernelServed {}:{entry} from {from:?}", image.name()),
+        }
+    }
 }
 
 /// A subscriber to a context's [`CacheEvent`]s, registered with
