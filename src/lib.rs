@@ -44,8 +44,9 @@ pub use backend::{
     BackendStats, BufferParam, DeviceImage, DeviceInfo, DeviceLimits, DeviceType, ImageFormat,
     KernelInfo, Pod, ProgramOrigin,
 };
+pub use cache::events::{BuildCause, CacheEvent, CacheLevel, CacheObserver};
 pub use cache::store::{
-    Access, KeyRecord, LevelStats, PutOutcome, StoreCounters, StoreEntry, StoreKind, seal,
+    Access, Fleet, KeyRecord, LevelStats, PutOutcome, StoreCounters, StoreEntry, StoreKind, seal,
     sealed_record,
 };
 pub use cache::{

@@ -4,6 +4,7 @@
 mod common;
 
 mod blob;
+mod cache_events;
 mod crash_loading;
 mod disk_accounting;
 mod disk_basic;

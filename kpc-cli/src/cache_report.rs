@@ -64,7 +64,7 @@ fn remote_records(config: &Config) -> Result<(String, Vec<JournalRecord>), Strin
     };
     let store = kpc::admin::store::RemoteStore::from_config(config)
         .ok_or_else(|| format!("could not set up the remote {url}"))?;
-    match store.read_journal() {
+    match store.fleet().and_then(|f| f.read_journal()) {
         None => Err(format!("the remote {url} keeps no miss journal")),
         Some(Err(e)) => Err(e.to_string()),
         Some(Ok(lines)) => Ok((

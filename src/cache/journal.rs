@@ -11,13 +11,13 @@
 //! - **Local**: `<cache>/misses.log`, a bounded record (the last 4096 records; checksummed lines, a
 //!   torn one skipped; shared by every process of the directory). No local disk cache, no local
 //!   journal.
-//! - **Shared**: each store that keeps a fleet journal gets the same records ([`Store::share_journal`]):
+//! - **Shared**: each store that keeps a fleet journal gets the same records ([`Fleet::share_journal`]):
 //!   a Redis remote appends them to the stream `kpc-journal/v1`, capped (`MAXLEN ~`) at
 //!   [`FLEET_RECORDS`]; an fs or s3 remote keeps one object per host id under `kpc-journal/v1/`,
 //!   its last 1024 records, rewritten at each share.
 //! - **Failures** lose records, never a request: one warning per cause.
 //!
-//! [`Store::share_journal`]: crate::cache::Store::share_journal
+//! [`Fleet::share_journal`]: crate::cache::store::Fleet::share_journal
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -96,7 +96,12 @@ pub struct KernelProgramCache<P, K, E> {
     counters: MemCounters,
     front: Front<KernelKey, FrontEntry<P, K, E>>,
     front_hasher: Hasher,
+    /// Told the cost of each program evicted, once the eviction lock is released.
+    on_evict: std::sync::OnceLock<EvictionListener>,
 }
+
+/// What [`KernelProgramCache::on_evict`] calls.
+type EvictionListener = Box<dyn Fn(u64) + Send + Sync>;
 
 impl<P, K, E> std::fmt::Debug for KernelProgramCache<P, K, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -141,7 +146,14 @@ where
             counters: MemCounters::default(),
             front: Front::new(front::STRIPES),
             front_hasher: Hasher::default(),
+            on_evict: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Calls `listener` with the cost of each program the LRU evicts from now on (after the
+    /// eviction, outside the cache's locks); the first listener set stays.
+    pub(crate) fn on_evict(&self, listener: impl Fn(u64) + Send + Sync + 'static) {
+        let _ = self.on_evict.set(Box::new(listener));
     }
 
     /// The settings this cache runs with.
@@ -468,7 +480,7 @@ where
         }
         // One evictor at a time; a second one waits and then usually finds nothing left to do. Eviction is
         // off the hit path, so blocking here costs only builders.
-        let _g = self.evict_lock.lock();
+        let guard = self.evict_lock.lock();
         self.fold_front_uses();
         type Candidate<P, E> = (u64, ProgramKey, Arc<BuildResult<P, E>>);
         let mut candidates: Vec<Candidate<P, E>> = self
@@ -496,12 +508,17 @@ where
                 if self.settings.trace {
                     tracing::debug!(target: "kpc::cache::memory", key = ?key, bytes = entry.cost(), "evict");
                 }
-                evicted.push(key);
+                evicted.push((key, entry.cost()));
             }
         }
         // After the maps: a thread that fills its stripe from now on no longer finds these kernels.
         if !evicted.is_empty() {
-            self.front.purge(|k| evicted.contains(&k.program));
+            self.front
+                .purge(|k| evicted.iter().any(|(e, _)| *e == k.program));
+        }
+        drop(guard);
+        if let Some(tell) = self.on_evict.get() {
+            evicted.iter().for_each(|&(_, cost)| tell(cost));
         }
     }
 }

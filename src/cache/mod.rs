@@ -11,6 +11,7 @@ pub mod bundle;
 pub mod check;
 pub mod counters;
 pub mod disk;
+pub mod events;
 pub mod front;
 pub mod journal;
 pub mod kernel_program_cache;

@@ -1,11 +1,13 @@
 //! [`ContextBuilder`]: the one way to open a [`Context`].
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::backend::opencl::OpenClBackend;
 use crate::backend::vulkan::VulkanBackend;
 use crate::backend::{ComputeBackend, DeviceInfo};
 use crate::cache::StoreChain;
+use crate::cache::events::CacheObserver;
 use crate::config::{BackendKind, Config, DeviceSelector};
 use crate::error::Result;
 use crate::warnings::{Warning, WarningCallback};
@@ -49,6 +51,7 @@ pub struct ContextBuilder {
     config: Option<Config>,
     device: Device,
     stores: Option<StoreChain>,
+    observers: Vec<Arc<dyn CacheObserver>>,
     on_warning: Option<WarningCallback>,
 }
 
@@ -58,6 +61,7 @@ impl Default for ContextBuilder {
             config: None,
             device: Device::Select(None),
             stores: None,
+            observers: Vec::new(),
             on_warning: None,
         }
     }
@@ -151,6 +155,15 @@ impl ContextBuilder {
         self
     }
 
+    /// Subscribes `observer` to the context's cache events ([`CacheEvent`](crate::CacheEvent)):
+    /// each level's hits and misses, waits for another builder, loads, refusals, builds and puts,
+    /// and the kernels served by them, as they happen (see [`CacheObserver`]). May be called more than
+    /// once; observers are told in the order they were added, after kpc's own.
+    pub fn observer(mut self, observer: Arc<dyn CacheObserver>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+
     /// Sends the warnings about this context's caches and stores to `f` (instead of the
     /// process-wide callback, [`crate::set_warning_callback`], or stderr). Applies to the stores the
     /// configuration names; stores passed to [`ContextBuilder::stores`] keep the sink they were
@@ -174,37 +187,33 @@ impl ContextBuilder {
         if let Some(cb) = self.on_warning {
             config.on_warning = Some(cb);
         }
-        let stores = |config: &Config| StoreChain::from_config(config);
+        let (chosen, observers) = (self.stores, self.observers);
+        let stores = |config: &Config| {
+            let chain = chosen.unwrap_or_else(|| StoreChain::from_config(config));
+            observers.into_iter().fold(chain, StoreChain::with_observer)
+        };
         let ctx = match self.device {
             Device::Select(selector) => {
                 let device = super::device::select_device(&selector.unwrap_or(config.device))?;
-                open(
-                    &device,
-                    &config,
-                    self.stores.unwrap_or_else(|| stores(&config)),
-                )?
+                open(&device, &config, stores(&config))?
             }
-            Device::Info(device) => open(
-                &device,
-                &config,
-                self.stores.unwrap_or_else(|| stores(&config)),
-            )?,
+            Device::Info(device) => open(&device, &config, stores(&config))?,
             Device::Vulkan(h) => {
                 // SAFETY: the caller vouched for the handles in `vulkan_handles`, whose contract
                 // is from_handles'.
                 let b = unsafe { VulkanBackend::from_handles(&h, &config) }?;
-                let s = self.stores.unwrap_or_else(|| stores(&config));
+                let s = stores(&config);
                 Context::from_backend_with_stores(b, &config, s)
             }
             Device::OpenCl(h) => {
                 // SAFETY: the caller vouched for the handles in `opencl_handles`, whose contract
                 // is from_handles'.
                 let b = unsafe { OpenClBackend::from_handles(&h, &config) }?;
-                let s = self.stores.unwrap_or_else(|| stores(&config));
+                let s = stores(&config);
                 Context::from_backend_with_stores(b, &config, s)
             }
             Device::Backend(make) => {
-                let s = self.stores.unwrap_or_else(|| stores(&config));
+                let s = stores(&config);
                 make(&config, s)
             }
         };

@@ -1,5 +1,7 @@
 //! Cache debug mode (`KPC_CACHE_DEBUG=1`): every program is built fresh, and its binary compared
-//! with what the stores hold for the key. What is counted here; `ProgramManager` does the work.
+//! with what the stores hold for the key. `ProgramManager` builds and tells each build with what the
+//! stores held ([`CacheEvent::Built`], [`BuildCause::Debug`]); the comparison and its counts are here,
+//! subscribed to those events.
 //!
 //! The comparison is byte for byte on what [`Backend::program_binary`](crate::backend::Backend)
 //! returns, the bytes the cache would store. A driver whose binaries embed a timestamp, a build id or
@@ -12,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::cache::store::{ChainHit, StoreKey};
-use crate::error::Result;
+use crate::cache::events::{BuildCause, CacheEvent, CacheObserver};
+use crate::cache::store::StoreKey;
 
 /// Most differing programs kept for the report; the counters count them all.
 pub const MAX_DEBUG_DIFFS: usize = 64;
@@ -116,6 +118,8 @@ impl fmt::Display for CacheDebugStats {
 
 #[derive(Debug, Default)]
 pub(crate) struct DebugCounters {
+    /// Whether each comparison is traced (`KPC_CACHE_TRACE`'s disk bit).
+    trace: bool,
     equal: AtomicU64,
     different: AtomicU64,
     missing: AtomicU64,
@@ -123,7 +127,29 @@ pub(crate) struct DebugCounters {
     diffs: Mutex<Vec<DebugDiff>>,
 }
 
+impl CacheObserver for DebugCounters {
+    fn on_event(&self, event: &CacheEvent<'_>) {
+        if let CacheEvent::Built {
+            key,
+            binary,
+            cause: BuildCause::Debug { cached },
+            ..
+        } = *event
+        {
+            self.compare(key, cached, binary);
+        }
+    }
+}
+
 impl DebugCounters {
+    /// Counters that trace each comparison when `trace` is set.
+    pub fn new(trace: bool) -> DebugCounters {
+        DebugCounters {
+            trace,
+            ..DebugCounters::default()
+        }
+    }
+
     pub fn record(&self, image: &str, outcome: &DebugOutcome) {
         let c = match outcome {
             DebugOutcome::Equal { .. } => &self.equal,
@@ -144,30 +170,25 @@ impl DebugCounters {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Debug mode's comparison of a fresh build of `image` (its binary `fresh`) with what the stores
-    /// held for `key` (`cached`, looked up without changing any store), recorded and, with `trace`,
-    /// traced. Debug mode writes nothing to any store (no put, backfill, lock or repair).
-    pub fn compare(
-        &self,
-        image: &str,
-        key: &StoreKey,
-        cached: Option<&ChainHit>,
-        fresh: Result<Option<Vec<u8>>>,
-        trace: bool,
-    ) {
+    /// Debug mode's comparison of a fresh build of `key`'s image (its binary `fresh`, if the backend
+    /// gave one) with what the stores held for `key` (`cached`, looked up without changing any
+    /// store), recorded and traced when asked. Debug mode writes nothing to any store (no put,
+    /// backfill, lock or repair).
+    fn compare(&self, key: &StoreKey, cached: Option<&[u8]>, fresh: Option<&[u8]>) {
         let outcome = match (cached, fresh) {
             (None, _) => DebugOutcome::Missing,
-            (Some(hit), Ok(Some(fresh))) if fresh == hit.bytes() => {
+            (Some(cached), Some(fresh)) if fresh == cached => {
                 DebugOutcome::Equal { len: fresh.len() }
             }
-            (Some(hit), Ok(Some(fresh))) => DebugOutcome::Different {
-                cached: hit.bytes().len(),
+            (Some(cached), Some(fresh)) => DebugOutcome::Different {
+                cached: cached.len(),
                 fresh: fresh.len(),
             },
-            (Some(_), Ok(None) | Err(_)) => DebugOutcome::NoFreshBinary,
+            (Some(_), None) => DebugOutcome::NoFreshBinary,
         };
+        let image = key.label();
         self.record(image, &outcome);
-        if trace {
+        if self.trace {
             tracing::debug!(target: "kpc::cache::debug", image, key = %key.digest(),
                 cached = cached.is_some(), "{outcome}");
         }

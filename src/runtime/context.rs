@@ -23,7 +23,7 @@ use super::buffer::{Buffer, BufferArg, RawBuffer};
 use super::kernel::Kernel;
 use super::lifecycle::{Background, Life};
 use super::prefetch::{KernelRequest, Prefetch};
-use super::program_manager::{ProgramManager, Source};
+use super::program_manager::ProgramManager;
 use super::queue::Queue;
 use super::spirv_cache::SpirvStep;
 use super::warm_start::{LoadOutcome, WarmStart, WarmStartReport};
@@ -79,6 +79,11 @@ impl Context {
         stores: StoreChain,
     ) -> Context {
         let warm = WarmStart::from_config(config, &backend.fingerprint().digest);
+        // The warm start remembers what this context acquires by subscribing to its kernels.
+        let stores = match &warm {
+            Some(w) => stores.with_observer(w.clone()),
+            None => stores,
+        };
         let backend = Arc::new(backend);
         let inner = Arc::new(Shared {
             id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
@@ -197,17 +202,6 @@ impl Context {
             .inner
             .programs
             .kernel_local(image, entry, spec, options)?;
-        // Only first acquisitions (a hit is Memory) pay for remembering, so hits cost one branch.
-        if a.source != Source::Memory
-            && let Some(w) = &self.inner.warm
-        {
-            w.record(&KernelRequest {
-                image: image.clone(),
-                entry: entry.to_string(),
-                spec: spec.clone(),
-                options: options.clone(),
-            });
-        }
         Ok(Kernel {
             obj: a.value as Arc<dyn KernelObject>,
             context: self.inner.id,

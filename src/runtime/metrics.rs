@@ -6,13 +6,17 @@
 //! per thread) are published as deltas of the manager's own snapshots, at every miss (which costs a
 //! store lookup or a build anyway), on [`Context::stats`](crate::runtime::Context::stats) and on
 //! [`ProgramManager::publish_metrics`](crate::runtime::ProgramManager::publish_metrics). Builds,
-//! refusals and store failures are counted where they happen (`src/cache/metrics.rs`). Several contexts add to the same
+//! refusals and store failures are counted where they happen (`src/cache/metrics.rs`): builds and
+//! programs by subscribing to the cache's events ([`Counting`]). Several contexts add to the same
 //! series. README.md ("Metrics") lists every series.
 
 use parking_lot::Mutex;
 
+use super::source::Source;
 use crate::cache::CacheStats;
 use crate::cache::DiskStats;
+use crate::cache::events::{CacheEvent, CacheObserver};
+use crate::cache::metrics as count;
 use crate::cache::store::{LevelStats, StoreKind};
 
 /// The `level` label of a store kind.
@@ -22,6 +26,24 @@ pub fn level_name(kind: StoreKind) -> &'static str {
         StoreKind::ReadOnly => "readonly",
         StoreKind::Other => "store",
         StoreKind::Remote => "remote",
+    }
+}
+
+/// The series counted as things happen (`src/cache/metrics.rs`), subscribed to the chain's events:
+/// `kpc_programs_total{source}` for each program that missed memory, `kpc_builds_total` and
+/// `kpc_build_duration_seconds` for each build.
+pub(crate) struct Counting;
+
+impl CacheObserver for Counting {
+    fn on_event(&self, event: &CacheEvent<'_>) {
+        match *event {
+            CacheEvent::ProgramServed { from } => {
+                let source = from.map_or(Source::Built, Source::of_store);
+                count::program_acquired(source.name());
+            }
+            CacheEvent::Built { took, .. } => count::built(took),
+            _ => {}
+        }
     }
 }
 

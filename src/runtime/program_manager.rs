@@ -17,7 +17,7 @@ use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
 use crate::backend::dynamic::{DynBackend, DynKernel, DynProgram};
 use crate::backend::{Backend, DeviceImage};
 use crate::cache::Local;
-use crate::cache::metrics as count;
+use crate::cache::events::{self, BuildCause, CacheEvent};
 use crate::cache::store::LevelStats;
 use crate::cache::store::acquire::Acquire;
 use crate::cache::{
@@ -46,8 +46,9 @@ pub struct ProgramManager {
     stores: StoreChain,
     /// The fingerprint's `describe()`, computed once: part of every disk key.
     device_description: String,
-    /// Cache debug mode's comparisons (`KPC_CACHE_DEBUG`).
-    debug: DebugCounters,
+    /// Cache debug mode's comparisons (`KPC_CACHE_DEBUG`), subscribed to the chain's builds in
+    /// debug mode.
+    debug: Arc<DebugCounters>,
     /// Sealed mode: what a build after sealing does (`seal.rs`).
     seal: Seal,
     /// GLSL images' SPIR-V, in front of the program cache.
@@ -105,15 +106,22 @@ impl ProgramManager {
     pub fn erased(backend: Arc<dyn DynBackend>, config: &Config, stores: StoreChain) -> Self {
         let fingerprint = backend.fingerprint();
         let device_description = fingerprint.describe();
+        let debug = Arc::new(DebugCounters::new(config.trace.contains(TraceFlags::DISK)));
+        let mut stores = stores.with_observer(Arc::new(metrics::Counting));
+        if config.cache_debug {
+            stores = stores.with_observer(debug.clone());
+        }
+        let cache = KernelProgramCache::new(MemCacheSettings::from(config));
+        cache.on_evict(events::evictions_to(stores.observers()));
         ProgramManager {
             kind: backend.kind(),
             device: fingerprint.digest,
             backend,
             config: config.clone(),
-            cache: KernelProgramCache::new(MemCacheSettings::from(config)),
+            cache,
             stores,
             device_description,
-            debug: DebugCounters::default(),
+            debug,
             seal: Seal::default(),
             #[cfg(not(loom))]
             spirv: SpirvCache::default(),
@@ -258,9 +266,10 @@ impl ProgramManager {
         })?;
         let source = source.get();
         if source != Source::Memory {
-            // A miss paid for a lookup or a build: counting it and publishing the snapshot deltas
+            // A miss paid for a lookup or a build: telling it and publishing the snapshot deltas
             // costs nothing next to that. Memory hits are published with the deltas.
-            count::program_acquired(source.name());
+            let from = source.store_kind();
+            self.stores.emit(&CacheEvent::ProgramServed { from });
             self.publish_metrics();
         }
         Ok(Acquired {
@@ -312,9 +321,20 @@ impl ProgramManager {
                 self.backend.create_kernel(&p.value, entry)
             })
         })?;
+        let source = source.get();
+        // Only first acquisitions (a hit is Memory) are told, so hits cost one branch.
+        if source != Source::Memory {
+            self.stores.emit(&CacheEvent::KernelServed {
+                from: source.store_kind(),
+                image,
+                entry,
+                spec,
+                options,
+            });
+        }
         Ok(Acquired {
             value,
-            source: source.get(),
+            source,
             elapsed: start.elapsed(),
         })
     }
@@ -472,7 +492,8 @@ impl ProgramManager {
                 .before_build(&kernel, || super::seal::explain(&self.stores, &key))
         };
         if self.stores.is_empty() {
-            let (p, _) = self.build_sealed(image, spec, options, seal()?, &kernel)?;
+            let (p, took) = self.build_sealed(image, spec, options, seal()?, &kernel)?;
+            self.stores.built(&key, took, None, BuildCause::NoStores);
             return Ok((p, Source::Built));
         }
         if self.config.cache_debug {
@@ -506,8 +527,8 @@ impl ProgramManager {
         Ok((program, Source::Built))
     }
 
-    /// Cache debug mode's miss: every program is built by design and compared with what the stores
-    /// hold; only a genuine miss is a sealed build.
+    /// Cache debug mode's miss: every program is built by design, and told with what the stores hold
+    /// (`cache_debug.rs` compares them); only a genuine miss is a sealed build.
     fn build_debug(
         &self,
         image: &DeviceImage,
@@ -519,11 +540,12 @@ impl ProgramManager {
     ) -> Result<(DynProgram, Source)> {
         let cached = self.stores.peek(key);
         let sealed = if cached.is_none() { seal()? } else { None };
-        let (program, _) = self.build_sealed(image, spec, options, sealed, kernel)?;
+        let (program, took) = self.build_sealed(image, spec, options, sealed, kernel)?;
         let fresh = self.backend.program_binary(&program);
-        let trace = self.config.trace.contains(TraceFlags::DISK);
-        self.debug
-            .compare(image.name(), key, cached.as_ref(), fresh, trace);
+        let (fresh, cached) = (fresh.as_ref().ok(), cached.as_ref().map(|h| h.bytes()));
+        let cause = BuildCause::Debug { cached };
+        self.stores
+            .built(key, took, fresh.and_then(Option::as_deref), cause);
         Ok((program, Source::Built))
     }
 
@@ -556,9 +578,6 @@ impl ProgramManager {
             .retry_out_of_resources("build", || self.backend.build_program(image, spec, options));
         let took = start.elapsed();
         self.trace_build(image, "build program", r.is_ok(), Some(took));
-        if r.is_ok() {
-            count::built(took);
-        }
         Ok((r?, took))
     }
 

@@ -37,6 +37,18 @@ impl Source {
         }
     }
 
+    /// The kind of store this source is, `None` for what no store served (memory, a build, a blob):
+    /// the inverse of [`Source::of_store`].
+    pub(crate) fn store_kind(self) -> Option<StoreKind> {
+        match self {
+            Source::Disk => Some(StoreKind::Disk),
+            Source::ReadOnly => Some(StoreKind::ReadOnly),
+            Source::Store => Some(StoreKind::Other),
+            Source::Remote => Some(StoreKind::Remote),
+            Source::Memory | Source::Built | Source::Blob => None,
+        }
+    }
+
     /// What a hit from a store of `kind` reports.
     pub fn of_store(kind: StoreKind) -> Source {
         match kind {

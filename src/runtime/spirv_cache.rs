@@ -217,7 +217,7 @@ impl SpirvCache {
                 let image = DeviceImage::new(src.name(), ImageFormat::SpirV, hit.bytes().to_vec());
                 match image.spirv_reflection().map(|_| ()) {
                     Ok(()) => {
-                        stores.backfill(key, &hit);
+                        stores.backfill(key, &hit, false);
                         bump(&self.counters.store_hits);
                         let source = Source::of_store(hit.kind());
                         trace(config, src, &format!("spirv loaded from {source}"), None);

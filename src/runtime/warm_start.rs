@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::cache::Digest;
+use crate::cache::events::{CacheEvent, CacheObserver};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -131,6 +132,27 @@ impl std::fmt::Debug for WarmStart {
             .field("app", &self.app)
             .field("manifest", &self.path)
             .finish()
+    }
+}
+
+/// What is remembered is told by the context's cache: each kernel whose program missed memory.
+impl CacheObserver for WarmStart {
+    fn on_event(&self, event: &CacheEvent<'_>) {
+        if let CacheEvent::KernelServed {
+            image,
+            entry,
+            spec,
+            options,
+            ..
+        } = *event
+        {
+            self.record(&KernelRequest {
+                image: image.clone(),
+                entry: entry.to_string(),
+                spec: spec.clone(),
+                options: options.clone(),
+            });
+        }
     }
 }
 
@@ -484,6 +506,6 @@ pub fn load_if_stored(manager: &ProgramManager, r: &KernelRequest) -> Result<Loa
     };
     manager.kernel_from_binary(&r.image, &r.entry, &r.spec, &r.options, hit.bytes())?;
     drop(record);
-    manager.stores().backfill(&key, &hit);
+    manager.stores().backfill(&key, &hit, false);
     Ok(LoadOutcome::Loaded)
 }

@@ -5,14 +5,16 @@
 //!
 //! What a miss needs beyond storage lives here, in one place: the skip list of levels whose binary
 //! was refused in this request, the crash guard around each load, rejection, the backfill of an
-//! accepted hit, the recompiled note, the journal's build record, and the crashed-bytes check on
-//! publish.
+//! accepted hit, and the crashed-bytes check on publish. What is done about each step (counting,
+//! the journal, the idle watch, metrics) is not: the chain tells its subscribers
+//! (`crate::cache::events`).
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::chain::{ChainHit, ChainLock, Turn};
 use super::{StoreChain, StoreKey, StoreKind};
+use crate::cache::events::BuildCause;
 use crate::error::Error;
 
 /// How many persisted binaries in a row the backend may refuse for one request before it is built
@@ -56,15 +58,16 @@ pub(crate) struct Ticket<'a> {
 
 impl Ticket<'_> {
     /// The fresh build took `took` and serialized to `binary` (`Ok(None)`: the backend keeps no
-    /// binary; `Err`: it could not serialize): recorded in the journal and stored in every writable
-    /// level, unless the same bytes crashed a process loading them before.
+    /// binary; `Err`: it could not serialize): told as [`CacheEvent::Built`](crate::cache::events::CacheEvent::Built) and stored in every
+    /// writable level, unless the same bytes crashed a process loading them before.
     pub(crate) fn publish<E: fmt::Display>(
         self,
         took: Duration,
         binary: Result<Option<Vec<u8>>, E>,
     ) {
         let Ticket { chain, key, lock } = self;
-        chain.note_built(key, took);
+        let bytes = binary.as_ref().ok().and_then(Option::as_deref);
+        chain.built(key, took, bytes, BuildCause::Missed);
         match binary {
             Ok(Some(bytes)) if chain.crashed_before(key, &bytes) => {}
             Ok(Some(bytes)) => chain.put(key, &bytes, took, lock),
@@ -117,10 +120,7 @@ impl StoreChain {
             match loaded {
                 Ok((program, recompiled)) => {
                     // Copied up only now that the backend took it: refused bytes never spread.
-                    self.backfill(key, &hit);
-                    if recompiled {
-                        self.note_recompiled(&hit);
-                    }
+                    self.backfill(key, &hit, recompiled);
                     let load = guard_start.elapsed();
                     return Ok(Acquire::Loaded(Loaded {
                         program,

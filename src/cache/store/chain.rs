@@ -19,17 +19,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use counters::LevelCounters;
+use journal::ChainJournal;
+
 use super::crash::{CrashedLoading, LocalLevel};
 use super::explain::{MissCause, MissExplanation};
-use super::idle::IdleWatch;
+use super::idle::IdleWatches;
 use super::{
-    BuildLock, LockGuard, PutOutcome, Removal, Store, StoreHit, StoreKind, StoreStats,
-    StoreWarnings, WarnCause,
+    BuildLock, LockGuard, Removal, Store, StoreHit, StoreKind, StoreStats, StoreWarnings, WarnCause,
 };
+use crate::cache::events::{self, BuildCause, CacheEvent, CacheObserver};
 use crate::cache::journal::Journal;
 use crate::cache::store::StoreKey;
 use crate::config::{Config, TraceFlags};
 
+#[path = "chain_counters.rs"]
+mod counters;
 #[path = "chain_journal.rs"]
 mod journal;
 
@@ -114,38 +119,10 @@ pub struct LevelStats {
     pub store: StoreStats,
 }
 
-#[derive(Default)]
-struct LevelCounters {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    backfills: AtomicU64,
-    puts: AtomicU64,
-    rejected: AtomicU64,
-    recompiled: AtomicU64,
-}
-
-fn bump(a: &AtomicU64) {
-    a.fetch_add(1, Ordering::Relaxed);
-}
-
 struct Level {
     store: Arc<dyn Store>,
     kind: StoreKind,
     name: String,
-    counters: LevelCounters,
-    /// Read-only layers and the remote: warned about once if they serve nothing (`idle.rs`).
-    idle: IdleWatch,
-}
-
-impl Level {
-    fn watch(&self, key: &StoreKey, hit: bool) {
-        if super::idle::watched(self.kind) {
-            let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-            let totals = (l(&self.counters.hits), l(&self.counters.misses));
-            self.idle
-                .after_lookup(&self.name, &*self.store, key, hit, totals);
-        }
-    }
 }
 
 /// Stores looked up in order after the in-memory cache. Cheap to share behind the `ProgramManager`
@@ -159,10 +136,18 @@ pub struct StoreChain {
     local: Option<Arc<dyn LocalLevel>>,
     trace: bool,
     warnings: StoreWarnings,
-    /// The miss journal (`crate::cache::journal`), local with the first disk cache appended.
-    journal: Journal,
     /// Why the configured local disk cache is not in the chain, when its root cannot be used.
     local_unusable: Option<String>,
+    // The chain's own subscribers to its events, held by value: each keeps state per level, grown as
+    // levels are appended, and `stats` reads the counters.
+    /// Per-level counts ([`LevelStats`]).
+    counters: LevelCounters,
+    /// Read-only layers and the remote: warned about once if they serve nothing (`idle.rs`).
+    idle: IdleWatches,
+    /// The miss journal (`crate::cache::journal`), local with the first disk cache appended.
+    journal: ChainJournal,
+    /// Everyone else subscribed: the runtime's (metrics, debug mode, warm start) and an embedder's.
+    observers: Arc<Vec<Arc<dyn CacheObserver>>>,
 }
 
 impl fmt::Debug for StoreChain {
@@ -187,8 +172,11 @@ impl StoreChain {
             local: None,
             trace: false,
             warnings: StoreWarnings::new("store chain"),
-            journal: Journal::new(crate::config::signing::hostname(), None),
             local_unusable: None,
+            counters: LevelCounters::default(),
+            idle: IdleWatches::default(),
+            journal: ChainJournal::new(crate::config::signing::hostname()),
+            observers: Arc::default(),
         }
     }
 
@@ -202,7 +190,8 @@ impl StoreChain {
     pub(crate) fn configure(&mut self, config: &Config) {
         self.trace = config.trace.contains(TraceFlags::DISK);
         self.warnings.set_sink(config.warning_sink());
-        self.journal.host = config.host_id();
+        self.journal.warnings.set_sink(config.warning_sink());
+        self.journal.journal.host = config.host_id();
     }
 
     /// Records why the configured local disk cache is not in the chain.
@@ -222,7 +211,7 @@ impl StoreChain {
 
     /// The miss journal, for the local level to attach its log to.
     pub(crate) fn journal_mut(&mut self) -> &mut Journal {
-        &mut self.journal
+        &mut self.journal.journal
     }
 
     /// The local level, if one was set.
@@ -249,14 +238,67 @@ impl StoreChain {
 
     /// Appends `store` as the next level (looked up after every level before it).
     pub fn with_store(mut self, store: Arc<dyn Store>) -> StoreChain {
+        let kind = store.kind();
+        self.counters.add_level();
+        self.idle.add_level(kind);
+        self.journal.add_level(&store, kind);
         self.levels.push(Level {
-            kind: store.kind(),
+            kind,
             name: store.name(),
             store,
-            counters: LevelCounters::default(),
-            idle: IdleWatch::default(),
         });
         self
+    }
+
+    /// Subscribes `observer` to this chain's events ([`CacheEvent`]): every level's hits and misses,
+    /// waits, loads, refusals, builds and puts, and the requests the context served from them.
+    pub fn with_observer(mut self, observer: Arc<dyn CacheObserver>) -> StoreChain {
+        Arc::make_mut(&mut self.observers).push(observer);
+        self
+    }
+
+    /// Everyone subscribed with [`StoreChain::with_observer`]: for what the chain does not see
+    /// itself (the memory cache's evictions).
+    pub(crate) fn observers(&self) -> Arc<Vec<Arc<dyn CacheObserver>>> {
+        self.observers.clone()
+    }
+
+    /// Tells every subscriber that `event` happened.
+    pub(crate) fn emit(&self, event: &CacheEvent<'_>) {
+        self.counters.on_event(event);
+        self.idle.on_event(event);
+        self.journal.on_event(event);
+        for o in self.observers.iter() {
+            events::deliver(&**o, event);
+        }
+    }
+
+    /// Tells that `key` was built in `took` (serialized to `binary`, if asked and given) for
+    /// `cause` ([`CacheEvent::Built`]).
+    pub(crate) fn built(
+        &self,
+        key: &StoreKey,
+        took: Duration,
+        binary: Option<&[u8]>,
+        cause: BuildCause<'_>,
+    ) {
+        self.emit(&CacheEvent::Built {
+            key,
+            took,
+            binary,
+            cause,
+        });
+    }
+
+    /// Level `index` as events name it.
+    fn level(&self, index: usize) -> events::CacheLevel<'_> {
+        let l = &self.levels[index];
+        events::CacheLevel {
+            index,
+            kind: l.kind,
+            name: &l.name,
+            store: &*l.store,
+        }
     }
 
     /// Whether the chain has no store.
@@ -307,8 +349,12 @@ impl StoreChain {
             };
             match l.store.get(key, access) {
                 Some(hit) => {
-                    bump(&l.counters.hits);
-                    l.watch(key, true);
+                    let bytes = hit.bytes().len();
+                    self.emit(&CacheEvent::Hit {
+                        level: self.level(i),
+                        key,
+                        bytes,
+                    });
                     self.trace(|| {
                         tracing::debug!(target: "kpc::cache::store", store = %l.name, key = %key.digest(),
                             bytes = hit.bytes().len(), read_only, "hit")
@@ -319,10 +365,10 @@ impl StoreChain {
                         hit,
                     });
                 }
-                None => {
-                    bump(&l.counters.misses);
-                    l.watch(key, false);
-                }
+                None => self.emit(&CacheEvent::Miss {
+                    level: self.level(i),
+                    key,
+                }),
             }
         }
         None
@@ -342,7 +388,12 @@ impl StoreChain {
                 BuildLock::NotOffered | BuildLock::Unavailable => continue,
                 BuildLock::Held(g) => held.push((i, g)),
                 BuildLock::Published(hit) => {
-                    bump(&l.counters.hits);
+                    let bytes = hit.bytes().len();
+                    self.emit(&CacheEvent::Waited {
+                        level: self.level(i),
+                        key,
+                        bytes,
+                    });
                     return Turn::Published(ChainHit {
                         level: i,
                         kind: l.kind,
@@ -354,37 +405,40 @@ impl StoreChain {
         Turn::Build((!held.is_empty()).then_some(ChainLock { held }))
     }
 
-    /// The backend accepted `hit`: copies it to the first writable level above the one it came from
-    /// (none when it came from the first writable level).
-    /// Counts the hit in the miss journal as compile time saved.
-    pub(crate) fn backfill(&self, key: &StoreKey, hit: &ChainHit) {
-        self.journal_hit(hit.build_time());
-        let Some((i, l)) = self.levels[..hit.level]
+    /// The backend accepted `hit` (`recompiled`: the driver reported that it compiled anyway): told
+    /// as [`CacheEvent::Loaded`], then copied to the first writable level above the one it came from
+    /// (none when it came from the first writable level). A recompiled hit is counted apart by its
+    /// store, so that time saved counts only compiles that were avoided.
+    pub(crate) fn backfill(&self, key: &StoreKey, hit: &ChainHit, recompiled: bool) {
+        let from = &self.levels[hit.level];
+        self.emit(&CacheEvent::Loaded {
+            level: self.level(hit.level),
+            key,
+            build_time: hit.build_time(),
+            recompiled,
+        });
+        let above = self.levels[..hit.level]
             .iter()
             .enumerate()
-            .find(|(_, l)| l.kind.writable())
-        else {
-            return;
-        };
-        let outcome = l
-            .store
-            .put_copy(key, hit.bytes(), hit.build_time(), hit.hit.provenance());
-        if let PutOutcome::Published(_) = outcome {
-            bump(&l.counters.backfills);
+            .find(|(_, l)| l.kind.writable());
+        if let Some((i, l)) = above {
+            let outcome =
+                l.store
+                    .put_copy(key, hit.bytes(), hit.build_time(), hit.hit.provenance());
+            self.emit(&CacheEvent::Published {
+                level: self.level(i),
+                key,
+                outcome,
+                copy: true,
+            });
+            self.trace(|| {
+                tracing::debug!(target: "kpc::cache::store", from = %from.name,
+                    to = %l.name, level = i, ?outcome, key = %key.digest(), "backfill")
+            });
         }
-        self.trace(|| {
-            tracing::debug!(target: "kpc::cache::store", from = %self.levels[hit.level].name,
-                to = %l.name, level = i, ?outcome, key = %key.digest(), "backfill")
-        });
-    }
-
-    /// The backend loaded `hit`, but the driver reported that it compiled anyway: counted apart by
-    /// the level and its store, so that time saved counts only compiles that were avoided.
-    pub(crate) fn note_recompiled(&self, hit: &ChainHit) {
-        let l = &self.levels[hit.level];
-        self.journal.recompiled(hit.build_time());
-        bump(&l.counters.recompiled);
-        l.store.note_recompiled(hit.build_time());
+        if recompiled {
+            from.store.note_recompiled(hit.build_time());
+        }
     }
 
     /// The backend refused `hit` (`reason` says why): the level it came from removes it if it can.
@@ -392,7 +446,11 @@ impl StoreChain {
     /// (or a replacement took their place), a read-only one would return them again.
     pub(crate) fn reject(&self, key: &StoreKey, hit: &ChainHit, reason: &dyn fmt::Display) -> bool {
         let l = &self.levels[hit.level];
-        bump(&l.counters.rejected);
+        self.emit(&CacheEvent::Rejected {
+            level: self.level(hit.level),
+            key,
+            reason: &reason.to_string(),
+        });
         l.store.remove(
             key,
             Removal::Refused {
@@ -416,7 +474,8 @@ impl StoreChain {
         hit: &ChainHit,
     ) -> Result<Option<Box<dyn Send>>, CrashedLoading> {
         let bytes = hit.bytes();
-        if let Some(m) = self.levels[hit.level].store.crashed_marker(key, bytes) {
+        let fleet = self.levels[hit.level].store.fleet();
+        if let Some(m) = fleet.and_then(|f| f.crashed_marker(key, bytes)) {
             return Err(CrashedLoading { marker: m.into() });
         }
         let Some(d) = &self.local else {
@@ -424,9 +483,9 @@ impl StoreChain {
         };
         let r = d.begin_load(key, bytes);
         if r.is_err() {
-            for l in self.levels.iter().filter(|l| l.kind == StoreKind::Remote) {
-                if l.store.crashed_marker(key, bytes).is_none() {
-                    l.store.note_crashed(key, bytes);
+            for f in self.levels.iter().filter_map(|l| l.store.fleet()) {
+                if f.crashed_marker(key, bytes).is_none() {
+                    f.note_crashed(key, bytes);
                 }
             }
         }
@@ -448,9 +507,12 @@ impl StoreChain {
         for (i, l) in self.levels.iter().enumerate() {
             if l.kind.writable() {
                 let outcome = l.store.put(key, bytes, build_time);
-                if let PutOutcome::Published(_) = outcome {
-                    bump(&l.counters.puts);
-                }
+                self.emit(&CacheEvent::Published {
+                    level: self.level(i),
+                    key,
+                    outcome,
+                    copy: false,
+                });
                 self.trace(|| {
                     tracing::debug!(target: "kpc::cache::store", store = %l.name, ?outcome,
                         key = %key.digest(), "put")
@@ -496,16 +558,20 @@ impl StoreChain {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         self.levels
             .iter()
-            .map(|lv| LevelStats {
-                name: lv.name.clone(),
-                kind: lv.kind,
-                hits: l(&lv.counters.hits),
-                misses: l(&lv.counters.misses),
-                backfills: l(&lv.counters.backfills),
-                puts: l(&lv.counters.puts),
-                rejected: l(&lv.counters.rejected),
-                recompiled: l(&lv.counters.recompiled),
-                store: lv.store.stats(),
+            .enumerate()
+            .map(|(i, lv)| {
+                let c = self.counters.level(i);
+                LevelStats {
+                    name: lv.name.clone(),
+                    kind: lv.kind,
+                    hits: l(&c.hits),
+                    misses: l(&c.misses),
+                    backfills: l(&c.backfills),
+                    puts: l(&c.puts),
+                    rejected: l(&c.rejected),
+                    recompiled: l(&c.recompiled),
+                    store: lv.store.stats(),
+                }
             })
             .collect()
     }

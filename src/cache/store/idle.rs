@@ -1,7 +1,8 @@
 //! Shipped caches silently unused: a read-only layer or the remote that has served none of the first
 //! [`IDLE_LOOKUPS`] lookups a store chain made (one context) is warned about, once, with the dominant
 //! miss cause. A layer baked into an image for another driver, or a remote written by another kpc
-//! version, is otherwise only visible in counters nobody reads.
+//! version, is otherwise only visible in counters nobody reads. The watch subscribes to the chain's
+//! events (`crate::cache::events`): a hit or a wait served by the level ends it, a miss counts.
 //!
 //! The cause comes from the store's own miss explanation ([`Store::explain_miss`]: the nearest entry
 //! and the key fields that differ) over the first keys that missed, kept as a bounded sample until
@@ -9,44 +10,73 @@
 //! (unreachable, or simply without entries for this device's keys).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
 use super::{Store, StoreKey, StoreKind, StoreStats};
+use crate::cache::events::{CacheEvent, CacheLevel, CacheObserver};
 
 /// Lookups a read-only layer or the remote may miss, without one hit, before it is warned about.
 pub const IDLE_LOOKUPS: u64 = 32;
 
-/// One level's watch: the first missed keys, and whether the verdict is in.
+/// One level's watch: its misses so far, the first missed keys, and whether the verdict is in.
 #[derive(Debug, Default)]
-pub(crate) struct IdleWatch {
+struct IdleWatch {
+    misses: AtomicU64,
     sample: Mutex<Vec<StoreKey>>,
     done: AtomicBool,
 }
 
-/// Whether levels of `kind` are watched.
-pub(crate) fn watched(kind: StoreKind) -> bool {
-    matches!(kind, StoreKind::ReadOnly | StoreKind::Remote)
+/// The watch over every level of a chain that is watched (read-only layers and the remote), kept
+/// by subscribing to the chain's lookups.
+#[derive(Debug, Default)]
+pub(crate) struct IdleWatches {
+    levels: Vec<Option<IdleWatch>>,
+}
+
+impl IdleWatches {
+    /// One more level, of `kind`, is in the chain.
+    pub(crate) fn add_level(&mut self, kind: StoreKind) {
+        let watched = matches!(kind, StoreKind::ReadOnly | StoreKind::Remote);
+        self.levels.push(watched.then(IdleWatch::default));
+    }
+
+    fn watch(&self, level: &CacheLevel<'_>) -> Option<&IdleWatch> {
+        self.levels.get(level.index)?.as_ref()
+    }
+}
+
+impl CacheObserver for IdleWatches {
+    fn on_event(&self, event: &CacheEvent<'_>) {
+        match event {
+            CacheEvent::Hit { level, .. } | CacheEvent::Waited { level, .. } => {
+                if let Some(w) = self.watch(level) {
+                    w.served();
+                }
+            }
+            CacheEvent::Miss { level, key } => {
+                if let Some(w) = self.watch(level) {
+                    w.missed(level, key);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 impl IdleWatch {
-    /// After a lookup of this level: `hit` or not, with the level's totals so far (this lookup
-    /// included). Warns once when the level has missed [`IDLE_LOOKUPS`] lookups without a hit.
-    pub(crate) fn after_lookup(
-        &self,
-        name: &str,
-        store: &dyn Store,
-        key: &StoreKey,
-        hit: bool,
-        (hits, misses): (u64, u64),
-    ) {
-        if self.done.load(Ordering::Relaxed) {
-            return;
-        }
-        if hit || hits > 0 {
-            self.done.store(true, Ordering::Relaxed);
+    /// The level served a request: it is used, so never warned about.
+    fn served(&self) {
+        if !self.done.swap(true, Ordering::Relaxed) {
             self.sample.lock().clear();
+        }
+    }
+
+    /// The level missed `key`. Warns once when it has missed [`IDLE_LOOKUPS`] lookups without a hit.
+    fn missed(&self, level: &CacheLevel<'_>, key: &StoreKey) {
+        let misses = self.misses.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.done.load(Ordering::Relaxed) {
             return;
         }
         {
@@ -62,7 +92,8 @@ impl IdleWatch {
             return;
         }
         let sample = std::mem::take(&mut *self.sample.lock());
-        let why = dominant_cause(store, &sample);
+        let why = dominant_cause(level.store, &sample);
+        let name = level.name;
         tracing::warn!(target: "kpc::cache::store", store = name, lookups = misses,
             "{name} has served none of the {misses} lookups this context made: {why}; \
              it is not used (`kpc cache check` says which key fields differ)");

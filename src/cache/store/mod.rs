@@ -30,6 +30,7 @@ pub(crate) mod compress;
 pub(crate) mod crash;
 pub mod entry;
 pub mod explain;
+pub mod fleet;
 pub mod idle;
 pub mod readonly;
 pub mod remote;
@@ -39,7 +40,8 @@ pub(crate) mod outcome;
 pub mod provenance;
 pub(crate) mod warn;
 pub use auth::EntryAuth;
-pub use chain::{ChainHit, LevelStats, StoreChain, Turn};
+pub use chain::{LevelStats, StoreChain, Turn};
+pub use fleet::Fleet;
 pub use key::{KeyRecord, StoreKey};
 pub use outcome::PutOutcome;
 pub use provenance::Provenance;
@@ -517,20 +519,6 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// changes (a read-only layer) returns false.
     fn remove(&self, key: &StoreKey, what: Removal<'_>) -> bool;
 
-    /// Another machine found that `bytes`, stored for `key`, crashed a process that loaded them (a
-    /// crash marker it published, see `src/cache/disk/loading.rs`): `Some` with where the marker is,
-    /// and the caller refuses them. Only a shared store answers; the default is `None`.
-    fn crashed_marker(&self, key: &StoreKey, bytes: &[u8]) -> Option<String> {
-        let _ = (key, bytes);
-        None
-    }
-
-    /// `bytes`, stored for `key`, crashed a process that loaded them: a shared store publishes a
-    /// marker, so that no other machine loads them ([`Store::crashed_marker`]). Default: nothing.
-    fn note_crashed(&self, key: &StoreKey, bytes: &[u8]) {
-        let _ = (key, bytes);
-    }
-
     /// Why `key` is not (usably) here: the nearest entry this store holds and the key fields that
     /// differ from it. Only stores that can tell cheaply answer (the disk cache and read-only layers
     /// over it, which read a bounded number of key records); the default is `None`. Changes nothing.
@@ -539,30 +527,10 @@ pub trait Store: Send + Sync + fmt::Debug {
         None
     }
 
-    /// Appends miss journal records (one JSON line each, `crate::cache::journal`) to the fleet's
-    /// shared journal, if this store keeps one; bounded by the store and best effort (a failure is
-    /// warned about, never returned). Default: nothing.
-    fn share_journal(&self, lines: &[String]) {
-        let _ = lines;
-    }
-
-    /// The fleet's shared miss journal records, oldest first, if this store keeps one (`None` when
-    /// it does not). Errors: the store keeps one but could not be read.
-    fn read_journal(&self) -> Option<io::Result<Vec<String>>> {
-        None
-    }
-
-    /// Shares application `app`'s warm-start manifest (its encoded bytes) with other machines, for
-    /// `kpc cache prebuild` there. Only a shared store keeps it, authenticated as its entries are;
-    /// the default keeps nothing. Best effort: a failure is a warning, never the caller's.
-    fn put_manifest(&self, app: &str, manifest: &[u8]) {
-        let _ = (app, manifest);
-    }
-
-    /// The manifest of `app` shared through this store ([`Store::put_manifest`]), verified as its
-    /// entries are; `None` when there is none, it fails to verify, or the store shares none (default).
-    fn get_manifest(&self, app: &str) -> Option<Vec<u8>> {
-        let _ = app;
+    /// What this store offers a fleet of machines beyond storage (crash markers, the shared miss
+    /// journal, shared warm-start manifests), if it is shared by one: only the remote is. Default:
+    /// `None`.
+    fn fleet(&self) -> Option<&dyn Fleet> {
         None
     }
 

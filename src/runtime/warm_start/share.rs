@@ -51,7 +51,7 @@ pub fn shared_requests<'a>(
 ) -> Vec<KernelRequest> {
     let all: Vec<KernelRequest> = stores
         .into_iter()
-        .filter_map(|s| s.get_manifest(app))
+        .filter_map(|s| s.fleet()?.get_manifest(app))
         .filter_map(|b| manifest::decode(&b).ok())
         .flatten()
         .collect();
@@ -60,7 +60,7 @@ pub fn shared_requests<'a>(
 
 impl WarmStart {
     /// Makes every later manifest write also merge into the manifest `stores` share
-    /// ([`Store::put_manifest`]); the first call wins.
+    /// ([`Fleet::put_manifest`](crate::cache::store::Fleet::put_manifest)); the first call wins.
     pub fn share_through(&self, stores: Vec<Arc<dyn Store>>) {
         let _ = self.shared.set(stores);
     }
@@ -68,7 +68,8 @@ impl WarmStart {
     /// Merges `ours` (what was just written to disk) into each shared store's manifest of this
     /// application.
     pub(super) fn publish_shared(&self, ours: &[KernelRequest]) {
-        for s in self.shared.get().into_iter().flatten() {
+        let fleet = self.shared.get().into_iter().flatten();
+        for s in fleet.filter_map(|s| s.fleet()) {
             let theirs = s
                 .get_manifest(&self.app)
                 .and_then(|b| manifest::decode(&b).ok())
