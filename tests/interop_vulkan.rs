@@ -97,9 +97,10 @@ impl Embedder {
         // SAFETY: the handles are this embedder's live objects, which outlive every kpc object of
         // the test (they are destroyed in Drop, after the tests drop kpc's objects); what is
         // declared (robustBufferAccess where the device has it) is what was enabled.
-        let enabled = VulkanFeatures {
-            robust_buffer_access: common::vk_device::robust(&self.instance, self.pd),
-            ..VulkanFeatures::default()
+        let enabled = if common::vk_device::robust(&self.instance, self.pd) {
+            VulkanFeatures::ROBUST_BUFFER_ACCESS
+        } else {
+            VulkanFeatures::empty()
         };
         unsafe {
             Context::builder()
@@ -553,7 +554,7 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
         Err(Error::Unsupported { needs, reason, .. }) => {
             assert!(needs.contains("Float16"), "{needs}");
             assert!(
-                reason.contains("VulkanFeatures::shader_float16"),
+                reason.contains("VulkanFeatures::SHADER_FLOAT16"),
                 "{reason}"
             )
         }
@@ -569,10 +570,7 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
             .is_ok_and(|n| n == vk::KHR_COOPERATIVE_MATRIX_NAME)
     });
     if !has_coop {
-        let claims = VulkanFeatures {
-            cooperative_matrix: true,
-            ..VulkanFeatures::default()
-        };
+        let claims = VulkanFeatures::COOPERATIVE_MATRIX;
         // SAFETY: live handles; the (false) declaration is what is being refused, before use.
         match unsafe {
             Context::builder()
@@ -580,7 +578,9 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
                 .config(test_config())
                 .build()
         } {
-            Err(Error::InvalidArgument(m)) => assert!(m.contains("cooperative_matrix"), "{m}"),
+            Err(Error::InvalidArgument(m)) => {
+                assert!(m.contains("VulkanFeatures::COOPERATIVE_MATRIX"), "{m}")
+            }
             other => panic!("expected a refusal, got {other:?}"),
         }
     }
