@@ -18,7 +18,9 @@ pub mod backend {
     pub use crate::backend::dynamic::{DynKernel, DynProgram};
     pub use crate::backend::pod::{as_bytes, as_bytes_mut};
     pub use crate::backend::process::with_original_loader_environment;
-    pub use crate::backend::{Backend, ComputeBackend, DeviceFingerprint, KernelObject, Launch};
+    pub use crate::backend::{
+        Backend, BackendLaunch, ComputeBackend, DeviceFingerprint, KernelObject, Launch,
+    };
 }
 
 /// SPIR-V reflection: what a module declares.

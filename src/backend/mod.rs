@@ -358,17 +358,27 @@ pub trait KernelObject: Any + Send + Sync {
 }
 
 /// One kernel launch: a grid of `groups` workgroups of the kernel's local size, with buffer arguments
-/// in [`KernelInfo::buffers`] order and push-constant bytes.
-pub struct Launch<'a, B: ComputeBackend + ?Sized> {
+/// in [`KernelInfo::buffers`] order and push-constant bytes. The one launch descriptor of every
+/// layer, generic over what holds the kernel (`K`) and the buffers (`A`), as wgpu's descriptors are
+/// over their labels: [`crate::LaunchDesc`] at the surface (a runtime kernel and borrowed buffer
+/// arguments, checked by [`crate::Queue::submit`]), `DynLaunch` behind the type-erased
+/// seam, and [`BackendLaunch`] in a backend's own types.
+#[derive(Clone, Copy)]
+pub struct Launch<'a, K: ?Sized, A> {
     /// The kernel. A backend keeps alive whatever of it the device uses until the launch finishes.
-    pub kernel: &'a B::Kernel,
+    pub kernel: &'a K,
     /// Workgroups per dimension.
     pub groups: [u32; 3],
-    /// Buffer arguments; the backend keeps them alive until the launch has finished.
-    pub buffers: Vec<Arc<B::Buffer>>,
+    /// Buffer arguments, in [`KernelInfo::buffers`] order; a backend keeps them alive until the
+    /// launch has finished.
+    pub buffers: A,
     /// Push-constant bytes, exactly [`KernelInfo::push_constant_bytes`] long.
     pub push_constants: &'a [u8],
 }
+
+/// [`Launch`] in backend `B`'s own kernel and buffer types: what [`ComputeBackend::submit`] takes.
+pub type BackendLaunch<'a, B> =
+    Launch<'a, <B as Backend>::Kernel, Vec<Arc<<B as ComputeBackend>::Buffer>>>;
 
 /// A device that runs kernels: the part of a backend beyond building programs.
 ///
@@ -397,7 +407,7 @@ pub trait ComputeBackend: Backend {
 
     /// Submits launches, in order, as one batch. The caller has checked argument counts and push
     /// sizes against [`KernelInfo`]; the backend checks what only it knows (device limits).
-    fn submit(&self, launches: &[Launch<'_, Self>]) -> crate::Result<Self::Event>;
+    fn submit(&self, launches: &[BackendLaunch<'_, Self>]) -> crate::Result<Self::Event>;
 
     /// Blocks until the batch has finished.
     fn wait(&self, event: &Self::Event) -> crate::Result<()>;

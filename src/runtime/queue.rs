@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::Launch;
 use crate::backend::dynamic::{AnyEvent, DynComputeBackend, DynLaunch};
 use crate::error::{Error, Result};
 
@@ -29,17 +30,12 @@ impl fmt::Debug for Queue {
 }
 
 /// One launch in a batch: `kernel` over a grid of `groups` workgroups (each of the kernel's local
-/// size), with buffer arguments in the kernel's parameter order and its push-constant bytes.
-pub struct LaunchDesc<'a> {
-    /// The kernel.
-    pub kernel: &'a Kernel,
-    /// Workgroups per dimension.
-    pub groups: [u32; 3],
-    /// Buffer arguments, in [`crate::backend::KernelInfo::buffers`] order.
-    pub buffers: &'a [&'a dyn BufferArg],
-    /// Push-constant bytes, exactly the kernel's push-constant size (see [`PushConstants`]).
-    pub push_constants: &'a [u8],
-}
+/// size), with buffer arguments in the kernel's parameter order ([`crate::KernelInfo::buffers`])
+/// and its push-constant bytes, exactly the kernel's push-constant size (see [`PushConstants`]).
+/// The backends' [`Launch`] descriptor with a context's kernel and buffers; [`Queue::submit`] checks
+/// it (kernel and buffers of this context, buffer count and sizes, push size, declared bounds)
+/// before anything reaches the device.
+pub type LaunchDesc<'a> = Launch<'a, Kernel, &'a [&'a dyn BufferArg]>;
 
 impl Queue {
     /// Launches `kernel` over `groups` workgroups with `buffers` and `push_constants`: one

@@ -56,7 +56,7 @@ use opencl3::kernel::Kernel;
 use opencl3::types::cl_mem;
 
 use crate::backend::{
-    Backend, BufferParam, DeviceFingerprint, DeviceImage, DeviceInfo, KernelInfo, Launch,
+    Backend, BackendLaunch, BufferParam, DeviceFingerprint, DeviceImage, DeviceInfo, KernelInfo,
 };
 use crate::cache::{BuildOptions, SpecConstants};
 use crate::config::{BackendKind, Config, TraceFlags};
@@ -348,7 +348,7 @@ impl OpenClBackend {
         ))
     }
 
-    fn enqueue(&self, l: &Launch<'_, Self>) -> Result<Event> {
+    fn enqueue(&self, l: &BackendLaunch<'_, Self>) -> Result<Event> {
         let k = l.kernel;
         // The runtime's queue checks these too; the backend is public, so it checks what set_args
         // relies on rather than trusting every caller.

@@ -43,8 +43,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::backend::{
-    Backend, BackendStats, ComputeBackend, DeviceFingerprint, DeviceImage, DeviceInfo, Launch,
-    ProgramOrigin,
+    Backend, BackendLaunch, BackendStats, ComputeBackend, DeviceFingerprint, DeviceImage,
+    DeviceInfo, ProgramOrigin,
 };
 use crate::cache::{BuildOptions, SpecConstants};
 use crate::config::{BackendKind, Config, TraceFlags};
@@ -501,7 +501,7 @@ impl ComputeBackend for VulkanBackend {
         }
     }
 
-    fn submit(&self, launches: &[Launch<'_, Self>]) -> Result<Arc<Record>> {
+    fn submit(&self, launches: &[BackendLaunch<'_, Self>]) -> Result<Arc<Record>> {
         self.dispatch(launches)
     }
 
