@@ -84,11 +84,7 @@ fn du(dir: &Path) -> u64 {
 fn run(n: u64, len: usize) {
     let base = std::env::temp_dir().join(format!("kpc-bundle-bench-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
-    let settings = |d: &Path| DiskCacheSettings {
-        max_size: 0,
-        sync: false,
-        ..DiskCacheSettings::new(d)
-    };
+    let settings = |d: &Path| DiskCacheSettings::new(d).max_size(0).sync(false);
     let src = PersistentCache::new(settings(&base.join("built")));
     for i in 0..n {
         src.put(&key(i), &payload(i, len), Duration::from_millis(30));

@@ -28,11 +28,12 @@ impl CacheCost for Prog {
 type Cache = KernelProgramCache<Prog, String, BuildError>;
 
 fn cache(threshold: u64) -> Cache {
-    KernelProgramCache::new(MemCacheSettings {
-        enabled: true,
-        eviction_threshold: threshold,
-        trace: false,
-    })
+    KernelProgramCache::new(
+        MemCacheSettings::default()
+            .enabled(true)
+            .eviction_threshold(threshold)
+            .trace(false),
+    )
 }
 
 fn pkey(id: u32) -> ProgramKey {
@@ -152,11 +153,12 @@ fn front_hits_keep_their_program_recent() {
 
 #[test]
 fn in_mem_off_serves_nothing_from_the_front() {
-    let c: Cache = KernelProgramCache::new(MemCacheSettings {
-        enabled: false,
-        eviction_threshold: 0,
-        trace: false,
-    });
+    let c: Cache = KernelProgramCache::new(
+        MemCacheSettings::default()
+            .enabled(false)
+            .eviction_threshold(0)
+            .trace(false),
+    );
     let k = cached(&c, 1);
     assert!(c.kernel_local(&k).is_none());
     let s = c.stats();

@@ -382,9 +382,7 @@ fn thirty_two_threads(ctx: &Context) {
 fn thirty_two_threads_launch_one_cached_kernel_pool() {
     let Some(b) = opencl_backend(
         "thirty_two_threads_launch_one_cached_kernel_pool",
-        &OpenClOptions {
-            kernel_sharing: KernelSharing::Pool,
-        },
+        &OpenClOptions::default().kernel_sharing(KernelSharing::Pool),
     ) else {
         return;
     };
@@ -417,9 +415,7 @@ fn thirty_two_threads_launch_one_cached_kernel_pool() {
 fn thirty_two_threads_launch_one_cached_kernel_clone() {
     let Some(b) = opencl_backend(
         "thirty_two_threads_launch_one_cached_kernel_clone",
-        &OpenClOptions {
-            kernel_sharing: KernelSharing::ClonePerLaunch,
-        },
+        &OpenClOptions::default().kernel_sharing(KernelSharing::ClonePerLaunch),
     ) else {
         return;
     };
@@ -436,9 +432,7 @@ fn thirty_two_threads_launch_one_cached_kernel_clone() {
 fn thirty_two_threads_launch_one_cached_kernel_lock() {
     let Some(b) = opencl_backend(
         "thirty_two_threads_launch_one_cached_kernel_lock",
-        &OpenClOptions {
-            kernel_sharing: KernelSharing::Lock,
-        },
+        &OpenClOptions::default().kernel_sharing(KernelSharing::Lock),
     ) else {
         return;
     };

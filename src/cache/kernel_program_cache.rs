@@ -29,7 +29,9 @@ pub trait CacheCost {
 }
 
 /// The in-memory cache's settings, taken from a [`Config`].
+/// Non-exhaustive: start from `Default` or a `Config`, then the setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemCacheSettings {
     /// `KPC_CACHE_IN_MEM`: false bypasses both maps, so every request builds.
     pub enabled: bool,
@@ -38,6 +40,25 @@ pub struct MemCacheSettings {
     pub eviction_threshold: u64,
     /// `KPC_CACHE_TRACE` bit 2: trace inserts, hits and evictions.
     pub trace: bool,
+}
+
+impl MemCacheSettings {
+    /// Sets [`MemCacheSettings::enabled`].
+    pub fn enabled(mut self, enabled: bool) -> Self {
+        self.enabled = enabled;
+        self
+    }
+
+    /// Sets [`MemCacheSettings::eviction_threshold`].
+    pub fn eviction_threshold(mut self, eviction_threshold: u64) -> Self {
+        self.eviction_threshold = eviction_threshold;
+        self
+    }
+    /// Sets [`MemCacheSettings::trace`].
+    pub fn trace(mut self, trace: bool) -> Self {
+        self.trace = trace;
+        self
+    }
 }
 
 impl Default for MemCacheSettings {

@@ -124,10 +124,20 @@ impl ClCode for ClError {
 }
 
 /// How to open an OpenCL device.
+/// Non-exhaustive: `OpenClOptions::default().kernel_sharing(..)`.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct OpenClOptions {
     /// How concurrent launches of one cached kernel get kernel objects of their own.
     pub kernel_sharing: KernelSharing,
+}
+
+impl OpenClOptions {
+    /// Sets [`OpenClOptions::kernel_sharing`].
+    pub fn kernel_sharing(mut self, kernel_sharing: KernelSharing) -> Self {
+        self.kernel_sharing = kernel_sharing;
+        self
+    }
 }
 
 #[derive(Default)]

@@ -74,10 +74,20 @@ pub enum BufferStrategy {
 }
 
 /// How to open a Vulkan device.
+/// Non-exhaustive: `VulkanOptions::default().buffers(..)`.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct VulkanOptions {
     /// Where buffers live.
     pub buffers: BufferStrategy,
+}
+
+impl VulkanOptions {
+    /// Sets [`VulkanOptions::buffers`].
+    pub fn buffers(mut self, buffers: BufferStrategy) -> Self {
+        self.buffers = buffers;
+        self
+    }
 }
 
 /// The build options the Vulkan backend understands. Anything else is refused rather than silently
