@@ -70,6 +70,7 @@ pub enum FailureKind {
 /// so all of them see the same message and code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("build failed ({kind:?}, code {code}): {message}")]
+#[non_exhaustive]
 pub struct BuildError {
     /// Deterministic or transient.
     pub kind: FailureKind,

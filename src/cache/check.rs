@@ -31,6 +31,7 @@ pub enum Usability {
 
 /// One entry of the cache checked, judged.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct CheckedEntry {
     /// The kernel image's name the entry carries.
     pub label: String,
@@ -123,6 +124,7 @@ pub fn dir_entries(cache: &PersistentCache, target: Target<'_>) -> io::Result<Ve
 
 /// Whether one requested kernel would be served.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Covered {
     /// The kernel, as the caller names it (`image:entry`).
     pub kernel: String,

@@ -60,6 +60,7 @@ const HEADER_BYTES: usize = 56;
 
 /// A parsed, checksum-verified cache blob: its key record and payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheBlob {
     /// The key record, in order, as (name, value).
     pub fields: Vec<(String, String)>,

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 
 /// One backend on this machine.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Platform {
     /// The backend.
     pub backend: BackendKind,

@@ -106,6 +106,7 @@ pub fn prebuild(
 
 /// One finished kernel of a prebuild, as [`prebuild_with_progress`] reports it.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Progress<'a> {
     /// Kernels finished so far, this one included.
     pub done: usize,

@@ -56,6 +56,7 @@ impl std::fmt::Display for Source {
 
 /// A cached object with where it came from and how long acquiring it took.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Acquired<T> {
     /// The shared object.
     pub value: std::sync::Arc<T>,

@@ -15,6 +15,7 @@ use crate::cache::store::key::KeyRecord;
 
 /// One complete entry, as `kpc cache ls` shows it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EntryInfo {
     /// Its leaf directory.
     pub leaf: PathBuf,

@@ -166,6 +166,7 @@ impl fmt::Display for FieldDiff {
 
 /// Why one key missed in one store (the disk cache and read-only layers over it explain misses).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MissExplanation {
     /// The cause, judged by the nearest entry.
     pub cause: MissCause,

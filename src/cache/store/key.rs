@@ -200,6 +200,7 @@ impl StoreKey {
 
 /// A parsed `.src` payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KeyRecord {
     /// The device description (name=value lines).
     pub device: String,
