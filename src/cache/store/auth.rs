@@ -60,6 +60,7 @@ const SIG_DOMAIN: &[u8] = b"kpc shared cache entry signature v2\0";
 /// What a process brings to shared entries: the fleet's MAC key, its own signing key, the public keys
 /// it trusts, its host id for provenance, how it compresses what it writes and how much it decompresses.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EntryAuth {
     /// MAC key (`KPC_CACHE_REMOTE_KEY`): written entries carry a MAC, read ones must.
     pub mac: Option<MacKey>,
@@ -101,6 +102,48 @@ impl Default for EntryAuth {
 }
 
 impl EntryAuth {
+    /// Sets [`EntryAuth::mac`].
+    pub fn mac(mut self, mac: Option<MacKey>) -> Self {
+        self.mac = mac;
+        self
+    }
+
+    /// Sets [`EntryAuth::signer`].
+    pub fn signer(mut self, signer: Option<SigningKey>) -> Self {
+        self.signer = signer;
+        self
+    }
+
+    /// Sets [`EntryAuth::trusted`].
+    pub fn trusted(mut self, trusted: Vec<PublicKey>) -> Self {
+        self.trusted = trusted;
+        self
+    }
+
+    /// Sets [`EntryAuth::host`].
+    pub fn host(mut self, host: String) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// Sets [`EntryAuth::compression`].
+    pub fn compression(mut self, compression: i32) -> Self {
+        self.compression = compression;
+        self
+    }
+
+    /// Sets [`EntryAuth::max_entry`].
+    pub fn max_entry(mut self, max_entry: u64) -> Self {
+        self.max_entry = max_entry;
+        self
+    }
+
+    /// Sets [`EntryAuth::not_before`].
+    pub fn not_before(mut self, not_before: Option<u64>) -> Self {
+        self.not_before = not_before;
+        self
+    }
+
     /// What `config` sets: its MAC key, signing key, trusted keys and host id.
     pub fn from_config(config: &Config) -> EntryAuth {
         EntryAuth {
