@@ -47,12 +47,12 @@ fn cache(threshold: u64) -> Cache {
 }
 
 fn pkey(id: u32) -> ProgramKey {
-    ProgramKey {
-        image: Digest::of(&id.to_le_bytes()),
-        spec: SpecConstants::new(),
-        device: Digest::of(b"dev"),
-        options: BuildOptions::default(),
-    }
+    ProgramKey::new(
+        Digest::of(&id.to_le_bytes()),
+        SpecConstants::new(),
+        Digest::of(b"dev"),
+        BuildOptions::default(),
+    )
 }
 
 /// Requests program `id` (weight 100 bytes), counting builds.

@@ -44,11 +44,23 @@ pub struct CheckedEntry {
 /// The device an entry is judged for: its description (`name=value` lines, as keys hold it) and
 /// fingerprint digest.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Target<'a> {
     /// The device description.
     pub description: &'a str,
     /// The fingerprint digest.
     pub digest: Digest,
+}
+
+impl<'a> Target<'a> {
+    /// The device described by `description` (its fingerprint's fields) with fingerprint digest
+    /// `digest`.
+    pub fn new(description: &'a str, digest: Digest) -> Self {
+        Target {
+            description,
+            digest,
+        }
+    }
 }
 
 fn field<'a>(description: &'a str, name: &str) -> Option<&'a str> {

@@ -37,6 +37,7 @@ pub enum Extent {
 /// What a kernel touches of one buffer parameter in a launch: at most `extent` elements of
 /// `element_bytes` bytes from the start of the buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BufferBound {
     /// The parameter's position in the kernel's buffer list ([`crate::backend::KernelInfo::buffers`]).
     pub param: usize,

@@ -276,6 +276,7 @@ impl fmt::Debug for Removal<'_> {
 
 /// One entry as [`Store::list`] reports it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StoreEntry {
     /// The entry's key record (the full key values, build time, binary length).
     pub record: KeyRecord,
@@ -283,6 +284,18 @@ pub struct StoreEntry {
     pub bytes: u64,
     /// When it was last used, where the store knows.
     pub last_access: Option<SystemTime>,
+}
+
+impl StoreEntry {
+    /// An entry of key record `record` occupying `bytes` in the store, last used at `last_access`
+    /// where the store knows: what a [`Store::list`] implementation returns.
+    pub fn new(record: KeyRecord, bytes: u64, last_access: Option<SystemTime>) -> Self {
+        StoreEntry {
+            record,
+            bytes,
+            last_access,
+        }
+    }
 }
 
 /// A snapshot of one store's counters (this process only).
