@@ -409,6 +409,9 @@ pub trait KernelObject: Any + Send + Sync {
 /// over their labels: [`crate::LaunchDesc`] at the surface (a runtime kernel and borrowed buffer
 /// arguments, checked by [`crate::Queue::submit`]), `DynLaunch` behind the type-erased
 /// seam, and [`BackendLaunch`] in a backend's own types.
+///
+/// Exhaustive on purpose, as wgpu's descriptors: a caller writes it as a literal, and each of the
+/// four fields is required for every launch.
 #[derive(Clone, Copy)]
 pub struct Launch<'a, K: ?Sized, A> {
     /// The kernel. A backend keeps alive whatever of it the device uses until the launch finishes.

@@ -28,6 +28,9 @@ use super::{Counters, VulkanBackend};
 
 /// Handles the embedder owns. kpc borrows them for the life of the context and of every object made
 /// from it (kernels, buffers, events), and never destroys them.
+///
+/// Exhaustive on purpose: every field is something only the embedder knows, so a field added in a
+/// later version must fail to compile where it is not filled in, rather than take a default.
 #[derive(Debug, Clone, Copy)]
 pub struct VulkanHandles {
     /// The `vkGetInstanceProcAddr` that `instance` was created through (the loader's, or a layer's).
