@@ -348,6 +348,18 @@ impl HostBuffer {
     }
 }
 
+/// The request for kernel `entry` of `image` with `spec` and `options`: the key of a blob.
+fn req(
+    image: &DeviceImage,
+    entry: &str,
+    spec: &SpecConstants,
+    options: &BuildOptions,
+) -> kpc::KernelRequest {
+    kpc::KernelRequest::new(image, entry)
+        .spec(spec.clone())
+        .options(options.clone())
+}
+
 fn check(out: &[f32], a: f32, x: &[f32], y: &[f32], bias: f32) {
     for i in 0..x.len() {
         let want = a * x[i] + y[i] + bias;
@@ -656,7 +668,7 @@ fn handles_and_blobs_outlive_in_memory_eviction() {
     let other = e.context(&test_config());
     let spec = SpecConstants::new().with(1, SpecValue::I32(11));
     let again = other
-        .kernel_from_blob(&image, "saxpy", &spec, &opts, &blob)
+        .kernel_from_blob(&req(&image, "saxpy", &spec, &opts), &blob)
         .unwrap();
     assert_eq!(again.source(), Source::Blob);
     assert_eq!(other.stats().backend_counters.programs_built, 0);
