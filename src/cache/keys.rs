@@ -5,7 +5,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-/// A 32-byte BLAKE3 digest, printed as hex.
+/// A 32-byte BLAKE3 digest, printed as hex. Equal digests are taken to mean equal bytes: it is what
+/// cache keys compare.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Digest(pub [u8; 32]);
 

@@ -22,7 +22,8 @@ use super::prefetch::{KernelRequest, Prefetch, default_workers};
 use super::source::Source;
 use super::warm_start::manifest;
 
-/// What a prebuild did.
+/// What a prebuild did: every distinct kernel asked for is counted once, as built, present or
+/// failed (a failure does not stop the others).
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct PrebuildReport {

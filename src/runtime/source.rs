@@ -2,7 +2,8 @@
 
 use crate::cache::StoreKind;
 
-/// Which layer served a request.
+/// Which layer served a request. Every layer below memory verified the binary (checksums, and the
+/// MAC or signature a configuration asks for) before the driver saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     /// The in-memory cache (including waiting for another thread's build).

@@ -79,7 +79,7 @@ impl StoreKind {
     }
 }
 
-/// How a lookup may treat the store.
+/// How a lookup may treat the store; a store honours it on every lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Access {
     /// The lookup may record the access (for eviction by recency) and repair what it finds broken
@@ -298,7 +298,8 @@ impl StoreEntry {
     }
 }
 
-/// A snapshot of one store's counters (this process only).
+/// A snapshot of one store's counters (this process only), each read atomically; counters only
+/// grow.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreStats {
