@@ -3,7 +3,7 @@
 //! to open the bundle (its first lookup reads the index), export and import times, and the sizes.
 //!
 //! Each entry has an image of its own and a binary of `PAYLOAD_BYTES` (default 17 700: the H200's
-//! VkPipelineCache blob of a 125-line shader, DESIGN.md) that compresses like driver output does
+//! VkPipelineCache blob of a 125-line shader) that compresses like driver output does
 //! (half of it repeats). Everything lives under `std::env::temp_dir()` and is removed afterwards.
 //!
 //! Run: `cargo run --release --example bundle_layer -- [ENTRIES...] [--payload BYTES]`

@@ -444,6 +444,9 @@ mod tests {
         let e = BuildError::transient(-2, "out of memory").to_string();
         assert_eq!(e, "build failed (transient, code -2): out of memory");
         let e = BuildError::deterministic(-11, "syntax error").to_string();
-        assert!(e.starts_with("build failed (deterministic, code -11)"), "{e}");
+        assert!(
+            e.starts_with("build failed (deterministic, code -11)"),
+            "{e}"
+        );
     }
 }

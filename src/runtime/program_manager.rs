@@ -164,8 +164,8 @@ impl ProgramManager {
         .with_label(image.name())
     }
 
-    /// The validated SPIR-V image of a GLSL image, through this manager's SPIR-V cache and stores
-    /// (see `src/runtime/spirv_cache.rs`), with how it was obtained; `None` for any other image, which
+    /// The validated SPIR-V image of a GLSL image, through this manager's SPIR-V cache and stores,
+    /// with how it was obtained; `None` for any other image, which
     /// is built as it is.
     ///
     /// Errors: [`crate::Error::GlslCompile`] (cached), [`crate::Error::InvalidSpirv`], and
@@ -270,7 +270,7 @@ impl ProgramManager {
         })
     }
 
-    /// Publishes this manager's counters through the `metrics` facade (see `src/runtime/metrics.rs`):
+    /// Publishes this manager's counters through the `metrics` facade:
     /// what the hit path counts (memory hits) and the stores' counters, as differences since the
     /// last call. Called at every miss and by `Context::stats`; an embedder that scrapes between misses
     /// may call it to bring memory hits up to date.
@@ -437,13 +437,13 @@ impl ProgramManager {
     }
 
     /// Seals this manager: from now on a build is reported (`warn`) or refused (`error`) as
-    /// `mode` says; [`SealMode::Off`] unseals. See `src/runtime/seal.rs`.
+    /// `mode` says; [`SealMode::Off`] unseals.
     pub fn seal(&self, mode: SealMode) {
         self.seal.set(mode);
     }
 
     /// What ends a warm-up: `mode` in force now, or, with a build `budget`, after that many builds
-    /// more (`KPC_CACHE_SEAL`, `KPC_CACHE_BUILD_BUDGET`; see `src/runtime/seal.rs`).
+    /// more (`KPC_CACHE_SEAL`, `KPC_CACHE_BUILD_BUDGET`).
     pub fn seal_after_warm_up(&self, mode: SealMode, budget: Option<u64>) {
         match budget {
             Some(builds) => self.seal.start_budget(builds, mode),

@@ -238,7 +238,7 @@ impl PersistentCache {
     }
 
     /// Removes every entry (except those being written), the quarantine directory and the eviction
-    /// record (`evicted.rs`: what was cleared was not evicted). Waits up to the
+    /// record (what was cleared was not evicted). Waits up to the
     /// lock timeout for a running eviction.
     pub fn clear(&self) -> io::Result<ClearReport> {
         let r = self.inner.evict(Plan {

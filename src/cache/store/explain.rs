@@ -26,7 +26,7 @@ pub enum MissCause {
     /// and is explained so raced with another process publishing it.
     Cached,
     /// An entry with exactly this key was there until an eviction pass removed it (the eviction
-    /// record, `evicted.rs`, says when and under which limit): a larger `KPC_CACHE_MAX_SIZE` would
+    /// record says when and under which limit): a larger `KPC_CACHE_MAX_SIZE` would
     /// have served it.
     Evicted,
 }

@@ -173,7 +173,7 @@ impl StoreHit {
 
 /// `key`'s entry for `bytes` built in `build_time` as one self-verifying byte string: the disk cache's
 /// two files back to back (the key record, then the binary, each behind a header with the key's digest
-/// and a checksum; see `src/cache/disk/entry.rs`). [`StoreHit::unseal`] checks it.
+/// and a checksum). [`StoreHit::unseal`] checks it.
 pub fn seal(key: &StoreKey, bytes: &[u8], build_time: Duration) -> Vec<u8> {
     let digest = key.digest().0;
     let src = key.record_json(build_time, bytes.len() as u64, None);
