@@ -28,8 +28,8 @@ pub mod spirv {
     pub use crate::backend::spirv::{DescriptorKind, LocalDim, SpecType};
 }
 
-/// The Vulkan backend opened directly (with [`VulkanOptions`]), its process-wide registries and
-/// its binary payload formats.
+/// The Vulkan backend opened directly (with [`vulkan::VulkanOptions`]), its process-wide
+/// registries and its binary payload formats.
 pub mod vulkan {
     pub use crate::backend::vulkan::{
         BufferStrategy, VulkanBackend, VulkanOptions, devices, devices_created, queue_lock_sharers,
@@ -47,7 +47,7 @@ pub mod vulkan {
     }
 }
 
-/// The OpenCL backend opened directly (with [`OpenClOptions`]) and its binary container.
+/// The OpenCL backend opened directly (with [`opencl::OpenClOptions`]) and its binary container.
 pub mod opencl {
     pub use crate::backend::opencl::{
         KernelSharing, OpenClBackend, OpenClBinary, OpenClKernel, OpenClOptions, Origin, devices,

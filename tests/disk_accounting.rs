@@ -185,8 +185,11 @@ fn limit_round(
     len: impl Fn(u64) -> usize + Copy + Send + 'static,
 ) -> u64 {
     let t = TempDir::new("limit");
-    let settings = DiskCacheSettings::new(t.path()).max_size(max).background_eviction(true).// Durability across power loss is not what this tests; fsyncs would only slow the rounds.
-        sync(false);
+    // Durability across power loss is not what this tests; fsyncs would only slow the rounds.
+    let settings = DiskCacheSettings::new(t.path())
+        .max_size(max)
+        .background_eviction(true)
+        .sync(false);
     let shared = PersistentCache::new(settings.clone());
     let handles: Vec<_> = (0..threads)
         .map(|n| {

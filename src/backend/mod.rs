@@ -45,7 +45,7 @@ pub struct DeviceFingerprint {
     pub backend: BackendKind,
     /// Named fields (vendor id, device id, driver version, pipeline cache UUID, ...), in a fixed order.
     pub fields: Vec<(String, String)>,
-    /// BLAKE3 over the backend, every field and [`KPC_FORMAT_VERSION`].
+    /// BLAKE3 over the backend, every field and kpc's cache format version.
     pub digest: Digest,
 }
 
@@ -471,7 +471,7 @@ pub trait ComputeBackend: Backend {
     /// This backend's counters.
     fn stats(&self) -> BackendStats;
 
-    /// A buffer over memory the embedder owns (see [`ForeignBuffer`]), used in place, never freed
+    /// A buffer over memory the embedder owns, used in place, never freed
     /// by kpc. The default refuses: the backend imports nothing.
     ///
     /// # Safety

@@ -260,7 +260,7 @@ where
     /// ([`Self::get_or_build_kernel`]): nothing finished is cached (or only a failure), or the cache is
     /// off.
     ///
-    /// The first hit of a thread on a kernel reads the shared map and keeps a [`Local`] handle in this
+    /// The first hit of a thread on a kernel reads the shared map and keeps a `Local` handle in this
     /// thread's stripe of the front; later hits lock only that stripe and clone only that handle, so
     /// they write no cache line another thread uses. With LRU eviction on, a hit marks its entry used,
     /// and that use refreshes the program's recency before the next program is stamped or any is

@@ -28,7 +28,7 @@ use crate::config::{BackendKind, Config, SealMode, TraceFlags};
 use crate::error::{Error, Result};
 
 /// One context's programs and kernels on one backend device, whatever its backend (it drives the
-/// device through the [`DynBackend`] seam; the constructors take any [`Backend`]).
+/// device through the type-erased seam; the constructors take any [`Backend`]).
 ///
 /// Guarantees: a program or kernel is built at most once per context while cached; every caller gets
 /// the same `Arc`; a failed build returns the same error again without rebuilding. With stores (the disk
@@ -320,7 +320,7 @@ impl ProgramManager {
     }
 
     /// As [`ProgramManager::kernel`], but the kernel comes behind a handle of the calling thread's own
-    /// ([`Local`]): a repeated hit on one thread writes no cache line other threads use, so hits scale
+    /// (`Local`): a repeated hit on one thread writes no cache line other threads use, so hits scale
     /// with threads. What `Context::kernel` uses.
     #[inline]
     pub fn kernel_local(

@@ -71,22 +71,22 @@ pub struct EntryAuth {
     /// Host id recorded in the provenance of written entries (`KPC_HOST_ID`).
     pub host: String,
     /// zstd level of the entries written (`KPC_CACHE_REMOTE_COMPRESS`, default
-    /// [`DEFAULT_LEVEL`]); 0 writes them uncompressed (version-2 envelopes, which kpc before
+    /// 3); 0 writes them uncompressed (version-2 envelopes, which kpc before
     /// compression reads).
     pub compression: i32,
     /// The largest sealed entry a read decompresses: a compressed entry that declares more is
-    /// refused before any byte is decompressed ([`Refusal::Oversized`]). From the configuration:
+    /// refused before any byte is decompressed. From the configuration:
     /// `KPC_CACHE_MAX_DEVICE_IMAGE_SIZE` plus the largest key record and two headers; default: that of
     /// the default image limit.
     pub max_entry: u64,
     /// Entries built before this time (seconds since the Unix epoch, the provenance's `built_unix`)
-    /// are refused ([`Refusal::BeforeCutoff`]); so is an entry without provenance (version 1). Set
+    /// are refused; so is an entry without provenance (version 1). Set
     /// for the remote from `KPC_CACHE_REMOTE_NOT_BEFORE`; `None` (default): no cut-off.
     pub not_before: Option<u64>,
 }
 
 impl Default for EntryAuth {
-    /// No MAC, no signature, no trusted keys, an empty host id; compressed at [`DEFAULT_LEVEL`],
+    /// No MAC, no signature, no trusted keys, an empty host id; compressed at zstd level 3,
     /// decompressing what the default image size limit allows.
     fn default() -> EntryAuth {
         EntryAuth {

@@ -123,7 +123,7 @@ impl StoreHit {
 
     /// Verifies `sealed` (as [`seal`] made it) against `key` and returns the binary it holds.
     ///
-    /// Errors: the [`Defect`] found: truncated or trailing bytes, bad magic or version, a checksum
+    /// Errors: the defect found: truncated or trailing bytes, bad magic or version, a checksum
     /// mismatch, a key record that is not `key`'s (every value compared, not just hashes), or a binary
     /// bound to another key.
     pub fn unseal(key: &StoreKey, sealed: &[u8]) -> Result<StoreHit, Defect> {
