@@ -211,7 +211,7 @@ fn spec_constants_are_definitions_and_part_of_the_key() {
     let untyped = String::from_utf8(shipped.bytes().to_vec())
         .unwrap()
         .replace("kpc-spec-constant 1 BIAS i32", "kpc-spec-constant 1 BIAS");
-    let untyped = DeviceImage::new("saxpy", kpc::ImageFormat::OpenClC, untyped.into_bytes());
+    let untyped = DeviceImage::opencl_c("saxpy", untyped);
     let kf = ctx
         .kernel_with(
             &kpc::KernelRequest::new(&untyped, "saxpy")
