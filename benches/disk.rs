@@ -51,12 +51,10 @@ impl Drop for Dir {
 }
 
 fn settings(root: &Path, sync: bool) -> DiskCacheSettings {
-    DiskCacheSettings {
-        max_size: 0,
-        sync,
-        background_eviction: false,
-        ..DiskCacheSettings::new(root)
-    }
+    DiskCacheSettings::new(root)
+        .max_size(0)
+        .sync(sync)
+        .background_eviction(false)
 }
 
 fn hits(c: &mut Criterion) {

@@ -43,12 +43,12 @@ impl CacheCost for Prog {
 /// Keys shaped like real ones: a spec constant, build options, an entry name.
 fn key(i: u32) -> KernelKey {
     KernelKey::new(
-        ProgramKey {
-            image: Digest::of(&i.to_le_bytes()),
-            spec: SpecConstants::new().with(0, SpecValue::U32(64)),
-            device: Digest::of(b"device"),
-            options: BuildOptions::new("-O"),
-        },
+        ProgramKey::new(
+            Digest::of(&i.to_le_bytes()),
+            SpecConstants::new().with(0, SpecValue::U32(64)),
+            Digest::of(b"device"),
+            BuildOptions::new("-O"),
+        ),
         "attention_decode",
     )
 }

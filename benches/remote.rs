@@ -51,10 +51,7 @@ fn hits(c: &mut Criterion) {
     .unwrap();
     let dir = std::env::temp_dir().join(format!("kpc-bench-remote-disk-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let disk = PersistentCache::new(DiskCacheSettings {
-        max_size: 0,
-        ..DiskCacheSettings::new(&dir)
-    });
+    let disk = PersistentCache::new(DiskCacheSettings::new(&dir).max_size(0));
     let mut g = c.benchmark_group("store_hit");
     for (i, len) in [(1u64, 16usize << 10), (2, 1 << 20)] {
         let (k, bin) = (key(i), payload(len));

@@ -3,7 +3,7 @@
 //! to open the bundle (its first lookup reads the index), export and import times, and the sizes.
 //!
 //! Each entry has an image of its own and a binary of `PAYLOAD_BYTES` (default 17 700: the H200's
-//! VkPipelineCache blob of a 125-line shader, DESIGN.md) that compresses like driver output does
+//! VkPipelineCache blob of a 125-line shader) that compresses like driver output does
 //! (half of it repeats). Everything lives under `std::env::temp_dir()` and is removed afterwards.
 //!
 //! Run: `cargo run --release --example bundle_layer -- [ENTRIES...] [--payload BYTES]`
@@ -84,11 +84,7 @@ fn du(dir: &Path) -> u64 {
 fn run(n: u64, len: usize) {
     let base = std::env::temp_dir().join(format!("kpc-bundle-bench-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
-    let settings = |d: &Path| DiskCacheSettings {
-        max_size: 0,
-        sync: false,
-        ..DiskCacheSettings::new(d)
-    };
+    let settings = |d: &Path| DiskCacheSettings::new(d).max_size(0).sync(false);
     let src = PersistentCache::new(settings(&base.join("built")));
     for i in 0..n {
         src.put(&key(i), &payload(i, len), Duration::from_millis(30));

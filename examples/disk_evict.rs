@@ -29,12 +29,10 @@ fn main() {
         .next()
         .map_or(0, |a| a.parse().expect("SETTLE_SECS: a number"));
     let root = std::env::temp_dir().join(format!("kpc-evict-example-{}", std::process::id()));
-    let settings = DiskCacheSettings {
-        max_size: 0,
-        sync: false,
-        background_eviction: false,
-        ..DiskCacheSettings::new(&root)
-    };
+    let settings = DiskCacheSettings::new(&root)
+        .max_size(0)
+        .sync(false)
+        .background_eviction(false);
     let cache = PersistentCache::new(settings);
     let device = "backend=vulkan\nkpc_format=1\ndeviceName=example\n";
     let data: Vec<u8> = (0..len).map(|i| i as u8).collect();

@@ -54,12 +54,12 @@ fn main() {
         .map_or(5600, |a| a.parse().expect("PAYLOAD_BYTES: a number"));
     let root = std::env::temp_dir().join(format!("kpc-footprint-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let cache = PersistentCache::new(DiskCacheSettings {
-        max_size: 0,
-        sync: false,
-        background_eviction: false,
-        ..DiskCacheSettings::new(&root)
-    });
+    let cache = PersistentCache::new(
+        DiskCacheSettings::new(&root)
+            .max_size(0)
+            .sync(false)
+            .background_eviction(false),
+    );
     let device = "backend=vulkan\nkpc_format=1\ndeviceName=footprint\n";
     let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
     for i in 0..n {

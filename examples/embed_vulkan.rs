@@ -69,13 +69,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .build()?
     };
     let image = kpc::kernels::spirv_image("saxpy")?;
-    let spec = SpecConstants::new().with(1, SpecValue::I32(10)); // BIAS
-    let options = BuildOptions::default();
-    let kernel = ctx.kernel_with(
-        &kpc::KernelRequest::new(&image, "saxpy")
-            .spec(spec.clone())
-            .options(options.clone()),
-    )?;
+    let request = kpc::KernelRequest::new(&image, "saxpy")
+        .spec(SpecConstants::new().with(1, SpecValue::I32(10))) // BIAS
+        .options(BuildOptions::default());
+    let kernel = ctx.kernel_with(&request)?;
     let h = kernel.vulkan_handles()?;
     println!(
         "kpc kernel {:?} on {} from {}: local size {:?}, bindings {:?}",
@@ -224,7 +221,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // --- The embedder's own persistence: a blob under its id, back without a build. ---
-    let id = ctx.cache_blob_id(&image, &spec, &options)?;
+    let id = ctx.cache_blob_id(&request)?;
     let blob = kernel.cache_blob()?;
     // SAFETY: as for the first context.
     let ctx2 = unsafe {
@@ -233,7 +230,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .config(config.clone())
             .build()?
     };
-    let again = ctx2.kernel_from_blob(&image, "saxpy", &spec, &options, &blob)?;
+    let again = ctx2.kernel_from_blob(&request, &blob)?;
     println!(
         "blob: {} bytes under a {}-byte id; second context: kernel from {}, {} programs built",
         blob.len(),

@@ -103,11 +103,9 @@ fn entries(dirs: &[PathBuf], backend: Option<&str>) -> Vec<(StoreKey, Vec<u8>, D
 }
 
 fn store(url: &str, level: u8) -> RemoteStore {
-    let auth = EntryAuth {
-        compression: i32::from(level),
-        host: "wire-bench".into(),
-        ..EntryAuth::default()
-    };
+    let auth = EntryAuth::default()
+        .compression(i32::from(level))
+        .host("wire-bench".into());
     let t = Duration::from_secs(30);
     RemoteStore::open(&RemoteUrl::parse(url).unwrap(), t, auth, t).expect("open the remote")
 }

@@ -103,12 +103,10 @@ fn disk(n: u64, len: usize) {
     let base = std::env::temp_dir().join(format!("kpc-scale-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     let root = base.join("cache");
-    let settings = DiskCacheSettings {
-        max_size: 0,
-        sync: false,
-        background_eviction: false,
-        ..DiskCacheSettings::new(&root)
-    };
+    let settings = DiskCacheSettings::new(&root)
+        .max_size(0)
+        .sync(false)
+        .background_eviction(false);
     let cache = PersistentCache::new(settings.clone());
     let s = Instant::now();
     for i in 0..n {
@@ -163,10 +161,9 @@ fn remote(n: u64, len: usize) {
         .unwrap();
     let total: u64 = census.entries.iter().map(|e| e.bytes).sum();
     let s = Instant::now();
-    let policy = GcPolicy {
-        older_than: Some(Duration::from_secs(86_400)),
-        max_size: Some(total - total / 10),
-    };
+    let policy = GcPolicy::default()
+        .older_than(Some(Duration::from_secs(86_400)))
+        .max_size(Some(total - total / 10));
     let plan = store.gc_plan(policy, SystemTime::now()).unwrap();
     let planned = s.elapsed().as_secs_f64();
     let report = store.gc_apply(&plan).unwrap();

@@ -27,6 +27,8 @@ export KPC_TEST_DRIVER_LOG="$PWD/target/driver-tests.log"
 export KPC_VULKAN_VALIDATION=abort
 mkdir -p target
 : > "$KPC_TEST_DRIVER_LOG"
+section "public structs non-exhaustive (scripts/exhaustive-structs.py)"
+python3 scripts/exhaustive-structs.py
 section "the C library (kpc-capi/tests/capi_c.rs compiles C programs against it)"
 # `cargo test` builds no cdylib or staticlib (tests link only rlibs), so the C library the C tests
 # link is built here, by the same profile, before them.

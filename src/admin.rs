@@ -18,7 +18,9 @@ pub mod backend {
     pub use crate::backend::dynamic::{DynKernel, DynProgram};
     pub use crate::backend::pod::{as_bytes, as_bytes_mut};
     pub use crate::backend::process::with_original_loader_environment;
-    pub use crate::backend::{Backend, ComputeBackend, DeviceFingerprint, KernelObject, Launch};
+    pub use crate::backend::{
+        Backend, BackendLaunch, ComputeBackend, DeviceFingerprint, KernelObject, Launch,
+    };
 }
 
 /// SPIR-V reflection: what a module declares.
@@ -26,8 +28,8 @@ pub mod spirv {
     pub use crate::backend::spirv::{DescriptorKind, LocalDim, SpecType};
 }
 
-/// The Vulkan backend opened directly (with [`VulkanOptions`]), its process-wide registries and
-/// its binary payload formats.
+/// The Vulkan backend opened directly (with [`vulkan::VulkanOptions`]), its process-wide
+/// registries and its binary payload formats.
 pub mod vulkan {
     pub use crate::backend::vulkan::{
         BufferStrategy, VulkanBackend, VulkanOptions, devices, devices_created, queue_lock_sharers,
@@ -45,7 +47,7 @@ pub mod vulkan {
     }
 }
 
-/// The OpenCL backend opened directly (with [`OpenClOptions`]) and its binary container.
+/// The OpenCL backend opened directly (with [`opencl::OpenClOptions`]) and its binary container.
 pub mod opencl {
     pub use crate::backend::opencl::{
         KernelSharing, OpenClBackend, OpenClBinary, OpenClKernel, OpenClOptions, Origin, devices,

@@ -148,7 +148,7 @@ pub struct Config {
     /// Receives the warnings of the caches and stores of contexts made with this configuration
     /// (an unusable cache directory, a failing remote, corrupt entries: once per cause); `None`
     /// (default): the process-wide callback ([`crate::set_warning_callback`]), else stderr. See
-    /// [`crate::warnings`].
+    /// [`crate::Warning`].
     pub on_warning: Option<crate::WarningCallback>,
     /// Print warnings that no callback and no `tracing` subscriber receives on stderr, one line per
     /// cause (`KPC_LOG_STDERR`, default on).
@@ -367,7 +367,7 @@ impl ConfigBuilder {
         self
     }
     /// Sends the warnings of this configuration's contexts to `f` instead of the process-wide
-    /// callback or stderr (see [`crate::warnings`]).
+    /// callback or stderr (see [`crate::Warning`]).
     pub fn on_warning(mut self, f: impl Fn(&crate::Warning) + Send + Sync + 'static) -> Self {
         self.config.on_warning = Some(crate::WarningCallback::new(f));
         self

@@ -16,6 +16,9 @@ use crate::backend::DeviceImage;
 use crate::error::{Error, Result};
 
 /// A shipped SPIR-V kernel image.
+///
+/// Exhaustive on purpose: a crate that ships kernels (`kpc-attention`) lists them as `const`
+/// literals of this type, which `#[non_exhaustive]` would forbid.
 #[derive(Debug, Clone, Copy)]
 pub struct ShippedSpirv {
     /// Image name, which is also its entry point's name.
@@ -76,6 +79,8 @@ impl ShippedSpirv {
 }
 
 /// A shipped OpenCL C kernel image.
+///
+/// Exhaustive on purpose, as [`ShippedSpirv`]: shipping crates list them as `const` literals.
 #[derive(Debug, Clone, Copy)]
 pub struct ShippedOpenCl {
     /// Image name, which is also its entry point's name.

@@ -13,8 +13,9 @@
 //! Embedding: a [`Context`] can also run over a device the embedder owns
 //! ([`ContextBuilder::vulkan_handles`], [`ContextBuilder::opencl_handles`]); kpc then borrows the
 //! instance, device, context and queue and never destroys them, and owns only the objects it creates
-//! on them. [`runtime::interop`] states the whole contract; cached kernels hand out their raw handles
-//! ([`Kernel::vulkan_handles`], [`Kernel::opencl_lease`]) and cache blobs ([`runtime::blob`]).
+//! on them. [`interop`] states the whole contract; cached kernels hand out their raw handles
+//! ([`Kernel::vulkan_handles`], [`Kernel::opencl_lease`]) and cache blobs ([`Kernel::cache_blob`],
+//! [`Context::kernel_from_blob`]).
 //!
 //! From C: the `kpc-capi` crate of this workspace is the same surface as `include/kpc.h` (cdylib
 //! `libkpc.so`, staticlib `libkpc.a`), with status codes, a thread-local last error, and handles

@@ -15,6 +15,18 @@ use kpc::{CacheBlob, Context, Error, Kernel, PushConstants};
 use common::disk::{TempDir, child_role};
 use common::drivers::{opencl_context, random_f32, vulkan_context};
 
+/// The request for kernel `entry` of `image` with `spec` and `options`: the key of a blob.
+fn req(
+    image: &DeviceImage,
+    entry: &str,
+    spec: &SpecConstants,
+    options: &BuildOptions,
+) -> kpc::KernelRequest {
+    kpc::KernelRequest::new(image, entry)
+        .spec(spec.clone())
+        .options(options.clone())
+}
+
 fn context(kind: BackendKind, test: &str) -> Option<Context> {
     match kind {
         BackendKind::Vulkan => vulkan_context(test),
@@ -50,10 +62,12 @@ fn saxpy(ctx: &Context, spec: &SpecConstants) -> Kernel {
 fn from_blob(ctx: &Context, spec: &SpecConstants, blob: &[u8]) -> kpc::Result<Kernel> {
     let kind = ctx.backend();
     ctx.kernel_from_blob(
-        &image(kind, "saxpy"),
-        "saxpy",
-        spec,
-        &BuildOptions::default(),
+        &req(
+            &image(kind, "saxpy"),
+            "saxpy",
+            spec,
+            &BuildOptions::default(),
+        ),
         blob,
     )
 }
@@ -127,7 +141,12 @@ fn round_trip(kind: BackendKind, test: &str) {
     let spec = bias(7);
     let k1 = saxpy(&ctx1, &spec);
     let id = ctx1
-        .cache_blob_id(&image(kind, "saxpy"), &spec, &BuildOptions::default())
+        .cache_blob_id(&req(
+            &image(kind, "saxpy"),
+            "saxpy",
+            &spec,
+            &BuildOptions::default(),
+        ))
         .unwrap();
     // The blob comes from the kernel alone: its context may be gone.
     drop(ctx1);
@@ -141,8 +160,13 @@ fn round_trip(kind: BackendKind, test: &str) {
     // A fresh context, disk cache off: the kernel comes from the blob, without a build.
     let ctx2 = context(kind, test).unwrap();
     assert_eq!(
-        ctx2.cache_blob_id(&image(kind, "saxpy"), &spec, &BuildOptions::default())
-            .unwrap(),
+        ctx2.cache_blob_id(&req(
+            &image(kind, "saxpy"),
+            "saxpy",
+            &spec,
+            &BuildOptions::default()
+        ))
+        .unwrap(),
         id
     );
     let k2 = from_blob(&ctx2, &spec, &blob).unwrap();
@@ -182,8 +206,15 @@ fn other_keys(kind: BackendKind, test: &str) {
     let copy_image = image(kind, "copy");
     let plain = BuildOptions::default();
     let id = |img: &DeviceImage, spec: &SpecConstants, o: &BuildOptions| {
-        ctx.cache_blob_id(img, spec, o).unwrap()
+        ctx.cache_blob_id(&req(img, "saxpy", spec, o)).unwrap()
     };
+    // The entry point is not part of the id: a blob holds the whole program.
+    assert_eq!(
+        ctx.cache_blob_id(&req(&saxpy_image, "saxpy", &bias(1), &plain))
+            .unwrap(),
+        ctx.cache_blob_id(&req(&saxpy_image, "any_entry", &bias(1), &plain))
+            .unwrap()
+    );
     // Equal ids exactly for equal keys.
     assert_eq!(
         id(&saxpy_image, &bias(1), &plain),
@@ -205,10 +236,12 @@ fn other_keys(kind: BackendKind, test: &str) {
     let blob = saxpy(&ctx, &bias(1)).cache_blob().unwrap();
     let fresh = context(kind, test).unwrap();
     assert_eq!(mismatch_field(from_blob(&fresh, &bias(2), &blob)), "spec");
-    let other_image = fresh.kernel_from_blob(&copy_image, "copy", &bias(1), &plain, &blob);
+    let other_image = fresh.kernel_from_blob(&req(&copy_image, "copy", &bias(1), &plain), &blob);
     assert_eq!(mismatch_field(other_image), "image_digest");
-    let other_opts =
-        fresh.kernel_from_blob(&saxpy_image, "saxpy", &bias(1), &other_options(kind), &blob);
+    let other_opts = fresh.kernel_from_blob(
+        &req(&saxpy_image, "saxpy", &bias(1), &other_options(kind)),
+        &blob,
+    );
     assert_eq!(mismatch_field(other_opts), "options");
     // Refused before the backend: nothing loaded, nothing built, nothing cached.
     let s = fresh.stats().backend_counters;
@@ -332,10 +365,12 @@ fn a_blob_of_the_other_backend_is_refused() {
     );
     // An image of the other backend's format is a typed error too.
     let r = cl.kernel_from_blob(
-        &spirv_image("saxpy").unwrap(),
-        "saxpy",
-        &bias(1),
-        &BuildOptions::default(),
+        &req(
+            &spirv_image("saxpy").unwrap(),
+            "saxpy",
+            &bias(1),
+            &BuildOptions::default(),
+        ),
         &cl_blob,
     );
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
@@ -354,7 +389,12 @@ fn child() {
     let ctx = context(kind, "child").unwrap();
     let spec = bias(5);
     let id = ctx
-        .cache_blob_id(&image(kind, "saxpy"), &spec, &BuildOptions::default())
+        .cache_blob_id(&req(
+            &image(kind, "saxpy"),
+            "saxpy",
+            &spec,
+            &BuildOptions::default(),
+        ))
         .unwrap();
     std::fs::write(dir.join("id"), id).unwrap();
     std::fs::write(dir.join("blob"), saxpy(&ctx, &spec).cache_blob().unwrap()).unwrap();
@@ -373,7 +413,12 @@ fn across_processes(kind: BackendKind, test: &str) {
     assert!(st.success(), "the child failed: {st}");
     let spec = bias(5);
     let id = ctx
-        .cache_blob_id(&image(kind, "saxpy"), &spec, &BuildOptions::default())
+        .cache_blob_id(&req(
+            &image(kind, "saxpy"),
+            "saxpy",
+            &spec,
+            &BuildOptions::default(),
+        ))
         .unwrap();
     assert_eq!(std::fs::read(dir.join("id")).unwrap(), id);
     let k = from_blob(&ctx, &spec, &std::fs::read(dir.join("blob")).unwrap()).unwrap();
@@ -403,7 +448,7 @@ fn unknown_entry(kind: BackendKind, test: &str) {
     let fresh = context(kind, test).unwrap();
     let img = image(kind, "saxpy");
     let plain = BuildOptions::default();
-    let refused = fresh.kernel_from_blob(&img, "no_such_kernel", &bias(3), &plain, &blob);
+    let refused = fresh.kernel_from_blob(&req(&img, "no_such_kernel", &bias(3), &plain), &blob);
     assert!(
         matches!(refused, Err(Error::UnknownKernel { .. })),
         "{refused:?}"

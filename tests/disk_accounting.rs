@@ -25,11 +25,9 @@ fn len_of(i: u64) -> usize {
 /// Puts, hits, lookups that build, explicit passes and removals, at random, on 16 threads; half share
 /// one instance (one runner, in-process recheck), half have their own (what another process does).
 fn hammer(root: &std::path::Path, max: u64, rounds: usize) -> Vec<(DiskStats, Vec<WarnCause>)> {
-    let settings = DiskCacheSettings {
-        max_size: max,
-        background_eviction: true,
-        ..DiskCacheSettings::new(root)
-    };
+    let settings = DiskCacheSettings::new(root)
+        .max_size(max)
+        .background_eviction(true);
     let shared = PersistentCache::new(settings.clone());
     let handles: Vec<_> = (0..16)
         .map(|n| {
@@ -187,13 +185,11 @@ fn limit_round(
     len: impl Fn(u64) -> usize + Copy + Send + 'static,
 ) -> u64 {
     let t = TempDir::new("limit");
-    let settings = DiskCacheSettings {
-        max_size: max,
-        background_eviction: true,
-        // Durability across power loss is not what this tests; fsyncs would only slow the rounds.
-        sync: false,
-        ..DiskCacheSettings::new(t.path())
-    };
+    // Durability across power loss is not what this tests; fsyncs would only slow the rounds.
+    let settings = DiskCacheSettings::new(t.path())
+        .max_size(max)
+        .background_eviction(true)
+        .sync(false);
     let shared = PersistentCache::new(settings.clone());
     let handles: Vec<_> = (0..threads)
         .map(|n| {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::disk::*;
 use common::poll_until;
 use kpc::Digest;
-use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::disk::PersistentCache;
 use kpc::admin::store::WarnCause;
 use kpc::{PutOutcome, StoreKey};
 
@@ -243,10 +243,8 @@ fn lock_timeout_builds_without_the_lock() {
     let Lookup::Miss(_held) = c.get_or_lock(&k) else {
         panic!()
     };
-    let impatient = PersistentCache::new(DiskCacheSettings {
-        lock_timeout: Duration::from_millis(100),
-        ..settings(t.path())
-    });
+    let impatient =
+        PersistentCache::new(settings(t.path()).lock_timeout(Duration::from_millis(100)));
     let (r, ev) = capture(|| impatient.get_or_lock(&k));
     let Lookup::Miss(g) = r else { panic!() };
     assert!(!g.holds_lock());
@@ -263,11 +261,7 @@ fn lock_timeout_builds_without_the_lock() {
 fn image_size_limits_decide_what_persists() {
     let t = TempDir::new("basic");
     let root = t.join("c");
-    let c = PersistentCache::new(DiskCacheSettings {
-        min_image_size: 100,
-        max_image_size: 1000,
-        ..settings(&root)
-    });
+    let c = PersistentCache::new(settings(&root).min_image_size(100).max_image_size(1000));
     for len in [99, 1001] {
         let k = key_n(len, len);
         assert!(c.get(&k).is_none());
@@ -291,10 +285,7 @@ fn image_size_limits_decide_what_persists() {
 #[test]
 fn an_entry_larger_than_the_whole_cache_is_not_stored() {
     let t = TempDir::new("basic");
-    let c = PersistentCache::new(DiskCacheSettings {
-        max_size: 4096,
-        ..settings(t.path())
-    });
+    let c = PersistentCache::new(settings(t.path()).max_size(4096));
     let (r, ev) = capture(|| {
         (0..5)
             .map(|i| c.put(&key(i), &payload(i, 5000), Duration::ZERO))
@@ -317,10 +308,7 @@ fn an_entry_larger_than_the_whole_cache_is_not_stored() {
 fn trace_events_only_when_asked() {
     let t = TempDir::new("basic");
     let quiet = cache(t.path());
-    let loud = PersistentCache::new(DiskCacheSettings {
-        trace: true,
-        ..settings(t.path())
-    });
+    let loud = PersistentCache::new(settings(t.path()).trace(true));
     let (_, ev) = capture(|| {
         quiet.get(&key(1));
         quiet.put(&key(1), b"q", Duration::ZERO);

@@ -173,11 +173,11 @@ fn put_get_storm_20_threads_1_mb() {
 fn eviction_under_constant_pressure_40_threads() {
     let t = TempDir::new("pressure");
     let max = 6 << 10;
-    let c = PersistentCache::new(DiskCacheSettings {
-        max_size: max,
-        background_eviction: true,
-        ..DiskCacheSettings::new(t.path())
-    });
+    let c = PersistentCache::new(
+        DiskCacheSettings::new(t.path())
+            .max_size(max)
+            .background_eviction(true),
+    );
     let size_of = |i: u64| 200 + (i as usize * 37) % 1200;
     let handles: Vec<_> = (0..40)
         .map(|n| {

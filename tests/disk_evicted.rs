@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime};
 use common::disk::*;
 use common::fake_backend::{FakeBackend, image};
 use kpc::Config;
-use kpc::admin::disk::{DiskCacheSettings, MissCause, PersistentCache};
 use kpc::admin::disk::{EVICTED_FILE, EVICTED_RECORDS};
+use kpc::admin::disk::{MissCause, PersistentCache};
 use kpc::admin::journal;
 use kpc::admin::journal::RecordKind;
 use kpc::admin::runtime::ProgramManager;
@@ -26,10 +26,7 @@ const PAYLOAD: usize = 2000;
 
 /// A cache that holds about three entries of [`PAYLOAD`] bytes.
 fn small(root: &Path) -> PersistentCache {
-    PersistentCache::new(DiskCacheSettings {
-        max_size: limit(),
-        ..settings(root)
-    })
+    PersistentCache::new(settings(root).max_size(limit()))
 }
 
 fn limit() -> u64 {

@@ -40,10 +40,7 @@ fn a_recently_read_entry_survives_while_the_oldest_goes() {
     let t = TempDir::new("evict");
     let one = entry_size(0, 1000);
     // Room for four entries and a half: the fifth put goes over and evicts down to 75%, i.e. to three.
-    let c = PersistentCache::new(DiskCacheSettings {
-        max_size: one * 9 / 2,
-        ..settings(t.path())
-    });
+    let c = PersistentCache::new(settings(t.path()).max_size(one * 9 / 2));
     for i in 0..4 {
         assert_eq!(
             c.put(&key(i), &payload(i, 1000), Duration::ZERO),
@@ -86,11 +83,11 @@ fn a_recently_read_entry_survives_while_the_oldest_goes() {
 fn background_eviction_brings_the_total_under_the_low_watermark() {
     let t = TempDir::new("evict");
     let max = 20_000;
-    let c = PersistentCache::new(DiskCacheSettings {
-        max_size: max,
-        background_eviction: true,
-        ..DiskCacheSettings::new(t.path())
-    });
+    let c = PersistentCache::new(
+        DiskCacheSettings::new(t.path())
+            .max_size(max)
+            .background_eviction(true),
+    );
     for i in 0..60 {
         c.put(&key(i), &payload(i, 900), Duration::ZERO);
         c.wait_for_eviction();
@@ -201,10 +198,7 @@ fn prune_older_than_and_to_a_size() {
 #[test]
 fn size_file_is_rebuilt_and_reconciled() {
     let t = TempDir::new("evict");
-    let c = PersistentCache::new(DiskCacheSettings {
-        max_size: 1 << 20,
-        ..settings(t.path())
-    });
+    let c = PersistentCache::new(settings(t.path()).max_size(1 << 20));
     for i in 0..5 {
         c.put(&key(i), &payload(i, 1000), Duration::ZERO);
     }
@@ -232,11 +226,11 @@ fn size_file_is_rebuilt_and_reconciled() {
 fn only_one_evictor_at_a_time() {
     let t = TempDir::new("evict");
     let one = entry_size(0, 1000);
-    let c = PersistentCache::new(DiskCacheSettings {
-        max_size: 3 * one,
-        lock_timeout: Duration::from_millis(100),
-        ..settings(t.path())
-    });
+    let c = PersistentCache::new(
+        settings(t.path())
+            .max_size(3 * one)
+            .lock_timeout(Duration::from_millis(100)),
+    );
     for i in 0..3 {
         c.put(&key(i), &payload(i, 1000), Duration::ZERO);
     }
@@ -272,10 +266,7 @@ fn only_one_evictor_at_a_time() {
 #[test]
 fn unlimited_cache_never_evicts() {
     let t = TempDir::new("evict");
-    let c = PersistentCache::new(DiskCacheSettings {
-        max_size: 0,
-        ..settings(t.path())
-    });
+    let c = PersistentCache::new(settings(t.path()).max_size(0));
     for i in 0..30 {
         c.put(&key(i), &payload(i, 2000), Duration::ZERO);
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::disk::*;
 use kpc::MinFree;
 use kpc::PutOutcome;
-use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::disk::PersistentCache;
 
 fn env_path(name: &str) -> PathBuf {
     PathBuf::from(std::env::var(name).unwrap())
@@ -27,11 +27,7 @@ fn entries_on_disk(dir: &Path) -> u64 {
 #[test]
 fn the_entry_limit_evicts_the_least_recently_used_and_is_tracked_exactly() {
     let t = TempDir::new("max-entries");
-    let c = PersistentCache::new(DiskCacheSettings {
-        max_size: 0,
-        max_entries: 8,
-        ..settings(t.path())
-    });
+    let c = PersistentCache::new(settings(t.path()).max_size(0).max_entries(8));
     for i in 0..8 {
         assert!(matches!(
             c.put(&key(i), &payload(i, 1000), Duration::ZERO),
@@ -63,11 +59,7 @@ fn the_entry_limit_evicts_the_least_recently_used_and_is_tracked_exactly() {
     let three: Vec<&str> = old.split_whitespace().take(3).collect();
     std::fs::write(&size, format!("{}\n", three.join(" "))).unwrap();
     assert_eq!(c.tracked_entries(), None);
-    let c2 = PersistentCache::new(DiskCacheSettings {
-        max_size: 0,
-        max_entries: 8,
-        ..settings(t.path())
-    });
+    let c2 = PersistentCache::new(settings(t.path()).max_size(0).max_entries(8));
     c2.put(&key(9), &payload(9, 1000), Duration::ZERO);
     assert_eq!(c2.tracked_entries(), Some(7));
     assert_eq!(c2.stats().size_rebuilds, 1);
@@ -133,10 +125,7 @@ fn a_put_that_would_go_under_the_free_space_floor_is_skipped_with_one_warning() 
                 (root, MinFree::Bytes(avail - (1 << 20)), None)
             }
         };
-    let c = PersistentCache::new(DiskCacheSettings {
-        min_free: floor,
-        ..settings(&root)
-    });
+    let c = PersistentCache::new(settings(&root).min_free(floor));
     let (outcomes, ev) = capture(|| {
         (0..16)
             .map(|i| c.put(&key(i), &payload(i, 256 << 10), Duration::ZERO))
@@ -186,10 +175,7 @@ fn a_put_that_would_go_under_the_inode_floor_is_skipped_on_a_small_tmpfs() {
         return;
     };
     let root = m.0.join("cache");
-    let c = PersistentCache::new(DiskCacheSettings {
-        min_free: MinFree::Fraction(2500),
-        ..settings(&root)
-    });
+    let c = PersistentCache::new(settings(&root).min_free(MinFree::Fraction(2500)));
     let (outcomes, ev) = capture(|| {
         (0..40)
             .map(|i| c.put(&key(i), &payload(i, 100), Duration::ZERO))
@@ -206,11 +192,11 @@ fn a_put_that_would_go_under_the_inode_floor_is_skipped_on_a_small_tmpfs() {
 }
 
 fn with_locks(root: &Path, locks: &Path) -> PersistentCache {
-    PersistentCache::new(DiskCacheSettings {
-        lock_dir: Some(locks.to_owned()),
-        lock_timeout: Duration::from_secs(60),
-        ..settings(root)
-    })
+    PersistentCache::new(
+        settings(root)
+            .lock_dir(Some(locks.to_owned()))
+            .lock_timeout(Duration::from_secs(60)),
+    )
 }
 
 #[test]
@@ -267,11 +253,11 @@ fn lock_files_live_in_the_lock_dir_and_exclude_the_processes_that_share_it() {
     drop(g);
     // A process sharing the lock dir is excluded: it cannot take the lock (with no time to wait, it
     // builds without it, warned), and once the builder published, it is served the builder's entry.
-    let impatient = PersistentCache::new(DiskCacheSettings {
-        lock_dir: Some(locks.clone()),
-        lock_timeout: Duration::ZERO,
-        ..settings(&root)
-    });
+    let impatient = PersistentCache::new(
+        settings(&root)
+            .lock_dir(Some(locks.clone()))
+            .lock_timeout(Duration::ZERO),
+    );
     let (g, ev) = capture(|| impatient.get_or_lock(&key(1)));
     let Lookup::Miss(g) = g else {
         panic!("nothing published yet")
@@ -286,11 +272,7 @@ fn lock_files_live_in_the_lock_dir_and_exclude_the_processes_that_share_it() {
         Lookup::Miss(_) => panic!("the builder's entry"),
     }
     // Eviction and the size file's lock use the lock dir too: the tree holds entries and the record.
-    let c = PersistentCache::new(DiskCacheSettings {
-        max_entries: 4,
-        lock_dir: Some(locks.clone()),
-        ..settings(&root)
-    });
+    let c = PersistentCache::new(settings(&root).max_entries(4).lock_dir(Some(locks.clone())));
     for i in 10..20 {
         c.put(&key(i), &payload(i, 300), Duration::ZERO);
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::disk::*;
 use kpc::PutOutcome;
-use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::disk::PersistentCache;
 
 const BIG: usize = 16 << 20;
 
@@ -155,10 +155,7 @@ fn builder_killed_while_holding_the_build_lock_leaves_no_stale_lock() {
     wait_for_file(&ready, &mut ch);
 
     // While it lives, its lock is real: a short-timeout lookup waits and gives up.
-    let impatient = PersistentCache::new(DiskCacheSettings {
-        lock_timeout: Duration::from_millis(200),
-        ..settings(&root)
-    });
+    let impatient = PersistentCache::new(settings(&root).lock_timeout(Duration::from_millis(200)));
     let Lookup::Miss(g) = impatient.get_or_lock(&key(1)) else {
         panic!()
     };
@@ -187,10 +184,7 @@ fn locks_held_by_another_process() {
     let t = TempDir::new("locks");
     let root = t.join("c");
     let ready = t.join("ready");
-    let c = PersistentCache::new(DiskCacheSettings {
-        lock_timeout: Duration::from_millis(300),
-        ..settings(&root)
-    });
+    let c = PersistentCache::new(settings(&root).lock_timeout(Duration::from_millis(300)));
     let (a, b) = (key(1), key(2));
     assert_eq!(
         c.put(&a, b"entry A", Duration::ZERO),

@@ -97,9 +97,10 @@ impl Embedder {
         // SAFETY: the handles are this embedder's live objects, which outlive every kpc object of
         // the test (they are destroyed in Drop, after the tests drop kpc's objects); what is
         // declared (robustBufferAccess where the device has it) is what was enabled.
-        let enabled = VulkanFeatures {
-            robust_buffer_access: common::vk_device::robust(&self.instance, self.pd),
-            ..VulkanFeatures::default()
+        let enabled = if common::vk_device::robust(&self.instance, self.pd) {
+            VulkanFeatures::ROBUST_BUFFER_ACCESS
+        } else {
+            VulkanFeatures::empty()
         };
         unsafe {
             Context::builder()
@@ -347,6 +348,18 @@ impl HostBuffer {
     }
 }
 
+/// The request for kernel `entry` of `image` with `spec` and `options`: the key of a blob.
+fn req(
+    image: &DeviceImage,
+    entry: &str,
+    spec: &SpecConstants,
+    options: &BuildOptions,
+) -> kpc::KernelRequest {
+    kpc::KernelRequest::new(image, entry)
+        .spec(spec.clone())
+        .options(options.clone())
+}
+
 fn check(out: &[f32], a: f32, x: &[f32], y: &[f32], bias: f32) {
     for i in 0..x.len() {
         let want = a * x[i] + y[i] + bias;
@@ -553,7 +566,7 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
         Err(Error::Unsupported { needs, reason, .. }) => {
             assert!(needs.contains("Float16"), "{needs}");
             assert!(
-                reason.contains("VulkanFeatures::shader_float16"),
+                reason.contains("VulkanFeatures::SHADER_FLOAT16"),
                 "{reason}"
             )
         }
@@ -569,10 +582,7 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
             .is_ok_and(|n| n == vk::KHR_COOPERATIVE_MATRIX_NAME)
     });
     if !has_coop {
-        let claims = VulkanFeatures {
-            cooperative_matrix: true,
-            ..VulkanFeatures::default()
-        };
+        let claims = VulkanFeatures::COOPERATIVE_MATRIX;
         // SAFETY: live handles; the (false) declaration is what is being refused, before use.
         match unsafe {
             Context::builder()
@@ -580,7 +590,9 @@ fn a_borrowed_device_gets_only_the_features_declared_and_supported() {
                 .config(test_config())
                 .build()
         } {
-            Err(Error::InvalidArgument(m)) => assert!(m.contains("cooperative_matrix"), "{m}"),
+            Err(Error::InvalidArgument(m)) => {
+                assert!(m.contains("VulkanFeatures::COOPERATIVE_MATRIX"), "{m}")
+            }
             other => panic!("expected a refusal, got {other:?}"),
         }
     }
@@ -656,7 +668,7 @@ fn handles_and_blobs_outlive_in_memory_eviction() {
     let other = e.context(&test_config());
     let spec = SpecConstants::new().with(1, SpecValue::I32(11));
     let again = other
-        .kernel_from_blob(&image, "saxpy", &spec, &opts, &blob)
+        .kernel_from_blob(&req(&image, "saxpy", &spec, &opts), &blob)
         .unwrap();
     assert_eq!(again.source(), Source::Blob);
     assert_eq!(other.stats().backend_counters.programs_built, 0);

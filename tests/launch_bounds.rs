@@ -68,6 +68,12 @@ fn short_output_is_refused(ctx: &Context, image: &DeviceImage) {
             expected.contains(&format!("at least {} bytes", 4 * n)),
             "{e}"
         );
+        // The extent in words, not as a Rust value.
+        assert!(
+            expected.contains("the smaller of the u32 push constant at byte 0 and the work-items")
+                && !expected.contains("PushOrGlobal"),
+            "{e}"
+        );
         // The same refusal through the unsafe path: declared bounds are checked there too.
         // SAFETY: nothing is launched (the declared bound refuses it), and were it launched the
         // bound would have been met.

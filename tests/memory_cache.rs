@@ -38,20 +38,21 @@ impl CacheCost for Prog {
 type Cache = KernelProgramCache<Prog, String, BuildError>;
 
 fn cache(threshold: u64) -> Cache {
-    KernelProgramCache::new(MemCacheSettings {
-        enabled: true,
-        eviction_threshold: threshold,
-        trace: false,
-    })
+    KernelProgramCache::new(
+        MemCacheSettings::default()
+            .enabled(true)
+            .eviction_threshold(threshold)
+            .trace(false),
+    )
 }
 
 fn pkey(id: u32) -> ProgramKey {
-    ProgramKey {
-        image: Digest::of(&id.to_le_bytes()),
-        spec: SpecConstants::new(),
-        device: Digest::of(b"dev"),
-        options: BuildOptions::default(),
-    }
+    ProgramKey::new(
+        Digest::of(&id.to_le_bytes()),
+        SpecConstants::new(),
+        Digest::of(b"dev"),
+        BuildOptions::default(),
+    )
 }
 
 /// Requests program `id` (weight 100 bytes), counting builds.
@@ -329,11 +330,12 @@ fn kernel_hits_keep_their_program_recent() {
 
 #[test]
 fn in_mem_off_builds_every_request() {
-    let c: Cache = KernelProgramCache::new(MemCacheSettings {
-        enabled: false,
-        eviction_threshold: 0,
-        trace: false,
-    });
+    let c: Cache = KernelProgramCache::new(
+        MemCacheSettings::default()
+            .enabled(false)
+            .eviction_threshold(0)
+            .trace(false),
+    );
     let b = AtomicUsize::new(0);
     for _ in 0..5 {
         get(&c, 1, &b);
@@ -495,10 +497,7 @@ fn trace_bit_2_traces_inserts_hits_and_evictions() {
     let settings = MemCacheSettings::from(&config);
     assert!(settings.trace);
     tracing::subscriber::with_default(subscriber, || {
-        let c: Cache = KernelProgramCache::new(MemCacheSettings {
-            eviction_threshold: 100,
-            ..settings
-        });
+        let c: Cache = KernelProgramCache::new(settings.eviction_threshold(100));
         let b = AtomicUsize::new(0);
         get(&c, 1, &b);
         get(&c, 1, &b);

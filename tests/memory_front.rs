@@ -28,20 +28,21 @@ impl CacheCost for Prog {
 type Cache = KernelProgramCache<Prog, String, BuildError>;
 
 fn cache(threshold: u64) -> Cache {
-    KernelProgramCache::new(MemCacheSettings {
-        enabled: true,
-        eviction_threshold: threshold,
-        trace: false,
-    })
+    KernelProgramCache::new(
+        MemCacheSettings::default()
+            .enabled(true)
+            .eviction_threshold(threshold)
+            .trace(false),
+    )
 }
 
 fn pkey(id: u32) -> ProgramKey {
-    ProgramKey {
-        image: Digest::of(&id.to_le_bytes()),
-        spec: SpecConstants::new(),
-        device: Digest::of(b"dev"),
-        options: BuildOptions::default(),
-    }
+    ProgramKey::new(
+        Digest::of(&id.to_le_bytes()),
+        SpecConstants::new(),
+        Digest::of(b"dev"),
+        BuildOptions::default(),
+    )
 }
 
 /// Caches program `id` and its kernel "main" (named `k<id>`), returning the kernel key.
@@ -152,11 +153,12 @@ fn front_hits_keep_their_program_recent() {
 
 #[test]
 fn in_mem_off_serves_nothing_from_the_front() {
-    let c: Cache = KernelProgramCache::new(MemCacheSettings {
-        enabled: false,
-        eviction_threshold: 0,
-        trace: false,
-    });
+    let c: Cache = KernelProgramCache::new(
+        MemCacheSettings::default()
+            .enabled(false)
+            .eviction_threshold(0)
+            .trace(false),
+    );
     let k = cached(&c, 1);
     assert!(c.kernel_local(&k).is_none());
     let s = c.stats();

@@ -120,10 +120,7 @@ fn a_prometheus_scrape_shows_builds_hits_per_level_and_refusals() {
         &SpecConstants::new(),
         &BuildOptions::new("-O2"),
     );
-    let evil = EntryAuth {
-        signer: Some(SigningKey::from_seed(&[66; 32])),
-        ..EntryAuth::default()
-    };
+    let evil = EntryAuth::default().signer(Some(SigningKey::from_seed(&[66; 32])));
     let forged = auth::wrap(
         &evil,
         &k2,

@@ -140,10 +140,8 @@ fn binaries_that_do_not_fit_are_rejected_as_misses() {
     fields[4].1.push_str("-other");
     let other = DeviceFingerprint::new(BackendKind::OpenCl, fields);
     assert_ne!(other.digest, b.fingerprint().digest);
-    let foreign = OpenClBinary {
-        device: other.digest,
-        ..good.clone()
-    };
+    let mut foreign = good.clone();
+    foreign.device = other.digest;
     rejected(&foreign.encode(), "another device");
 
     // A binary of another build: other spec constants, options or image.
@@ -164,10 +162,8 @@ fn binaries_that_do_not_fit_are_rejected_as_misses() {
     rejected_for(&b, &blob, &opencl_image("copy").unwrap(), &spec, &opts);
 
     // The right header around bytes the driver cannot load: the driver refuses, still a miss.
-    let junk = OpenClBinary {
-        driver_binary: vec![0xa5; 2048],
-        ..good.clone()
-    };
+    let mut junk = good.clone();
+    junk.driver_binary = vec![0xa5; 2048];
     rejected(&junk.encode(), "refused");
 
     // The real binary still loads after all that.

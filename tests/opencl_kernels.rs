@@ -211,7 +211,7 @@ fn spec_constants_are_definitions_and_part_of_the_key() {
     let untyped = String::from_utf8(shipped.bytes().to_vec())
         .unwrap()
         .replace("kpc-spec-constant 1 BIAS i32", "kpc-spec-constant 1 BIAS");
-    let untyped = DeviceImage::new("saxpy", kpc::ImageFormat::OpenClC, untyped.into_bytes());
+    let untyped = DeviceImage::opencl_c("saxpy", untyped);
     let kf = ctx
         .kernel_with(
             &kpc::KernelRequest::new(&untyped, "saxpy")
@@ -382,9 +382,7 @@ fn thirty_two_threads(ctx: &Context) {
 fn thirty_two_threads_launch_one_cached_kernel_pool() {
     let Some(b) = opencl_backend(
         "thirty_two_threads_launch_one_cached_kernel_pool",
-        &OpenClOptions {
-            kernel_sharing: KernelSharing::Pool,
-        },
+        &OpenClOptions::default().kernel_sharing(KernelSharing::Pool),
     ) else {
         return;
     };
@@ -417,9 +415,7 @@ fn thirty_two_threads_launch_one_cached_kernel_pool() {
 fn thirty_two_threads_launch_one_cached_kernel_clone() {
     let Some(b) = opencl_backend(
         "thirty_two_threads_launch_one_cached_kernel_clone",
-        &OpenClOptions {
-            kernel_sharing: KernelSharing::ClonePerLaunch,
-        },
+        &OpenClOptions::default().kernel_sharing(KernelSharing::ClonePerLaunch),
     ) else {
         return;
     };
@@ -436,9 +432,7 @@ fn thirty_two_threads_launch_one_cached_kernel_clone() {
 fn thirty_two_threads_launch_one_cached_kernel_lock() {
     let Some(b) = opencl_backend(
         "thirty_two_threads_launch_one_cached_kernel_lock",
-        &OpenClOptions {
-            kernel_sharing: KernelSharing::Lock,
-        },
+        &OpenClOptions::default().kernel_sharing(KernelSharing::Lock),
     ) else {
         return;
     };

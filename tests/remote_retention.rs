@@ -141,10 +141,9 @@ fn gc_removes_the_unserved_and_what_exceeds_the_quota_and_keeps_what_is_served()
     served_since(&r, &keys[1], start);
 
     let gc = store(&r.url());
-    let policy = GcPolicy {
-        older_than: Some(Duration::from_secs(DAY)),
-        max_size: None,
-    };
+    let policy = GcPolicy::default()
+        .older_than(Some(Duration::from_secs(DAY)))
+        .max_size(None);
     let plan = gc.gc_plan(policy, SystemTime::now()).unwrap();
     assert_eq!(plan.entries.len(), 7);
     assert_eq!(plan.namespaces, 2);
@@ -201,10 +200,9 @@ fn gc_removes_the_unserved_and_what_exceeds_the_quota_and_keeps_what_is_served()
     // The quota: entries 0, 1, 3 and the three rebuilt ones; what fits in two entries' bytes stays,
     // the least recently served go first (0, 1 and 3 were served before the rebuilds).
     let one = plan.entries[0].bytes;
-    let quota = GcPolicy {
-        older_than: None,
-        max_size: Some(2 * one + one / 2),
-    };
+    let quota = GcPolicy::default()
+        .older_than(None)
+        .max_size(Some(2 * one + one / 2));
     let plan = gc.gc_plan(quota, SystemTime::now()).unwrap();
     assert_eq!(plan.entries.len(), 6);
     assert!(plan.remove.iter().all(|&(_, w)| w == GcReason::Quota));

@@ -154,10 +154,7 @@ fn a_serving_node_with_only_trusted_keys_cannot_produce_an_entry_another_node_ac
     let k0 = store_key(&pm, 0);
     let forged = seal(&k0, b"FAKEBIN1 from the serving node", Duration::ZERO);
     let prov = Provenance::for_key("serving-1", &k0, None, Duration::ZERO);
-    let own = EntryAuth {
-        signer: Some(SigningKey::from_seed(&[99; 32])),
-        ..EntryAuth::from_config(&serving)
-    };
+    let own = EntryAuth::from_config(&serving).signer(Some(SigningKey::from_seed(&[99; 32])));
     for (tag, auth) in [
         ("unsigned", EntryAuth::from_config(&serving)),
         ("own key", own),
@@ -267,11 +264,9 @@ fn forged_resigned_and_replayed_entries_are_refused() {
     let (p0, p1) = (path_of(&k0), path_of(&k1));
     let (good0, good1) = (r.get(&p0), r.get(&p1));
     let evil = SigningKey::from_seed(&[66; 32]);
-    let evil_auth = EntryAuth {
-        signer: Some(evil),
-        host: "attacker".into(),
-        ..EntryAuth::default()
-    };
+    let evil_auth = EntryAuth::default()
+        .signer(Some(evil))
+        .host("attacker".into());
     let evil_bin = seal(&k0, b"FAKEBIN1 evil binary", Duration::ZERO);
     let prov = Provenance::for_key("builder-1", &k0, None, Duration::ZERO);
     // Where the genuine envelope's sealed entry starts: header, provenance length and provenance,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use kpc::DeviceImage;
 use kpc::Error;
-use kpc::admin::spirv::{DescriptorKind, LocalDim, SpecType};
+use kpc::admin::spirv::{DescriptorKind, SpecType};
 use kpc::kernels::{SPIRV, spirv_image};
 
 #[test]
@@ -18,18 +18,12 @@ fn saxpy_is_reflected_from_its_spirv() {
     let e = &m.entry_points[0];
     assert_eq!(e.name, "saxpy");
     assert_eq!(
-        e.local_size[0],
-        LocalDim {
-            default: 64,
-            spec_id: Some(0)
-        }
+        (e.local_size[0].default, e.local_size[0].spec_id),
+        (64, Some(0))
     );
     assert_eq!(
-        e.local_size[1],
-        LocalDim {
-            default: 1,
-            spec_id: None
-        }
+        (e.local_size[1].default, e.local_size[1].spec_id),
+        (1, None)
     );
     assert_eq!(e.push_constant_bytes, 8);
     let b: Vec<(u32, bool, &DescriptorKind)> = e
@@ -81,11 +75,8 @@ fn copy_is_reflected_from_its_spirv() {
     let m = image.spirv_module().unwrap();
     let e = m.entry("copy", "copy").unwrap();
     assert_eq!(
-        e.local_size[0],
-        LocalDim {
-            default: 256,
-            spec_id: Some(0)
-        }
+        (e.local_size[0].default, e.local_size[0].spec_id),
+        (256, Some(0))
     );
     assert_eq!(e.push_constant_bytes, 4);
     assert_eq!(e.bindings.len(), 2);

@@ -103,13 +103,7 @@ impl Store for MemStore {
             .lock()
             .unwrap()
             .values()
-            .filter_map(|s| {
-                Some(StoreEntry {
-                    record: sealed_record(s)?,
-                    bytes: s.len() as u64,
-                    last_access: None,
-                })
-            })
+            .filter_map(|s| Some(StoreEntry::new(sealed_record(s)?, s.len() as u64, None)))
             .collect())
     }
 

@@ -170,10 +170,9 @@ fn saxpy_setup(ctx: &Context, seed: usize) -> (kpc::Kernel, [Buffer<f32>; 3]) {
 }
 
 fn missing_device(d: &DeviceInfo) -> DeviceInfo {
-    DeviceInfo {
-        index: 10_000,
-        ..d.clone()
-    }
+    let mut missing = d.clone();
+    missing.index = 10_000;
+    missing
 }
 
 /// One worker's rounds on `device`: plain rounds, failing opens and cross-thread drops in turn.

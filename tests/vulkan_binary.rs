@@ -129,10 +129,10 @@ fn a_blob_whose_header_does_not_match_is_rejected() {
         Payload::PipelineCache(c) => kpc::admin::vulkan::pipeline_cache::encode(
             None,
             Payload::PipelineBinaries(&kpc::admin::vulkan::pipeline_binary::encode(&[vec![
-                kpc::admin::vulkan::pipeline_binary::BinaryData {
-                    key: vec![1; 32],
-                    data: c.iter().copied().chain([0u8]).collect(),
-                },
+                kpc::admin::vulkan::pipeline_binary::BinaryData::new(
+                    vec![1; 32],
+                    c.iter().copied().chain([0u8]).collect(),
+                ),
             ]])),
         ),
         Payload::PipelineBinaries(_) => {

@@ -66,9 +66,7 @@ fn saxpy_output_matches_the_host() {
 fn staging_buffers_carry_the_same_results() {
     let Some(b) = vulkan_backend(
         "staging_buffers_carry_the_same_results",
-        &VulkanOptions {
-            buffers: BufferStrategy::Staging,
-        },
+        &VulkanOptions::default().buffers(BufferStrategy::Staging),
     ) else {
         return;
     };
@@ -316,9 +314,7 @@ fn a_batch_runs_in_order_and_is_timed_per_launch() {
 fn back_to_back_batches_run_in_order_and_each_event_waits() {
     let Some(b) = vulkan_backend(
         "back_to_back_batches_run_in_order_and_each_event_waits",
-        &VulkanOptions {
-            buffers: BufferStrategy::Staging,
-        },
+        &VulkanOptions::default().buffers(BufferStrategy::Staging),
     ) else {
         return;
     };

@@ -346,32 +346,30 @@ pub(super) mod tests {
         cm2_prefill_fits, quad_layout,
     };
     use kpc::BackendKind;
+    use kpc::DeviceType;
     use kpc::admin::backend::DeviceFingerprint;
-    use kpc::{DeviceLimits, DeviceType};
 
     /// A device as discovery would describe one: lavapipe-like (no matrices), KHR matrices only, or
     /// KHR and NV cooperative matrix 2 (H100-like: workgroup-scope matrices up to 256 invocations).
     pub(crate) fn device(khr: bool, cm2: u32) -> DeviceInfo {
-        DeviceInfo {
-            backend: BackendKind::Vulkan,
-            index: 0,
-            name: "test".into(),
-            device_type: DeviceType::DiscreteGpu,
-            driver: "test".into(),
-            api_version: "1.3".into(),
-            fingerprint: DeviceFingerprint::new(BackendKind::Vulkan, vec![]),
-            limits: DeviceLimits {
-                max_workgroup_invocations: 1024,
-                max_shared_memory_bytes: 49152,
-                subgroup_size: Some(32),
-                storage_16bit: true,
-                float16_arithmetic: true,
-                cooperative_matrix_f16: khr,
-                cooperative_matrix2_workgroup: cm2,
-                ..DeviceLimits::default()
-            },
-            unusable: None,
-        }
+        let mut d = DeviceInfo::new(
+            BackendKind::Vulkan,
+            0,
+            "test",
+            DeviceFingerprint::new(BackendKind::Vulkan, vec![]),
+        );
+        d.device_type = DeviceType::DiscreteGpu;
+        d.driver = "test".into();
+        d.api_version = "1.3".into();
+        let l = &mut d.limits;
+        l.max_workgroup_invocations = 1024;
+        l.max_shared_memory_bytes = 49152;
+        l.subgroup_size = Some(32);
+        l.storage_16bit = true;
+        l.float16_arithmetic = true;
+        l.cooperative_matrix_f16 = khr;
+        l.cooperative_matrix2_workgroup = cm2;
+        d
     }
 
     #[test]

@@ -3,7 +3,6 @@
 
 use std::path::Path;
 
-use kpc::admin::spirv::LocalDim;
 use kpc_attention::kernels::{OPENCL, SPIRV, spirv_image};
 
 use crate::common::drivers::opencl_context;
@@ -42,11 +41,8 @@ fn coopmat_prefill_is_reflected_from_its_spirv() {
     assert_eq!(m.version, (1, 6));
     let e = m.entry("attn_prefill_coop", "attn_prefill_coop").unwrap();
     assert_eq!(
-        e.local_size[0],
-        LocalDim {
-            default: 128,
-            spec_id: Some(0)
-        }
+        (e.local_size[0].default, e.local_size[0].spec_id),
+        (128, Some(0))
     );
     assert_eq!(e.local_size[1].default, 1);
     assert_eq!(e.push_constant_bytes, 24);
@@ -76,11 +72,8 @@ fn cm2_prefill_is_reflected_from_its_spirv() {
     assert_eq!(m.version, (1, 6));
     let e = m.entry("attn_prefill_cm2", "attn_prefill_cm2").unwrap();
     assert_eq!(
-        e.local_size[0],
-        LocalDim {
-            default: 256,
-            spec_id: Some(0)
-        }
+        (e.local_size[0].default, e.local_size[0].spec_id),
+        (256, Some(0))
     );
     assert_eq!(e.push_constant_bytes, 24);
     assert_eq!(e.bindings.len(), 4);

@@ -38,7 +38,8 @@ pub unsafe extern "C" fn kpc_cache_blob_id(
         check_out(size, "size")?;
         // SAFETY: forwarded to the caller.
         let k = unsafe { key_args(context, image, spec, spec_count, build_options)? };
-        let id = k.context.cache_blob_id(&k.image, &k.spec, &k.options)?;
+        // A blob holds the whole program: its id has no entry point.
+        let id = k.context.cache_blob_id(&k.request(""))?;
         // SAFETY: forwarded to the caller.
         unsafe { copy_out(&id, buffer, capacity, size, "the blob id") }
     })
@@ -120,9 +121,7 @@ pub unsafe extern "C" fn kpc_kernel_create_from_blob(
         }
         // SAFETY: forwarded to the caller.
         let bytes = unsafe { slice_arg(blob, blob_size, "blob")? };
-        let kernel = k
-            .context
-            .kernel_from_blob(&k.image, entry, &k.spec, &k.options, bytes)?;
+        let kernel = k.context.kernel_from_blob(&k.request(entry), bytes)?;
         let h = registry::insert(KernelObject::new(kernel, k.context.backend()));
         // SAFETY: checked above; writable by the caller's promise.
         unsafe { write_out(out, h, "out") }

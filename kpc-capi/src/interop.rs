@@ -89,54 +89,15 @@ pub const KPC_VULKAN_FEATURE_PIPELINE_BINARY: u64 = 1 << 30;
 pub const KPC_VULKAN_FEATURE_ROBUST_BUFFER_ACCESS: u64 = 1 << 31;
 
 fn features(bits: u64) -> Result<VulkanFeatures, Failure> {
-    const ALL: u64 = (1 << 32) - 1;
-    if bits & !ALL != 0 {
+    let all = u64::from(VulkanFeatures::all().bits());
+    if bits & !all != 0 {
         return Err(Failure::invalid(format!(
             "enabled_features has unknown bits {:#x}: expected KPC_VULKAN_FEATURE_* bits only",
-            bits & !ALL
+            bits & !all
         )));
     }
-    let on = |b: u64| bits & b != 0;
-    Ok(VulkanFeatures {
-        robust_buffer_access: on(KPC_VULKAN_FEATURE_ROBUST_BUFFER_ACCESS),
-        shader_int16: on(KPC_VULKAN_FEATURE_SHADER_INT16),
-        shader_int64: on(KPC_VULKAN_FEATURE_SHADER_INT64),
-        shader_float64: on(KPC_VULKAN_FEATURE_SHADER_FLOAT64),
-        storage_buffer_16bit_access: on(KPC_VULKAN_FEATURE_STORAGE_BUFFER_16BIT_ACCESS),
-        uniform_and_storage_buffer_16bit_access: on(
-            KPC_VULKAN_FEATURE_UNIFORM_AND_STORAGE_BUFFER_16BIT_ACCESS,
-        ),
-        storage_push_constant16: on(KPC_VULKAN_FEATURE_STORAGE_PUSH_CONSTANT16),
-        shader_float16: on(KPC_VULKAN_FEATURE_SHADER_FLOAT16),
-        shader_int8: on(KPC_VULKAN_FEATURE_SHADER_INT8),
-        storage_buffer_8bit_access: on(KPC_VULKAN_FEATURE_STORAGE_BUFFER_8BIT_ACCESS),
-        uniform_and_storage_buffer_8bit_access: on(
-            KPC_VULKAN_FEATURE_UNIFORM_AND_STORAGE_BUFFER_8BIT_ACCESS,
-        ),
-        host_query_reset: on(KPC_VULKAN_FEATURE_HOST_QUERY_RESET),
-        vulkan_memory_model: on(KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL),
-        cooperative_matrix: on(KPC_VULKAN_FEATURE_COOPERATIVE_MATRIX),
-        pipeline_creation_feedback: on(KPC_VULKAN_FEATURE_PIPELINE_CREATION_FEEDBACK),
-        spirv_1_4: on(KPC_VULKAN_FEATURE_SPIRV_1_4),
-        pipeline_executable_info: on(KPC_VULKAN_FEATURE_PIPELINE_EXECUTABLE_INFO),
-        shader_subgroup_extended_types: on(KPC_VULKAN_FEATURE_SHADER_SUBGROUP_EXTENDED_TYPES),
-        storage_push_constant8: on(KPC_VULKAN_FEATURE_STORAGE_PUSH_CONSTANT8),
-        shader_buffer_int64_atomics: on(KPC_VULKAN_FEATURE_SHADER_BUFFER_INT64_ATOMICS),
-        shader_shared_int64_atomics: on(KPC_VULKAN_FEATURE_SHADER_SHARED_INT64_ATOMICS),
-        variable_pointers_storage_buffer: on(KPC_VULKAN_FEATURE_VARIABLE_POINTERS_STORAGE_BUFFER),
-        variable_pointers: on(KPC_VULKAN_FEATURE_VARIABLE_POINTERS),
-        vulkan_memory_model_device_scope: on(KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL_DEVICE_SCOPE),
-        shader_integer_dot_product: on(KPC_VULKAN_FEATURE_SHADER_INTEGER_DOT_PRODUCT),
-        coop_matrix2_workgroup_scope: on(KPC_VULKAN_FEATURE_COOP_MATRIX2_WORKGROUP_SCOPE),
-        coop_matrix2_flexible_dimensions: on(KPC_VULKAN_FEATURE_COOP_MATRIX2_FLEXIBLE_DIMENSIONS),
-        coop_matrix2_reductions: on(KPC_VULKAN_FEATURE_COOP_MATRIX2_REDUCTIONS),
-        coop_matrix2_conversions: on(KPC_VULKAN_FEATURE_COOP_MATRIX2_CONVERSIONS),
-        coop_matrix2_per_element_operations: on(
-            KPC_VULKAN_FEATURE_COOP_MATRIX2_PER_ELEMENT_OPERATIONS,
-        ),
-        coop_matrix2_tensor_addressing: on(KPC_VULKAN_FEATURE_COOP_MATRIX2_TENSOR_ADDRESSING),
-        pipeline_binary: on(KPC_VULKAN_FEATURE_PIPELINE_BINARY),
-    })
+    // The C bits are the flags' own (`c_bits_are_the_flags`), and only defined bits are left.
+    Ok(VulkanFeatures::from_bits_retain(bits as u32))
 }
 
 /// The caller's Vulkan objects, which kpc borrows and never destroys. Set `struct_size =
@@ -599,4 +560,149 @@ pub unsafe extern "C" fn kpc_lease_release(lease: *mut kpc_lease) -> kpc_status 
     guard("kpc_lease_release", || {
         registry::remove::<LeaseObject>(lease, "lease")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header's bits are `VulkanFeatures`' own, which `features` relies on.
+    #[test]
+    fn c_bits_are_the_flags() {
+        let pairs = [
+            (
+                KPC_VULKAN_FEATURE_SHADER_INT16,
+                VulkanFeatures::SHADER_INT16,
+            ),
+            (
+                KPC_VULKAN_FEATURE_SHADER_INT64,
+                VulkanFeatures::SHADER_INT64,
+            ),
+            (
+                KPC_VULKAN_FEATURE_SHADER_FLOAT64,
+                VulkanFeatures::SHADER_FLOAT64,
+            ),
+            (
+                KPC_VULKAN_FEATURE_STORAGE_BUFFER_16BIT_ACCESS,
+                VulkanFeatures::STORAGE_BUFFER_16BIT_ACCESS,
+            ),
+            (
+                KPC_VULKAN_FEATURE_UNIFORM_AND_STORAGE_BUFFER_16BIT_ACCESS,
+                VulkanFeatures::UNIFORM_AND_STORAGE_BUFFER_16BIT_ACCESS,
+            ),
+            (
+                KPC_VULKAN_FEATURE_STORAGE_PUSH_CONSTANT16,
+                VulkanFeatures::STORAGE_PUSH_CONSTANT16,
+            ),
+            (
+                KPC_VULKAN_FEATURE_SHADER_FLOAT16,
+                VulkanFeatures::SHADER_FLOAT16,
+            ),
+            (KPC_VULKAN_FEATURE_SHADER_INT8, VulkanFeatures::SHADER_INT8),
+            (
+                KPC_VULKAN_FEATURE_STORAGE_BUFFER_8BIT_ACCESS,
+                VulkanFeatures::STORAGE_BUFFER_8BIT_ACCESS,
+            ),
+            (
+                KPC_VULKAN_FEATURE_UNIFORM_AND_STORAGE_BUFFER_8BIT_ACCESS,
+                VulkanFeatures::UNIFORM_AND_STORAGE_BUFFER_8BIT_ACCESS,
+            ),
+            (
+                KPC_VULKAN_FEATURE_HOST_QUERY_RESET,
+                VulkanFeatures::HOST_QUERY_RESET,
+            ),
+            (
+                KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL,
+                VulkanFeatures::VULKAN_MEMORY_MODEL,
+            ),
+            (
+                KPC_VULKAN_FEATURE_COOPERATIVE_MATRIX,
+                VulkanFeatures::COOPERATIVE_MATRIX,
+            ),
+            (
+                KPC_VULKAN_FEATURE_PIPELINE_CREATION_FEEDBACK,
+                VulkanFeatures::PIPELINE_CREATION_FEEDBACK,
+            ),
+            (KPC_VULKAN_FEATURE_SPIRV_1_4, VulkanFeatures::SPIRV_1_4),
+            (
+                KPC_VULKAN_FEATURE_PIPELINE_EXECUTABLE_INFO,
+                VulkanFeatures::PIPELINE_EXECUTABLE_INFO,
+            ),
+            (
+                KPC_VULKAN_FEATURE_SHADER_SUBGROUP_EXTENDED_TYPES,
+                VulkanFeatures::SHADER_SUBGROUP_EXTENDED_TYPES,
+            ),
+            (
+                KPC_VULKAN_FEATURE_STORAGE_PUSH_CONSTANT8,
+                VulkanFeatures::STORAGE_PUSH_CONSTANT8,
+            ),
+            (
+                KPC_VULKAN_FEATURE_SHADER_BUFFER_INT64_ATOMICS,
+                VulkanFeatures::SHADER_BUFFER_INT64_ATOMICS,
+            ),
+            (
+                KPC_VULKAN_FEATURE_SHADER_SHARED_INT64_ATOMICS,
+                VulkanFeatures::SHADER_SHARED_INT64_ATOMICS,
+            ),
+            (
+                KPC_VULKAN_FEATURE_VARIABLE_POINTERS_STORAGE_BUFFER,
+                VulkanFeatures::VARIABLE_POINTERS_STORAGE_BUFFER,
+            ),
+            (
+                KPC_VULKAN_FEATURE_VARIABLE_POINTERS,
+                VulkanFeatures::VARIABLE_POINTERS,
+            ),
+            (
+                KPC_VULKAN_FEATURE_VULKAN_MEMORY_MODEL_DEVICE_SCOPE,
+                VulkanFeatures::VULKAN_MEMORY_MODEL_DEVICE_SCOPE,
+            ),
+            (
+                KPC_VULKAN_FEATURE_SHADER_INTEGER_DOT_PRODUCT,
+                VulkanFeatures::SHADER_INTEGER_DOT_PRODUCT,
+            ),
+            (
+                KPC_VULKAN_FEATURE_COOP_MATRIX2_WORKGROUP_SCOPE,
+                VulkanFeatures::COOP_MATRIX2_WORKGROUP_SCOPE,
+            ),
+            (
+                KPC_VULKAN_FEATURE_COOP_MATRIX2_FLEXIBLE_DIMENSIONS,
+                VulkanFeatures::COOP_MATRIX2_FLEXIBLE_DIMENSIONS,
+            ),
+            (
+                KPC_VULKAN_FEATURE_COOP_MATRIX2_REDUCTIONS,
+                VulkanFeatures::COOP_MATRIX2_REDUCTIONS,
+            ),
+            (
+                KPC_VULKAN_FEATURE_COOP_MATRIX2_CONVERSIONS,
+                VulkanFeatures::COOP_MATRIX2_CONVERSIONS,
+            ),
+            (
+                KPC_VULKAN_FEATURE_COOP_MATRIX2_PER_ELEMENT_OPERATIONS,
+                VulkanFeatures::COOP_MATRIX2_PER_ELEMENT_OPERATIONS,
+            ),
+            (
+                KPC_VULKAN_FEATURE_COOP_MATRIX2_TENSOR_ADDRESSING,
+                VulkanFeatures::COOP_MATRIX2_TENSOR_ADDRESSING,
+            ),
+            (
+                KPC_VULKAN_FEATURE_PIPELINE_BINARY,
+                VulkanFeatures::PIPELINE_BINARY,
+            ),
+            (
+                KPC_VULKAN_FEATURE_ROBUST_BUFFER_ACCESS,
+                VulkanFeatures::ROBUST_BUFFER_ACCESS,
+            ),
+        ];
+        let mut all = VulkanFeatures::empty();
+        for (c, flag) in pairs {
+            assert_eq!(c, u64::from(flag.bits()), "{flag:?}");
+            all |= flag;
+        }
+        assert_eq!(all, VulkanFeatures::all());
+        assert_eq!(
+            features(KPC_VULKAN_FEATURE_SHADER_INT8 | KPC_VULKAN_FEATURE_PIPELINE_BINARY).ok(),
+            Some(VulkanFeatures::SHADER_INT8 | VulkanFeatures::PIPELINE_BINARY)
+        );
+        assert!(features(1 << 32).is_err());
+    }
 }

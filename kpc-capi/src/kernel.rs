@@ -342,6 +342,15 @@ pub(crate) struct KeyArgs {
     pub(crate) options: BuildOptions,
 }
 
+impl KeyArgs {
+    /// The request for kernel `entry` of this key (`""` where only the program matters: a blob id).
+    pub(crate) fn request(&self, entry: &str) -> kpc::KernelRequest {
+        kpc::KernelRequest::new(&self.image, entry)
+            .spec(self.spec.clone())
+            .options(self.options.clone())
+    }
+}
+
 /// Reads and checks a key's arguments.
 ///
 /// # Safety
@@ -400,11 +409,7 @@ pub unsafe extern "C" fn kpc_kernel_create(
         // SAFETY: forwarded to the caller.
         let entry = unsafe { str_arg(entry, "entry")? };
         check_format(&k.context, &k.image)?;
-        let kernel = k.context.kernel_with(
-            &kpc::KernelRequest::new(&k.image, entry)
-                .spec(k.spec.clone())
-                .options(k.options.clone()),
-        )?;
+        let kernel = k.context.kernel_with(&k.request(entry))?;
         let h = registry::insert(KernelObject::new(kernel, k.context.backend()));
         // SAFETY: checked above; writable by the caller's promise.
         unsafe { write_out(out, h, "out") }

@@ -1,6 +1,6 @@
 //! `kpc_kernel_launch`: a cached kernel run on kpc's own queue over `kpc_buffer`s, so that a C
 //! program runs kernels without Vulkan or OpenCL code of its own. It is Rust's safe
-//! `Queue::launch`, with the same checks: on a device without robust buffer access only kernels
+//! `Queue::submit` of one `LaunchDesc`, with the same checks: on a device without robust buffer access only kernels
 //! with declared access bounds run (kpc's shipped `saxpy`, `copy` and `read`), each buffer checked
 //! against its bound for the launch first.
 
@@ -11,7 +11,7 @@ use super::kernel::{KernelObject, kpc_kernel};
 use super::registry;
 use super::util::slice_arg;
 use super::{Failure, guard, kpc_context, kpc_status};
-use kpc::{BufferArg, Context};
+use kpc::{BufferArg, Context, LaunchDesc};
 
 /// Launches `kernel` on `context`'s queue over `groups[0] x groups[1] x groups[2]` workgroups, with
 /// `buffers[0..buffer_count]` bound in the kernel's binding order and `push_size` bytes of push
@@ -63,9 +63,13 @@ pub unsafe extern "C" fn kpc_kernel_launch(
         let args: Vec<&dyn BufferArg> = held.iter().map(|b| &b.0 as &dyn BufferArg).collect();
         // SAFETY: forwarded to the caller.
         let push = unsafe { slice_arg(push.cast::<u8>(), push_size, "push") }?;
-        ctx.queue()
-            .launch(&k.kernel, [g[0], g[1], g[2]], &args, push)?
-            .wait()?;
+        let launch = LaunchDesc {
+            kernel: &k.kernel,
+            groups: [g[0], g[1], g[2]],
+            buffers: &args,
+            push_constants: push,
+        };
+        ctx.queue().submit(&[launch])?.wait()?;
         Ok(())
     })
 }

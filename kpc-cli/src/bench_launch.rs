@@ -173,9 +173,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         let backend = OpenClBackend::open_with(
             device.index,
             config,
-            &OpenClOptions {
-                kernel_sharing: sharing,
-            },
+            &OpenClOptions::default().kernel_sharing(sharing),
         )?;
         let ctx = Context::builder()
             .backend(backend)

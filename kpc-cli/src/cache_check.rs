@@ -158,10 +158,7 @@ pub fn run(config: &Config, args: &CheckArgs) -> kpc::Result<ExitCode> {
     let selector = args.device.as_ref().unwrap_or(&config.device);
     let device = kpc::select_device(selector)?;
     let description = device.fingerprint.describe();
-    let target = Target {
-        description: &description,
-        digest: device.fingerprint.digest,
-    };
+    let target = Target::new(&description, device.fingerprint.digest);
     let is_dir = args.path.is_dir();
     let (kind, signed, entries) = if is_dir {
         let cache = PersistentCache::new(DiskCacheSettings::from_config_at(config, &args.path));

@@ -59,10 +59,9 @@ pub fn run(config: &Config, args: &GcArgs) -> kpc::Result<ExitCode> {
         eprintln!("kpc: could not set up the remote {url}");
         return Ok(ExitCode::from(2));
     };
-    let policy = GcPolicy {
-        older_than: args.older_than,
-        max_size: args.max_size,
-    };
+    let policy = GcPolicy::default()
+        .older_than(args.older_than)
+        .max_size(args.max_size);
     let plan = match store.gc_plan(policy, std::time::SystemTime::now()) {
         Ok(p) => p,
         Err(e) => {

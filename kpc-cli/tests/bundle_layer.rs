@@ -55,10 +55,7 @@ fn shipped(dir: &TempDir, name: &str, device: &str, n: usize, key: Option<&str>)
         assert_eq!(program(&pm, i), Source::Built);
     }
     let file = dir.join(format!("{name}.kpcb"));
-    let auth = EntryAuth {
-        mac: key.map(mac),
-        ..EntryAuth::default()
-    };
+    let auth = EntryAuth::default().mac(key.map(mac));
     let cache = PersistentCache::from_config(&config(&root, &[], None)).unwrap();
     let r = bundle::export(&cache, None, &auth, &file).unwrap();
     assert_eq!(r.entries, n as u64);

@@ -42,10 +42,7 @@ fn stats_prints_what_eviction_cost_and_the_limit_that_would_have_served_it() {
     let t = TempDir::new("stats-eviction");
     let root = t.join("cache");
     let limit = 7 * 1024;
-    let c = PersistentCache::new(DiskCacheSettings {
-        max_size: limit,
-        ..settings(&root)
-    });
+    let c = PersistentCache::new(settings(&root).max_size(limit));
     for i in 0..6 {
         c.put(&key(i), &payload(i, 2000), Duration::from_millis(30));
     }
@@ -112,10 +109,11 @@ fn machine(root: &Path, host: &str, remote: &str, max_size: u64) -> Config {
 #[cfg(feature = "remote")]
 fn build(be: &Arc<FakeBackend>, cfg: &Config, names: &[&str]) -> Vec<Source> {
     // Eviction inline, so that a put's eviction is done when the build returns.
-    let disk = PersistentCache::new(DiskCacheSettings {
-        background_eviction: false,
-        ..DiskCacheSettings::from_config_dir(cfg).unwrap()
-    });
+    let disk = PersistentCache::new(
+        DiskCacheSettings::from_config_dir(cfg)
+            .unwrap()
+            .background_eviction(false),
+    );
     let pm = ProgramManager::with_disk_cache(be.clone(), cfg, Some(disk));
     let out = names
         .iter()

@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::disk::{TempDir, cache, key, payload, settings};
-use kpc::admin::disk::{DiskCacheSettings, PersistentCache};
+use kpc::admin::disk::PersistentCache;
 
 fn kpc_path() -> &'static str {
     env!("CARGO_BIN_EXE_kpc")
@@ -20,10 +20,7 @@ fn kpc_path() -> &'static str {
 /// reads at once: kpc is then certainly still writing when `head` exits.
 fn populate(root: &Path) {
     // No fsync: durability is not what this test is about, and 2000 fsyncs take a minute here.
-    let c = PersistentCache::new(DiskCacheSettings {
-        sync: false,
-        ..settings(root)
-    });
+    let c = PersistentCache::new(settings(root).sync(false));
     // 2000 rows: `cache ls` sizes its columns to its values, about 100 bytes a row here.
     for i in 0..2000 {
         c.put(&key(i), &payload(i, 64), Duration::ZERO);

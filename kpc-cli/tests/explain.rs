@@ -23,6 +23,18 @@ use kpc::{Config, Context};
 use kpc::{DeviceImage, DeviceInfo, ImageFormat};
 use serde_json::Value;
 
+/// The request for kernel `entry` of `image` with `spec` and `options`: the key of a blob.
+fn req(
+    image: &DeviceImage,
+    entry: &str,
+    spec: &SpecConstants,
+    options: &BuildOptions,
+) -> kpc::KernelRequest {
+    kpc::KernelRequest::new(image, entry)
+        .spec(spec.clone())
+        .options(options.clone())
+}
+
 fn disk_config(root: &Path) -> Config {
     Config::builder()
         .persistent(true)
@@ -299,11 +311,12 @@ fn cli_explain_takes_a_blob_id() {
     let hex = |b: Vec<u8>| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     let sel = format!("opencl:{}", d.index);
     let cached = hex(ctx
-        .cache_blob_id(
+        .cache_blob_id(&req(
             &img,
+            "saxpy",
             &SpecConstants::new().with(1, SpecValue::I32(7)),
             &opts,
-        )
+        ))
         .unwrap());
     let v = json(&kpc(
         &root,
@@ -320,11 +333,12 @@ fn cli_explain_takes_a_blob_id() {
     assert_eq!(v["kernels"][0]["cached"], true, "{v}");
     assert_eq!(v["kernels"][0]["label"], "saxpy", "{v}");
     let other = hex(ctx
-        .cache_blob_id(
+        .cache_blob_id(&req(
             &img,
+            "saxpy",
             &SpecConstants::new().with(1, SpecValue::I32(8)),
             &opts,
-        )
+        ))
         .unwrap());
     let v = json(&kpc(
         &root,

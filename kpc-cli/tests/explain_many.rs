@@ -16,7 +16,7 @@ use common::disk::{TempDir, capture, payload, settings};
 use common::drivers::vulkan_device;
 use kpc::DeviceImage;
 use kpc::TraceFlags;
-use kpc::admin::disk::{DiskCacheSettings, FieldDiff, MissCause, PersistentCache};
+use kpc::admin::disk::{FieldDiff, MissCause, PersistentCache};
 use kpc::admin::glsl::{DirIncludes, GlslOptimization, GlslSource, MapIncludes, SpirvTarget};
 use kpc::admin::runtime::spirv_key;
 use kpc::{Config, Context};
@@ -53,11 +53,7 @@ fn key_of(src: GlslSource) -> StoreKey {
 }
 
 fn quick_cache(root: &Path) -> PersistentCache {
-    PersistentCache::new(DiskCacheSettings {
-        sync: false,
-        max_size: 0,
-        ..settings(root)
-    })
+    PersistentCache::new(settings(root).sync(false).max_size(0))
 }
 
 #[test]

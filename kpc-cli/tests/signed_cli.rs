@@ -58,18 +58,18 @@ fn pub_of(private: &Path) -> String {
 }
 
 fn auth(signing: Option<&Path>, trusted: &[&Path]) -> EntryAuth {
-    EntryAuth {
-        signer: signing.map(|p| SigningKey::from_file("KPC_CACHE_SIGNING_KEY", p).unwrap()),
-        trusted: trusted
-            .iter()
-            .flat_map(|p| {
-                kpc::admin::config::parse_trusted_keys("KPC_CACHE_TRUSTED_KEYS", &pub_of(p))
-                    .unwrap()
-            })
-            .collect(),
-        host: "exporter-1".into(),
-        ..EntryAuth::default()
-    }
+    EntryAuth::default()
+        .signer(signing.map(|p| SigningKey::from_file("KPC_CACHE_SIGNING_KEY", p).unwrap()))
+        .trusted(
+            trusted
+                .iter()
+                .flat_map(|p| {
+                    kpc::admin::config::parse_trusted_keys("KPC_CACHE_TRUSTED_KEYS", &pub_of(p))
+                        .unwrap()
+                })
+                .collect(),
+        )
+        .host("exporter-1".into())
 }
 
 fn filled(dir: &TempDir, n: u64) -> kpc::admin::disk::PersistentCache {

@@ -9,7 +9,8 @@ use crate::cache::Digest;
 #[cfg(not(loom))]
 use crate::error::Result;
 
-/// What a device image contains.
+/// What a device image contains: SPIR-V for a Vulkan context, OpenCL C for an OpenCL one, GLSL
+/// (compiled to SPIR-V through the context's SPIR-V cache) for Vulkan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ImageFormat {
     /// A SPIR-V module (Vulkan).
@@ -30,8 +31,8 @@ impl ImageFormat {
                  KPC_IMAGE_SPIRV"
             }
             ImageFormat::OpenClC => {
-                "kpc::kernels::opencl_image for a shipped kernel, DeviceImage::new(name, \
-                 ImageFormat::OpenClC, source) for yours; C: KPC_IMAGE_OPENCL_C"
+                "kpc::kernels::opencl_image for a shipped kernel, DeviceImage::opencl_c for yours; C: \
+                 KPC_IMAGE_OPENCL_C"
             }
             ImageFormat::Glsl => "DeviceImage::glsl; C: kpc_image_from_glsl",
         }
@@ -159,6 +160,13 @@ impl DeviceImage {
             Some(g) => g.spirv.get_or_init(|| spirv).clone(),
             None => spirv,
         }
+    }
+
+    /// An OpenCL C image named `name` of `source`, for an OpenCL context: the source is read (and its
+    /// `// kpc-spec-constant` declarations parsed) when a kernel is first requested from it, not
+    /// now; equal to `DeviceImage::new(name, ImageFormat::OpenClC, source)`.
+    pub fn opencl_c(name: &str, source: impl Into<String>) -> Self {
+        DeviceImage::new(name, ImageFormat::OpenClC, source.into().into_bytes())
     }
 
     /// A SPIR-V image, validated with spirv-tools and reflected now.

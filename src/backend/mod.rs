@@ -39,12 +39,13 @@ pub const KPC_FORMAT_VERSION: u32 = 1;
 /// What identifies a device and driver for the purpose of reusing a binary: every field that, if it
 /// changed, could make an old binary wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct DeviceFingerprint {
     /// The backend.
     pub backend: BackendKind,
     /// Named fields (vendor id, device id, driver version, pipeline cache UUID, ...), in a fixed order.
     pub fields: Vec<(String, String)>,
-    /// BLAKE3 over the backend, every field and [`KPC_FORMAT_VERSION`].
+    /// BLAKE3 over the backend, every field and kpc's cache format version.
     pub digest: Digest,
 }
 
@@ -175,6 +176,7 @@ impl std::fmt::Display for DeviceType {
 
 /// Device limits that kernels are tuned against (workgroup and tile sizes are chosen per device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct DeviceLimits {
     /// Most invocations (work-items) in one workgroup.
     pub max_workgroup_invocations: u32,
@@ -218,6 +220,7 @@ pub struct DeviceLimits {
 
 /// One device as discovery reports it, before anything is opened on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceInfo {
     /// Its backend.
     pub backend: BackendKind,
@@ -239,8 +242,33 @@ pub struct DeviceInfo {
     pub unusable: Option<String>,
 }
 
+impl DeviceInfo {
+    /// A usable device described by its backend, enumeration index, name and fingerprint, with
+    /// every other field empty or default; for a backend implemented outside kpc and for tests,
+    /// which then set the public fields they know.
+    pub fn new(
+        backend: BackendKind,
+        index: usize,
+        name: impl Into<String>,
+        fingerprint: DeviceFingerprint,
+    ) -> Self {
+        DeviceInfo {
+            backend,
+            index,
+            name: name.into(),
+            device_type: DeviceType::Other,
+            driver: String::new(),
+            api_version: String::new(),
+            fingerprint,
+            limits: DeviceLimits::default(),
+            unusable: None,
+        }
+    }
+}
+
 /// One buffer parameter of a kernel, in launch-argument order.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BufferParam {
     /// Vulkan: the binding number in descriptor set 0. OpenCL: the kernel argument index.
     pub binding: u32,
@@ -255,6 +283,7 @@ pub struct BufferParam {
 
 /// What launching a kernel needs to know about it: its parameters and workgroup shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KernelInfo {
     /// The entry point name.
     pub name: String,
@@ -273,6 +302,22 @@ pub struct KernelInfo {
     /// invocation, shared memory, instruction counts and the like (Vulkan:
     /// VK_KHR_pipeline_executable_properties). Empty where the driver reports nothing.
     pub driver_stats: Vec<(String, String)>,
+}
+
+impl KernelInfo {
+    /// A kernel `name` of workgroup size `local_size` with no buffers, no push constants and no
+    /// driver feedback; for a backend implemented outside kpc and for tests, which then set the
+    /// public fields they know.
+    pub fn new(name: impl Into<String>, local_size: [u32; 3]) -> Self {
+        KernelInfo {
+            name: name.into(),
+            buffers: Vec::new(),
+            push_constant_bytes: 0,
+            local_size,
+            driver_cache_hit: None,
+            driver_stats: Vec::new(),
+        }
+    }
 }
 
 /// Counters a compute backend keeps about itself (the cache layer keeps its own).
@@ -305,6 +350,7 @@ pub struct BackendStats {
 /// they build or load a program (a cold path), so that a kernel can later say what it is and be
 /// serialized into a cache blob without the image, and without costing the hit path anything.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ProgramOrigin {
     /// The device and driver it was built for.
     pub device: DeviceFingerprint,
@@ -358,17 +404,30 @@ pub trait KernelObject: Any + Send + Sync {
 }
 
 /// One kernel launch: a grid of `groups` workgroups of the kernel's local size, with buffer arguments
-/// in [`KernelInfo::buffers`] order and push-constant bytes.
-pub struct Launch<'a, B: ComputeBackend + ?Sized> {
+/// in [`KernelInfo::buffers`] order and push-constant bytes. The one launch descriptor of every
+/// layer, generic over what holds the kernel (`K`) and the buffers (`A`), as wgpu's descriptors are
+/// over their labels: [`crate::LaunchDesc`] at the surface (a runtime kernel and borrowed buffer
+/// arguments, checked by [`crate::Queue::submit`]), `DynLaunch` behind the type-erased
+/// seam, and [`BackendLaunch`] in a backend's own types.
+///
+/// Exhaustive on purpose, as wgpu's descriptors: a caller writes it as a literal, and each of the
+/// four fields is required for every launch.
+#[derive(Clone, Copy)]
+pub struct Launch<'a, K: ?Sized, A> {
     /// The kernel. A backend keeps alive whatever of it the device uses until the launch finishes.
-    pub kernel: &'a B::Kernel,
+    pub kernel: &'a K,
     /// Workgroups per dimension.
     pub groups: [u32; 3],
-    /// Buffer arguments; the backend keeps them alive until the launch has finished.
-    pub buffers: Vec<Arc<B::Buffer>>,
+    /// Buffer arguments, in [`KernelInfo::buffers`] order; a backend keeps them alive until the
+    /// launch has finished.
+    pub buffers: A,
     /// Push-constant bytes, exactly [`KernelInfo::push_constant_bytes`] long.
     pub push_constants: &'a [u8],
 }
+
+/// [`Launch`] in backend `B`'s own kernel and buffer types: what [`ComputeBackend::submit`] takes.
+pub type BackendLaunch<'a, B> =
+    Launch<'a, <B as Backend>::Kernel, Vec<Arc<<B as ComputeBackend>::Buffer>>>;
 
 /// A device that runs kernels: the part of a backend beyond building programs.
 ///
@@ -397,7 +456,7 @@ pub trait ComputeBackend: Backend {
 
     /// Submits launches, in order, as one batch. The caller has checked argument counts and push
     /// sizes against [`KernelInfo`]; the backend checks what only it knows (device limits).
-    fn submit(&self, launches: &[Launch<'_, Self>]) -> crate::Result<Self::Event>;
+    fn submit(&self, launches: &[BackendLaunch<'_, Self>]) -> crate::Result<Self::Event>;
 
     /// Blocks until the batch has finished.
     fn wait(&self, event: &Self::Event) -> crate::Result<()>;
@@ -412,7 +471,7 @@ pub trait ComputeBackend: Backend {
     /// This backend's counters.
     fn stats(&self) -> BackendStats;
 
-    /// A buffer over memory the embedder owns (see [`ForeignBuffer`]), used in place, never freed
+    /// A buffer over memory the embedder owns, used in place, never freed
     /// by kpc. The default refuses: the backend imports nothing.
     ///
     /// # Safety

@@ -66,10 +66,21 @@ pub enum FailureKind {
     Transient,
 }
 
+impl std::fmt::Display for FailureKind {
+    /// `deterministic` or `transient`, for messages.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FailureKind::Deterministic => "deterministic",
+            FailureKind::Transient => "transient",
+        })
+    }
+}
+
 /// The cache's own build error: a code, a message and whether it is transient. Cloned to every waiter,
 /// so all of them see the same message and code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("build failed ({kind:?}, code {code}): {message}")]
+#[error("build failed ({kind}, code {code}): {message}")]
+#[non_exhaustive]
 pub struct BuildError {
     /// Deterministic or transient.
     pub kind: FailureKind,
@@ -422,4 +433,20 @@ where
         }
     }
     Resolved { result, served }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_error_says_its_kind_in_words() {
+        let e = BuildError::transient(-2, "out of memory").to_string();
+        assert_eq!(e, "build failed (transient, code -2): out of memory");
+        let e = BuildError::deterministic(-11, "syntax error").to_string();
+        assert!(
+            e.starts_with("build failed (deterministic, code -11)"),
+            "{e}"
+        );
+    }
 }

@@ -31,6 +31,7 @@ pub enum Usability {
 
 /// One entry of the cache checked, judged.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct CheckedEntry {
     /// The kernel image's name the entry carries.
     pub label: String,
@@ -43,11 +44,23 @@ pub struct CheckedEntry {
 /// The device an entry is judged for: its description (`name=value` lines, as keys hold it) and
 /// fingerprint digest.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Target<'a> {
     /// The device description.
     pub description: &'a str,
     /// The fingerprint digest.
     pub digest: Digest,
+}
+
+impl<'a> Target<'a> {
+    /// The device described by `description` (its fingerprint's fields) with fingerprint digest
+    /// `digest`.
+    pub fn new(description: &'a str, digest: Digest) -> Self {
+        Target {
+            description,
+            digest,
+        }
+    }
 }
 
 fn field<'a>(description: &'a str, name: &str) -> Option<&'a str> {
@@ -123,6 +136,7 @@ pub fn dir_entries(cache: &PersistentCache, target: Target<'_>) -> io::Result<Ve
 
 /// Whether one requested kernel would be served.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Covered {
     /// The kernel, as the caller names it (`image:entry`).
     pub kernel: String,

@@ -63,6 +63,7 @@ pub enum RecordKind {
 
 /// One record of the journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct JournalRecord {
     /// When it was written.
     pub at: SystemTime,
@@ -173,6 +174,7 @@ pub struct Rebuilt {
 
 /// What `kpc cache report` shows ([`report`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Report {
     /// Records read (after `since`).
     pub records: u64,

@@ -29,7 +29,9 @@ pub trait CacheCost {
 }
 
 /// The in-memory cache's settings, taken from a [`Config`].
+/// Non-exhaustive: start from `Default` or a `Config`, then the setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemCacheSettings {
     /// `KPC_CACHE_IN_MEM`: false bypasses both maps, so every request builds.
     pub enabled: bool,
@@ -38,6 +40,25 @@ pub struct MemCacheSettings {
     pub eviction_threshold: u64,
     /// `KPC_CACHE_TRACE` bit 2: trace inserts, hits and evictions.
     pub trace: bool,
+}
+
+impl MemCacheSettings {
+    /// Sets [`MemCacheSettings::enabled`].
+    pub fn enabled(mut self, enabled: bool) -> Self {
+        self.enabled = enabled;
+        self
+    }
+
+    /// Sets [`MemCacheSettings::eviction_threshold`].
+    pub fn eviction_threshold(mut self, eviction_threshold: u64) -> Self {
+        self.eviction_threshold = eviction_threshold;
+        self
+    }
+    /// Sets [`MemCacheSettings::trace`].
+    pub fn trace(mut self, trace: bool) -> Self {
+        self.trace = trace;
+        self
+    }
 }
 
 impl Default for MemCacheSettings {
@@ -251,7 +272,7 @@ where
     /// ([`Self::get_or_build_kernel`]): nothing finished is cached (or only a failure), or the cache is
     /// off.
     ///
-    /// The first hit of a thread on a kernel reads the shared map and keeps a [`Local`] handle in this
+    /// The first hit of a thread on a kernel reads the shared map and keeps a `Local` handle in this
     /// thread's stripe of the front; later hits lock only that stripe and clone only that handle, so
     /// they write no cache line another thread uses. With LRU eviction on, a hit marks its entry used,
     /// and that use refreshes the program's recency before the next program is stamped or any is

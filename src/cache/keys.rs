@@ -5,7 +5,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-/// A 32-byte BLAKE3 digest, printed as hex.
+/// A 32-byte BLAKE3 digest, printed as hex. Equal digests are taken to mean equal bytes: it is what
+/// cache keys compare.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Digest(pub [u8; 32]);
 
@@ -222,6 +223,7 @@ impl From<&str> for BuildOptions {
 
 /// The key of a built program: device image, spec constants, device and build options.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct ProgramKey {
     /// Digest of the device image bytes.
     pub image: Digest,
@@ -233,8 +235,22 @@ pub struct ProgramKey {
     pub options: BuildOptions,
 }
 
+impl ProgramKey {
+    /// The key of the program built from image digest `image` with `spec`, for device digest
+    /// `device`, with `options`.
+    pub fn new(image: Digest, spec: SpecConstants, device: Digest, options: BuildOptions) -> Self {
+        ProgramKey {
+            image,
+            spec,
+            device,
+            options,
+        }
+    }
+}
+
 /// The key of a kernel: its program and entry point name.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KernelKey {
     /// The program the kernel comes from.
     pub program: ProgramKey,

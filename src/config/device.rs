@@ -6,7 +6,8 @@ use super::{ConfigError, invalid};
 
 const DEVICE_ACCEPTED: &str = "auto, or BACKEND:INDEX or BACKEND:TYPE where BACKEND is vulkan|opencl|any and TYPE is gpu|discrete|integrated|cpu (e.g. vulkan:0, vulkan:gpu, opencl:1, any:cpu)";
 
-/// Which backend a [`DeviceSelector`] restricts to.
+/// Which backend a [`DeviceSelector`] restricts to, and which a context runs on. Displayed as in
+/// `KPC_DEVICE` (`vulkan`, `opencl`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BackendKind {
     /// Vulkan compute through ash.
@@ -37,7 +38,8 @@ pub enum DeviceClass {
     Cpu,
 }
 
-/// How `KPC_DEVICE` picks a device.
+/// How `KPC_DEVICE` picks a device. Resolving one never opens a device; a selector that names no
+/// existing device is [`crate::Error::NoSuchDevice`], listing those that exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum DeviceSelector {
     /// Prefer a discrete GPU, then any GPU, then a CPU device, on any backend.

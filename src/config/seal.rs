@@ -7,7 +7,8 @@ use super::{ConfigError, invalid, vars};
 /// What `KPC_CACHE_SEAL` (and [`super::ConfigBuilder::seal`]) accept.
 pub const SEAL_ACCEPTED: &str = "off (also 0, false, no or empty: never sealed), warn (a build after sealing is logged with its miss explanation) or error (a build after sealing is refused with Error::Sealed)";
 
-/// What a sealed context does when an acquisition would build (see `src/runtime/seal.rs`).
+/// What a sealed context does when an acquisition would build: nothing (`Off`), build and report
+/// it (`Warn`), or refuse with [`crate::Error::Sealed`] without building (`Error`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum SealMode {
     /// Not sealed: builds happen as needed, silently (the default).

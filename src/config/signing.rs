@@ -210,8 +210,8 @@ impl SigningKey {
     }
 }
 
-/// Parses `KPC_CACHE_TRUSTED_KEYS` (see [`TRUSTED_ACCEPTED`]) as read from `var`: every key, in order,
-/// duplicates removed.
+/// Parses `KPC_CACHE_TRUSTED_KEYS` (`ed25519:<hex>` keys or files of them) as read from `var`:
+/// every key, in order, duplicates removed.
 ///
 /// Errors: [`ConfigError::InvalidKey`] naming `var` and the element at fault: an empty element, a
 /// malformed inline key, a file that cannot be read or holds a line that is not a public key (or a

@@ -48,6 +48,7 @@ use crate::error::{Error, Result};
 
 use super::context::Context;
 use super::kernel::Kernel;
+use super::prefetch::KernelRequest;
 
 /// The first bytes of every cache blob.
 pub const BLOB_MAGIC: [u8; 8] = *b"KPCBLOB\0";
@@ -60,6 +61,7 @@ const HEADER_BYTES: usize = 56;
 
 /// A parsed, checksum-verified cache blob: its key record and payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheBlob {
     /// The key record, in order, as (name, value).
     pub fields: Vec<(String, String)>,
@@ -288,18 +290,17 @@ impl Context {
         }
     }
 
-    /// The cache-blob id of `image` built with `spec` and `options` on this context's device: stable
-    /// bytes covering the whole key (blob and kpc format versions, device fingerprint digest, image
-    /// digest and length, spec constants, build options; layout in the module documentation).
-    /// Equal ids mean interchangeable blobs: store blobs under their id.
+    /// The cache-blob id of `request`'s program (its image built with its spec constants and build
+    /// options) on this context's device: stable bytes covering the whole key (blob and kpc format
+    /// versions, device fingerprint digest, image digest and length, spec constants, build options;
+    /// layout in the module documentation). The request's entry point is not part of it: a blob
+    /// holds the whole program, so every entry of one program shares its id. Equal ids mean
+    /// interchangeable blobs: store blobs under their id.
     ///
-    /// Errors: [`Error::InvalidArgument`] for an image of the other backend's format.
-    pub fn cache_blob_id(
-        &self,
-        image: &DeviceImage,
-        spec: &SpecConstants,
-        options: &BuildOptions,
-    ) -> Result<Vec<u8>> {
+    /// Errors: [`Error::InvalidArgument`] for an image of the other backend's format; what
+    /// compiling a GLSL image to SPIR-V returns (its id is its SPIR-V's).
+    pub fn cache_blob_id(&self, request: &KernelRequest) -> Result<Vec<u8>> {
+        let (image, spec, options) = (&request.image, &request.spec, &request.options);
         // A GLSL image's blobs are its SPIR-V's: the id needs that SPIR-V (from the SPIR-V cache).
         let resolved = self.glsl_spirv(image)?;
         let image = resolved.as_ref().map_or(image, |(i, _)| i);
@@ -320,7 +321,8 @@ impl Context {
         Ok(id)
     }
 
-    /// The kernel `entry` of `image` (with `spec` and `options`) from `blob`, without compiling:
+    /// The kernel `request` names (entry, image, spec constants, options) from `blob`, without
+    /// compiling:
     /// the blob is parsed and checksummed, every key field is compared with this context's, and only
     /// then is its payload handed to the backend, which checks its own header before the driver
     /// sees it. The program then sits in this context's memory cache, so later [`Context::kernel`]
@@ -333,14 +335,9 @@ impl Context {
     /// constants or options); [`Error::BinaryRejected`] when the backend refuses the payload;
     /// [`Error::UnknownKernel`] for an entry the image lacks; [`Error::InvalidArgument`] for an image
     /// of the other backend's format.
-    pub fn kernel_from_blob(
-        &self,
-        image: &DeviceImage,
-        entry: &str,
-        spec: &SpecConstants,
-        options: &BuildOptions,
-        blob: &[u8],
-    ) -> Result<Kernel> {
+    pub fn kernel_from_blob(&self, request: &KernelRequest, blob: &[u8]) -> Result<Kernel> {
+        let (image, entry) = (&request.image, request.entry.as_str());
+        let (spec, options) = (&request.spec, &request.options);
         let declared = options.as_str().is_empty().then(|| image.digest());
         let resolved = self.glsl_spirv(image)?;
         let (image, spirv) = match &resolved {

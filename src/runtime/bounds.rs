@@ -34,9 +34,27 @@ pub enum Extent {
     PushOrGlobal(u32, usize),
 }
 
+impl std::fmt::Display for Extent {
+    /// The extent in words, for messages: `the u32 push constant at byte 8`, `the work-items in
+    /// dimension 0`, ...
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Extent::Push(at) => write!(f, "the u32 push constant at byte {at}"),
+            Extent::Global(d) => write!(f, "the work-items in dimension {d}"),
+            Extent::Groups(d) => write!(f, "the workgroups in dimension {d}"),
+            Extent::PushOrGlobal(at, d) => write!(
+                f,
+                "the smaller of the u32 push constant at byte {at} and the work-items in \
+                 dimension {d}"
+            ),
+        }
+    }
+}
+
 /// What a kernel touches of one buffer parameter in a launch: at most `extent` elements of
 /// `element_bytes` bytes from the start of the buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BufferBound {
     /// The parameter's position in the kernel's buffer list ([`crate::backend::KernelInfo::buffers`]).
     pub param: usize,

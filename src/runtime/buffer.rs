@@ -10,7 +10,8 @@ use crate::error::{Error, Result};
 
 use crate::backend::dynamic::{AnyBuffer, DynComputeBackend};
 
-/// A buffer handle with its size and owning context, whatever its element type.
+/// A buffer handle with its size and owning context, whatever its element type: what a launch
+/// checks (the context, the size against the kernel's parameter). Cloning shares the buffer.
 #[derive(Clone)]
 pub struct RawBuffer {
     pub(crate) handle: AnyBuffer,
@@ -30,6 +31,7 @@ mod sealed {
 }
 
 /// Anything that can be passed as a kernel's buffer argument: a [`Buffer`] of any element type.
+/// Sealed: only kpc's buffers implement it, so a launch always gets a buffer kpc made.
 pub trait BufferArg: sealed::Sealed {
     /// The untyped buffer.
     fn raw(&self) -> &RawBuffer;
@@ -37,7 +39,8 @@ pub trait BufferArg: sealed::Sealed {
 
 /// A device buffer of `len` elements of `T`. Reads and writes are synchronous and ordered after every
 /// launch submitted before them on the context's queue. Cloning shares the buffer; it is freed when
-/// the last clone and the last launch using it are gone.
+/// the last clone and the last launch using it are gone. `Send` and `Sync`: reads and writes from
+/// several threads are each whole, in the order the queue takes them.
 pub struct Buffer<T: Pod> {
     raw: RawBuffer,
     len: usize,
@@ -160,7 +163,9 @@ impl<T: Pod> Buffer<T> {
             .write_buffer(&self.raw.handle, at, as_bytes(data))
     }
 
-    /// The whole buffer.
+    /// The whole buffer, after every launch submitted before the call has finished.
+    ///
+    /// Errors: [`Error::Backend`] for a device failure.
     pub fn read(&self) -> Result<Vec<T>> {
         let mut out = vec![T::default(); self.len];
         self.read_at(0, &mut out)?;

@@ -45,7 +45,10 @@ enum Device {
 ///
 /// Guarantees: `build` either returns a working context or an error and leaves nothing open; the
 /// same device and driver give the same cache keys whichever way the context was opened (an
-/// interop context hits what an owned one stored, and the other way round).
+/// interop context hits what an owned one stored, and the other way round). Setters only record:
+/// nothing is checked or opened before `build`. The device setters (`selector`, `device`,
+/// `vulkan_handles`, `opencl_handles`, `backend`) replace one another, so the last one called
+/// chooses the device.
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ContextBuilder {
     config: Option<Config>,

@@ -81,7 +81,7 @@ pub struct CacheDebugStats {
     pub missing: u64,
     /// Programs built fresh for which the backend gave no binary.
     pub no_fresh_binary: u64,
-    /// The first [`MAX_DEBUG_DIFFS`] differing programs, with both sizes.
+    /// The first 64 differing programs, with both sizes.
     pub diffs: Vec<DebugDiff>,
 }
 

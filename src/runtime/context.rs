@@ -48,7 +48,7 @@ pub(crate) struct Shared {
 /// the same kernel; a failed build returns the same error again; every SPIR-V image is validated
 /// before the cache is consulted, so an invalid image leaves no trace in it. When the drop of the
 /// last kpc object made from a context returns, kpc makes no further call on its device (see
-/// `lifecycle.rs` and [`Context::quiesce`]).
+/// [`Context::quiesce`]). `Send` and `Sync`: every method may be called from any thread at once.
 #[derive(Clone)]
 pub struct Context {
     // Field order is drop order: the warm start stops (and its running loads end) before the
@@ -125,17 +125,19 @@ impl Context {
         }
     }
 
-    /// The device.
+    /// The device, as discovery described it when the context was opened (fixed for its life).
     pub fn device(&self) -> &DeviceInfo {
         self.inner.compute.device_info()
     }
 
-    /// The device's backend.
+    /// The device's backend: which image format its kernels take ([`crate::kernels::shipped`]
+    /// picks kpc's own for it).
     pub fn backend(&self) -> BackendKind {
         self.inner.programs.kind()
     }
 
-    /// The configuration the context was made with.
+    /// The configuration the context was made with; it does not change after creation (the seal
+    /// in force is [`Context::seal_mode`]).
     pub fn config(&self) -> &Config {
         self.inner.programs.config()
     }
@@ -234,7 +236,8 @@ impl Context {
         Ok(())
     }
 
-    /// The context's queue. Every queue handle of a context is the same in-order queue.
+    /// The context's queue. Every queue handle of a context is the same in-order queue; a handle
+    /// keeps the device alive after the context's other handles are dropped.
     pub fn queue(&self) -> Queue {
         Queue {
             backend: self.inner.compute.clone(),
@@ -267,12 +270,14 @@ impl Context {
     }
 
     /// Whether `buffer` was made on this context (or a clone of it): only such buffers may be passed
-    /// to its kernels.
+    /// to its kernels ([`Queue::submit`] refuses the others).
     pub fn owns(&self, buffer: &dyn BufferArg) -> bool {
         buffer.raw().context == self.inner.id
     }
 
-    /// A device buffer holding a copy of `data`.
+    /// A device buffer holding a copy of `data`; the copy has finished when it returns.
+    ///
+    /// Errors: as [`Context::buffer`], and a device failure of the copy (the buffer is dropped).
     pub fn buffer_from<T: Pod>(&self, data: &[T]) -> Result<Buffer<T>> {
         let b = self.buffer::<T>(data.len())?;
         b.write(data)?;
@@ -280,6 +285,8 @@ impl Context {
     }
 
     /// Blocks until everything submitted to this context's queue has finished.
+    ///
+    /// Errors: [`Error::Backend`] for a device failure.
     pub fn finish(&self) -> Result<()> {
         self.inner.compute.finish()
     }
@@ -297,8 +304,8 @@ impl Context {
     /// remote, an embedder's store, a blob) can serve is reported and built (`warn`), or refused
     /// with [`Error::Sealed`] without building (`error`), as `KPC_CACHE_SEAL` ([`Config::seal`])
     /// says; with that off, an explicit seal fails closed (`error`). Returns the mode put in force.
-    /// With `KPC_CACHE_SEAL` set, a context seals itself when its warm start has finished (see
-    /// `src/runtime/seal.rs`); this seals it now.
+    /// With `KPC_CACHE_SEAL` set, a context seals itself when its warm start has finished; this
+    /// seals it now. The seal holds for every handle on the context.
     pub fn seal(&self) -> SealMode {
         let mode = match self.config().seal {
             SealMode::Off => SealMode::Error,
@@ -308,7 +315,8 @@ impl Context {
         mode
     }
 
-    /// Puts `mode` in force now, whatever the configuration says; [`SealMode::Off`] unseals.
+    /// Puts `mode` in force now, for every handle on the context, whatever the configuration says;
+    /// [`SealMode::Off`] unseals.
     pub fn seal_with(&self, mode: SealMode) {
         self.inner.programs.seal(mode);
     }

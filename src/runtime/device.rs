@@ -7,8 +7,10 @@ use crate::backend::{DeviceInfo, DeviceType};
 use crate::config::{BackendKind, DeviceClass, DeviceSelector};
 use crate::error::{Error, Result};
 
-/// One backend on this machine.
+/// One backend on this machine, as [`platforms`] found it when called (not cached: a later call
+/// enumerates again).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Platform {
     /// The backend.
     pub backend: BackendKind,

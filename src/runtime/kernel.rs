@@ -10,7 +10,10 @@ use crate::error::{Error, Result};
 use super::source::Source;
 use super::spirv_cache::SpirvStep;
 
-/// A kernel ready to launch on the context that acquired it, with where it came from.
+/// A kernel ready to launch on the context that acquired it, with where it came from. Cloning is
+/// cheap and shares the compiled kernel; a kernel keeps its program alive after its context evicts
+/// it or is dropped. `Send` and `Sync`: it may be launched from several threads at once. Its
+/// accessors only read what was recorded when it was acquired.
 #[derive(Clone)]
 pub struct Kernel {
     pub(crate) obj: Arc<dyn KernelObject>,
@@ -35,7 +38,7 @@ impl fmt::Debug for Kernel {
 }
 
 impl Kernel {
-    /// Its parameters and workgroup shape.
+    /// Its parameters and workgroup shape: what [`crate::Queue::submit`] checks a launch against.
     pub fn info(&self) -> &KernelInfo {
         self.obj.info()
     }

@@ -22,7 +22,8 @@ use super::prefetch::{KernelRequest, Prefetch, default_workers};
 use super::source::Source;
 use super::warm_start::manifest;
 
-/// What a prebuild did.
+/// What a prebuild did: every distinct kernel asked for is counted once, as built, present or
+/// failed (a failure does not stop the others).
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct PrebuildReport {
@@ -106,6 +107,7 @@ pub fn prebuild(
 
 /// One finished kernel of a prebuild, as [`prebuild_with_progress`] reports it.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Progress<'a> {
     /// Kernels finished so far, this one included.
     pub done: usize,

@@ -28,7 +28,7 @@ use crate::config::{BackendKind, Config, SealMode, TraceFlags};
 use crate::error::{Error, Result};
 
 /// One context's programs and kernels on one backend device, whatever its backend (it drives the
-/// device through the [`DynBackend`] seam; the constructors take any [`Backend`]).
+/// device through the type-erased seam; the constructors take any [`Backend`]).
 ///
 /// Guarantees: a program or kernel is built at most once per context while cached; every caller gets
 /// the same `Arc`; a failed build returns the same error again without rebuilding. With stores (the disk
@@ -172,8 +172,8 @@ impl ProgramManager {
         .with_label(image.name())
     }
 
-    /// The validated SPIR-V image of a GLSL image, through this manager's SPIR-V cache and stores
-    /// (see `src/runtime/spirv_cache.rs`), with how it was obtained; `None` for any other image, which
+    /// The validated SPIR-V image of a GLSL image, through this manager's SPIR-V cache and stores,
+    /// with how it was obtained; `None` for any other image, which
     /// is built as it is.
     ///
     /// Errors: [`crate::Error::GlslCompile`] (cached), [`crate::Error::InvalidSpirv`], and
@@ -279,7 +279,7 @@ impl ProgramManager {
         })
     }
 
-    /// Publishes this manager's counters through the `metrics` facade (see `src/runtime/metrics.rs`):
+    /// Publishes this manager's counters through the `metrics` facade:
     /// what the hit path counts (memory hits) and the stores' counters, as differences since the
     /// last call. Called at every miss and by `Context::stats`; an embedder that scrapes between misses
     /// may call it to bring memory hits up to date.
@@ -340,7 +340,7 @@ impl ProgramManager {
     }
 
     /// As [`ProgramManager::kernel`], but the kernel comes behind a handle of the calling thread's own
-    /// ([`Local`]): a repeated hit on one thread writes no cache line other threads use, so hits scale
+    /// (`Local`): a repeated hit on one thread writes no cache line other threads use, so hits scale
     /// with threads. What `Context::kernel` uses.
     #[inline]
     pub fn kernel_local(
@@ -457,13 +457,13 @@ impl ProgramManager {
     }
 
     /// Seals this manager: from now on a build is reported (`warn`) or refused (`error`) as
-    /// `mode` says; [`SealMode::Off`] unseals. See `src/runtime/seal.rs`.
+    /// `mode` says; [`SealMode::Off`] unseals.
     pub fn seal(&self, mode: SealMode) {
         self.seal.set(mode);
     }
 
     /// What ends a warm-up: `mode` in force now, or, with a build `budget`, after that many builds
-    /// more (`KPC_CACHE_SEAL`, `KPC_CACHE_BUILD_BUDGET`; see `src/runtime/seal.rs`).
+    /// more (`KPC_CACHE_SEAL`, `KPC_CACHE_BUILD_BUDGET`).
     pub fn seal_after_warm_up(&self, mode: SealMode, budget: Option<u64>) {
         match budget {
             Some(builds) => self.seal.start_budget(builds, mode),

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::Launch;
 use crate::backend::dynamic::{AnyEvent, DynComputeBackend, DynLaunch};
 use crate::error::{Error, Result};
 
@@ -29,17 +30,12 @@ impl fmt::Debug for Queue {
 }
 
 /// One launch in a batch: `kernel` over a grid of `groups` workgroups (each of the kernel's local
-/// size), with buffer arguments in the kernel's parameter order and its push-constant bytes.
-pub struct LaunchDesc<'a> {
-    /// The kernel.
-    pub kernel: &'a Kernel,
-    /// Workgroups per dimension.
-    pub groups: [u32; 3],
-    /// Buffer arguments, in [`crate::backend::KernelInfo::buffers`] order.
-    pub buffers: &'a [&'a dyn BufferArg],
-    /// Push-constant bytes, exactly the kernel's push-constant size (see [`PushConstants`]).
-    pub push_constants: &'a [u8],
-}
+/// size), with buffer arguments in the kernel's parameter order ([`crate::KernelInfo::buffers`])
+/// and its push-constant bytes, exactly the kernel's push-constant size (see [`PushConstants`]).
+/// The backends' [`Launch`] descriptor with a context's kernel and buffers; [`Queue::submit`] checks
+/// it (kernel and buffers of this context, buffer count and sizes, push size, declared bounds)
+/// before anything reaches the device.
+pub type LaunchDesc<'a> = Launch<'a, Kernel, &'a [&'a dyn BufferArg]>;
 
 impl Queue {
     /// Launches `kernel` over `groups` workgroups with `buffers` and `push_constants`: one
@@ -137,7 +133,10 @@ impl Queue {
         })
     }
 
-    /// Blocks until everything submitted so far has finished.
+    /// Blocks until everything submitted so far (from any thread, on any handle of this queue) has
+    /// finished.
+    ///
+    /// Errors: [`Error::Backend`] for a device failure.
     pub fn finish(&self) -> Result<()> {
         self.backend.finish()
     }
@@ -247,7 +246,7 @@ impl Queue {
                     expected: match need {
                         Some(need) => format!(
                             "at least {need} bytes: this launch touches {} elements of {} bytes \
-                             ({:?} over {:?} workgroups of {:?})",
+                             ({} over {:?} workgroups of {:?})",
                             need / b.element_bytes.max(1),
                             b.element_bytes,
                             b.extent,
@@ -255,7 +254,7 @@ impl Queue {
                             info.local_size
                         ),
                         None => format!(
-                            "a launch whose extent {:?} fits in 64 bits and the push constants",
+                            "a launch whose extent ({}) fits in 64 bits and the push constants",
                             b.extent
                         ),
                     },
@@ -266,7 +265,8 @@ impl Queue {
     }
 }
 
-/// A submitted batch of launches.
+/// A submitted batch of launches. Dropping it neither waits nor cancels: the launches run to the
+/// end, and the backend keeps their kernels and buffers alive until then.
 pub struct Event {
     // Field order is drop order: the backend's event goes before the handle on its backend.
     event: AnyEvent,
@@ -283,13 +283,17 @@ impl fmt::Debug for Event {
 }
 
 impl Event {
-    /// Blocks until every launch of the batch has finished.
+    /// Blocks until every launch of the batch has finished; may be called any number of times.
+    ///
+    /// Errors: [`Error::Backend`] when the device reports the batch failed.
     pub fn wait(&self) -> Result<()> {
         self.backend.wait(&self.event)
     }
 
     /// Waits, then each launch's device execution time, in submission order; `None` where the device
-    /// cannot time launches.
+    /// cannot time launches ([`crate::DeviceLimits::timestamps`]).
+    ///
+    /// Errors: as [`Event::wait`].
     pub fn launch_times(&self) -> Result<Option<Vec<Duration>>> {
         Ok(self.backend.launch_intervals(&self.event)?.map(|iv| {
             iv.iter()
@@ -300,6 +304,8 @@ impl Event {
 
     /// Waits, then the batch's device time from the first launch's start to the last one's end, so
     /// the gaps and barriers between its launches count; `None` where the device cannot time.
+    ///
+    /// Errors: as [`Event::wait`].
     pub fn device_time(&self) -> Result<Option<Duration>> {
         Ok(self.backend.launch_intervals(&self.event)?.and_then(|iv| {
             let start = iv.iter().map(|&(s, _)| s).min()?;
@@ -315,7 +321,8 @@ impl Event {
 }
 
 /// Push-constant bytes built field by field, each aligned to its own size as std430 (and the C ABI
-/// for OpenCL scalar arguments) lays scalars out.
+/// for OpenCL scalar arguments) lays scalars out, in native byte order. Building never fails; the
+/// length is checked against the kernel's when it is launched.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PushConstants(Vec<u8>);
 

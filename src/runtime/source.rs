@@ -2,7 +2,8 @@
 
 use crate::cache::StoreKind;
 
-/// Which layer served a request.
+/// Which layer served a request. Every layer below memory verified the binary (checksums, and the
+/// MAC or signature a configuration asks for) before the driver saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     /// The in-memory cache (including waiting for another thread's build).
@@ -68,6 +69,7 @@ impl std::fmt::Display for Source {
 
 /// A cached object with where it came from and how long acquiring it took.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Acquired<T> {
     /// The shared object.
     pub value: std::sync::Arc<T>,

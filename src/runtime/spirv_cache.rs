@@ -54,7 +54,7 @@ impl fmt::Display for SpirvStep {
     }
 }
 
-/// What a context's SPIR-V cache did (this process only).
+/// What a context's SPIR-V cache did (this process only): a snapshot, consistent per counter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SpirvStats {
@@ -159,7 +159,7 @@ impl SpirvCache {
         }
         let (Some(src), Some(pre)) = (image.glsl_source(), image.glsl_preprocessed()) else {
             return Err(Error::InvalidArgument(format!(
-                "image {:?} is {:?}, not a GLSL image made by DeviceImage::glsl",
+                "image {:?} holds {}, not GLSL source: GLSL images are made by DeviceImage::glsl",
                 image.name(),
                 image.format()
             )));

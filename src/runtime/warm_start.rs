@@ -72,7 +72,8 @@ pub enum LoadOutcome {
     Cancelled,
 }
 
-/// What a background warm start did.
+/// What a background warm start did. A warm start only loads what a store holds: it never builds,
+/// and what it could not load is counted, not returned as an error.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WarmStartReport {

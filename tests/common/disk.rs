@@ -93,10 +93,7 @@ pub fn payload(seed: u64, len: usize) -> Vec<u8> {
 
 /// Settings for tests: the defaults, eviction inline so its effects are visible when `put` returns.
 pub fn settings(root: &Path) -> DiskCacheSettings {
-    DiskCacheSettings {
-        background_eviction: false,
-        ..DiskCacheSettings::new(root)
-    }
+    DiskCacheSettings::new(root).background_eviction(false)
 }
 
 pub fn cache(root: &Path) -> PersistentCache {

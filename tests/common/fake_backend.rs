@@ -402,14 +402,7 @@ impl Backend for FakeBackend {
         Ok(FakeKernel {
             program: program.clone(),
             entry: entry.to_string(),
-            info: KernelInfo {
-                name: entry.to_string(),
-                buffers: Vec::new(),
-                push_constant_bytes: 0,
-                local_size: [1, 1, 1],
-                driver_cache_hit: None,
-                driver_stats: Vec::new(),
-            },
+            info: KernelInfo::new(entry, [1, 1, 1]),
         })
     }
 }

@@ -140,9 +140,10 @@ impl Engine {
             queue_family_index: self.family,
             queue: self.queue,
             // What the engine enabled: robustBufferAccess where the device has it.
-            enabled: VulkanFeatures {
-                robust_buffer_access: crate::common::vk_device::robust(&self.instance, self.pd),
-                ..VulkanFeatures::default()
+            enabled: if crate::common::vk_device::robust(&self.instance, self.pd) {
+                VulkanFeatures::ROBUST_BUFFER_ACCESS
+            } else {
+                VulkanFeatures::empty()
             },
             queue_lock: None,
         }

@@ -13,18 +13,9 @@ pub type AnyBuffer = Arc<dyn Any + Send + Sync>;
 /// A type-erased submitted batch: the backend's event type inside.
 pub type AnyEvent = Box<dyn Any + Send + Sync>;
 
-/// One launch with erased handles, already checked by the runtime's queue against the kernel's
-/// description (see [`Launch`]).
-pub struct DynLaunch<'a> {
-    /// The kernel; its [`KernelObject::as_any`] answers for the backend's kernel.
-    pub kernel: &'a dyn KernelObject,
-    /// Workgroups per dimension.
-    pub groups: [u32; 3],
-    /// Buffer arguments, in the kernel's parameter order.
-    pub buffers: Vec<AnyBuffer>,
-    /// Push-constant bytes.
-    pub push_constants: &'a [u8],
-}
+/// [`Launch`] with erased handles, already checked by the runtime's queue against the kernel's
+/// description: the kernel's [`KernelObject::as_any`] answers for the backend's kernel.
+pub type DynLaunch<'a> = Launch<'a, dyn KernelObject, Vec<AnyBuffer>>;
 
 /// [`ComputeBackend`], object safe: what a runtime `Context` runs kernels with. Implemented for every
 /// [`ComputeBackend`]; see it for the ordering guarantees. Handles of another backend are refused

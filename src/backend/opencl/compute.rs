@@ -7,7 +7,7 @@ use opencl3::event::Event;
 use opencl3::memory::{Buffer as ClBuffer, CL_MEM_READ_WRITE, ClMem};
 
 use super::{OpenClBackend, OpenClBuffer, OpenClEvent, cl_err};
-use crate::backend::{BackendStats, ComputeBackend, DeviceInfo, Launch};
+use crate::backend::{BackendLaunch, BackendStats, ComputeBackend, DeviceInfo};
 use crate::error::{Error, Result};
 
 impl ComputeBackend for OpenClBackend {
@@ -97,7 +97,7 @@ impl ComputeBackend for OpenClBackend {
         Ok(())
     }
 
-    fn submit(&self, launches: &[Launch<'_, Self>]) -> Result<OpenClEvent> {
+    fn submit(&self, launches: &[BackendLaunch<'_, Self>]) -> Result<OpenClEvent> {
         // PoCL aborts when two queues run one kernel with different grids at once (`pocl.rs`).
         let serial = self
             .serialize_launches

@@ -30,6 +30,7 @@ pub const CONTAINER_VERSION: u32 = 1;
 
 /// A decoded container.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OpenClBinary {
     /// The fingerprint digest of the device that built it.
     pub device: Digest,

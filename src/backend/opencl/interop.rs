@@ -25,6 +25,9 @@ use super::{OpenClBackend, OpenClOptions, cl_err, discovery};
 /// OpenCL objects the embedder owns. kpc retains the context and the queue (clRetainContext,
 /// clRetainCommandQueue) and releases them when its last object made from them is dropped; the
 /// embedder keeps its own references and releases them when it likes.
+///
+/// Exhaustive on purpose: every field is something only the embedder knows, so a field added in a
+/// later version must fail to compile where it is not filled in, rather than take a default.
 #[derive(Debug, Clone, Copy)]
 pub struct OpenClHandles {
     /// The context.

@@ -56,7 +56,7 @@ use opencl3::kernel::Kernel;
 use opencl3::types::cl_mem;
 
 use crate::backend::{
-    Backend, BufferParam, DeviceFingerprint, DeviceImage, DeviceInfo, KernelInfo, Launch,
+    Backend, BackendLaunch, BufferParam, DeviceFingerprint, DeviceImage, DeviceInfo, KernelInfo,
 };
 use crate::cache::{BuildOptions, SpecConstants};
 use crate::config::{BackendKind, Config, TraceFlags};
@@ -124,10 +124,20 @@ impl ClCode for ClError {
 }
 
 /// How to open an OpenCL device.
+/// Non-exhaustive: `OpenClOptions::default().kernel_sharing(..)`.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct OpenClOptions {
     /// How concurrent launches of one cached kernel get kernel objects of their own.
     pub kernel_sharing: KernelSharing,
+}
+
+impl OpenClOptions {
+    /// Sets [`OpenClOptions::kernel_sharing`].
+    pub fn kernel_sharing(mut self, kernel_sharing: KernelSharing) -> Self {
+        self.kernel_sharing = kernel_sharing;
+        self
+    }
 }
 
 #[derive(Default)]
@@ -348,7 +358,7 @@ impl OpenClBackend {
         ))
     }
 
-    fn enqueue(&self, l: &Launch<'_, Self>) -> Result<Event> {
+    fn enqueue(&self, l: &BackendLaunch<'_, Self>) -> Result<Event> {
         let k = l.kernel;
         // The runtime's queue checks these too; the backend is public, so it checks what set_args
         // relies on rather than trusting every caller.

@@ -300,9 +300,12 @@ mod tests {
         let e = OpenClSource::parse(&spirv).err().unwrap().to_string();
         assert!(
             e.contains("holds SPIR-V; an OpenCL context builds OpenCL C source")
-                && e.contains("kpc::kernels::opencl_image"),
+                && e.contains("kpc::kernels::opencl_image")
+                && e.contains("DeviceImage::opencl_c"),
             "{e}"
         );
+        // No Rust debug or variant names in the message.
+        assert!(!e.contains("OpenClC") && !e.contains("SpirV"), "{e}");
     }
 
     #[test]

@@ -81,6 +81,7 @@ pub struct SpecConstantInfo {
 
 /// One dimension of a workgroup size: a literal, or a specialization constant with a default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LocalDim {
     /// The value when not specialized.
     pub default: u32,

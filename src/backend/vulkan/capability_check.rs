@@ -34,7 +34,7 @@ pub(crate) struct ShaderCaps {
 enum Need {
     /// Nothing beyond Vulkan 1.1 compute.
     Nothing,
-    /// One of these [`VulkanFeatures`] fields (by Vulkan name) enabled.
+    /// One of these [`VulkanFeatures`] flags (by Vulkan name) enabled.
     Feature(&'static [&'static str]),
     /// A subgroup operation supported in compute shaders.
     Subgroup(vk::SubgroupFeatureFlags, &'static str),
@@ -141,16 +141,17 @@ fn extension_ok(name: &str, caps: &ShaderCaps) -> Option<bool> {
         | "SPV_EXT_descriptor_indexing"
         | "SPV_KHR_shader_atomic_counter_ops" => at(vk::API_VERSION_1_2),
         "SPV_KHR_float_controls" | "SPV_KHR_no_integer_wrap_decoration" => {
-            at(vk::API_VERSION_1_2) || caps.enabled.spirv_1_4
+            at(vk::API_VERSION_1_2) || caps.enabled.contains(VulkanFeatures::SPIRV_1_4)
         }
         "SPV_KHR_integer_dot_product"
         | "SPV_KHR_non_semantic_info"
         | "SPV_KHR_terminate_invocation"
         | "SPV_EXT_demote_to_helper_invocation" => at(vk::API_VERSION_1_3),
-        "SPV_KHR_cooperative_matrix" => caps.enabled.cooperative_matrix,
+        "SPV_KHR_cooperative_matrix" => caps.enabled.contains(VulkanFeatures::COOPERATIVE_MATRIX),
         // Each of their capabilities is checked against its own feature.
         "SPV_NV_cooperative_matrix2" | "SPV_NV_tensor_addressing" => {
-            caps.enabled.cooperative_matrix && caps.enabled.any_coop_matrix2()
+            caps.enabled.contains(VulkanFeatures::COOPERATIVE_MATRIX)
+                && caps.enabled.any_coop_matrix2()
         }
         _ => return None,
     })
@@ -166,24 +167,21 @@ fn unsupported(image: &str, needs: String, reason: String) -> Error {
 }
 
 impl ShaderCaps {
-    /// Whether `feature` (a Vulkan name from [`VulkanFeatures::fields`]) is enabled.
+    /// Whether `feature` (a Vulkan name of a [`VulkanFeatures`] flag) is enabled.
     fn has(&self, feature: &str) -> bool {
-        self.enabled
-            .fields()
-            .iter()
-            .any(|(_, vk_name, on)| *vk_name == feature && *on)
+        VulkanFeatures::from_vulkan_name(feature).is_some_and(|f| self.enabled.contains(f))
     }
 
     /// Why `features` are not there, in the device's terms.
     fn missing(&self, features: &[&str]) -> String {
         let names = features.join(" or ");
         if self.borrowed {
-            let fields: Vec<&str> = self
-                .enabled
-                .fields()
-                .iter()
-                .filter(|(_, v, _)| features.contains(v))
-                .map(|(f, ..)| *f)
+            let fields: Vec<&str> = VulkanFeatures::all()
+                .iter_names()
+                .filter(|(_, f)| {
+                    VulkanFeatures::vulkan_name(*f).is_some_and(|v| features.contains(&v))
+                })
+                .map(|(name, _)| name)
                 .collect();
             format!(
                 "{names} is not enabled on the embedder's device {:?} (VulkanFeatures::{} is not \
@@ -270,7 +268,11 @@ impl ShaderCaps {
                 }
             }
         }
-        if needs.subgroup_extended_types && !self.enabled.shader_subgroup_extended_types {
+        if needs.subgroup_extended_types
+            && !self
+                .enabled
+                .contains(VulkanFeatures::SHADER_SUBGROUP_EXTENDED_TYPES)
+        {
             return Err(unsupported(
                 image,
                 "subgroup operations on 8-, 16- or 64-bit types".into(),
@@ -318,14 +320,12 @@ mod tests {
         );
         let e = none.check("m", &fp16).unwrap_err();
         assert!(matches!(e, Error::Unsupported { .. }), "{e}");
-        assert!(e.to_string().contains("storage_buffer_16bit_access"), "{e}");
-        let on = caps(
-            VulkanFeatures {
-                storage_buffer_16bit_access: true,
-                ..VulkanFeatures::default()
-            },
-            false,
+        assert!(
+            e.to_string()
+                .contains("VulkanFeatures::STORAGE_BUFFER_16BIT_ACCESS"),
+            "{e}"
         );
+        let on = caps(VulkanFeatures::STORAGE_BUFFER_16BIT_ACCESS, false);
         assert!(on.check("m", &fp16).is_ok());
         let never = needs(&[Capability::Geometry], &[], false);
         assert!(on.check("m", &never).is_err());
@@ -341,13 +341,7 @@ mod tests {
             false,
         );
         cm2.newer_capabilities = vec![5430, 5432, 5439];
-        let khr_only = caps(
-            VulkanFeatures {
-                cooperative_matrix: true,
-                ..VulkanFeatures::default()
-            },
-            false,
-        );
+        let khr_only = caps(VulkanFeatures::COOPERATIVE_MATRIX, false);
         let e = khr_only.check("m", &cm2).unwrap_err();
         assert!(matches!(e, Error::Unsupported { .. }), "{e}");
         assert!(
@@ -355,28 +349,23 @@ mod tests {
             "{e}"
         );
         let partial = caps(
-            VulkanFeatures {
-                cooperative_matrix: true,
-                coop_matrix2_reductions: true,
-                coop_matrix2_per_element_operations: true,
-                ..VulkanFeatures::default()
-            },
+            VulkanFeatures::COOPERATIVE_MATRIX
+                | VulkanFeatures::COOP_MATRIX2_REDUCTIONS
+                | VulkanFeatures::COOP_MATRIX2_PER_ELEMENT_OPERATIONS,
             true,
         );
         let e = partial.check("m", &cm2).unwrap_err();
         assert!(e.to_string().contains("TensorAddressingNV"), "{e}");
         assert!(
-            e.to_string().contains("coop_matrix2_tensor_addressing"),
+            e.to_string()
+                .contains("VulkanFeatures::COOP_MATRIX2_TENSOR_ADDRESSING"),
             "{e}"
         );
         let full = caps(
-            VulkanFeatures {
-                cooperative_matrix: true,
-                coop_matrix2_reductions: true,
-                coop_matrix2_per_element_operations: true,
-                coop_matrix2_tensor_addressing: true,
-                ..VulkanFeatures::default()
-            },
+            VulkanFeatures::COOPERATIVE_MATRIX
+                | VulkanFeatures::COOP_MATRIX2_REDUCTIONS
+                | VulkanFeatures::COOP_MATRIX2_PER_ELEMENT_OPERATIONS
+                | VulkanFeatures::COOP_MATRIX2_TENSOR_ADDRESSING,
             false,
         );
         assert!(full.check("m", &cm2).is_ok());
@@ -397,13 +386,7 @@ mod tests {
         let f16 = needs(&[Capability::GroupNonUniformArithmetic], &[], true);
         let e = c.check("m", &f16).unwrap_err();
         assert!(e.to_string().contains("shaderSubgroupExtendedTypes"), "{e}");
-        let with = caps(
-            VulkanFeatures {
-                shader_subgroup_extended_types: true,
-                ..VulkanFeatures::default()
-            },
-            false,
-        );
+        let with = caps(VulkanFeatures::SHADER_SUBGROUP_EXTENDED_TYPES, false);
         assert!(with.check("m", &f16).is_ok());
     }
 }

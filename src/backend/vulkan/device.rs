@@ -125,10 +125,12 @@ impl Device {
         // `capability_check` rather than reaching the driver.
         let api = pd.api_version.min(instance.api_version);
         let mut enabled = pd.supported;
-        enabled.pipeline_binary = pd.pipeline_binaries;
-        enabled.robust_buffer_access &= super::features::robust_access_from_env()?;
-        let host_query_reset = enabled.host_query_reset;
-        let robust = enabled.robust_buffer_access;
+        enabled.set(VulkanFeatures::PIPELINE_BINARY, pd.pipeline_binaries);
+        if !super::features::robust_access_from_env()? {
+            enabled.remove(VulkanFeatures::ROBUST_BUFFER_ACCESS);
+        }
+        let host_query_reset = enabled.contains(VulkanFeatures::HOST_QUERY_RESET);
+        let robust = enabled.contains(VulkanFeatures::ROBUST_BUFFER_ACCESS);
         let idle = {
             let mut idle = IDLE_DEVICES.lock();
             let found = idle
@@ -160,7 +162,7 @@ impl Device {
         let executable_stats = pd
             .executable_stats
             .then(|| ash::khr::pipeline_executable_properties::Device::new(inst, &raw));
-        let pipeline_binary = if enabled.pipeline_binary {
+        let pipeline_binary = if enabled.contains(VulkanFeatures::PIPELINE_BINARY) {
             super::pipeline_binary::BinaryPath::open(inst, &raw, &pd.info.name)
         } else {
             None
@@ -248,7 +250,10 @@ impl Drop for Device {
         self.shared_layouts.destroy(&self.raw);
         IDLE_DEVICES.lock().push(IdleDevice {
             physical: self.physical,
-            robust: self.caps.enabled.robust_buffer_access,
+            robust: self
+                .caps
+                .enabled
+                .contains(VulkanFeatures::ROBUST_BUFFER_ACCESS),
             raw: self.raw.clone(),
             queue: self.queue,
             recycled: std::mem::take(self.recycled.get_mut()),

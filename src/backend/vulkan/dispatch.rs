@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use ash::vk;
 
-use crate::backend::Launch;
+use crate::backend::BackendLaunch;
 use crate::error::{Error, Result};
 
 use super::VulkanBackend;
@@ -17,7 +17,7 @@ use super::submit::{Record, in_order_barrier};
 use super::submit_profile::{self, Phase};
 
 impl VulkanBackend {
-    pub(super) fn dispatch(&self, launches: &[Launch<'_, Self>]) -> Result<Arc<Record>> {
+    pub(super) fn dispatch(&self, launches: &[BackendLaunch<'_, Self>]) -> Result<Arc<Record>> {
         let limits = &self.dev.limits;
         for l in launches {
             if (0..3).any(|k| l.groups[k] > limits.max_compute_work_group_count[k]) {

@@ -1,236 +1,217 @@
 //! The optional device features and extensions kpc knows: what a device supports, what kpc enables
 //! on a device it opens (everything it checks shaders for, where the device has it), and what an
-//! embedder declares for its own device. One struct, [`VulkanFeatures`], says all three, so that
+//! embedder declares for its own device. One set of flags, [`VulkanFeatures`], says all three, so that
 //! `capability_check.rs` checks shaders the same way on owned and borrowed devices.
 
 use ash::vk;
 
-/// Optional features and extensions enabled on a device. kpc fills it for a device it opens itself
-/// (every field the device supports is enabled); an embedder fills it for its own device in
-/// [`super::VulkanHandles::enabled`]. Every field defaults to `false`: kpc then uses no optional
-/// feature, and a kernel whose SPIR-V needs one is refused with [`crate::Error::Unsupported`] before
-/// the driver sees it. A field an embedder sets for something the device does not support is refused
-/// with [`crate::Error::InvalidArgument`] (it cannot have been enabled).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct VulkanFeatures {
-    /// `VkPhysicalDeviceFeatures::robustBufferAccess`: a kernel's out-of-bounds buffer accesses
-    /// stay inside the buffer (reads return values from the buffer or zero, writes land inside it
-    /// or are dropped). kpc enables it on the devices it opens where the device has it (unless
-    /// `KPC_VULKAN_ROBUST_ACCESS=0`); with it on, [`crate::Queue::submit`] launches any kernel
-    /// safely. Without it, only kernels with declared access bounds launch safely.
-    pub robust_buffer_access: bool,
-    /// `VkPhysicalDeviceFeatures::shaderInt16` (SPIR-V `Int16`).
-    pub shader_int16: bool,
-    /// `VkPhysicalDeviceFeatures::shaderInt64` (SPIR-V `Int64`).
-    pub shader_int64: bool,
-    /// `VkPhysicalDeviceFeatures::shaderFloat64` (SPIR-V `Float64`).
-    pub shader_float64: bool,
-    /// `storageBuffer16BitAccess` (SPIR-V `StorageBuffer16BitAccess`): fp16 K/V in the attention
-    /// kernels.
-    pub storage_buffer_16bit_access: bool,
-    /// `uniformAndStorageBuffer16BitAccess`.
-    pub uniform_and_storage_buffer_16bit_access: bool,
-    /// `storagePushConstant16`.
-    pub storage_push_constant16: bool,
-    /// `shaderFloat16` (Vulkan 1.2; SPIR-V `Float16`).
-    pub shader_float16: bool,
-    /// `shaderInt8` (Vulkan 1.2; SPIR-V `Int8`).
-    pub shader_int8: bool,
-    /// `storageBuffer8BitAccess` (Vulkan 1.2).
-    pub storage_buffer_8bit_access: bool,
-    /// `uniformAndStorageBuffer8BitAccess` (Vulkan 1.2).
-    pub uniform_and_storage_buffer_8bit_access: bool,
-    /// `hostQueryReset` (Vulkan 1.2): kpc resets its timestamp pools from the host.
-    pub host_query_reset: bool,
-    /// `vulkanMemoryModel` (Vulkan 1.2).
-    pub vulkan_memory_model: bool,
-    /// VK_KHR_cooperative_matrix with its `cooperativeMatrix` feature (the cooperative-matrix
-    /// prefill kernel also needs `vulkan_memory_model`, `shader_float16` and
-    /// `storage_buffer_16bit_access`).
-    pub cooperative_matrix: bool,
-    /// VK_EXT_pipeline_creation_feedback (core, hence implied, from Vulkan 1.3): kpc reports driver
-    /// pipeline-cache hits.
-    pub pipeline_creation_feedback: bool,
-    /// VK_KHR_spirv_1_4 (core from Vulkan 1.2): SPIR-V 1.4 modules on a 1.1 device.
-    pub spirv_1_4: bool,
-    /// VK_KHR_pipeline_executable_properties with `pipelineExecutableInfo`: the driver's statistics
-    /// about each kernel, in `KernelInfo::driver_stats`.
-    pub pipeline_executable_info: bool,
-    /// `shaderSubgroupExtendedTypes` (Vulkan 1.2): subgroup operations on 8-, 16- and 64-bit
-    /// integers and 16-bit floats.
-    pub shader_subgroup_extended_types: bool,
-    /// `storagePushConstant8` (Vulkan 1.2; SPIR-V `StoragePushConstant8`).
-    pub storage_push_constant8: bool,
-    /// `shaderBufferInt64Atomics` (Vulkan 1.2; SPIR-V `Int64Atomics` on buffers).
-    pub shader_buffer_int64_atomics: bool,
-    /// `shaderSharedInt64Atomics` (Vulkan 1.2; SPIR-V `Int64Atomics` on shared memory).
-    pub shader_shared_int64_atomics: bool,
-    /// `variablePointersStorageBuffer` (SPIR-V `VariablePointersStorageBuffer`).
-    pub variable_pointers_storage_buffer: bool,
-    /// `variablePointers` (SPIR-V `VariablePointers`).
-    pub variable_pointers: bool,
-    /// `vulkanMemoryModelDeviceScope` (Vulkan 1.2; SPIR-V `VulkanMemoryModelDeviceScope`).
-    pub vulkan_memory_model_device_scope: bool,
-    /// `shaderIntegerDotProduct` (Vulkan 1.3; SPIR-V `DotProduct*`).
-    pub shader_integer_dot_product: bool,
-    /// VK_KHR_pipeline_binary with `pipelineBinaries`, and VK_KHR_maintenance5 with `maintenance5`
-    /// (which it requires; Vulkan 1.3 devices only): kpc persists pipeline binaries instead of
-    /// pipeline-cache data (`KPC_VULKAN_PIPELINE_BINARY`).
-    pub pipeline_binary: bool,
-    /// VK_NV_cooperative_matrix2 with `cooperativeMatrixWorkgroupScope` (matrices owned by a whole
-    /// workgroup). kpc enables the extension with the features below that the device has.
-    pub coop_matrix2_workgroup_scope: bool,
-    /// `cooperativeMatrixFlexibleDimensions` (VK_NV_cooperative_matrix2): matrix sizes beyond the
-    /// listed shapes.
-    pub coop_matrix2_flexible_dimensions: bool,
-    /// `cooperativeMatrixReductions` (SPIR-V `CooperativeMatrixReductionsNV`).
-    pub coop_matrix2_reductions: bool,
-    /// `cooperativeMatrixConversions` (SPIR-V `CooperativeMatrixConversionsNV`).
-    pub coop_matrix2_conversions: bool,
-    /// `cooperativeMatrixPerElementOperations` (SPIR-V `CooperativeMatrixPerElementOperationsNV`).
-    pub coop_matrix2_per_element_operations: bool,
-    /// `cooperativeMatrixTensorAddressing` (SPIR-V `TensorAddressingNV` and
-    /// `CooperativeMatrixTensorAddressingNV`).
-    pub coop_matrix2_tensor_addressing: bool,
+bitflags::bitflags! {
+    /// Optional features and extensions enabled on a device, one flag each. kpc fills it for a
+    /// device it opens itself (every flag the device supports is set); an embedder sets it for its
+    /// own device in [`super::VulkanHandles::enabled`]. The default is empty: kpc then uses no
+    /// optional feature, and a kernel whose SPIR-V needs one is refused with
+    /// [`crate::Error::Unsupported`] before the driver sees it. A flag an embedder sets for something
+    /// the device does not support is refused with [`crate::Error::InvalidArgument`] (it cannot have
+    /// been enabled). The bit values are the C API's `KPC_VULKAN_FEATURE_*` constants.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+    pub struct VulkanFeatures: u32 {
+        /// `VkPhysicalDeviceFeatures::shaderInt16` (SPIR-V `Int16`).
+        const SHADER_INT16 = 1 << 0;
+        /// `VkPhysicalDeviceFeatures::shaderInt64` (SPIR-V `Int64`).
+        const SHADER_INT64 = 1 << 1;
+        /// `VkPhysicalDeviceFeatures::shaderFloat64` (SPIR-V `Float64`).
+        const SHADER_FLOAT64 = 1 << 2;
+        /// `storageBuffer16BitAccess` (SPIR-V `StorageBuffer16BitAccess`): fp16 K/V in the attention
+        /// kernels.
+        const STORAGE_BUFFER_16BIT_ACCESS = 1 << 3;
+        /// `uniformAndStorageBuffer16BitAccess`.
+        const UNIFORM_AND_STORAGE_BUFFER_16BIT_ACCESS = 1 << 4;
+        /// `storagePushConstant16`.
+        const STORAGE_PUSH_CONSTANT16 = 1 << 5;
+        /// `shaderFloat16` (Vulkan 1.2; SPIR-V `Float16`).
+        const SHADER_FLOAT16 = 1 << 6;
+        /// `shaderInt8` (Vulkan 1.2; SPIR-V `Int8`).
+        const SHADER_INT8 = 1 << 7;
+        /// `storageBuffer8BitAccess` (Vulkan 1.2).
+        const STORAGE_BUFFER_8BIT_ACCESS = 1 << 8;
+        /// `uniformAndStorageBuffer8BitAccess` (Vulkan 1.2).
+        const UNIFORM_AND_STORAGE_BUFFER_8BIT_ACCESS = 1 << 9;
+        /// `hostQueryReset` (Vulkan 1.2): kpc resets its timestamp pools from the host.
+        const HOST_QUERY_RESET = 1 << 10;
+        /// `vulkanMemoryModel` (Vulkan 1.2).
+        const VULKAN_MEMORY_MODEL = 1 << 11;
+        /// VK_KHR_cooperative_matrix with its `cooperativeMatrix` feature (the cooperative-matrix
+        /// prefill kernel also needs `vulkan_memory_model`, `shader_float16` and
+        /// `storage_buffer_16bit_access`).
+        const COOPERATIVE_MATRIX = 1 << 12;
+        /// VK_EXT_pipeline_creation_feedback (core, hence implied, from Vulkan 1.3): kpc reports driver
+        /// pipeline-cache hits.
+        const PIPELINE_CREATION_FEEDBACK = 1 << 13;
+        /// VK_KHR_spirv_1_4 (core from Vulkan 1.2): SPIR-V 1.4 modules on a 1.1 device.
+        const SPIRV_1_4 = 1 << 14;
+        /// VK_KHR_pipeline_executable_properties with `pipelineExecutableInfo`: the driver's statistics
+        /// about each kernel, in `KernelInfo::driver_stats`.
+        const PIPELINE_EXECUTABLE_INFO = 1 << 15;
+        /// `shaderSubgroupExtendedTypes` (Vulkan 1.2): subgroup operations on 8-, 16- and 64-bit
+        /// integers and 16-bit floats.
+        const SHADER_SUBGROUP_EXTENDED_TYPES = 1 << 16;
+        /// `storagePushConstant8` (Vulkan 1.2; SPIR-V `StoragePushConstant8`).
+        const STORAGE_PUSH_CONSTANT8 = 1 << 17;
+        /// `shaderBufferInt64Atomics` (Vulkan 1.2; SPIR-V `Int64Atomics` on buffers).
+        const SHADER_BUFFER_INT64_ATOMICS = 1 << 18;
+        /// `shaderSharedInt64Atomics` (Vulkan 1.2; SPIR-V `Int64Atomics` on shared memory).
+        const SHADER_SHARED_INT64_ATOMICS = 1 << 19;
+        /// `variablePointersStorageBuffer` (SPIR-V `VariablePointersStorageBuffer`).
+        const VARIABLE_POINTERS_STORAGE_BUFFER = 1 << 20;
+        /// `variablePointers` (SPIR-V `VariablePointers`).
+        const VARIABLE_POINTERS = 1 << 21;
+        /// `vulkanMemoryModelDeviceScope` (Vulkan 1.2; SPIR-V `VulkanMemoryModelDeviceScope`).
+        const VULKAN_MEMORY_MODEL_DEVICE_SCOPE = 1 << 22;
+        /// `shaderIntegerDotProduct` (Vulkan 1.3; SPIR-V `DotProduct*`).
+        const SHADER_INTEGER_DOT_PRODUCT = 1 << 23;
+        /// VK_NV_cooperative_matrix2 with `cooperativeMatrixWorkgroupScope` (matrices owned by a whole
+        /// workgroup). kpc enables the extension with the features below that the device has.
+        const COOP_MATRIX2_WORKGROUP_SCOPE = 1 << 24;
+        /// `cooperativeMatrixFlexibleDimensions` (VK_NV_cooperative_matrix2): matrix sizes beyond the
+        /// listed shapes.
+        const COOP_MATRIX2_FLEXIBLE_DIMENSIONS = 1 << 25;
+        /// `cooperativeMatrixReductions` (SPIR-V `CooperativeMatrixReductionsNV`).
+        const COOP_MATRIX2_REDUCTIONS = 1 << 26;
+        /// `cooperativeMatrixConversions` (SPIR-V `CooperativeMatrixConversionsNV`).
+        const COOP_MATRIX2_CONVERSIONS = 1 << 27;
+        /// `cooperativeMatrixPerElementOperations` (SPIR-V `CooperativeMatrixPerElementOperationsNV`).
+        const COOP_MATRIX2_PER_ELEMENT_OPERATIONS = 1 << 28;
+        /// `cooperativeMatrixTensorAddressing` (SPIR-V `TensorAddressingNV` and
+        /// `CooperativeMatrixTensorAddressingNV`).
+        const COOP_MATRIX2_TENSOR_ADDRESSING = 1 << 29;
+        /// VK_KHR_pipeline_binary with `pipelineBinaries`, and VK_KHR_maintenance5 with `maintenance5`
+        /// (which it requires; Vulkan 1.3 devices only): kpc persists pipeline binaries instead of
+        /// pipeline-cache data (`KPC_VULKAN_PIPELINE_BINARY`).
+        const PIPELINE_BINARY = 1 << 30;
+        /// `VkPhysicalDeviceFeatures::robustBufferAccess`: a kernel's out-of-bounds buffer accesses
+        /// stay inside the buffer (reads return values from the buffer or zero, writes land inside it
+        /// or are dropped). kpc enables it on the devices it opens where the device has it (unless
+        /// `KPC_VULKAN_ROBUST_ACCESS=0`); with it on, [`crate::Queue::submit`] launches any kernel
+        /// safely. Without it, only kernels with declared access bounds launch safely.
+        const ROBUST_BUFFER_ACCESS = 1 << 31;
+    }
 }
 
 impl VulkanFeatures {
-    /// Every field as (field name, Vulkan's name, value), in declaration order.
-    pub fn fields(&self) -> [(&'static str, &'static str, bool); 32] {
-        [
-            (
-                "robust_buffer_access",
-                "robustBufferAccess",
-                self.robust_buffer_access,
-            ),
-            ("shader_int16", "shaderInt16", self.shader_int16),
-            ("shader_int64", "shaderInt64", self.shader_int64),
-            ("shader_float64", "shaderFloat64", self.shader_float64),
-            (
-                "storage_buffer_16bit_access",
-                "storageBuffer16BitAccess",
-                self.storage_buffer_16bit_access,
-            ),
-            (
-                "uniform_and_storage_buffer_16bit_access",
-                "uniformAndStorageBuffer16BitAccess",
-                self.uniform_and_storage_buffer_16bit_access,
-            ),
-            (
-                "storage_push_constant16",
-                "storagePushConstant16",
-                self.storage_push_constant16,
-            ),
-            ("shader_float16", "shaderFloat16", self.shader_float16),
-            ("shader_int8", "shaderInt8", self.shader_int8),
-            (
-                "storage_buffer_8bit_access",
-                "storageBuffer8BitAccess",
-                self.storage_buffer_8bit_access,
-            ),
-            (
-                "uniform_and_storage_buffer_8bit_access",
-                "uniformAndStorageBuffer8BitAccess",
-                self.uniform_and_storage_buffer_8bit_access,
-            ),
-            ("host_query_reset", "hostQueryReset", self.host_query_reset),
-            (
-                "vulkan_memory_model",
-                "vulkanMemoryModel",
-                self.vulkan_memory_model,
-            ),
-            (
-                "cooperative_matrix",
-                "VK_KHR_cooperative_matrix",
-                self.cooperative_matrix,
-            ),
-            (
-                "pipeline_creation_feedback",
-                "VK_EXT_pipeline_creation_feedback",
-                self.pipeline_creation_feedback,
-            ),
-            ("spirv_1_4", "VK_KHR_spirv_1_4", self.spirv_1_4),
-            (
-                "pipeline_executable_info",
-                "pipelineExecutableInfo",
-                self.pipeline_executable_info,
-            ),
-            (
-                "shader_subgroup_extended_types",
-                "shaderSubgroupExtendedTypes",
-                self.shader_subgroup_extended_types,
-            ),
-            (
-                "storage_push_constant8",
-                "storagePushConstant8",
-                self.storage_push_constant8,
-            ),
-            (
-                "shader_buffer_int64_atomics",
-                "shaderBufferInt64Atomics",
-                self.shader_buffer_int64_atomics,
-            ),
-            (
-                "shader_shared_int64_atomics",
-                "shaderSharedInt64Atomics",
-                self.shader_shared_int64_atomics,
-            ),
-            (
-                "variable_pointers_storage_buffer",
-                "variablePointersStorageBuffer",
-                self.variable_pointers_storage_buffer,
-            ),
-            (
-                "variable_pointers",
-                "variablePointers",
-                self.variable_pointers,
-            ),
-            (
-                "vulkan_memory_model_device_scope",
-                "vulkanMemoryModelDeviceScope",
-                self.vulkan_memory_model_device_scope,
-            ),
-            (
-                "shader_integer_dot_product",
-                "shaderIntegerDotProduct",
-                self.shader_integer_dot_product,
-            ),
-            (
-                "coop_matrix2_workgroup_scope",
-                "cooperativeMatrixWorkgroupScope",
-                self.coop_matrix2_workgroup_scope,
-            ),
-            (
-                "coop_matrix2_flexible_dimensions",
-                "cooperativeMatrixFlexibleDimensions",
-                self.coop_matrix2_flexible_dimensions,
-            ),
-            (
-                "coop_matrix2_reductions",
-                "cooperativeMatrixReductions",
-                self.coop_matrix2_reductions,
-            ),
-            (
-                "coop_matrix2_conversions",
-                "cooperativeMatrixConversions",
-                self.coop_matrix2_conversions,
-            ),
-            (
-                "coop_matrix2_per_element_operations",
-                "cooperativeMatrixPerElementOperations",
-                self.coop_matrix2_per_element_operations,
-            ),
-            (
-                "coop_matrix2_tensor_addressing",
-                "cooperativeMatrixTensorAddressing",
-                self.coop_matrix2_tensor_addressing,
-            ),
-            (
-                "pipeline_binary",
-                "VK_KHR_pipeline_binary",
-                self.pipeline_binary,
-            ),
-        ]
+    /// Vulkan's name for each flag (the feature, or the extension where the flag stands for one),
+    /// in bit order: what kpc's messages name.
+    const VULKAN_NAMES: [(VulkanFeatures, &'static str); 32] = [
+        (VulkanFeatures::SHADER_INT16, "shaderInt16"),
+        (VulkanFeatures::SHADER_INT64, "shaderInt64"),
+        (VulkanFeatures::SHADER_FLOAT64, "shaderFloat64"),
+        (
+            VulkanFeatures::STORAGE_BUFFER_16BIT_ACCESS,
+            "storageBuffer16BitAccess",
+        ),
+        (
+            VulkanFeatures::UNIFORM_AND_STORAGE_BUFFER_16BIT_ACCESS,
+            "uniformAndStorageBuffer16BitAccess",
+        ),
+        (
+            VulkanFeatures::STORAGE_PUSH_CONSTANT16,
+            "storagePushConstant16",
+        ),
+        (VulkanFeatures::SHADER_FLOAT16, "shaderFloat16"),
+        (VulkanFeatures::SHADER_INT8, "shaderInt8"),
+        (
+            VulkanFeatures::STORAGE_BUFFER_8BIT_ACCESS,
+            "storageBuffer8BitAccess",
+        ),
+        (
+            VulkanFeatures::UNIFORM_AND_STORAGE_BUFFER_8BIT_ACCESS,
+            "uniformAndStorageBuffer8BitAccess",
+        ),
+        (VulkanFeatures::HOST_QUERY_RESET, "hostQueryReset"),
+        (VulkanFeatures::VULKAN_MEMORY_MODEL, "vulkanMemoryModel"),
+        (
+            VulkanFeatures::COOPERATIVE_MATRIX,
+            "VK_KHR_cooperative_matrix",
+        ),
+        (
+            VulkanFeatures::PIPELINE_CREATION_FEEDBACK,
+            "VK_EXT_pipeline_creation_feedback",
+        ),
+        (VulkanFeatures::SPIRV_1_4, "VK_KHR_spirv_1_4"),
+        (
+            VulkanFeatures::PIPELINE_EXECUTABLE_INFO,
+            "pipelineExecutableInfo",
+        ),
+        (
+            VulkanFeatures::SHADER_SUBGROUP_EXTENDED_TYPES,
+            "shaderSubgroupExtendedTypes",
+        ),
+        (
+            VulkanFeatures::STORAGE_PUSH_CONSTANT8,
+            "storagePushConstant8",
+        ),
+        (
+            VulkanFeatures::SHADER_BUFFER_INT64_ATOMICS,
+            "shaderBufferInt64Atomics",
+        ),
+        (
+            VulkanFeatures::SHADER_SHARED_INT64_ATOMICS,
+            "shaderSharedInt64Atomics",
+        ),
+        (
+            VulkanFeatures::VARIABLE_POINTERS_STORAGE_BUFFER,
+            "variablePointersStorageBuffer",
+        ),
+        (VulkanFeatures::VARIABLE_POINTERS, "variablePointers"),
+        (
+            VulkanFeatures::VULKAN_MEMORY_MODEL_DEVICE_SCOPE,
+            "vulkanMemoryModelDeviceScope",
+        ),
+        (
+            VulkanFeatures::SHADER_INTEGER_DOT_PRODUCT,
+            "shaderIntegerDotProduct",
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_WORKGROUP_SCOPE,
+            "cooperativeMatrixWorkgroupScope",
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_FLEXIBLE_DIMENSIONS,
+            "cooperativeMatrixFlexibleDimensions",
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_REDUCTIONS,
+            "cooperativeMatrixReductions",
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_CONVERSIONS,
+            "cooperativeMatrixConversions",
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_PER_ELEMENT_OPERATIONS,
+            "cooperativeMatrixPerElementOperations",
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_TENSOR_ADDRESSING,
+            "cooperativeMatrixTensorAddressing",
+        ),
+        (VulkanFeatures::PIPELINE_BINARY, "VK_KHR_pipeline_binary"),
+        (VulkanFeatures::ROBUST_BUFFER_ACCESS, "robustBufferAccess"),
+    ];
+
+    /// Vulkan's name of `flag` (a single flag), e.g. `shaderInt16` or `VK_KHR_cooperative_matrix`.
+    pub(crate) fn vulkan_name(flag: VulkanFeatures) -> Option<&'static str> {
+        Self::VULKAN_NAMES
+            .iter()
+            .find(|(f, _)| *f == flag)
+            .map(|(_, n)| *n)
+    }
+
+    /// The flag Vulkan calls `name` (see [`VulkanFeatures::vulkan_name`]).
+    pub(crate) fn from_vulkan_name(name: &str) -> Option<VulkanFeatures> {
+        Self::VULKAN_NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(f, _)| *f)
     }
 }
 
@@ -308,62 +289,138 @@ pub(crate) fn supported(
     unsafe { inst.get_physical_device_features2(raw, &mut f2) };
     let core = f2.features;
     let on = |b: vk::Bool32| b == vk::TRUE;
-    VulkanFeatures {
-        robust_buffer_access: on(core.robust_buffer_access),
-        shader_int16: on(core.shader_int16),
-        shader_int64: on(core.shader_int64),
-        shader_float64: on(core.shader_float64),
-        storage_buffer_16bit_access: on(s16.storage_buffer16_bit_access),
-        uniform_and_storage_buffer_16bit_access: on(s16.uniform_and_storage_buffer16_bit_access),
-        storage_push_constant16: on(s16.storage_push_constant16),
-        shader_float16: v12 && on(f16.shader_float16),
-        shader_int8: v12 && on(f16.shader_int8),
-        storage_buffer_8bit_access: v12 && on(s8.storage_buffer8_bit_access),
-        uniform_and_storage_buffer_8bit_access: v12
-            && on(s8.uniform_and_storage_buffer8_bit_access),
-        host_query_reset: v12 && on(hqr.host_query_reset),
-        vulkan_memory_model: v12 && on(mm.vulkan_memory_model),
-        cooperative_matrix: coop_ext && on(coop.cooperative_matrix),
-        pipeline_creation_feedback: feedback,
-        spirv_1_4: spirv_1_4_ext || v12,
-        pipeline_executable_info: stats_ext && on(stats.pipeline_executable_info),
-        shader_subgroup_extended_types: v12 && on(sget.shader_subgroup_extended_types),
-        storage_push_constant8: v12 && on(s8.storage_push_constant8),
-        shader_buffer_int64_atomics: v12 && on(a64.shader_buffer_int64_atomics),
-        shader_shared_int64_atomics: v12 && on(a64.shader_shared_int64_atomics),
-        variable_pointers_storage_buffer: on(vp.variable_pointers_storage_buffer),
-        variable_pointers: on(vp.variable_pointers),
-        vulkan_memory_model_device_scope: v12 && on(mm.vulkan_memory_model_device_scope),
-        shader_integer_dot_product: v13 && on(dot.shader_integer_dot_product),
-        pipeline_binary: binary_ext && on(m5.maintenance5) && on(pb.pipeline_binaries),
-        coop_matrix2_workgroup_scope: cm2_ext && on(cm2.workgroup_scope),
-        coop_matrix2_flexible_dimensions: cm2_ext && on(cm2.flexible_dimensions),
-        coop_matrix2_reductions: cm2_ext && on(cm2.reductions),
-        coop_matrix2_conversions: cm2_ext && on(cm2.conversions),
-        coop_matrix2_per_element_operations: cm2_ext && on(cm2.per_element_operations),
-        coop_matrix2_tensor_addressing: cm2_ext && on(cm2.tensor_addressing),
+    let mut f = VulkanFeatures::empty();
+    for (flag, on) in [
+        (
+            VulkanFeatures::ROBUST_BUFFER_ACCESS,
+            on(core.robust_buffer_access),
+        ),
+        (VulkanFeatures::SHADER_INT16, on(core.shader_int16)),
+        (VulkanFeatures::SHADER_INT64, on(core.shader_int64)),
+        (VulkanFeatures::SHADER_FLOAT64, on(core.shader_float64)),
+        (
+            VulkanFeatures::STORAGE_BUFFER_16BIT_ACCESS,
+            on(s16.storage_buffer16_bit_access),
+        ),
+        (
+            VulkanFeatures::UNIFORM_AND_STORAGE_BUFFER_16BIT_ACCESS,
+            on(s16.uniform_and_storage_buffer16_bit_access),
+        ),
+        (
+            VulkanFeatures::STORAGE_PUSH_CONSTANT16,
+            on(s16.storage_push_constant16),
+        ),
+        (
+            VulkanFeatures::SHADER_FLOAT16,
+            v12 && on(f16.shader_float16),
+        ),
+        (VulkanFeatures::SHADER_INT8, v12 && on(f16.shader_int8)),
+        (
+            VulkanFeatures::STORAGE_BUFFER_8BIT_ACCESS,
+            v12 && on(s8.storage_buffer8_bit_access),
+        ),
+        (
+            VulkanFeatures::UNIFORM_AND_STORAGE_BUFFER_8BIT_ACCESS,
+            v12 && on(s8.uniform_and_storage_buffer8_bit_access),
+        ),
+        (
+            VulkanFeatures::HOST_QUERY_RESET,
+            v12 && on(hqr.host_query_reset),
+        ),
+        (
+            VulkanFeatures::VULKAN_MEMORY_MODEL,
+            v12 && on(mm.vulkan_memory_model),
+        ),
+        (
+            VulkanFeatures::COOPERATIVE_MATRIX,
+            coop_ext && on(coop.cooperative_matrix),
+        ),
+        (VulkanFeatures::PIPELINE_CREATION_FEEDBACK, feedback),
+        (VulkanFeatures::SPIRV_1_4, spirv_1_4_ext || v12),
+        (
+            VulkanFeatures::PIPELINE_EXECUTABLE_INFO,
+            stats_ext && on(stats.pipeline_executable_info),
+        ),
+        (
+            VulkanFeatures::SHADER_SUBGROUP_EXTENDED_TYPES,
+            v12 && on(sget.shader_subgroup_extended_types),
+        ),
+        (
+            VulkanFeatures::STORAGE_PUSH_CONSTANT8,
+            v12 && on(s8.storage_push_constant8),
+        ),
+        (
+            VulkanFeatures::SHADER_BUFFER_INT64_ATOMICS,
+            v12 && on(a64.shader_buffer_int64_atomics),
+        ),
+        (
+            VulkanFeatures::SHADER_SHARED_INT64_ATOMICS,
+            v12 && on(a64.shader_shared_int64_atomics),
+        ),
+        (
+            VulkanFeatures::VARIABLE_POINTERS_STORAGE_BUFFER,
+            on(vp.variable_pointers_storage_buffer),
+        ),
+        (VulkanFeatures::VARIABLE_POINTERS, on(vp.variable_pointers)),
+        (
+            VulkanFeatures::VULKAN_MEMORY_MODEL_DEVICE_SCOPE,
+            v12 && on(mm.vulkan_memory_model_device_scope),
+        ),
+        (
+            VulkanFeatures::SHADER_INTEGER_DOT_PRODUCT,
+            v13 && on(dot.shader_integer_dot_product),
+        ),
+        (
+            VulkanFeatures::PIPELINE_BINARY,
+            binary_ext && on(m5.maintenance5) && on(pb.pipeline_binaries),
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_WORKGROUP_SCOPE,
+            cm2_ext && on(cm2.workgroup_scope),
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_FLEXIBLE_DIMENSIONS,
+            cm2_ext && on(cm2.flexible_dimensions),
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_REDUCTIONS,
+            cm2_ext && on(cm2.reductions),
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_CONVERSIONS,
+            cm2_ext && on(cm2.conversions),
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_PER_ELEMENT_OPERATIONS,
+            cm2_ext && on(cm2.per_element_operations),
+        ),
+        (
+            VulkanFeatures::COOP_MATRIX2_TENSOR_ADDRESSING,
+            cm2_ext && on(cm2.tensor_addressing),
+        ),
+    ] {
+        f.set(flag, on);
     }
+    f
 }
 
 impl VulkanFeatures {
+    /// Every VK_NV_cooperative_matrix2 flag (`attn_prefill_cm2` uses them all).
+    pub(crate) const COOP_MATRIX2: VulkanFeatures = VulkanFeatures::COOP_MATRIX2_WORKGROUP_SCOPE
+        .union(VulkanFeatures::COOP_MATRIX2_FLEXIBLE_DIMENSIONS)
+        .union(VulkanFeatures::COOP_MATRIX2_REDUCTIONS)
+        .union(VulkanFeatures::COOP_MATRIX2_CONVERSIONS)
+        .union(VulkanFeatures::COOP_MATRIX2_PER_ELEMENT_OPERATIONS)
+        .union(VulkanFeatures::COOP_MATRIX2_TENSOR_ADDRESSING);
+
     /// Whether any VK_NV_cooperative_matrix2 feature is on (then the extension is enabled).
     pub(crate) fn any_coop_matrix2(&self) -> bool {
-        self.coop_matrix2_workgroup_scope
-            || self.coop_matrix2_flexible_dimensions
-            || self.coop_matrix2_reductions
-            || self.coop_matrix2_conversions
-            || self.coop_matrix2_per_element_operations
-            || self.coop_matrix2_tensor_addressing
+        self.intersects(Self::COOP_MATRIX2)
     }
 
     /// Whether every VK_NV_cooperative_matrix2 feature `attn_prefill_cm2` uses is on.
     pub(crate) fn all_coop_matrix2(&self) -> bool {
-        self.coop_matrix2_workgroup_scope
-            && self.coop_matrix2_flexible_dimensions
-            && self.coop_matrix2_reductions
-            && self.coop_matrix2_conversions
-            && self.coop_matrix2_per_element_operations
-            && self.coop_matrix2_tensor_addressing
+        self.contains(Self::COOP_MATRIX2)
     }
 }
 
@@ -381,36 +438,44 @@ pub(crate) fn create_device(
     // robustBufferAccess is what makes a safe launch of any kernel sound: without it a kernel that
     // indexes past a buffer writes into whatever memory follows it.
     let core = vk::PhysicalDeviceFeatures::default()
-        .robust_buffer_access(f.robust_buffer_access)
-        .shader_int16(f.shader_int16)
-        .shader_int64(f.shader_int64)
-        .shader_float64(f.shader_float64);
+        .robust_buffer_access(f.contains(VulkanFeatures::ROBUST_BUFFER_ACCESS))
+        .shader_int16(f.contains(VulkanFeatures::SHADER_INT16))
+        .shader_int64(f.contains(VulkanFeatures::SHADER_INT64))
+        .shader_float64(f.contains(VulkanFeatures::SHADER_FLOAT64));
     let mut s16 = vk::PhysicalDevice16BitStorageFeatures::default()
-        .storage_buffer16_bit_access(f.storage_buffer_16bit_access)
-        .uniform_and_storage_buffer16_bit_access(f.uniform_and_storage_buffer_16bit_access)
-        .storage_push_constant16(f.storage_push_constant16);
+        .storage_buffer16_bit_access(f.contains(VulkanFeatures::STORAGE_BUFFER_16BIT_ACCESS))
+        .uniform_and_storage_buffer16_bit_access(
+            f.contains(VulkanFeatures::UNIFORM_AND_STORAGE_BUFFER_16BIT_ACCESS),
+        )
+        .storage_push_constant16(f.contains(VulkanFeatures::STORAGE_PUSH_CONSTANT16));
     let mut vp = vk::PhysicalDeviceVariablePointersFeatures::default()
-        .variable_pointers_storage_buffer(f.variable_pointers_storage_buffer)
-        .variable_pointers(f.variable_pointers);
+        .variable_pointers_storage_buffer(
+            f.contains(VulkanFeatures::VARIABLE_POINTERS_STORAGE_BUFFER),
+        )
+        .variable_pointers(f.contains(VulkanFeatures::VARIABLE_POINTERS));
     let mut f16 = vk::PhysicalDeviceShaderFloat16Int8Features::default()
-        .shader_float16(f.shader_float16)
-        .shader_int8(f.shader_int8);
+        .shader_float16(f.contains(VulkanFeatures::SHADER_FLOAT16))
+        .shader_int8(f.contains(VulkanFeatures::SHADER_INT8));
     let mut s8 = vk::PhysicalDevice8BitStorageFeatures::default()
-        .storage_buffer8_bit_access(f.storage_buffer_8bit_access)
-        .uniform_and_storage_buffer8_bit_access(f.uniform_and_storage_buffer_8bit_access)
-        .storage_push_constant8(f.storage_push_constant8);
-    let mut hqr =
-        vk::PhysicalDeviceHostQueryResetFeatures::default().host_query_reset(f.host_query_reset);
+        .storage_buffer8_bit_access(f.contains(VulkanFeatures::STORAGE_BUFFER_8BIT_ACCESS))
+        .uniform_and_storage_buffer8_bit_access(
+            f.contains(VulkanFeatures::UNIFORM_AND_STORAGE_BUFFER_8BIT_ACCESS),
+        )
+        .storage_push_constant8(f.contains(VulkanFeatures::STORAGE_PUSH_CONSTANT8));
+    let mut hqr = vk::PhysicalDeviceHostQueryResetFeatures::default()
+        .host_query_reset(f.contains(VulkanFeatures::HOST_QUERY_RESET));
     let mut mm = vk::PhysicalDeviceVulkanMemoryModelFeatures::default()
-        .vulkan_memory_model(f.vulkan_memory_model)
-        .vulkan_memory_model_device_scope(f.vulkan_memory_model_device_scope);
+        .vulkan_memory_model(f.contains(VulkanFeatures::VULKAN_MEMORY_MODEL))
+        .vulkan_memory_model_device_scope(
+            f.contains(VulkanFeatures::VULKAN_MEMORY_MODEL_DEVICE_SCOPE),
+        );
     let mut sget = vk::PhysicalDeviceShaderSubgroupExtendedTypesFeatures::default()
-        .shader_subgroup_extended_types(f.shader_subgroup_extended_types);
+        .shader_subgroup_extended_types(f.contains(VulkanFeatures::SHADER_SUBGROUP_EXTENDED_TYPES));
     let mut a64 = vk::PhysicalDeviceShaderAtomicInt64Features::default()
-        .shader_buffer_int64_atomics(f.shader_buffer_int64_atomics)
-        .shader_shared_int64_atomics(f.shader_shared_int64_atomics);
+        .shader_buffer_int64_atomics(f.contains(VulkanFeatures::SHADER_BUFFER_INT64_ATOMICS))
+        .shader_shared_int64_atomics(f.contains(VulkanFeatures::SHADER_SHARED_INT64_ATOMICS));
     let mut dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default()
-        .shader_integer_dot_product(f.shader_integer_dot_product);
+        .shader_integer_dot_product(f.contains(VulkanFeatures::SHADER_INTEGER_DOT_PRODUCT));
     let mut coop =
         vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
     let mut stats = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
@@ -419,32 +484,32 @@ pub(crate) fn create_device(
     let mut pb = super::pipeline_binary::FeaturesKhr::default();
     pb.pipeline_binaries = vk::TRUE;
     let mut extensions = Vec::new();
-    if f.pipeline_binary {
+    if f.contains(VulkanFeatures::PIPELINE_BINARY) {
         extensions.push(vk::KHR_MAINTENANCE5_NAME.as_ptr());
         extensions.push(super::pipeline_binary::NAME.as_ptr());
     }
-    if f.pipeline_executable_info {
+    if f.contains(VulkanFeatures::PIPELINE_EXECUTABLE_INFO) {
         extensions.push(vk::KHR_PIPELINE_EXECUTABLE_PROPERTIES_NAME.as_ptr());
     }
-    if f.cooperative_matrix {
+    if f.contains(VulkanFeatures::COOPERATIVE_MATRIX) {
         extensions.push(vk::KHR_COOPERATIVE_MATRIX_NAME.as_ptr());
     }
-    let cm2_on = f.cooperative_matrix && f.any_coop_matrix2();
+    let cm2_on = f.contains(VulkanFeatures::COOPERATIVE_MATRIX) && f.any_coop_matrix2();
     let mut cm2 = super::coopmat2::Features::enabling([
-        f.coop_matrix2_workgroup_scope,
-        f.coop_matrix2_flexible_dimensions,
-        f.coop_matrix2_reductions,
-        f.coop_matrix2_conversions,
-        f.coop_matrix2_per_element_operations,
-        f.coop_matrix2_tensor_addressing,
+        f.contains(VulkanFeatures::COOP_MATRIX2_WORKGROUP_SCOPE),
+        f.contains(VulkanFeatures::COOP_MATRIX2_FLEXIBLE_DIMENSIONS),
+        f.contains(VulkanFeatures::COOP_MATRIX2_REDUCTIONS),
+        f.contains(VulkanFeatures::COOP_MATRIX2_CONVERSIONS),
+        f.contains(VulkanFeatures::COOP_MATRIX2_PER_ELEMENT_OPERATIONS),
+        f.contains(VulkanFeatures::COOP_MATRIX2_TENSOR_ADDRESSING),
     ]);
     if cm2_on {
         extensions.push(super::coopmat2::NAME.as_ptr());
     }
-    if f.pipeline_creation_feedback && !v13 {
+    if f.contains(VulkanFeatures::PIPELINE_CREATION_FEEDBACK) && !v13 {
         extensions.push(vk::EXT_PIPELINE_CREATION_FEEDBACK_NAME.as_ptr());
     }
-    if f.spirv_1_4 && !v12 {
+    if f.contains(VulkanFeatures::SPIRV_1_4) && !v12 {
         extensions.push(vk::KHR_SPIRV_1_4_NAME.as_ptr());
         extensions.push(vk::KHR_SHADER_FLOAT_CONTROLS_NAME.as_ptr());
     }
@@ -466,13 +531,13 @@ pub(crate) fn create_device(
     if v13 {
         info = info.push_next(&mut dot);
     }
-    if f.cooperative_matrix {
+    if f.contains(VulkanFeatures::COOPERATIVE_MATRIX) {
         info = info.push_next(&mut coop);
     }
-    if f.pipeline_executable_info {
+    if f.contains(VulkanFeatures::PIPELINE_EXECUTABLE_INFO) {
         info = info.push_next(&mut stats);
     }
-    if f.pipeline_binary {
+    if f.contains(VulkanFeatures::PIPELINE_BINARY) {
         info = info.push_next(&mut m5).push_next(&mut pb);
     }
     if cm2_on {

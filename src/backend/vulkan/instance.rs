@@ -186,7 +186,7 @@ pub(crate) struct PhysicalDevice {
     pub(crate) subgroup_ops: vk::SubgroupFeatureFlags,
     /// The optional features and extensions it supports: what kpc enables on it.
     pub(crate) supported: VulkanFeatures,
-    /// Whether a device kpc opens on it persists pipeline binaries (`supported.pipeline_binary`
+    /// Whether a device kpc opens on it persists pipeline binaries (`VulkanFeatures::PIPELINE_BINARY`
     /// and `KPC_VULKAN_PIPELINE_BINARY` not `off`); its fingerprint says so (`kpc_vulkan_binary`).
     pub(crate) pipeline_binaries: bool,
 }
@@ -340,7 +340,8 @@ pub(crate) fn describe(
         VulkanFeatures::default()
     };
     let mode = super::pipeline_binary::mode_from_env()?;
-    let pipeline_binaries = supported.pipeline_binary && mode != super::pipeline_binary::Mode::Off;
+    let pipeline_binaries = supported.contains(VulkanFeatures::PIPELINE_BINARY)
+        && mode != super::pipeline_binary::Mode::Off;
     let binary_kind = if pipeline_binaries {
         super::pipeline_cache::PIPELINE_BINARY_KIND
     } else {
@@ -348,7 +349,8 @@ pub(crate) fn describe(
     };
     // Pipelines compiled with and without robust buffer access differ: a binary of one must never
     // serve the other (a non-robust binary would void the safe launch's guarantee).
-    let robust = supported.robust_buffer_access && super::features::robust_access_from_env()?;
+    let robust = supported.contains(VulkanFeatures::ROBUST_BUFFER_ACCESS)
+        && super::features::robust_access_from_env()?;
     let fingerprint = DeviceFingerprint::new(
         BackendKind::Vulkan,
         vec![

@@ -28,6 +28,9 @@ use super::{Counters, VulkanBackend};
 
 /// Handles the embedder owns. kpc borrows them for the life of the context and of every object made
 /// from it (kernels, buffers, events), and never destroys them.
+///
+/// Exhaustive on purpose: every field is something only the embedder knows, so a field added in a
+/// later version must fail to compile where it is not filled in, rather than take a default.
 #[derive(Debug, Clone, Copy)]
 pub struct VulkanHandles {
     /// The `vkGetInstanceProcAddr` that `instance` was created through (the loader's, or a layer's).
@@ -217,10 +220,10 @@ impl VulkanBackend {
         // SAFETY: `pd.raw` belongs to this live instance.
         let memory = unsafe { instance.raw.get_physical_device_memory_properties(pd.raw) };
         let executable_stats = f
-            .pipeline_executable_info
+            .contains(VulkanFeatures::PIPELINE_EXECUTABLE_INFO)
             .then(|| ash::khr::pipeline_executable_properties::Device::new(&instance.raw, &raw));
         // The embedder's declaration decides, as for every optional feature; `off` still wins.
-        let pipeline_binary = (f.pipeline_binary
+        let pipeline_binary = (f.contains(VulkanFeatures::PIPELINE_BINARY)
             && super::pipeline_binary::mode_from_env()? != super::pipeline_binary::Mode::Off)
             .then(|| super::pipeline_binary::BinaryPath::open(&instance.raw, &raw, &pd.info.name))
             .flatten();
@@ -231,7 +234,7 @@ impl VulkanBackend {
         );
         // The embedder's device is robust exactly when it says so (a declaration kpc checked
         // against what the device supports above).
-        let robust = u8::from(f.robust_buffer_access).to_string();
+        let robust = u8::from(f.contains(VulkanFeatures::ROBUST_BUFFER_ACCESS)).to_string();
         let mut fields = info.fingerprint.fields.clone();
         for (k, v) in &mut fields {
             if k == super::features::ROBUST_FIELD {
@@ -240,14 +243,14 @@ impl VulkanBackend {
         }
         info.fingerprint = crate::backend::DeviceFingerprint::new(info.fingerprint.backend, fields);
         let l = &mut info.limits;
-        l.robust_buffer_access = f.robust_buffer_access;
-        l.storage_16bit = f.storage_buffer_16bit_access;
-        l.float16_arithmetic = f.shader_float16;
+        l.robust_buffer_access = f.contains(VulkanFeatures::ROBUST_BUFFER_ACCESS);
+        l.storage_16bit = f.contains(VulkanFeatures::STORAGE_BUFFER_16BIT_ACCESS);
+        l.float16_arithmetic = f.contains(VulkanFeatures::SHADER_FLOAT16);
         l.cooperative_matrix_f16 = l.cooperative_matrix_f16
-            && f.cooperative_matrix
-            && f.vulkan_memory_model
-            && f.shader_float16
-            && f.storage_buffer_16bit_access;
+            && f.contains(VulkanFeatures::COOPERATIVE_MATRIX)
+            && f.contains(VulkanFeatures::VULKAN_MEMORY_MODEL)
+            && f.contains(VulkanFeatures::SHADER_FLOAT16)
+            && f.contains(VulkanFeatures::STORAGE_BUFFER_16BIT_ACCESS);
         l.cooperative_matrix_f16_acc &= l.cooperative_matrix_f16;
         if !l.cooperative_matrix_f16 || !f.all_coop_matrix2() {
             l.cooperative_matrix2_workgroup = 0;
@@ -264,9 +267,10 @@ impl VulkanBackend {
             limits: pd.limits,
             api_version: api,
             timestamp_valid_bits: family.timestamp_valid_bits,
-            host_query_reset: f.host_query_reset,
-            feedback: api >= vk::API_VERSION_1_3 || f.pipeline_creation_feedback,
-            spirv_1_4_ext: f.spirv_1_4,
+            host_query_reset: f.contains(VulkanFeatures::HOST_QUERY_RESET),
+            feedback: api >= vk::API_VERSION_1_3
+                || f.contains(VulkanFeatures::PIPELINE_CREATION_FEEDBACK),
+            spirv_1_4_ext: f.contains(VulkanFeatures::SPIRV_1_4),
             caps: ShaderCaps {
                 enabled: f,
                 api,
@@ -311,11 +315,10 @@ fn check_declared(
     api: u32,
 ) -> Result<()> {
     let bad = declared
-        .fields()
-        .iter()
-        .zip(supported.fields())
-        .find(|((_, _, d), (_, _, s))| *d && !s)
-        .map(|((name, ..), _)| *name);
+        .difference(*supported)
+        .iter_names()
+        .next()
+        .map(|(name, _)| name);
     match bad {
         None => Ok(()),
         Some(name) => Err(Error::InvalidArgument(format!(

@@ -10,6 +10,7 @@ use ash::vk;
 /// holds the pipeline, its layouts and the device by reference count. Keep a clone of the kernel
 /// until every command buffer recorded with them has finished executing; never destroy them.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct VulkanKernelHandles {
     /// The compute pipeline.
     pub pipeline: vk::Pipeline,

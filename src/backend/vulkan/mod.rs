@@ -43,8 +43,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::backend::{
-    Backend, BackendStats, ComputeBackend, DeviceFingerprint, DeviceImage, DeviceInfo, Launch,
-    ProgramOrigin,
+    Backend, BackendLaunch, BackendStats, ComputeBackend, DeviceFingerprint, DeviceImage,
+    DeviceInfo, ProgramOrigin,
 };
 use crate::cache::{BuildOptions, SpecConstants};
 use crate::config::{BackendKind, Config, TraceFlags};
@@ -74,10 +74,20 @@ pub enum BufferStrategy {
 }
 
 /// How to open a Vulkan device.
+/// Non-exhaustive: `VulkanOptions::default().buffers(..)`.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct VulkanOptions {
     /// Where buffers live.
     pub buffers: BufferStrategy,
+}
+
+impl VulkanOptions {
+    /// Sets [`VulkanOptions::buffers`].
+    pub fn buffers(mut self, buffers: BufferStrategy) -> Self {
+        self.buffers = buffers;
+        self
+    }
 }
 
 /// The build options the Vulkan backend understands. Anything else is refused rather than silently
@@ -501,7 +511,7 @@ impl ComputeBackend for VulkanBackend {
         }
     }
 
-    fn submit(&self, launches: &[Launch<'_, Self>]) -> Result<Arc<Record>> {
+    fn submit(&self, launches: &[BackendLaunch<'_, Self>]) -> Result<Arc<Record>> {
         self.dispatch(launches)
     }
 

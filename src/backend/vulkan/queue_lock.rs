@@ -30,6 +30,8 @@ use parking_lot::{Mutex, MutexGuard};
 /// queue call itself, and never calls back into the engine meanwhile. The engine must not call a
 /// kpc function that submits (see `runtime::interop`) while it holds that lock itself: kpc would
 /// wait for it forever.
+///
+/// Exhaustive on purpose, as [`super::VulkanHandles`]: the embedder supplies every field.
 #[derive(Debug, Clone, Copy)]
 pub struct VulkanQueueLock {
     /// Takes the engine's lock.

@@ -62,6 +62,7 @@ pub struct Refused {
 
 /// What [`import`] did with each entry.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ImportReport {
     /// Entries in the bundle.
     pub total: usize,

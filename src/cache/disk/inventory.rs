@@ -15,6 +15,7 @@ use crate::cache::store::key::KeyRecord;
 
 /// One complete entry, as `kpc cache ls` shows it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EntryInfo {
     /// Its leaf directory.
     pub leaf: PathBuf,
@@ -237,7 +238,7 @@ impl PersistentCache {
     }
 
     /// Removes every entry (except those being written), the quarantine directory and the eviction
-    /// record (`evicted.rs`: what was cleared was not evicted). Waits up to the
+    /// record (what was cleared was not evicted). Waits up to the
     /// lock timeout for a running eviction.
     pub fn clear(&self) -> io::Result<ClearReport> {
         let r = self.inner.evict(Plan {

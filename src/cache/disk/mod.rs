@@ -333,7 +333,7 @@ impl PersistentCache {
 
     /// What eviction cost since `since`, by the eviction record: entries and bytes evicted, the
     /// misses on evicted entries and their bytes, and the limit that would have served them
-    /// ([`EvictionCost`]). Every process sharing the directory contributes; the record keeps the last
+    /// (a cost record). Every process sharing the directory contributes; the record keeps the last
     /// [`evicted::EVICTED_RECORDS`] records, so a long period may be cut short. Errors: the record
     /// exists but cannot be read.
     pub fn eviction_cost(&self, since: std::time::SystemTime) -> io::Result<EvictionCost> {

@@ -5,8 +5,11 @@ use std::time::Duration;
 
 use crate::config::{Config, MinFree, TraceFlags};
 
-/// Settings of one [`PersistentCache`](super::PersistentCache).
+/// Settings of one [`PersistentCache`](super::PersistentCache): [`DiskCacheSettings::new`] or
+/// [`DiskCacheSettings::from_config_at`], then a setter per field (`.max_size(1 << 20)`).
+/// Non-exhaustive, so that a new setting is not a breaking change.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct DiskCacheSettings {
     /// The cache root (`KPC_CACHE_DIR`). Created on the first put.
     pub root: PathBuf,
@@ -65,6 +68,84 @@ impl DiskCacheSettings {
             host_id: crate::config::signing::hostname(),
             warnings: crate::warnings::Sink::default(),
         }
+    }
+
+    /// Sets [`DiskCacheSettings::max_size`].
+    pub fn max_size(mut self, max_size: u64) -> Self {
+        self.max_size = max_size;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::max_entries`].
+    pub fn max_entries(mut self, max_entries: u64) -> Self {
+        self.max_entries = max_entries;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::min_free`].
+    pub fn min_free(mut self, min_free: MinFree) -> Self {
+        self.min_free = min_free;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::lock_dir`].
+    pub fn lock_dir(mut self, lock_dir: Option<PathBuf>) -> Self {
+        self.lock_dir = lock_dir;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::min_image_size`].
+    pub fn min_image_size(mut self, min_image_size: u64) -> Self {
+        self.min_image_size = min_image_size;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::max_image_size`].
+    pub fn max_image_size(mut self, max_image_size: u64) -> Self {
+        self.max_image_size = max_image_size;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::lock_timeout`].
+    pub fn lock_timeout(mut self, lock_timeout: Duration) -> Self {
+        self.lock_timeout = lock_timeout;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::trace`].
+    pub fn trace(mut self, trace: bool) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::touch_interval`].
+    pub fn touch_interval(mut self, touch_interval: Duration) -> Self {
+        self.touch_interval = touch_interval;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::low_watermark_percent`].
+    pub fn low_watermark_percent(mut self, low_watermark_percent: u8) -> Self {
+        self.low_watermark_percent = low_watermark_percent;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::background_eviction`].
+    pub fn background_eviction(mut self, background_eviction: bool) -> Self {
+        self.background_eviction = background_eviction;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::sync`].
+    pub fn sync(mut self, sync: bool) -> Self {
+        self.sync = sync;
+        self
+    }
+
+    /// Sets [`DiskCacheSettings::host_id`].
+    pub fn host_id(mut self, host_id: String) -> Self {
+        self.host_id = host_id;
+        self
     }
 
     /// The settings `config` implies, rooted at its cache directory even when `KPC_CACHE_PERSISTENT=0`

@@ -59,12 +59,12 @@ pub struct DiskStats {
     /// I/O errors on the read path that were treated as a miss (permission denied, ...).
     pub read_errors: u64,
     /// Times this instance measured the whole tree because the size record was missing or left
-    /// inconsistent by a process killed in the middle of a change (`count.rs`). A new cache counts one.
+    /// inconsistent by a process killed in the middle of a change. A new cache counts one.
     pub size_rebuilds: u64,
     /// Times an eviction pass of this instance found the record differing from a walk during which
     /// nothing counted changed (files removed behind the cache's back) and corrected it.
     pub size_corrections: u64,
-    /// Misses by cause ([`MissCause`], see `explain.rs`): nothing similar cached.
+    /// Misses by cause ([`MissCause`]): nothing similar cached.
     pub misses_new_key: u64,
     /// Misses whose nearest entry was built for another device fingerprint (driver update, ...).
     pub misses_device_changed: u64,
@@ -80,11 +80,11 @@ pub struct DiskStats {
     /// Misses whose key was cached and valid by the time the miss was explained: another process
     /// published it after the lookup.
     pub misses_cached: u64,
-    /// Misses on a key that eviction had removed (the eviction record says so, `evicted.rs`): a
+    /// Misses on a key that eviction had removed (the eviction record says so): a
     /// larger `KPC_CACHE_MAX_SIZE` would have served them.
     pub misses_evicted: u64,
     /// Stored binaries found to have crashed a process while it loaded them (its loading record was
-    /// left behind by a process that died), quarantined (`loading.rs`): never loaded again here.
+    /// left behind by a process that died), quarantined: never loaded again here.
     pub crashed_loads: u64,
     /// Loads refused because their binary crashed a process before (a quarantine marker names it).
     pub crashed_refusals: u64,

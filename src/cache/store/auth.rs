@@ -60,6 +60,7 @@ const SIG_DOMAIN: &[u8] = b"kpc shared cache entry signature v2\0";
 /// What a process brings to shared entries: the fleet's MAC key, its own signing key, the public keys
 /// it trusts, its host id for provenance, how it compresses what it writes and how much it decompresses.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EntryAuth {
     /// MAC key (`KPC_CACHE_REMOTE_KEY`): written entries carry a MAC, read ones must.
     pub mac: Option<MacKey>,
@@ -70,22 +71,22 @@ pub struct EntryAuth {
     /// Host id recorded in the provenance of written entries (`KPC_HOST_ID`).
     pub host: String,
     /// zstd level of the entries written (`KPC_CACHE_REMOTE_COMPRESS`, default
-    /// [`DEFAULT_LEVEL`]); 0 writes them uncompressed (version-2 envelopes, which kpc before
+    /// 3); 0 writes them uncompressed (version-2 envelopes, which kpc before
     /// compression reads).
     pub compression: i32,
     /// The largest sealed entry a read decompresses: a compressed entry that declares more is
-    /// refused before any byte is decompressed ([`Refusal::Oversized`]). From the configuration:
+    /// refused before any byte is decompressed. From the configuration:
     /// `KPC_CACHE_MAX_DEVICE_IMAGE_SIZE` plus the largest key record and two headers; default: that of
     /// the default image limit.
     pub max_entry: u64,
     /// Entries built before this time (seconds since the Unix epoch, the provenance's `built_unix`)
-    /// are refused ([`Refusal::BeforeCutoff`]); so is an entry without provenance (version 1). Set
+    /// are refused; so is an entry without provenance (version 1). Set
     /// for the remote from `KPC_CACHE_REMOTE_NOT_BEFORE`; `None` (default): no cut-off.
     pub not_before: Option<u64>,
 }
 
 impl Default for EntryAuth {
-    /// No MAC, no signature, no trusted keys, an empty host id; compressed at [`DEFAULT_LEVEL`],
+    /// No MAC, no signature, no trusted keys, an empty host id; compressed at zstd level 3,
     /// decompressing what the default image size limit allows.
     fn default() -> EntryAuth {
         EntryAuth {
@@ -101,6 +102,48 @@ impl Default for EntryAuth {
 }
 
 impl EntryAuth {
+    /// Sets [`EntryAuth::mac`].
+    pub fn mac(mut self, mac: Option<MacKey>) -> Self {
+        self.mac = mac;
+        self
+    }
+
+    /// Sets [`EntryAuth::signer`].
+    pub fn signer(mut self, signer: Option<SigningKey>) -> Self {
+        self.signer = signer;
+        self
+    }
+
+    /// Sets [`EntryAuth::trusted`].
+    pub fn trusted(mut self, trusted: Vec<PublicKey>) -> Self {
+        self.trusted = trusted;
+        self
+    }
+
+    /// Sets [`EntryAuth::host`].
+    pub fn host(mut self, host: String) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// Sets [`EntryAuth::compression`].
+    pub fn compression(mut self, compression: i32) -> Self {
+        self.compression = compression;
+        self
+    }
+
+    /// Sets [`EntryAuth::max_entry`].
+    pub fn max_entry(mut self, max_entry: u64) -> Self {
+        self.max_entry = max_entry;
+        self
+    }
+
+    /// Sets [`EntryAuth::not_before`].
+    pub fn not_before(mut self, not_before: Option<u64>) -> Self {
+        self.not_before = not_before;
+        self
+    }
+
     /// What `config` sets: its MAC key, signing key, trusted keys and host id.
     pub fn from_config(config: &Config) -> EntryAuth {
         EntryAuth {

@@ -26,7 +26,7 @@ pub enum MissCause {
     /// and is explained so raced with another process publishing it.
     Cached,
     /// An entry with exactly this key was there until an eviction pass removed it (the eviction
-    /// record, `evicted.rs`, says when and under which limit): a larger `KPC_CACHE_MAX_SIZE` would
+    /// record says when and under which limit): a larger `KPC_CACHE_MAX_SIZE` would
     /// have served it.
     Evicted,
 }
@@ -166,6 +166,7 @@ impl fmt::Display for FieldDiff {
 
 /// Why one key missed in one store (the disk cache and read-only layers over it explain misses).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MissExplanation {
     /// The cause, judged by the nearest entry.
     pub cause: MissCause,

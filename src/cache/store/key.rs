@@ -198,8 +198,10 @@ impl StoreKey {
     }
 }
 
-/// A parsed `.src` payload.
+/// A parsed key record (what an entry was built from, in words): parsing checks its form, not its
+/// authenticity, which the entry's checksums and signature establish.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KeyRecord {
     /// The device description (name=value lines).
     pub device: String,

@@ -81,7 +81,7 @@ impl StoreKind {
     }
 }
 
-/// How a lookup may treat the store.
+/// How a lookup may treat the store; a store honours it on every lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Access {
     /// The lookup may record the access (for eviction by recency) and repair what it finds broken
@@ -125,7 +125,7 @@ impl StoreHit {
 
     /// Verifies `sealed` (as [`seal`] made it) against `key` and returns the binary it holds.
     ///
-    /// Errors: the [`Defect`] found: truncated or trailing bytes, bad magic or version, a checksum
+    /// Errors: the defect found: truncated or trailing bytes, bad magic or version, a checksum
     /// mismatch, a key record that is not `key`'s (every value compared, not just hashes), or a binary
     /// bound to another key.
     pub fn unseal(key: &StoreKey, sealed: &[u8]) -> Result<StoreHit, Defect> {
@@ -175,7 +175,7 @@ impl StoreHit {
 
 /// `key`'s entry for `bytes` built in `build_time` as one self-verifying byte string: the disk cache's
 /// two files back to back (the key record, then the binary, each behind a header with the key's digest
-/// and a checksum; see `src/cache/disk/entry.rs`). [`StoreHit::unseal`] checks it.
+/// and a checksum). [`StoreHit::unseal`] checks it.
 pub fn seal(key: &StoreKey, bytes: &[u8], build_time: Duration) -> Vec<u8> {
     let digest = key.digest().0;
     let src = key.record_json(build_time, bytes.len() as u64, None);
@@ -278,6 +278,7 @@ impl fmt::Debug for Removal<'_> {
 
 /// One entry as [`Store::list`] reports it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StoreEntry {
     /// The entry's key record (the full key values, build time, binary length).
     pub record: KeyRecord,
@@ -287,7 +288,20 @@ pub struct StoreEntry {
     pub last_access: Option<SystemTime>,
 }
 
-/// A snapshot of one store's counters (this process only).
+impl StoreEntry {
+    /// An entry of key record `record` occupying `bytes` in the store, last used at `last_access`
+    /// where the store knows: what a [`Store::list`] implementation returns.
+    pub fn new(record: KeyRecord, bytes: u64, last_access: Option<SystemTime>) -> Self {
+        StoreEntry {
+            record,
+            bytes,
+            last_access,
+        }
+    }
+}
+
+/// A snapshot of one store's counters (this process only), each read atomically; counters only
+/// grow.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreStats {

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 /// The provenance of one shared entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Provenance {
     /// The writer's host id (`KPC_HOST_ID`, default its host name): the builder for a remote entry
     /// (a process publishes only what it built), the exporting machine for a bundle entry.

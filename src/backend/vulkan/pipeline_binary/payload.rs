@@ -14,11 +14,19 @@ use super::MAX_KEY_SIZE;
 
 /// One pipeline binary as the driver gave it: its key and its data.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BinaryData {
     /// The binary's key (1 to 32 bytes).
     pub key: Vec<u8>,
     /// The driver's data for it.
     pub data: Vec<u8>,
+}
+
+impl BinaryData {
+    /// The binary of `key` (1 to 32 bytes) with the driver's `data`.
+    pub fn new(key: Vec<u8>, data: Vec<u8>) -> Self {
+        BinaryData { key, data }
+    }
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {

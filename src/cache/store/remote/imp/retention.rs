@@ -29,12 +29,27 @@ use crate::cache::store::auth;
 pub const TOUCH_PERIOD: Duration = Duration::from_secs(3600);
 
 /// What [`RemoteStore::gc_plan`] is asked to remove.
+/// Non-exhaustive: `GcPolicy::default().older_than(Some(d))`.
 #[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
 pub struct GcPolicy {
     /// Remove entries not served for this long (and the namespaces none of whose entries was).
     pub older_than: Option<Duration>,
     /// Then remove entries, least recently served first, until the entries' bytes are at most this.
     pub max_size: Option<u64>,
+}
+
+impl GcPolicy {
+    /// Sets [`GcPolicy::older_than`].
+    pub fn older_than(mut self, older_than: Option<Duration>) -> Self {
+        self.older_than = older_than;
+        self
+    }
+    /// Sets [`GcPolicy::max_size`].
+    pub fn max_size(mut self, max_size: Option<u64>) -> Self {
+        self.max_size = max_size;
+        self
+    }
 }
 
 /// One remote entry as the collector sees it.
