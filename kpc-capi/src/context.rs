@@ -284,6 +284,10 @@ pub enum kpc_seal_mode {
     KPC_SEAL_WARN = 2,
     /// Do not build: the request fails with `KPC_STATUS_SEALED`.
     KPC_SEAL_ERROR = 3,
+    /// A request with a generic fallback (`kpc_kernel_get_or_generic`) is served the fallback and
+    /// its specialized kernel is not built; any other build is built and logged as under
+    /// `KPC_SEAL_WARN`.
+    KPC_SEAL_GENERIC = 4,
 }
 
 pub(crate) fn c_seal(m: SealMode) -> kpc_seal_mode {
@@ -291,6 +295,7 @@ pub(crate) fn c_seal(m: SealMode) -> kpc_seal_mode {
         SealMode::Off => kpc_seal_mode::KPC_SEAL_OFF,
         SealMode::Warn => kpc_seal_mode::KPC_SEAL_WARN,
         SealMode::Error => kpc_seal_mode::KPC_SEAL_ERROR,
+        SealMode::Generic => kpc_seal_mode::KPC_SEAL_GENERIC,
     }
 }
 
@@ -301,8 +306,10 @@ pub(crate) fn seal_arg(mode: u32, configured_ok: bool) -> Result<Option<SealMode
         1 => Ok(Some(SealMode::Off)),
         2 => Ok(Some(SealMode::Warn)),
         3 => Ok(Some(SealMode::Error)),
+        4 => Ok(Some(SealMode::Generic)),
         _ => Err(Failure::invalid(format!(
-            "mode is {mode}: expected {}KPC_SEAL_OFF (1), KPC_SEAL_WARN (2) or KPC_SEAL_ERROR (3)",
+            "mode is {mode}: expected {}KPC_SEAL_OFF (1), KPC_SEAL_WARN (2), KPC_SEAL_ERROR (3) or \
+             KPC_SEAL_GENERIC (4)",
             if configured_ok {
                 "KPC_SEAL_CONFIGURED (0), "
             } else {

@@ -369,6 +369,7 @@ impl Context {
             elapsed: a.elapsed,
             spirv,
             declared,
+            generic: false,
         })
     }
 }
