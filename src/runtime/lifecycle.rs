@@ -59,7 +59,7 @@ pub(crate) struct Life {
     pub(crate) warm: Option<Arc<WarmStart>>,
     /// The background builds of specialized kernels (`lazy.rs`): dropped if queued, waited for if
     /// running.
-    pub(crate) lazy: Arc<super::lazy::Lazy>,
+    pub(crate) lazy: Arc<super::lazy_pool::Lazy>,
 }
 
 impl Drop for Life {

@@ -40,6 +40,8 @@ pub mod kernel;
 #[cfg(not(loom))]
 pub mod lazy;
 #[cfg(not(loom))]
+mod lazy_pool;
+#[cfg(not(loom))]
 mod lifecycle;
 pub mod metrics;
 mod out_of_resources;

@@ -57,7 +57,7 @@ pub struct ProgramManager {
     metrics: metrics::Publisher,
     /// Background builds of specialized kernels whose requests have a generic fallback (`lazy.rs`).
     #[cfg(not(loom))]
-    lazy: Arc<super::lazy::Lazy>,
+    lazy: Arc<super::lazy_pool::Lazy>,
 }
 
 impl fmt::Debug for ProgramManager {
@@ -128,7 +128,7 @@ impl ProgramManager {
 
     /// The background builds of specialized kernels (`lazy.rs`).
     #[cfg(not(loom))]
-    pub(crate) fn lazy(&self) -> &Arc<super::lazy::Lazy> {
+    pub(crate) fn lazy(&self) -> &Arc<super::lazy_pool::Lazy> {
         &self.lazy
     }
 
