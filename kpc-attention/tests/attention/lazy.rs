@@ -81,8 +81,7 @@ impl Run {
             .collect();
         let k = prefix(&self.k, rows_kv, self.total, d, to);
         let v = prefix(&self.v, rows_kv, self.total, d, to);
-        let full = attention(&self.s, &q, &k, &v, to - from, to, true).unwrap();
-        full
+        attention(&self.s, &q, &k, &v, to - from, to, true).unwrap()
     }
 
     fn prefill(&mut self, ctx: &Context, attn: &Attention, prompt: usize) {
