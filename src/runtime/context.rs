@@ -363,9 +363,10 @@ impl Context {
     }
 
     /// Seals the context: from now on an acquisition that no layer (memory, disk, read-only layer,
-    /// remote, an embedder's store, a blob) can serve is reported and built (`warn`), or refused
-    /// with [`Error::Sealed`] without building (`error`), as `KPC_CACHE_SEAL` ([`Config::seal`])
-    /// says; with that off, an explicit seal fails closed (`error`). Returns the mode put in force.
+    /// remote, an embedder's store, a blob) can serve is reported and built (`warn`), refused
+    /// with [`Error::Sealed`] without building (`error`), or, for a request with a generic fallback,
+    /// served the fallback without building the specialized kernel (`generic`), as
+    /// `KPC_CACHE_SEAL` ([`Config::seal`]) says; with that off, an explicit seal fails closed (`error`). Returns the mode put in force.
     /// With `KPC_CACHE_SEAL` set, a context seals itself when its warm start has finished (see
     /// `src/runtime/seal.rs`); this seals it now.
     pub fn seal(&self) -> SealMode {

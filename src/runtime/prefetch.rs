@@ -69,8 +69,10 @@ impl KernelRequest {
     /// With `generic` as its fallback: while this (specialized) kernel is in no cache layer, an
     /// acquisition returns `generic` at once and builds this one in the background; the acquisition
     /// after it is ready returns this one ([`crate::Kernel::is_generic`] says which came back, since
-    /// their launch parameters may differ). A fallback of `generic`'s own is not used. See
-    /// `src/runtime/lazy.rs`.
+    /// their launch parameters may differ). A fallback of `generic`'s own is not used. Through a
+    /// context ([`crate::Context::kernel_with`], [`crate::Context::prefetch`]) the fallback applies;
+    /// a warm start and the manager-level [`prefetch_kernels`] acquire the specialized kernel itself.
+    /// See `src/runtime/lazy.rs`.
     pub fn or_generic(mut self, generic: KernelRequest) -> Self {
         self.generic = Some(Box::new(KernelRequest {
             generic: None,
