@@ -314,10 +314,20 @@ fn a_fallback_that_fails_gives_the_specialized_kernel_built_in_the_foreground() 
     backend.fail_with(|_, img| {
         (img.name() == "attn_generic").then(|| Error::InvalidArgument("no generic here".into()))
     });
-    let pm = manager(backend, &config(dir.path()));
+    let seen: Arc<Mutex<Vec<Warning>>> = Arc::default();
+    let s2 = seen.clone();
+    let config = Config::builder()
+        .cache_dir(dir.path())
+        .on_warning(move |w: &Warning| s2.lock().push(w.clone()))
+        .build()
+        .unwrap();
+    let pm = manager(backend, &config);
     let a = lazily(&pm);
     assert!(!a.generic);
     assert_eq!(a.acquired.source, Source::Built);
     assert_eq!(image_of(&a), "attn");
+    assert_eq!(lazily(&pm).acquired.source, Source::Memory);
     assert_eq!(pm.lazy_stats().pending, 0);
+    let causes: Vec<&str> = seen.lock().iter().map(|w| w.cause).collect();
+    assert_eq!(causes, ["generic-failed"], "warned once");
 }

@@ -148,7 +148,7 @@ impl ProgramManager {
             let a = self.kernel_local(&s.image, &s.entry, &s.spec, &s.options)?;
             return done(a, false, false);
         }
-        let g = &generic;
+        let g = generic;
         match self.kernel_local(&g.image, &g.entry, &g.spec, &g.options) {
             Ok(a) => {
                 if fresh && !sealed {
@@ -162,8 +162,16 @@ impl ProgramManager {
                 done(a, true, false)
             }
             Err(e) => {
-                tracing::warn!(target: "kpc::lazy", kernel = %kernel_name(g.image.name(), Some(&g.entry)),
-                    "the generic fallback failed ({e}); acquiring the specialized kernel instead");
+                // Once: the specialized kernel acquired here is in memory for the next request.
+                crate::warnings::emit!(
+                    Some(&self.config().warning_sink()),
+                    target: "kpc::lazy",
+                    cause: "generic-failed",
+                    "the generic fallback {} failed ({e}); acquiring the specialized kernel {} \
+                     instead, without a fallback",
+                    kernel_name(g.image.name(), Some(&g.entry)),
+                    kernel_name(s.image.name(), Some(&s.entry))
+                );
                 let a = self.kernel_local(&s.image, &s.entry, &s.spec, &s.options)?;
                 let swapped = lazy.take_ready(|| key);
                 done(a, false, swapped)
