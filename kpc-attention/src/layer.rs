@@ -192,8 +192,8 @@ impl Attention {
                 ("attn_decode_vec", spec)
             }
         };
-        // With `lazy`, every kernel is requested with the generic one as its fallback (see
-        // lazy.rs); what comes back first is kept for reporting only.
+        // With `lazy`, every kernel is requested with the generic one as its fallback from its
+        // path's second call on (see lazy.rs); the fields hold the generic kernel, for reporting.
         let generic = if options.lazy {
             let r = shipped_request(
                 ctx,
@@ -209,12 +209,11 @@ impl Attention {
         let mut acquire = |name: &str, spec: &SpecConstants| -> Result<Kernel> {
             match &generic {
                 None => shipped_kernel_from(ctx, name, spec, options.from_source),
-                Some((_, g)) => {
+                Some((k, g)) => {
                     let r = shipped_request(ctx, name, spec, options.from_source)?
                         .or_generic(g.clone());
-                    let k = ctx.kernel_with(&r)?;
                     lazy_requests.push(r);
-                    Ok(k)
+                    Ok(k.clone())
                 }
             }
         };
@@ -444,14 +443,17 @@ impl Attention {
     }
 
     /// Every kernel it holds, for reporting where each came from and how long it took to acquire
-    /// (with [`AttentionOptions::lazy`], what the first requests returned, and `attn_generic`).
+    /// (with [`AttentionOptions::lazy`], `attn_generic` alone: the specialized kernels are acquired
+    /// at each call).
     pub fn kernels(&self) -> Vec<&Kernel> {
+        if let Some(l) = &self.lazy {
+            return vec![l.generic()];
+        }
         [
             Some(&self.prefill),
             self.append.as_ref(),
             Some(&self.decode),
             self.reduce.as_ref(),
-            self.lazy.as_ref().map(|l| l.generic()),
         ]
         .into_iter()
         .flatten()

@@ -1,13 +1,19 @@
 //! [`AttentionOptions::lazy`](crate::AttentionOptions::lazy): prefills and decode steps never wait
 //! for a specialized kernel's build.
 //!
-//! Each specialized kernel an [`Attention`] chose is requested with `attn_generic` as its fallback
-//! ([`kpc::KernelRequest::or_generic`]): while one is in no cache layer, kpc returns the fallback at
-//! once and builds the specialized one in the background. Every call asks again (a memory hit once
-//! the kernels are in memory): a decode step runs on the specialized kernels once all of its path's
-//! kernels (the fused decode, or append, split and reduce) came back specialized, else on
-//! `attn_generic` alone; a prefill likewise. `attn_generic` takes every shape parameter from push
-//! constants, so its one build per device (cached on disk like any) serves every shape.
+//! Each specialized kernel an [`Attention`](crate::Attention) chose is requested with `attn_generic`
+//! as its fallback ([`kpc::KernelRequest::or_generic`]): while one is in no cache layer, kpc returns
+//! the fallback at once and builds the specialized one in the background. Every call asks again (a
+//! memory hit once the kernels are in memory): a decode step runs on the specialized kernels once
+//! all of its path's kernels (the fused decode, or append, split and reduce) came back specialized,
+//! else on `attn_generic` alone; a prefill likewise. `attn_generic` takes every shape parameter from
+//! push constants, so its one build per device (cached on disk like any) serves every shape.
+//!
+//! A path's first call runs on `attn_generic` without asking: its specialized kernels are requested
+//! (and their background builds begin) from its second call on. Drivers that compile a kernel again
+//! at its first launch (PoCL) or only then (lavapipe) do that work for the first answer's
+//! `attn_generic` on the CPU the background builds would take, and on such devices the first answer
+//! is what the option is for.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -29,6 +35,8 @@ pub struct LazyReport {
 /// One path's specialized requests and whether it ran generic before.
 struct Path {
     requests: Vec<KernelRequest>,
+    /// Set by the path's first call, which asks for nothing.
+    started: AtomicBool,
     was_generic: AtomicBool,
     swapped: AtomicBool,
 }
@@ -56,6 +64,7 @@ impl Lazy {
     pub(crate) fn new(generic: Kernel, decode: Vec<KernelRequest>, prefill: KernelRequest) -> Lazy {
         let path = |requests| Path {
             requests,
+            started: AtomicBool::new(false),
             was_generic: AtomicBool::new(false),
             swapped: AtomicBool::new(false),
         };
@@ -79,6 +88,11 @@ impl Lazy {
     }
 
     fn now(&self, ctx: &Context, path: &Path) -> Now {
+        if !path.started.swap(true, Ordering::Relaxed) {
+            path.was_generic.store(true, Ordering::Relaxed);
+            self.generic_calls.fetch_add(1, Ordering::Relaxed);
+            return Now::Generic(self.generic.clone());
+        }
         // Every request is made, so that each of the path's specialized kernels is queued for its
         // background build from the first call on, not one after the other.
         let got: Vec<Option<Kernel>> = path

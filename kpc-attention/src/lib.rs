@@ -189,8 +189,8 @@ pub struct Attention {
     new_v: Buffer<f32>,
     step: parking_lot::Mutex<()>,
     /// [`AttentionOptions::lazy`]: the specialized kernels' requests with `attn_generic` as their
-    /// fallback (then `append`, `decode`, `reduce` and `prefill` are what the first requests
-    /// returned, for reporting only).
+    /// fallback (then `append`, `decode`, `reduce` and `prefill` hold `attn_generic`, for reporting
+    /// only).
     lazy: Option<lazy::Lazy>,
 }
 

@@ -191,29 +191,38 @@ pub(crate) fn generic_kernel_matches_the_reference(ctx: &Context) {
     ctx.seal_with(SealMode::Off);
 }
 
-/// A cold run: answered through `attn_generic` while sealed, then unsealed (the first requests
+/// A cold run: answered through `attn_generic` while sealed (a path's first call asks for nothing;
+/// its second asks and is served the fallback, nothing queued), then unsealed (the next requests
 /// queue the specialized builds and are served the fallback), then on the specialized kernels once
 /// their background builds are done; every output checked against the reference.
 pub(crate) fn a_cold_run_answers_generic_then_swaps(ctx: &Context, dtype: KvDtype) {
     let s = shape(1, 4, 2, 64);
-    let (prompt, total) = (9, 14);
+    let (prompt, total) = (9, 15);
     ctx.seal_with(SealMode::Generic);
     let attn = Attention::new(ctx, &s, dtype, total, lazy_options(ctx)).unwrap();
     let mut run = Run::new(ctx, s, dtype, total);
     run.prefill(ctx, &attn, prompt);
     run.step(ctx, &attn);
     assert_eq!(
-        ctx.stats().lazy.pending,
+        ctx.stats().lazy.served_generic,
         0,
-        "nothing is queued under the seal"
+        "first calls ask for nothing"
+    );
+    run.step(ctx, &attn);
+    run.prefill_cached(ctx, &attn, 4);
+    let l = ctx.stats().lazy;
+    assert_eq!(l.pending, 0, "nothing is queued under the seal");
+    assert!(
+        l.sealed_generic >= 2 && l.sealed_generic == l.served_generic,
+        "{l:?}"
     );
     ctx.seal_with(SealMode::Off);
-    // Unsealed: this step's requests queue every specialized kernel of the decode path and are
-    // served the fallback.
+    // Unsealed: these requests queue every specialized kernel of both paths and are served the
+    // fallback.
     run.step(ctx, &attn);
     run.prefill_cached(ctx, &attn, 3);
     let before = attn.lazy_report().unwrap();
-    assert_eq!((before.generic_calls, before.specialized_calls), (4, 0));
+    assert_eq!((before.generic_calls, before.specialized_calls), (6, 0));
     wait_background(ctx);
     run.step(ctx, &attn);
     run.step(ctx, &attn);
@@ -221,7 +230,7 @@ pub(crate) fn a_cold_run_answers_generic_then_swaps(ctx: &Context, dtype: KvDtyp
     let after = attn.lazy_report().unwrap();
     assert_eq!(
         (after.generic_calls, after.specialized_calls, after.swapped),
-        (4, 3, 2),
+        (6, 3, 2),
         "both the decode and the prefill swapped"
     );
     let l = ctx.stats().lazy;
