@@ -160,8 +160,9 @@ pub struct AttentionOptions {
     /// requested with the generic `attn_generic` as its fallback ([`kpc::KernelRequest::or_generic`]),
     /// so while a specialized kernel is in no cache layer, prefills and decode steps run on
     /// `attn_generic` (every shape parameter in push constants: one build per device serves every
-    /// shape) and the specialized kernels build in the background; each call runs on them once
-    /// they are all ready ([`crate::Attention::lazy_report`]).
+    /// shape) and the specialized kernels build in the background (requested from each path's
+    /// second call on: the first answer does not share the CPU with their builds); each call runs
+    /// on them once they are all ready ([`crate::Attention::lazy_report`]).
     pub lazy: bool,
 }
 
