@@ -127,6 +127,7 @@ pub mod config {
 pub mod runtime {
     pub use crate::runtime::blob::{BLOB_ID_MAGIC, CACHE_BLOB_VERSION};
     pub use crate::runtime::device::cache_fingerprint;
+    pub use crate::runtime::lazy::LazyAcquired;
     pub use crate::runtime::prebuild::{Progress, app_manifests, prebuild, prebuild_with_progress};
     pub use crate::runtime::prefetch::default_workers;
     pub use crate::runtime::spirv_cache::spirv_key;

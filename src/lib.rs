@@ -62,9 +62,9 @@ pub use error::{Error, Result};
 #[cfg(not(loom))]
 pub use runtime::{
     Buffer, BufferArg, BufferBound, CacheBlob, Context, ContextBuilder, ContextStats, Event,
-    Extent, Kernel, KernelRequest, LaunchDesc, ManifestState, Platform, PrebuildReport, Prefetch,
-    PushConstants, Queue, RawBuffer, SpirvStats, SpirvStep, WarmStartReport, declare_access_bounds,
-    platforms, select_device,
+    Extent, Kernel, KernelRequest, LaunchDesc, LazyStats, ManifestState, Platform, PrebuildReport,
+    Prefetch, PushConstants, Queue, RawBuffer, SpirvStats, SpirvStep, WarmStartReport,
+    declare_access_bounds, platforms, select_device,
 };
 pub use runtime::{CacheDebugStats, SealStats, Source};
 pub use warnings::{Warning, WarningCallback, set_warning_callback};

@@ -20,6 +20,7 @@ mod interop_contract;
 mod interop_opencl;
 mod interop_vulkan;
 mod launch_bounds;
+mod lazy;
 mod memory_cache;
 mod memory_front;
 mod metrics_scrape;

@@ -2,11 +2,12 @@
 //! workgroups (flash-decoding) and combined with a log-sum-exp; `attend` does the same without
 //! appending.
 
-use kpc::{Buffer, BufferArg, Event, LaunchDesc, PushConstants};
+use kpc::{Buffer, BufferArg, Event, Kernel, LaunchDesc, PushConstants};
 use kpc::{Error, Result};
 
 use super::{Attention, KvCache, check_len};
 use crate::launch::Batch;
+use crate::lazy::Now;
 
 impl Attention {
     /// The split launch's groups and push constants for a decode over `len` positions of `cache`.
@@ -177,9 +178,19 @@ impl Attention {
         out: &Buffer<f32>,
         len: usize,
     ) {
+        let lazy = self.lazy.as_ref().map(|l| l.decode(&self.ctx));
+        let (decode, append, reduce) = match &lazy {
+            None => (&self.decode, self.append.as_ref(), self.reduce.as_ref()),
+            Some(Now::Generic(g)) => {
+                self.record_generic(batch, g, cache, q, new, out, len, 1);
+                return;
+            }
+            // In request order: the decode, then the split path's reduce and append.
+            Some(Now::Specialized(k)) => (&k[0], k.get(2), k.get(1)),
+        };
         let (groups, split_push, splits) = self.split_launch(len, cache.capacity(), new.is_some());
         let (k, v) = cache.buffers();
-        let (Some(append), Some(reduce)) = (&self.append, &self.reduce) else {
+        let (Some(append), Some(reduce)) = (append, reduce) else {
             let (nk, nv) = new.unwrap_or((&self.new_k, &self.new_v));
             let args: [&dyn BufferArg; 9] = [
                 q,
@@ -193,7 +204,7 @@ impl Attention {
                 out,
             ];
             batch.add(&[LaunchDesc {
-                kernel: &self.decode,
+                kernel: decode,
                 groups,
                 buffers: &args,
                 push_constants: split_push.as_bytes(),
@@ -204,7 +215,7 @@ impl Attention {
         let decode_args: [&dyn BufferArg; 5] = [q, k, v, &self.part_o, &self.part_ml];
         let reduce_args: [&dyn BufferArg; 3] = [&self.part_o, &self.part_ml, out];
         let split = LaunchDesc {
-            kernel: &self.decode,
+            kernel: decode,
             groups,
             buffers: &decode_args,
             push_constants: split_push.as_bytes(),
@@ -239,6 +250,43 @@ impl Attention {
             split,
             combine,
         ]);
+    }
+
+    /// Records `attn_generic` (see lazy.rs and its source) for `rows` query rows of `q` over the
+    /// first `len` positions of `cache`, the rows being its last ones; with `new` (a decode step,
+    /// one row), position `len - 1` is read from it and written to the cache.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record_generic(
+        &self,
+        batch: &mut Batch,
+        generic: &Kernel,
+        cache: &KvCache,
+        q: &Buffer<f32>,
+        new: Option<(&Buffer<f32>, &Buffer<f32>)>,
+        out: &Buffer<f32>,
+        len: usize,
+        rows: usize,
+    ) {
+        let s = &self.shape;
+        let (k, v) = cache.buffers();
+        let (nk, nv) = new.unwrap_or((&self.new_k, &self.new_v));
+        let push = PushConstants::new()
+            .u32(len as u32)
+            .u32(rows as u32)
+            .u32(cache.capacity() as u32)
+            .u32(s.q_heads as u32)
+            .u32((s.q_heads / s.kv_heads) as u32)
+            .u32(s.head_dim as u32)
+            .u32(u32::from(self.dtype == crate::KvDtype::F16))
+            .u32(u32::from(new.is_some()))
+            .f32(1.0 / (s.head_dim as f32).sqrt());
+        let args: [&dyn BufferArg; 6] = [q, k, v, out, nk, nv];
+        batch.add(&[LaunchDesc {
+            kernel: generic,
+            groups: [rows as u32, (s.batch * s.q_heads) as u32, 1],
+            buffers: &args,
+            push_constants: push.as_bytes(),
+        }]);
     }
 
     /// [`Attention::decode`] with the new position's K and V given on the host

@@ -39,6 +39,14 @@ pub const SPIRV: &[ShippedSpirv] = &[
         cooperative_matrix2: false,
     },
     ShippedSpirv {
+        name: "attn_generic",
+        source: "kernels/attn_generic.comp",
+        spirv: include_bytes!("../kernels/attn_generic.spv"),
+        glsl: include_str!("../kernels/attn_generic.comp"),
+        cooperative_matrix: false,
+        cooperative_matrix2: false,
+    },
+    ShippedSpirv {
         name: "attn_reduce",
         source: "kernels/attn_reduce.comp",
         spirv: include_bytes!("../kernels/attn_reduce.spv"),
@@ -177,6 +185,11 @@ pub const OPENCL: &[ShippedOpenCl] = &[
         name: "attn_append",
         path: "kernels/attn_append.cl",
         source: include_str!("../kernels/attn_append.cl"),
+    },
+    ShippedOpenCl {
+        name: "attn_generic",
+        path: "kernels/attn_generic.cl",
+        source: include_str!("../kernels/attn_generic.cl"),
     },
     ShippedOpenCl {
         name: "attn_reduce",

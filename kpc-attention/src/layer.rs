@@ -13,8 +13,8 @@ use super::choice::{
 };
 use super::decode_choice::{coop_decode_fits, coop_decode_shared, vec_layout};
 use super::{
-    Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
-    shipped_kernel_from,
+    Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, LazyReport,
+    PrefillKernel, shipped_kernel_from, shipped_request,
 };
 
 impl Attention {
@@ -223,7 +223,32 @@ impl Attention {
                 ("attn_decode_vec", spec)
             }
         };
-        let decode = shipped_kernel_from(ctx, decode_name, &decode_spec, options.from_source)?;
+        // With `lazy`, every kernel is requested with the generic one as its fallback from its
+        // path's second call on (see lazy.rs); the fields hold the generic kernel, for reporting.
+        let generic = if options.lazy {
+            let r = shipped_request(
+                ctx,
+                "attn_generic",
+                &SpecConstants::new(),
+                options.from_source,
+            )?;
+            Some((ctx.kernel_with(&r)?, r))
+        } else {
+            None
+        };
+        let mut lazy_requests = Vec::new();
+        let mut acquire = |name: &str, spec: &SpecConstants| -> Result<Kernel> {
+            match &generic {
+                None => shipped_kernel_from(ctx, name, spec, options.from_source),
+                Some((k, g)) => {
+                    let r = shipped_request(ctx, name, spec, options.from_source)?
+                        .or_generic(g.clone());
+                    lazy_requests.push(r);
+                    Ok(k.clone())
+                }
+            }
+        };
+        let decode = acquire(decode_name, &decode_spec)?;
         let (append, reduce) = if vec.is_some() {
             (None, None)
         } else {
@@ -236,11 +261,9 @@ impl Attention {
             let reduce_spec = SpecConstants::new()
                 .with(0, SpecValue::U32(reduce_local))
                 .with(3, d);
-            let reduce =
-                shipped_kernel_from(ctx, "attn_reduce", &reduce_spec, options.from_source)?;
+            let reduce = acquire("attn_reduce", &reduce_spec)?;
             let append_spec = SpecConstants::new().with(0, local).with(2, f16).with(3, d);
-            let append =
-                shipped_kernel_from(ctx, "attn_append", &append_spec, options.from_source)?;
+            let append = acquire("attn_append", &append_spec)?;
             (Some(append), Some(reduce))
         };
         let (prefill_name, prefill_spec) = match prefill_kind {
@@ -283,7 +306,12 @@ impl Attention {
                     .with(5, SpecValue::U32(options.block_k)),
             ),
         };
-        let prefill = shipped_kernel_from(ctx, prefill_name, &prefill_spec, options.from_source)?;
+        let prefill = acquire(prefill_name, &prefill_spec)?;
+        // In request order: decode, [reduce, append,] prefill.
+        let lazy = generic.map(|(g, _)| {
+            let prefill = lazy_requests.pop().expect("the prefill was requested");
+            super::lazy::Lazy::new(g, lazy_requests, prefill)
+        });
         let splits = match vec {
             None => capacity.div_ceil(options.chunk as usize),
             Some(_) => Self::vec_most_splits(shape, options, capacity),
@@ -310,6 +338,7 @@ impl Attention {
             new_k: ctx.buffer(shape.kv_step_elems())?,
             new_v: ctx.buffer(shape.kv_step_elems())?,
             step: parking_lot::Mutex::new(()),
+            lazy,
         })
     }
 
@@ -444,8 +473,19 @@ impl Attention {
         self.coop_quad
     }
 
-    /// Every kernel it holds, for reporting where each came from and how long it took to acquire.
+    /// What [`AttentionOptions::lazy`] did: calls run on `attn_generic` and on the specialized
+    /// kernels, and the paths that swapped; `None` without it.
+    pub fn lazy_report(&self) -> Option<LazyReport> {
+        self.lazy.as_ref().map(|l| l.report())
+    }
+
+    /// Every kernel it holds, for reporting where each came from and how long it took to acquire
+    /// (with [`AttentionOptions::lazy`], `attn_generic` alone: the specialized kernels are acquired
+    /// at each call).
     pub fn kernels(&self) -> Vec<&Kernel> {
+        if let Some(l) = &self.lazy {
+            return vec![l.generic()];
+        }
         [
             Some(&self.prefill),
             self.append.as_ref(),

@@ -48,6 +48,7 @@ pub mod kernels;
 mod kv_cache;
 mod launch;
 mod layer;
+mod lazy;
 pub mod mha;
 mod options;
 mod prefill;
@@ -56,6 +57,7 @@ mod stack;
 mod tensor;
 
 pub use kv_cache::{F16_MAX, KvCache, check_storable, round_to_f16};
+pub use lazy::LazyReport;
 pub use mha::{MhaKind, MhaParams, MhaWeights, MultiHeadAttention, ProjectionKernel};
 pub use options::{AttentionOptions, DecodeKernel, PrefillKernel};
 pub use stack::{DecoderLayer, DecoderStack};
@@ -186,6 +188,10 @@ pub struct Attention {
     new_k: Buffer<f32>,
     new_v: Buffer<f32>,
     step: parking_lot::Mutex<()>,
+    /// [`AttentionOptions::lazy`]: the specialized kernels' requests with `attn_generic` as their
+    /// fallback (then `append`, `decode`, `reduce` and `prefill` hold `attn_generic`, for reporting
+    /// only).
+    lazy: Option<lazy::Lazy>,
 }
 
 impl std::fmt::Debug for Attention {
@@ -215,6 +221,16 @@ fn shipped_kernel_from(
     spec: &SpecConstants,
     from_source: bool,
 ) -> Result<Kernel> {
+    ctx.kernel_with(&shipped_request(ctx, name, spec, from_source)?)
+}
+
+/// The request [`shipped_kernel_from`] acquires.
+fn shipped_request(
+    ctx: &Context,
+    name: &str,
+    spec: &SpecConstants,
+    from_source: bool,
+) -> Result<kpc::KernelRequest> {
     let coop = crate::kernels::SPIRV
         .iter()
         .any(|k| k.name == name && k.cooperative_matrix);
@@ -223,5 +239,5 @@ fn shipped_kernel_from(
         BackendKind::Vulkan => crate::kernels::spirv_image(name)?,
         BackendKind::OpenCl => crate::kernels::opencl_image(name)?,
     };
-    ctx.kernel_with(&kpc::KernelRequest::new(&image, name).spec(spec.clone()))
+    Ok(kpc::KernelRequest::new(&image, name).spec(spec.clone()))
 }

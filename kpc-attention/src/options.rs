@@ -188,6 +188,14 @@ pub struct AttentionOptions {
     /// instead of from the committed SPIR-V (`kpc attention --from-source`). Cooperative-matrix
     /// kernels keep their committed SPIR-V (see [`crate::kernels::glsl_image`]).
     pub from_source: bool,
+    /// Never wait for a specialized kernel's build (`kpc attention --lazy`): each kernel is
+    /// requested with the generic `attn_generic` as its fallback ([`kpc::KernelRequest::or_generic`]),
+    /// so while a specialized kernel is in no cache layer, prefills and decode steps run on
+    /// `attn_generic` (every shape parameter in push constants: one build per device serves every
+    /// shape) and the specialized kernels build in the background (requested from each path's
+    /// second call on: the first answer does not share the CPU with their builds); each call runs
+    /// on them once they are all ready ([`crate::Attention::lazy_report`]).
+    pub lazy: bool,
 }
 
 impl Default for AttentionOptions {
@@ -221,6 +229,7 @@ impl Default for AttentionOptions {
             block_q: 8,
             block_k: 32,
             from_source: false,
+            lazy: false,
         }
     }
 }

@@ -6,6 +6,7 @@ use kpc::{Error, Result};
 
 use super::{Attention, KvCache, PrefillKernel, check_len};
 use crate::launch::Batch;
+use crate::lazy::Now;
 
 impl Attention {
     /// Causal attention for `len` new positions: appends `k` and `v` (`[batch][kv_head][len][head_dim]`)
@@ -89,6 +90,14 @@ impl Attention {
         }
         check_len("prefill q", q.len(), self.shape.q_elems() * len)?;
         check_len("prefill out", out.len(), self.shape.q_elems() * len)?;
+        let prefill = match self.lazy.as_ref().map(|l| l.prefill(&self.ctx)) {
+            None => self.prefill.clone(),
+            Some(Now::Generic(g)) => {
+                self.record_generic(batch, &g, cache, q, None, out, cache.len(), len);
+                return Ok(());
+            }
+            Some(Now::Specialized(mut k)) => k.remove(0),
+        };
         let block_q = match self.prefill_kind {
             PrefillKernel::Cooperative => self.options.coop_rows as usize,
             PrefillKernel::Cm2 => self.options.cm2_rows as usize,
@@ -116,7 +125,7 @@ impl Attention {
         };
         let (kb, vb) = cache.buffers();
         batch.add(&[LaunchDesc {
-            kernel: &self.prefill,
+            kernel: &prefill,
             groups,
             buffers: &[q, kb, vb, out],
             push_constants: push.as_bytes(),

@@ -12,6 +12,7 @@ use kpc_attention::{
 use crate::common::drivers::{opencl_context, random_f32, vulkan_context};
 
 mod coop_decode;
+mod lazy;
 mod prefill;
 use coop_decode::coop_decode_choice;
 use prefill::{
@@ -520,6 +521,26 @@ macro_rules! backend_tests {
     ($backend:ident, $context:ident) => {
         mod $backend {
             use super::*;
+
+            #[test]
+            fn lazy_generic_kernel_matches_the_reference() {
+                let Some(ctx) = $context(concat!(stringify!($backend), "_lazy_generic")) else {
+                    return;
+                };
+                lazy::generic_kernel_matches_the_reference(&ctx);
+            }
+
+            #[test]
+            fn lazy_cold_run_answers_generic_then_swaps() {
+                let Some(ctx) = $context(concat!(stringify!($backend), "_lazy_swap")) else {
+                    return;
+                };
+                lazy::a_cold_run_answers_generic_then_swaps(&ctx, KvDtype::F32);
+                let Some(ctx) = $context(concat!(stringify!($backend), "_lazy_swap_f16")) else {
+                    return;
+                };
+                lazy::a_cold_run_answers_generic_then_swaps(&ctx, KvDtype::F16);
+            }
 
             #[test]
             fn decode_f32_matches_the_reference() {

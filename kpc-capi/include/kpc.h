@@ -468,6 +468,12 @@ typedef enum kpc_seal_mode {
    * Do not build: the request fails with `KPC_STATUS_SEALED`.
    */
   KPC_SEAL_ERROR = 3,
+  /**
+   * A request with a generic fallback (`kpc_kernel_get_or_generic`) is served the fallback and
+   * its specialized kernel is not built; any other build is built and logged as under
+   * `KPC_SEAL_WARN`.
+   */
+  KPC_SEAL_GENERIC = 4,
 } kpc_seal_mode;
 
 /**
@@ -759,7 +765,47 @@ typedef struct kpc_seal_stats {
    * Kernel requests refused after sealing (`KPC_SEAL_ERROR`) because they would have built.
    */
   uint64_t refused;
+  /**
+   * Builds left of the build budget (`KPC_CACHE_BUILD_BUDGET`) before the seal comes into
+   * force; `UINT64_MAX` where no budget is counting (none configured, the warm-up still
+   * running, or spent).
+   */
+  uint64_t budget_left;
 } kpc_seal_stats;
+
+/**
+ * What serving generic fallbacks did for a context (`kpc_kernel_get_or_generic`).
+ */
+typedef struct kpc_lazy_stats {
+  /**
+   * Requests served the fallback.
+   */
+  uint64_t served_generic;
+  /**
+   * Of those, the ones served it because `KPC_SEAL_GENERIC` was in force.
+   */
+  uint64_t sealed_generic;
+  /**
+   * Specialized kernels returned for the first time after their background build.
+   */
+  uint64_t swapped_in;
+  /**
+   * Background builds that compiled, and their summed compile time.
+   */
+  uint64_t background_builds;
+  /**
+   * Nanoseconds of those builds.
+   */
+  uint64_t background_build_time_ns;
+  /**
+   * Background builds that failed (each warned about once; the fallback goes on serving).
+   */
+  uint64_t background_failures;
+  /**
+   * Background builds queued or running now.
+   */
+  uint64_t pending;
+} kpc_lazy_stats;
 
 /**
  * A context's statistics. Versioned: set `struct_size = sizeof(kpc_stats)` before the call; kpc
@@ -788,9 +834,13 @@ typedef struct kpc_stats {
    */
   struct kpc_backend_stats backend_counters;
   /**
-   * Sealed mode. Last, so older callers' structs still fit.
+   * Sealed mode.
    */
   struct kpc_seal_stats seal;
+  /**
+   * Generic fallbacks (`kpc_kernel_get_or_generic`). Last, so older callers' structs still fit.
+   */
+  struct kpc_lazy_stats lazy;
 } kpc_stats;
 
 /**
@@ -1866,6 +1916,53 @@ enum kpc_status kpc_kernel_create(const struct kpc_context *context,
                                   size_t spec_count,
                                   const char *build_options,
                                   struct kpc_kernel **out);
+
+/**
+ * As `kpc_kernel_create`, with a generic fallback (`generic_image`'s `generic_entry`, its own spec
+ * constants and build options): while the specialized kernel (the first six arguments) is in no
+ * cache layer (memory, disk, read-only layer, remote), `*out` receives the fallback at once and the
+ * specialized kernel builds in the background, under the same single flight as every request; a
+ * call after it is ready receives the specialized kernel. `kpc_kernel_is_generic` says which one a
+ * handle holds, since their launch parameters may differ. A failed background build is warned
+ * about once (through the log callback) and the fallback goes on serving it. Under
+ * `KPC_SEAL_GENERIC` the fallback is served and nothing specialized is built; under
+ * `KPC_SEAL_ERROR` a specialized kernel that would build is refused (`KPC_STATUS_SEALED`) as by
+ * `kpc_kernel_create`. `kpc_stats.lazy` counts what was served and built.
+ *
+ * Ownership: `*out` receives a new kernel handle; destroy it with `kpc_kernel_destroy`.
+ * Errors: those of `kpc_kernel_create`, for either kernel's arguments (checked before anything is
+ * acquired) and for the fallback's acquisition when it is served; when the fallback fails, the
+ * specialized kernel is acquired as by `kpc_kernel_create`.
+ *
+ * # Safety
+ * `entry`, `build_options`, `generic_entry` and `generic_build_options` are NULL or NUL-terminated
+ * strings; `spec` and `generic_spec` are NULL or have their counts' elements; `out` is NULL or
+ * writable.
+ */
+enum kpc_status kpc_kernel_get_or_generic(const struct kpc_context *context,
+                                          const struct kpc_image *image,
+                                          const char *entry,
+                                          const struct kpc_spec_constant *spec,
+                                          size_t spec_count,
+                                          const char *build_options,
+                                          const struct kpc_image *generic_image,
+                                          const char *generic_entry,
+                                          const struct kpc_spec_constant *generic_spec,
+                                          size_t generic_spec_count,
+                                          const char *generic_build_options,
+                                          struct kpc_kernel **out);
+
+/**
+ * Writes 1 to `*out` when `kernel` is the generic fallback of a `kpc_kernel_get_or_generic`
+ * request (launch it with the fallback's parameters), else 0 (the specialized kernel, or any
+ * kernel from `kpc_kernel_create`).
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or a NULL `out`.
+ *
+ * # Safety
+ * `out` is NULL or writable.
+ */
+enum kpc_status kpc_kernel_is_generic(const struct kpc_kernel *kernel, uint32_t *out);
 
 /**
  * Destroys a kernel handle. NULL is accepted and does nothing. The kernel itself stays in its

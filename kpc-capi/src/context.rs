@@ -255,8 +255,30 @@ pub struct kpc_stats {
     pub disk: kpc_disk_stats,
     /// The backend.
     pub backend_counters: kpc_backend_stats,
-    /// Sealed mode. Last, so older callers' structs still fit.
+    /// Sealed mode.
     pub seal: kpc_seal_stats,
+    /// Generic fallbacks (`kpc_kernel_get_or_generic`). Last, so older callers' structs still fit.
+    pub lazy: kpc_lazy_stats,
+}
+
+/// What serving generic fallbacks did for a context (`kpc_kernel_get_or_generic`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct kpc_lazy_stats {
+    /// Requests served the fallback.
+    pub served_generic: u64,
+    /// Of those, the ones served it because `KPC_SEAL_GENERIC` was in force.
+    pub sealed_generic: u64,
+    /// Specialized kernels returned for the first time after their background build.
+    pub swapped_in: u64,
+    /// Background builds that compiled, and their summed compile time.
+    pub background_builds: u64,
+    /// Nanoseconds of those builds.
+    pub background_build_time_ns: u64,
+    /// Background builds that failed (each warned about once; the fallback goes on serving).
+    pub background_failures: u64,
+    /// Background builds queued or running now.
+    pub pending: u64,
 }
 
 /// What sealing did for a context (`kpc_context_seal`, `KPC_CACHE_SEAL`).
@@ -269,6 +291,10 @@ pub struct kpc_seal_stats {
     pub builds: u64,
     /// Kernel requests refused after sealing (`KPC_SEAL_ERROR`) because they would have built.
     pub refused: u64,
+    /// Builds left of the build budget (`KPC_CACHE_BUILD_BUDGET`) before the seal comes into
+    /// force; `UINT64_MAX` where no budget is counting (none configured, the warm-up still
+    /// running, or spent).
+    pub budget_left: u64,
 }
 
 /// What a sealed context does with a kernel request no cache layer can serve.
@@ -284,6 +310,10 @@ pub enum kpc_seal_mode {
     KPC_SEAL_WARN = 2,
     /// Do not build: the request fails with `KPC_STATUS_SEALED`.
     KPC_SEAL_ERROR = 3,
+    /// A request with a generic fallback (`kpc_kernel_get_or_generic`) is served the fallback and
+    /// its specialized kernel is not built; any other build is built and logged as under
+    /// `KPC_SEAL_WARN`.
+    KPC_SEAL_GENERIC = 4,
 }
 
 pub(crate) fn c_seal(m: SealMode) -> kpc_seal_mode {
@@ -291,6 +321,7 @@ pub(crate) fn c_seal(m: SealMode) -> kpc_seal_mode {
         SealMode::Off => kpc_seal_mode::KPC_SEAL_OFF,
         SealMode::Warn => kpc_seal_mode::KPC_SEAL_WARN,
         SealMode::Error => kpc_seal_mode::KPC_SEAL_ERROR,
+        SealMode::Generic => kpc_seal_mode::KPC_SEAL_GENERIC,
     }
 }
 
@@ -301,8 +332,10 @@ pub(crate) fn seal_arg(mode: u32, configured_ok: bool) -> Result<Option<SealMode
         1 => Ok(Some(SealMode::Off)),
         2 => Ok(Some(SealMode::Warn)),
         3 => Ok(Some(SealMode::Error)),
+        4 => Ok(Some(SealMode::Generic)),
         _ => Err(Failure::invalid(format!(
-            "mode is {mode}: expected {}KPC_SEAL_OFF (1), KPC_SEAL_WARN (2) or KPC_SEAL_ERROR (3)",
+            "mode is {mode}: expected {}KPC_SEAL_OFF (1), KPC_SEAL_WARN (2), KPC_SEAL_ERROR (3) or \
+             KPC_SEAL_GENERIC (4)",
             if configured_ok {
                 "KPC_SEAL_CONFIGURED (0), "
             } else {
@@ -403,6 +436,16 @@ fn stats_of(ctx: &Context) -> kpc_stats {
             mode: c_seal(s.seal.mode) as u64,
             builds: s.seal.builds,
             refused: s.seal.refused,
+            budget_left: s.seal.budget_left.unwrap_or(u64::MAX),
+        },
+        lazy: kpc_lazy_stats {
+            served_generic: s.lazy.served_generic,
+            sealed_generic: s.lazy.sealed_generic,
+            swapped_in: s.lazy.swapped_in,
+            background_builds: s.lazy.background_builds,
+            background_build_time_ns: ns(s.lazy.background_build_time),
+            background_failures: s.lazy.background_failures,
+            pending: s.lazy.pending,
         },
     }
 }

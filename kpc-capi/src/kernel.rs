@@ -416,6 +416,93 @@ pub unsafe extern "C" fn kpc_kernel_create(
     })
 }
 
+/// As `kpc_kernel_create`, with a generic fallback (`generic_image`'s `generic_entry`, its own spec
+/// constants and build options): while the specialized kernel (the first six arguments) is in no
+/// cache layer (memory, disk, read-only layer, remote), `*out` receives the fallback at once and the
+/// specialized kernel builds in the background, under the same single flight as every request; a
+/// call after it is ready receives the specialized kernel. `kpc_kernel_is_generic` says which one a
+/// handle holds, since their launch parameters may differ. A failed background build is warned
+/// about once (through the log callback) and the fallback goes on serving it. Under
+/// `KPC_SEAL_GENERIC` the fallback is served and nothing specialized is built; under
+/// `KPC_SEAL_ERROR` a specialized kernel that would build is refused (`KPC_STATUS_SEALED`) as by
+/// `kpc_kernel_create`. `kpc_stats.lazy` counts what was served and built.
+///
+/// Ownership: `*out` receives a new kernel handle; destroy it with `kpc_kernel_destroy`.
+/// Errors: those of `kpc_kernel_create`, for either kernel's arguments (checked before anything is
+/// acquired) and for the fallback's acquisition when it is served; when the fallback fails, the
+/// specialized kernel is acquired as by `kpc_kernel_create`.
+///
+/// # Safety
+/// `entry`, `build_options`, `generic_entry` and `generic_build_options` are NULL or NUL-terminated
+/// strings; `spec` and `generic_spec` are NULL or have their counts' elements; `out` is NULL or
+/// writable.
+#[allow(clippy::too_many_arguments)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_kernel_get_or_generic(
+    context: *const kpc_context,
+    image: *const kpc_image,
+    entry: *const c_char,
+    spec: *const kpc_spec_constant,
+    spec_count: usize,
+    build_options: *const c_char,
+    generic_image: *const kpc_image,
+    generic_entry: *const c_char,
+    generic_spec: *const kpc_spec_constant,
+    generic_spec_count: usize,
+    generic_build_options: *const c_char,
+    out: *mut *mut kpc_kernel,
+) -> kpc_status {
+    guard("kpc_kernel_get_or_generic", || {
+        check_out(out, "out")?;
+        // SAFETY: forwarded to the caller.
+        let k = unsafe { key_args(context, image, spec, spec_count, build_options)? };
+        // SAFETY: forwarded to the caller.
+        let entry = unsafe { str_arg(entry, "entry")? };
+        let generic_image = registry::get::<DeviceImage>(generic_image, "generic_image")?;
+        // SAFETY: forwarded to the caller.
+        let generic_spec = unsafe { spec_arg(generic_spec, generic_spec_count)? };
+        // SAFETY: forwarded to the caller.
+        let generic_options =
+            unsafe { opt_str_arg(generic_build_options, "generic_build_options")? }.unwrap_or("");
+        // SAFETY: forwarded to the caller.
+        let generic_entry = unsafe { str_arg(generic_entry, "generic_entry")? };
+        check_format(&k.context, &k.image)?;
+        check_format(&k.context, &generic_image)?;
+        let generic = kpc::KernelRequest::new(&generic_image, generic_entry)
+            .spec(generic_spec)
+            .options(BuildOptions::new(generic_options));
+        let kernel = k.context.kernel_with(
+            &kpc::KernelRequest::new(&k.image, entry)
+                .spec(k.spec.clone())
+                .options(k.options.clone())
+                .or_generic(generic),
+        )?;
+        let h = registry::insert(KernelObject::new(kernel, k.context.backend()));
+        // SAFETY: checked above; writable by the caller's promise.
+        unsafe { write_out(out, h, "out") }
+    })
+}
+
+/// Writes 1 to `*out` when `kernel` is the generic fallback of a `kpc_kernel_get_or_generic`
+/// request (launch it with the fallback's parameters), else 0 (the specialized kernel, or any
+/// kernel from `kpc_kernel_create`).
+///
+/// Errors: `KPC_STATUS_INVALID_ARGUMENT` for a bad handle or a NULL `out`.
+///
+/// # Safety
+/// `out` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kpc_kernel_is_generic(
+    kernel: *const kpc_kernel,
+    out: *mut u32,
+) -> kpc_status {
+    guard("kpc_kernel_is_generic", || {
+        let k = registry::get::<KernelObject>(kernel, "kernel")?;
+        // SAFETY: forwarded to the caller.
+        unsafe { write_out(out, u32::from(k.kernel.is_generic()), "out") }
+    })
+}
+
 /// Refuses an image the context's backend cannot build, with a message that says what it takes.
 pub(crate) fn check_format(ctx: &Context, image: &DeviceImage) -> Result<(), Failure> {
     let wanted = match ctx.backend() {

@@ -573,6 +573,49 @@ fn c_seal_opencl() {
     assert!(sealed.contains("ok KPC_STATUS_SEALED"), "{sealed}");
 }
 
+/// Generic while specialized from C on one backend (tests/c/lazy.c), on a fresh cache directory.
+fn lazy_from_c(backend: &str, test: &str, kernel: &str) {
+    let Some(()) = cc_available(backend, test) else {
+        return;
+    };
+    let selector = match backend {
+        "vulkan" => drivers::vulkan_device(test).map(|d| format!("vulkan:{}", d.index)),
+        _ => drivers::opencl_device(test).map(|d| format!("opencl:{}", d.index)),
+    };
+    let Some(selector) = selector else {
+        return;
+    };
+    let dir = TempDir::new(&format!("capi-lazy-{backend}"));
+    let exe = compile("lazy", &[], dir.path());
+    let cache = dir.join("cache");
+    let out = run(
+        &exe,
+        &[selector.as_str(), kernel_file(kernel).as_str()],
+        &[("KPC_CACHE_DIR", &cache)],
+    );
+    assert!(
+        out.contains("sealed: the fallback served, nothing specialized queued"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "unsealed: the fallback served while the specialized kernel built, then swapped in"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("arguments: checked"), "{out}");
+}
+
+#[test]
+fn c_lazy_vulkan() {
+    lazy_from_c("vulkan", "c_lazy_vulkan", "saxpy.spv");
+}
+
+#[test]
+fn c_lazy_opencl() {
+    lazy_from_c("opencl", "c_lazy_opencl", "saxpy.cl");
+}
+
 /// A C program sees kpc's warnings: an unusable cache directory (a regular file) is delivered to
 /// its `kpc_set_log_callback` callback, reported by `kpc_context_disk_unusable_reason` and
 /// `kpc_stats.disk.enabled` = 0; without a callback it goes to stderr, and `KPC_LOG_STDERR=0`

@@ -61,6 +61,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     let result = workload(&mut report, args, &device, &ctx, shape, dtype, options);
     report.print(result.is_ok());
     crate::attention_report::seal_summary(&ctx);
+    crate::attention_report::lazy_summary(&ctx);
     let code = result?;
     for l in ctx.stats().stores {
         if l.kind == kpc::StoreKind::Remote {
@@ -517,6 +518,17 @@ fn workload(
             log,
             "copy:    {:.2} GB/s (copy kernel, same run)",
             copy_bw / 1e9
+        );
+    }
+
+    if let Some(r) = attn.lazy_report() {
+        say!(
+            log,
+            "lazy:    {} calls on attn_generic, {} on the specialized kernels, {} of 2 paths \
+             swapped (prefill, decode)",
+            r.generic_calls,
+            r.specialized_calls,
+            r.swapped
         );
     }
 

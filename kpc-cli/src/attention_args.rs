@@ -189,6 +189,12 @@ pub struct Args {
     /// from (compiled, memory, disk, ...).
     #[arg(long)]
     pub(crate) from_source: bool,
+    /// Never wait for a specialized kernel's build (AttentionOptions::lazy): while one is not in a
+    /// cache layer, prefills and decode steps run on the generic attn_generic (shapes in push
+    /// constants) and the specialized kernels build in the background; the report counts what ran
+    /// on which, and what was swapped in.
+    #[arg(long)]
+    pub(crate) lazy: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -360,6 +366,7 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
         options.decode_head_lanes = h;
     }
     options.from_source = args.from_source;
+    options.lazy = args.lazy;
     Ok(Plan {
         device,
         shape,

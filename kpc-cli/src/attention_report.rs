@@ -102,6 +102,24 @@ pub(crate) fn seal_before_first_acquisition(ctx: &kpc::Context) {
     }
 }
 
+/// What the generic fallbacks did in this run (`--lazy`), when any was served.
+pub(crate) fn lazy_summary(ctx: &kpc::Context) {
+    let l = ctx.stats().lazy;
+    if l.served_generic + l.swapped_in + l.background_builds + l.background_failures > 0 {
+        outln!(
+            "generic fallbacks: served {} times ({} under the generic seal), {} specialized \
+             kernels swapped in, {} background builds ({:.1} ms), {} failed, {} pending",
+            l.served_generic,
+            l.sealed_generic,
+            l.swapped_in,
+            l.background_builds,
+            l.background_build_time.as_secs_f64() * 1e3,
+            l.background_failures,
+            l.pending
+        );
+    }
+}
+
 /// What sealing did in this run, when the context was sealed at any point.
 pub(crate) fn seal_summary(ctx: &kpc::Context) {
     let s = ctx.stats().seal;

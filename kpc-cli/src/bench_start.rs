@@ -14,6 +14,11 @@
 //! - `cold-parallel`: every shipped kernel of the backend at once with `Context::prefetch` (point
 //!   KPC_CACHE_DIR at an empty directory and turn driver caches off).
 //! - `cold-single`: one shipped kernel (`--kernel`), alone.
+//! - `first-step`: the time to the first correct decode step (issue 45): opens the device, makes the
+//!   attention layer (`--heads`, `--kv-heads`, `--head-dim`, f16 K/V; with `--lazy`,
+//!   `AttentionOptions::lazy`), runs a causal prefill of `--prompt` positions and one decode step,
+//!   reads the step's output and checks it against the float64 reference (outside the clock). Point
+//!   KPC_CACHE_DIR at an empty directory and turn driver caches off for a cold start.
 //!
 //! Each prints one `bench-start:` line: `total_ms` from the start of this subcommand (configuration
 //! read, device opened, kernels in memory) and `kernels_ms` from the device being open.
@@ -52,6 +57,13 @@ pub struct Args {
     kv_heads: usize,
     #[arg(long, default_value_t = 128)]
     head_dim: usize,
+    /// first-step: the prompt's positions before the decode step.
+    #[arg(long, default_value_t = 64)]
+    prompt: usize,
+    /// first-step: request every specialized kernel with the generic one as its fallback
+    /// (AttentionOptions::lazy).
+    #[arg(long)]
+    lazy: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -63,6 +75,7 @@ enum Phase {
     Warm,
     ColdParallel,
     ColdSingle,
+    FirstStep,
 }
 
 fn ms(t: Instant) -> f64 {
@@ -184,7 +197,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
             })?;
             shipped(&device, Some(k))?
         }
-        Phase::Floor | Phase::Record => Vec::new(),
+        Phase::Floor | Phase::Record | Phase::FirstStep => Vec::new(),
     };
     let setup_ms = ms(setup);
     let ctx = Context::builder()
@@ -201,6 +214,7 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
     let t = Instant::now();
     let mut each = Vec::new();
     match args.phase {
+        Phase::FirstStep => return first_step(&ctx, args, &label, start, open_ms),
         Phase::Floor => {}
         Phase::Record => {
             record(&ctx, args, &config, &device)?;
@@ -253,5 +267,93 @@ pub fn run(config: &Config, args: &Args) -> kpc::Result<ExitCode> {
         open_ms + kernels_ms,
         detail.join(",")
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The `first-step` phase (see the module documentation): prints one `bench-start:` line with
+/// `first_step_ms` from the start of this subcommand, and whether the step ran on the generic
+/// kernel.
+fn first_step(
+    ctx: &Context,
+    args: &Args,
+    label: &str,
+    start: Instant,
+    open_ms: f64,
+) -> kpc::Result<ExitCode> {
+    use kpc_attention::KvCache;
+    use kpc_attention::reference::{attention, relative_error};
+    let shape = AttentionShape {
+        batch: 1,
+        q_heads: args.heads,
+        kv_heads: args.kv_heads,
+        head_dim: args.head_dim,
+    };
+    let prompt = args.prompt.max(1);
+    let total = prompt + 1;
+    let (rows_q, rows_kv, d) = (shape.q_heads, shape.kv_heads, shape.head_dim);
+    // Inputs made before the clock's part that matters (they are the application's own data), in
+    // the values an f16 cache stores, so that the check compares like with like.
+    let mut rng = crate::attention_measure::Rng::new();
+    let q = rng.vec(rows_q * total * d);
+    let k = kpc_attention::round_to_f16(&rng.vec(rows_kv * total * d));
+    let v = kpc_attention::round_to_f16(&rng.vec(rows_kv * total * d));
+    let options = AttentionOptions {
+        lazy: args.lazy,
+        ..AttentionOptions::for_device(ctx.device())
+    };
+    let t = Instant::now();
+    let attn = Attention::new(ctx, &shape, KvDtype::F16, total, options)?;
+    let layer_ms = ms(t);
+    let mut cache = KvCache::new(ctx, &shape, total, KvDtype::F16)?;
+    let cut = |x: &[f32], heads: usize, from: usize, n: usize| -> Vec<f32> {
+        (0..heads)
+            .flat_map(|h| x[(h * total + from) * d..][..n * d].iter().copied())
+            .collect()
+    };
+    let qb = ctx.buffer_from(&cut(&q, rows_q, 0, prompt))?;
+    let out = ctx.buffer::<f32>(rows_q * prompt * d)?;
+    attn.prefill(
+        &mut cache,
+        &qb,
+        &cut(&k, rows_kv, 0, prompt),
+        &cut(&v, rows_kv, 0, prompt),
+        prompt,
+        &out,
+    )?
+    .wait()?;
+    let prefill_ms = ms(t) - layer_ms;
+    let before = attn.lazy_report().map_or(0, |r| r.generic_calls);
+    let qs = ctx.buffer_from(&cut(&q, rows_q, prompt, 1))?;
+    let os = ctx.buffer_from(&vec![f32::NAN; shape.q_elems()])?;
+    attn.decode_step(
+        &mut cache,
+        &qs,
+        &cut(&k, rows_kv, prompt, 1),
+        &cut(&v, rows_kv, prompt, 1),
+        &os,
+    )?
+    .wait()?;
+    let got = os.read()?;
+    let first_ms = ms(start);
+    let step_ms = ms(t);
+    let want = attention(&shape, &cut(&q, rows_q, prompt, 1), &k, &v, 1, total, true)?;
+    let err = relative_error(&got, &want);
+    // Which kernel answered the step itself (the prefill may have run on the other).
+    let generic = attn.lazy_report().is_some_and(|r| r.generic_calls > before);
+    let prefill_generic = before > 0;
+    let lazy = ctx.stats().lazy;
+    outln!(
+        "bench-start: {label} lazy={} step_generic={generic} prefill_generic={prefill_generic} \
+         error={err:.2e} open_ms={open_ms:.2} layer_ms={layer_ms:.2} prefill_ms={prefill_ms:.2} \
+         layer_to_step_ms={step_ms:.2} first_step_ms={first_ms:.2} served_generic={} pending={}",
+        args.lazy,
+        lazy.served_generic,
+        lazy.pending
+    );
+    if err > 2e-3 {
+        return Err(Error::InvalidArgument(format!(
+            "the first decode step is wrong: relative error {err:e} against the reference"
+        )));
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -35,3 +35,39 @@ crate::backend_tests! {
         }
     }
 }
+
+/// `kpc attention --lazy`: under `KPC_CACHE_SEAL=generic` every call runs on attn_generic and
+/// passes the check; unsealed on a cold cache, the first requests are served the fallback (each
+/// queues its specialized build) and the run passes the check whichever kernels it ran on.
+fn lazy_runs(backend: &str) {
+    let sealed = TempDir::new(&format!("attention-cli-lazy-sealed-{backend}"));
+    let out = attention_check(backend, sealed.path(), 4, |c| {
+        c.arg("--lazy").env("KPC_CACHE_SEAL", "generic");
+    });
+    assert!(
+        out.contains("on attn_generic, 0 on the specialized kernels, 0 of 2 paths swapped"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "under the generic seal), 0 specialized kernels swapped in, 0 background builds"
+        ),
+        "{out}"
+    );
+    let cold = TempDir::new(&format!("attention-cli-lazy-{backend}"));
+    let out = attention_check(backend, cold.path(), 4, |c| {
+        c.arg("--lazy").env_remove("KPC_CACHE_SEAL");
+    });
+    assert!(
+        out.contains("lazy:") && out.contains("generic fallbacks: served"),
+        "{out}"
+    );
+}
+
+crate::backend_tests! {
+    fn attention_lazy_answers_through_the_generic_kernel(backend, test) {
+        if crate::common::drivers::device(backend, test).is_some() {
+            lazy_runs(&backend.to_string());
+        }
+    }
+}

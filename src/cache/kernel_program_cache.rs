@@ -371,6 +371,16 @@ where
         self.maps.programs.get(key).map_or(0, |e| e.waiters())
     }
 
+    /// Whether the program for `key` is built and cached (not building, not failed): a kernel of it
+    /// is one kernel creation away.
+    pub fn has_built_program(&self, key: &ProgramKey) -> bool {
+        self.maps
+            .programs
+            .get(key)
+            .and_then(|e| e.value().try_final())
+            .is_some_and(|r| r.is_ok())
+    }
+
     /// Whether a kernel entry for `key` is present (in any state).
     pub fn contains_kernel(&self, key: &KernelKey) -> bool {
         self.maps.kernels.contains_key(key)

@@ -5,7 +5,7 @@ use std::fmt;
 use super::{ConfigError, invalid, vars};
 
 /// What `KPC_CACHE_SEAL` (and [`super::ConfigBuilder::seal`]) accept.
-pub const SEAL_ACCEPTED: &str = "off (also 0, false, no or empty: never sealed), warn (a build after sealing is logged with its miss explanation) or error (a build after sealing is refused with Error::Sealed)";
+pub const SEAL_ACCEPTED: &str = "off (also 0, false, no or empty: never sealed), warn (a build after sealing is logged with its miss explanation) error (a build after sealing is refused with Error::Sealed) or generic (a request that names a generic fallback is served the fallback instead of building its specialized kernel; any other build is logged as under warn)";
 
 /// What a sealed context does when an acquisition would build: nothing (`Off`), build and report
 /// it (`Warn`), or refuse with [`crate::Error::Sealed`] without building (`Error`).
@@ -19,6 +19,11 @@ pub enum SealMode {
     Warn,
     /// Does not build: the acquisition fails with [`crate::Error::Sealed`].
     Error,
+    /// A request with a generic fallback ([`crate::KernelRequest::or_generic`]) whose specialized
+    /// kernel no layer holds is served the fallback, and the specialized kernel is not built; a
+    /// build that has no fallback to serve instead (the fallback itself, a plain request) is built
+    /// and logged as under [`SealMode::Warn`].
+    Generic,
 }
 
 impl SealMode {
@@ -28,6 +33,7 @@ impl SealMode {
             SealMode::Off => "off",
             SealMode::Warn => "warn",
             SealMode::Error => "error",
+            SealMode::Generic => "generic",
         }
     }
 }
@@ -58,6 +64,7 @@ pub(crate) fn parse_seal(v: &str) -> Result<SealMode, ConfigError> {
         "" | "off" | "0" | "false" | "no" => Ok(SealMode::Off),
         "warn" => Ok(SealMode::Warn),
         "error" => Ok(SealMode::Error),
+        "generic" => Ok(SealMode::Generic),
         _ => Err(invalid(vars::CACHE_SEAL, v, SEAL_ACCEPTED)),
     }
 }
@@ -90,6 +97,7 @@ mod tests {
             ("0", SealMode::Off),
             (" Warn ", SealMode::Warn),
             ("ERROR", SealMode::Error),
+            ("generic", SealMode::Generic),
         ] {
             assert_eq!(parse_seal(v).unwrap(), want, "{v:?}");
         }

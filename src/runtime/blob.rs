@@ -366,6 +366,7 @@ impl Context {
             elapsed: a.elapsed,
             spirv,
             declared,
+            generic: false,
         })
     }
 }

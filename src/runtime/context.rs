@@ -33,8 +33,9 @@ static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 /// What every handle on one context shares.
 pub(crate) struct Shared {
     pub(crate) id: u64,
-    /// The device's programs and kernels, through the seam's program half.
-    pub(crate) programs: ProgramManager,
+    /// The device's programs and kernels, through the seam's program half (shared with the
+    /// background builds of specialized kernels, which hold it weakly: `lazy.rs`).
+    pub(crate) programs: Arc<ProgramManager>,
     /// The same device, through the seam's compute half.
     pub(crate) compute: Arc<dyn DynComputeBackend>,
     pub(crate) warm: Option<Arc<WarmStart>>,
@@ -87,7 +88,7 @@ impl Context {
         let backend = Arc::new(backend);
         let inner = Arc::new(Shared {
             id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
-            programs: ProgramManager::with_stores(backend.clone(), config, stores),
+            programs: Arc::new(ProgramManager::with_stores(backend.clone(), config, stores)),
             compute: backend,
             warm: warm.clone(),
             background: Background::default(),
@@ -119,8 +120,9 @@ impl Context {
             // or the build budget counts from the start.
             inner.programs.seal_after_warm_up(seal, budget);
         }
+        let lazy = inner.programs.lazy().clone();
         Context {
-            _life: Some(Arc::new(Life { warm })),
+            _life: Some(Arc::new(Life { warm, lazy })),
             inner,
         }
     }
@@ -168,6 +170,11 @@ impl Context {
     /// Guarantees: within a context the kernel is built at most once while cached; a failed build
     /// returns the same error again without building.
     ///
+    /// A request with a generic fallback ([`KernelRequest::or_generic`]) never waits for the build of
+    /// its specialized kernel: while no layer holds that one, the fallback is returned
+    /// ([`Kernel::is_generic`]) and the specialized kernel builds in the background; see
+    /// `src/runtime/lazy.rs`.
+    ///
     /// Errors: [`Error::InvalidSpirv`] for an invalid SPIR-V image (nothing is cached for it);
     /// [`Error::UnknownKernel`] for an entry point the image lacks; [`Error::InvalidSpirv`] (Vulkan)
     /// or [`Error::InvalidArgument`] (OpenCL) for an image of the other backend, naming the image
@@ -175,6 +182,9 @@ impl Context {
     /// [`Error::InvalidArgument`] (bad spec constants) for a build that fails, returned again from
     /// the cache on later requests.
     pub fn kernel_with(&self, request: &KernelRequest) -> Result<Kernel> {
+        if let Some(generic) = &request.generic {
+            return self.acquire_lazy(request, generic);
+        }
         self.acquire(
             &request.image,
             &request.entry,
@@ -211,6 +221,51 @@ impl Context {
             elapsed: a.elapsed + spirv.map_or(Duration::ZERO, |s| s.elapsed),
             spirv,
             declared,
+            generic: false,
+        })
+    }
+
+    /// [`Context::kernel_with`] for a request with a generic fallback: both images resolved and
+    /// checked as [`Context::acquire`] does, then [`ProgramManager::kernel_or_generic`].
+    fn acquire_lazy(&self, specialized: &KernelRequest, generic: &KernelRequest) -> Result<Kernel> {
+        let resolve = |r: &KernelRequest| -> Result<(
+            KernelRequest,
+            Option<SpirvStep>,
+            Option<crate::cache::Digest>,
+        )> {
+            let declared = r.options.as_str().is_empty().then(|| r.image.digest());
+            let resolved = self.glsl_spirv(&r.image)?;
+            let (image, step) = match resolved {
+                Some((spirv_image, step)) => (spirv_image, Some(step)),
+                None => (r.image.clone(), None),
+            };
+            self.check_entry(&image, &r.entry)?;
+            let req = KernelRequest {
+                image,
+                entry: r.entry.clone(),
+                spec: r.spec.clone(),
+                options: r.options.clone(),
+                generic: None,
+            };
+            Ok((req, step, declared))
+        };
+        let (s, s_step, s_declared) = resolve(specialized)?;
+        let (g, g_step, g_declared) = resolve(generic)?;
+        let got = self.inner.programs.kernel_or_generic(&s, &g)?;
+        let a = got.acquired;
+        let (spirv, declared) = if got.generic {
+            (g_step, g_declared)
+        } else {
+            (s_step, s_declared)
+        };
+        Ok(Kernel {
+            obj: a.value as Arc<dyn KernelObject>,
+            context: self.inner.id,
+            source: a.source,
+            elapsed: a.elapsed + spirv.map_or(Duration::ZERO, |s| s.elapsed),
+            spirv,
+            declared,
+            generic: got.generic,
         })
     }
 
@@ -301,11 +356,13 @@ impl Context {
     }
 
     /// Seals the context: from now on an acquisition that no layer (memory, disk, read-only layer,
-    /// remote, an embedder's store, a blob) can serve is reported and built (`warn`), or refused
-    /// with [`Error::Sealed`] without building (`error`), as `KPC_CACHE_SEAL` ([`Config::seal`])
-    /// says; with that off, an explicit seal fails closed (`error`). Returns the mode put in force.
-    /// With `KPC_CACHE_SEAL` set, a context seals itself when its warm start has finished; this
-    /// seals it now. The seal holds for every handle on the context.
+    /// remote, an embedder's store, a blob) can serve is reported and built (`warn`), refused
+    /// with [`Error::Sealed`] without building (`error`), or, for a request with a generic
+    /// fallback, served the fallback without building the specialized kernel (`generic`), as
+    /// `KPC_CACHE_SEAL` ([`Config::seal`]) says; with that off, an explicit seal fails closed
+    /// (`error`). Returns the mode put in force. With `KPC_CACHE_SEAL` set, a context seals itself
+    /// when its warm start has finished; this seals it now. The seal holds for every handle on the
+    /// context.
     pub fn seal(&self) -> SealMode {
         let mode = match self.config().seal {
             SealMode::Off => SealMode::Error,

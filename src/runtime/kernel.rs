@@ -25,6 +25,8 @@ pub struct Kernel {
     /// The digest of its image when it was built with no build options: what its declared access
     /// bounds are looked up by (options can change what the code does, so none apply otherwise).
     pub(crate) declared: Option<crate::cache::Digest>,
+    /// Whether it is the generic fallback of a request that named one (`lazy.rs`).
+    pub(crate) generic: bool,
 }
 
 impl fmt::Debug for Kernel {
@@ -33,6 +35,7 @@ impl fmt::Debug for Kernel {
             .field("info", self.obj.info())
             .field("source", &self.source)
             .field("elapsed", &self.elapsed)
+            .field("generic", &self.generic)
             .finish()
     }
 }
@@ -52,6 +55,14 @@ impl Kernel {
     /// or a fresh build.
     pub fn source(&self) -> Source {
         self.source
+    }
+
+    /// Whether it is the generic fallback of a request that named one
+    /// ([`crate::KernelRequest::or_generic`]), served while the specialized kernel builds in the
+    /// background: launch it with the fallback's parameters. `false` for the specialized kernel and
+    /// for every request without a fallback.
+    pub fn is_generic(&self) -> bool {
+        self.generic
     }
 
     /// How long acquiring it took (for a GLSL image, the SPIR-V step included).

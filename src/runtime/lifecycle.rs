@@ -8,7 +8,10 @@
 //!   requests not yet begun and waits for the running ones (`prefetch.rs`);
 //! - the warm-start loader holds the context only weakly, but each load upgrades it for its
 //!   duration; dropping the last [`super::Context`] handle stops the loader the same way (cancel what has
-//!   not begun, wait for what runs) before the context itself goes, so no upgrade outlives the drop.
+//!   not begun, wait for what runs) before the context itself goes, so no upgrade outlives the drop;
+//! - the background builds of specialized kernels (`lazy.rs`) hold the program manager only weakly,
+//!   upgraded for each build; the same drop (and `quiesce`) drops the queued ones and waits for the
+//!   running ones.
 //!
 //! kpc's threads never hold a [`super::Context`] handle of their own (only the context inside), so the
 //! embedder's handles alone decide when the warm start stops.
@@ -54,6 +57,9 @@ impl Background {
 /// goes, the warm start stops (and the drop waits for its running loads) before the context does.
 pub(crate) struct Life {
     pub(crate) warm: Option<Arc<WarmStart>>,
+    /// The background builds of specialized kernels (`lazy.rs`): dropped if queued, waited for if
+    /// running.
+    pub(crate) lazy: Arc<super::lazy_pool::Lazy>,
 }
 
 impl Drop for Life {
@@ -61,6 +67,7 @@ impl Drop for Life {
         if let Some(w) = &self.warm {
             w.stop();
         }
+        self.lazy.cancel_and_wait();
     }
 }
 
@@ -76,7 +83,9 @@ impl super::Context {
 
     /// Returns once kpc has no call in flight on this context's device and none pending of its
     /// own: the warm start is stopped (kernels it loaded stay cached; the others are loaded at
-    /// their first request), every prefetch batch of this context is cancelled (its requests not
+    /// their first request), the background builds of specialized kernels are dropped if queued
+    /// (queued again by the next request that falls back) and waited for if running, every
+    /// prefetch batch of this context is cancelled (its requests not
     /// yet begun finish with [`crate::Error::Cancelled`]) after its running requests finished, and
     /// every submission made so far has finished executing.
     ///
@@ -92,6 +101,7 @@ impl super::Context {
             w.stop();
         }
         self.inner.background.cancel_all();
+        self.inner.programs.lazy().cancel_and_wait();
         self.inner.compute.finish()
     }
 }

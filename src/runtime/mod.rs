@@ -38,6 +38,10 @@ pub mod interop;
 #[cfg(not(loom))]
 pub mod kernel;
 #[cfg(not(loom))]
+pub mod lazy;
+#[cfg(not(loom))]
+mod lazy_pool;
+#[cfg(not(loom))]
 mod lifecycle;
 pub mod metrics;
 mod out_of_resources;
@@ -72,6 +76,8 @@ pub use context::Context;
 pub use device::{Platform, platforms, select_device};
 #[cfg(not(loom))]
 pub use kernel::Kernel;
+#[cfg(not(loom))]
+pub use lazy::LazyStats;
 #[cfg(not(loom))]
 pub use prebuild::PrebuildReport;
 #[cfg(not(loom))]

@@ -51,6 +51,8 @@ pub struct KernelRequest {
     pub(crate) entry: String,
     pub(crate) spec: SpecConstants,
     pub(crate) options: BuildOptions,
+    /// The generic kernel that serves while this one is not available without a build (`lazy.rs`).
+    pub(crate) generic: Option<Box<KernelRequest>>,
 }
 
 impl KernelRequest {
@@ -61,7 +63,26 @@ impl KernelRequest {
             entry: entry.to_string(),
             spec: SpecConstants::new(),
             options: BuildOptions::default(),
+            generic: None,
         }
+    }
+    /// With `generic` as its fallback: while this (specialized) kernel is in no cache layer, an
+    /// acquisition returns `generic` at once and builds this one in the background; the acquisition
+    /// after it is ready returns this one ([`crate::Kernel::is_generic`] says which came back, since
+    /// their launch parameters may differ). A fallback of `generic`'s own is not used. Through a
+    /// context ([`crate::Context::kernel_with`], [`crate::Context::prefetch`]) the fallback applies;
+    /// a warm start and the manager-level [`prefetch_kernels`] acquire the specialized kernel itself.
+    /// See `src/runtime/lazy.rs`.
+    pub fn or_generic(mut self, generic: KernelRequest) -> Self {
+        self.generic = Some(Box::new(KernelRequest {
+            generic: None,
+            ..generic
+        }));
+        self
+    }
+    /// The generic fallback, when one was named ([`KernelRequest::or_generic`]).
+    pub fn generic(&self) -> Option<&KernelRequest> {
+        self.generic.as_deref()
     }
     /// With specialization constants `spec` (replacing any set before).
     pub fn spec(mut self, spec: SpecConstants) -> Self {

@@ -56,6 +56,9 @@ pub struct ProgramManager {
     spirv: SpirvCache,
     /// Publishes the counters through the `metrics` facade (`src/runtime/metrics.rs`).
     metrics: metrics::Publisher,
+    /// Background builds of specialized kernels whose requests have a generic fallback (`lazy.rs`).
+    #[cfg(not(loom))]
+    lazy: Arc<super::lazy_pool::Lazy>,
 }
 
 impl fmt::Debug for ProgramManager {
@@ -126,7 +129,20 @@ impl ProgramManager {
             #[cfg(not(loom))]
             spirv: SpirvCache::default(),
             metrics: metrics::Publisher::default(),
+            #[cfg(not(loom))]
+            lazy: Arc::default(),
         }
+    }
+
+    /// The background builds of specialized kernels (`lazy.rs`).
+    #[cfg(not(loom))]
+    pub(crate) fn lazy(&self) -> &Arc<super::lazy_pool::Lazy> {
+        &self.lazy
+    }
+
+    /// The seal itself (`seal.rs`).
+    pub(crate) fn seal_state(&self) -> &Seal {
+        &self.seal
     }
 
     /// The local disk cache, if on.
@@ -337,6 +353,26 @@ impl ProgramManager {
             source,
             elapsed: start.elapsed(),
         })
+    }
+
+    /// The kernel from memory if it is built and cached there, behind a handle of the calling
+    /// thread's own; `None` otherwise (nothing is built or loaded).
+    #[inline]
+    pub(crate) fn kernel_hit_local(
+        &self,
+        image: &DeviceImage,
+        entry: &str,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+    ) -> Option<Arc<Local<DynKernel>>> {
+        let view = KernelKeyRef {
+            image: image.digest(),
+            spec,
+            device: self.device,
+            options,
+            entry,
+        };
+        self.cache.kernel_local(&view)
     }
 
     /// As [`ProgramManager::kernel`], but the kernel comes behind a handle of the calling thread's own

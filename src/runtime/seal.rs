@@ -2,6 +2,10 @@
 //! read-only layers, remote, an embedder's store, a blob) and that would therefore build is either
 //! reported (`warn`: it builds, and one warning line names the kernel, why no store served it and
 //! the build time) or refused (`error`: nothing is built and the caller gets [`Error::Sealed`]).
+//! Under `generic`, a request that names a generic fallback ([`crate::KernelRequest::or_generic`])
+//! is served the fallback and its specialized kernel is not built (`lazy.rs` asks
+//! [`Seal::serves_generic`] before it queues the build, and a queued build that finds the seal in
+//! force is refused here); a build with no fallback to serve instead is reported as under `warn`.
 //!
 //! A context is sealed explicitly ([`crate::Context::seal`], C `kpc_context_seal`) or, with
 //! `KPC_CACHE_SEAL=warn|error`, when its warm start has finished (at creation when it has none: there
@@ -13,6 +17,7 @@
 //! key fields that differ, e.g. `spec-changed: spec constant 3: 64 → 128`), computed only for a
 //! sealed build, which is about to cost far more than the few key records it reads.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -47,6 +52,24 @@ pub(crate) struct Seal {
     budget_mode: AtomicU8,
 }
 
+thread_local! {
+    /// Set while this thread builds a specialized kernel in the background for a request that has a
+    /// generic fallback (`lazy.rs`): under `generic` such a build is refused, not reported.
+    static HAS_FALLBACK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` as the background build of a specialized kernel whose request has a generic fallback.
+pub(crate) fn with_fallback<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            HAS_FALLBACK.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(HAS_FALLBACK.with(|c| c.replace(true)));
+    f()
+}
+
 /// `budget_left` when no budget is counting.
 const NO_BUDGET: u64 = u64::MAX;
 
@@ -66,6 +89,7 @@ fn mode_of(code: u8) -> SealMode {
     match code {
         1 => SealMode::Warn,
         2 => SealMode::Error,
+        3 => SealMode::Generic,
         _ => SealMode::Off,
     }
 }
@@ -75,6 +99,7 @@ fn code(m: SealMode) -> u8 {
         SealMode::Off => 0,
         SealMode::Warn => 1,
         SealMode::Error => 2,
+        SealMode::Generic => 3,
     }
 }
 
@@ -131,19 +156,24 @@ impl Seal {
         if self.mode() == SealMode::Off {
             self.spend_budget(kernel);
         }
-        match self.mode() {
-            SealMode::Off => Ok(None),
-            SealMode::Warn => Ok(Some(why())),
-            SealMode::Error => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                let why = why();
-                tracing::debug!(target: "kpc::seal", kernel, why = %why, "refused a build");
-                Err(Error::Sealed {
-                    kernel: kernel.to_owned(),
-                    why,
-                })
-            }
+        let mode = self.mode();
+        let refuse = match mode {
+            SealMode::Off => return Ok(None),
+            SealMode::Warn => false,
+            SealMode::Error => true,
+            // A specialized kernel whose fallback serves is not built; anything else must be.
+            SealMode::Generic => HAS_FALLBACK.with(Cell::get),
+        };
+        if !refuse {
+            return Ok(Some(why()));
         }
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        let why = why();
+        tracing::debug!(target: "kpc::seal", kernel, why = %why, "refused a build");
+        Err(Error::Sealed {
+            kernel: kernel.to_owned(),
+            why,
+        })
     }
 
     /// A build that [`Seal::before_build`] let through under `warn` ran for `took` (`ok`: whether it
@@ -154,6 +184,12 @@ impl Seal {
         let outcome = if ok { "built" } else { "tried to build" };
         tracing::warn!(target: "kpc::seal", kernel, ms,
             "sealed context {outcome} {kernel} in {ms:.1} ms: {why}");
+    }
+
+    /// Whether a request with a generic fallback is served the fallback instead of building its
+    /// specialized kernel (the `generic` seal is in force).
+    pub(crate) fn serves_generic(&self) -> bool {
+        self.mode() == SealMode::Generic
     }
 
     /// The counters and the mode in force.

@@ -7,6 +7,7 @@ use crate::config::BackendKind;
 
 use super::cache_debug::CacheDebugStats;
 use super::context::Context;
+use super::lazy::LazyStats;
 use super::seal::SealStats;
 use super::spirv_cache::SpirvStats;
 
@@ -44,6 +45,9 @@ pub struct ContextStats {
     /// Sealed mode: the seal in force, builds after sealing (`warn`) and acquisitions refused
     /// (`error`).
     pub seal: SealStats,
+    /// Generic fallbacks ([`crate::KernelRequest::or_generic`]): served, swapped for the
+    /// specialized kernel, background builds, their time and failures.
+    pub lazy: LazyStats,
 }
 
 impl Context {
@@ -69,6 +73,7 @@ impl Context {
             spirv: programs.spirv_stats(),
             cache_debug: programs.debug_stats(),
             seal: programs.seal_stats(),
+            lazy: programs.lazy_stats(),
         }
     }
 }

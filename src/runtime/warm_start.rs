@@ -152,6 +152,7 @@ impl CacheObserver for WarmStart {
                 entry: entry.to_string(),
                 spec: spec.clone(),
                 options: options.clone(),
+                generic: None,
             });
         }
     }

@@ -214,6 +214,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<KernelRequest>, Corrupt> {
             entry,
             spec,
             options,
+            generic: None,
         });
     }
     if r.at != body.len() {
