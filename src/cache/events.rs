@@ -30,6 +30,7 @@ use crate::backend::DeviceImage;
 
 /// The level of a store chain an event happened at.
 #[derive(Clone, Copy)]
+#[non_exhaustive]
 pub struct CacheLevel<'a> {
     /// Its place in the chain (0 = asked first).
     pub index: usize,

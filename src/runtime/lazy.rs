@@ -35,6 +35,7 @@ use super::source::Source;
 
 /// What [`ProgramManager::kernel_or_generic`] returned: the kernel, and which of the two it is.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct LazyAcquired<T> {
     /// The kernel (the specialized one, or the fallback when [`LazyAcquired::generic`]).
     pub acquired: Acquired<T>,
