@@ -38,6 +38,7 @@ mod mha;
 mod registry;
 mod tensor;
 mod util;
+mod vulkan_features;
 
 pub use blob::*;
 pub use buffer::*;
@@ -50,6 +51,7 @@ pub use kernel::*;
 pub use log::*;
 pub use mha::*;
 pub use tensor::*;
+pub use vulkan_features::*;
 
 use std::cell::RefCell;
 use std::ffi::{CString, c_char};
