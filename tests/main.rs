@@ -21,6 +21,7 @@ mod interop_opencl;
 mod interop_vulkan;
 mod launch_bounds;
 mod lazy;
+mod lazy_drivers;
 mod memory_cache;
 mod memory_front;
 mod metrics_scrape;
