@@ -27,12 +27,10 @@ use std::time::Duration;
 use clap::Args as ClapArgs;
 use kpc::select_device;
 use kpc::{BackendKind, DeviceSelector};
-use kpc::{Buffer, Config, Context, Error, Event, Kernel, PushConstants};
 use kpc::{BufferArg, LaunchDesc};
+use kpc::{Config, Context, Error, Event, Kernel, PushConstants};
 use kpc::{SpecConstants, SpecValue};
-use kpc_attention::mha::gemm::{
-    GemmAccumulator, GemmShape, GemmTiles, KERNEL, SWEEP_TILES, WideGemm,
-};
+use kpc_attention::mha::gemm::GemmAccumulator;
 
 mod gemm;
 

@@ -11,14 +11,15 @@
 //! products are fp16 (f32 activations are rounded as they are staged); the sums fp32, or fp16 with
 //! [`GemmAccumulator::F16`].
 
-use kpc::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc, PushConstants};
+use kpc::BackendKind;
+use kpc::{Buffer, BufferArg, Context, Event, Kernel, LaunchDesc};
 use kpc::{Error, Result};
 use kpc::{SpecConstants, SpecValue};
 
 mod tiles;
 pub use tiles::{
-    DEFAULT_TILES, GemmAccumulator, GemmShape, GemmTiles, SMALL_TILES, SWEEP_TILES, auto_candidates,
-    auto_tiles, wide_unfit,
+    DEFAULT_TILES, GemmAccumulator, GemmShape, GemmTiles, SMALL_TILES, SWEEP_TILES,
+    auto_candidates, auto_tiles, wide_unfit,
 };
 
 /// The kernel's name (and its image's).

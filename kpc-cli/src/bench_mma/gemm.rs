@@ -4,14 +4,16 @@
 
 use std::time::Duration;
 
-use kpc::{Buffer, Context, Error, Event, Kernel, PushConstants};
-use kpc::{BufferArg, LaunchDesc};
-use kpc::{SpecConstants, SpecValue};
+use kpc::BufferArg;
+use kpc::SpecConstants;
+use kpc::{Buffer, Context, Error, Event, Kernel};
 use kpc_attention::mha::gemm::{
     GemmAccumulator, GemmShape, GemmTiles, KERNEL, SWEEP_TILES, WideGemm,
 };
 
-use super::{Args, Peaks, Rng, acc_name, f16_bits, f16_value, launch_n, registers, spin, time_after, time_batch};
+use super::{
+    Args, Peaks, Rng, acc_name, f16_bits, f16_value, kernel, launch_n, registers, time_after,
+};
 
 /// One GEMM to time.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -3,7 +3,6 @@
 
 use std::fmt;
 
-use kpc::BackendKind;
 use kpc::DeviceInfo;
 use kpc::{Error, PushConstants, Result};
 
