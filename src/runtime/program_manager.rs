@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::cache_debug::{CacheDebugStats, DebugCounters};
 use super::metrics;
-use super::seal::{Seal, kernel_name};
+use super::seal::{Seal, SealStats, kernel_name};
 pub use super::source::{Acquired, Source};
 #[cfg(not(loom))]
 use super::spirv_cache::{SpirvCache, SpirvStats, SpirvStep};
@@ -24,7 +24,7 @@ use crate::cache::{
     BuildOptions, CacheStats, Digest, DiskStats, KernelKey, KernelKeyRef, KernelProgramCache,
     MemCacheSettings, PersistentCache, ProgramKey, SpecConstants, Store, StoreChain, StoreKey,
 };
-use crate::config::{BackendKind, Config, TraceFlags};
+use crate::config::{BackendKind, Config, SealMode, TraceFlags};
 use crate::error::{Error, Result};
 
 /// One context's programs and kernels on one backend device, whatever its backend (it drives the
@@ -50,7 +50,7 @@ pub struct ProgramManager {
     /// debug mode.
     debug: Arc<DebugCounters>,
     /// Sealed mode: what a build after sealing does (`seal.rs`).
-    pub(super) seal: Seal,
+    seal: Seal,
     /// GLSL images' SPIR-V, in front of the program cache.
     #[cfg(not(loom))]
     spirv: SpirvCache,
@@ -492,6 +492,45 @@ impl ProgramManager {
         self.debug.snapshot()
     }
 
+    /// Seals this manager: from now on a build is reported (`warn`) or refused (`error`) as
+    /// `mode` says; [`SealMode::Off`] unseals.
+    pub fn seal(&self, mode: SealMode) {
+        self.seal.set(mode);
+    }
+
+    /// What ends a warm-up: `mode` in force now, or, with a build `budget`, after that many builds
+    /// more (`KPC_CACHE_SEAL`, `KPC_CACHE_BUILD_BUDGET`).
+    pub fn seal_after_warm_up(&self, mode: SealMode, budget: Option<u64>) {
+        match budget {
+            Some(builds) => self.seal.start_budget(builds, mode),
+            None if mode != SealMode::Off => self.seal.set(mode),
+            None => {}
+        }
+    }
+
+    /// What sealing did so far, and the mode in force.
+    pub fn seal_stats(&self) -> SealStats {
+        self.seal.stats()
+    }
+
+    /// [`ProgramManager::build_fresh`], reported by the seal when `sealed` holds the reason it let
+    /// the build through (`warn`).
+    fn build_sealed(
+        &self,
+        image: &DeviceImage,
+        spec: &SpecConstants,
+        options: &BuildOptions,
+        sealed: Option<String>,
+        kernel: &str,
+    ) -> Result<(DynProgram, Duration)> {
+        let start = Instant::now();
+        let r = self.build_fresh(image, spec, options);
+        if let Some(why) = sealed {
+            self.seal.built(kernel, &why, start.elapsed(), r.is_ok());
+        }
+        r
+    }
+
     /// A memory miss: a persisted binary if a store has a usable one, else a build (stored afterwards).
     fn build_program(
         &self,
@@ -564,7 +603,7 @@ impl ProgramManager {
         Ok((program, Source::Built))
     }
 
-    pub(super) fn build_fresh(
+    fn build_fresh(
         &self,
         image: &DeviceImage,
         spec: &SpecConstants,

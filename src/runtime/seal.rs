@@ -19,14 +19,10 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::program_manager::ProgramManager;
-use crate::backend::DeviceImage;
-use crate::backend::dynamic::DynProgram;
 use crate::cache::StoreChain;
 use crate::cache::store::{StoreKey, StoreKind};
-use crate::cache::{BuildOptions, SpecConstants};
 use crate::config::SealMode;
 use crate::error::{Error, Result};
 
@@ -239,47 +235,5 @@ pub(crate) fn explain(stores: &StoreChain, key: &StoreKey) -> String {
             let names: Vec<String> = stores.stats().into_iter().map(|l| l.name).collect();
             format!("no store holds it (asked: {})", names.join(", "))
         }
-    }
-}
-
-/// The manager's side of the seal: putting it in force, and a build it lets through.
-impl ProgramManager {
-    /// Seals this manager: from now on a build is reported (`warn`) or refused (`error`) as
-    /// `mode` says; [`SealMode::Off`] unseals.
-    pub fn seal(&self, mode: SealMode) {
-        self.seal.set(mode);
-    }
-
-    /// What ends a warm-up: `mode` in force now, or, with a build `budget`, after that many builds
-    /// more (`KPC_CACHE_SEAL`, `KPC_CACHE_BUILD_BUDGET`).
-    pub fn seal_after_warm_up(&self, mode: SealMode, budget: Option<u64>) {
-        match budget {
-            Some(builds) => self.seal.start_budget(builds, mode),
-            None if mode != SealMode::Off => self.seal.set(mode),
-            None => {}
-        }
-    }
-
-    /// What sealing did so far, and the mode in force.
-    pub fn seal_stats(&self) -> SealStats {
-        self.seal.stats()
-    }
-
-    /// [`ProgramManager::build_fresh`], reported by the seal when `sealed` holds the reason it let
-    /// the build through (`warn`).
-    pub(super) fn build_sealed(
-        &self,
-        image: &DeviceImage,
-        spec: &SpecConstants,
-        options: &BuildOptions,
-        sealed: Option<String>,
-        kernel: &str,
-    ) -> Result<(DynProgram, Duration)> {
-        let start = Instant::now();
-        let r = self.build_fresh(image, spec, options);
-        if let Some(why) = sealed {
-            self.seal.built(kernel, &why, start.elapsed(), r.is_ok());
-        }
-        r
     }
 }
