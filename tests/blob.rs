@@ -4,6 +4,7 @@
 //! or leaves a cached failure behind.
 
 use crate::common;
+use crate::common::req;
 
 use kpc::BackendKind;
 use kpc::DeviceImage;
@@ -14,18 +15,6 @@ use kpc::{CacheBlob, Context, Error, Kernel, PushConstants};
 
 use common::disk::{TempDir, child_role};
 use common::drivers::{opencl_context, random_f32, vulkan_context};
-
-/// The request for kernel `entry` of `image` with `spec` and `options`: the key of a blob.
-fn req(
-    image: &DeviceImage,
-    entry: &str,
-    spec: &SpecConstants,
-    options: &BuildOptions,
-) -> kpc::KernelRequest {
-    kpc::KernelRequest::new(image, entry)
-        .spec(spec.clone())
-        .options(options.clone())
-}
 
 fn context(kind: BackendKind, test: &str) -> Option<Context> {
     match kind {

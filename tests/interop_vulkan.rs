@@ -7,6 +7,7 @@
 //! `unsafe` here is the embedder's own Vulkan code, each block with the reason it holds.
 
 use crate::common;
+use crate::common::req;
 
 use ash::vk;
 use kpc::Source;
@@ -346,18 +347,6 @@ impl HostBuffer {
             d.free_memory(self.mem, None);
         }
     }
-}
-
-/// The request for kernel `entry` of `image` with `spec` and `options`: the key of a blob.
-fn req(
-    image: &DeviceImage,
-    entry: &str,
-    spec: &SpecConstants,
-    options: &BuildOptions,
-) -> kpc::KernelRequest {
-    kpc::KernelRequest::new(image, entry)
-        .spec(spec.clone())
-        .options(options.clone())
 }
 
 fn check(out: &[f32], a: f32, x: &[f32], y: &[f32], bias: f32) {

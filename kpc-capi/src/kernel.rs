@@ -471,12 +471,9 @@ pub unsafe extern "C" fn kpc_kernel_get_or_generic(
         let generic = kpc::KernelRequest::new(&generic_image, generic_entry)
             .spec(generic_spec)
             .options(BuildOptions::new(generic_options));
-        let kernel = k.context.kernel_with(
-            &kpc::KernelRequest::new(&k.image, entry)
-                .spec(k.spec.clone())
-                .options(k.options.clone())
-                .or_generic(generic),
-        )?;
+        let kernel = k
+            .context
+            .kernel_with(&k.request(entry).or_generic(generic))?;
         let h = registry::insert(KernelObject::new(kernel, k.context.backend()));
         // SAFETY: checked above; writable by the caller's promise.
         unsafe { write_out(out, h, "out") }

@@ -5,6 +5,7 @@
 
 // The support code all of the workspace's integration tests share.
 use crate::common;
+use crate::common::req;
 
 use std::path::Path;
 use std::process::Output;
@@ -22,18 +23,6 @@ use kpc::{BuildOptions, SpecConstants, SpecValue};
 use kpc::{Config, Context};
 use kpc::{DeviceImage, DeviceInfo, ImageFormat};
 use serde_json::Value;
-
-/// The request for kernel `entry` of `image` with `spec` and `options`: the key of a blob.
-fn req(
-    image: &DeviceImage,
-    entry: &str,
-    spec: &SpecConstants,
-    options: &BuildOptions,
-) -> kpc::KernelRequest {
-    kpc::KernelRequest::new(image, entry)
-        .spec(spec.clone())
-        .options(options.clone())
-}
 
 fn disk_config(root: &Path) -> Config {
     Config::builder()

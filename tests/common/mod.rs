@@ -26,3 +26,15 @@ pub fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
         std::thread::yield_now();
     }
 }
+
+/// A kernel request with these spec constants and build options (tests that hold them apart).
+pub fn req(
+    image: &kpc::DeviceImage,
+    entry: &str,
+    spec: &kpc::SpecConstants,
+    options: &kpc::BuildOptions,
+) -> kpc::KernelRequest {
+    kpc::KernelRequest::new(image, entry)
+        .spec(spec.clone())
+        .options(options.clone())
+}
