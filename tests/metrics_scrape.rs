@@ -1,17 +1,16 @@
 //! kpc's metrics as an embedder's exporter sees them: this process installs the real
-//! `metrics-exporter-prometheus` on a loopback port, runs kernels through the counting fake backend
-//! (a builder publishing signed entries to an fs:// remote, a serving node served by it, one forged
-//! entry refused), scrapes `/metrics` over HTTP and checks each series' value. The recorder is
-//! process-wide, so the test runs in a child process of its own: no other test's kernels count.
+//! `metrics-exporter-prometheus` recorder, runs kernels through the counting fake backend (a builder
+//! publishing signed entries to an fs:// remote, a serving node served by it, one forged entry
+//! refused), renders the exposition its `/metrics` endpoint serves and checks each series' value.
+//! The recorder is process-wide, so the test runs in a child process of its own: no other test's
+//! kernels count.
 #![cfg(feature = "remote")]
 
 use crate::common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::disk::TempDir;
 use common::fake_backend::{FakeBackend, image, program};
@@ -33,30 +32,6 @@ fn config(root: &Path, url: &str, signing: Option<SigningKey>, trusted: &Signing
         .host_id(Some("metrics-test".to_string()))
         .build()
         .unwrap()
-}
-
-/// GET /metrics from the exporter at `port`, retried while it starts.
-fn scrape(port: u16) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .unwrap();
-            let mut raw = String::new();
-            if s.read_to_string(&mut raw).is_ok() && raw.starts_with("HTTP/1.1 200") {
-                return raw
-                    .split_once("\r\n\r\n")
-                    .map(|(_, b)| b.to_string())
-                    .unwrap();
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the exporter never answered on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The value of the series `name` whose labels include every `labels` pair (0 when absent).
@@ -88,15 +63,12 @@ fn a_prometheus_scrape_shows_builds_hits_per_level_and_refusals() {
         );
         return;
     }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(([127, 0, 0, 1], port))
-        .install()
-        .expect("the exporter installs on a loopback port");
+    // The exporter's own recorder and renderer: what its HTTP listener serves at /metrics. The
+    // listener itself is left out: its hyper server, a test-only feature, made cargo build the
+    // dependency graph twice (once for the C library, once for the tests) on a fresh machine.
+    let exporter = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the exporter installs as the process's recorder");
 
     let t = TempDir::new("metrics-scrape");
     let url = format!("fs://{}", t.join("remote").display());
@@ -143,7 +115,7 @@ fn a_prometheus_scrape_shows_builds_hits_per_level_and_refusals() {
     assert_eq!(program(&serving, 2), Source::Built);
     assert_eq!(be.builds(), 4);
 
-    let body = scrape(port);
+    let body = exporter.render();
     eprintln!("{body}");
     let v = |name: &str, labels: &[(&str, &str)]| value(&body, name, labels);
     assert_eq!(v("kpc_programs_total", &[("source", "built")]), 4.0);
