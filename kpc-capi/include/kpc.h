@@ -1746,6 +1746,52 @@ enum kpc_status kpc_image_from_glsl(const char *name,
                                     struct kpc_image **out);
 
 /**
+ * Creates a device image named `name` (used in messages and `kpc cache ls`; NULL for "c-image")
+ * from `size` bytes at `bytes`, which kpc copies. A SPIR-V image is validated now.
+ *
+ * Ownership: `*out` receives a new image; destroy it with `kpc_image_destroy`.
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL `bytes` or `out`, `size` 0, an unknown `format`,
+ * a name or OpenCL C source that is not UTF-8); `KPC_STATUS_INVALID_SPIRV` (the validator's message,
+ * for SPIR-V that is malformed or whose size is not a multiple of 4).
+ *
+ * # Safety
+ * `name` is NULL or a NUL-terminated string; `bytes` is NULL or has `size` readable bytes; `out` is
+ * NULL or writable.
+ */
+enum kpc_status kpc_image_create(const char *name,
+                                 uint32_t format,
+                                 const uint8_t *bytes,
+                                 size_t size,
+                                 struct kpc_image **out);
+
+/**
+ * Creates the device image of a kernel that kpc ships, `name` (kpc's `saxpy`, `copy` and `read`, or an
+ * attention kernel such as `attn_decode`), for `backend`: SPIR-V for `KPC_BACKEND_VULKAN`, OpenCL C
+ * for `KPC_BACKEND_OPENCL` (pass `kpc_context_backend`'s answer to get the one a context builds).
+ * The bytes are compiled into the library: a C program needs no kernel file.
+ *
+ * Ownership: `*out` receives a new image; destroy it with `kpc_image_destroy`.
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL `name` or `out`, an unknown `backend`, a name kpc does
+ * not ship for that backend: the message lists the names it does).
+ *
+ * # Safety
+ * `name` is NULL or a NUL-terminated string; `out` is NULL or writable.
+ */
+enum kpc_status kpc_image_shipped(const char *name,
+                                  uint32_t backend,
+                                  struct kpc_image **out);
+
+/**
+ * Destroys an image. NULL is accepted and does nothing. Kernels built from it are not affected.
+ *
+ * Errors: `KPC_STATUS_INVALID_ARGUMENT` when `image` is not a live image; nothing is freed then.
+ *
+ * # Safety
+ * None beyond the handle's (which is checked).
+ */
+enum kpc_status kpc_image_destroy(struct kpc_image *image);
+
+/**
  * Creates a context over the caller's Vulkan instance, physical device, device and queue, which kpc
  * borrows and never destroys (and never calls vkDeviceWaitIdle on). kpc needs Vulkan 1.1 and a
  * compute queue; no optional feature is required. The device fingerprint is the one an owned
@@ -1844,52 +1890,6 @@ enum kpc_status kpc_lease_cl_kernel(const struct kpc_lease *lease, void **out);
  * None beyond the handle's (which is checked).
  */
 enum kpc_status kpc_lease_release(struct kpc_lease *lease);
-
-/**
- * Creates a device image named `name` (used in messages and `kpc cache ls`; NULL for "c-image")
- * from `size` bytes at `bytes`, which kpc copies. A SPIR-V image is validated now.
- *
- * Ownership: `*out` receives a new image; destroy it with `kpc_image_destroy`.
- * Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL `bytes` or `out`, `size` 0, an unknown `format`,
- * a name or OpenCL C source that is not UTF-8); `KPC_STATUS_INVALID_SPIRV` (the validator's message,
- * for SPIR-V that is malformed or whose size is not a multiple of 4).
- *
- * # Safety
- * `name` is NULL or a NUL-terminated string; `bytes` is NULL or has `size` readable bytes; `out` is
- * NULL or writable.
- */
-enum kpc_status kpc_image_create(const char *name,
-                                 uint32_t format,
-                                 const uint8_t *bytes,
-                                 size_t size,
-                                 struct kpc_image **out);
-
-/**
- * Creates the device image of a kernel that kpc ships, `name` (kpc's `saxpy`, `copy` and `read`, or an
- * attention kernel such as `attn_decode`), for `backend`: SPIR-V for `KPC_BACKEND_VULKAN`, OpenCL C
- * for `KPC_BACKEND_OPENCL` (pass `kpc_context_backend`'s answer to get the one a context builds).
- * The bytes are compiled into the library: a C program needs no kernel file.
- *
- * Ownership: `*out` receives a new image; destroy it with `kpc_image_destroy`.
- * Errors: `KPC_STATUS_INVALID_ARGUMENT` (NULL `name` or `out`, an unknown `backend`, a name kpc does
- * not ship for that backend: the message lists the names it does).
- *
- * # Safety
- * `name` is NULL or a NUL-terminated string; `out` is NULL or writable.
- */
-enum kpc_status kpc_image_shipped(const char *name,
-                                  uint32_t backend,
-                                  struct kpc_image **out);
-
-/**
- * Destroys an image. NULL is accepted and does nothing. Kernels built from it are not affected.
- *
- * Errors: `KPC_STATUS_INVALID_ARGUMENT` when `image` is not a live image; nothing is freed then.
- *
- * # Safety
- * None beyond the handle's (which is checked).
- */
-enum kpc_status kpc_image_destroy(struct kpc_image *image);
 
 /**
  * Acquires the kernel `entry` of `image` on `context`, specialized with `spec_count` constants at

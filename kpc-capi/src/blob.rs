@@ -5,7 +5,8 @@
 use std::ffi::c_char;
 
 use super::context::kpc_context;
-use super::kernel::{KernelObject, key_args, kpc_image, kpc_kernel, kpc_spec_constant};
+use super::image::kpc_image;
+use super::kernel::{KernelObject, key_args, kpc_kernel, kpc_spec_constant};
 use super::registry;
 use super::util::{check_out, copy_out, slice_arg, str_arg, write_out};
 use super::{Failure, guard, kpc_status};
