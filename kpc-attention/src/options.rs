@@ -91,7 +91,7 @@ pub struct AttentionOptions {
     /// Invocations per workgroup of the vectorized decode kernel: a power of two.
     pub decode_local_size: u32,
     /// K/V rows each lane group of the vectorized decode kernel loads before using them
-    /// (1 to 8): more hides more memory latency, at the cost of registers.
+    /// (1 to 16): more hides more memory latency, at the cost of registers.
     pub decode_rows: u32,
     /// Grouped-query attention in the vectorized decode kernel: one workgroup per query head,
     /// the workgroups of one KV head adjacent so that they reread its rows mostly from L2 (`true`),
@@ -125,6 +125,16 @@ pub struct AttentionOptions {
     /// (BENCHMARKS.md, issue 41: 3 to 4.5% faster at Hkv = 8, L = 4k to 32k, on an H100); OpenCL
     /// keeps its own row sums either way.
     pub decode_head_lanes: bool,
+    /// Whether the Vulkan vectorized decode loads K/V in 8-byte chunks instead of 16, so that a
+    /// row spreads over up to 32 lanes (the subgroup size permitting) instead of 16: half the
+    /// query and accumulator registers per lane for a group of heads, the rest left for rows in
+    /// flight. Off by default (BENCHMARKS.md, issue 41). OpenCL keeps 16-byte chunks.
+    pub decode_narrow: bool,
+    /// Whether the Vulkan vectorized decode merges the row groups of all of a workgroup's query
+    /// heads in one pass through shared memory (two barriers, the merge buffer times the group)
+    /// instead of one head after another (three barriers each). Off by default (BENCHMARKS.md,
+    /// issue 41). OpenCL merges one head after another.
+    pub decode_merge_all: bool,
     /// Query rows per workgroup of the cooperative-matrix prefill: 4 or 8 subgroups of
     /// 16 x `coop_row_blocks` rows (64 or 128 with 1 block, 128 or 256 with 2). 128 is the default.
     /// With [`PrefillKernel::Auto`], 64 rows of 1 block are used where only they fit the head
@@ -214,6 +224,8 @@ impl Default for AttentionOptions {
             decode_cyclic: false,
             decode_combine_all: true,
             decode_head_lanes: true,
+            decode_narrow: false,
+            decode_merge_all: false,
             coop_rows: 128,
             coop_row_blocks: 2,
             coop_keys: 32,

@@ -142,7 +142,20 @@ fn workload(
                 ", heads shared out among a row's lanes"
             } else {
                 ""
-            }
+            } + &attn
+                .decode_row_lanes()
+                .map(|(lanes, narrow)| {
+                    format!(
+                        ", {lanes} lanes per row of {}-byte loads",
+                        if narrow { 8 } else { 16 }
+                    )
+                })
+                .unwrap_or_default()
+                + if attn.decode_merges_all_heads() {
+                    ", row groups merged for all heads at once"
+                } else {
+                    ""
+                }
         }
         _ => String::new(),
     };

@@ -184,6 +184,14 @@ pub struct Args {
     /// default.
     #[arg(long)]
     pub(crate) decode_head_lanes: Option<bool>,
+    /// Vectorized decode on Vulkan loads 8-byte chunks, up to 32 lanes per row
+    /// (AttentionOptions::decode_narrow): `true` or `false`; without it, the default.
+    #[arg(long)]
+    pub(crate) decode_narrow: Option<bool>,
+    /// Vectorized decode on Vulkan merges every query head's row groups at once
+    /// (AttentionOptions::decode_merge_all): `true` or `false`; without it, the default.
+    #[arg(long)]
+    pub(crate) decode_merge_all: Option<bool>,
     /// Vulkan: build the kernels from their GLSL (kernels/*.comp, embedded in kpc) through the SPIR-V
     /// cache instead of from the committed SPIR-V; each kernel's line then says where its SPIR-V came
     /// from (compiled, memory, disk, ...).
@@ -364,6 +372,12 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(h) = args.decode_head_lanes {
         options.decode_head_lanes = h;
+    }
+    if let Some(n) = args.decode_narrow {
+        options.decode_narrow = n;
+    }
+    if let Some(m) = args.decode_merge_all {
+        options.decode_merge_all = m;
     }
     options.from_source = args.from_source;
     options.lazy = args.lazy;
