@@ -23,6 +23,7 @@
 // kpc-spec-constant 14 HEAD_LANES
 // kpc-spec-constant 15 NARROW
 // kpc-spec-constant 16 MERGE_ALL
+// kpc-spec-constant 17 SCAN
 #ifndef LOCAL_SIZE
 #define LOCAL_SIZE 128
 #endif
@@ -73,6 +74,11 @@
 #endif
 #ifndef MERGE_ALL
 #define MERGE_ALL 0
+#endif
+// Id 17 is the GLSL twin's SCAN (each head's split maxima and sums reduced in parallel in the
+// all-heads combination); declared for the same ids, never set on OpenCL.
+#ifndef SCAN
+#define SCAN 0
 #endif
 
 #define E (KV_F16 ? 8 : 4)

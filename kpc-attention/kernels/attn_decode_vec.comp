@@ -69,6 +69,10 @@ layout(constant_id = 15) const uint NARROW = 0;
 // 1: the row groups of all NQ query heads are merged in one pass through shared memory (two
 // barriers and NQ times the merge buffer) instead of one head after another (three barriers each).
 layout(constant_id = 16) const uint MERGE_ALL = 0;
+// 1 (with COMBINE): each query head's max and sum over the splits are reduced by the WG / GROUP
+// invocations that serve the head (strided partial pairs, then shuffles within clusters of LANES,
+// then shared memory) instead of every invocation scanning all of the head's splits in turn.
+layout(constant_id = 17) const uint SCAN = 0;
 
 const uint E = (NARROW != 0u ? 2u : 4u) << KV_F16;   // elements per 16- or 8-byte chunk
 const uint ROW_CHUNKS = HEAD_DIM / E;                 // 16-byte chunks per row
@@ -125,6 +129,7 @@ shared float sm_l[MERGED * RG];
 shared float sm_o[MERGED * RG * HEAD_DIM];
 shared float w[W_CACHED];
 shared float red[gl_WorkGroupSize.x];
+shared float red_l[SCAN != 0u ? gl_WorkGroupSize.x : 1u];
 shared float part[SLICES * HEAD_DIM];
 shared bool last;
 
@@ -467,26 +472,30 @@ void main() {
             }
         }
         barrier();
-        [[unroll]] for (uint g = 0u; g < NQ; g++) {
+        // Invocation g finds head g's max and sum (one pass for all heads, so that no invocation
+        // holds every head's maxima at once: that took the kernel from 128 to 142 registers).
+        if (tid < NQ) {
             float mx = -3.0e38;
-            [[unroll]] for (uint r = 0u; r < RG; r++) {
-                mx = max(mx, sm_m[g * RG + r]);
+            for (uint r = 0u; r < RG; r++) {
+                mx = max(mx, sm_m[tid * RG + r]);
             }
-            float wt = exp(m[g] - mx);
+            float total = 0.0;
+            for (uint r = 0u; r < RG; r++) {
+                total += sm_l[tid * RG + r] * exp(sm_m[tid * RG + r] - mx);
+            }
+            red[tid] = mx;
+            uint slot = (qrow0 + tid) * splits + split;
+            part_ml[slot * 2u] = mx;
+            part_ml[slot * 2u + 1u] = total;
+        }
+        barrier();
+        [[unroll]] for (uint g = 0u; g < NQ; g++) {
+            float wt = exp(m[g] - red[g]);
             [[unroll]] for (uint i = 0u; i < CPL; i++) {
                 [[unroll]] for (uint t = 0u; t < E; t++) {
                     uint at = (g * RG + rg) * HEAD_DIM + (lane + i * LANES) * E + t;
                     sm_o[at] = acc[g * VALS + i * E + t] * wt;
                 }
-            }
-            if (tid == g) {
-                float total = 0.0;
-                [[unroll]] for (uint r = 0u; r < RG; r++) {
-                    total += sm_l[g * RG + r] * exp(sm_m[g * RG + r] - mx);
-                }
-                uint slot = (qrow0 + g) * splits + split;
-                part_ml[slot * 2u] = mx;
-                part_ml[slot * 2u + 1u] = total;
             }
         }
         barrier();
@@ -574,6 +583,33 @@ void main() {
             }
         }
         barrier();
+        // SCAN: head g's WG / GROUP invocations reduce its (max, sum) pairs: strided partials,
+        // merged within clusters of CL lanes by shuffles, the clusters' pairs left in red / red_l.
+        const uint P = WG / GROUP;
+        const uint CL = min(P, LANES);
+        if (SCAN != 0u) {
+            uint g = tid / P;
+            float ms = -3.0e38;
+            for (uint s = tid % P; s < splits; s += P) {
+                ms = max(ms, w[g * splits + s]);
+            }
+            float ls = 0.0;
+            for (uint s = tid % P; s < splits; s += P) {
+                ls += sm_o[g * splits + s] * exp(w[g * splits + s] - ms);
+            }
+            [[unroll]] for (uint off = CL / 2u; off > 0u; off >>= 1) {
+                float mo = subgroupShuffleXor(ms, off);
+                float lo = subgroupShuffleXor(ls, off);
+                float mn = max(ms, mo);
+                ls = ls * exp(ms - mn) + lo * exp(mo - mn);
+                ms = mn;
+            }
+            if (tid % CL == 0u) {
+                red[tid / CL] = ms;
+                red_l[tid / CL] = ls;
+            }
+            barrier();
+        }
         // Groups of Q4 invocations, each holding one 16-byte column of a head's output per
         // invocation, take (query head, team) pairs; a head's `teams` teams split its splits and
         // add up through `part` after. Each invocation finds its head's max and sum by scanning
@@ -588,12 +624,22 @@ void main() {
             uint g = pair / teams;
             uint team = pair % teams;
             float mx = -3.0e38;
-            for (uint s = 0u; s < splits; s++) {
-                mx = max(mx, w[g * splits + s]);
-            }
             float total = 0.0;
-            for (uint s = 0u; s < splits; s++) {
-                total += sm_o[g * splits + s] * exp(w[g * splits + s] - mx);
+            if (SCAN != 0u) {
+                const uint C = P / CL;  // clusters per head
+                for (uint c = 0u; c < C; c++) {
+                    mx = max(mx, red[g * C + c]);
+                }
+                for (uint c = 0u; c < C; c++) {
+                    total += red_l[g * C + c] * exp(red[g * C + c] - mx);
+                }
+            } else {
+                for (uint s = 0u; s < splits; s++) {
+                    mx = max(mx, w[g * splits + s]);
+                }
+                for (uint s = 0u; s < splits; s++) {
+                    total += sm_o[g * splits + s] * exp(w[g * splits + s] - mx);
+                }
             }
             uint row = (head0 + g) * splits;
             vec4 sum = vec4(0.0);

@@ -251,6 +251,9 @@ impl Attention {
                 if v.merge_all {
                     spec = spec.with(16, SpecValue::U32(1));
                 }
+                if combine_all && Self::scan_fits(shape, options) {
+                    spec = spec.with(17, SpecValue::U32(1));
+                }
                 if ctx.backend() == BackendKind::OpenCl {
                     spec = spec.with(8, SpecValue::U32(u32::from(v.nv_shuffle)));
                 }
@@ -463,6 +466,19 @@ impl Attention {
     /// [`AttentionOptions::decode_merge_all`]).
     pub fn decode_merges_all_heads(&self) -> bool {
         self.vec.is_some_and(|v| !self.coop_decode && v.merge_all)
+    }
+
+    /// Whether the all-heads combination reduces each head's split maxima and sums in parallel
+    /// (the kernel's `SCAN`): asked for ([`AttentionOptions::decode_scan`]) and a group that is a
+    /// power of two, so that each head's invocations form whole clusters of lanes.
+    fn scan_fits(shape: &AttentionShape, options: AttentionOptions) -> bool {
+        options.decode_scan && (shape.q_heads / shape.kv_heads).is_power_of_two()
+    }
+
+    /// Whether the vectorized decode's combination reduces each head's split maxima and sums in
+    /// parallel (see [`AttentionOptions::decode_scan`]).
+    pub fn decode_parallel_scan(&self) -> bool {
+        self.combine_all && !self.coop_decode && Self::scan_fits(&self.shape, self.options)
     }
 
     /// Invocations per K/V row of the vectorized decode and whether they load 8-byte chunks

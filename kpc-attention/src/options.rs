@@ -135,6 +135,12 @@ pub struct AttentionOptions {
     /// instead of one head after another (three barriers each). Off by default (BENCHMARKS.md,
     /// issue 41). OpenCL merges one head after another.
     pub decode_merge_all: bool,
+    /// Whether the Vulkan vectorized decode's all-heads combination
+    /// ([`AttentionOptions::decode_combine_all`]) reduces each query head's split maxima and sums
+    /// with the invocations that serve the head (partials, then shuffles, then shared memory)
+    /// instead of every invocation scanning all of them. Applies where the group is a power of
+    /// two. Off by default (BENCHMARKS.md, issue 41).
+    pub decode_scan: bool,
     /// Query rows per workgroup of the cooperative-matrix prefill: 4 or 8 subgroups of
     /// 16 x `coop_row_blocks` rows (64 or 128 with 1 block, 128 or 256 with 2). 128 is the default.
     /// With [`PrefillKernel::Auto`], 64 rows of 1 block are used where only they fit the head
@@ -226,6 +232,7 @@ impl Default for AttentionOptions {
             decode_head_lanes: true,
             decode_narrow: false,
             decode_merge_all: false,
+            decode_scan: false,
             coop_rows: 128,
             coop_row_blocks: 2,
             coop_keys: 32,

@@ -192,6 +192,11 @@ pub struct Args {
     /// (AttentionOptions::decode_merge_all): `true` or `false`; without it, the default.
     #[arg(long)]
     pub(crate) decode_merge_all: Option<bool>,
+    /// Vectorized decode on Vulkan reduces each head's split maxima and sums in parallel in the
+    /// all-heads combination (AttentionOptions::decode_scan): `true` or `false`; without it, the
+    /// default.
+    #[arg(long)]
+    pub(crate) decode_scan: Option<bool>,
     /// Vulkan: build the kernels from their GLSL (kernels/*.comp, embedded in kpc) through the SPIR-V
     /// cache instead of from the committed SPIR-V; each kernel's line then says where its SPIR-V came
     /// from (compiled, memory, disk, ...).
@@ -378,6 +383,9 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(m) = args.decode_merge_all {
         options.decode_merge_all = m;
+    }
+    if let Some(s) = args.decode_scan {
+        options.decode_scan = s;
     }
     options.from_source = args.from_source;
     options.lazy = args.lazy;
