@@ -3,7 +3,7 @@
 # chunks, 32 lanes per row) and merge-all variants beside main's binary, their checks, and PyTorch's
 # cuDNN decode from CUDA graphs. Prebuilt binaries only; driver caches off (prelude.sh).
 #   source .gpu/prelude.sh; KPC=.gpu/kpc-gqa BASE=.gpu/kpc-base TORCH=.gpu/attention_torch.py .gpu/gqa41_gpu.sh
-# SECTIONS: any of check sweep torch (default all). VARIANTS: `label|binary|flags` lines.
+# SECTIONS: any of check sweep mha torch (default: check sweep torch). VARIANTS: `label|binary|flags` lines.
 set -uo pipefail
 KPC=${KPC:-.gpu/kpc-gqa}
 BASE=${BASE:-.gpu/kpc-base}
@@ -60,6 +60,22 @@ new2|$KPC|"}
           line="$line | $label $(val device_us "$b") ($(val splits "$b"), ${st:-?})"
         done <<<"$VARIANTS"
         echo "$line"
+      done
+      ;;
+    mha)
+      echo "## MHA (Hkv=32) and B=4, 50 steps: label -> device µs"
+      for shp in ${MHA_SHAPES:-1:32:4096 1:32:32768 4:8:16384}; do
+        IFS=: read -r b hkv L <<<"$shp"
+        row="B=$b Hkv=$hkv L=$L"
+        while IFS='|' read -r label bin extra; do
+          [ -z "$label" ] && continue
+          # shellcheck disable=SC2086
+          o=$("$bin" attention "${common[@]}" --kv f16 --batch "$b" --kv-heads "$hkv" --prompt "$L" \
+            --steps 50 --fill $extra 2>&1 | grep '^bench: phase=decode')
+          row="$row | $label $(val device_us "$o")"
+        done <<<"${MHA_VARIANTS:-"base|$BASE|
+new|$KPC|"}"
+        echo "$row"
       done
       ;;
     torch)

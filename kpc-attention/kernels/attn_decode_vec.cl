@@ -24,6 +24,7 @@
 // kpc-spec-constant 15 NARROW
 // kpc-spec-constant 16 MERGE_ALL
 // kpc-spec-constant 17 SCAN
+// kpc-spec-constant 18 MERGE_ONCE
 #ifndef LOCAL_SIZE
 #define LOCAL_SIZE 128
 #endif
@@ -79,6 +80,11 @@
 // all-heads combination); declared for the same ids, never set on OpenCL.
 #ifndef SCAN
 #define SCAN 0
+#endif
+// Id 18 is the GLSL twin's MERGE_ONCE (each head's row-group max and sum found once); declared for
+// the same ids, never set on OpenCL.
+#ifndef MERGE_ONCE
+#define MERGE_ONCE 0
 #endif
 
 #define E (KV_F16 ? 8 : 4)

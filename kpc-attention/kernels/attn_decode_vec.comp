@@ -73,6 +73,10 @@ layout(constant_id = 16) const uint MERGE_ALL = 0;
 // invocations that serve the head (strided partial pairs, then shuffles within clusters of LANES,
 // then shared memory) instead of every invocation scanning all of the head's splits in turn.
 layout(constant_id = 17) const uint SCAN = 0;
+// 1: the heads' row groups are merged one after another as without MERGE_ALL, but each head's
+// max and sum over the row groups is found once, by one invocation, for all heads before the
+// first (one barrier), instead of by every invocation per head (2 * RG exponentials each).
+layout(constant_id = 18) const uint MERGE_ONCE = 0;
 
 const uint E = (NARROW != 0u ? 2u : 4u) << KV_F16;   // elements per 16- or 8-byte chunk
 const uint ROW_CHUNKS = HEAD_DIM / E;                 // 16-byte chunks per row
@@ -124,8 +128,9 @@ layout(push_constant) uniform Params {
 } p;
 
 const uint MERGED = MERGE_ALL != 0u ? NQ : 1u;        // heads merged at once
-shared float sm_m[MERGED * RG];
-shared float sm_l[MERGED * RG];
+const uint MERGED_ML = MERGE_ALL != 0u || MERGE_ONCE != 0u ? NQ : 1u;
+shared float sm_m[MERGED_ML * RG];
+shared float sm_l[MERGED_ML * RG];
 shared float sm_o[MERGED * RG * HEAD_DIM];
 shared float w[W_CACHED];
 shared float red[gl_WorkGroupSize.x];
@@ -464,7 +469,7 @@ void main() {
     }
 
     // Merge the row groups: rescale each to the workgroup's max, then sum through shared memory.
-    if (MERGE_ALL != 0u) {
+    if (MERGE_ALL != 0u || MERGE_ONCE != 0u) {
         if (lane == 0u) {
             [[unroll]] for (uint g = 0u; g < NQ; g++) {
                 sm_m[g * RG + rg] = m[g];
@@ -489,7 +494,7 @@ void main() {
             part_ml[slot * 2u + 1u] = total;
         }
         barrier();
-        [[unroll]] for (uint g = 0u; g < NQ; g++) {
+        [[unroll]] for (uint g = 0u; g < (MERGE_ALL != 0u ? NQ : 0u); g++) {
             float wt = exp(m[g] - red[g]);
             [[unroll]] for (uint i = 0u; i < CPL; i++) {
                 [[unroll]] for (uint t = 0u; t < E; t++) {
@@ -498,8 +503,10 @@ void main() {
                 }
             }
         }
-        barrier();
-        for (uint c = tid; c < NQ * Q4; c += WG) {
+        if (MERGE_ALL != 0u) {
+            barrier();
+        }
+        for (uint c = tid; c < (MERGE_ALL != 0u ? NQ * Q4 : 0u); c += WG) {
             uint g = c / Q4;
             uint col = c % Q4;
             vec4 o = vec4(0.0);
@@ -510,7 +517,27 @@ void main() {
             part_o[((qrow0 + g) * splits + split) * Q4 + col] = o;
         }
     }
-    [[unroll]] for (uint g = 0u; g < (MERGE_ALL != 0u ? 0u : NQ); g++) {
+    // MERGE_ONCE: one head after another through one row buffer, with the maxima found above.
+    [[unroll]] for (uint g = 0u; g < (MERGE_ONCE != 0u && MERGE_ALL == 0u ? NQ : 0u); g++) {
+        float wt = exp(m[g] - red[g]);
+        [[unroll]] for (uint i = 0u; i < CPL; i++) {
+            [[unroll]] for (uint t = 0u; t < E; t++) {
+                sm_o[rg * HEAD_DIM + (lane + i * LANES) * E + t] = acc[g * VALS + i * E + t] * wt;
+            }
+        }
+        barrier();
+        uint slot = (qrow0 + g) * splits + split;
+        for (uint c = tid; c < Q4; c += WG) {
+            vec4 o = vec4(0.0);
+            [[unroll]] for (uint r = 0u; r < RG; r++) {
+                uint at = r * HEAD_DIM + 4u * c;
+                o += vec4(sm_o[at], sm_o[at + 1u], sm_o[at + 2u], sm_o[at + 3u]);
+            }
+            part_o[slot * Q4 + c] = o;
+        }
+        barrier();
+    }
+    [[unroll]] for (uint g = 0u; g < (MERGE_ALL != 0u || MERGE_ONCE != 0u ? 0u : NQ); g++) {
         if (lane == 0u) {
             sm_m[rg] = m[g];
             sm_l[rg] = l[g];

@@ -251,6 +251,9 @@ impl Attention {
                 if v.merge_all {
                     spec = spec.with(16, SpecValue::U32(1));
                 }
+                if options.decode_merge_once && ctx.backend() == BackendKind::Vulkan {
+                    spec = spec.with(18, SpecValue::U32(1));
+                }
                 if combine_all && Self::scan_fits(shape, options) {
                     spec = spec.with(17, SpecValue::U32(1));
                 }

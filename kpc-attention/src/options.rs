@@ -141,6 +141,11 @@ pub struct AttentionOptions {
     /// instead of every invocation scanning all of them. Applies where the group is a power of
     /// two. Off by default (BENCHMARKS.md, issue 41).
     pub decode_scan: bool,
+    /// Whether the Vulkan vectorized decode, merging its row groups one head after another,
+    /// finds each head's max and sum over the row groups once (one invocation per head, before
+    /// the first head) instead of in every invocation for every head. Off by default
+    /// (BENCHMARKS.md, issue 41).
+    pub decode_merge_once: bool,
     /// Query rows per workgroup of the cooperative-matrix prefill: 4 or 8 subgroups of
     /// 16 x `coop_row_blocks` rows (64 or 128 with 1 block, 128 or 256 with 2). 128 is the default.
     /// With [`PrefillKernel::Auto`], 64 rows of 1 block are used where only they fit the head
@@ -233,6 +238,7 @@ impl Default for AttentionOptions {
             decode_narrow: false,
             decode_merge_all: false,
             decode_scan: false,
+            decode_merge_once: false,
             coop_rows: 128,
             coop_row_blocks: 2,
             coop_keys: 32,

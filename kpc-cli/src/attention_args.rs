@@ -197,6 +197,11 @@ pub struct Args {
     /// default.
     #[arg(long)]
     pub(crate) decode_scan: Option<bool>,
+    /// Vectorized decode on Vulkan finds each head's row-group max and sum once when it merges
+    /// the heads one after another (AttentionOptions::decode_merge_once): `true` or `false`;
+    /// without it, the default.
+    #[arg(long)]
+    pub(crate) decode_merge_once: Option<bool>,
     /// Vulkan: build the kernels from their GLSL (kernels/*.comp, embedded in kpc) through the SPIR-V
     /// cache instead of from the committed SPIR-V; each kernel's line then says where its SPIR-V came
     /// from (compiled, memory, disk, ...).
@@ -386,6 +391,9 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(s) = args.decode_scan {
         options.decode_scan = s;
+    }
+    if let Some(m) = args.decode_merge_once {
+        options.decode_merge_once = m;
     }
     options.from_source = args.from_source;
     options.lazy = args.lazy;
