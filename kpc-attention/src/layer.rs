@@ -478,6 +478,17 @@ impl Attention {
         options.decode_scan && (shape.q_heads / shape.kv_heads).is_power_of_two()
     }
 
+    /// Whether the vectorized decode merges its heads' row groups one after another with each
+    /// head's max and sum found once (see [`AttentionOptions::decode_merge_once`]).
+    pub fn decode_merges_once(&self) -> bool {
+        self.vec.is_some_and(|v| {
+            !self.coop_decode
+                && !v.merge_all
+                && self.options.decode_merge_once
+                && self.ctx.backend() == BackendKind::Vulkan
+        })
+    }
+
     /// Whether the vectorized decode's combination reduces each head's split maxima and sums in
     /// parallel (see [`AttentionOptions::decode_scan`]).
     pub fn decode_parallel_scan(&self) -> bool {

@@ -156,6 +156,11 @@ fn workload(
                 } else {
                     ""
                 }
+                + if attn.decode_merges_once() {
+                    ", each head's row-group max found once"
+                } else {
+                    ""
+                }
                 + if attn.decode_parallel_scan() {
                     ", split maxima reduced in parallel"
                 } else {
