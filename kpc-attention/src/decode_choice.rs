@@ -27,18 +27,26 @@ pub(super) struct VecLayout {
 }
 
 /// Shared memory of the vectorized decode on Vulkan for `layout`, `group` query heads per KV head,
-/// head dimension `d` and `local_size` invocations: its row-merge buffers (a max, a sum and a row
-/// per row group, for every head with `merge_all`), the combination's 1024 weights, its per-slice
-/// rows, a reduction array and a flag.
+/// head dimension `d` and `local_size` invocations: its row-merge buffers (a max and a sum per row
+/// group, for every head with `merge_all` or `merge_once`; a row per row group, for every head with
+/// `merge_all`), the combination's 1024 weights, its per-slice rows, two reduction arrays and a
+/// flag.
 pub(super) fn vec_decode_shared(
     layout: VecLayout,
     group: usize,
     d: usize,
     local_size: u32,
+    merge_once: bool,
 ) -> usize {
     let rg = (local_size / layout.lanes) as usize;
-    let merged = if layout.merge_all { group } else { 1 };
-    4 * (merged * rg * (2 + d) + 1024 + local_size as usize + local_size as usize / 32 * d) + 4
+    let local = local_size as usize;
+    let rows = if layout.merge_all { group } else { 1 };
+    let pairs = if layout.merge_all || merge_once {
+        group
+    } else {
+        1
+    };
+    4 * (pairs * rg * 2 + rows * rg * d + 1024 + 2 * local + local / 32 * d) + 4
 }
 
 /// `layout` with the row groups of all query heads merged at once where `asked`, on Vulkan, and
@@ -59,6 +67,7 @@ pub(super) fn with_merge_all(
         shape.q_heads / shape.kv_heads,
         shape.head_dim,
         local_size,
+        true,
     ) <= device.limits.max_shared_memory_bytes as usize;
     if asked && device.backend == BackendKind::Vulkan && fits {
         merged

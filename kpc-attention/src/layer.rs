@@ -11,7 +11,9 @@ use super::choice::{
     coop_prefill_subgroups, coop_quad_layout, tiled_prefill_fits, tiled_prefill_shared,
     tiled_prefill_slice,
 };
-use super::decode_choice::{coop_decode_fits, coop_decode_shared, vec_layout, with_merge_all};
+use super::decode_choice::{
+    coop_decode_fits, coop_decode_shared, vec_decode_shared, vec_layout, with_merge_all,
+};
 use super::{
     Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, LazyReport,
     PrefillKernel, shipped_kernel_from, shipped_request,
@@ -170,14 +172,17 @@ impl Attention {
                         * options.decode_rows as usize
                         * (shape.q_heads / shape.kv_heads)
                 };
-                // With the merge of all heads at once, its buffers hold every head's row groups
-                // (chosen only where the whole kernel's shared memory fits).
-                let merged = if v.merge_all {
-                    shape.q_heads / shape.kv_heads
+                if ctx.backend() == BackendKind::Vulkan {
+                    vec_decode_shared(
+                        v,
+                        shape.q_heads / shape.kv_heads,
+                        shape.head_dim,
+                        options.decode_local_size,
+                        options.decode_merge_once,
+                    )
                 } else {
-                    1
-                };
-                4 * (merged * (2 * rg + rg * shape.head_dim) + local_sum)
+                    4 * (2 * rg + rg * shape.head_dim + local_sum)
+                }
             }
         };
         let prefill_shared = match prefill_kind {
