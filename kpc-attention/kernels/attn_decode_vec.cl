@@ -21,6 +21,10 @@
 // kpc-spec-constant 12 CYCLIC
 // kpc-spec-constant 13 COMBINE
 // kpc-spec-constant 14 HEAD_LANES
+// kpc-spec-constant 15 NARROW
+// kpc-spec-constant 16 MERGE_ALL
+// kpc-spec-constant 17 SCAN
+// kpc-spec-constant 18 MERGE_ONCE
 #ifndef LOCAL_SIZE
 #define LOCAL_SIZE 128
 #endif
@@ -62,6 +66,25 @@
 // OpenCL, whose rows are summed through local memory or the PTX shuffle, so it changes nothing.
 #ifndef HEAD_LANES
 #define HEAD_LANES 0
+#endif
+// Ids 15 and 16 are the GLSL twin's NARROW (8-byte chunks, up to 32 lanes per row) and MERGE_ALL
+// (every query head's row groups merged at once); declared so that both images take the same ids.
+// The host sets them only on Vulkan, so they change nothing here.
+#ifndef NARROW
+#define NARROW 0
+#endif
+#ifndef MERGE_ALL
+#define MERGE_ALL 0
+#endif
+// Id 17 is the GLSL twin's SCAN (each head's split maxima and sums reduced in parallel in the
+// all-heads combination); declared for the same ids, never set on OpenCL.
+#ifndef SCAN
+#define SCAN 0
+#endif
+// Id 18 is the GLSL twin's MERGE_ONCE (each head's row-group max and sum found once); declared for
+// the same ids, never set on OpenCL.
+#ifndef MERGE_ONCE
+#define MERGE_ONCE 0
 #endif
 
 #define E (KV_F16 ? 8 : 4)

@@ -61,8 +61,24 @@ layout(constant_id = 13) const uint COMBINE = 0;
 // per row at two thirds of it (BENCHMARKS.md). The host sets it only where NQ is a power of two
 // from 2 to LANES.
 layout(constant_id = 14) const uint HEAD_LANES = 0;
+// 1: 8-byte chunks (4 halves or 2 floats per lane per row) instead of 16, so that a row of 128
+// halves spreads over 32 lanes: half the query and accumulator registers per lane for a group of
+// heads, which leaves more of the registers for rows in flight (the host sets it only on Vulkan,
+// with LANES up to the subgroup size and 32).
+layout(constant_id = 15) const uint NARROW = 0;
+// 1: the row groups of all NQ query heads are merged in one pass through shared memory (two
+// barriers and NQ times the merge buffer) instead of one head after another (three barriers each).
+layout(constant_id = 16) const uint MERGE_ALL = 0;
+// 1 (with COMBINE): each query head's max and sum over the splits are reduced by the WG / GROUP
+// invocations that serve the head (strided partial pairs, then shuffles within clusters of LANES,
+// then shared memory) instead of every invocation scanning all of the head's splits in turn.
+layout(constant_id = 17) const uint SCAN = 0;
+// 1: the heads' row groups are merged one after another as without MERGE_ALL, but each head's
+// max and sum over the row groups is found once, by one invocation, for all heads before the
+// first (one barrier), instead of by every invocation per head (2 * RG exponentials each).
+layout(constant_id = 18) const uint MERGE_ONCE = 0;
 
-const uint E = 4u << KV_F16;                          // elements per 16-byte chunk
+const uint E = (NARROW != 0u ? 2u : 4u) << KV_F16;   // elements per 16- or 8-byte chunk
 const uint ROW_CHUNKS = HEAD_DIM / E;                 // 16-byte chunks per row
 const uint CPL = ROW_CHUNKS / LANES;                  // chunks per lane
 const uint VALS = CPL * E;                            // elements per lane
@@ -74,8 +90,8 @@ const uint NQ = SPREAD != 0u ? 1u : GROUP;            // query heads one workgro
 // VALS and U within these; the loops index with constants once unrolled.
 const uint MAX_GROUP = 8u;
 const uint MAX_VALS = 32u;
-const uint MAX_U = 8u;
-const uint MAX_U_CPL = 64u;                           // U * CPL, with CPL = VALS / E <= 8
+const uint MAX_U = 16u;
+const uint MAX_U_CPL = 128u;                          // U * CPL, with CPL = VALS / E <= 8
 const uint W_CACHED = 1024u;                          // split weights the combination keeps shared
 const uint SLICES = gl_WorkGroupSize.x / 32u;
 const uint PER_LANE = (HEAD_DIM + 31u) / 32u;         // at most 8
@@ -91,6 +107,9 @@ const uint Q4 = HEAD_DIM / 4u;                        // 16-byte columns of a he
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };                // [B][Hq][D]
 layout(std430, set = 0, binding = 1) buffer K { uvec4 k[]; };                         // [B][Hkv][cap][D]
 layout(std430, set = 0, binding = 2) buffer V { uvec4 v[]; };                         // [B][Hkv][cap][D]
+// The same K and V as 8-byte chunks (NARROW).
+layout(std430, set = 0, binding = 1) buffer K2 { uvec2 k2[]; };
+layout(std430, set = 0, binding = 2) buffer V2 { uvec2 v2[]; };
 // Partial outputs as 16-byte columns, so that the combination reads each with one load.
 layout(std430, set = 0, binding = 3) coherent buffer PartO { vec4 part_o[]; };        // [B*Hq][splits][D/4]
 layout(std430, set = 0, binding = 4) coherent buffer PartMl { float part_ml[]; };     // [B*Hq][splits][2]
@@ -108,11 +127,14 @@ layout(push_constant) uniform Params {
     uint append;     // 1: position kv_len - 1 comes from new_k/new_v and is written to the cache
 } p;
 
-shared float sm_m[RG];
-shared float sm_l[RG];
-shared float sm_o[RG * HEAD_DIM];
+const uint MERGED = MERGE_ALL != 0u ? NQ : 1u;        // heads merged at once
+const uint MERGED_ML = MERGE_ALL != 0u || MERGE_ONCE != 0u ? NQ : 1u;
+shared float sm_m[MERGED_ML * RG];
+shared float sm_l[MERGED_ML * RG];
+shared float sm_o[MERGED * RG * HEAD_DIM];
 shared float w[W_CACHED];
 shared float red[gl_WorkGroupSize.x];
+shared float red_l[SCAN != 0u ? gl_WorkGroupSize.x : 1u];
 shared float part[SLICES * HEAD_DIM];
 shared bool last;
 
@@ -157,8 +179,8 @@ uint pack_rne(float lo, float hi) {
 
 uvec4 pack_new(bool is_k, uint at) {
     float x[8];
-    [[unroll]] for (uint t = 0u; t < E; t++) {
-        x[t] = is_k ? new_k[at + t] : new_v[at + t];
+    [[unroll]] for (uint t = 0u; t < 8u; t++) {
+        x[t] = t >= E ? 0.0 : is_k ? new_k[at + t] : new_v[at + t];
     }
     if (KV_F16 != 0u) {
         return uvec4(pack_rne(x[0], x[1]), pack_rne(x[2], x[3]), pack_rne(x[4], x[5]),
@@ -166,6 +188,25 @@ uvec4 pack_new(bool is_k, uint at) {
     }
     return uvec4(floatBitsToUint(x[0]), floatBitsToUint(x[1]), floatBitsToUint(x[2]),
                  floatBitsToUint(x[3]));
+}
+
+// Chunk r of K or V (16 or 8 bytes; a narrow chunk in .xy), and its store.
+uvec4 load_k(uint r) {
+    return NARROW != 0u ? uvec4(k2[r], 0u, 0u) : k[r];
+}
+
+uvec4 load_v(uint r) {
+    return NARROW != 0u ? uvec4(v2[r], 0u, 0u) : v[r];
+}
+
+void store_kv(uint r, uvec4 kc, uvec4 vc) {
+    if (NARROW != 0u) {
+        k2[r] = kc.xy;
+        v2[r] = vc.xy;
+    } else {
+        k[r] = kc;
+        v[r] = vc;
+    }
 }
 
 // A max and a sum over the workgroup through `red`.
@@ -205,8 +246,8 @@ void load_rows(out uvec4 kw[MAX_U_CPL], out uvec4 vw[MAX_U_CPL], uint base, uint
         uint j = min(base + u * RG + rg, jc - 1u);
         uint r = (row_base + j) * ROW_CHUNKS + lane;
         [[unroll]] for (uint i = 0u; i < CPL; i++) {
-            kw[u * CPL + i] = k[r + i * LANES];
-            vw[u * CPL + i] = v[r + i * LANES];
+            kw[u * CPL + i] = load_k(r + i * LANES);
+            vw[u * CPL + i] = load_v(r + i * LANES);
         }
     }
 }
@@ -400,8 +441,7 @@ void main() {
             kn[i] = pack_new(true, at);
             vn[i] = pack_new(false, at);
             if (gx == 0u) {
-                k[r + i * LANES] = kn[i];
-                v[r + i * LANES] = vn[i];
+                store_kv(r + i * LANES, kn[i], vn[i]);
             }
         }
         [[unroll]] for (uint g = 0u; g < NQ; g++) {
@@ -429,7 +469,75 @@ void main() {
     }
 
     // Merge the row groups: rescale each to the workgroup's max, then sum through shared memory.
-    [[unroll]] for (uint g = 0u; g < NQ; g++) {
+    if (MERGE_ALL != 0u || MERGE_ONCE != 0u) {
+        if (lane == 0u) {
+            [[unroll]] for (uint g = 0u; g < NQ; g++) {
+                sm_m[g * RG + rg] = m[g];
+                sm_l[g * RG + rg] = l[g];
+            }
+        }
+        barrier();
+        // Invocation g finds head g's max and sum (one pass for all heads, so that no invocation
+        // holds every head's maxima at once: that took the kernel from 128 to 142 registers).
+        if (tid < NQ) {
+            float mx = -3.0e38;
+            for (uint r = 0u; r < RG; r++) {
+                mx = max(mx, sm_m[tid * RG + r]);
+            }
+            float total = 0.0;
+            for (uint r = 0u; r < RG; r++) {
+                total += sm_l[tid * RG + r] * exp(sm_m[tid * RG + r] - mx);
+            }
+            red[tid] = mx;
+            uint slot = (qrow0 + tid) * splits + split;
+            part_ml[slot * 2u] = mx;
+            part_ml[slot * 2u + 1u] = total;
+        }
+        barrier();
+        [[unroll]] for (uint g = 0u; g < (MERGE_ALL != 0u ? NQ : 0u); g++) {
+            float wt = exp(m[g] - red[g]);
+            [[unroll]] for (uint i = 0u; i < CPL; i++) {
+                [[unroll]] for (uint t = 0u; t < E; t++) {
+                    uint at = (g * RG + rg) * HEAD_DIM + (lane + i * LANES) * E + t;
+                    sm_o[at] = acc[g * VALS + i * E + t] * wt;
+                }
+            }
+        }
+        if (MERGE_ALL != 0u) {
+            barrier();
+        }
+        for (uint c = tid; c < (MERGE_ALL != 0u ? NQ * Q4 : 0u); c += WG) {
+            uint g = c / Q4;
+            uint col = c % Q4;
+            vec4 o = vec4(0.0);
+            [[unroll]] for (uint r = 0u; r < RG; r++) {
+                uint at = (g * RG + r) * HEAD_DIM + 4u * col;
+                o += vec4(sm_o[at], sm_o[at + 1u], sm_o[at + 2u], sm_o[at + 3u]);
+            }
+            part_o[((qrow0 + g) * splits + split) * Q4 + col] = o;
+        }
+    }
+    // MERGE_ONCE: one head after another through one row buffer, with the maxima found above.
+    [[unroll]] for (uint g = 0u; g < (MERGE_ONCE != 0u && MERGE_ALL == 0u ? NQ : 0u); g++) {
+        float wt = exp(m[g] - red[g]);
+        [[unroll]] for (uint i = 0u; i < CPL; i++) {
+            [[unroll]] for (uint t = 0u; t < E; t++) {
+                sm_o[rg * HEAD_DIM + (lane + i * LANES) * E + t] = acc[g * VALS + i * E + t] * wt;
+            }
+        }
+        barrier();
+        uint slot = (qrow0 + g) * splits + split;
+        for (uint c = tid; c < Q4; c += WG) {
+            vec4 o = vec4(0.0);
+            [[unroll]] for (uint r = 0u; r < RG; r++) {
+                uint at = r * HEAD_DIM + 4u * c;
+                o += vec4(sm_o[at], sm_o[at + 1u], sm_o[at + 2u], sm_o[at + 3u]);
+            }
+            part_o[slot * Q4 + c] = o;
+        }
+        barrier();
+    }
+    [[unroll]] for (uint g = 0u; g < (MERGE_ALL != 0u || MERGE_ONCE != 0u ? 0u : NQ); g++) {
         if (lane == 0u) {
             sm_m[rg] = m[g];
             sm_l[rg] = l[g];
@@ -502,6 +610,33 @@ void main() {
             }
         }
         barrier();
+        // SCAN: head g's WG / GROUP invocations reduce its (max, sum) pairs: strided partials,
+        // merged within clusters of CL lanes by shuffles, the clusters' pairs left in red / red_l.
+        const uint P = WG / GROUP;
+        const uint CL = min(P, LANES);
+        if (SCAN != 0u) {
+            uint g = tid / P;
+            float ms = -3.0e38;
+            for (uint s = tid % P; s < splits; s += P) {
+                ms = max(ms, w[g * splits + s]);
+            }
+            float ls = 0.0;
+            for (uint s = tid % P; s < splits; s += P) {
+                ls += sm_o[g * splits + s] * exp(w[g * splits + s] - ms);
+            }
+            [[unroll]] for (uint off = CL / 2u; off > 0u; off >>= 1) {
+                float mo = subgroupShuffleXor(ms, off);
+                float lo = subgroupShuffleXor(ls, off);
+                float mn = max(ms, mo);
+                ls = ls * exp(ms - mn) + lo * exp(mo - mn);
+                ms = mn;
+            }
+            if (tid % CL == 0u) {
+                red[tid / CL] = ms;
+                red_l[tid / CL] = ls;
+            }
+            barrier();
+        }
         // Groups of Q4 invocations, each holding one 16-byte column of a head's output per
         // invocation, take (query head, team) pairs; a head's `teams` teams split its splits and
         // add up through `part` after. Each invocation finds its head's max and sum by scanning
@@ -516,12 +651,22 @@ void main() {
             uint g = pair / teams;
             uint team = pair % teams;
             float mx = -3.0e38;
-            for (uint s = 0u; s < splits; s++) {
-                mx = max(mx, w[g * splits + s]);
-            }
             float total = 0.0;
-            for (uint s = 0u; s < splits; s++) {
-                total += sm_o[g * splits + s] * exp(w[g * splits + s] - mx);
+            if (SCAN != 0u) {
+                const uint C = P / CL;  // clusters per head
+                for (uint c = 0u; c < C; c++) {
+                    mx = max(mx, red[g * C + c]);
+                }
+                for (uint c = 0u; c < C; c++) {
+                    total += red_l[g * C + c] * exp(red[g * C + c] - mx);
+                }
+            } else {
+                for (uint s = 0u; s < splits; s++) {
+                    mx = max(mx, w[g * splits + s]);
+                }
+                for (uint s = 0u; s < splits; s++) {
+                    total += sm_o[g * splits + s] * exp(w[g * splits + s] - mx);
+                }
             }
             uint row = (head0 + g) * splits;
             vec4 sum = vec4(0.0);

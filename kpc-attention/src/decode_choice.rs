@@ -19,21 +19,80 @@ pub(super) struct VecLayout {
     pub(super) lanes: u32,
     /// OpenCL on NVIDIA: sum a row's lanes with the PTX warp shuffle instead of local memory.
     pub(super) nv_shuffle: bool,
+    /// Vulkan: 8-byte chunks per lane (the kernel's `NARROW`) instead of 16.
+    pub(super) narrow: bool,
+    /// Vulkan: the row groups of all query heads merged at once (the kernel's `MERGE_ALL`); set
+    /// by [`with_merge_all`] where asked for and where its shared memory fits.
+    pub(super) merge_all: bool,
+}
+
+/// Shared memory of the vectorized decode on Vulkan for `layout`, `group` query heads per KV head,
+/// head dimension `d` and `local_size` invocations: its row-merge buffers (a max and a sum per row
+/// group, for every head with `merge_all` or `merge_once`; a row per row group, for every head with
+/// `merge_all`), the combination's 1024 weights, its per-slice rows, two reduction arrays and a
+/// flag.
+pub(super) fn vec_decode_shared(
+    layout: VecLayout,
+    group: usize,
+    d: usize,
+    local_size: u32,
+    merge_once: bool,
+) -> usize {
+    let rg = (local_size / layout.lanes) as usize;
+    let local = local_size as usize;
+    let rows = if layout.merge_all { group } else { 1 };
+    let pairs = if layout.merge_all || merge_once {
+        group
+    } else {
+        1
+    };
+    4 * (pairs * rg * 2 + rows * rg * d + 1024 + 2 * local + local / 32 * d) + 4
+}
+
+/// `layout` with the row groups of all query heads merged at once where `asked`, on Vulkan, and
+/// where the kernel's shared memory then fits the device.
+pub(super) fn with_merge_all(
+    layout: VecLayout,
+    device: &DeviceInfo,
+    shape: &AttentionShape,
+    local_size: u32,
+    asked: bool,
+) -> VecLayout {
+    let merged = VecLayout {
+        merge_all: true,
+        ..layout
+    };
+    let fits = vec_decode_shared(
+        merged,
+        shape.q_heads / shape.kv_heads,
+        shape.head_dim,
+        local_size,
+        true,
+    ) <= device.limits.max_shared_memory_bytes as usize;
+    if asked && device.backend == BackendKind::Vulkan && fits {
+        merged
+    } else {
+        layout
+    }
 }
 
 /// Whether the vectorized decode kernel runs on `device` for `shape` and `dtype`, and how; the error
-/// says why not.
+/// says why not. With `narrow` (Vulkan only; ignored on OpenCL) a lane loads 8-byte chunks and a
+/// row may take up to 32 lanes.
 pub(super) fn vec_layout(
     device: &DeviceInfo,
     shape: &AttentionShape,
     dtype: KvDtype,
     local_size: u32,
+    narrow: bool,
 ) -> std::result::Result<VecLayout, String> {
-    let elems = 16 / dtype.bytes();
+    let narrow = narrow && device.backend == BackendKind::Vulkan;
+    let elems = if narrow { 8 } else { 16 } / dtype.bytes();
     if shape.head_dim % elems != 0 {
         return Err(format!(
-            "head dimension {} is not a multiple of {elems} ({dtype:?} elements per 16-byte load)",
-            shape.head_dim
+            "head dimension {} is not a multiple of {elems} ({dtype:?} elements per {}-byte load)",
+            shape.head_dim,
+            elems * dtype.bytes()
         ));
     }
     let group = shape.q_heads / shape.kv_heads;
@@ -57,7 +116,7 @@ pub(super) fn vec_layout(
                 .limits
                 .subgroup_size
                 .ok_or("the device reports no subgroup size")?;
-            (sg.min(16), false)
+            (sg.min(if narrow { 32 } else { 16 }), false)
         }
         BackendKind::OpenCl => (16, device.driver.contains("NVIDIA")),
     };
@@ -73,7 +132,12 @@ pub(super) fn vec_layout(
              {VEC_MAX_VALS}"
         ));
     }
-    Ok(VecLayout { lanes, nv_shuffle })
+    Ok(VecLayout {
+        lanes,
+        nv_shuffle,
+        narrow,
+        merge_all: false,
+    })
 }
 
 /// Shared memory the cooperative-matrix decode declares for head dimension `d` and `local_size`
@@ -112,7 +176,7 @@ pub(super) fn coop_decode_fits(
     }
     // It runs in the vectorized kernel's launch (grid, scratch, push constants), which needs
     // that kernel's layout: subgroup shuffles, at most 8 query heads per KV head, the local size.
-    vec_layout(device, shape, dtype, options.decode_local_size)
+    vec_layout(device, shape, dtype, options.decode_local_size, false)
         .map_err(|why| format!("it runs in the vectorized kernel's launch, and {why}"))?;
     let group = shape.q_heads / shape.kv_heads;
     if group * most_splits > 1024 {

@@ -11,7 +11,9 @@ use super::choice::{
     coop_prefill_subgroups, coop_quad_layout, tiled_prefill_fits, tiled_prefill_shared,
     tiled_prefill_slice,
 };
-use super::decode_choice::{coop_decode_fits, coop_decode_shared, vec_layout};
+use super::decode_choice::{
+    coop_decode_fits, coop_decode_shared, vec_decode_shared, vec_layout, with_merge_all,
+};
 use super::{
     Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, LazyReport,
     PrefillKernel, shipped_kernel_from, shipped_request,
@@ -44,12 +46,12 @@ impl Attention {
             || options.decode_split_min == 0
             || options.decode_workgroups == 0
             || !options.decode_local_size.is_power_of_two()
-            || !(1..=8).contains(&options.decode_rows)
+            || !(1..=16).contains(&options.decode_rows)
             || options.block_q == 0
             || options.block_k == 0
         {
             return Err(Error::InvalidArgument(format!(
-                "local sizes must be powers of two, decode rows 1 to 8, and chunk, decode split \
+                "local sizes must be powers of two, decode rows 1 to 16, and chunk, decode split \
                  minimum, decode workgroups and blocks positive: {options:?}"
             )));
         }
@@ -59,17 +61,38 @@ impl Attention {
         let coop_decode = Self::choose_coop_decode(ctx, shape, dtype, capacity, &options)?;
         let vec = match options.decode {
             DecodeKernel::Generic => None,
-            DecodeKernel::Auto | DecodeKernel::Cooperative => {
-                vec_layout(device, shape, dtype, options.decode_local_size).ok()
-            }
+            DecodeKernel::Auto | DecodeKernel::Cooperative => vec_layout(
+                device,
+                shape,
+                dtype,
+                options.decode_local_size,
+                options.decode_narrow,
+            )
+            .ok(),
             DecodeKernel::Vectorized => Some(
-                vec_layout(device, shape, dtype, options.decode_local_size).map_err(|why| {
+                vec_layout(
+                    device,
+                    shape,
+                    dtype,
+                    options.decode_local_size,
+                    options.decode_narrow,
+                )
+                .map_err(|why| {
                     Error::InvalidArgument(format!(
                         "the vectorized decode kernel cannot run here: {why}"
                     ))
                 })?,
             ),
         };
+        let vec = vec.map(|v| {
+            with_merge_all(
+                v,
+                device,
+                shape,
+                options.decode_local_size,
+                options.decode_merge_all && !coop_decode,
+            )
+        });
         let mut options = options;
         let narrow = AttentionOptions {
             coop_rows: 64,
@@ -149,7 +172,17 @@ impl Attention {
                         * options.decode_rows as usize
                         * (shape.q_heads / shape.kv_heads)
                 };
-                4 * (2 * rg + rg * shape.head_dim + local_sum)
+                if ctx.backend() == BackendKind::Vulkan {
+                    vec_decode_shared(
+                        v,
+                        shape.q_heads / shape.kv_heads,
+                        shape.head_dim,
+                        options.decode_local_size,
+                        options.decode_merge_once,
+                    )
+                } else {
+                    4 * (2 * rg + rg * shape.head_dim + local_sum)
+                }
             }
         };
         let prefill_shared = match prefill_kind {
@@ -216,6 +249,18 @@ impl Attention {
                 }
                 if Self::head_lanes_fit(ctx.backend(), shape, options, v.lanes) {
                     spec = spec.with(14, SpecValue::U32(1));
+                }
+                if v.narrow {
+                    spec = spec.with(15, SpecValue::U32(1));
+                }
+                if v.merge_all {
+                    spec = spec.with(16, SpecValue::U32(1));
+                }
+                if options.decode_merge_once && ctx.backend() == BackendKind::Vulkan {
+                    spec = spec.with(18, SpecValue::U32(1));
+                }
+                if combine_all && Self::scan_fits(shape, options) {
+                    spec = spec.with(17, SpecValue::U32(1));
                 }
                 if ctx.backend() == BackendKind::OpenCl {
                     spec = spec.with(8, SpecValue::U32(u32::from(v.nv_shuffle)));
@@ -423,6 +468,44 @@ impl Attention {
             && group >= 2
             && group.is_power_of_two()
             && group <= lanes
+    }
+
+    /// Whether the vectorized decode merges the row groups of all its query heads at once (see
+    /// [`AttentionOptions::decode_merge_all`]).
+    pub fn decode_merges_all_heads(&self) -> bool {
+        self.vec.is_some_and(|v| !self.coop_decode && v.merge_all)
+    }
+
+    /// Whether the all-heads combination reduces each head's split maxima and sums in parallel
+    /// (the kernel's `SCAN`): asked for ([`AttentionOptions::decode_scan`]) and a group that is a
+    /// power of two, so that each head's invocations form whole clusters of lanes.
+    fn scan_fits(shape: &AttentionShape, options: AttentionOptions) -> bool {
+        options.decode_scan && (shape.q_heads / shape.kv_heads).is_power_of_two()
+    }
+
+    /// Whether the vectorized decode merges its heads' row groups one after another with each
+    /// head's max and sum found once (see [`AttentionOptions::decode_merge_once`]).
+    pub fn decode_merges_once(&self) -> bool {
+        self.vec.is_some_and(|v| {
+            !self.coop_decode
+                && !v.merge_all
+                && self.options.decode_merge_once
+                && self.ctx.backend() == BackendKind::Vulkan
+        })
+    }
+
+    /// Whether the vectorized decode's combination reduces each head's split maxima and sums in
+    /// parallel (see [`AttentionOptions::decode_scan`]).
+    pub fn decode_parallel_scan(&self) -> bool {
+        self.combine_all && !self.coop_decode && Self::scan_fits(&self.shape, self.options)
+    }
+
+    /// Invocations per K/V row of the vectorized decode and whether they load 8-byte chunks
+    /// ([`AttentionOptions::decode_narrow`]); `None` where another decode kernel runs.
+    pub fn decode_row_lanes(&self) -> Option<(u32, bool)> {
+        self.vec
+            .filter(|_| !self.coop_decode)
+            .map(|v| (v.lanes, v.narrow))
     }
 
     /// Whether the vectorized decode shares a row's query heads out among its lanes (see

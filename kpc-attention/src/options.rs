@@ -91,7 +91,7 @@ pub struct AttentionOptions {
     /// Invocations per workgroup of the vectorized decode kernel: a power of two.
     pub decode_local_size: u32,
     /// K/V rows each lane group of the vectorized decode kernel loads before using them
-    /// (1 to 8): more hides more memory latency, at the cost of registers.
+    /// (1 to 16): more hides more memory latency, at the cost of registers.
     pub decode_rows: u32,
     /// Grouped-query attention in the vectorized decode kernel: one workgroup per query head,
     /// the workgroups of one KV head adjacent so that they reread its rows mostly from L2 (`true`),
@@ -125,6 +125,33 @@ pub struct AttentionOptions {
     /// (BENCHMARKS.md, issue 41: 3 to 4.5% faster at Hkv = 8, L = 4k to 32k, on an H100); OpenCL
     /// keeps its own row sums either way.
     pub decode_head_lanes: bool,
+    /// Whether the Vulkan vectorized decode loads K/V in 8-byte chunks instead of 16, so that a
+    /// row spreads over up to 32 lanes (the subgroup size permitting) instead of 16: half the
+    /// query and accumulator registers per lane for a group of heads, the rest left for rows in
+    /// flight. Off by default: on an H200 it was 2 to 15% slower at Hkv = 8, L = 4k to 32k, at every
+    /// row count tried (4 to 16; 95 to 128 registers against 128), so fewer registers per lane
+    /// were not what the kernel lacked (BENCHMARKS.md, issue 41). OpenCL keeps 16-byte chunks.
+    pub decode_narrow: bool,
+    /// Whether the Vulkan vectorized decode merges the row groups of all of a workgroup's query
+    /// heads in one pass through shared memory (two barriers, the merge buffer times the group)
+    /// instead of one head after another (three barriers each), where the shared memory fits.
+    /// Off by default: on an H200 it took the kernel from 128 to 142 registers, three workgroups
+    /// per SM instead of four, and at Hkv = 8 was 0.8 us faster at L = 4k but 8 and 15 us slower at
+    /// 16k and 32k (BENCHMARKS.md, issue 41). OpenCL merges one head after another.
+    pub decode_merge_all: bool,
+    /// Whether the Vulkan vectorized decode's all-heads combination
+    /// ([`AttentionOptions::decode_combine_all`]) reduces each query head's split maxima and sums
+    /// with the invocations that serve the head (partials, then shuffles, then shared memory)
+    /// instead of every invocation scanning all of them. Applies where the group is a power of
+    /// two. On by default: on an H200 it took 0.6 to 1.4 us off each step at Hkv = 8, L = 4k to
+    /// 32k (BENCHMARKS.md, issue 41).
+    pub decode_scan: bool,
+    /// Whether the Vulkan vectorized decode, merging its row groups one head after another,
+    /// finds each head's max and sum over the row groups once (one invocation per head, before
+    /// the first head) instead of in every invocation for every head. On by default: on an H200
+    /// it took 0.3 to 0.5 us off each step at Hkv = 8 alone, and 0.1 to 0.6 us more with
+    /// [`AttentionOptions::decode_scan`] (BENCHMARKS.md, issue 41). OpenCL keeps its own merge.
+    pub decode_merge_once: bool,
     /// Query rows per workgroup of the cooperative-matrix prefill: 4 or 8 subgroups of
     /// 16 x `coop_row_blocks` rows (64 or 128 with 1 block, 128 or 256 with 2). 128 is the default.
     /// With [`PrefillKernel::Auto`], 64 rows of 1 block are used where only they fit the head
@@ -214,6 +241,10 @@ impl Default for AttentionOptions {
             decode_cyclic: false,
             decode_combine_all: true,
             decode_head_lanes: true,
+            decode_narrow: false,
+            decode_merge_all: false,
+            decode_scan: true,
+            decode_merge_once: true,
             coop_rows: 128,
             coop_row_blocks: 2,
             coop_keys: 32,

@@ -100,6 +100,12 @@ struct VecVariant {
     cyclic: bool,
     combine_all: bool,
     head_lanes: bool,
+    /// 8-byte chunks (Vulkan), the row groups of all heads merged at once, each head's row-group
+    /// max found once, the combination's split maxima reduced in parallel.
+    narrow: bool,
+    merge_all: bool,
+    merge_once: bool,
+    scan: bool,
 }
 
 /// The shapes every backend runs, with each decode kernel: MHA at D = 64 and 128, GQA, B > 1,
@@ -120,6 +126,10 @@ fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
         cyclic,
         combine_all,
         head_lanes,
+        narrow: false,
+        merge_all: false,
+        merge_once: true,
+        scan: true,
     };
     for (kernel, variant, cases) in [
         (
@@ -134,12 +144,28 @@ fn decode_shapes(ctx: &Context, dtype: KvDtype, tolerance: f64) {
         ),
         (
             DecodeKernel::Auto,
-            v(false, true, true, true, true),
+            VecVariant {
+                merge_all: true,
+                scan: false,
+                ..v(false, true, true, true, true)
+            },
             VARIANT_CASES,
         ),
         (
             DecodeKernel::Auto,
-            v(false, false, true, false, false),
+            VecVariant {
+                narrow: true,
+                merge_once: false,
+                ..v(false, false, true, false, false)
+            },
+            VARIANT_CASES,
+        ),
+        (
+            DecodeKernel::Auto,
+            VecVariant {
+                narrow: true,
+                ..v(false, false, false, true, true)
+            },
             VARIANT_CASES,
         ),
         (
@@ -210,6 +236,10 @@ fn decode_shapes_with(
         decode_cyclic: variant.cyclic,
         decode_combine_all: variant.combine_all,
         decode_head_lanes: variant.head_lanes,
+        decode_narrow: variant.narrow,
+        decode_merge_all: variant.merge_all,
+        decode_merge_once: variant.merge_once,
+        decode_scan: variant.scan,
         ..AttentionOptions::default()
     };
     let small = AttentionOptions {
@@ -466,6 +496,43 @@ fn decode_kernel_choice(ctx: &Context) {
             a.decode_head_lanes(),
             expect,
             "{s:?} asked {asked}, spread {spread}"
+        );
+    }
+    // 8-byte chunks on Vulkan where asked for (a row of 128 halves then takes up to 32 lanes, as
+    // the subgroup allows), never on OpenCL; the all-heads merge where asked for and on Vulkan;
+    // the parallel scan of the combination by default where the group is a power of two.
+    let sg = ctx.device().limits.subgroup_size.unwrap_or(32);
+    for (s, narrow, merge_all) in [
+        (shape(1, 8, 2, 64), true, true),
+        (shape(1, 8, 2, 128), false, false),
+        (shape(1, 6, 2, 64), true, false),
+    ] {
+        let options = AttentionOptions {
+            decode_narrow: narrow,
+            decode_merge_all: merge_all,
+            ..AttentionOptions::for_device(ctx.device())
+        };
+        let a = Attention::new(ctx, &s, KvDtype::F16, 64, options).unwrap();
+        // Powers of two: as many lanes as the row has chunks, up to 16 (32 narrow) and, on
+        // Vulkan, the subgroup.
+        let (most, elems) = match (vulkan, narrow) {
+            (true, true) => (sg.min(32), 4),
+            (true, false) => (sg.min(16), 8),
+            (false, _) => (16, 8),
+        };
+        let lanes = most.min(s.head_dim as u32 / elems);
+        assert_eq!(
+            a.decode_row_lanes(),
+            Some((lanes, narrow && vulkan)),
+            "{s:?} narrow {narrow}"
+        );
+        assert_eq!(a.decode_merges_all_heads(), merge_all && vulkan, "{s:?}");
+        assert_eq!(a.decode_merges_once(), !merge_all && vulkan, "{s:?}");
+        let group = s.q_heads / s.kv_heads;
+        assert_eq!(
+            a.decode_parallel_scan(),
+            vulkan && group.is_power_of_two(),
+            "{s:?}"
         );
     }
     // The vectorized kernel sizes a step's splits by the rows it reads from the cache (the

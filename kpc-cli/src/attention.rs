@@ -142,7 +142,30 @@ fn workload(
                 ", heads shared out among a row's lanes"
             } else {
                 ""
-            }
+            } + &attn
+                .decode_row_lanes()
+                .map(|(lanes, narrow)| {
+                    format!(
+                        ", {lanes} lanes per row of {}-byte loads",
+                        if narrow { 8 } else { 16 }
+                    )
+                })
+                .unwrap_or_default()
+                + if attn.decode_merges_all_heads() {
+                    ", row groups merged for all heads at once"
+                } else {
+                    ""
+                }
+                + if attn.decode_merges_once() {
+                    ", each head's row-group max found once"
+                } else {
+                    ""
+                }
+                + if attn.decode_parallel_scan() {
+                    ", split maxima reduced in parallel"
+                } else {
+                    ""
+                }
         }
         _ => String::new(),
     };

@@ -184,6 +184,24 @@ pub struct Args {
     /// default.
     #[arg(long)]
     pub(crate) decode_head_lanes: Option<bool>,
+    /// Vectorized decode on Vulkan loads 8-byte chunks, up to 32 lanes per row
+    /// (AttentionOptions::decode_narrow): `true` or `false`; without it, the default.
+    #[arg(long)]
+    pub(crate) decode_narrow: Option<bool>,
+    /// Vectorized decode on Vulkan merges every query head's row groups at once
+    /// (AttentionOptions::decode_merge_all): `true` or `false`; without it, the default.
+    #[arg(long)]
+    pub(crate) decode_merge_all: Option<bool>,
+    /// Vectorized decode on Vulkan reduces each head's split maxima and sums in parallel in the
+    /// all-heads combination (AttentionOptions::decode_scan): `true` or `false`; without it, the
+    /// default.
+    #[arg(long)]
+    pub(crate) decode_scan: Option<bool>,
+    /// Vectorized decode on Vulkan finds each head's row-group max and sum once when it merges
+    /// the heads one after another (AttentionOptions::decode_merge_once): `true` or `false`;
+    /// without it, the default.
+    #[arg(long)]
+    pub(crate) decode_merge_once: Option<bool>,
     /// Vulkan: build the kernels from their GLSL (kernels/*.comp, embedded in kpc) through the SPIR-V
     /// cache instead of from the committed SPIR-V; each kernel's line then says where its SPIR-V came
     /// from (compiled, memory, disk, ...).
@@ -364,6 +382,18 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(h) = args.decode_head_lanes {
         options.decode_head_lanes = h;
+    }
+    if let Some(n) = args.decode_narrow {
+        options.decode_narrow = n;
+    }
+    if let Some(m) = args.decode_merge_all {
+        options.decode_merge_all = m;
+    }
+    if let Some(s) = args.decode_scan {
+        options.decode_scan = s;
+    }
+    if let Some(m) = args.decode_merge_once {
+        options.decode_merge_once = m;
     }
     options.from_source = args.from_source;
     options.lazy = args.lazy;
