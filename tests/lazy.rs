@@ -19,7 +19,6 @@ use kpc::Warning;
 use kpc::admin::backend::DynKernel;
 use kpc::admin::runtime::{LazyAcquired, ProgramManager};
 use kpc::{BuildOptions, Config, Error, KernelRequest, SealMode, Source, SpecConstants, SpecValue};
-use parking_lot::Mutex;
 
 fn specialized() -> KernelRequest {
     KernelRequest::new(&image("attn", &["decode"]), "decode")
@@ -124,11 +123,10 @@ fn the_generic_kernel_serves_while_the_specialized_is_held_then_it_swaps_in() {
 #[test]
 fn a_failing_specialized_build_keeps_the_generic_serving_with_one_warning() {
     let dir = TempDir::new("lazy-fail");
-    let seen: Arc<Mutex<Vec<Warning>>> = Arc::default();
-    let s2 = seen.clone();
+    let (seen, record) = crate::common::warning_recorder();
     let config = Config::builder()
         .cache_dir(dir.path())
-        .on_warning(move |w: &Warning| s2.lock().push(w.clone()))
+        .on_warning(record)
         .build()
         .unwrap();
     let backend = FakeBackend::new();
@@ -314,11 +312,10 @@ fn a_fallback_that_fails_gives_the_specialized_kernel_built_in_the_foreground() 
     backend.fail_with(|_, img| {
         (img.name() == "attn_generic").then(|| Error::InvalidArgument("no generic here".into()))
     });
-    let seen: Arc<Mutex<Vec<Warning>>> = Arc::default();
-    let s2 = seen.clone();
+    let (seen, record) = crate::common::warning_recorder();
     let config = Config::builder()
         .cache_dir(dir.path())
-        .on_warning(move |w: &Warning| s2.lock().push(w.clone()))
+        .on_warning(record)
         .build()
         .unwrap();
     let pm = manager(backend, &config);

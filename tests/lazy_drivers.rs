@@ -5,13 +5,11 @@
 
 use crate::common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::disk::TempDir;
 use kpc::{BackendKind, Config, Context, DeviceImage, KernelRequest, PushConstants, Warning};
 use kpc::{SpecConstants, SpecValue};
-use parking_lot::Mutex;
 
 /// A saxpy request that only its build can refuse: on OpenCL, C source naming an undeclared
 /// variable (the compiler's error); on Vulkan, the shipped saxpy with its spec constant 1 (an
@@ -56,13 +54,12 @@ crate::backend_tests! {
             return;
         };
         let dir = TempDir::new("lazy-drv-fail");
-        let seen: Arc<Mutex<Vec<Warning>>> = Arc::default();
-        let s2 = seen.clone();
+        let (seen, record) = crate::common::warning_recorder();
         let config = Config::builder().cache_dir(dir.path()).build().unwrap();
         let ctx = Context::builder()
             .device(&d)
             .config(config)
-            .on_warning(move |w: &Warning| s2.lock().push(w.clone()))
+            .on_warning(record)
             .build()
             .unwrap();
         let good = kpc::kernels::shipped("saxpy", ctx.backend()).unwrap();

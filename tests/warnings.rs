@@ -6,13 +6,11 @@
 
 use crate::common;
 
-use std::sync::{Arc, Mutex};
-
 use common::disk::{TempDir, child, child_role};
 use common::drivers;
 use kpc::StoreChain;
+use kpc::WarningCallback;
 use kpc::prelude::*;
-use kpc::{Warning, WarningCallback};
 
 const DONE: &str = "warnings child: all checks passed";
 
@@ -24,20 +22,10 @@ fn file_as_cache_dir(tag: &str) -> (TempDir, std::path::PathBuf) {
     (dir, file)
 }
 
-/// A callback that records what it receives.
-fn recorder() -> (
-    Arc<Mutex<Vec<Warning>>>,
-    impl Fn(&Warning) + Send + Sync + 'static,
-) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
-    (seen, move |w: &Warning| s.lock().unwrap().push(w.clone()))
-}
-
 #[test]
 fn unusable_root_goes_to_the_configs_callback_once_per_chain() {
     let (_dir, file) = file_as_cache_dir("warn-chain");
-    let (seen, f) = recorder();
+    let (seen, f) = crate::common::warning_recorder();
     let config = Config::builder()
         .cache_dir(&file)
         .on_warning(f)
@@ -49,7 +37,7 @@ fn unusable_root_goes_to_the_configs_callback_once_per_chain() {
         why.contains("not a directory") && why.contains("not-a-dir"),
         "{why}"
     );
-    let seen = seen.lock().unwrap().clone();
+    let seen = seen.lock().clone();
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0].cause, "unusable-root");
     assert_eq!(seen[0].target, "kpc::cache::disk");
@@ -60,7 +48,7 @@ fn unusable_root_goes_to_the_configs_callback_once_per_chain() {
     );
     // A usable root: no warning, no reason.
     let ok = TempDir::new("warn-chain-ok");
-    let (seen, f) = recorder();
+    let (seen, f) = crate::common::warning_recorder();
     let config = Config::builder()
         .cache_dir(ok.path())
         .on_warning(f)
@@ -68,13 +56,13 @@ fn unusable_root_goes_to_the_configs_callback_once_per_chain() {
         .unwrap();
     let chain = StoreChain::from_config(&config);
     assert!(chain.local_unusable().is_none());
-    assert!(seen.lock().unwrap().is_empty());
+    assert!(seen.lock().is_empty());
 }
 
 /// On a real device: the context reports the unusable root in its stats and still builds.
 fn context_reports_unusable_root(ctx_for: impl Fn(&Config) -> Context, image: DeviceImage) {
     let (_dir, file) = file_as_cache_dir("warn-ctx");
-    let (seen, f) = recorder();
+    let (seen, f) = crate::common::warning_recorder();
     let config = Config::builder()
         .cache_dir(&file)
         .on_warning(f)
@@ -87,7 +75,7 @@ fn context_reports_unusable_root(ctx_for: impl Fn(&Config) -> Context, image: De
     assert!(stats.disk.is_none(), "no disk cache over a file");
     let why = stats.disk_unusable.expect("the reason is in the stats");
     assert!(why.contains("not a directory"), "{why}");
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock();
     assert_eq!(
         seen.iter().filter(|w| w.cause == "unusable-root").count(),
         1,
@@ -154,15 +142,15 @@ fn process_wide_callback_and_stderr() {
     let (_dir, file) = file_as_cache_dir("warn-global");
     match child_role().as_deref() {
         Some("global") => {
-            let (seen, f) = recorder();
+            let (seen, f) = crate::common::warning_recorder();
             assert!(kpc::set_warning_callback(Some(WarningCallback::new(f))).is_none());
             let config = Config::builder().cache_dir(&file).build().unwrap();
             let _ = StoreChain::from_config(&config);
-            assert_eq!(seen.lock().unwrap().len(), 1);
+            assert_eq!(seen.lock().len(), 1);
             // Removed: the next one goes to stderr, not to it.
             assert!(kpc::set_warning_callback(None).is_some());
             let _ = StoreChain::from_config(&config);
-            assert_eq!(seen.lock().unwrap().len(), 1);
+            assert_eq!(seen.lock().len(), 1);
             println!("{DONE}");
         }
         Some("env") => {

@@ -1,11 +1,12 @@
 //! Which decode kernel runs on which device: the vectorized kernel's layout (lanes per row, how a
 //! row's lanes are summed) and what the cooperative-matrix decode needs.
 
-use kpc::BackendKind;
 use kpc::DeviceInfo;
+use kpc::{BackendKind, Context};
+use kpc::{Error, Result};
 
-use super::choice::fp16_matrix_fits;
-use super::{AttentionOptions, AttentionShape, KvDtype};
+use super::choice::{coop_matrix_unfit, coop_quad_layout, fp16_matrix_fits};
+use super::{Attention, AttentionOptions, AttentionShape, DecodeKernel, KvDtype};
 
 /// Most query heads per KV head the vectorized decode kernel serves in one workgroup.
 const VEC_MAX_GROUP: usize = 8;
@@ -202,6 +203,80 @@ pub(super) fn coop_decode_fits(
         ));
     }
     Ok(())
+}
+
+/// The decode variant's choice for an [`Attention`] being made (layer.rs): whether the
+/// cooperative-matrix decode runs, and which of the vectorized kernel's constants fit.
+impl Attention {
+    /// Whether the decode runs on the matrix units: only where asked for
+    /// ([`DecodeKernel::Cooperative`]), and then it must fit (see [`coop_decode_fits`]). Runs the
+    /// `coop_layout` probe (once per device) only on devices with cooperative matrices.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when it is asked for and cannot run (the message says
+    /// why); the probe's errors.
+    pub(super) fn choose_coop_decode(
+        ctx: &Context,
+        shape: &AttentionShape,
+        dtype: KvDtype,
+        capacity: usize,
+        options: &AttentionOptions,
+    ) -> Result<bool> {
+        // Never chosen by itself: on the H100 it was slower than the vectorized kernel at every
+        // shape measured (BENCHMARKS.md).
+        if options.decode != DecodeKernel::Cooperative {
+            return Ok(false);
+        }
+        let device = ctx.device();
+        let quad = coop_matrix_unfit(device).is_none() && coop_quad_layout(ctx)?;
+        let most = Self::vec_most_splits(shape, *options, capacity);
+        match coop_decode_fits(device, shape, dtype, options, most, quad) {
+            Ok(()) => Ok(true),
+            Err(why) => Err(Error::InvalidArgument(format!(
+                "the cooperative-matrix decode kernel cannot run here: {why}"
+            ))),
+        }
+    }
+
+    /// Whether the vectorized decode's all-heads combination fits (its `COMBINE` constant): every
+    /// split's max and sum of a KV head's query heads, at the most splits this attention uses,
+    /// must fit the kernel's 1024 cached weights and its row-merge buffer (row groups × D).
+    pub(super) fn combine_all_fits(
+        shape: &AttentionShape,
+        options: AttentionOptions,
+        capacity: usize,
+        lanes: u32,
+    ) -> bool {
+        let most = Self::vec_most_splits(shape, options, capacity);
+        let entries = shape.q_heads / shape.kv_heads * most;
+        let row_groups = (options.decode_local_size / lanes) as usize;
+        entries <= 1024 && entries <= row_groups * shape.head_dim
+    }
+
+    /// Whether the vectorized decode shares a row's query heads out among its lanes (its
+    /// `HEAD_LANES` constant): asked for ([`AttentionOptions::decode_head_lanes`]), on Vulkan, one
+    /// workgroup serving every query head of a KV head, and a group that is a power of two from 2
+    /// to the lanes per row.
+    pub(super) fn head_lanes_fit(
+        backend: BackendKind,
+        shape: &AttentionShape,
+        options: AttentionOptions,
+        lanes: u32,
+    ) -> bool {
+        let group = (shape.q_heads / shape.kv_heads) as u32;
+        options.decode_head_lanes
+            && backend == BackendKind::Vulkan
+            && !options.decode_spread
+            && group >= 2
+            && group.is_power_of_two()
+            && group <= lanes
+    }
+
+    /// Whether the all-heads combination reduces each head's split maxima and sums in parallel
+    /// (the kernel's `SCAN`): asked for ([`AttentionOptions::decode_scan`]) and a group that is a
+    /// power of two, so that each head's invocations form whole clusters of lanes.
+    pub(super) fn scan_fits(shape: &AttentionShape, options: AttentionOptions) -> bool {
+        options.decode_scan && (shape.q_heads / shape.kv_heads).is_power_of_two()
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Making an [`Attention`]: the kernel chosen per device and shape, acquired through the context's
-//! caches, and the scratch its splits need; its accessors and the split arithmetic.
+//! caches, and the scratch its splits need; its accessors and the split arithmetic. Which decode
+//! variant fits is decode_choice.rs's.
 
 use kpc::BackendKind;
 use kpc::{Context, Kernel};
@@ -7,13 +8,10 @@ use kpc::{Error, Result};
 use kpc::{SpecConstants, SpecValue};
 
 use super::choice::{
-    auto_prefill, cm2_prefill_fits, coop_matrix_unfit, coop_prefill_fits, coop_prefill_shared,
-    coop_prefill_subgroups, coop_quad_layout, tiled_prefill_fits, tiled_prefill_shared,
-    tiled_prefill_slice,
+    auto_prefill, cm2_prefill_fits, coop_prefill_fits, coop_prefill_shared, coop_prefill_subgroups,
+    coop_quad_layout, tiled_prefill_fits, tiled_prefill_shared, tiled_prefill_slice,
 };
-use super::decode_choice::{
-    coop_decode_fits, coop_decode_shared, vec_decode_shared, vec_layout, with_merge_all,
-};
+use super::decode_choice::{coop_decode_shared, vec_decode_shared, vec_layout, with_merge_all};
 use super::{
     Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, LazyReport,
     PrefillKernel, shipped_kernel_from, shipped_request,
@@ -387,35 +385,6 @@ impl Attention {
         })
     }
 
-    /// Whether the decode runs on the matrix units: only where asked for
-    /// ([`DecodeKernel::Cooperative`]), and then it must fit (see [`coop_decode_fits`]). Runs the
-    /// `coop_layout` probe (once per device) only on devices with cooperative matrices.
-    ///
-    /// Errors: [`Error::InvalidArgument`] when it is asked for and cannot run (the message says
-    /// why); the probe's errors.
-    fn choose_coop_decode(
-        ctx: &Context,
-        shape: &AttentionShape,
-        dtype: KvDtype,
-        capacity: usize,
-        options: &AttentionOptions,
-    ) -> Result<bool> {
-        // Never chosen by itself: on the H100 it was slower than the vectorized kernel at every
-        // shape measured (BENCHMARKS.md).
-        if options.decode != DecodeKernel::Cooperative {
-            return Ok(false);
-        }
-        let device = ctx.device();
-        let quad = coop_matrix_unfit(device).is_none() && coop_quad_layout(ctx)?;
-        let most = Self::vec_most_splits(shape, *options, capacity);
-        match coop_decode_fits(device, shape, dtype, options, most, quad) {
-            Ok(()) => Ok(true),
-            Err(why) => Err(Error::InvalidArgument(format!(
-                "the cooperative-matrix decode kernel cannot run here: {why}"
-            ))),
-        }
-    }
-
     /// Splits per (batch, KV head) that make about `decode_workgroups` workgroups, or half as
     /// many where a workgroup serves several query heads: on an H200 (B=1, Hq=32, Hkv=8, L=16k
     /// and 32k) 512 workgroups beat 1024 by 7 to 9%, and 256 lost; with one query head per
@@ -436,51 +405,10 @@ impl Attention {
             .max(1)
     }
 
-    /// Whether the vectorized decode's all-heads combination fits (its `COMBINE` constant): every
-    /// split's max and sum of a KV head's query heads, at the most splits this attention uses,
-    /// must fit the kernel's 1024 cached weights and its row-merge buffer (row groups × D).
-    pub(super) fn combine_all_fits(
-        shape: &AttentionShape,
-        options: AttentionOptions,
-        capacity: usize,
-        lanes: u32,
-    ) -> bool {
-        let most = Self::vec_most_splits(shape, options, capacity);
-        let entries = shape.q_heads / shape.kv_heads * most;
-        let row_groups = (options.decode_local_size / lanes) as usize;
-        entries <= 1024 && entries <= row_groups * shape.head_dim
-    }
-
-    /// Whether the vectorized decode shares a row's query heads out among its lanes (its
-    /// `HEAD_LANES` constant): asked for ([`AttentionOptions::decode_head_lanes`]), on Vulkan, one
-    /// workgroup serving every query head of a KV head, and a group that is a power of two from 2
-    /// to the lanes per row.
-    pub(super) fn head_lanes_fit(
-        backend: BackendKind,
-        shape: &AttentionShape,
-        options: AttentionOptions,
-        lanes: u32,
-    ) -> bool {
-        let group = (shape.q_heads / shape.kv_heads) as u32;
-        options.decode_head_lanes
-            && backend == BackendKind::Vulkan
-            && !options.decode_spread
-            && group >= 2
-            && group.is_power_of_two()
-            && group <= lanes
-    }
-
     /// Whether the vectorized decode merges the row groups of all its query heads at once (see
     /// [`AttentionOptions::decode_merge_all`]).
     pub fn decode_merges_all_heads(&self) -> bool {
         self.vec.is_some_and(|v| !self.coop_decode && v.merge_all)
-    }
-
-    /// Whether the all-heads combination reduces each head's split maxima and sums in parallel
-    /// (the kernel's `SCAN`): asked for ([`AttentionOptions::decode_scan`]) and a group that is a
-    /// power of two, so that each head's invocations form whole clusters of lanes.
-    fn scan_fits(shape: &AttentionShape, options: AttentionOptions) -> bool {
-        options.decode_scan && (shape.q_heads / shape.kv_heads).is_power_of_two()
     }
 
     /// Whether the vectorized decode merges its heads' row groups one after another with each

@@ -14,6 +14,22 @@ pub mod vk_counting;
 pub mod vk_device;
 pub mod vk_engine;
 
+use std::sync::Arc;
+
+use kpc::Warning;
+use parking_lot::Mutex;
+
+/// A warning callback (for `on_warning` or `kpc::set_warning_callback`) that records every
+/// warning it receives, and the record.
+pub fn warning_recorder() -> (
+    Arc<Mutex<Vec<Warning>>>,
+    impl Fn(&Warning) + Send + Sync + 'static,
+) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    (seen, move |w: &Warning| s.lock().push(w.clone()))
+}
+
 /// Polls `done` until it holds, failing the test after a minute (a deadline for a hung peer, not a
 /// timing assumption: the condition is what the test waits for).
 pub fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
