@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Issue 41, item 5 (the OpenCL mma.sync prefill) on the GPU host in ONE call. Builds nothing of kpc;
+# compiles the C harness (benches/ocl_prefill_mma.c) with gcc there. Driver caches off (prelude.sh).
+#   source .gpu/prelude.sh; .gpu/oclprefill-ocl_prefill_mma_gpu.sh
+# SECTIONS (default: harness torch): any of
+#   harness  the harness over VARIANTS (its own default list): build logs with ptxas's report, checks
+#            against a float64 reference, TFLOP/s at SWEEP_L;
+#   sweep    `kpc attention` causal prefill (B=1, H=32, D=128, fp16 K/V) for each `label|device|flags`
+#            line of KPC_VARIANTS at SWEEP_L, median of RUNS;
+#   check    `kpc attention --check` (L=1000, 12 steps) for each `kv B Hkv flags` case of CHECKS;
+#   torch    PyTorch SDPA (FA2, cuDNN, ...) at the same shape.
+# Files: HARNESS_C, KERNEL_CL, KPC, TORCH (defaults: the oclprefill- copies beside this script).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-/tmp}
+HARNESS_C=${HARNESS_C:-$here/oclprefill-ocl_prefill_mma.c}
+KERNEL_CL=${KERNEL_CL:-$here/oclprefill-attn_prefill_mma.cl}
+KPC=${KPC:-$here/oclprefill-kpc}
+TORCH=${TORCH:-$here/oclprefill-attention_torch.py}
+SWEEP_L=${SWEEP_L:-2048 4096 8192}
+export SWEEP_L
+common=(--heads 32 --head-dim 128)
+val() { grep -o " $1=[^ ]*" <<<"$2" | head -1 | cut -d= -f2; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+for s in ${SECTIONS:-harness torch}; do
+  case $s in
+    harness)
+      echo "## harness: attn_prefill_mma variants"
+      gcc -O2 -o /tmp/ocl_prefill_mma "$HARNESS_C" -I/usr/local/cuda/include -L/usr/local/cuda/lib64 \
+        -lOpenCL -lm 2>&1 | tail -5
+      /tmp/ocl_prefill_mma NVIDIA "$KERNEL_CL" >"$out/harness.txt" 2>&1
+      echo "harness exit: $?"
+      grep -E 'ptxas info.*(Used|spill|bytes stack)|ptx:|FAIL|failed|error|variant|^##|L=' "$out/harness.txt" |
+        grep -v 'Compiling\|Function properties' | head -80
+      ;;
+    sweep)
+      echo "## kpc attention causal prefill, B=1 H=32 D=128 fp16 K/V, median of ${RUNS:-5}: label -> TFLOP/s"
+      for L in $SWEEP_L; do
+        line="L=$L"
+        while IFS='|' read -r label dev extra; do
+          [ -z "$label" ] && continue
+          # shellcheck disable=SC2086
+          o=$("$KPC" attention --device "$dev" "${common[@]}" --kv f16 --prompt "$L" --steps 0 \
+            --prefill-runs "${RUNS:-5}" $extra 2>&1)
+          { echo "### $label $dev L=$L $extra"; echo "$o"; } >>"$out/sweep-raw.txt"
+          b=$(grep '^bench: phase=prefill' <<<"$o") || { line="$line | $label failed: $(grep -iE 'error' <<<"$o" | head -1)"; continue; }
+          line="$line | $label $(val tflops "$b")"
+        done <<<"${KPC_VARIANTS:-}"
+        echo "$line"
+      done
+      ;;
+    check)
+      echo "## kpc attention --check, L=1000, 12 steps"
+      IFS=';' read -ra cases <<<"${CHECKS:-}"
+      for c in "${cases[@]}"; do
+        read -r kv b hkv extra <<<"$c"
+        # shellcheck disable=SC2086
+        o=$("$KPC" attention "${common[@]}" --kv "$kv" --batch "$b" --kv-heads "$hkv" --prompt 1000 \
+          --steps 12 --check $extra 2>&1)
+        { echo "### $c"; echo "$o"; } >>"$out/checks.txt"
+        echo "$kv B=$b Hkv=$hkv $extra: $(grep -E '^kernels' <<<"$o" | head -1) | $(grep -iE '^check|error' <<<"$o" | tr '\n' ' ')"
+      done
+      ;;
+    torch)
+      echo "## PyTorch SDPA prefill"
+      python3 "$TORCH" --batch 1 --heads 32 --head-dim 128 --decode "" --prefill "${SWEEP_L// /,}" 2>&1 |
+        tee "$out/torch.txt" | tail -12
+      ;;
+  esac
+done
