@@ -15,3 +15,4 @@ mod mha_edges;
 mod mha_errors;
 mod mha_interop;
 mod mha_support;
+mod ptx;
