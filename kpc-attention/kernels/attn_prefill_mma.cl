@@ -3,7 +3,7 @@
 // f32 [batch * q_head][q_len][HEAD_DIM], k and v the fp16 cache [batch][kv_head][capacity][HEAD_DIM];
 // query i sees keys up to kv_len - q_len + i; the query tile comes from y, last first.
 //
-// A workgroup is 4 warps; each warp owns ROW_BLOCKS blocks of 16 query rows (128 rows at 2 blocks).
+// A workgroup is WARPS warps (4 or 8); each warp owns ROW_BLOCKS blocks of 16 query rows.
 // Q is converted to fp16 once and kept in registers as mma.sync A fragments. K and V tiles of KEYS
 // keys are staged with 16-byte cp.async into one K and one V buffer (rows padded by 16 bytes so that
 // ldmatrix's 8 rows land in distinct banks): V(j) is in flight while S = Q K(j)^T is computed, and
@@ -22,6 +22,7 @@
 // kpc-spec-constant 3 HEAD_DIM
 // kpc-spec-constant 5 ROW_BLOCKS
 // kpc-spec-constant 6 KEYS
+// kpc-spec-constant 7 WARPS
 #ifndef KV_F16
 #define KV_F16 1
 #endif
@@ -48,11 +49,12 @@
 #if HEAD_DIM % 32 != 0 || HEAD_DIM > 256
 #error "attn_prefill_mma needs a head dimension that is a multiple of 32, at most 256"
 #endif
-#if KEYS % 16 != 0 || (KEYS * HEAD_DIM) % 1024 != 0
-#error "attn_prefill_mma needs KEYS a multiple of 16 with KEYS * HEAD_DIM a multiple of 1024"
-#endif
-
+#ifndef WARPS
 #define WARPS 4
+#endif
+#if KEYS % 16 != 0 || (KEYS * HEAD_DIM / 8) % (32 * WARPS) != 0
+#error "attn_prefill_mma needs KEYS a multiple of 16 and KEYS * HEAD_DIM / 8 a multiple of its work-items"
+#endif
 #define RB ROW_BLOCKS
 #define BQ (WARPS * 16 * RB)
 #define PADH (HEAD_DIM + 8)

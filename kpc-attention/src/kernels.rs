@@ -202,6 +202,11 @@ pub const OPENCL: &[ShippedOpenCl] = &[
         source: include_str!("../kernels/attn_prefill_tiled.cl"),
     },
     ShippedOpenCl {
+        name: "attn_prefill_mma",
+        path: "kernels/attn_prefill_mma.cl",
+        source: include_str!("../kernels/attn_prefill_mma.cl"),
+    },
+    ShippedOpenCl {
         name: "attn_prefill",
         path: "kernels/attn_prefill.cl",
         source: include_str!("../kernels/attn_prefill.cl"),

@@ -12,6 +12,9 @@ use super::choice::{
     coop_quad_layout, tiled_prefill_fits, tiled_prefill_shared, tiled_prefill_slice,
 };
 use super::decode_choice::{coop_decode_shared, vec_decode_shared, vec_layout, with_merge_all};
+use super::prefill_mma::{
+    mma_prefill_auto, mma_prefill_shape_fits, mma_prefill_shared, mma_prefill_spec,
+};
 use super::{
     Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, LazyReport,
     PrefillKernel, shipped_kernel_from, shipped_request,
@@ -106,7 +109,19 @@ impl Attention {
         }
         let prefill_kind = match options.prefill {
             PrefillKernel::Generic => PrefillKernel::Generic,
+            PrefillKernel::Auto if mma_prefill_auto(ctx, shape, dtype, &options)? => {
+                PrefillKernel::Mma
+            }
             PrefillKernel::Auto => auto_prefill(device, shape, dtype, &options),
+            PrefillKernel::Mma => {
+                crate::ptx::require_inline_ptx(ctx, "attn_prefill_mma")?;
+                mma_prefill_shape_fits(shape, dtype, &options).map_err(|why| {
+                    Error::InvalidArgument(format!(
+                        "the mma.sync prefill kernel cannot run here: {why}"
+                    ))
+                })?;
+                PrefillKernel::Mma
+            }
             PrefillKernel::Cm2 => {
                 cm2_prefill_fits(device, shape, dtype, &options).map_err(|why| {
                     Error::InvalidArgument(format!(
@@ -193,6 +208,7 @@ impl Attention {
                 options.coop_double,
             ),
             PrefillKernel::Tiled => tiled_prefill_shared(tiled_prefill_slice(device) as usize),
+            PrefillKernel::Mma => mma_prefill_shared(shape.head_dim, &options),
             // It declares none: the driver stages its matrices in memory it reserves itself.
             PrefillKernel::Cm2 => 0,
             _ => 4 * (2 * bq * shape.head_dim + bq * bk + 3 * bq),
@@ -339,6 +355,10 @@ impl Attention {
                     .with(6, SpecValue::U32(tiled_prefill_slice(device)))
                     .with(7, SpecValue::U32(u32::from(options.tiled_prefetch))),
             ),
+            PrefillKernel::Mma => (
+                "attn_prefill_mma",
+                mma_prefill_spec(shape.head_dim, &options),
+            ),
             _ => (
                 "attn_prefill",
                 SpecConstants::new()
@@ -465,8 +485,8 @@ impl Attention {
         }
     }
 
-    /// The prefill kernel chosen: [`PrefillKernel::Generic`], [`PrefillKernel::Tiled`] or
-    /// [`PrefillKernel::Cooperative`].
+    /// The prefill kernel chosen: [`PrefillKernel::Generic`], [`PrefillKernel::Tiled`],
+    /// [`PrefillKernel::Cooperative`], [`PrefillKernel::Cm2`] or [`PrefillKernel::Mma`].
     pub fn prefill_kernel(&self) -> PrefillKernel {
         self.prefill_kind
     }

@@ -52,6 +52,7 @@ mod lazy;
 pub mod mha;
 mod options;
 mod prefill;
+mod prefill_mma;
 pub mod ptx;
 pub mod reference;
 mod stack;

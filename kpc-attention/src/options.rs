@@ -66,6 +66,17 @@ pub enum PrefillKernel {
     /// the products; sums are fp32. On an H100 it was slower than [`PrefillKernel::Cooperative`]
     /// (BENCHMARKS.md), so [`PrefillKernel::Auto`] takes it only where that one does not fit.
     Cm2,
+    /// `attn_prefill_mma`: OpenCL C with inline PTX, built as FlashAttention-2's forward kernel is:
+    /// `mma.sync` m16n8k16 products (fp16 into fp32), `mma_warps` warps of `mma_row_blocks` blocks
+    /// of 16 query rows, Q's fragments in registers, `mma_keys`-key K/V tiles staged by `cp.async`
+    /// (the next K and this V in flight during the products), `ldmatrix` fragment loads, the
+    /// softmax in registers. Needs an OpenCL device whose compiler takes inline PTX for sm_80 or
+    /// later (NVIDIA's OpenCL on Ampere and later: [`crate::ptx`]; elsewhere
+    /// [`kpc::Error::Unsupported`]), fp16 K/V, and a head dimension that is a multiple of 32 up to
+    /// 256. Q and P are rounded to fp16 for the products; sums are fp32.
+    /// [`PrefillKernel::Auto`] takes it on OpenCL wherever it runs: on an H200 it was faster than
+    /// every other kernel there (BENCHMARKS.md, issue 41).
+    Mma,
 }
 
 /// Workgroup and tile sizes; each distinct value gives a distinct cached program.
@@ -201,6 +212,13 @@ pub struct AttentionOptions {
     /// Invocations per workgroup of the VK_NV_cooperative_matrix2 prefill: a power of two from 32,
     /// at most what the device allows for workgroup-scope matrices.
     pub cm2_local_size: u32,
+    /// 16-row blocks per warp of the `mma.sync` prefill ([`PrefillKernel::Mma`]): 1 or 2.
+    pub mma_row_blocks: u32,
+    /// Keys per K/V tile of the `mma.sync` prefill: 32 or 64.
+    pub mma_keys: u32,
+    /// Warps per workgroup of the `mma.sync` prefill: 4 or 8 (rows per workgroup are
+    /// 16 x `mma_row_blocks` x `mma_warps`).
+    pub mma_warps: u32,
     /// Whether the tiled prefill loads the next staging step's Q, K or V words into registers
     /// before the current step's arithmetic, so that their round trip overlaps it, rather than
     /// loading them between two barriers. On by default; [`AttentionOptions::for_device`] turns
@@ -256,6 +274,9 @@ impl Default for AttentionOptions {
             cm2_rows: 128,
             cm2_keys: 64,
             cm2_local_size: 256,
+            mma_row_blocks: 1,
+            mma_keys: 32,
+            mma_warps: 4,
             tiled_prefetch: true,
             block_q: 8,
             block_k: 32,

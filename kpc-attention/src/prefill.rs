@@ -102,6 +102,7 @@ impl Attention {
             PrefillKernel::Cooperative => self.options.coop_rows as usize,
             PrefillKernel::Cm2 => self.options.cm2_rows as usize,
             PrefillKernel::Tiled => 64,
+            PrefillKernel::Mma => crate::prefill_mma::mma_prefill_rows(&self.options) as usize,
             _ => self.options.block_q as usize,
         };
         let tiles = len.div_ceil(block_q) as u32;
@@ -113,14 +114,15 @@ impl Attention {
             .u32(self.shape.q_heads as u32)
             .u32((self.shape.q_heads / self.shape.kv_heads) as u32)
             .f32(1.0 / (self.shape.head_dim as f32).sqrt());
-        // The tiled and both cooperative-matrix kernels take the query tile from y, last first, so that every
+        // The tiled, both cooperative-matrix and the mma.sync kernels take the query tile from y, last first, so that every
         // head's longest (causal) tiles are dispatched first: with the tile in x, one head's
         // tiles went out longest to shortest before the next head's, and the last heads' long
         // tiles started near the end.
         let groups = match self.prefill_kind {
-            PrefillKernel::Tiled | PrefillKernel::Cooperative | PrefillKernel::Cm2 => {
-                [rows, tiles, 1]
-            }
+            PrefillKernel::Tiled
+            | PrefillKernel::Cooperative
+            | PrefillKernel::Cm2
+            | PrefillKernel::Mma => [rows, tiles, 1],
             _ => [tiles, rows, 1],
         };
         let (kb, vb) = cache.buffers();

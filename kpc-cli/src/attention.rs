@@ -195,6 +195,10 @@ fn workload(
                 ", next step prefetched".to_string()
             }
             (PrefillKernel::Tiled, _) => ", no prefetch".to_string(),
+            (PrefillKernel::Mma, _) => format!(
+                ", mma.sync through inline PTX, {} warps x {} x 16 rows x {} keys",
+                options.mma_warps, options.mma_row_blocks, options.mma_keys
+            ),
             _ => String::new(),
         }
     );

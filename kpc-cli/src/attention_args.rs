@@ -135,6 +135,15 @@ pub struct Args {
     /// (AttentionOptions::cm2_local_size).
     #[arg(long)]
     pub(crate) cm2_local: Option<u32>,
+    /// 16-row blocks per warp of the mma.sync prefill, 1 or 2 (AttentionOptions::mma_row_blocks).
+    #[arg(long)]
+    pub(crate) mma_row_blocks: Option<u32>,
+    /// Keys per tile of the mma.sync prefill, 32 or 64 (AttentionOptions::mma_keys).
+    #[arg(long)]
+    pub(crate) mma_keys: Option<u32>,
+    /// Warps per workgroup of the mma.sync prefill, 4 or 8 (AttentionOptions::mma_warps).
+    #[arg(long)]
+    pub(crate) mma_warps: Option<u32>,
     /// Whether the tiled prefill loads its next staging step during the current one
     /// (AttentionOptions::tiled_prefetch): `true` or `false`; without it, the default.
     #[arg(long)]
@@ -223,6 +232,8 @@ pub(crate) enum PrefillArg {
     Cooperative,
     /// The VK_NV_cooperative_matrix2 kernel (attn_prefill_cm2).
     Cm2,
+    /// The OpenCL mma.sync kernel through inline PTX (attn_prefill_mma; NVIDIA, sm_80+).
+    Mma,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -313,6 +324,7 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
         PrefillArg::Tiled => PrefillKernel::Tiled,
         PrefillArg::Cooperative => PrefillKernel::Cooperative,
         PrefillArg::Cm2 => PrefillKernel::Cm2,
+        PrefillArg::Mma => PrefillKernel::Mma,
     };
     if !args.q_scale.is_finite() {
         return Err(kpc::Error::InvalidArgument(format!(
@@ -322,6 +334,15 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(r) = args.coop_rows {
         options.coop_rows = r;
+    }
+    if let Some(b) = args.mma_row_blocks {
+        options.mma_row_blocks = b;
+    }
+    if let Some(k) = args.mma_keys {
+        options.mma_keys = k;
+    }
+    if let Some(w) = args.mma_warps {
+        options.mma_warps = w;
     }
     if let Some(b) = args.coop_row_blocks {
         options.coop_row_blocks = b;

@@ -1,0 +1,85 @@
+//! Where the OpenCL `mma.sync` prefill ([`crate::PrefillKernel::Mma`], kernels/attn_prefill_mma.cl) runs,
+//! its shared memory and its specialization.
+
+use kpc::{BackendKind, Context, Result, SpecConstants, SpecValue};
+
+use super::{AttentionOptions, AttentionShape, KvDtype};
+use crate::ptx;
+
+/// Why the `mma.sync` prefill cannot take this shape, K/V type and tile (`Err`), whatever the
+/// device: the checks that need no build.
+pub(super) fn mma_prefill_shape_fits(
+    shape: &AttentionShape,
+    dtype: KvDtype,
+    options: &AttentionOptions,
+) -> std::result::Result<(), String> {
+    if dtype != KvDtype::F16 {
+        return Err("it needs an fp16 K/V cache".into());
+    }
+    if shape.head_dim % 32 != 0 || shape.head_dim > 256 {
+        return Err(format!(
+            "head dimension {} is not a multiple of 32 up to 256",
+            shape.head_dim
+        ));
+    }
+    if !matches!(options.mma_row_blocks, 1 | 2)
+        || !matches!(options.mma_keys, 32 | 64)
+        || !matches!(options.mma_warps, 4 | 8)
+    {
+        return Err(format!(
+            "mma_row_blocks {}, mma_keys {} and mma_warps {}: 1 or 2, 32 or 64, and 4 or 8 are \
+             accepted",
+            options.mma_row_blocks, options.mma_keys, options.mma_warps
+        ));
+    }
+    // Each work-item stages whole 16-byte chunks of a tile.
+    if (options.mma_keys as usize * shape.head_dim / 8) % (32 * options.mma_warps as usize) != 0 {
+        return Err(format!(
+            "a tile of {} keys at head dimension {} does not split into 16-byte chunks over {} \
+             work-items",
+            options.mma_keys,
+            shape.head_dim,
+            32 * options.mma_warps
+        ));
+    }
+    Ok(())
+}
+
+/// `Ok(true)` where [`crate::PrefillKernel::Auto`] takes the `mma.sync` prefill on `ctx`: an OpenCL
+/// device whose compiler takes inline PTX (the probe builds), a shape and K/V type it fits, and
+/// the shared memory for the tile.
+pub(super) fn mma_prefill_auto(
+    ctx: &Context,
+    shape: &AttentionShape,
+    dtype: KvDtype,
+    options: &AttentionOptions,
+) -> Result<bool> {
+    if ctx.backend() != BackendKind::OpenCl
+        || mma_prefill_shape_fits(shape, dtype, options).is_err()
+        || mma_prefill_shared(shape.head_dim, options)
+            > ctx.device().limits.max_shared_memory_bytes as usize
+    {
+        return Ok(false);
+    }
+    Ok(ptx::inline_ptx_unfit(ctx)?.is_none())
+}
+
+/// Shared memory the kernel declares: one K and one V tile, rows padded by 16 bytes.
+pub(super) fn mma_prefill_shared(head_dim: usize, options: &AttentionOptions) -> usize {
+    2 * options.mma_keys as usize * (head_dim + 8) * 2
+}
+
+/// Query rows per workgroup.
+pub(super) fn mma_prefill_rows(options: &AttentionOptions) -> u32 {
+    16 * options.mma_row_blocks * options.mma_warps
+}
+
+/// The kernel's specialization (ids as its `kpc-spec-constant` lines declare them).
+pub(super) fn mma_prefill_spec(head_dim: usize, options: &AttentionOptions) -> SpecConstants {
+    SpecConstants::new()
+        .with(2, SpecValue::U32(1))
+        .with(3, SpecValue::U32(head_dim as u32))
+        .with(5, SpecValue::U32(options.mma_row_blocks))
+        .with(6, SpecValue::U32(options.mma_keys))
+        .with(7, SpecValue::U32(options.mma_warps))
+}
