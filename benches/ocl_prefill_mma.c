@@ -110,6 +110,7 @@ typedef struct {
 } Shape;
 
 // Runs one prefill; returns device ms.
+static int wg = 128;
 static double launch(cl_kernel k, const Shape *s, int bq, cl_mem q, cl_mem kb, cl_mem vb, cl_mem o) {
     cl_uint ql = s->q_len, kl = s->kv_len, cap = s->capacity, qh = s->q_heads,
             grp = s->q_heads / s->kv_heads;
@@ -124,8 +125,8 @@ static double launch(cl_kernel k, const Shape *s, int bq, cl_mem q, cl_mem kb, c
     CHECK(clSetKernelArg(k, 7, sizeof qh, &qh));
     CHECK(clSetKernelArg(k, 8, sizeof grp, &grp));
     CHECK(clSetKernelArg(k, 9, sizeof scale, &scale));
-    size_t local[2] = {128, 1};
-    size_t global[2] = {(size_t)s->batch * s->q_heads * 128, (size_t)((s->q_len + bq - 1) / bq)};
+    size_t local[2] = {(size_t)wg, 1};
+    size_t global[2] = {(size_t)s->batch * s->q_heads * wg, (size_t)((s->q_len + bq - 1) / bq)};
     cl_event ev;
     CHECK(clEnqueueNDRangeKernel(queue, k, 2, NULL, global, local, 0, NULL, &ev));
     CHECK(clWaitForEvents(1, &ev));
@@ -290,7 +291,8 @@ int main(int argc, char **argv) {
         *bar = 0;
         const char *label = line, *opts = bar + 1;
         int rb = strstr(opts, "ROW_BLOCKS=1") ? 1 : 2;
-        int bq = 64 * rb;
+        wg = strstr(opts, "WARPS=8") ? 256 : 128;
+        int bq = wg / 2 * rb;
         int dims[2] = {128, 64};
         int pass = 1;
         for (int di = 0; di < (prelude ? 2 : 1) && pass; di++) {
