@@ -13,6 +13,7 @@ use crate::common::drivers::{opencl_context, random_f32, vulkan_context};
 
 mod coop_decode;
 mod lazy;
+mod mma_prefill;
 mod prefill;
 use coop_decode::coop_decode_choice;
 use prefill::{
@@ -674,6 +675,14 @@ macro_rules! backend_tests {
                     return;
                 };
                 coop_prefill_choice(&ctx);
+            }
+
+            #[test]
+            fn mma_prefill_is_chosen_per_device() {
+                let Some(ctx) = $context(concat!(stringify!($backend), "_mma_prefill")) else {
+                    return;
+                };
+                mma_prefill::mma_prefill_choice(&ctx);
             }
 
             #[test]

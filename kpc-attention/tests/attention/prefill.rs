@@ -8,6 +8,7 @@ use kpc_attention::{
     Attention, AttentionOptions, AttentionShape, KvCache, KvDtype, PrefillKernel, round_to_f16,
 };
 
+use super::mma_prefill::picks_mma;
 use super::{position, prefix, shape};
 use crate::common::drivers::random_f32;
 
@@ -41,6 +42,7 @@ pub(crate) fn prefill_case_scaled(
     let attn = Attention::new(ctx, &s, dtype, len + 5, options).unwrap();
     let expect = match options.prefill {
         // Every shape prefill_shapes runs has a head dimension of 64 or 128.
+        PrefillKernel::Auto if picks_mma(ctx, dtype, options.prefill) => PrefillKernel::Mma,
         PrefillKernel::Auto if picks_coop(ctx, dtype, options.prefill) => {
             PrefillKernel::Cooperative
         }
@@ -124,7 +126,9 @@ pub(crate) fn prefill_shapes_with(
     ] {
         let err = prefill_case(ctx, s, dtype, options, len);
         // Against K/V as stored; the cooperative-matrix kernel also rounds Q and P to fp16.
-        let tolerance = if picks_coop(ctx, dtype, options.prefill) {
+        let tolerance = if picks_coop(ctx, dtype, options.prefill)
+            || picks_mma(ctx, dtype, options.prefill)
+        {
             2e-3
         } else {
             1e-5
