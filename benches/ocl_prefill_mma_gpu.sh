@@ -8,6 +8,7 @@
 #   sweep    `kpc attention` causal prefill (B=1, H=32, D=128, fp16 K/V) for each `label|device|flags`
 #            line of KPC_VARIANTS at SWEEP_L, median of RUNS;
 #   check    `kpc attention --check` (L=1000, 12 steps) for each `kv B Hkv flags` case of CHECKS;
+#   tests    kpc-attention's test binary (TESTS) on the OpenCL device: the mma prefill's tests;
 #   torch    PyTorch SDPA (FA2, cuDNN, ...) at the same shape.
 # Files: HARNESS_C, KERNEL_CL, KPC, TORCH (defaults: the oclprefill- copies beside this script).
 set -uo pipefail
@@ -60,6 +61,14 @@ for s in ${SECTIONS:-harness torch}; do
         { echo "### $c"; echo "$o"; } >>"$out/checks.txt"
         echo "$kv B=$b Hkv=$hkv $extra: $(grep -E '^kernels' <<<"$o" | head -1) | $(grep -iE '^check|error' <<<"$o" | tr '\n' ' ')"
       done
+      ;;
+    tests)
+      # kpc-attention's test binary (TESTS: its path), run from the crate's folder.
+      if [ -x "${TESTS:-}" ]; then
+        echo "## attention tests on the device (OpenCL)"
+        (cd kpc-attention && KPC_TEST_REQUIRE_DRIVERS=1 "$TESTS" opencl::mma_prefill opencl::prefill_matches \
+          opencl::chunked ptx --test-threads 4 2>&1) | tee "$out/tests.txt" | grep -E '^test |test result|panicked' | tail -12
+      fi
       ;;
     torch)
       echo "## PyTorch SDPA prefill"

@@ -21,8 +21,9 @@
 //!   a prefill on the matrix units where the device has fp16 cooperative matrices
 //!   (`attn_prefill_coop`, Vulkan, fp16 K/V; its softmax in registers where the `coop_layout`
 //!   probe finds a layout it knows), else one on VK_NV_cooperative_matrix2's workgroup-scope
-//!   matrices (`attn_prefill_cm2`, also forced with [`PrefillKernel::Cm2`]), else a register-tiled
-//!   one (`attn_prefill_tiled`);
+//!   matrices (`attn_prefill_cm2`, also forced with [`PrefillKernel::Cm2`]); on OpenCL, where the
+//!   compiler takes inline PTX ([`ptx`]: NVIDIA from sm_80), one on `mma.sync` (`attn_prefill_mma`,
+//!   [`PrefillKernel::Mma`], fp16 K/V); else a register-tiled one (`attn_prefill_tiled`);
 //!   elsewhere the generic kernels (`attn_append`, `attn_decode`, `attn_reduce`, `attn_prefill`).
 //!   Each variant is its own cached program.
 //! - [`reference`](mod@reference) is the float64 CPU reference the kernels are tested against.
@@ -37,7 +38,7 @@
 //!
 //! Q and O are f32, `[batch][q_head][head_dim]` per decode step. K and V are f32 or f16
 //! ([`KvDtype`]); computation is f32, except that the cooperative-matrix prefill multiplies Q and
-//! the softmax weights as fp16 (accumulating in f32). The scale is `1 / sqrt(head_dim)`.
+//! the softmax weights as fp16 (accumulating in f32), and so does the `mma.sync` one. The scale is `1 / sqrt(head_dim)`.
 
 #![warn(missing_docs)]
 
