@@ -74,8 +74,8 @@ pub enum PrefillKernel {
     /// later (NVIDIA's OpenCL on Ampere and later: [`crate::ptx`]; elsewhere
     /// [`kpc::Error::Unsupported`]), fp16 K/V, and a head dimension that is a multiple of 32 up to
     /// 256. Q and P are rounded to fp16 for the products; sums are fp32.
-    /// [`PrefillKernel::Auto`] takes it on OpenCL wherever it runs: on an H200 it was faster than
-    /// every other kernel there (BENCHMARKS.md, issue 41).
+    /// [`PrefillKernel::Auto`] takes it on OpenCL wherever it runs: on an H200 it was 7 to 8 times
+    /// the tiled kernel's rate there (BENCHMARKS.md, issue 41).
     Mma,
 }
 
@@ -212,7 +212,11 @@ pub struct AttentionOptions {
     /// Invocations per workgroup of the VK_NV_cooperative_matrix2 prefill: a power of two from 32,
     /// at most what the device allows for workgroup-scope matrices.
     pub cm2_local_size: u32,
-    /// 16-row blocks per warp of the `mma.sync` prefill ([`PrefillKernel::Mma`]): 1 or 2.
+    /// 16-row blocks per warp of the `mma.sync` prefill ([`PrefillKernel::Mma`]): 1 or 2. With 2,
+    /// each K or V fragment read from shared memory feeds two products. The default, 4 warps of 2
+    /// blocks (128 rows) with 32-key tiles, was the fastest tile through kpc on an H200: 198.9 /
+    /// 230.7 / 247.3 TFLOP/s at L = 2k / 4k / 8k against 196.9 / 219.5 / 225.4 with 1 block, and
+    /// 158.8 / 184.5 / 199.2 with 8 warps of 1 block (BENCHMARKS.md, issue 41).
     pub mma_row_blocks: u32,
     /// Keys per K/V tile of the `mma.sync` prefill: 32 or 64.
     pub mma_keys: u32,
@@ -274,7 +278,7 @@ impl Default for AttentionOptions {
             cm2_rows: 128,
             cm2_keys: 64,
             cm2_local_size: 256,
-            mma_row_blocks: 1,
+            mma_row_blocks: 2,
             mma_keys: 32,
             mma_warps: 4,
             tiled_prefetch: true,

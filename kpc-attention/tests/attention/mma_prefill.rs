@@ -14,7 +14,9 @@ use super::shape;
 pub(crate) fn picks_mma(ctx: &Context, dtype: KvDtype, kernel: PrefillKernel) -> bool {
     matches!(kernel, PrefillKernel::Auto | PrefillKernel::Mma)
         && dtype == KvDtype::F16
-        && inline_ptx_unfit(ctx).expect("probing is not an error").is_none()
+        && inline_ptx_unfit(ctx)
+            .expect("probing is not an error")
+            .is_none()
 }
 
 pub(crate) fn mma_prefill_choice(ctx: &Context) {

@@ -126,13 +126,12 @@ pub(crate) fn prefill_shapes_with(
     ] {
         let err = prefill_case(ctx, s, dtype, options, len);
         // Against K/V as stored; the cooperative-matrix kernel also rounds Q and P to fp16.
-        let tolerance = if picks_coop(ctx, dtype, options.prefill)
-            || picks_mma(ctx, dtype, options.prefill)
-        {
-            2e-3
-        } else {
-            1e-5
-        };
+        let tolerance =
+            if picks_coop(ctx, dtype, options.prefill) || picks_mma(ctx, dtype, options.prefill) {
+                2e-3
+            } else {
+                1e-5
+            };
         assert!(
             err <= tolerance,
             "{dtype:?} {s:?} {options:?} L={len}: prefill error {err:e}"
