@@ -85,6 +85,21 @@ inline float emu_shfl_xor(float x, uint m, local float *f)
     return r;
 }
 #define SHFL_XOR(X, M) emu_shfl_xor((X), (M), emu_f)
+
+inline bool emu_any(bool p, local float *f)
+{
+    uint tid = get_local_id(0);
+    uint wb = tid & ~31u;
+    f[tid] = p ? 1.0f : 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float n = 0.0f;
+    for (uint i = 0; i < 32; i++) {
+        n += f[wb + i];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return n > 0.0f;
+}
+#define WARP_ANY(P) emu_any((P), emu_f)
 #define EXP2(X) exp2(X)
 
 inline uint emu_pack(float lo, float hi)

@@ -23,6 +23,7 @@
 // kpc-spec-constant 5 ROW_BLOCKS
 // kpc-spec-constant 6 KEYS
 // kpc-spec-constant 7 WARPS
+// kpc-spec-constant 8 LAZY_RESCALE
 #ifndef KV_F16
 #define KV_F16 1
 #endif
@@ -37,6 +38,11 @@
 #endif
 // Experiments (benches/ocl_prefill_mma.c): fragments by ordinary local loads instead of ldmatrix;
 // tiles by ordinary loads and stores instead of cp.async.
+// Whether a warp rescales its O accumulators only on tiles where one of its rows' max moved (a
+// warp vote), rather than on every tile.
+#ifndef LAZY_RESCALE
+#define LAZY_RESCALE 0
+#endif
 #ifndef DIRECT_LDS
 #define DIRECT_LDS 0
 #endif
@@ -103,6 +109,17 @@ inline float shfl_xor(float x, uint m)
     return r;
 }
 #define SHFL_XOR(X, M) shfl_xor((X), (M))
+
+inline bool warp_any(bool p)
+{
+    uint r;
+    asm volatile("{ .reg .pred q; setp.ne.u32 q, %1, 0; vote.sync.any.pred q, q, 0xffffffff; "
+                 "selp.u32 %0, 1, 0, q; }"
+                 : "=r"(r)
+                 : "r"((uint)p));
+    return r != 0;
+}
+#define WARP_ANY(P) warp_any(P)
 
 inline float exp2_approx(float x)
 {
@@ -252,6 +269,8 @@ kernel void attn_prefill_mma(global const float *q, global const uint4 *k, globa
                 }
             }
             bool crosses = j0 + KEYS - 1 > wfirst;
+            float al[RB * 2];
+            bool moved = false;
 #pragma unroll
             for (uint rb = 0; rb < RB; rb++) {
 #pragma unroll
@@ -273,6 +292,8 @@ kernel void attn_prefill_mma(global const float *q, global const uint4 *k, globa
                     mx = fmax(mx, SHFL_XOR(mx, 2));
                     float mnew = fmax(m[rb * 2 + h], mx);
                     float alpha = EXP2((m[rb * 2 + h] - mnew) * sl2);
+                    moved = moved || mnew != m[rb * 2 + h];
+                    al[rb * 2 + h] = alpha;
                     m[rb * 2 + h] = mnew;
                     float ms = mnew * sl2;
                     float rs = 0.0f;
@@ -287,10 +308,20 @@ kernel void attn_prefill_mma(global const float *q, global const uint4 *k, globa
                         }
                     }
                     l[rb * 2 + h] = l[rb * 2 + h] * alpha + rs;
+                }
+            }
+#if LAZY_RESCALE
+            if (WARP_ANY(moved))
+#endif
+            {
+#pragma unroll
+                for (uint rb = 0; rb < RB; rb++) {
 #pragma unroll
                     for (uint dt = 0; dt < DT; dt++) {
-                        oc[(rb * DT + dt) * 4 + 2 * h] *= alpha;
-                        oc[(rb * DT + dt) * 4 + 2 * h + 1] *= alpha;
+#pragma unroll
+                        for (uint x = 0; x < 4; x++) {
+                            oc[(rb * DT + dt) * 4 + x] *= al[rb * 2 + x / 2];
+                        }
                     }
                 }
             }

@@ -223,6 +223,9 @@ pub struct AttentionOptions {
     /// Warps per workgroup of the `mma.sync` prefill: 4 or 8 (rows per workgroup are
     /// 16 x `mma_row_blocks` x `mma_warps`).
     pub mma_warps: u32,
+    /// Whether the `mma.sync` prefill's warps rescale their output accumulators only on tiles where
+    /// one of their rows' running max moved (a warp vote), rather than on every tile.
+    pub mma_lazy_rescale: bool,
     /// Whether the tiled prefill loads the next staging step's Q, K or V words into registers
     /// before the current step's arithmetic, so that their round trip overlaps it, rather than
     /// loading them between two barriers. On by default; [`AttentionOptions::for_device`] turns
@@ -281,6 +284,7 @@ impl Default for AttentionOptions {
             mma_row_blocks: 2,
             mma_keys: 32,
             mma_warps: 4,
+            mma_lazy_rescale: false,
             tiled_prefetch: true,
             block_q: 8,
             block_k: 32,

@@ -82,4 +82,5 @@ pub(super) fn mma_prefill_spec(head_dim: usize, options: &AttentionOptions) -> S
         .with(5, SpecValue::U32(options.mma_row_blocks))
         .with(6, SpecValue::U32(options.mma_keys))
         .with(7, SpecValue::U32(options.mma_warps))
+        .with(8, SpecValue::U32(u32::from(options.mma_lazy_rescale)))
 }

@@ -196,8 +196,11 @@ fn workload(
             }
             (PrefillKernel::Tiled, _) => ", no prefetch".to_string(),
             (PrefillKernel::Mma, _) => format!(
-                ", mma.sync through inline PTX, {} warps x {} x 16 rows x {} keys",
-                options.mma_warps, options.mma_row_blocks, options.mma_keys
+                ", mma.sync through inline PTX, {} warps x {} x 16 rows x {} keys, lazy rescale {}",
+                options.mma_warps,
+                options.mma_row_blocks,
+                options.mma_keys,
+                options.mma_lazy_rescale
             ),
             _ => String::new(),
         }

@@ -144,6 +144,10 @@ pub struct Args {
     /// Warps per workgroup of the mma.sync prefill, 4 or 8 (AttentionOptions::mma_warps).
     #[arg(long)]
     pub(crate) mma_warps: Option<u32>,
+    /// Whether the mma.sync prefill rescales its output only on tiles where a row's max moved
+    /// (AttentionOptions::mma_lazy_rescale): `true` or `false`.
+    #[arg(long)]
+    pub(crate) mma_lazy_rescale: Option<bool>,
     /// Whether the tiled prefill loads its next staging step during the current one
     /// (AttentionOptions::tiled_prefetch): `true` or `false`; without it, the default.
     #[arg(long)]
@@ -343,6 +347,9 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(w) = args.mma_warps {
         options.mma_warps = w;
+    }
+    if let Some(l) = args.mma_lazy_rescale {
+        options.mma_lazy_rescale = l;
     }
     if let Some(b) = args.coop_row_blocks {
         options.coop_row_blocks = b;

@@ -63,7 +63,14 @@ pub(crate) fn mma_prefill_choice(ctx: &Context) {
             "{dtype:?} {s:?} {options:?}: {e}"
         );
     }
-    for (row_blocks, keys, warps) in [(1, 32, 4), (2, 32, 4), (1, 64, 4), (1, 32, 8), (2, 64, 4)] {
+    for (row_blocks, keys, warps, lazy) in [
+        (1, 32, 4, false),
+        (2, 32, 4, false),
+        (2, 32, 4, true),
+        (1, 64, 4, false),
+        (1, 32, 8, true),
+        (2, 64, 4, false),
+    ] {
         for (s, len, q_scale) in [
             (shape(1, 4, 2, 128), 200, 1.0),
             (shape(2, 4, 4, 64), 129, 1.0),
@@ -72,7 +79,10 @@ pub(crate) fn mma_prefill_choice(ctx: &Context) {
             (shape(1, 2, 2, 128), 333, 30.0),
             (shape(1, 2, 1, 64), 1, 1.0),
         ] {
-            let options = forced(row_blocks, keys, warps);
+            let options = AttentionOptions {
+                mma_lazy_rescale: lazy,
+                ..forced(row_blocks, keys, warps)
+            };
             if s.head_dim == 96 && warps == 8 {
                 // 32 keys x 12 chunks do not split over 256 work-items.
                 assert!(Attention::new(ctx, &s, KvDtype::F16, len, options).is_err());
@@ -81,7 +91,7 @@ pub(crate) fn mma_prefill_choice(ctx: &Context) {
             let err = prefill_case_scaled(ctx, s, KvDtype::F16, options, len, q_scale);
             assert!(
                 err <= 2e-3,
-                "{s:?} tile {row_blocks}x{keys}/{warps} len {len} q x{q_scale}: error {err:e}"
+                "{s:?} tile {row_blocks}x{keys}/{warps} lazy {lazy} len {len} q x{q_scale}: error {err:e}"
             );
         }
     }
