@@ -11,7 +11,7 @@
 // softmax runs on them in place (lane / 4 is the row, a quad of lanes holds a row's columns, reduced
 // with shfl.sync); P becomes fp16 A fragments in registers (two n8 accumulator tiles are exactly one
 // k16 A fragment); V's B fragments come from ldmatrix.trans. A warp skips tiles wholly above its
-// rows' diagonal and masks only tiles that cross it.
+// rows' diagonal and masks only tiles that cross it, and rescales O only where a row's max moved.
 //
 // The primitives (MMA, LDSM_X4, LDSM_X4_T, CP_ASYNC16, CP_COMMIT, CP_WAIT_ALL, SHFL_XOR, EXP2,
 // PACK_HALF2) are PTX unless KPC_MMA_EMULATED is defined by a prelude that supplies portable ones
@@ -41,7 +41,7 @@
 // Whether a warp rescales its O accumulators only on tiles where one of its rows' max moved (a
 // warp vote), rather than on every tile.
 #ifndef LAZY_RESCALE
-#define LAZY_RESCALE 0
+#define LAZY_RESCALE 1
 #endif
 #ifndef DIRECT_LDS
 #define DIRECT_LDS 0
