@@ -30,6 +30,7 @@
 mod cache_io;
 mod forward;
 pub mod gemm;
+pub mod gemm_mma;
 mod mask;
 mod memory;
 mod proj;
@@ -63,8 +64,8 @@ pub enum ProjectionKernel {
     /// The matrix-vector kernel for decode steps where it fits (at most
     /// [`MAX_GEMV_BATCH`] sequences, input widths a multiple of 16 bytes of weights); for the
     /// rest `mha_gemm_wide` where it fits (see [`ProjectionKernel::Wide`]), else the
-    /// cooperative-matrix GEMM where it fits (see [`ProjectionKernel::Cooperative`]), else the
-    /// tiled GEMM.
+    /// cooperative-matrix GEMM where it fits (see [`ProjectionKernel::Cooperative`]), else, on
+    /// OpenCL, `mha_gemm_mma` where it fits (see [`ProjectionKernel::Mma`]), else the tiled GEMM.
     #[default]
     Auto,
     /// `mha_gemm` for everything.
@@ -78,6 +79,11 @@ pub enum ProjectionKernel {
     /// of C per subgroup: [`gemm`]; fp32 sums, tiles per shape by [`gemm::auto_tiles`]) for every
     /// projection but decode steps' matrix-vector ones; an error at creation where it does not fit.
     Wide,
+    /// `mha_gemm_mma` (OpenCL C with inline PTX `mma.sync`: [`gemm_mma`]; NVIDIA's OpenCL from
+    /// sm_80, fp16 weights, widths that are multiples of 8) for every projection but decode steps'
+    /// matrix-vector ones; at creation [`Error::Unsupported`] where the device's compiler does not
+    /// take the PTX ([`crate::ptx`]), [`Error::InvalidArgument`] where the layer does not fit.
+    Mma,
 }
 
 /// The most sequences the matrix-vector projection serves in one launch.
