@@ -8,7 +8,8 @@
 #   ptx_probe.cl, gemm_torch.py, kpc-base.xz, kpc.xz (stripped, xz)
 #   source .gpu/prelude.sh; OUT=$OUT .gpu/oclgemm-gpu.sh
 # SECTIONS: any of harness peak torch vulkan layer check (default all). VARIANT: harness variant
-# filter (substring of e.g. 128x256/2x4s2:a16). LAYER_L: prompt lengths (2048 8192).
+# filter (substring of e.g. 128x256/2x4s2:a16). LAYER_L: prompt lengths (2048 8192). LAYER_VARIANTS:
+# `label|binary|device|projection` entries separated by `;`.
 set -uo pipefail
 g=.gpu
 out=${OUT:-/tmp}
@@ -54,8 +55,8 @@ for s in ${SECTIONS:-harness peak torch vulkan layer check}; do
       [ -e $g/oclgemm-kpc.xz ] && unpack kpc
       : >"$out/mha-layer.txt"
       for L in ${LAYER_L:-2048 8192}; do
-        for v in "base|/tmp/kpc-base|opencl:gpu|auto" "base|/tmp/kpc-base|vulkan:gpu|auto" \
-          "new|/tmp/kpc|opencl:gpu|auto" "new|/tmp/kpc|opencl:gpu|tiled" "new|/tmp/kpc|opencl:gpu|mma"; do
+        IFS=';' read -ra variants <<<"${LAYER_VARIANTS:-base|/tmp/kpc-base|opencl:gpu|auto;base|/tmp/kpc-base|vulkan:gpu|auto;new|/tmp/kpc|opencl:gpu|auto;new|/tmp/kpc|opencl:gpu|tiled;new|/tmp/kpc|opencl:gpu|mma}"
+        for v in "${variants[@]}"; do
           IFS='|' read -r label bin dev proj <<<"$v"
           [ -x "$bin" ] || continue
           echo "# $label $dev L=$L projection=$proj" >>"$out/mha-layer.txt"

@@ -36,17 +36,18 @@ pub struct MmaTiles {
     pub stages: u32,
 }
 
-/// 128 x 256 over 2 x 4 warps (64 x 64 of C each), two stages (48 KiB).
-pub const WIDE_TILES: MmaTiles = MmaTiles::new(128, 256, 2, 4, 2);
-/// 128 x 128 over 2 x 2 warps (64 x 64 each), three stages (48 KiB).
-pub const SQUARE_TILES: MmaTiles = MmaTiles::new(128, 128, 2, 2, 3);
+/// The tile the layer runs (with fp16 activations, f32 ones cast first): 128 x 128 over 2 x 4
+/// warps (64 x 32 of C each), three stages (48 KiB). Measured on an H200 (BENCHMARKS.md) it led
+/// the sweep at every shape of the issue (M = 2048 and 8192, N = 4096 and 1024, K = 4096: 224,
+/// 235, 175 and 232 TFLOP/s); 128 x 128 over 2 x 2 warps tied it at the largest (236).
+pub const LAYER_TILES: MmaTiles = MmaTiles::new(128, 128, 2, 4, 3);
 
 /// The tiles the harness (benches/ocl_gemm_mma.c) measures.
 pub const SWEEP_TILES: &[MmaTiles] = &[
-    WIDE_TILES,
-    SQUARE_TILES,
+    MmaTiles::new(128, 256, 2, 4, 2),
+    MmaTiles::new(128, 128, 2, 2, 3),
     MmaTiles::new(128, 128, 2, 2, 2),
-    MmaTiles::new(128, 128, 2, 4, 3),
+    LAYER_TILES,
     MmaTiles::new(256, 128, 4, 2, 2),
     MmaTiles::new(64, 128, 1, 2, 4),
 ];
@@ -114,20 +115,6 @@ impl fmt::Display for MmaTiles {
             "{}x{}/{}x{}s{}",
             self.bm, self.bn, self.warps_m, self.warps_n, self.stages
         )
-    }
-}
-
-/// The tile the layer picks for an `m x n` output: [`WIDE_TILES`], or [`SQUARE_TILES`] where the
-/// wider one would give fewer than 264 workgroups (two per SM of an H200's 132).
-pub fn auto_tiles(m: usize, n: usize) -> MmaTiles {
-    const MIN_GROUPS: usize = 264;
-    let groups = m
-        .div_ceil(WIDE_TILES.bm as usize)
-        .saturating_mul(n.div_ceil(WIDE_TILES.bn as usize));
-    if groups < MIN_GROUPS {
-        SQUARE_TILES
-    } else {
-        WIDE_TILES
     }
 }
 
@@ -294,9 +281,9 @@ mod tests {
             assert_eq!(t.malformed(), None, "{t}");
             assert!(t.shared_bytes() <= SHARED_LIMIT, "{t}");
         }
-        assert_eq!(WIDE_TILES.to_string(), "128x256/2x4s2");
-        assert_eq!(WIDE_TILES.invocations(), 256);
-        assert_eq!(WIDE_TILES.shared_bytes(), 48 * 1024);
+        assert_eq!(LAYER_TILES.to_string(), "128x128/2x4s3");
+        assert_eq!(LAYER_TILES.invocations(), 256);
+        assert_eq!(LAYER_TILES.shared_bytes(), 48 * 1024);
         assert!(
             MmaTiles::new(128, 256, 2, 4, 3)
                 .malformed()
@@ -311,15 +298,5 @@ mod tests {
         );
         assert!(MmaTiles::new(100, 128, 2, 2, 2).malformed().is_some());
         assert!(MmaTiles::new(128, 128, 0, 2, 2).malformed().is_some());
-    }
-
-    #[test]
-    fn auto_tiles_keep_the_sms_busy() {
-        assert_eq!(auto_tiles(8192, 4096), WIDE_TILES);
-        assert_eq!(auto_tiles(2048, 12288), WIDE_TILES);
-        assert_eq!(auto_tiles(2048, 4096), SQUARE_TILES);
-        assert_eq!(auto_tiles(2048, 1024), SQUARE_TILES);
-        assert_eq!(auto_tiles(1, 8), SQUARE_TILES);
-        assert_eq!(auto_tiles(usize::MAX, usize::MAX), WIDE_TILES);
     }
 }

@@ -52,9 +52,9 @@ pub(super) struct Projector {
     /// `mha_gemm_wide` for each tile `gemm::auto_tiles` may pick on this device, which then takes
     /// every projection `gemm` would (before `coop`).
     wide: Vec<WideGemm>,
-    /// `mha_gemm_mma` for each tile `gemm_mma::auto_tiles` may pick (f32 activations), which then
-    /// takes every projection `gemm` would.
-    mma: Vec<MmaGemm>,
+    /// `mha_gemm_mma` reading fp16 activations, and `mha_cast` (f32 -> fp16) to give it them,
+    /// which then take every projection `gemm` would.
+    mma: Option<(MmaGemm, Kernel)>,
     gemv: Option<Kernel>,
     /// `mha_gemv` reading fp16 X (decode steps' fp16 inputs), where the input width allows.
     gemv_x16: Option<Kernel>,
@@ -261,13 +261,19 @@ impl Projector {
             }
             _ => false,
         };
+        // fp16 activations cast by a pass of their own: measured on an H200 (BENCHMARKS.md), the
+        // cast plus the fp16 kernel ran 1.2-1.3x the f32 kernel (which converts as it stages) at
+        // N = 4096, and the fused Q/K/V projection is three times wider still.
         let mma = if want_mma {
-            [super::gemm_mma::WIDE_TILES, super::gemm_mma::SQUARE_TILES]
-                .into_iter()
-                .map(|t| MmaGemm::new(ctx, t, false))
-                .collect::<Result<Vec<_>>>()?
+            let gemm = MmaGemm::new(ctx, super::gemm_mma::LAYER_TILES, true)?;
+            let cast = super::super::shipped_kernel(
+                ctx,
+                "mha_cast",
+                &SpecConstants::new().with(0, SpecValue::U32(1)),
+            )?;
+            Some((gemm, cast))
         } else {
-            Vec::new()
+            None
         };
         Ok(Projector {
             gemm,
@@ -284,7 +290,7 @@ impl Projector {
     pub(super) fn gemm_name(&self) -> &'static str {
         if !self.wide.is_empty() {
             super::gemm::KERNEL
-        } else if !self.mma.is_empty() {
+        } else if self.mma.is_some() {
             super::gemm_mma::KERNEL
         } else if self.coop.is_some() {
             "mha_gemm_coop"
@@ -301,7 +307,7 @@ impl Projector {
         std::iter::once(&self.gemm)
             .chain(self.coop.as_ref())
             .chain(self.wide.iter().map(WideGemm::kernel))
-            .chain(self.mma.iter().map(MmaGemm::kernel))
+            .chain(self.mma.iter().flat_map(|(g, c)| [g.kernel(), c]))
             .chain(self.gemv.as_ref())
             .chain(self.gemv_x16.as_ref())
             .chain(self.gemv_c16.as_ref())
@@ -388,7 +394,7 @@ impl Projector {
                 })?;
             return wide.record(batch, ctx, x, &w.w, &w.bias, out.bufs, &shape, 1);
         }
-        if !self.mma.is_empty() {
+        if let Some((mma, cast)) = &self.mma {
             let shape = GemmShape {
                 m: rows,
                 n: w.n,
@@ -400,18 +406,32 @@ impl Projector {
                 head_dim: self.head_dim,
                 alpha0: out.alpha0,
             };
-            let tiles = super::gemm_mma::auto_tiles(rows, w.n);
-            let mma = self
-                .mma
-                .iter()
-                .find(|g| g.tiles() == tiles)
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "no mha_gemm_mma tile was built for a {rows} x {} projection",
-                        w.n
-                    ))
-                })?;
-            return mma.record(batch, ctx, x, &w.w, &w.bias, out.bufs, &shape);
+            if let Some(why) = shape.unfit() {
+                return Err(Error::InvalidArgument(format!(
+                    "mha_gemm_mma cannot compute a {rows} x {} x {} projection: {why}",
+                    w.n, w.k
+                )));
+            }
+            // The cast keeps the layout (row-major or split by heads): element for element.
+            let elems = rows * w.k;
+            if x.len() < elems {
+                return Err(Error::InvalidArgument(format!(
+                    "the projection's input holds {} values; {rows} rows of {} need {elems}",
+                    x.len(),
+                    w.k
+                )));
+            }
+            let x16: Buffer<u16> = ctx.buffer(elems)?;
+            let pairs = elems / 2;
+            let groups = (pairs.div_ceil(256) as u32).clamp(1, max_groups[0].max(1));
+            let push = PushConstants::new().u32(pairs as u32);
+            batch.add(&[LaunchDesc {
+                kernel: cast,
+                groups: [groups, 1, 1],
+                buffers: &[x, &x16],
+                push_constants: push.as_bytes(),
+            }]);
+            return mma.record(batch, ctx, &x16, &w.w, &w.bias, out.bufs, &shape);
         }
         let (kernel, tile) = match &self.coop {
             Some(coop) => (coop, COOP_TILE),
