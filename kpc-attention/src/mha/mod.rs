@@ -23,7 +23,8 @@
 //! projections convert with `mha_cast` inside the same submission). Every call records its launches
 //! into one batch and submits it once. The projection kernels are `mha_gemm` (tiled, any size), `mha_gemm_wide` (the matrix
 //! units with a feed built for them, [`gemm`]: where the device has fp16 cooperative matrices and
-//! the weights are fp16; `mha_gemm_coop` before it) and, for decode steps, `mha_gemv` (one token
+//! the weights are fp16; `mha_gemm_coop` before it), `mha_gemm_mma` (OpenCL on NVIDIA from sm_80:
+//! inline PTX `mma.sync`, [`gemm_mma`]; fp16 weights) and, for decode steps, `mha_gemv` (one token
 //! per sequence: bound by reading the weights, split across workgroups, Q, K and V in one launch); `mha_attn` is the attention with an additive mask. Like every kernel they
 //! come through the context's caches.
 
@@ -414,8 +415,8 @@ impl MultiHeadAttention {
         self.proj.has_gemv()
     }
 
-    /// The kernel that projects prefills (and [`MultiHeadAttention::set_memory`]): `mha_gemm_coop`
-    /// or `mha_gemm`.
+    /// The kernel that projects prefills (and [`MultiHeadAttention::set_memory`]): `mha_gemm_wide`,
+    /// `mha_gemm_coop`, `mha_gemm_mma` or `mha_gemm`.
     pub fn prefill_projection(&self) -> &'static str {
         self.proj.gemm_name()
     }
