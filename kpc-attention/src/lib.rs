@@ -52,6 +52,7 @@ mod lazy;
 pub mod mha;
 mod options;
 mod prefill;
+pub mod ptx;
 pub mod reference;
 mod stack;
 mod tensor;

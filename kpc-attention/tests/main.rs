@@ -7,6 +7,7 @@
 mod common;
 
 mod attention;
+mod gemm_mma;
 mod gemm_wide;
 mod kernels;
 mod mha;
@@ -15,3 +16,4 @@ mod mha_edges;
 mod mha_errors;
 mod mha_interop;
 mod mha_support;
+mod ptx;
