@@ -233,9 +233,21 @@ pub const OPENCL: &[ShippedOpenCl] = &[
     },
 ];
 
-/// The attention OpenCL C image `name`.
+/// The OpenCL C kernels written in inline PTX (NVIDIA's OpenCL from sm_80 only; see
+/// [`crate::ptx`]), which have no SPIR-V twin: the Vulkan backend runs `mha_gemm_wide` in their
+/// place.
+pub const OPENCL_PTX: &[ShippedOpenCl] = &[ShippedOpenCl {
+    name: "mha_gemm_mma",
+    path: "kernels/mha_gemm_mma.cl",
+    source: include_str!("../kernels/mha_gemm_mma.cl"),
+}];
+
+/// The attention OpenCL C image `name` ([`OPENCL`] or [`OPENCL_PTX`]).
 ///
 /// Errors: [`kpc::Error::InvalidArgument`] for a name this crate does not ship.
 pub fn opencl_image(name: &str) -> Result<DeviceImage> {
+    if let Some(k) = OPENCL_PTX.iter().find(|k| k.name == name) {
+        return Ok(k.image());
+    }
     Ok(find(OPENCL, name, "attention OpenCL", |k| k.name)?.image())
 }

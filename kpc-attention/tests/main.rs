@@ -7,6 +7,7 @@
 mod common;
 
 mod attention;
+mod gemm_mma;
 mod gemm_wide;
 mod kernels;
 mod mha;

@@ -49,7 +49,8 @@ pub struct Args {
     pub(crate) activations: KvArg,
     /// With `--layer mha`: the projection kernel (`auto`: the matrix-vector one for decode steps
     /// where it fits, else the wide cooperative-matrix GEMM (mha_gemm_wide), else the first
-    /// cooperative-matrix GEMM (mha_gemm_coop), where the device and shape allow them, else the
+    /// cooperative-matrix GEMM (mha_gemm_coop), where the device and shape allow them, else on
+    /// OpenCL the inline-PTX mma.sync GEMM (mha_gemm_mma) where the driver takes it, else the
     /// tiled GEMM).
     #[arg(long, value_enum, default_value = "auto")]
     pub(crate) projection: ProjectionArg,
@@ -248,6 +249,8 @@ pub(crate) enum ProjectionArg {
     Cooperative,
     /// mha_gemm_wide: the cooperative-matrix GEMM with the wide feed.
     Wide,
+    /// mha_gemm_mma: OpenCL C with inline PTX mma.sync (NVIDIA's OpenCL, sm_80 and later).
+    Mma,
 }
 
 impl ProjectionArg {
@@ -260,6 +263,7 @@ impl ProjectionArg {
             ProjectionArg::Matvec => P::MatVec,
             ProjectionArg::Cooperative => P::Cooperative,
             ProjectionArg::Wide => P::Wide,
+            ProjectionArg::Mma => P::Mma,
         }
     }
 }

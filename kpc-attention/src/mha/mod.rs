@@ -23,13 +23,15 @@
 //! projections convert with `mha_cast` inside the same submission). Every call records its launches
 //! into one batch and submits it once. The projection kernels are `mha_gemm` (tiled, any size), `mha_gemm_wide` (the matrix
 //! units with a feed built for them, [`gemm`]: where the device has fp16 cooperative matrices and
-//! the weights are fp16; `mha_gemm_coop` before it) and, for decode steps, `mha_gemv` (one token
+//! the weights are fp16; `mha_gemm_coop` before it), `mha_gemm_mma` (OpenCL on NVIDIA from sm_80:
+//! inline PTX `mma.sync`, [`gemm_mma`]; fp16 weights) and, for decode steps, `mha_gemv` (one token
 //! per sequence: bound by reading the weights, split across workgroups, Q, K and V in one launch); `mha_attn` is the attention with an additive mask. Like every kernel they
 //! come through the context's caches.
 
 mod cache_io;
 mod forward;
 pub mod gemm;
+pub mod gemm_mma;
 mod mask;
 mod memory;
 mod proj;
@@ -63,8 +65,8 @@ pub enum ProjectionKernel {
     /// The matrix-vector kernel for decode steps where it fits (at most
     /// [`MAX_GEMV_BATCH`] sequences, input widths a multiple of 16 bytes of weights); for the
     /// rest `mha_gemm_wide` where it fits (see [`ProjectionKernel::Wide`]), else the
-    /// cooperative-matrix GEMM where it fits (see [`ProjectionKernel::Cooperative`]), else the
-    /// tiled GEMM.
+    /// cooperative-matrix GEMM where it fits (see [`ProjectionKernel::Cooperative`]), else, on
+    /// OpenCL, `mha_gemm_mma` where it fits (see [`ProjectionKernel::Mma`]), else the tiled GEMM.
     #[default]
     Auto,
     /// `mha_gemm` for everything.
@@ -78,6 +80,11 @@ pub enum ProjectionKernel {
     /// of C per subgroup: [`gemm`]; fp32 sums, tiles per shape by [`gemm::auto_tiles`]) for every
     /// projection but decode steps' matrix-vector ones; an error at creation where it does not fit.
     Wide,
+    /// `mha_gemm_mma` (OpenCL C with inline PTX `mma.sync`: [`gemm_mma`]; NVIDIA's OpenCL from
+    /// sm_80, fp16 weights, widths that are multiples of 8) for every projection but decode steps'
+    /// matrix-vector ones; at creation [`Error::Unsupported`] where the device's compiler does not
+    /// take the PTX ([`crate::ptx`]), [`Error::InvalidArgument`] where the layer does not fit.
+    Mma,
 }
 
 /// The most sequences the matrix-vector projection serves in one launch.
@@ -408,8 +415,8 @@ impl MultiHeadAttention {
         self.proj.has_gemv()
     }
 
-    /// The kernel that projects prefills (and [`MultiHeadAttention::set_memory`]): `mha_gemm_coop`
-    /// or `mha_gemm`.
+    /// The kernel that projects prefills (and [`MultiHeadAttention::set_memory`]): `mha_gemm_wide`,
+    /// `mha_gemm_coop`, `mha_gemm_mma` or `mha_gemm`.
     pub fn prefill_projection(&self) -> &'static str {
         self.proj.gemm_name()
     }

@@ -1,6 +1,7 @@
 //! The projection kernels: `mha_gemm` (tiled, any shape, head-split layouts), `mha_gemm_coop` (the
 //! same on the matrix units, fp16 weights), `mha_gemm_wide` (the same with a feed built for the
-//! matrix units: [`super::gemm`]) and `mha_gemv` (decode steps: matrix-vector, bound by reading the
+//! matrix units: [`super::gemm`]), `mha_gemm_mma` (OpenCL on NVIDIA through inline PTX:
+//! [`super::gemm_mma`]) and `mha_gemv` (decode steps: matrix-vector, bound by reading the
 //! weights), chosen per layer and launched into up to three outputs (fused Q/K/V).
 
 use kpc::DeviceInfo;
@@ -9,6 +10,7 @@ use kpc::{Error, Result};
 use kpc::{SpecConstants, SpecValue};
 
 use super::gemm::{GemmAccumulator, GemmShape, WideGemm};
+use super::gemm_mma::MmaGemm;
 use super::weights::DeviceMatrix;
 use super::{KvDtype, MAX_GEMV_BATCH, MhaParams, ProjectionKernel};
 use crate::launch::Batch;
@@ -50,6 +52,9 @@ pub(super) struct Projector {
     /// `mha_gemm_wide` for each tile `gemm::auto_tiles` may pick on this device, which then takes
     /// every projection `gemm` would (before `coop`).
     wide: Vec<WideGemm>,
+    /// `mha_gemm_mma` reading fp16 activations, and `mha_cast` (f32 -> fp16) to give it them,
+    /// which then take every projection `gemm` would.
+    mma: Option<(MmaGemm, Kernel)>,
     gemv: Option<Kernel>,
     /// `mha_gemv` reading fp16 X (decode steps' fp16 inputs), where the input width allows.
     gemv_x16: Option<Kernel>,
@@ -105,6 +110,25 @@ fn wide_unfit(device: &DeviceInfo, p: &MhaParams) -> Option<String> {
     })
 }
 
+/// Why `mha_gemm_mma` cannot project `p`'s layer, if it cannot (what the device needs is the
+/// inline-PTX probe's, [`crate::ptx`]): fp16 weights and widths that are multiples of 8 (every
+/// access is a 16-byte chunk of 8 consecutive k).
+fn mma_unfit(p: &MhaParams) -> Option<String> {
+    if p.weight_dtype != KvDtype::F16 {
+        return Some("it needs fp16 weights".into());
+    }
+    [
+        ("qdim", p.qdim),
+        ("kdim", p.kdim),
+        ("vdim", p.vdim),
+        ("embed_dim", p.embed_dim),
+        ("head_dim", p.head_dim()),
+    ]
+    .into_iter()
+    .find(|(_, k)| k % 8 != 0)
+    .map(|(name, k)| format!("{name} {k} is not a multiple of 8"))
+}
+
 /// Why `mha_gemv` cannot project `p`'s decode steps, if it cannot.
 fn gemv_unfit(p: &MhaParams) -> Option<String> {
     let per = 16 / p.weight_dtype.bytes();
@@ -133,9 +157,10 @@ impl Projector {
             super::super::shipped_kernel(ctx, "mha_gemm", &SpecConstants::new().with(0, f16))?;
         let want_gemv = match p.projection {
             ProjectionKernel::Tiled => false,
-            ProjectionKernel::Auto | ProjectionKernel::Cooperative | ProjectionKernel::Wide => {
-                gemv_unfit(p).is_none()
-            }
+            ProjectionKernel::Auto
+            | ProjectionKernel::Cooperative
+            | ProjectionKernel::Wide
+            | ProjectionKernel::Mma => gemv_unfit(p).is_none(),
             ProjectionKernel::MatVec => match gemv_unfit(p) {
                 None => true,
                 Some(why) => {
@@ -192,7 +217,10 @@ impl Projector {
             Vec::new()
         };
         let want_coop = match p.projection {
-            ProjectionKernel::Tiled | ProjectionKernel::MatVec | ProjectionKernel::Wide => false,
+            ProjectionKernel::Tiled
+            | ProjectionKernel::MatVec
+            | ProjectionKernel::Wide
+            | ProjectionKernel::Mma => false,
             ProjectionKernel::Auto => wide.is_empty() && coop_unfit(ctx.device(), p).is_none(),
             ProjectionKernel::Cooperative => match coop_unfit(ctx.device(), p) {
                 None => true,
@@ -212,10 +240,46 @@ impl Projector {
         } else {
             None
         };
+        // OpenCL only (Vulkan devices with matrices took `wide` or `coop` above): measured 10x and
+        // more ahead of `mha_gemm` on an H200 (BENCHMARKS.md).
+        let want_mma = match p.projection {
+            ProjectionKernel::Auto => {
+                wide.is_empty()
+                    && coop.is_none()
+                    && ctx.backend() == kpc::BackendKind::OpenCl
+                    && mma_unfit(p).is_none()
+                    && crate::ptx::inline_ptx_unfit(ctx)?.is_none()
+            }
+            ProjectionKernel::Mma => {
+                crate::ptx::require_inline_ptx(ctx, super::gemm_mma::KERNEL)?;
+                if let Some(why) = mma_unfit(p) {
+                    return Err(Error::InvalidArgument(format!(
+                        "the inline-PTX mma projection cannot run this layer: {why}"
+                    )));
+                }
+                true
+            }
+            _ => false,
+        };
+        // fp16 activations cast by a pass of their own: measured on an H200 (BENCHMARKS.md), the
+        // cast plus the fp16 kernel ran 1.2-1.3x the f32 kernel (which converts as it stages) at
+        // N = 4096, and the fused Q/K/V projection is three times wider still.
+        let mma = if want_mma {
+            let gemm = MmaGemm::new(ctx, super::gemm_mma::LAYER_TILES, true)?;
+            let cast = super::super::shipped_kernel(
+                ctx,
+                "mha_cast",
+                &SpecConstants::new().with(0, SpecValue::U32(1)),
+            )?;
+            Some((gemm, cast))
+        } else {
+            None
+        };
         Ok(Projector {
             gemm,
             coop,
             wide,
+            mma,
             gemv,
             gemv_x16,
             gemv_c16,
@@ -226,6 +290,8 @@ impl Projector {
     pub(super) fn gemm_name(&self) -> &'static str {
         if !self.wide.is_empty() {
             super::gemm::KERNEL
+        } else if self.mma.is_some() {
+            super::gemm_mma::KERNEL
         } else if self.coop.is_some() {
             "mha_gemm_coop"
         } else {
@@ -241,6 +307,7 @@ impl Projector {
         std::iter::once(&self.gemm)
             .chain(self.coop.as_ref())
             .chain(self.wide.iter().map(WideGemm::kernel))
+            .chain(self.mma.iter().flat_map(|(g, c)| [g.kernel(), c]))
             .chain(self.gemv.as_ref())
             .chain(self.gemv_x16.as_ref())
             .chain(self.gemv_c16.as_ref())
@@ -326,6 +393,45 @@ impl Projector {
                     ))
                 })?;
             return wide.record(batch, ctx, x, &w.w, &w.bias, out.bufs, &shape, 1);
+        }
+        if let Some((mma, cast)) = &self.mma {
+            let shape = GemmShape {
+                m: rows,
+                n: w.n,
+                k: w.k,
+                n0: out.n0,
+                n1: out.n1,
+                a_seq,
+                c_seq,
+                head_dim: self.head_dim,
+                alpha0: out.alpha0,
+            };
+            if let Some(why) = shape.unfit() {
+                return Err(Error::InvalidArgument(format!(
+                    "mha_gemm_mma cannot compute a {rows} x {} x {} projection: {why}",
+                    w.n, w.k
+                )));
+            }
+            // The cast keeps the layout (row-major or split by heads): element for element.
+            let elems = rows * w.k;
+            if x.len() < elems {
+                return Err(Error::InvalidArgument(format!(
+                    "the projection's input holds {} values; {rows} rows of {} need {elems}",
+                    x.len(),
+                    w.k
+                )));
+            }
+            let x16: Buffer<u16> = ctx.buffer(elems)?;
+            let pairs = elems / 2;
+            let groups = (pairs.div_ceil(256) as u32).clamp(1, max_groups[0].max(1));
+            let push = PushConstants::new().u32(pairs as u32);
+            batch.add(&[LaunchDesc {
+                kernel: cast,
+                groups: [groups, 1, 1],
+                buffers: &[x, &x16],
+                push_constants: push.as_bytes(),
+            }]);
+            return mma.record(batch, ctx, &x16, &w.w, &w.bias, out.bufs, &shape);
         }
         let (kernel, tile) = match &self.coop {
             Some(coop) => (coop, COOP_TILE),

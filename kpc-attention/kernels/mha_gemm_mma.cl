@@ -1,0 +1,369 @@
+// Projection GEMM of the MultiHeadAttention layer on NVIDIA's OpenCL through inline PTX: the role
+// mha_gemm_wide plays on Vulkan, with the same buffers and scalars as mha_gemm (C = A W^T + bias for
+// fp16 weights W [n][k], two halves per uint; A [m][k] f32 or fp16, row-major or split by heads; up
+// to three outputs taking consecutive column ranges, the first scaled by alpha0). Products are fp16,
+// sums fp32 (`mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`).
+//
+// The feed, as CUTLASS's sm80 kernels build it:
+// - a BM x BN block of C per workgroup, WARPS_M x WARPS_N warps each owning (BM / WARPS_M) x
+//   (BN / WARPS_N) of it in registers (m16n8 fragments);
+// - K in steps of 32 through STAGES shared-memory stages; W (and fp16 A) copied global -> shared in
+//   16-byte chunks by `cp.async.cg` (no registers on the way; zero-filled past the matrix edges),
+//   STAGES - 1 steps ahead of the one multiplied; f32 A is loaded into registers one step ahead and
+//   converted to fp16 as it is stored (cp.async cannot convert);
+// - rows of 32 halves (4 chunks) stored with chunk c at c ^ ((row >> 1) & 3): the 8 rows one
+//   `ldmatrix` phase reads then fall in 8 different 16-byte bank groups (no conflicts, no padding,
+//   so two 128 x 256 stages fill the 48 KiB a workgroup may have);
+// - fragments read with `ldmatrix.sync.aligned.m8n8.x4` (4 per 16 x 16 of A, 4 per 16 x 16 of W).
+//
+// Shared addresses: PTX's `.shared` forms take the 32-bit address in the shared window, which is
+// what casting a `local` pointer to an integer gives on NVIDIA (checked by the reference tests: a
+// wrong address reads other data). Only NVIDIA's OpenCL from sm_80 builds this (kpc-attention's
+// ptx.rs probes that before kpc builds it).
+//
+// kpc-spec-constant 0 A_F16
+// kpc-spec-constant 1 BM
+// kpc-spec-constant 2 BN
+// kpc-spec-constant 3 WARPS_M
+// kpc-spec-constant 4 WARPS_N
+// kpc-spec-constant 5 STAGES
+#ifndef A_F16
+#define A_F16 0
+#endif
+#ifndef BM
+#define BM 128
+#endif
+#ifndef BN
+#define BN 256
+#endif
+#ifndef WARPS_M
+#define WARPS_M 2
+#endif
+#ifndef WARPS_N
+#define WARPS_N 4
+#endif
+#ifndef STAGES
+#define STAGES 2
+#endif
+// Qualifier of the mma asm: empty lets the compiler schedule it among other instructions (it
+// touches only registers); `volatile` keeps source order.
+#ifndef MMA_QUAL
+#define MMA_QUAL
+#endif
+
+#define BK 32
+#define THREADS (WARPS_M * WARPS_N * 32)
+#define WM (BM / WARPS_M)
+#define WN (BN / WARPS_N)
+#define MT (WM / 16)
+#define NT (WN / 8)
+// 16-byte chunks per stage: 4 per row of 32 halves.
+#define A_PER (BM * 4 / THREADS)
+#define W_PER (BN * 4 / THREADS)
+#define STAGE_BYTES ((BM + BN) * 64)
+
+#if (WM % 16) || (WN % 16) || ((BM * 4) % THREADS) || ((BN * 4) % THREADS) || STAGES < 2 || STAGES > 4
+#error "unsupported tile"
+#endif
+
+#if STAGES == 2
+#define WAIT_PENDING "0"
+#elif STAGES == 3
+#define WAIT_PENDING "1"
+#else
+#define WAIT_PENDING "2"
+#endif
+
+// Byte offset of chunk c (0..3) of row `row` in a stage's tile.
+#define SWZ(row, c) ((((row) << 2) + ((c) ^ (((row) >> 1) & 3))) << 4)
+
+uint split_at(uint row, uint col, uint width, uint seq, uint head_dim)
+{
+    if (seq == 0) {
+        return row * width + col;
+    }
+    uint heads = width / head_dim;
+    return (((row / seq) * heads + col / head_dim) * seq + row % seq) * head_dim + col % head_dim;
+}
+
+#ifndef PTX_EMULATE
+#define SHARED_ADDR(p) ((uint)(ulong)(p))
+
+#define CP_ASYNC16(smem, dst, src, bytes)                                                        \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"((ulong)(src)), \
+                 "r"(bytes)                                                                      \
+                 : "memory")
+
+#define CP_COMMIT() asm volatile("cp.async.commit_group;\n" ::: "memory")
+#define CP_WAIT() asm volatile("cp.async.wait_group " WAIT_PENDING ";\n" ::: "memory")
+#define CP_WAIT_ALL() asm volatile("cp.async.wait_all;\n" ::: "memory")
+
+#define LDMATRIX_X4(r, addr)                                                                     \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"            \
+                 : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                       \
+                 : "r"(addr)                                                                     \
+                 : "memory")
+
+#define MMA16816(d, a, b0, b1)                                                                   \
+    asm MMA_QUAL("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "         \
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                               \
+                 : "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3])                       \
+                 : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "r"(b0), "r"(b1))
+#else
+// Test aid (benches/ocl_gemm_mma.c on PoCL): the same instructions in plain OpenCL C, lanes
+// exchanging fragments through local memory, so that the tiles' indexing can be checked on a CPU.
+// Shared addresses become byte offsets from the kernel's `smem`.
+#define SHARED_ADDR(p) 0u
+#define CP_ASYNC16(smem, dst, src, bytes)                                                        \
+    ((local uint4 *)(smem))[(dst) >> 4] =                                                       \
+        (bytes) ? *(global const uint4 *)(src) : (uint4)(0u)
+#define CP_COMMIT()
+#define CP_WAIT()
+#define CP_WAIT_ALL()
+#define LDMATRIX_X4(r, addr)                                                                     \
+    do {                                                                                         \
+        emu[warp][lane][0] = (addr);                                                             \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                            \
+        for (uint j_ = 0; j_ < 4; j_++) {                                                        \
+            uint at_ = emu[warp][8 * j_ + lane / 4][0];                                          \
+            (r)[j_] = ((local uint *)smem)[at_ / 4 + lane % 4];                                  \
+        }                                                                                        \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                            \
+    } while (0)
+#define MMA16816(d, a, b0, b1)                                                                   \
+    do {                                                                                         \
+        for (uint i_ = 0; i_ < 4; i_++) {                                                        \
+            emu[warp][lane][i_] = (a)[i_];                                                       \
+        }                                                                                        \
+        emu[warp][lane][4] = (b0);                                                               \
+        emu[warp][lane][5] = (b1);                                                               \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                            \
+        local const half *h_ = (local const half *)emu[warp];                                    \
+        for (uint r_ = 0; r_ < 4; r_++) {                                                        \
+            uint row_ = (lane >> 2) + 8 * (r_ >> 1);                                             \
+            uint col_ = 2 * (lane & 3) + (r_ & 1);                                               \
+            float s_ = 0.0f;                                                                     \
+            for (uint k_ = 0; k_ < 16; k_++) {                                                   \
+                uint ai_ = (row_ >= 8) + 2 * (k_ >= 8);                                          \
+                uint al_ = (row_ % 8) * 4 + (k_ % 8) / 2;                                        \
+                uint bl_ = col_ * 4 + (k_ % 8) / 2;                                              \
+                float av_ = vload_half((al_ * 6 + ai_) * 2 + k_ % 2, h_);                        \
+                float bv_ = vload_half((bl_ * 6 + 4 + (k_ >= 8)) * 2 + k_ % 2, h_);              \
+                s_ += av_ * bv_;                                                                 \
+            }                                                                                    \
+            (d)[r_] += s_;                                                                       \
+        }                                                                                        \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                            \
+    } while (0)
+#endif
+
+// W's rows col0 .. col0 + BN of K step k0 into the stage at `dst` (bytes, shared window).
+void load_w(local uint4 *smem, uint dst, global const ushort *w, uint col0, uint n, uint k, uint k0, uint tid)
+{
+#pragma unroll
+    for (uint i = 0; i < W_PER; i++) {
+        uint e = tid + i * THREADS;
+        uint row = e >> 2;
+        uint c = e & 3;
+        uint gn = col0 + row;
+        uint gk = k0 + c * 8;
+        bool ok = gn < n && gk < k;
+        global const ushort *src = ok ? w + (ulong)gn * k + gk : w;
+        CP_ASYNC16(smem, dst + SWZ(row, c), src, ok ? 16u : 0u);
+    }
+}
+
+#if A_F16
+void load_a(local uint4 *smem, uint dst, global const ushort *a, uint m0, uint m, uint k, uint k0, uint a_seq,
+                   uint head_dim, uint tid)
+{
+#pragma unroll
+    for (uint i = 0; i < A_PER; i++) {
+        uint e = tid + i * THREADS;
+        uint row = e >> 2;
+        uint c = e & 3;
+        uint gm = m0 + row;
+        uint gk = k0 + c * 8;
+        bool ok = gm < m && gk < k;
+        global const ushort *src = ok ? a + split_at(gm, gk, k, a_seq, head_dim) : a;
+        CP_ASYNC16(smem, dst + SWZ(row, c), src, ok ? 16u : 0u);
+    }
+}
+#else
+// f32 A: K step k0's chunks into registers (8 floats each; zeros past the edges) ...
+void fetch_a(float8 *r, global const float *a, uint m0, uint m, uint k, uint k0, uint a_seq,
+                    uint head_dim, uint tid)
+{
+#pragma unroll
+    for (uint i = 0; i < A_PER; i++) {
+        uint e = tid + i * THREADS;
+        uint row = e >> 2;
+        uint c = e & 3;
+        uint gm = m0 + row;
+        uint gk = k0 + c * 8;
+        r[i] = (gm < m && gk < k) ? vload8(0, a + split_at(gm, gk, k, a_seq, head_dim))
+                                  : (float8)(0.0f);
+    }
+}
+
+// ... and from them, rounded to fp16, into the stage whose tile starts at `tile`.
+void store_a(const float8 *r, local uint4 *tile, uint tid)
+{
+#pragma unroll
+    for (uint i = 0; i < A_PER; i++) {
+        uint e = tid + i * THREADS;
+        uint row = e >> 2;
+        uint c = e & 3;
+        vstore_half8(r[i], SWZ(row, c) >> 4, (local half *)tile);
+    }
+}
+#endif
+
+__attribute__((reqd_work_group_size(THREADS, 1, 1)))
+kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
+                         global const float *bias, global float *c0, global float *c1,
+                         global float *c2, uint m, uint n, uint k, uint n0, uint n1, uint a_seq,
+                         uint c_seq, uint head_dim, float alpha0)
+{
+    local uint4 smem[STAGES * STAGE_BYTES / 16];
+#ifdef PTX_EMULATE
+    local uint emu[THREADS / 32][32][6];
+#endif
+    global const ushort *w = (global const ushort *)w_raw;
+    uint tid = get_local_id(0);
+    uint lane = tid & 31;
+    uint warp = tid >> 5;
+    uint wm0 = (warp / WARPS_N) * WM;
+    uint wn0 = (warp % WARPS_N) * WN;
+    uint m0 = get_group_id(1) * BM;
+    uint col0 = get_group_id(0) * BN;
+    uint sbase = SHARED_ADDR(smem);
+    uint ktiles = (k + BK - 1) / BK;
+
+    // Per lane, the byte offsets within a stage of what it points ldmatrix at, for the two k16
+    // halves of a step: A rows wm0 + 16 i + (lane & 15), chunk 2 kk + (lane >> 4); W rows
+    // wn0 + 16 j + 8 (lane >> 4) + (lane & 7), chunk 2 kk + ((lane >> 3) & 1).
+    uint a_off[2];
+    uint w_off[2];
+    {
+        uint ar = wm0 + (lane & 15);
+        uint wr = wn0 + ((lane >> 4) << 3) + (lane & 7);
+        for (uint kk = 0; kk < 2; kk++) {
+            a_off[kk] = SWZ(ar, 2 * kk + (lane >> 4));
+            w_off[kk] = BM * 64 + SWZ(wr, 2 * kk + ((lane >> 3) & 1));
+        }
+    }
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (uint i = 0; i < MT; i++) {
+#pragma unroll
+        for (uint j = 0; j < NT; j++) {
+#pragma unroll
+            for (uint r = 0; r < 4; r++) {
+                acc[i][j][r] = 0.0f;
+            }
+        }
+    }
+
+#if A_F16
+    global const ushort *a = (global const ushort *)a_raw;
+#else
+    global const float *a = (global const float *)a_raw;
+    float8 a_next[A_PER];
+#endif
+
+    // Prologue: steps 0 .. STAGES - 2 in flight.
+#pragma unroll
+    for (uint s = 0; s < STAGES - 1; s++) {
+        if (s < ktiles) {
+            uint st = sbase + s * STAGE_BYTES;
+            load_w(smem, st + BM * 64, w, col0, n, k, s * BK, tid);
+#if A_F16
+            load_a(smem, st, a, m0, m, k, s * BK, a_seq, head_dim, tid);
+#else
+            fetch_a(a_next, a, m0, m, k, s * BK, a_seq, head_dim, tid);
+            store_a(a_next, smem + s * (STAGE_BYTES / 16), tid);
+#endif
+        }
+        CP_COMMIT();
+    }
+
+    for (uint kt = 0; kt < ktiles; kt++) {
+        // Step kt has landed (for every thread: the barrier), and every warp is done with the
+        // stage step kt - 1 used, which the copies below refill.
+        CP_WAIT();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        uint next = kt + STAGES - 1;
+        uint ns = next % STAGES;
+        if (next < ktiles) {
+            uint st = sbase + ns * STAGE_BYTES;
+            load_w(smem, st + BM * 64, w, col0, n, k, next * BK, tid);
+#if A_F16
+            load_a(smem, st, a, m0, m, k, next * BK, a_seq, head_dim, tid);
+#else
+            fetch_a(a_next, a, m0, m, k, next * BK, a_seq, head_dim, tid);
+#endif
+        }
+        CP_COMMIT();
+
+        uint st = sbase + (kt % STAGES) * STAGE_BYTES;
+#pragma unroll
+        for (uint kk = 0; kk < 2; kk++) {
+            uint af[MT][4];
+            uint bf[NT / 2][4];
+#pragma unroll
+            for (uint i = 0; i < MT; i++) {
+                LDMATRIX_X4(af[i], st + a_off[kk] + i * 16 * 64);
+            }
+#pragma unroll
+            for (uint j = 0; j < NT / 2; j++) {
+                LDMATRIX_X4(bf[j], st + w_off[kk] + j * 16 * 64);
+            }
+#pragma unroll
+            for (uint i = 0; i < MT; i++) {
+#pragma unroll
+                for (uint j = 0; j < NT; j++) {
+                    MMA16816(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+                }
+            }
+        }
+#if !A_F16
+        if (next < ktiles) {
+            store_a(a_next, smem + ns * (STAGE_BYTES / 16), tid);
+        }
+#endif
+    }
+    // Leave no copy in flight past the kernel's end (the last groups are empty).
+    CP_WAIT_ALL();
+
+    // Fragment element r of m16 tile i, n8 tile j: row g + 8 (r >> 1), columns 2 t and 2 t + 1.
+    uint g = lane >> 2;
+    uint t = lane & 3;
+#pragma unroll
+    for (uint i = 0; i < MT; i++) {
+#pragma unroll
+        for (uint h = 0; h < 2; h++) {
+            uint gm = m0 + wm0 + i * 16 + g + 8 * h;
+            if (gm >= m) {
+                continue;
+            }
+#pragma unroll
+            for (uint j = 0; j < NT; j++) {
+                uint gn = col0 + wn0 + j * 8 + 2 * t;
+                if (gn >= n) {
+                    continue;
+                }
+                // n, n0, n1 and head_dim are multiples of 8: the pair stays in one output and head.
+                float2 y = (float2)(acc[i][j][2 * h], acc[i][j][2 * h + 1]) + vload2(0, bias + gn);
+                if (gn < n0) {
+                    vstore2(y * alpha0, 0, c0 + split_at(gm, gn, n0, c_seq, head_dim));
+                } else if (gn < n0 + n1) {
+                    vstore2(y, 0, c1 + split_at(gm, gn - n0, n1, c_seq, head_dim));
+                } else {
+                    vstore2(y, 0, c2 + split_at(gm, gn - n0 - n1, n - n0 - n1, c_seq, head_dim));
+                }
+            }
+        }
+    }
+}
