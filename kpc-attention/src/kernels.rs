@@ -202,11 +202,6 @@ pub const OPENCL: &[ShippedOpenCl] = &[
         source: include_str!("../kernels/attn_prefill_tiled.cl"),
     },
     ShippedOpenCl {
-        name: "attn_prefill_mma",
-        path: "kernels/attn_prefill_mma.cl",
-        source: include_str!("../kernels/attn_prefill_mma.cl"),
-    },
-    ShippedOpenCl {
         name: "attn_prefill",
         path: "kernels/attn_prefill.cl",
         source: include_str!("../kernels/attn_prefill.cl"),
@@ -234,13 +229,20 @@ pub const OPENCL: &[ShippedOpenCl] = &[
 ];
 
 /// The OpenCL C kernels written in inline PTX (NVIDIA's OpenCL from sm_80 only; see
-/// [`crate::ptx`]), which have no SPIR-V twin: the Vulkan backend runs `mha_gemm_wide` in their
-/// place.
-pub const OPENCL_PTX: &[ShippedOpenCl] = &[ShippedOpenCl {
-    name: "mha_gemm_mma",
-    path: "kernels/mha_gemm_mma.cl",
-    source: include_str!("../kernels/mha_gemm_mma.cl"),
-}];
+/// [`crate::ptx`]), which have no SPIR-V twin: the Vulkan backend runs `mha_gemm_wide` in place of
+/// `mha_gemm_mma` and its cooperative-matrix prefill in place of `attn_prefill_mma`.
+pub const OPENCL_PTX: &[ShippedOpenCl] = &[
+    ShippedOpenCl {
+        name: "mha_gemm_mma",
+        path: "kernels/mha_gemm_mma.cl",
+        source: include_str!("../kernels/mha_gemm_mma.cl"),
+    },
+    ShippedOpenCl {
+        name: "attn_prefill_mma",
+        path: "kernels/attn_prefill_mma.cl",
+        source: include_str!("../kernels/attn_prefill_mma.cl"),
+    },
+];
 
 /// The attention OpenCL C image `name` ([`OPENCL`] or [`OPENCL_PTX`]).
 ///
