@@ -109,7 +109,7 @@ impl Attention {
         }
         let prefill_kind = match options.prefill {
             PrefillKernel::Generic => PrefillKernel::Generic,
-            PrefillKernel::Auto if mma_prefill_auto(ctx, shape, dtype, &options)? => {
+            PrefillKernel::Auto if mma_prefill_auto(ctx, shape, dtype, &options) => {
                 PrefillKernel::Mma
             }
             PrefillKernel::Auto => auto_prefill(device, shape, dtype, &options),
