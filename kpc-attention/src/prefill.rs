@@ -114,10 +114,10 @@ impl Attention {
             .u32(self.shape.q_heads as u32)
             .u32((self.shape.q_heads / self.shape.kv_heads) as u32)
             .f32(1.0 / (self.shape.head_dim as f32).sqrt());
-        // The tiled, both cooperative-matrix and the mma.sync kernels take the query tile from y, last first, so that every
-        // head's longest (causal) tiles are dispatched first: with the tile in x, one head's
-        // tiles went out longest to shortest before the next head's, and the last heads' long
-        // tiles started near the end.
+        // The tiled, both cooperative-matrix and the mma.sync kernels take the query tile from y,
+        // last first, so that every head's longest (causal) tiles are dispatched first: with the
+        // tile in x, one head's tiles went out longest to shortest before the next head's, and the
+        // last heads' long tiles started near the end.
         let groups = match self.prefill_kind {
             PrefillKernel::Tiled
             | PrefillKernel::Cooperative
