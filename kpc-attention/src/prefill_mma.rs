@@ -45,14 +45,9 @@ pub(super) fn mma_prefill_shape_fits(
     Ok(())
 }
 
-/// Whether [`crate::PrefillKernel::Auto`] takes the `mma.sync` prefill on `ctx`: an OpenCL device
-/// whose compiler takes inline PTX (the probe builds), a shape and K/V type it fits, and the shared
-/// memory for the tile. Auto probes only NVIDIA's OpenCL devices (PCI vendor 0x10de, or NVIDIA's
-/// platform): PTX is
-/// NVIDIA's, and a probe the compiler refuses is not kept on disk, so probing every other device
-/// would cost each process a failed build, and a sealed context a refused one (an explicit
-/// [`crate::PrefillKernel::Mma`] probes any device, for its typed refusal). A probe that could not
-/// be built at all (sealed, never cached) counts as no.
+/// Whether [`crate::PrefillKernel::Auto`] takes the `mma.sync` prefill on `ctx`: a shape and K/V
+/// type it fits, the shared memory for the tile, and a device where `Auto` takes inline PTX
+/// ([`ptx::auto_takes_inline_ptx`]: NVIDIA's OpenCL, probed).
 pub(super) fn mma_prefill_auto(
     ctx: &Context,
     shape: &AttentionShape,
@@ -63,15 +58,8 @@ pub(super) fn mma_prefill_auto(
         && mma_prefill_shape_fits(shape, dtype, options).is_ok()
         && mma_prefill_shared(shape.head_dim, options)
             <= ctx.device().limits.max_shared_memory_bytes as usize
-        && ctx.device().fingerprint.fields.iter().any(|(k, v)| {
-            (k == "vendor_id" && v == NVIDIA_VENDOR_ID)
-                || (k == "platform_name" && v.contains("NVIDIA"))
-        })
-        && matches!(ptx::inline_ptx_unfit(ctx), Ok(None))
+        && ptx::auto_takes_inline_ptx(ctx)
 }
-
-/// NVIDIA's PCI vendor id as the device fingerprint writes it.
-const NVIDIA_VENDOR_ID: &str = "0x10de";
 
 /// Shared memory the kernel declares: one K and one V tile, rows padded by 16 bytes.
 pub(super) fn mma_prefill_shared(head_dim: usize, options: &AttentionOptions) -> usize {

@@ -47,6 +47,24 @@ pub fn inline_ptx_unfit(ctx: &Context) -> Result<Option<String>> {
     }
 }
 
+/// Whether an `Auto` choice takes kpc's inline-PTX kernels on `ctx`: an NVIDIA OpenCL device (PCI
+/// vendor 0x10de in its fingerprint, or NVIDIA's platform) whose compiler builds the probe. PTX is
+/// NVIDIA's, and a probe the compiler refuses is not kept on disk, so probing every other device
+/// would cost each process a failed build, and a sealed context a refused one; an explicit choice
+/// ([`require_inline_ptx`]) probes any device, for its typed refusal. A probe that could not be
+/// built at all (a sealed context, a lost device) counts as no: `Auto` then takes another kernel.
+pub fn auto_takes_inline_ptx(ctx: &Context) -> bool {
+    ctx.backend() == BackendKind::OpenCl
+        && ctx.device().fingerprint.fields.iter().any(|(k, v)| {
+            (k == "vendor_id" && v == NVIDIA_VENDOR_ID)
+                || (k == "platform_name" && v.contains("NVIDIA"))
+        })
+        && matches!(inline_ptx_unfit(ctx), Ok(None))
+}
+
+/// NVIDIA's PCI vendor id as the OpenCL device fingerprint writes it.
+const NVIDIA_VENDOR_ID: &str = "0x10de";
+
 /// `Ok` where `ctx`'s device runs kpc's inline-PTX kernels; else [`Error::Unsupported`] for
 /// `image`, saying what is needed ([`NEEDS`]) and why the device does not provide it.
 ///

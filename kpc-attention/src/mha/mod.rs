@@ -66,7 +66,8 @@ pub enum ProjectionKernel {
     /// [`MAX_GEMV_BATCH`] sequences, input widths a multiple of 16 bytes of weights); for the
     /// rest `mha_gemm_wide` where it fits (see [`ProjectionKernel::Wide`]), else the
     /// cooperative-matrix GEMM where it fits (see [`ProjectionKernel::Cooperative`]), else, on
-    /// OpenCL, `mha_gemm_mma` where it fits (see [`ProjectionKernel::Mma`]), else the tiled GEMM.
+    /// NVIDIA's OpenCL, `mha_gemm_mma` where it fits (see [`ProjectionKernel::Mma`] and
+    /// [`crate::ptx::auto_takes_inline_ptx`]), else the tiled GEMM.
     #[default]
     Auto,
     /// `mha_gemm` for everything.

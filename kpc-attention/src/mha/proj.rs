@@ -246,9 +246,8 @@ impl Projector {
             ProjectionKernel::Auto => {
                 wide.is_empty()
                     && coop.is_none()
-                    && ctx.backend() == kpc::BackendKind::OpenCl
                     && mma_unfit(p).is_none()
-                    && crate::ptx::inline_ptx_unfit(ctx)?.is_none()
+                    && crate::ptx::auto_takes_inline_ptx(ctx)
             }
             ProjectionKernel::Mma => {
                 crate::ptx::require_inline_ptx(ctx, super::gemm_mma::KERNEL)?;
