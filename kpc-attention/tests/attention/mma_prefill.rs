@@ -4,7 +4,7 @@
 //! reference at head dimensions 128, 64 and 96, GQA, lengths that end mid-tile and scaled queries.
 
 use kpc::{Context, Error};
-use kpc_attention::ptx::inline_ptx_unfit;
+use kpc_attention::ptx::{auto_takes_inline_ptx, inline_ptx_unfit};
 use kpc_attention::{Attention, AttentionOptions, KvDtype, PrefillKernel};
 
 use super::prefill::prefill_case_scaled;
@@ -12,11 +12,14 @@ use super::shape;
 
 /// Whether `kernel` resolves to the `mma.sync` prefill here for `dtype` (head dimensions 64 and 128).
 pub(crate) fn picks_mma(ctx: &Context, dtype: KvDtype, kernel: PrefillKernel) -> bool {
-    matches!(kernel, PrefillKernel::Auto | PrefillKernel::Mma)
-        && dtype == KvDtype::F16
-        && inline_ptx_unfit(ctx)
-            .expect("probing is not an error")
-            .is_none()
+    dtype == KvDtype::F16
+        && match kernel {
+            PrefillKernel::Auto => auto_takes_inline_ptx(ctx),
+            PrefillKernel::Mma => inline_ptx_unfit(ctx)
+                .expect("probing is not an error")
+                .is_none(),
+            _ => false,
+        }
 }
 
 pub(crate) fn mma_prefill_choice(ctx: &Context) {
