@@ -7,11 +7,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 pub use crate::attention_args::{Args, Plan, plan};
-use crate::attention_measure::{Rng, copy_bandwidth, prefix, shipped, stream_time, timed};
+use crate::attention_measure::{Rng, copy_bandwidth, shipped, stream_time, timed};
 use crate::attention_report::{Report, say};
 use kpc::Source;
 use kpc::{Config, Context};
-use kpc_attention::reference::{attention, relative_error};
 use kpc_attention::{
     Attention, AttentionOptions, AttentionShape, DecodeKernel, KvCache, KvDtype, PrefillKernel,
 };
@@ -563,36 +562,23 @@ fn workload(
     }
 
     if args.check {
-        let tolerance = match dtype {
-            KvDtype::F32 => 1e-5,
-            KvDtype::F16 => 2e-3,
+        let step_out = bufs
+            .iter()
+            .map(|(_, _, _, o)| o.read())
+            .collect::<kpc::Result<Vec<_>>>()?;
+        let run = crate::attention_check::Run {
+            shape: &shape,
+            dtype,
+            prompt,
+            total,
+            all_k: &all_k,
+            all_v: &all_v,
+            prompt_q: &prompt_q,
+            prompt_out: &prompt_out,
+            step_q: &step_q,
+            step_out: &step_out,
         };
-        let mut worst: f64 = 0.0;
-        if !prompt_q.is_empty() {
-            // The prompt's rows see only the prompt: compare against attention over its prefix.
-            let kp = prefix(&all_k, rows_kv, total, d, prompt);
-            let vp = prefix(&all_v, rows_kv, total, d, prompt);
-            let want = attention(&shape, &prompt_q, &kp, &vp, prompt, prompt, true)?;
-            worst = worst.max(relative_error(&prompt_out, &want));
-        }
-        if steps > 0 {
-            // q as [rows_q][steps][d]: the steps are the last `steps` queries of the sequence.
-            let mut q = vec![0.0; rows_q * steps * d];
-            for (t, sq) in step_q.iter().enumerate() {
-                for h in 0..rows_q {
-                    q[(h * steps + t) * d..][..d].copy_from_slice(&sq[h * d..][..d]);
-                }
-            }
-            let want = attention(&shape, &q, &all_k, &all_v, steps, total, true)?;
-            let mut got = vec![0.0; rows_q * steps * d];
-            for (t, (_, _, _, o)) in bufs.iter().enumerate() {
-                let o = o.read()?;
-                for h in 0..rows_q {
-                    got[(h * steps + t) * d..][..d].copy_from_slice(&o[h * d..][..d]);
-                }
-            }
-            worst = worst.max(relative_error(&got, &want));
-        }
+        let (worst, tolerance) = run.error()?;
         log.check = Some((worst, tolerance));
         let ok = worst <= tolerance;
         say!(

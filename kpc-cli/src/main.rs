@@ -11,6 +11,7 @@ mod out;
 
 mod attention;
 mod attention_args;
+mod attention_check;
 mod attention_measure;
 mod attention_mha;
 mod attention_report;
