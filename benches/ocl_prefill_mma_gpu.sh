@@ -6,7 +6,7 @@
 #   harness  the harness over VARIANTS (its own default list): build logs with ptxas's report, checks
 #            against a float64 reference, TFLOP/s at SWEEP_L;
 #   sweep    `kpc attention` causal prefill (B=1, H=32, D=128, fp16 K/V) for each `label|device|flags`
-#            line of KPC_VARIANTS at SWEEP_L, median of RUNS;
+#            line of SWEEP_VARIANTS at SWEEP_L, median of RUNS;
 #   check    `kpc attention --check` (L=1000, 12 steps) for each `kv B Hkv flags` case of CHECKS;
 #   tests    kpc-attention's test binary (TESTS) on the OpenCL device: the mma prefill's tests;
 #   torch    PyTorch SDPA (FA2, cuDNN, ...) at the same shape.
@@ -46,7 +46,7 @@ for s in ${SECTIONS:-harness torch}; do
           { echo "### $label $dev L=$L $extra"; echo "$o"; } >>"$out/sweep-raw.txt"
           b=$(grep '^bench: phase=prefill' <<<"$o") || { line="$line | $label failed: $(grep -iE 'error' <<<"$o" | head -1)"; continue; }
           line="$line | $label $(val tflops "$b")"
-        done <<<"${KPC_VARIANTS:-}"
+        done <<<"${SWEEP_VARIANTS:-}"
         echo "$line"
       done
       ;;

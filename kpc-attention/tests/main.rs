@@ -8,6 +8,7 @@ mod common;
 
 mod attention;
 mod gemm_mma;
+mod gemm_support;
 mod gemm_wide;
 mod kernels;
 mod mha;

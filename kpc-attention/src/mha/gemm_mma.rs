@@ -196,48 +196,10 @@ impl MmaGemm {
         outs: [&Buffer<f32>; 3],
         shape: &GemmShape,
     ) -> Result<()> {
-        if let Some(why) = shape.unfit() {
-            return Err(Error::InvalidArgument(format!(
-                "{KERNEL} cannot compute a {} x {} x {} product: {why}",
-                shape.m, shape.n, shape.k
-            )));
-        }
-        let a_bytes = shape.m as u64 * shape.k as u64 * if self.a_f16 { 2 } else { 4 };
-        let n2 = shape.n - shape.n0 - shape.n1;
-        let small = [
-            ("A", a.raw().bytes(), a_bytes),
-            ("W", w.byte_len(), shape.n as u64 * shape.k as u64 * 2),
-            ("bias", bias.byte_len(), shape.n as u64 * 4),
-            (
-                "output 0",
-                outs[0].byte_len(),
-                (shape.m * shape.n0) as u64 * 4,
-            ),
-            (
-                "output 1",
-                outs[1].byte_len(),
-                (shape.m * shape.n1) as u64 * 4,
-            ),
-            ("output 2", outs[2].byte_len(), (shape.m * n2) as u64 * 4),
-        ]
-        .into_iter()
-        .find(|&(_, have, need)| have < need);
-        if let Some((what, have, need)) = small {
-            return Err(Error::InvalidArgument(format!(
-                "{KERNEL}: {what} holds {have} bytes; a {} x {} x {} product needs {need}",
-                shape.m, shape.n, shape.k
-            )));
-        }
         let groups = self.groups(shape.m, shape.n);
-        let max = ctx.device().limits.max_workgroup_count;
-        if groups[0] > max[0] as usize || groups[1] > max[1] as usize {
-            return Err(Error::InvalidArgument(format!(
-                "a {} x {} product needs {groups:?} workgroups of {}; the device allows {max:?}",
-                shape.m, shape.n, self.tiles
-            )));
-        }
-        let push = shape.push_constants();
         let args: [&dyn BufferArg; 6] = [a, w, bias, outs[0], outs[1], outs[2]];
+        shape.check_launch(KERNEL, ctx, self.a_f16, args, groups, &self.tiles)?;
+        let push = shape.push_constants();
         // Every buffer was checked above against the shape the kernel indexes by.
         batch.add(&[LaunchDesc {
             kernel: &self.kernel,

@@ -368,18 +368,18 @@ impl Projector {
         if let (Some(gemv), true) = (&self.gemv, decode) {
             return gemv_launch(batch, ctx, gemv, &args, w, rows, out.n0, out.n1, out.alpha0);
         }
+        let shape = GemmShape {
+            m: rows,
+            n: w.n,
+            k: w.k,
+            n0: out.n0,
+            n1: out.n1,
+            a_seq,
+            c_seq,
+            head_dim: self.head_dim,
+            alpha0: out.alpha0,
+        };
         if !self.wide.is_empty() {
-            let shape = GemmShape {
-                m: rows,
-                n: w.n,
-                k: w.k,
-                n0: out.n0,
-                n1: out.n1,
-                a_seq,
-                c_seq,
-                head_dim: self.head_dim,
-                alpha0: out.alpha0,
-            };
             let tiles = super::gemm::auto_tiles(ctx.device(), rows, w.n);
             let wide = self
                 .wide
@@ -394,17 +394,6 @@ impl Projector {
             return wide.record(batch, ctx, x, &w.w, &w.bias, out.bufs, &shape, 1);
         }
         if let Some((mma, cast)) = &self.mma {
-            let shape = GemmShape {
-                m: rows,
-                n: w.n,
-                k: w.k,
-                n0: out.n0,
-                n1: out.n1,
-                a_seq,
-                c_seq,
-                head_dim: self.head_dim,
-                alpha0: out.alpha0,
-            };
             if let Some(why) = shape.unfit() {
                 return Err(Error::InvalidArgument(format!(
                     "mha_gemm_mma cannot compute a {rows} x {} x {} projection: {why}",
@@ -443,16 +432,7 @@ impl Projector {
                 w.n, max_groups
             )));
         }
-        let push = PushConstants::new()
-            .u32(rows as u32)
-            .u32(w.n as u32)
-            .u32(w.k as u32)
-            .u32(out.n0 as u32)
-            .u32(out.n1 as u32)
-            .u32(a_seq as u32)
-            .u32(c_seq as u32)
-            .u32(self.head_dim as u32)
-            .f32(out.alpha0);
+        let push = shape.push_constants();
         batch.add(&[LaunchDesc {
             kernel,
             groups: [groups[0] as u32, groups[1] as u32, 1],

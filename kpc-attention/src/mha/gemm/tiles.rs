@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use kpc::DeviceInfo;
+use kpc::{BufferArg, Context, DeviceInfo};
 use kpc::{Error, PushConstants, Result};
 
 /// A workgroup tile of `mha_gemm_wide`: `sg_m x sg_n` subgroups of 32 own a `bm x bn` block of C,
@@ -312,6 +312,54 @@ impl GemmShape {
             return Some("it is empty".into());
         }
         None
+    }
+
+    /// What every projection GEMM checks before it records a launch of this shape: that `kernel`
+    /// can compute it ([`GemmShape::unfit`]), that each buffer holds what the kernel indexes (`a`
+    /// in fp16 where `a_f16`, else f32; `w` `[n][k]` fp16; `bias` `n` f32; the three outputs
+    /// their columns' f32), and that the grid of `groups` workgroups (of `tiles`) fits `ctx`'s
+    /// device.
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming the kernel, the shape and what fell short.
+    pub(crate) fn check_launch(
+        &self,
+        kernel: &str,
+        ctx: &Context,
+        a_f16: bool,
+        buffers: [&dyn BufferArg; 6],
+        groups: [usize; 2],
+        tiles: &dyn fmt::Display,
+    ) -> Result<()> {
+        let (m, n, k) = (self.m, self.n, self.k);
+        if let Some(why) = self.unfit() {
+            return Err(Error::InvalidArgument(format!(
+                "{kernel} cannot compute a {m} x {n} x {k} product: {why}"
+            )));
+        }
+        let n2 = n - self.n0 - self.n1;
+        let need: [(&str, u64); 6] = [
+            ("A", (m * k) as u64 * if a_f16 { 2 } else { 4 }),
+            ("W", (n * k) as u64 * 2),
+            ("bias", n as u64 * 4),
+            ("output 0", (m * self.n0) as u64 * 4),
+            ("output 1", (m * self.n1) as u64 * 4),
+            ("output 2", (m * n2) as u64 * 4),
+        ];
+        for ((what, need), buffer) in need.into_iter().zip(buffers) {
+            let have = buffer.raw().bytes();
+            if have < need {
+                return Err(Error::InvalidArgument(format!(
+                    "{kernel}: {what} holds {have} bytes; a {m} x {n} x {k} product needs {need}"
+                )));
+            }
+        }
+        let max = ctx.device().limits.max_workgroup_count;
+        if groups[0] > max[0] as usize || groups[1] > max[1] as usize {
+            return Err(Error::InvalidArgument(format!(
+                "a {m} x {n} product needs {groups:?} workgroups of {tiles}; the device allows {max:?}"
+            )));
+        }
+        Ok(())
     }
 
     /// Multiply-add flops: `2 m n k`.
