@@ -111,12 +111,42 @@ typedef struct {
 typedef struct {
   const char *name;
   int bm, bn, wm, wn, stages;
+  const char *defs; // extra -D knobs of the kernel (FRAG_DB, HOIST, ...), "" for none
+  int split;        // SPLIT_K (1: none)
 } Tile;
 
+// The baseline tiles (as kpc's SWEEP_TILES) and, behind `+`, the kernel's knobs on the layer's tile
+// and on 128x128/2x2s3 (see mha_gemm_mma.cl for what each does).
+#define ALL " -D BAR_PTX=1 -D HOIST=1 -D RASTER=8 -D FRAG_DB=1"
 static const Tile TILES[] = {
-    {"128x256/2x4s2", 128, 256, 2, 4, 2}, {"128x128/2x2s3", 128, 128, 2, 2, 3},
-    {"128x128/2x2s2", 128, 128, 2, 2, 2}, {"128x128/2x4s3", 128, 128, 2, 4, 3},
-    {"256x128/4x2s2", 256, 128, 4, 2, 2}, {"64x128/1x2s4", 64, 128, 1, 2, 4},
+    {"128x256/2x4s2", 128, 256, 2, 4, 2, "", 1},
+    {"128x128/2x2s3", 128, 128, 2, 2, 3, "", 1},
+    {"128x128/2x2s2", 128, 128, 2, 2, 2, "", 1},
+    {"128x128/2x4s3", 128, 128, 2, 4, 3, "", 1},
+    {"256x128/4x2s2", 256, 128, 4, 2, 2, "", 1},
+    {"64x128/1x2s4", 64, 128, 1, 2, 4, "", 1},
+    {"128x128/2x4s3+bar", 128, 128, 2, 4, 3, " -D BAR_PTX=1", 1},
+    {"128x128/2x4s3+hoist", 128, 128, 2, 4, 3, " -D HOIST=1", 1},
+    {"128x128/2x4s3+r8", 128, 128, 2, 4, 3, " -D RASTER=8", 1},
+    {"128x128/2x4s3+r16", 128, 128, 2, 4, 3, " -D RASTER=16", 1},
+    {"128x128/2x4s3+serp", 128, 128, 2, 4, 3, " -D SERP=1", 1},
+    {"128x128/2x4s3+l2pf", 128, 128, 2, 4, 3, " -D L2PF=1", 1},
+    {"128x128/2x4s3+db", 128, 128, 2, 4, 3, " -D FRAG_DB=1", 1},
+    {"128x128/2x4s3+all", 128, 128, 2, 4, 3, ALL, 1},
+    {"128x128/2x4s3+all-db", 128, 128, 2, 4, 3, " -D BAR_PTX=1 -D HOIST=1 -D RASTER=8", 1},
+    {"128x128/2x2s3+db", 128, 128, 2, 2, 3, " -D FRAG_DB=1", 1},
+    {"128x128/2x2s3+hoist", 128, 128, 2, 2, 3, " -D HOIST=1", 1},
+    {"128x128/2x2s3+all", 128, 128, 2, 2, 3, ALL, 1},
+    {"128x128/2x2s3+all+serp", 128, 128, 2, 2, 3, ALL " -D SERP=1", 1},
+    {"128x128/2x2s3+all-db", 128, 128, 2, 2, 3, " -D BAR_PTX=1 -D HOIST=1 -D RASTER=8", 1},
+    {"128x256/2x4s2+all", 128, 256, 2, 4, 2, ALL, 1},
+    {"128x64/2x2s4+all", 128, 64, 2, 2, 4, ALL, 1},
+    {"64x128/2x2s4+all", 64, 128, 2, 2, 4, ALL, 1},
+    {"128x64/2x2s4", 128, 64, 2, 2, 4, "", 1},
+    {"128x128/2x4s3+k2", 128, 128, 2, 4, 3, "", 2},
+    {"128x128/2x4s3+all+k2", 128, 128, 2, 4, 3, ALL, 2},
+    {"128x128/2x2s3+all+k2", 128, 128, 2, 2, 3, ALL, 2},
+    {"128x128/2x4s3+all-db+k2", 128, 128, 2, 4, 3, " -D BAR_PTX=1 -D HOIST=1 -D RASTER=8", 2},
 };
 
 // Host data: A (logical [m][k], fp16 values; kept as f32 and fp16 bits), W [n][k] fp16, bias.
@@ -137,12 +167,32 @@ static void set_args(cl_kernel kern, cl_mem a, Data *dd, const Shape *s) {
   CHECK(clSetKernelArg(kern, 14, sizeof(float), &s->alpha0));
 }
 
-static cl_event launch(cl_kernel kern, const Tile *t, const Shape *s) {
+static size_t widths_of(const Shape *s, int i) {
+  return i == 0 ? s->n0 : i == 1 ? s->n1 : s->n - s->n0 - s->n1;
+}
+
+// Enqueues one launch; with split-K, the zeroing of the outputs first (*first: the first event of
+// the launch, for timing from its start; NULL: not wanted).
+static cl_event launch2(cl_kernel kern, const Tile *t, const Shape *s, Data *dd, cl_event *first) {
+  if (first) *first = NULL;
+  if (t->split > 1) {
+    float zero = 0.0f;
+    for (int i = 0; i < 3; i++) {
+      size_t wdt = widths_of(s, i);
+      if (!wdt) continue;
+      cl_event ev;
+      CHECK(clEnqueueFillBuffer(q, dd->c[i], &zero, 4, 0, (size_t)s->m * wdt * 4, 0, NULL, &ev));
+      if (first && !*first)
+        *first = ev;
+      else
+        clReleaseEvent(ev);
+    }
+  }
   size_t local = (size_t)t->wm * t->wn * 32;
-  size_t global[2] = {(s->n + t->bn - 1) / t->bn * local, (s->m + t->bm - 1) / t->bm};
-  size_t loc[2] = {local, 1};
+  size_t global[3] = {(s->n + t->bn - 1) / t->bn * local, (s->m + t->bm - 1) / t->bm, t->split};
+  size_t loc[3] = {local, 1, 1};
   cl_event ev;
-  CHECK(clEnqueueNDRangeKernel(q, kern, 2, NULL, global, loc, 0, NULL, &ev));
+  CHECK(clEnqueueNDRangeKernel(q, kern, 3, NULL, global, loc, 0, NULL, &ev));
   return ev;
 }
 
@@ -155,17 +205,35 @@ static double ev_ms(cl_event ev) {
   return (t1 - t0) / 1e6;
 }
 
+// Device ms from the start of `first` (NULL: of `last`) to the end of `last`.
+static double span_ms(cl_event first, cl_event last) {
+  cl_ulong t0, t1;
+  CHECK(clWaitForEvents(1, &last));
+  clGetEventProfilingInfo(first ? first : last, CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
+  clGetEventProfilingInfo(last, CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
+  if (first) clReleaseEvent(first);
+  clReleaseEvent(last);
+  return (t1 - t0) / 1e6;
+}
+
 static int cmpd(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
 }
 
-// Median device ms of 7 launches after 200 ms of the same launch.
-static double time_ms(cl_kernel kern, const Tile *t, const Shape *s) {
+// Median device ms of 7 launches (with split-K: from the zeroing's start) after 150 ms of the same.
+static double time_ms(cl_kernel kern, const Tile *t, const Shape *s, Data *dd) {
   double t0 = now_s();
-  while (now_s() - t0 < 0.2) ev_ms(launch(kern, t, s));
+  cl_event f;
+  while (now_s() - t0 < 0.15) {
+    cl_event e = launch2(kern, t, s, dd, &f);
+    span_ms(f, e);
+  }
   double ms[7];
-  for (int i = 0; i < 7; i++) ms[i] = ev_ms(launch(kern, t, s));
+  for (int i = 0; i < 7; i++) {
+    cl_event e = launch2(kern, t, s, dd, &f);
+    ms[i] = span_ms(f, e);
+  }
   qsort(ms, 7, sizeof(double), cmpd);
   return ms[3];
 }
@@ -195,7 +263,7 @@ static double check(cl_kernel kern, int a_f16, const Tile *t, Data *dd, const Sh
       CHECK(clEnqueueFillBuffer(q, dd->c[i], &poison, 4, 0, m * widths[i] * 4, 0, NULL, NULL));
   }
   set_args(kern, a, dd, s);
-  ev_ms(launch(kern, t, s));
+  ev_ms(launch2(kern, t, s, dd, NULL));
   for (int i = 0; i < 3; i++)
     if (widths[i])
       CHECK(clEnqueueReadBuffer(q, dd->c[i], CL_TRUE, 0, m * widths[i] * 4, out[i], 0, NULL, NULL));
@@ -238,6 +306,30 @@ static double check(cl_kernel kern, int a_f16, const Tile *t, Data *dd, const Sh
   free(a32);
   for (int i = 0; i < 3; i++) free(out[i]);
   return bad ? 1e30 : worst;
+}
+
+// With GEMM_PTX_DIR set: the program binary (PTX text on NVIDIA's OpenCL) into DIR/label.ptx, the
+// label's '/', ':' and '+' as '_', for ptxas and cuobjdump on the host.
+static void dump_ptx(cl_program p, const char *label) {
+  const char *dir = getenv("GEMM_PTX_DIR");
+  if (!dir) return;
+  size_t n = 0;
+  if (clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL) != CL_SUCCESS || !n) return;
+  unsigned char *bin = malloc(n);
+  unsigned char *bins[1] = {bin};
+  if (clGetProgramInfo(p, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL) == CL_SUCCESS) {
+    char path[512];
+    int at = snprintf(path, sizeof path, "%s/", dir);
+    for (const char *c = label; *c && at < 500; c++)
+      path[at++] = (*c == '/' || *c == ':' || *c == '+') ? '_' : *c;
+    snprintf(path + at, sizeof path - at, ".ptx");
+    FILE *f = fopen(path, "wb");
+    if (f) {
+      fwrite(bin, 1, n, f);
+      fclose(f);
+    }
+  }
+  free(bin);
 }
 
 int main(int argc, char **argv) {
@@ -373,17 +465,19 @@ int main(int argc, char **argv) {
       char label[96];
       snprintf(label, sizeof label, "%s:%s", t->name, a_f16 ? "a16" : "a32");
       if (!strstr(label, want)) continue;
+      if (!a_f16 && (t->defs[0] || t->split > 1) && !getenv("GEMM_ALL_A32")) continue;
       cl_program p = NULL;
       char opts[512];
       for (int qi = 0; qi < 2 && !p; qi++) {
         snprintf(opts, sizeof opts,
                  "-cl-kernel-arg-info -D A_F16=%d -D BM=%d -D BN=%d -D WARPS_M=%d -D WARPS_N=%d "
-                 "-D STAGES=%d%s%s",
-                 a_f16, t->bm, t->bn, t->wm, t->wn, t->stages,
+                 "-D STAGES=%d -D SPLIT_K=%d%s%s%s",
+                 a_f16, t->bm, t->bn, t->wm, t->wn, t->stages, t->split, t->defs,
                  emulate ? " -D PTX_EMULATE" : " -cl-nv-verbose", quals[qi]);
         p = build(src, opts, label);
       }
       if (!p) continue;
+      dump_ptx(p, label);
       cl_kernel kern = clCreateKernel(p, "mha_gemm_mma", &err);
       CHECK(err);
       size_t priv = 0, loc = 0;
@@ -406,7 +500,7 @@ int main(int argc, char **argv) {
         dd.ha = ha_full; // k == MAXK
         if (si < 2 && check(kern, a_f16, t, &dd, s, 3, label) > 1e-4) ok = 0;
         set_args(kern, a_f16 ? dd.a16 : dd.a32, &dd, s);
-        double ms = time_ms(kern, t, s);
+        double ms = time_ms(kern, t, s, &dd);
         double fl = 2.0 * s->m * s->n * s->k;
         printf("gemm-mma: time %s %ux%ux%u: %.4f ms, %.1f TFLOP/s%s", label, s->m, s->n, s->k, ms,
                fl / (ms * 1e-3) / 1e12, ok ? "" : " (CHECK FAILED)");

@@ -50,6 +50,41 @@
 #ifndef MMA_QUAL
 #define MMA_QUAL
 #endif
+// Knobs measured by benches/ocl_gemm_mma.c (BENCHMARKS.md), each off by default:
+// BAR_PTX: the step's barrier as PTX `bar.sync 0` rather than OpenCL's barrier().
+// FRAG_DB: fragments double-buffered in registers (CUTLASS's sm80 mainloop): k16 slice kk + 1's
+//   ldmatrix issued before slice kk's products; the wait and barrier come before the last slice's
+//   products, after which the next stage's first slice is loaded, so no slice starts on an exposed
+//   ldmatrix after the barrier.
+// HOIST: per-thread global offsets of the copies computed once (row-major A and W), advanced by
+//   the step, instead of the row/column arithmetic of every step.
+// RASTER: workgroups taken in bands of RASTER rows of tiles along M (L2 reuse of W); 0: off.
+// SERP: the products of odd m16 rows walk the n8 tiles backwards (serpentine).
+// L2PF: cp.async with the `.L2::128B` prefetch hint.
+// SPLIT_K: K split over this many workgroups (the launch's third dimension), each adding its
+//   partial sums into outputs the launch zeroed first (`red.global.add.f32`; bias added by split
+//   0 only). With 2 splits each element is 0 + x + y in either order: deterministic.
+#ifndef BAR_PTX
+#define BAR_PTX 0
+#endif
+#ifndef FRAG_DB
+#define FRAG_DB 0
+#endif
+#ifndef HOIST
+#define HOIST 0
+#endif
+#ifndef RASTER
+#define RASTER 0
+#endif
+#ifndef SERP
+#define SERP 0
+#endif
+#ifndef L2PF
+#define L2PF 0
+#endif
+#ifndef SPLIT_K
+#define SPLIT_K 1
+#endif
 
 #define BK 32
 #define THREADS (WARPS_M * WARPS_N * 32)
@@ -62,7 +97,8 @@
 #define W_PER (BN * 4 / THREADS)
 #define STAGE_BYTES ((BM + BN) * 64)
 
-#if (WM % 16) || (WN % 16) || ((BM * 4) % THREADS) || ((BN * 4) % THREADS) || STAGES < 2 || STAGES > 4
+#if (WM % 16) || (WN % 16) || ((BM * 4) % THREADS) || ((BN * 4) % THREADS) || STAGES < 2 || STAGES > 4 \
+    || SPLIT_K < 1
 #error "unsupported tile"
 #endif
 
@@ -89,10 +125,20 @@ uint split_at(uint row, uint col, uint width, uint seq, uint head_dim)
 #ifndef PTX_EMULATE
 #define SHARED_ADDR(p) ((uint)(ulong)(p))
 
+#if L2PF
+#define CP_ASYNC_OP "cp.async.cg.shared.global.L2::128B"
+#else
+#define CP_ASYNC_OP "cp.async.cg.shared.global"
+#endif
 #define CP_ASYNC16(smem, dst, src, bytes)                                                        \
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"((ulong)(src)), \
-                 "r"(bytes)                                                                      \
+    asm volatile(CP_ASYNC_OP " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"((ulong)(src)), "r"(bytes)  \
                  : "memory")
+#if BAR_PTX
+#define BARRIER() asm volatile("bar.sync 0;\n" ::: "memory")
+#else
+#define BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
+#endif
+#define RED_ADD(p, v) asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"((ulong)(p)), "f"(v) : "memory")
 
 #define CP_COMMIT() asm volatile("cp.async.commit_group;\n" ::: "memory")
 #define CP_WAIT() asm volatile("cp.async.wait_group " WAIT_PENDING ";\n" ::: "memory")
@@ -114,6 +160,16 @@ uint split_at(uint row, uint col, uint width, uint seq, uint head_dim)
 // exchanging fragments through local memory, so that the tiles' indexing can be checked on a CPU.
 // Shared addresses become byte offsets from the kernel's `smem`.
 #define SHARED_ADDR(p) 0u
+#define BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
+// Float add through a compare-and-swap loop (OpenCL 1.2 has no float atomics).
+#define RED_ADD(p, v)                                                                            \
+    do {                                                                                         \
+        volatile global uint *u_ = (volatile global uint *)(p);                                  \
+        uint old_ = *u_, seen_;                                                                  \
+        while ((seen_ = atomic_cmpxchg(u_, old_, as_uint(as_float(old_) + (v)))) != old_) {      \
+            old_ = seen_;                                                                        \
+        }                                                                                        \
+    } while (0)
 #define CP_ASYNC16(smem, dst, src, bytes)                                                        \
     ((local uint4 *)(smem))[(dst) >> 4] =                                                       \
         (bytes) ? *(global const uint4 *)(src) : (uint4)(0u)
@@ -173,6 +229,22 @@ void load_w(local uint4 *smem, uint dst, global const ushort *w, uint col0, uint
     }
 }
 
+// HOIST: chunk i of this thread's copies is `base + off[i] + k0` (row-major rows of k halves),
+// valid where bit i of `rows_ok` is set and its column is under k.
+void load_rows(local uint4 *smem, uint dst, global const ushort *base, const uint *off, uint rows_ok,
+               uint k, uint k0, uint tid, uint per)
+{
+    uint gk = k0 + (tid & 3) * 8;
+    bool k_ok = gk < k;
+#pragma unroll
+    for (uint i = 0; i < per; i++) {
+        uint e = tid + i * THREADS;
+        bool ok = k_ok && ((rows_ok >> i) & 1);
+        global const ushort *src = ok ? base + (off[i] + k0) : base;
+        CP_ASYNC16(smem, dst + SWZ(e >> 2, e & 3), src, ok ? 16u : 0u);
+    }
+}
+
 #if A_F16
 void load_a(local uint4 *smem, uint dst, global const ushort *a, uint m0, uint m, uint k, uint k0, uint a_seq,
                    uint head_dim, uint tid)
@@ -219,6 +291,37 @@ void store_a(const float8 *r, local uint4 *tile, uint tid)
 }
 #endif
 
+// The fragments of k16 slice kk of the stage at `st`: MT of A, NT / 2 x4 loads of W.
+// The fragments of k16 slice kk of the stage at `st`: MT of A, NT / 2 x4 loads of W.
+#define LOAD_FRAGS(af, bf, st, kk)                                                               \
+    {                                                                                            \
+        _Pragma("unroll") for (uint fi_ = 0; fi_ < MT; fi_++)                                       \
+        {                                                                                        \
+            LDMATRIX_X4((af)[fi_], (st) + a_off[kk] + fi_ * 16 * 64);                              \
+        }                                                                                        \
+        _Pragma("unroll") for (uint fj_ = 0; fj_ < NT / 2; fj_++)                                   \
+        {                                                                                        \
+            LDMATRIX_X4((bf)[fj_], (st) + w_off[kk] + fj_ * 16 * 64);                              \
+        }                                                                                        \
+    }
+
+#if SERP
+#define NCOL(i, j) (((i) & 1) ? NT - 1 - (j) : (j))
+#else
+#define NCOL(i, j) (j)
+#endif
+#define MMAS(af, bf)                                                                             \
+    {                                                                                            \
+        _Pragma("unroll") for (uint fi_ = 0; fi_ < MT; fi_++)                                       \
+        {                                                                                        \
+            _Pragma("unroll") for (uint fk_ = 0; fk_ < NT; fk_++)                                \
+            {                                                                                    \
+                MMA16816(acc[fi_][NCOL(fi_, fk_)], (af)[fi_], (bf)[NCOL(fi_, fk_) / 2][(NCOL(fi_, fk_) & 1) * 2], \
+                         (bf)[NCOL(fi_, fk_) / 2][(NCOL(fi_, fk_) & 1) * 2 + 1]);                  \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
 __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
                          global const float *bias, global float *c0, global float *c1,
@@ -235,10 +338,32 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
     uint warp = tid >> 5;
     uint wm0 = (warp / WARPS_N) * WM;
     uint wn0 = (warp % WARPS_N) * WN;
+#if RASTER
+    // Row-major workgroup order remapped to bands of RASTER tile rows walked down M first.
+    uint tiles_n = get_num_groups(0);
+    uint tiles_m = get_num_groups(1);
+    uint id = get_group_id(1) * tiles_n + get_group_id(0);
+    uint band = RASTER * tiles_n;
+    uint first = (id / band) * RASTER;
+    uint rows = min(tiles_m - first, (uint)RASTER);
+    uint in_band = id % band;
+    uint m0 = (first + in_band % rows) * BM;
+    uint col0 = (in_band / rows) * BN;
+#else
     uint m0 = get_group_id(1) * BM;
     uint col0 = get_group_id(0) * BN;
+#endif
     uint sbase = SHARED_ADDR(smem);
-    uint ktiles = (k + BK - 1) / BK;
+    uint ktiles_all = (k + BK - 1) / BK;
+#if SPLIT_K > 1
+    uint split = get_group_id(2);
+    uint per_split = (ktiles_all + SPLIT_K - 1) / SPLIT_K;
+    uint kt0 = min(split * per_split, ktiles_all);
+    uint ktiles = min(ktiles_all - kt0, per_split);
+#else
+    uint kt0 = 0;
+    uint ktiles = ktiles_all;
+#endif
 
     // Per lane, the byte offsets within a stage of what it points ldmatrix at, for the two k16
     // halves of a step: A rows wm0 + 16 i + (lane & 15), chunk 2 kk + (lane >> 4); W rows
@@ -273,36 +398,111 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
     float8 a_next[A_PER];
 #endif
 
+#if HOIST
+    uint wg_off[W_PER];
+    uint w_rows_ok = 0;
+#pragma unroll
+    for (uint i = 0; i < W_PER; i++) {
+        uint gn = col0 + ((tid + i * THREADS) >> 2);
+        wg_off[i] = gn * k + (tid & 3) * 8;
+        w_rows_ok |= (uint)(gn < n) << i;
+    }
+#if A_F16
+    uint ag_off[A_PER];
+    uint a_rows_ok = 0;
+#pragma unroll
+    for (uint i = 0; i < A_PER; i++) {
+        uint gm = m0 + ((tid + i * THREADS) >> 2);
+        ag_off[i] = gm * k + (tid & 3) * 8;
+        a_rows_ok |= (uint)(gm < m) << i;
+    }
+#define LOAD_W(st, k0) load_rows(smem, (st) + BM * 64, w, wg_off, w_rows_ok, k, k0, tid, W_PER)
+#define LOAD_A16(st, k0)                                                                         \
+    do {                                                                                         \
+        if (a_seq == 0) {                                                                        \
+            load_rows(smem, st, a, ag_off, a_rows_ok, k, k0, tid, A_PER);                        \
+        } else {                                                                                 \
+            load_a(smem, st, a, m0, m, k, k0, a_seq, head_dim, tid);                             \
+        }                                                                                        \
+    } while (0)
+#endif
+#else
+#define LOAD_W(st, k0) load_w(smem, (st) + BM * 64, w, col0, n, k, k0, tid)
+#define LOAD_A16(st, k0) load_a(smem, st, a, m0, m, k, k0, a_seq, head_dim, tid)
+#endif
+
     // Prologue: steps 0 .. STAGES - 2 in flight.
 #pragma unroll
     for (uint s = 0; s < STAGES - 1; s++) {
         if (s < ktiles) {
             uint st = sbase + s * STAGE_BYTES;
-            load_w(smem, st + BM * 64, w, col0, n, k, s * BK, tid);
+            uint k0 = (kt0 + s) * BK;
+            LOAD_W(st, k0);
 #if A_F16
-            load_a(smem, st, a, m0, m, k, s * BK, a_seq, head_dim, tid);
+            LOAD_A16(st, k0);
 #else
-            fetch_a(a_next, a, m0, m, k, s * BK, a_seq, head_dim, tid);
+            fetch_a(a_next, a, m0, m, k, k0, a_seq, head_dim, tid);
             store_a(a_next, smem + s * (STAGE_BYTES / 16), tid);
 #endif
         }
         CP_COMMIT();
     }
 
+#if FRAG_DB
+    uint af[2][MT][4];
+    uint bf[2][NT / 2][4];
+    CP_WAIT();
+    BARRIER();
+    uint st = sbase;
+    LOAD_FRAGS(af[0], bf[0], st, 0);
+    for (uint kt = 0; kt < ktiles; kt++) {
+        uint next = kt + STAGES - 1;
+        uint ns = next % STAGES;
+        // Slice 0: slice 1's fragments first, then the copies of step `next` into the stage
+        // step kt - 1 used (every warp passed the barrier after its last read of it), then the
+        // products.
+        LOAD_FRAGS(af[1], bf[1], st, 1);
+        if (next < ktiles) {
+            uint stn = sbase + ns * STAGE_BYTES;
+            uint k0 = (kt0 + next) * BK;
+            LOAD_W(stn, k0);
+#if A_F16
+            LOAD_A16(stn, k0);
+#else
+            fetch_a(a_next, a, m0, m, k, k0, a_seq, head_dim, tid);
+#endif
+        }
+        CP_COMMIT();
+        MMAS(af[0], bf[0]);
+#if !A_F16
+        if (next < ktiles) {
+            store_a(a_next, smem + ns * (STAGE_BYTES / 16), tid);
+        }
+#endif
+        // Slice 1: step kt + 1 landed (for every thread: the barrier); its slice 0 loaded
+        // before slice 1's products.
+        CP_WAIT();
+        BARRIER();
+        st = sbase + ((kt + 1) % STAGES) * STAGE_BYTES;
+        LOAD_FRAGS(af[0], bf[0], st, 0);
+        MMAS(af[1], bf[1]);
+    }
+#else
     for (uint kt = 0; kt < ktiles; kt++) {
         // Step kt has landed (for every thread: the barrier), and every warp is done with the
         // stage step kt - 1 used, which the copies below refill.
         CP_WAIT();
-        barrier(CLK_LOCAL_MEM_FENCE);
+        BARRIER();
         uint next = kt + STAGES - 1;
         uint ns = next % STAGES;
         if (next < ktiles) {
             uint st = sbase + ns * STAGE_BYTES;
-            load_w(smem, st + BM * 64, w, col0, n, k, next * BK, tid);
+            uint k0 = (kt0 + next) * BK;
+            LOAD_W(st, k0);
 #if A_F16
-            load_a(smem, st, a, m0, m, k, next * BK, a_seq, head_dim, tid);
+            LOAD_A16(st, k0);
 #else
-            fetch_a(a_next, a, m0, m, k, next * BK, a_seq, head_dim, tid);
+            fetch_a(a_next, a, m0, m, k, k0, a_seq, head_dim, tid);
 #endif
         }
         CP_COMMIT();
@@ -312,21 +512,8 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
         for (uint kk = 0; kk < 2; kk++) {
             uint af[MT][4];
             uint bf[NT / 2][4];
-#pragma unroll
-            for (uint i = 0; i < MT; i++) {
-                LDMATRIX_X4(af[i], st + a_off[kk] + i * 16 * 64);
-            }
-#pragma unroll
-            for (uint j = 0; j < NT / 2; j++) {
-                LDMATRIX_X4(bf[j], st + w_off[kk] + j * 16 * 64);
-            }
-#pragma unroll
-            for (uint i = 0; i < MT; i++) {
-#pragma unroll
-                for (uint j = 0; j < NT; j++) {
-                    MMA16816(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
-                }
-            }
+            LOAD_FRAGS(af, bf, st, kk);
+            MMAS(af, bf);
         }
 #if !A_F16
         if (next < ktiles) {
@@ -334,6 +521,7 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
         }
 #endif
     }
+#endif
     // Leave no copy in flight past the kernel's end (the last groups are empty).
     CP_WAIT_ALL();
 
@@ -355,7 +543,24 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
                     continue;
                 }
                 // n, n0, n1 and head_dim are multiples of 8: the pair stays in one output and head.
-                float2 y = (float2)(acc[i][j][2 * h], acc[i][j][2 * h + 1]) + vload2(0, bias + gn);
+                float2 y = (float2)(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+#if SPLIT_K > 1
+                if (split == 0) {
+                    y += vload2(0, bias + gn);
+                }
+                global float *p;
+                if (gn < n0) {
+                    y *= alpha0;
+                    p = c0 + split_at(gm, gn, n0, c_seq, head_dim);
+                } else if (gn < n0 + n1) {
+                    p = c1 + split_at(gm, gn - n0, n1, c_seq, head_dim);
+                } else {
+                    p = c2 + split_at(gm, gn - n0 - n1, n - n0 - n1, c_seq, head_dim);
+                }
+                RED_ADD(p, y.x);
+                RED_ADD(p + 1, y.y);
+#else
+                y += vload2(0, bias + gn);
                 if (gn < n0) {
                     vstore2(y * alpha0, 0, c0 + split_at(gm, gn, n0, c_seq, head_dim));
                 } else if (gn < n0 + n1) {
@@ -363,6 +568,7 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
                 } else {
                     vstore2(y, 0, c2 + split_at(gm, gn - n0 - n1, n - n0 - n1, c_seq, head_dim));
                 }
+#endif
             }
         }
     }
