@@ -407,6 +407,7 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
         wg_off[i] = gn * k + (tid & 3) * 8;
         w_rows_ok |= (uint)(gn < n) << i;
     }
+#define LOAD_W(st, k0) load_rows(smem, (st) + BM * 64, w, wg_off, w_rows_ok, k, k0, tid, W_PER)
 #if A_F16
     uint ag_off[A_PER];
     uint a_rows_ok = 0;
@@ -416,7 +417,6 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
         ag_off[i] = gm * k + (tid & 3) * 8;
         a_rows_ok |= (uint)(gm < m) << i;
     }
-#define LOAD_W(st, k0) load_rows(smem, (st) + BM * 64, w, wg_off, w_rows_ok, k, k0, tid, W_PER)
 #define LOAD_A16(st, k0)                                                                         \
     do {                                                                                         \
         if (a_seq == 0) {                                                                        \
