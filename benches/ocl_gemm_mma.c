@@ -115,10 +115,12 @@ typedef struct {
   int split;        // SPLIT_K (1: none)
 } Tile;
 
-// The baseline tiles (as kpc's SWEEP_TILES) and, behind `+`, the kernel's knobs on the layer's tile
-// and on 128x128/2x2s3 (see mha_gemm_mma.cl for what each does).
+// The baseline tiles (as kpc's SWEEP_TILES) and, behind `+`, the kernel's knobs (see
+// mha_gemm_mma.cl for what each does; "+pipe" is PIPELINED, what kpc's `with_pipeline` builds).
+// GEMM_SET=1: the first round's sweep (session 7, call 1); otherwise the second's.
 #define ALL " -D BAR_PTX=1 -D HOIST=1 -D RASTER=8 -D FRAG_DB=1"
-static const Tile TILES[] = {
+#define PIPE " -D PIPELINED=1"
+static const Tile TILES1[] = {
     {"128x256/2x4s2", 128, 256, 2, 4, 2, "", 1},
     {"128x128/2x2s3", 128, 128, 2, 2, 3, "", 1},
     {"128x128/2x2s2", 128, 128, 2, 2, 2, "", 1},
@@ -151,6 +153,24 @@ static const Tile TILES[] = {
     {"128x128/2x4s3+all+k2", 128, 128, 2, 4, 3, ALL, 2},
     {"128x128/2x2s3+all+k2", 128, 128, 2, 2, 3, ALL, 2},
     {"128x128/2x4s3+all-db+k2", 128, 128, 2, 4, 3, " -D BAR_PTX=1 -D HOIST=1 -D RASTER=8", 2},
+};
+static const Tile TILES2[] = {
+    {"128x128/2x4s3", 128, 128, 2, 4, 3, "", 1},
+    {"128x128/2x2s3+pipe", 128, 128, 2, 2, 3, PIPE, 1},
+    {"128x128/2x2s3+all+serp", 128, 128, 2, 2, 3, ALL " -D SERP=1", 1},
+    {"128x128/2x4s3+pipe", 128, 128, 2, 4, 3, PIPE, 1},
+    {"128x64/2x2s4+pipe", 128, 64, 2, 2, 4, PIPE, 1},
+    {"128x128/2x2s3+pipe+l2pf", 128, 128, 2, 2, 3, PIPE " -D L2PF=1", 1},
+    {"128x128/2x2s3+pipe+r4", 128, 128, 2, 2, 3, PIPE " -D RASTER=4", 1},
+    {"128x128/2x2s3+pipe+r16", 128, 128, 2, 2, 3, PIPE " -D RASTER=16", 1},
+    {"128x128/2x2s3+pipe-serp", 128, 128, 2, 2, 3, PIPE " -D SERP=0", 1},
+    {"128x128/2x4s3+hoist+r8+l2pf", 128, 128, 2, 4, 3, " -D HOIST=1 -D RASTER=8 -D L2PF=1", 1},
+    {"128x128/2x2s3+pipe+diag-nocopy", 128, 128, 2, 2, 3, PIPE " -D DIAG_NOCOPY=1", 1},
+    {"128x128/2x2s3+pipe+diag-nocopy-nobar", 128, 128, 2, 2, 3, PIPE " -D DIAG_NOCOPY=1 -D DIAG_NOBAR=1", 1},
+    {"128x128/2x4s3+diag-nocopy", 128, 128, 2, 4, 3, " -D DIAG_NOCOPY=1", 1},
+    {"128x128/2x4s3+diag-nocopy-nobar", 128, 128, 2, 4, 3, " -D DIAG_NOCOPY=1 -D DIAG_NOBAR=1", 1},
+    {"128x128/2x2s3+pipe(again)", 128, 128, 2, 2, 3, PIPE, 1},
+    {"128x128/2x4s3(again)", 128, 128, 2, 4, 3, "", 1},
 };
 
 // Host data: A (logical [m][k], fp16 values; kept as f32 and fp16 bits), W [n][k] fp16, bias.
@@ -463,13 +483,17 @@ int main(int argc, char **argv) {
   }
 
   const char *quals[2] = {"", " -D MMA_QUAL=volatile"};
-  for (size_t ti = 0; ti < sizeof TILES / sizeof TILES[0]; ti++) {
-    const Tile *t = &TILES[ti];
+  int set1 = getenv("GEMM_SET") && atoi(getenv("GEMM_SET")) == 1;
+  const Tile *tiles = set1 ? TILES1 : TILES2;
+  size_t ntiles = set1 ? sizeof TILES1 / sizeof TILES1[0] : sizeof TILES2 / sizeof TILES2[0];
+  for (size_t ti = 0; ti < ntiles; ti++) {
+    const Tile *t = &tiles[ti];
     for (int a_f16 = 1; a_f16 >= 0; a_f16--) {
       char label[96];
       snprintf(label, sizeof label, "%s:%s", t->name, a_f16 ? "a16" : "a32");
       if (!strstr(label, want)) continue;
-      if (!a_f16 && (t->defs[0] || t->split > 1) && !getenv("GEMM_ALL_A32")) continue;
+      if (!a_f16 && ((t->defs[0] && strcmp(t->defs, PIPE)) || t->split > 1) && !getenv("GEMM_ALL_A32"))
+        continue;
       cl_program p = NULL;
       char opts[512];
       for (int qi = 0; qi < 2 && !p; qi++) {

@@ -27,6 +27,7 @@
 // kpc-spec-constant 3 WARPS_M
 // kpc-spec-constant 4 WARPS_N
 // kpc-spec-constant 5 STAGES
+// kpc-spec-constant 6 PIPELINED
 #ifndef A_F16
 #define A_F16 0
 #endif
@@ -64,6 +65,34 @@
 // SPLIT_K: K split over this many workgroups (the launch's third dimension), each adding its
 //   partial sums into outputs the launch zeroed first (`red.global.add.f32`; bias added by split
 //   0 only). With 2 splits each element is 0 + x + y in either order: deterministic.
+// PIPELINED: the mainloop the layer runs (measured fastest on an H200, BENCHMARKS.md): FRAG_DB,
+//   HOIST, RASTER 8 and SERP together; each can still be set on its own.
+// DIAG_NOCOPY, DIAG_NOBAR: measurement only, WRONG RESULTS: no copies after the prologue (the
+//   products reread the first stages), no wait or barrier in the loop: what the products and the
+//   fragment loads cost without the feed.
+#ifndef PIPELINED
+#define PIPELINED 0
+#endif
+#if PIPELINED
+#ifndef FRAG_DB
+#define FRAG_DB 1
+#endif
+#ifndef HOIST
+#define HOIST 1
+#endif
+#ifndef RASTER
+#define RASTER 8
+#endif
+#ifndef SERP
+#define SERP 1
+#endif
+#endif
+#ifndef DIAG_NOCOPY
+#define DIAG_NOCOPY 0
+#endif
+#ifndef DIAG_NOBAR
+#define DIAG_NOBAR 0
+#endif
 #ifndef BAR_PTX
 #define BAR_PTX 0
 #endif
@@ -462,7 +491,7 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
         // step kt - 1 used (every warp passed the barrier after its last read of it), then the
         // products.
         LOAD_FRAGS(af[1], bf[1], st, 1);
-        if (next < ktiles) {
+        if (next < ktiles && !DIAG_NOCOPY) {
             uint stn = sbase + ns * STAGE_BYTES;
             uint k0 = (kt0 + next) * BK;
             LOAD_W(stn, k0);
@@ -481,8 +510,10 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
 #endif
         // Slice 1: step kt + 1 landed (for every thread: the barrier); its slice 0 loaded
         // before slice 1's products.
-        CP_WAIT();
-        BARRIER();
+        if (!DIAG_NOBAR) {
+            CP_WAIT();
+            BARRIER();
+        }
         st = sbase + ((kt + 1) % STAGES) * STAGE_BYTES;
         LOAD_FRAGS(af[0], bf[0], st, 0);
         MMAS(af[1], bf[1]);
@@ -491,11 +522,13 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
     for (uint kt = 0; kt < ktiles; kt++) {
         // Step kt has landed (for every thread: the barrier), and every warp is done with the
         // stage step kt - 1 used, which the copies below refill.
-        CP_WAIT();
-        BARRIER();
+        if (!DIAG_NOBAR) {
+            CP_WAIT();
+            BARRIER();
+        }
         uint next = kt + STAGES - 1;
         uint ns = next % STAGES;
-        if (next < ktiles) {
+        if (next < ktiles && !DIAG_NOCOPY) {
             uint st = sbase + ns * STAGE_BYTES;
             uint k0 = (kt0 + next) * BK;
             LOAD_W(st, k0);

@@ -21,7 +21,9 @@ pub const KERNEL: &str = "mha_gemm_mma";
 const SHARED_LIMIT: u32 = 48 * 1024;
 
 /// A workgroup tile of `mha_gemm_mma`: `warps_m x warps_n` warps own a `bm x bn` block of C, K
-/// advancing 32 per step through `stages` shared-memory stages.
+/// advancing 32 per step through `stages` shared-memory stages; `pipelined` selects the kernel's
+/// `PIPELINED` mainloop (fragments double-buffered in registers, copy addresses hoisted out of the
+/// K loop, workgroups in bands of 8 tile rows, serpentine products).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MmaTiles {
     /// Rows of C per workgroup.
@@ -34,22 +36,28 @@ pub struct MmaTiles {
     pub warps_n: u32,
     /// Shared-memory stages (2 to 4): copies run `stages - 1` K steps ahead of the products.
     pub stages: u32,
+    /// The `PIPELINED` mainloop (else the plain one: all of a step's fragments loaded after its
+    /// barrier).
+    pub pipelined: bool,
 }
 
-/// The tile the layer runs (with fp16 activations, f32 ones cast first): 128 x 128 over 2 x 4
-/// warps (64 x 32 of C each), three stages (48 KiB). Measured on an H200 (BENCHMARKS.md) it led
-/// the sweep at every shape of the issue (M = 2048 and 8192, N = 4096 and 1024, K = 4096: 224,
-/// 235, 175 and 232 TFLOP/s); 128 x 128 over 2 x 2 warps tied it at the largest (236).
-pub const LAYER_TILES: MmaTiles = MmaTiles::new(128, 128, 2, 4, 3);
+/// The tile the layer runs (with fp16 activations, f32 ones cast first): 128 x 128 over 2 x 2
+/// warps (64 x 64 of C each), three stages (48 KiB), the `PIPELINED` mainloop. Measured on an
+/// H200 (BENCHMARKS.md, session 7) it led the sweep at M = 2048 and 8192, N = 4096, and at
+/// 2048 x 1024 (K = 4096), and was within 1% of the plain 2 x 4 tile at 8192 x 1024.
+pub const LAYER_TILES: MmaTiles = MmaTiles::new(128, 128, 2, 2, 3).with_pipeline();
 
 /// The tiles the harness (benches/ocl_gemm_mma.c) measures.
 pub const SWEEP_TILES: &[MmaTiles] = &[
     MmaTiles::new(128, 256, 2, 4, 2),
     MmaTiles::new(128, 128, 2, 2, 3),
     MmaTiles::new(128, 128, 2, 2, 2),
-    LAYER_TILES,
+    MmaTiles::new(128, 128, 2, 4, 3),
     MmaTiles::new(256, 128, 4, 2, 2),
     MmaTiles::new(64, 128, 1, 2, 4),
+    LAYER_TILES,
+    MmaTiles::new(128, 128, 2, 4, 3).with_pipeline(),
+    MmaTiles::new(128, 64, 2, 2, 4).with_pipeline(),
 ];
 
 impl MmaTiles {
@@ -61,6 +69,15 @@ impl MmaTiles {
             warps_m,
             warps_n,
             stages,
+            pipelined: false,
+        }
+    }
+
+    /// The same tile with the `PIPELINED` mainloop.
+    pub const fn with_pipeline(self) -> MmaTiles {
+        MmaTiles {
+            pipelined: true,
+            ..self
         }
     }
 
@@ -83,6 +100,7 @@ impl MmaTiles {
             warps_m,
             warps_n,
             stages,
+            ..
         } = *self;
         if warps_m == 0 || warps_n == 0 || bm % (16 * warps_m) != 0 || bn % (16 * warps_n) != 0 {
             return Some(format!(
@@ -112,8 +130,13 @@ impl fmt::Display for MmaTiles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}x{}/{}x{}s{}",
-            self.bm, self.bn, self.warps_m, self.warps_n, self.stages
+            "{}x{}/{}x{}s{}{}",
+            self.bm,
+            self.bn,
+            self.warps_m,
+            self.warps_n,
+            self.stages,
+            if self.pipelined { "+pipe" } else { "" }
         )
     }
 }
@@ -146,7 +169,8 @@ impl MmaGemm {
             .with(2, u(tiles.bn))
             .with(3, u(tiles.warps_m))
             .with(4, u(tiles.warps_n))
-            .with(5, u(tiles.stages));
+            .with(5, u(tiles.stages))
+            .with(6, u(u32::from(tiles.pipelined)));
         let kernel = crate::shipped_kernel(ctx, KERNEL, &spec)?;
         Ok(MmaGemm {
             kernel,
@@ -243,8 +267,8 @@ mod tests {
             assert_eq!(t.malformed(), None, "{t}");
             assert!(t.shared_bytes() <= SHARED_LIMIT, "{t}");
         }
-        assert_eq!(LAYER_TILES.to_string(), "128x128/2x4s3");
-        assert_eq!(LAYER_TILES.invocations(), 256);
+        assert_eq!(LAYER_TILES.to_string(), "128x128/2x2s3+pipe");
+        assert_eq!(LAYER_TILES.invocations(), 128);
         assert_eq!(LAYER_TILES.shared_bytes(), 48 * 1024);
         assert!(
             MmaTiles::new(128, 256, 2, 4, 3)
