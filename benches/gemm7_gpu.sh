@@ -21,17 +21,17 @@ for s in ${SECTIONS:-harness sass}; do
       gcc -O2 -o /tmp/ocl_gemm_mma $g/gemm7-ocl_gemm_mma.c -I/usr/local/cuda/include \
         -L/usr/local/cuda/lib64 -lOpenCL -lm 2>&1 | tail -5
       mkdir -p "$out/ptx"
-      GEMM_PTX_DIR="$out/ptx" timeout ${HARNESS_TIMEOUT:-330} /tmp/ocl_gemm_mma $g/gemm7-mha_gemm_mma.cl $g/gemm7-ptx_probe.cl "${VARIANT:-:a16}" \
+      GEMM_PTX_DIR="$out/ptx" timeout ${HARNESS_TIMEOUT:-330} /tmp/ocl_gemm_mma $g/gemm7-mha_gemm_mma.cl kpc-attention/kernels/ptx_probe.cl "${VARIANT:-:a16}" \
         >"$out/harness.txt" 2>&1
       echo "rc=$?"
       grep -E 'FAIL|registers|spill' "$out/harness.txt" | sed 's/gemm-mma: //' | grep -v ': ok' | head -60
       grep -E '^gemm-mma: time' "$out/harness.txt" | sed -E 's/gemm-mma: time //; s/; with the cast.*//'
       if [ -n "${A32_VARIANT:-}" ]; then
-        timeout 120 /tmp/ocl_gemm_mma $g/gemm7-mha_gemm_mma.cl $g/gemm7-ptx_probe.cl "$A32_VARIANT" >"$out/harness-a32.txt" 2>&1
+        timeout 120 /tmp/ocl_gemm_mma $g/gemm7-mha_gemm_mma.cl kpc-attention/kernels/ptx_probe.cl "$A32_VARIANT" >"$out/harness-a32.txt" 2>&1
         echo "a32 rc=$?"; grep -E 'FAIL|^gemm-mma: time' "$out/harness-a32.txt" | sed -E 's/gemm-mma: time //'
       fi
       tar czf "$out/ptx.tgz" -C "$out" ptx && rm -rf "$out/ptx"
-      GEMM_LOCAL_PROBE=1 timeout 60 /tmp/ocl_gemm_mma $g/gemm7-mha_gemm_mma.cl $g/gemm7-ptx_probe.cl none >"$out/local-probe.txt" 2>&1
+      GEMM_LOCAL_PROBE=1 timeout 60 /tmp/ocl_gemm_mma $g/gemm7-mha_gemm_mma.cl kpc-attention/kernels/ptx_probe.cl none >"$out/local-probe.txt" 2>&1
       grep local-probe "$out/local-probe.txt"
       ;;
     sass)
@@ -54,14 +54,14 @@ for s in ${SECTIONS:-harness sass}; do
       ;;
     peak)
       echo "## register-fed mma.sync peak"
-      gcc -O2 -o /tmp/ocl_mma_probe $g/gemm7-ocl_mma_probe.c -I/usr/local/cuda/include \
+      gcc -O2 -o /tmp/ocl_mma_probe benches/ocl_mma_probe.c -I/usr/local/cuda/include \
         -L/usr/local/cuda/lib64 -lOpenCL 2>&1 | tail -3
       timeout 60 /tmp/ocl_mma_probe NVIDIA >"$out/ocl-mma-probe.txt" 2>&1
       grep -E 'peak|against' "$out/ocl-mma-probe.txt"
       ;;
     torch)
       echo "## PyTorch F.linear (cuBLAS)"
-      PYTHONUNBUFFERED=1 timeout 200 python3 $g/gemm7-gemm_torch.py --shapes "$shapes" >"$out/gemm-torch.txt" 2>&1
+      PYTHONUNBUFFERED=1 timeout 200 python3 benches/gemm_torch.py --shapes "$shapes" >"$out/gemm-torch.txt" 2>&1
       grep -E '^torch' "$out/gemm-torch.txt"
       ;;
     layer)
