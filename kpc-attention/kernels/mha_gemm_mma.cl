@@ -65,8 +65,9 @@
 // SPLIT_K: K split over this many workgroups (the launch's third dimension), each adding its
 //   partial sums into outputs the launch zeroed first (`red.global.add.f32`; bias added by split
 //   0 only). With 2 splits each element is 0 + x + y in either order: deterministic.
-// PIPELINED: the mainloop the layer runs (measured fastest on an H200, BENCHMARKS.md): FRAG_DB,
-//   HOIST, RASTER 8 and SERP together; each can still be set on its own.
+// PIPELINED: FRAG_DB, HOIST, RASTER 8 and SERP together (kpc's `MmaTiles::with_pipeline`; each
+//   can still be set on its own): with 2 x 2 warps the harness's fastest at N = 4096 on an H200,
+//   slower than the plain mainloop in the layer's fused Q/K/V projection (BENCHMARKS.md).
 // DIAG_NOCOPY, DIAG_NOBAR: measurement only, WRONG RESULTS: no copies after the prologue (the
 //   products reread the first stages), no wait or barrier in the loop: what the products and the
 //   fragment loads cost without the feed.
