@@ -29,6 +29,7 @@ static cl_context ctx;
 static cl_command_queue queue;
 static cl_device_id dev;
 static int nvidia;
+static const char *cur_label = "kernel";
 
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -90,6 +91,13 @@ static cl_kernel build(const char *src, const char *prelude, const char *opts, i
         clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof binn, &binn, NULL);
         unsigned char *bin = calloc(binn + 1, 1);
         clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL);
+        const char *dir = getenv("PTX_DIR");
+        if (dir) { // the PTX, for ptxas and cuobjdump
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s.ptx", dir, cur_label);
+            FILE *f = fopen(path, "wb");
+            if (f) fwrite(bin, 1, binn, f), fclose(f);
+        }
         const char *keys[] = {"mma.sync", "ldmatrix", "cp.async.cg", "ld.local", "st.local", "bar.sync"};
         printf("ocl-prefill: ptx:");
         for (int i = 0; i < 6; i++) {
@@ -290,6 +298,7 @@ int main(int argc, char **argv) {
         if (!bar) continue;
         *bar = 0;
         const char *label = line, *opts = bar + 1;
+        cur_label = label;
         int rb = strstr(opts, "ROW_BLOCKS=1") ? 1 : 2;
         wg = strstr(opts, "WARPS=8") ? 256 : 128;
         int bq = wg / 2 * rb;

@@ -229,6 +229,21 @@ pub struct AttentionOptions {
     /// default: on an H200 (default tile) it was 0.6 / 0.6 / 2.3% faster through kpc at L = 2k / 4k /
     /// 8k (199.0 / 230.0 / 253.2 against 197.8 / 228.6 / 247.5 TFLOP/s; BENCHMARKS.md, issue 41).
     pub mma_lazy_rescale: bool,
+    /// K and V tile buffers of the `mma.sync` prefill: 1 (V(j) in flight during S(j) and K(j + 1)
+    /// during P V(j), two barriers per tile) or 2 and 3 (tiles j + 1 .. j + stages - 1 in flight
+    /// during all of tile j, one barrier per tile).
+    pub mma_stages: u32,
+    /// Whether the `mma.sync` prefill lays its tiles out unpadded with XOR-swizzled 16-byte chunks
+    /// rather than rows padded by 16 bytes (the same bank spread; 6% less shared memory at D = 128,
+    /// which is what lets Q, or a third stage, fit in 48 KiB).
+    pub mma_swizzle: bool,
+    /// Whether the `mma.sync` prefill keeps Q in shared memory (fp16) and reads its fragments by
+    /// `ldmatrix` per k-step, rather than holding them in registers.
+    pub mma_q_shared: bool,
+    /// The `mma.sync` prefill's exponentials: 0 one at a time in fp32; 1 two at a time in fp16
+    /// (`ex2.approx.f16x2` on the scaled scores packed as P's fragments) with each tile's row sums
+    /// added in fp16 before the fp32 total; 2 the same exponentials with every one added in fp32.
+    pub mma_half_exp: u32,
     /// Whether the tiled prefill loads the next staging step's Q, K or V words into registers
     /// before the current step's arithmetic, so that their round trip overlaps it, rather than
     /// loading them between two barriers. On by default; [`AttentionOptions::for_device`] turns
@@ -288,6 +303,10 @@ impl Default for AttentionOptions {
             mma_keys: 32,
             mma_warps: 4,
             mma_lazy_rescale: true,
+            mma_stages: 1,
+            mma_swizzle: false,
+            mma_q_shared: false,
+            mma_half_exp: 0,
             tiled_prefetch: true,
             block_q: 8,
             block_k: 32,
