@@ -51,9 +51,10 @@ for s in ${SECTIONS:-harness torch}; do
       mkdir -p /tmp/sass
       for f in /tmp/ptx/*.ptx; do
         n=$(basename "$f" .ptx)
-        $cb/ptxas -arch=sm_90a -v -o "/tmp/sass/$n.cubin" "$f" >"/tmp/sass/$n.ptxas.txt" 2>&1
+        # The driver's binary ends in NUL bytes, which ptxas reads as a truncated file.
+        tr -d '\000' <"$f" >"/tmp/sass/$n.ptx"
+        $cb/ptxas -arch=sm_90a -v -o "/tmp/sass/$n.cubin" "/tmp/sass/$n.ptx" >"/tmp/sass/$n.ptxas.txt" 2>&1
         $cb/cuobjdump -sass "/tmp/sass/$n.cubin" >"/tmp/sass/$n.sass" 2>&1
-        cp "$f" /tmp/sass/
         r=$(grep -o 'Used [0-9]* registers' "/tmp/sass/$n.ptxas.txt" | head -1)
         sp=$(grep -o '[0-9]* bytes spill stores' "/tmp/sass/$n.ptxas.txt" | head -1)
         line="$n: $r, $sp |"

@@ -104,11 +104,14 @@
 #define PADH HEAD_DIM
 // Chunks swizzle within groups of 8 (4 where a row has no multiple of 8).
 #define SWZ ((CHUNKS_ROW % 8 == 0) ? 7u : 3u)
-#define TOFF(R, C) ((R) * PADH + (((C) ^ ((R) & SWZ)) * 8))
 #else
 #define PADH (HEAD_DIM + 8)
-#define TOFF(R, C) ((R) * PADH + (C) * 8)
+#define SWZ 0u
 #endif
+// Where chunk C of row R starts (halfs). The fragment loads below add a per-lane part computed once
+// to a constant: chunk c * 8 + p of a row whose low 3 bits are y lands at chunk
+// c * 8 + (p ^ (y & SWZ)), so only p's low bits need a per-lane offset.
+#define TOFF(R, C) ((R) * PADH + (((C) ^ ((R) & SWZ)) * 8))
 #define TILE (KEYS * PADH)
 
 #ifndef KPC_MMA_EMULATED
@@ -208,9 +211,13 @@ inline float2 unpack_half2(uint w)
 #endif
 
 // Stages keys j0 .. j0 + KEYS of one head (K or V) into dst, zeros past `visible`.
+// Whether each work-item's chunks share one swizzle (its keys step by a multiple of 8), so that
+// their local offsets are one per-thread offset plus constants.
+#define STAGE_STEP ((32 * WARPS) % CHUNKS_ROW == 0 && ((32 * WARPS / CHUNKS_ROW) & SWZ) == 0)
 inline void stage(local ushort *dst, global const uint4 *src, uint head_row, uint j0,
                   uint visible, uint tid)
 {
+    uint soff = TOFF(tid / CHUNKS_ROW, tid % CHUNKS_ROW);
 #pragma unroll
     for (uint e = 0; e < CHUNKS; e++) {
         uint c = tid + 32 * WARPS * e;
@@ -218,11 +225,12 @@ inline void stage(local ushort *dst, global const uint4 *src, uint head_row, uin
         uint ch = c % CHUNKS_ROW;
         uint j = j0 + key;
         bool ok = j < visible;
+        uint at = STAGE_STEP ? soff + e * (32 * WARPS / CHUNKS_ROW) * PADH : TOFF(key, ch);
 #if SYNC_COPY
-        *(local uint4 *)(dst + TOFF(key, ch)) =
+        *(local uint4 *)(dst + at) =
             ok ? src[(head_row + j) * CHUNKS_ROW + ch] : (uint4)(0u);
 #else
-        CP_ASYNC16(dst + TOFF(key, ch), src + (head_row + (ok ? j : 0)) * CHUNKS_ROW + ch,
+        CP_ASYNC16(dst + at, src + (head_row + (ok ? j : 0)) * CHUNKS_ROW + ch,
                    ok ? 16u : 0u);
 #endif
     }
@@ -268,6 +276,25 @@ kernel void attn_prefill_mma(global const float *q, global const uint4 *k, globa
     // Scores are scaled in fp32 and exponentiated base 2.
     float sl2 = scale * 1.4426950408889634f;
     uint ntiles = (visible + KEYS - 1) / KEYS;
+    // Per-lane parts of the ldmatrix offsets (see TOFF): K's for k-step pairs kd even / odd, V's
+    // for d-pairs dp % 4, Q's for (kd % 2, k-step of the pair).
+    uint y = lane % 8;
+    uint kx[2], vx[4];
+#pragma unroll
+    for (uint p = 0; p < 2; p++) {
+        kx[p] = y * PADH + (((p * 4 + lane / 8) ^ (y & SWZ)) * 8);
+    }
+#pragma unroll
+    for (uint p = 0; p < 4; p++) {
+        vx[p] = (y + 8 * ((lane / 8) % 2)) * PADH + (((p * 2 + lane / 16) ^ (y & SWZ)) * 8);
+    }
+#if Q_SHARED
+    uint qx[4];
+#pragma unroll
+    for (uint p = 0; p < 4; p++) {
+        qx[p] = (wrow0 + lane % 16) * PADH + (((p * 2 + lane / 16) ^ (y & SWZ)) * 8);
+    }
+#endif
 
 #if STAGES == 1
     stage(ks, k, head_row, 0, visible, tid);
@@ -387,7 +414,7 @@ kernel void attn_prefill_mma(global const float *q, global const uint4 *k, globa
 #pragma unroll
                     for (uint x = 0; x < 2; x++) {
                         LDSM_X4(&qa[(rb * 2 + x) * 4], qs,
-                                TOFF(wrow0 + rb * 16 + lane % 16, (2 * kd + x) * 2 + lane / 16));
+                                rb * 16 * PADH + (kd / 2) * 64 + qx[(kd % 2) * 2 + x]);
                     }
                 }
 #define QFRAG(RB_, X) (&qa[((RB_) * 2 + (X)) * 4])
@@ -406,7 +433,7 @@ kernel void attn_prefill_mma(global const float *q, global const uint4 *k, globa
                                                        2 * t);
                     }
 #else
-                    LDSM_X4(kb, kt, TOFF(nt * 8 + lane % 8, kd * 4 + lane / 8));
+                    LDSM_X4(kb, kt, nt * 8 * PADH + (kd / 2) * 64 + kx[kd % 2]);
 #endif
 #pragma unroll
                     for (uint rb = 0; rb < RB; rb++) {
@@ -535,8 +562,7 @@ kernel void attn_prefill_mma(global const float *q, global const uint4 *k, globa
                         vb[i] = (uint)vt[at] | (uint)vt[at + PADH] << 16;
                     }
 #else
-                    LDSM_X4_T(vb, vt,
-                              TOFF(kk * 16 + lane % 8 + 8 * ((lane / 8) % 2), 2 * dp + lane / 16));
+                    LDSM_X4_T(vb, vt, kk * 16 * PADH + (dp / 4) * 64 + vx[dp % 4]);
 #endif
 #pragma unroll
                     for (uint rb = 0; rb < RB; rb++) {
