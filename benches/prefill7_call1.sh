@@ -4,6 +4,9 @@
 # kpc, and PyTorch's FA2/cuDNN, in one call. From the project root on the GPU host, with the files
 # copied flat into .gpu/ as prefill7-*:
 #   source .gpu/prelude.sh; bash .gpu/prefill7-prefill7_call1.sh
+# It ran with the kernel of commit 845ee65, whose defaults were STAGES=1 HALF_EXP=0 (variants that
+# name neither ran with those), and its slower swizzle (each offset XORed per load); kpc's defaults
+# then were the same.
 set -uo pipefail
 g=.gpu
 export OCL_ICD_FILENAMES=libnvidia-opencl.so.1 OCL_ICD_VENDORS=/nonexistent

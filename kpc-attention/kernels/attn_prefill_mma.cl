@@ -4,17 +4,20 @@
 // query i sees keys up to kv_len - q_len + i; the query tile comes from y, last first.
 //
 // A workgroup is WARPS warps (4 or 8); each warp owns ROW_BLOCKS blocks of 16 query rows.
-// Q is converted to fp16 once and kept in registers as mma.sync A fragments. K and V tiles of KEYS
-// keys are staged with 16-byte cp.async into one K and one V buffer (rows padded by 16 bytes so that
-// ldmatrix's 8 rows land in distinct banks): V(j) is in flight while S = Q K(j)^T is computed, and
-// K(j+1) while O += P V(j) is, so two buffers suffice. S is m16n8k16 fp32 accumulators; the online
+// Q is converted to fp16 once and kept in registers as mma.sync A fragments (or in local memory:
+// Q_SHARED). K and V tiles of KEYS keys are staged with 16-byte cp.async (rows padded by 16 bytes,
+// or XOR-swizzled: SWIZZLE, so that ldmatrix's 8 rows land in distinct banks); with STAGES 1 into
+// one K and one V buffer, V(j) in flight while S = Q K(j)^T is computed and K(j+1) while
+// O += P V(j) is; with STAGES 2 (kpc's default) or 3, tile j + 1 (.. j + STAGES - 1) in flight during
+// all of tile j, one barrier per tile. S is m16n8k16 fp32 accumulators; the online
 // softmax runs on them in place (lane / 4 is the row, a quad of lanes holds a row's columns, reduced
 // with shfl.sync); P becomes fp16 A fragments in registers (two n8 accumulator tiles are exactly one
-// k16 A fragment); V's B fragments come from ldmatrix.trans. A warp skips tiles wholly above its
+// k16 A fragment; HALF_EXP exponentiates those pairs in fp16); V's B fragments come from
+// ldmatrix.trans. The defaults below are kpc's (AttentionOptions), which it always passes. A warp skips tiles wholly above its
 // rows' diagonal and masks only tiles that cross it, and rescales O only where a row's max moved.
 //
-// The primitives (MMA, LDSM_X4, LDSM_X4_T, CP_ASYNC16, CP_COMMIT, CP_WAIT_ALL, SHFL_XOR, EXP2,
-// PACK_HALF2) are PTX unless KPC_MMA_EMULATED is defined by a prelude that supplies portable ones
+// The primitives (MMA, LDSM_X4, LDSM_X4_T, CP_ASYNC16, CP_COMMIT, CP_WAIT_ALL, CP_WAIT_BUT_ONE,
+// SHFL_XOR, WARP_ANY, EXP2, EXP2_H2, ADD_H2, UNPACK_H2, PACK_HALF2) are PTX unless KPC_MMA_EMULATED is defined by a prelude that supplies portable ones
 // (benches/ocl_prefill_mma_emu.h: lanes exchange through local memory and barriers, so that the
 // fragment layouts can be checked on a CPU OpenCL; with it, every warp runs every tile).
 //
@@ -59,7 +62,7 @@
 // tile. 2 or 3: that many K and V buffers, tiles j + 1 (.. j + STAGES - 1) in flight during all of
 // tile j, one barrier per tile.
 #ifndef STAGES
-#define STAGES 1
+#define STAGES 2
 #endif
 // Q in local memory (fp16, swizzled like the tiles), its A fragments read by ldmatrix per k-step,
 // rather than in registers.
@@ -70,7 +73,7 @@
 // as P's fragments); the row sums from them: 1 adds each tile's in fp16 then once to the fp32 sum,
 // 2 adds each exponential in fp32.
 #ifndef HALF_EXP
-#define HALF_EXP 0
+#define HALF_EXP 1
 #endif
 #ifndef SYNC_COPY
 #define SYNC_COPY 0
