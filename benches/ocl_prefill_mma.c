@@ -8,6 +8,7 @@
 //   ./ocl_prefill_mma NVIDIA kpc-attention/kernels/attn_prefill_mma.cl            # the PTX kernel
 //   ./ocl_prefill_mma Portable kpc-attention/kernels/attn_prefill_mma.cl benches/ocl_prefill_mma_emu.h
 // With a third argument (a prelude: the emulated primitives) only the checks run, at D=64 and 128.
+// PTX_DIR (a folder): on NVIDIA each variant's program binary (PTX) is written there as LABEL.ptx.
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 #include <math.h>
