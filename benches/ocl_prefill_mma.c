@@ -8,6 +8,7 @@
 //   ./ocl_prefill_mma NVIDIA kpc-attention/kernels/attn_prefill_mma.cl            # the PTX kernel
 //   ./ocl_prefill_mma Portable kpc-attention/kernels/attn_prefill_mma.cl benches/ocl_prefill_mma_emu.h
 // With a third argument (a prelude: the emulated primitives) only the checks run, at D=64 and 128.
+// PTX_DIR (a folder): on NVIDIA each variant's program binary (PTX) is written there as LABEL.ptx.
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 #include <math.h>
@@ -29,6 +30,7 @@ static cl_context ctx;
 static cl_command_queue queue;
 static cl_device_id dev;
 static int nvidia;
+static const char *cur_label = "kernel";
 
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -90,6 +92,13 @@ static cl_kernel build(const char *src, const char *prelude, const char *opts, i
         clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof binn, &binn, NULL);
         unsigned char *bin = calloc(binn + 1, 1);
         clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL);
+        const char *dir = getenv("PTX_DIR");
+        if (dir) { // the PTX, for ptxas and cuobjdump
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s.ptx", dir, cur_label);
+            FILE *f = fopen(path, "wb");
+            if (f) fwrite(bin, 1, binn, f), fclose(f);
+        }
         const char *keys[] = {"mma.sync", "ldmatrix", "cp.async.cg", "ld.local", "st.local", "bar.sync"};
         printf("ocl-prefill: ptx:");
         for (int i = 0; i < 6; i++) {
@@ -290,6 +299,7 @@ int main(int argc, char **argv) {
         if (!bar) continue;
         *bar = 0;
         const char *label = line, *opts = bar + 1;
+        cur_label = label;
         int rb = strstr(opts, "ROW_BLOCKS=1") ? 1 : 2;
         wg = strstr(opts, "WARPS=8") ? 256 : 128;
         int bq = wg / 2 * rb;

@@ -110,3 +110,13 @@ inline uint emu_pack(float lo, float hi)
     return (uint)h[0] | (uint)h[1] << 16;
 }
 #define PACK_HALF2(LO, HI) emu_pack((LO), (HI))
+#define CP_WAIT_BUT_ONE()
+
+inline uint emu_exp2_h2(uint x) { return emu_pack(exp2(emu_half(x, 0)), exp2(emu_half(x, 1))); }
+#define EXP2_H2(X) emu_exp2_h2(X)
+inline uint emu_add_h2(uint a, uint b)
+{
+    return emu_pack(emu_half(a, 0) + emu_half(b, 0), emu_half(a, 1) + emu_half(b, 1));
+}
+#define ADD_H2(A, B) emu_add_h2((A), (B))
+#define UNPACK_H2(W) ((float2)(emu_half((W), 0), emu_half((W), 1)))

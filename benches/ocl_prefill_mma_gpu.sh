@@ -3,6 +3,8 @@
 # compiles the C harness (benches/ocl_prefill_mma.c) with gcc there. Driver caches off (prelude.sh).
 #   source .gpu/prelude.sh; .gpu/oclprefill-ocl_prefill_mma_gpu.sh
 # SECTIONS (default: harness torch): any of
+#   sass     after harness: each variant's PTX through ptxas (sm_90a) and cuobjdump: resources and the
+#            SASS instruction mix per variant, the files in sass.tgz;
 #   harness  the harness over VARIANTS (its own default list): build logs with ptxas's report, checks
 #            against a float64 reference, TFLOP/s at SWEEP_L;
 #   sweep    `kpc attention` causal prefill (B=1, H=32, D=128, fp16 K/V) for each `label|device|flags`
@@ -29,10 +31,39 @@ for s in ${SECTIONS:-harness torch}; do
       echo "## harness: attn_prefill_mma variants"
       gcc -O2 -o /tmp/ocl_prefill_mma "$HARNESS_C" -I/usr/local/cuda/include -L/usr/local/cuda/lib64 \
         -lOpenCL -lm 2>&1 | tail -5
-      /tmp/ocl_prefill_mma NVIDIA "$KERNEL_CL" >"$out/harness.txt" 2>&1
+      mkdir -p /tmp/ptx && rm -f /tmp/ptx/*
+      PTX_DIR=/tmp/ptx /tmp/ocl_prefill_mma NVIDIA "$KERNEL_CL" >"$out/harness.txt" 2>&1
       echo "harness exit: $?"
-      grep -E 'ptxas info.*(Used|spill|bytes stack)|ptx:|FAIL|failed|error|variant|^##|L=' "$out/harness.txt" |
-        grep -v 'Compiling\|Function properties' | head -80
+      if [ -n "${HARNESS_BRIEF:-}" ]; then # failures, then the table (harness.txt has the rest)
+        grep -E 'FAIL|failed|error' "$out/harness.txt" | head -20
+        sed -n '/^## attn_prefill_mma/,$p' "$out/harness.txt"
+      else
+        grep -E 'ptxas info.*(Used|spill|bytes stack)|ptx:|FAIL|failed|error|variant|^##|L=' "$out/harness.txt" |
+          grep -v 'Compiling\|Function properties' | head -80
+      fi
+      ;;
+    sass)
+      # Each harness variant's PTX (the driver's program binary) through ptxas for sm_90a: resources,
+      # then the SASS's instruction mix (whole kernel). Everything in $OUT/sass.tgz.
+      echo "## SASS (ptxas -arch=sm_90a on the driver's PTX; counts over the whole kernel)"
+      cb=/usr/local/cuda/bin
+      ls $cb/ptxas $cb/cuobjdump $cb/nvdisasm $cb/ncu 2>&1 | sed 's/^/tools: /'
+      mkdir -p /tmp/sass
+      for f in /tmp/ptx/*.ptx; do
+        n=$(basename "$f" .ptx)
+        # The driver's binary ends in NUL bytes, which ptxas reads as a truncated file.
+        tr -d '\000' <"$f" >"/tmp/sass/$n.ptx"
+        $cb/ptxas -arch=sm_90a -v -o "/tmp/sass/$n.cubin" "/tmp/sass/$n.ptx" >"/tmp/sass/$n.ptxas.txt" 2>&1
+        $cb/cuobjdump -sass "/tmp/sass/$n.cubin" >"/tmp/sass/$n.sass" 2>&1
+        r=$(grep -o 'Used [0-9]* registers' "/tmp/sass/$n.ptxas.txt" | head -1)
+        sp=$(grep -o '[0-9]* bytes spill stores' "/tmp/sass/$n.ptxas.txt" | head -1)
+        line="$n: $r, $sp |"
+        for op in HMMA LDSM MUFU BAR LDGSTS LDL STL FFMA FMUL FADD FMNMX SHFL F2FP HADD2 ISETP BRA; do
+          line="$line $op=$(grep -cE "^ +/\*[0-9a-f]+\*/ +(@!?U?P[0-9T] +)?$op[ .;]" "/tmp/sass/$n.sass")"
+        done
+        echo "$line total=$(grep -cE '^ +/\*[0-9a-f]+\*/ ' "/tmp/sass/$n.sass")"
+      done
+      tar -czf "$out/sass.tgz" -C /tmp sass
       ;;
     sweep)
       echo "## kpc attention causal prefill, B=1 H=32 D=128 fp16 K/V, median of ${RUNS:-5}: label -> TFLOP/s"

@@ -68,9 +68,10 @@ pub enum PrefillKernel {
     Cm2,
     /// `attn_prefill_mma`: OpenCL C with inline PTX, built as FlashAttention-2's forward kernel is:
     /// `mma.sync` m16n8k16 products (fp16 into fp32), `mma_warps` warps of `mma_row_blocks` blocks
-    /// of 16 query rows, Q's fragments in registers, `mma_keys`-key K/V tiles staged by `cp.async`
-    /// (the next K and this V in flight during the products), `ldmatrix` fragment loads, the
-    /// softmax in registers. Needs an OpenCL device whose compiler takes inline PTX for sm_80 or
+    /// of 16 query rows, Q's fragments in registers (or shared memory: `mma_q_shared`),
+    /// `mma_keys`-key K/V tiles staged by `cp.async` into `mma_stages` buffers (by default two: the
+    /// next tile in flight during all of this one's products), `ldmatrix` fragment loads, the
+    /// softmax in registers (exponentials in fp16 pairs by default: `mma_half_exp`). Needs an OpenCL device whose compiler takes inline PTX for sm_80 or
     /// later (NVIDIA's OpenCL on Ampere and later: [`crate::ptx`]; elsewhere
     /// [`kpc::Error::Unsupported`]), fp16 K/V, and a head dimension that is a multiple of 32 up to
     /// 256. Q and P are rounded to fp16 for the products; sums are fp32.
@@ -229,6 +230,33 @@ pub struct AttentionOptions {
     /// default: on an H200 (default tile) it was 0.6 / 0.6 / 2.3% faster through kpc at L = 2k / 4k /
     /// 8k (199.0 / 230.0 / 253.2 against 197.8 / 228.6 / 247.5 TFLOP/s; BENCHMARKS.md, issue 41).
     pub mma_lazy_rescale: bool,
+    /// K and V tile buffers of the `mma.sync` prefill: 1 (V(j) in flight during S(j) and K(j + 1)
+    /// during P V(j), two barriers per tile) or 2 and 3 (tiles j + 1 .. j + stages - 1 in flight
+    /// during all of tile j, one barrier per tile). 2 by default: on an H200 (default tile,
+    /// fp16 exponentials) it was 15 / 17 / 15% faster through kpc than 1 stage with fp32
+    /// exponentials at L = 2k / 4k / 8k (219.8 / 257.9 / 275.5 against 191.3 / 219.5 / 238.8
+    /// TFLOP/s); 3 stages (swizzled, 48 KiB) were 7% slower than 2 in the harness
+    /// (BENCHMARKS.md, issue 41).
+    pub mma_stages: u32,
+    /// Whether the `mma.sync` prefill lays its tiles out unpadded with XOR-swizzled 16-byte chunks
+    /// rather than rows padded by 16 bytes (the same bank spread; 6% less shared memory at D = 128,
+    /// which is what lets Q, or a third stage, fit in 48 KiB). Off by default: alone it was 1%
+    /// slower on an H200.
+    pub mma_swizzle: bool,
+    /// Whether the `mma.sync` prefill keeps Q in shared memory (fp16) and reads its fragments by
+    /// `ldmatrix` per k-step, rather than holding them in registers. Needs `mma_swizzle` and 1
+    /// stage at 128 rows and D = 128 (exactly 48 KiB). Off by default: through kpc on an H200 it was
+    /// 4 / 3 / 1% slower than the default (210.5 / 250.0 / 272.1 TFLOP/s), though level with it at
+    /// 8k in the harness (BENCHMARKS.md, issue 41).
+    pub mma_q_shared: bool,
+    /// The `mma.sync` prefill's exponentials: 0 one at a time in fp32; 1 two at a time in fp16
+    /// (`ex2.approx.f16x2` on the scaled scores packed as P's fragments) with each tile's row sums
+    /// added in fp16 before the fp32 total; 2 the same exponentials with every one added in fp32.
+    /// 1 by default: on an H200 (2 stages) it was 5 / 2 / 2% faster through kpc than 0 and its
+    /// relative error at `kpc attention --check` 3.1e-4 against 2.6e-4 (tolerance 2e-3); sm_90 has
+    /// no paired exponential (the driver issues two `MUFU.EX2.F16`), so the gain is the adds and
+    /// registers saved (BENCHMARKS.md, issue 41).
+    pub mma_half_exp: u32,
     /// Whether the tiled prefill loads the next staging step's Q, K or V words into registers
     /// before the current step's arithmetic, so that their round trip overlaps it, rather than
     /// loading them between two barriers. On by default; [`AttentionOptions::for_device`] turns
@@ -288,6 +316,10 @@ impl Default for AttentionOptions {
             mma_keys: 32,
             mma_warps: 4,
             mma_lazy_rescale: true,
+            mma_stages: 2,
+            mma_swizzle: false,
+            mma_q_shared: false,
+            mma_half_exp: 1,
             tiled_prefetch: true,
             block_q: 8,
             block_k: 32,

@@ -32,6 +32,12 @@ pub(super) fn mma_prefill_shape_fits(
             options.mma_row_blocks, options.mma_keys, options.mma_warps
         ));
     }
+    if !(1..=3).contains(&options.mma_stages) || options.mma_half_exp > 2 {
+        return Err(format!(
+            "mma_stages {} and mma_half_exp {}: 1 to 3 and 0 to 2 are accepted",
+            options.mma_stages, options.mma_half_exp
+        ));
+    }
     // Each work-item stages whole 16-byte chunks of a tile.
     if (options.mma_keys as usize * shape.head_dim / 8) % (32 * options.mma_warps as usize) != 0 {
         return Err(format!(
@@ -61,9 +67,16 @@ pub(super) fn mma_prefill_auto(
         && ptx::auto_takes_inline_ptx(ctx)
 }
 
-/// Shared memory the kernel declares: one K and one V tile, rows padded by 16 bytes.
+/// Shared memory the kernel declares: `mma_stages` K and V tiles (and Q's rows with
+/// `mma_q_shared`), rows padded by 16 bytes unless swizzled.
 pub(super) fn mma_prefill_shared(head_dim: usize, options: &AttentionOptions) -> usize {
-    2 * options.mma_keys as usize * (head_dim + 8) * 2
+    let row = (head_dim + if options.mma_swizzle { 0 } else { 8 }) * 2;
+    let q_rows = if options.mma_q_shared {
+        mma_prefill_rows(options) as usize
+    } else {
+        0
+    };
+    (2 * options.mma_stages as usize * options.mma_keys as usize + q_rows) * row
 }
 
 /// Query rows per workgroup.
@@ -80,4 +93,8 @@ pub(super) fn mma_prefill_spec(head_dim: usize, options: &AttentionOptions) -> S
         .with(6, SpecValue::U32(options.mma_keys))
         .with(7, SpecValue::U32(options.mma_warps))
         .with(8, SpecValue::U32(u32::from(options.mma_lazy_rescale)))
+        .with(9, SpecValue::U32(u32::from(options.mma_swizzle)))
+        .with(10, SpecValue::U32(options.mma_stages))
+        .with(11, SpecValue::U32(u32::from(options.mma_q_shared)))
+        .with(12, SpecValue::U32(options.mma_half_exp))
 }

@@ -195,11 +195,16 @@ fn workload(
             }
             (PrefillKernel::Tiled, _) => ", no prefetch".to_string(),
             (PrefillKernel::Mma, _) => format!(
-                ", mma.sync through inline PTX, {} warps x {} x 16 rows x {} keys, lazy rescale {}",
+                ", mma.sync through inline PTX, {} warps x {} x 16 rows x {} keys, lazy rescale {}, \
+                 {} stages, swizzle {}, Q shared {}, half exp {}",
                 options.mma_warps,
                 options.mma_row_blocks,
                 options.mma_keys,
-                options.mma_lazy_rescale
+                options.mma_lazy_rescale,
+                options.mma_stages,
+                options.mma_swizzle,
+                options.mma_q_shared,
+                options.mma_half_exp
             ),
             _ => String::new(),
         }

@@ -149,6 +149,20 @@ pub struct Args {
     /// (AttentionOptions::mma_lazy_rescale): `true` or `false`.
     #[arg(long)]
     pub(crate) mma_lazy_rescale: Option<bool>,
+    /// K/V tile buffers of the mma.sync prefill, 1 to 3 (AttentionOptions::mma_stages).
+    #[arg(long)]
+    pub(crate) mma_stages: Option<u32>,
+    /// Whether the mma.sync prefill's tiles are XOR-swizzled rather than padded
+    /// (AttentionOptions::mma_swizzle): `true` or `false`.
+    #[arg(long)]
+    pub(crate) mma_swizzle: Option<bool>,
+    /// Whether the mma.sync prefill keeps Q in shared memory (AttentionOptions::mma_q_shared):
+    /// `true` or `false`.
+    #[arg(long)]
+    pub(crate) mma_q_shared: Option<bool>,
+    /// The mma.sync prefill's exponentials, 0 to 2 (AttentionOptions::mma_half_exp).
+    #[arg(long)]
+    pub(crate) mma_half_exp: Option<u32>,
     /// Whether the tiled prefill loads its next staging step during the current one
     /// (AttentionOptions::tiled_prefetch): `true` or `false`; without it, the default.
     #[arg(long)]
@@ -354,6 +368,18 @@ pub fn plan(config: &Config, args: &Args) -> kpc::Result<Plan> {
     }
     if let Some(l) = args.mma_lazy_rescale {
         options.mma_lazy_rescale = l;
+    }
+    if let Some(s) = args.mma_stages {
+        options.mma_stages = s;
+    }
+    if let Some(s) = args.mma_swizzle {
+        options.mma_swizzle = s;
+    }
+    if let Some(q) = args.mma_q_shared {
+        options.mma_q_shared = q;
+    }
+    if let Some(h) = args.mma_half_exp {
+        options.mma_half_exp = h;
     }
     if let Some(b) = args.coop_row_blocks {
         options.coop_row_blocks = b;

@@ -59,6 +59,22 @@ pub(crate) fn mma_prefill_choice(ctx: &Context) {
         (KvDtype::F16, s, forced(3, 32, 4)),
         (KvDtype::F16, s, forced(1, 48, 4)),
         (KvDtype::F16, s, forced(1, 32, 2)),
+        (
+            KvDtype::F16,
+            s,
+            AttentionOptions {
+                mma_stages: 4,
+                ..forced(2, 32, 4)
+            },
+        ),
+        (
+            KvDtype::F16,
+            s,
+            AttentionOptions {
+                mma_half_exp: 3,
+                ..forced(2, 32, 4)
+            },
+        ),
     ] {
         let e = Attention::new(ctx, &s, dtype, 64, options).unwrap_err();
         assert!(
@@ -66,13 +82,30 @@ pub(crate) fn mma_prefill_choice(ctx: &Context) {
             "{dtype:?} {s:?} {options:?}: {e}"
         );
     }
-    for (row_blocks, keys, warps, lazy) in [
-        (1, 32, 4, false),
-        (2, 32, 4, false),
-        (2, 32, 4, true),
-        (1, 64, 4, false),
-        (1, 32, 8, true),
-        (2, 64, 4, false),
+    // Q in shared memory without the swizzle: 128 padded rows and two padded tiles are over 48 KiB.
+    let big = AttentionOptions {
+        mma_q_shared: true,
+        ..forced(2, 32, 4)
+    };
+    let e = Attention::new(ctx, &shape(1, 2, 2, 128), KvDtype::F16, 64, big).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("shared memory")),
+        "{e}"
+    );
+    // (row blocks, keys, warps, lazy rescale, stages, swizzle, Q shared, half exp)
+    for (row_blocks, keys, warps, lazy, stages, swizzle, q_shared, half_exp) in [
+        (1, 32, 4, false, 1, false, false, 0),
+        (2, 32, 4, false, 1, false, false, 0),
+        (2, 32, 4, true, 1, false, false, 0),
+        (1, 64, 4, false, 1, false, false, 0),
+        (1, 32, 8, true, 1, false, false, 0),
+        (2, 64, 4, false, 1, false, false, 0),
+        (2, 32, 4, true, 2, false, false, 0),
+        (2, 32, 4, true, 2, true, false, 1),
+        (2, 32, 4, true, 3, true, false, 0),
+        (2, 32, 4, true, 1, true, true, 2),
+        (1, 32, 8, true, 1, true, true, 1),
+        (1, 64, 4, true, 1, true, true, 0),
     ] {
         for (s, len, q_scale) in [
             (shape(1, 4, 2, 128), 200, 1.0),
@@ -84,6 +117,10 @@ pub(crate) fn mma_prefill_choice(ctx: &Context) {
         ] {
             let options = AttentionOptions {
                 mma_lazy_rescale: lazy,
+                mma_stages: stages,
+                mma_swizzle: swizzle,
+                mma_q_shared: q_shared,
+                mma_half_exp: half_exp,
                 ..forced(row_blocks, keys, warps)
             };
             if s.head_dim == 96 && warps == 8 {
@@ -94,7 +131,8 @@ pub(crate) fn mma_prefill_choice(ctx: &Context) {
             let err = prefill_case_scaled(ctx, s, KvDtype::F16, options, len, q_scale);
             assert!(
                 err <= 2e-3,
-                "{s:?} tile {row_blocks}x{keys}/{warps} lazy {lazy} len {len} q x{q_scale}: error {err:e}"
+                "{s:?} tile {row_blocks}x{keys}/{warps} lazy {lazy} stages {stages} swizzle \
+                 {swizzle} Q shared {q_shared} half exp {half_exp} len {len} q x{q_scale}: error {err:e}"
             );
         }
     }
