@@ -9,17 +9,17 @@
 #   ../shared/gpu/pack.sh benches/{issue41_gpu.sh,attention_torch.py,gemm_torch.py,ocl_mma_probe.c,ocl_gemm_mma.c} \
 #     kpc-attention/kernels/{mha_gemm_mma,ptx_probe}.cl      (+ the test binary, stripped, as .gpu/attention-test)
 #   on the GPU host: source .gpu/prelude.sh; OUT=$OUT bash .gpu/issue41_gpu.sh
-# Sections (SECTIONS, default all, in this order):
+# Sections (SECTIONS; default all, prefill gemm ceiling decode check tests):
 #   ceiling  Vulkan: kpc bench-mma peak and copy (KHR and cm2 register-fed and shared-fed, copy
 #            bandwidth); OpenCL: the register-fed inline-PTX mma.sync peak (ocl_mma_probe)
 #   gemm     the four projection shapes: Vulkan mha_gemm_wide (VK_GEMM tiles, bench-mma, checked
-#            against float64), OpenCL mha_gemm_mma (the harness, OCL_GEMM variant filter, checked
-#            against float64), cuBLAS F.linear
+#            against float64), OpenCL mha_gemm_mma (the harness once per OCL_GEMM variant filter,
+#            checked against float64), cuBLAS F.linear
 #   prefill  causal prefill B=1 H=32 D=128 fp16, Auto on opencl:gpu and vulkan:gpu; FA2 and cuDNN
 #   decode   GQA (Hkv=8) and MHA decode, B=1 H=32 D=128 fp16 K/V, 50 steps, Auto on vulkan:gpu;
 #            cuDNN's SDPA from CUDA graphs
 #   check    kpc attention --check on both backends (B=1/4, Hkv=32/8, fp16 and f32) and
-#            kpc attention --layer mha --check on both
+#            kpc attention --layer mha --check (three shapes on OpenCL, one on Vulkan; self and cross)
 #   tests    the attention tests that need the device's kernels (TESTS_FILTER)
 set -uo pipefail
 g=$(cd "$(dirname "$0")" && pwd)
@@ -35,7 +35,7 @@ cc_ocl() { gcc -O2 -o "$1" "$2" -I/usr/local/cuda/include -L/usr/local/cuda/lib6
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv,noheader || true
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
-for s in ${SECTIONS:-ceiling gemm prefill decode check tests}; do
+for s in ${SECTIONS:-prefill gemm ceiling decode check tests}; do
   case $s in
     ceiling)
       echo "## ceiling: Vulkan (kpc bench-mma peak,copy)"
@@ -53,11 +53,13 @@ for s in ${SECTIONS:-ceiling gemm prefill decode check tests}; do
         >"$out/gemm-vulkan.txt" 2>&1
       echo "rc=$?"
       grep -E '^bench: kind=gemm|FAIL|rror' "$out/gemm-vulkan.txt"
-      echo "## GEMM: OpenCL mha_gemm_mma (harness, variant filter '${OCL_GEMM:-}')"
       cc_ocl /tmp/ocl_gemm_mma "$g/ocl_gemm_mma.c"
-      ocl timeout 300 /tmp/ocl_gemm_mma "$g/mha_gemm_mma.cl" "$g/ptx_probe.cl" "${OCL_GEMM:-}" \
-        >"$out/gemm-opencl.txt" 2>&1
-      echo "rc=$?"
+      for v in ${OCL_GEMM:-2x4s3:a16 2x2s3+pipe:a16}; do
+        echo "## GEMM: OpenCL mha_gemm_mma (harness, variants matching '$v')"
+        ocl timeout 200 /tmp/ocl_gemm_mma "$g/mha_gemm_mma.cl" "$g/ptx_probe.cl" "$v" \
+          >>"$out/gemm-opencl.txt" 2>&1
+        echo "rc=$?"
+      done
       grep -E 'probe|FAIL|time|registers|spill|device' "$out/gemm-opencl.txt" | head -60
       echo "## GEMM: cuBLAS (F.linear)"
       PYTHONUNBUFFERED=1 timeout 200 python3 "$g/gemm_torch.py" --shapes "$shapes" >"$out/gemm-torch.txt" 2>&1
@@ -108,19 +110,17 @@ for s in ${SECTIONS:-ceiling gemm prefill decode check tests}; do
         done
       done
       echo "## --layer mha --check (Auto)"
-      for dev in opencl:gpu vulkan:gpu; do
-        for shape in "--heads 32 --kv-heads 8 --head-dim 128 --prompt 130 --steps 2 --kv f16 --batch 4" \
-          "--heads 32 --kv-heads 32 --head-dim 128 --prompt 300 --steps 2 --kv f16" \
-          "--heads 8 --kv-heads 8 --head-dim 64 --prompt 200 --steps 2 --kv f16 --batch 4" \
-          "--heads 4 --kv-heads 2 --head-dim 16 --prompt 10 --steps 3 --kv f32"; do
-          for cross in "" "--cross 24"; do
-            # shellcheck disable=SC2086
-            o=$(ocl timeout 120 "$KPC" attention --layer mha --device "$dev" $shape $cross --check 2>&1)
-            echo "$o" >>"$out/mha-checks.txt"
-            echo "mha $dev $shape $cross: $(grep -o 'prefill projects with [a-z_]*' <<<"$o") | $(grep -iE '^check|error|^kpc: ' <<<"$o" | tr '\n' ' ')"
-          done
+      while read -r dev shape; do
+        for cross in "" "--cross 24"; do
+          # shellcheck disable=SC2086
+          o=$(ocl timeout 120 "$KPC" attention --layer mha --device "$dev" $shape $cross --check 2>&1)
+          echo "$o" >>"$out/mha-checks.txt"
+          echo "mha $dev $shape $cross: $(grep -o 'prefill projects with [a-z_]*' <<<"$o") | $(grep -iE '^check|error|^kpc: ' <<<"$o" | tr '\n' ' ')"
         done
-      done
+      done <<<"opencl:gpu --heads 32 --kv-heads 8 --head-dim 128 --prompt 130 --steps 2 --kv f16 --batch 4
+opencl:gpu --heads 8 --kv-heads 8 --head-dim 64 --prompt 200 --steps 2 --kv f16 --batch 4
+opencl:gpu --heads 4 --kv-heads 2 --head-dim 16 --prompt 10 --steps 3 --kv f32
+vulkan:gpu --heads 32 --kv-heads 8 --head-dim 128 --prompt 130 --steps 2 --kv f16 --batch 4"
       ;;
     tests)
       [ -x "$g/attention-test" ] || { echo "tests: no $g/attention-test"; continue; }
