@@ -26,7 +26,7 @@ g=$(cd "$(dirname "$0")" && pwd)
 KPC=${KPC:-$g/kpc}
 out=${OUT:-/tmp}
 shapes=${SHAPES:-2048x4096x4096,8192x4096x4096,2048x1024x4096,8192x1024x4096}
-VK_GEMM=${VK_GEMM:-128x256x32/2x4:a16:acc32,128x128x64/2x4a2:a16:acc32,128x128x32/2x2:a16:acc32}
+VK_GEMM=${VK_GEMM:-128x256x32/2x4:a16:acc32,128x128x64/2x4a2:a16:acc32,128x128x32/2x2s1:a16:acc32}
 PREFILL_L=${PREFILL_L:-2048 4096 8192}
 DECODE_L=${DECODE_L:-4096 16384 32768}
 val() { grep -o " $1=[^ ]*" <<<"$2" | head -1 | cut -d= -f2; }
