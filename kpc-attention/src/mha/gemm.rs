@@ -248,6 +248,25 @@ mod tests {
         s.c_seq = 5;
         s.head_dim = 12;
         assert!(s.unfit().is_some());
+        // 32-bit offsets: 2^16 x 2^16 elements of C is one too many, and no product overflows.
+        assert_eq!(
+            GemmShape::plain(1 << 16, 1 << 16, 8)
+                .unfit()
+                .map(|w| w.starts_with("C")),
+            Some(true)
+        );
+        assert_eq!(
+            GemmShape::plain(1 << 20, 8, 1 << 12)
+                .unfit()
+                .map(|w| w.starts_with("A")),
+            Some(true)
+        );
+        assert!(
+            GemmShape::plain(usize::MAX, 8, usize::MAX - 7)
+                .unfit()
+                .is_some()
+        );
+        assert_eq!(GemmShape::plain(1 << 16, 4096, 4096).unfit(), None);
         assert_eq!(GemmShape::plain(2, 3, 4).flops(), 48.0);
     }
 }

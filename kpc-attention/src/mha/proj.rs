@@ -379,6 +379,12 @@ impl Projector {
             head_dim: self.head_dim,
             alpha0: out.alpha0,
         };
+        if let Some(why) = shape.offsets_unfit() {
+            return Err(Error::InvalidArgument(format!(
+                "a {rows} x {} x {} projection is too large: {why}",
+                w.n, w.k
+            )));
+        }
         if !self.wide.is_empty() {
             let tiles = super::gemm::auto_tiles(ctx.device(), rows, w.n);
             let wide = self

@@ -283,8 +283,9 @@ impl GemmShape {
         }
     }
 
-    /// Why `mha_gemm_wide` cannot compute this shape, if it cannot: every access is a 16-byte chunk
-    /// of 8 consecutive k (A, W) or 4 consecutive columns (C) of one output and head.
+    /// Why `mha_gemm_wide` and `mha_gemm_mma` cannot compute this shape, if they cannot: every
+    /// access is a 16-byte chunk of 8 consecutive k (A, W) or 4 consecutive columns (C) of one
+    /// output and head, and every matrix is indexed with 32-bit offsets.
     pub fn unfit(&self) -> Option<String> {
         for (name, v) in [
             ("K", self.k),
@@ -310,6 +311,25 @@ impl GemmShape {
         }
         if self.m == 0 || self.n == 0 || self.k == 0 {
             return Some("it is empty".into());
+        }
+        self.offsets_unfit()
+    }
+
+    /// Why no projection kernel can compute this shape, if none can: they take m, n and k as 32-bit
+    /// push constants and index every matrix with 32-bit offsets, so a larger matrix would wrap
+    /// to other elements rather than fail.
+    pub(crate) fn offsets_unfit(&self) -> Option<String> {
+        for (what, count) in [
+            ("A", self.m.checked_mul(self.k)),
+            ("W", self.n.checked_mul(self.k)),
+            ("C", self.m.checked_mul(self.n)),
+        ] {
+            if count.is_none_or(|c| c > u32::MAX as usize) {
+                return Some(format!(
+                    "{what} would hold more than 2^32 - 1 elements, the most the kernels' 32-bit \
+                     offsets reach (split the rows into several launches)"
+                ));
+            }
         }
         None
     }
