@@ -259,6 +259,20 @@ void load_w(local uint4 *smem, uint dst, global const ushort *w, uint col0, uint
     }
 }
 
+// HOIST: the offsets at k = 0 of this thread's `per` chunks in rows row0.. of a row-major matrix
+// of `rows` rows of k halves, and which of those rows exist (bit i for chunk i).
+uint hoist_rows(uint *off, uint row0, uint rows, uint k, uint tid, uint per)
+{
+    uint ok = 0;
+#pragma unroll
+    for (uint i = 0; i < per; i++) {
+        uint r = row0 + ((tid + i * THREADS) >> 2);
+        off[i] = r * k + (tid & 3) * 8;
+        ok |= (uint)(r < rows) << i;
+    }
+    return ok;
+}
+
 // HOIST: chunk i of this thread's copies is `base + off[i] + k0` (row-major rows of k halves),
 // valid where bit i of `rows_ok` is set and its column is under k.
 void load_rows(local uint4 *smem, uint dst, global const ushort *base, const uint *off, uint rows_ok,
@@ -430,23 +444,11 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
 
 #if HOIST
     uint wg_off[W_PER];
-    uint w_rows_ok = 0;
-#pragma unroll
-    for (uint i = 0; i < W_PER; i++) {
-        uint gn = col0 + ((tid + i * THREADS) >> 2);
-        wg_off[i] = gn * k + (tid & 3) * 8;
-        w_rows_ok |= (uint)(gn < n) << i;
-    }
+    uint w_rows_ok = hoist_rows(wg_off, col0, n, k, tid, W_PER);
 #define LOAD_W(st, k0) load_rows(smem, (st) + BM * 64, w, wg_off, w_rows_ok, k, k0, tid, W_PER)
 #if A_F16
     uint ag_off[A_PER];
-    uint a_rows_ok = 0;
-#pragma unroll
-    for (uint i = 0; i < A_PER; i++) {
-        uint gm = m0 + ((tid + i * THREADS) >> 2);
-        ag_off[i] = gm * k + (tid & 3) * 8;
-        a_rows_ok |= (uint)(gm < m) << i;
-    }
+    uint a_rows_ok = hoist_rows(ag_off, m0, m, k, tid, A_PER);
 #define LOAD_A16(st, k0)                                                                         \
     do {                                                                                         \
         if (a_seq == 0) {                                                                        \
