@@ -463,17 +463,29 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
 #define LOAD_A16(st, k0) load_a(smem, st, a, m0, m, k, k0, a_seq, head_dim, tid)
 #endif
 
+    // The copies of one K step into the stage at `st`: W and fp16 A by cp.async; f32 A into
+    // registers, stored (converted) once the stage's readers are done.
+#if A_F16
+#define ISSUE_STEP(st, k0)                                                                       \
+    do {                                                                                         \
+        LOAD_W(st, k0);                                                                          \
+        LOAD_A16(st, k0);                                                                        \
+    } while (0)
+#else
+#define ISSUE_STEP(st, k0)                                                                       \
+    do {                                                                                         \
+        LOAD_W(st, k0);                                                                          \
+        fetch_a(a_next, a, m0, m, k, k0, a_seq, head_dim, tid);                                  \
+    } while (0)
+#endif
+
     // Prologue: steps 0 .. STAGES - 2 in flight.
 #pragma unroll
     for (uint s = 0; s < STAGES - 1; s++) {
         if (s < ktiles) {
             uint st = sbase + s * STAGE_BYTES;
-            uint k0 = (kt0 + s) * BK;
-            LOAD_W(st, k0);
-#if A_F16
-            LOAD_A16(st, k0);
-#else
-            fetch_a(a_next, a, m0, m, k, k0, a_seq, head_dim, tid);
+            ISSUE_STEP(st, (kt0 + s) * BK);
+#if !A_F16
             store_a(a_next, smem + s * (STAGE_BYTES / 16), tid);
 #endif
         }
@@ -495,14 +507,7 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
         // products.
         LOAD_FRAGS(af[1], bf[1], st, 1);
         if (next < ktiles && !DIAG_NOCOPY) {
-            uint stn = sbase + ns * STAGE_BYTES;
-            uint k0 = (kt0 + next) * BK;
-            LOAD_W(stn, k0);
-#if A_F16
-            LOAD_A16(stn, k0);
-#else
-            fetch_a(a_next, a, m0, m, k, k0, a_seq, head_dim, tid);
-#endif
+            ISSUE_STEP(sbase + ns * STAGE_BYTES, (kt0 + next) * BK);
         }
         CP_COMMIT();
         MMAS(af[0], bf[0]);
@@ -532,14 +537,7 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
         uint next = kt + STAGES - 1;
         uint ns = next % STAGES;
         if (next < ktiles && !DIAG_NOCOPY) {
-            uint st = sbase + ns * STAGE_BYTES;
-            uint k0 = (kt0 + next) * BK;
-            LOAD_W(st, k0);
-#if A_F16
-            LOAD_A16(st, k0);
-#else
-            fetch_a(a_next, a, m0, m, k, k0, a_seq, head_dim, tid);
-#endif
+            ISSUE_STEP(sbase + ns * STAGE_BYTES, (kt0 + next) * BK);
         }
         CP_COMMIT();
 
