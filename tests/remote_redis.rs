@@ -524,6 +524,13 @@ fn an_fs_remote_serves_a_fresh_machine_and_lists_its_entries() {
         (Source::Remote, Source::Remote)
     );
     assert_eq!(be.builds(), 2);
+    // Every entry was written aside and renamed into place: nothing is left being written.
+    let partial = t.join("shared").join(".kpc-partial");
+    assert_eq!(
+        std::fs::read_dir(&partial).unwrap().count(),
+        0,
+        "{partial:?}"
+    );
     let remote = kpc::admin::store::RemoteStore::open(
         &RemoteUrl::parse(&url).unwrap(),
         Duration::from_secs(2),

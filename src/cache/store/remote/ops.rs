@@ -15,6 +15,10 @@ use super::breaker::{Admit, Breaker};
 use crate::cache::store::WarnCause;
 use crate::config::RemoteUrl;
 
+/// The folder, under an `fs://` remote's root, where entries are written before they are renamed
+/// into place.
+pub(crate) const FS_PARTIAL_DIR: &str = ".kpc-partial";
+
 /// Why a remote call did not succeed.
 #[derive(Debug, Clone)]
 pub(crate) struct Failure {
@@ -151,10 +155,16 @@ impl Ops {
                 }
                 Operator::new(b).map(|o| o.finish())
             }
-            RemoteUrl::Fs { root } => {
-                Operator::new(services::Fs::default().root(&root.to_string_lossy()))
-                    .map(|o| o.finish())
-            }
+            // Entries are written to a file in `.kpc-partial` and renamed into place: written in
+            // place, a machine reading while another writes saw a short entry (refused as
+            // corrupt, then built again). The folder is on the same file system, so the rename
+            // is atomic; a writer killed mid-write leaves its file there, never under `kpc/`.
+            RemoteUrl::Fs { root } => Operator::new(
+                services::Fs::default()
+                    .root(&root.to_string_lossy())
+                    .atomic_write_dir(&root.join(FS_PARTIAL_DIR).to_string_lossy()),
+            )
+            .map(|o| o.finish()),
             RemoteUrl::S3 {
                 bucket,
                 prefix,
