@@ -379,12 +379,6 @@ impl Projector {
             head_dim: self.head_dim,
             alpha0: out.alpha0,
         };
-        if let Some(why) = shape.offsets_unfit() {
-            return Err(Error::InvalidArgument(format!(
-                "a {rows} x {} x {} projection is too large: {why}",
-                w.n, w.k
-            )));
-        }
         if !self.wide.is_empty() {
             let tiles = super::gemm::auto_tiles(ctx.device(), rows, w.n);
             let wide = self
@@ -426,6 +420,13 @@ impl Projector {
                 push_constants: push.as_bytes(),
             }]);
             return mma.record(batch, ctx, &x16, &w.w, &w.bias, out.bufs, &shape);
+        }
+        // The wide and mma kernels checked this in `unfit`; the tiled ones index the same way.
+        if let Some(why) = shape.offsets_unfit() {
+            return Err(Error::InvalidArgument(format!(
+                "a {rows} x {} x {} projection is too large: {why}",
+                w.n, w.k
+            )));
         }
         let (kernel, tile) = match &self.coop {
             Some(coop) => (coop, COOP_TILE),

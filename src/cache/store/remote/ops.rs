@@ -17,7 +17,7 @@ use crate::config::RemoteUrl;
 
 /// The folder, under an `fs://` remote's root, where entries are written before they are renamed
 /// into place.
-pub(crate) const FS_PARTIAL_DIR: &str = ".kpc-partial";
+const FS_PARTIAL_DIR: &str = ".kpc-partial";
 
 /// Why a remote call did not succeed.
 #[derive(Debug, Clone)]
