@@ -4,10 +4,12 @@
 # plus the fused Q/K/V projection (N = 12288), their SASS counts, the register-fed peak and cuBLAS, in
 # one call.
 #   files flat in .gpu/ as gemm8-*: this script, ocl_gemm_mma.c, mha_gemm_mma.cl, ocl_mma_probe.c,
-#   gemm_torch.py
+#   gemm_torch.py; for the layer and check sections kpc.xz and kpc-base.xz (this branch's kpc and
+#   the same tree before the layer's tile changed, stripped)
 #   source .gpu/prelude.sh; export OCL_ICD_FILENAMES=libnvidia-opencl.so.1 OCL_ICD_VENDORS=/nonexistent;
 #   OUT=$OUT bash .gpu/gemm8-gpu.sh
-# SECTIONS: any of harness sass peak torch (default all four). VARIANT: harness filter.
+# SECTIONS: any of harness sass peak torch layer check (default the first four). VARIANT: harness
+# filter.
 set -uo pipefail
 g=.gpu
 out=${OUT:-/tmp}
@@ -57,6 +59,33 @@ for s in ${SECTIONS:-harness peak torch sass}; do
       echo "## PyTorch F.linear (cuBLAS)"
       PYTHONUNBUFFERED=1 timeout 120 python3 $g/gemm8-gemm_torch.py --shapes "$shapes" >"$out/gemm-torch.txt" 2>&1
       grep -E '^torch' "$out/gemm-torch.txt"
+      ;;
+    layer)
+      echo "## MHA layer prefill on opencl:gpu: before (base) and after (new) the layer's tile change, Auto"
+      for b in kpc kpc-base; do [ -x /tmp/$b ] || { xz -dc $g/gemm8-$b.xz >/tmp/$b && chmod +x /tmp/$b; }; done
+      export KPC_CACHE_DIR=$(mktemp -d)
+      : >"$out/mha-layer.txt"
+      for L in ${LAYER_L:-2048 8192}; do
+        for b in kpc-base kpc kpc-base kpc; do
+          o=$(timeout ${LAYER_TIMEOUT:-40} /tmp/$b attention --layer mha --device opencl:gpu --heads 32 --head-dim 128 --kv f16 \
+            --prompt "$L" --steps 0 --prefill-runs 5 2>&1)
+          echo "# $b L=$L" >>"$out/mha-layer.txt"; echo "$o" >>"$out/mha-layer.txt"
+          echo "$b L=$L: $(grep -o 'prefill projects with [a-z_]*' <<<"$o") | $(grep -iE 'project|^prefill' <<<"$o" | head -4 | tr '\n' ' ') $(grep -iE '^error|kpc:' <<<"$o" | head -1)"
+        done
+      done
+      ;;
+    check)
+      echo "## kpc attention --layer mha --check on opencl:gpu (this branch)"
+      [ -x /tmp/kpc ] || { xz -dc $g/gemm8-kpc.xz >/tmp/kpc && chmod +x /tmp/kpc; }
+      export KPC_CACHE_DIR=$(mktemp -d)
+      : >"$out/mha-check.txt"
+      for shape in "--heads 32 --kv-heads 32 --head-dim 128 --prompt 300 --steps 2 --kv f16" \
+        "--heads 8 --kv-heads 8 --head-dim 64 --prompt 200 --steps 2 --kv f16 --batch 4 --projection mma"; do
+        # shellcheck disable=SC2086
+        o=$(timeout 40 /tmp/kpc attention --layer mha --device opencl:gpu $shape --check 2>&1)
+        echo "$o" >>"$out/mha-check.txt"
+        echo "$shape: $(grep -o 'prefill projects with [a-z_]*' <<<"$o") | $(grep '^check:' <<<"$o" || tail -1 <<<"$o")"
+      done
       ;;
   esac
 done

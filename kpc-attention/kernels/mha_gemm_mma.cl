@@ -28,6 +28,7 @@
 // kpc-spec-constant 4 WARPS_N
 // kpc-spec-constant 5 STAGES
 // kpc-spec-constant 6 PIPELINED
+// kpc-spec-constant 7 HOISTED
 #ifndef A_F16
 #define A_F16 0
 #endif
@@ -71,8 +72,25 @@
 // DIAG_NOCOPY, DIAG_NOBAR: measurement only, WRONG RESULTS: no copies after the prologue (the
 //   products reread the first stages), no wait or barrier in the loop: what the products and the
 //   fragment loads cost without the feed.
+// HOISTED: HOIST, RASTER 8 and SERP without FRAG_DB (kpc's `MmaTiles::with_hoist`): with 2 x 4
+//   warps the layer's tile, 8-11% faster than the plain mainloop at the fused Q/K/V projection
+//   (N = 12288) on an H200 (BENCHMARKS.md, session 8).
 #ifndef PIPELINED
 #define PIPELINED 0
+#endif
+#ifndef HOISTED
+#define HOISTED 0
+#endif
+#if HOISTED
+#ifndef HOIST
+#define HOIST 1
+#endif
+#ifndef RASTER
+#define RASTER 8
+#endif
+#ifndef SERP
+#define SERP 1
+#endif
 #endif
 #if PIPELINED
 #ifndef FRAG_DB
