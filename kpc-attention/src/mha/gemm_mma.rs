@@ -295,7 +295,10 @@ mod tests {
             assert_eq!(t.malformed(), None, "{t}");
             assert!(t.shared_bytes() <= SHARED_LIMIT, "{t}");
         }
-        assert_eq!(LAYER_TILES.to_string(), "128x128/2x4s3");
+        assert_eq!(LAYER_TILES.to_string(), "128x128/2x4s3+hrs");
+        assert_eq!(PLAIN_TILES.to_string(), "128x128/2x4s3");
+        assert_eq!(LAYER_TILES, PLAIN_TILES.with_hoist());
+        assert!(LAYER_TILES.hoisted && !LAYER_TILES.pipelined && !PLAIN_TILES.hoisted);
         assert_eq!(LAYER_TILES.invocations(), 256);
         assert_eq!(PIPELINED_TILES.to_string(), "128x128/2x2s3+pipe");
         assert_eq!(PIPELINED_TILES.invocations(), 128);
@@ -315,5 +318,28 @@ mod tests {
         );
         assert!(MmaTiles::new(100, 128, 2, 2, 2).malformed().is_some());
         assert!(MmaTiles::new(128, 128, 0, 2, 2).malformed().is_some());
+    }
+
+    /// The spec constants `MmaGemm::new` sets are the kernel's: an index the source does not
+    /// declare would leave the knob at its default (the layer's `hoisted` silently off).
+    #[test]
+    fn the_kernel_declares_every_spec_constant_the_builder_sets() {
+        let src = include_str!("../../kernels/mha_gemm_mma.cl");
+        for (i, name) in [
+            "A_F16",
+            "BM",
+            "BN",
+            "WARPS_M",
+            "WARPS_N",
+            "STAGES",
+            "PIPELINED",
+            "HOISTED",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let line = format!("// kpc-spec-constant {i} {name}\n");
+            assert!(src.contains(&line), "{line}");
+        }
     }
 }
