@@ -298,7 +298,6 @@ mod tests {
         assert_eq!(LAYER_TILES.to_string(), "128x128/2x4s3+hrs");
         assert_eq!(PLAIN_TILES.to_string(), "128x128/2x4s3");
         assert_eq!(LAYER_TILES, PLAIN_TILES.with_hoist());
-        assert!(LAYER_TILES.hoisted && !LAYER_TILES.pipelined && !PLAIN_TILES.hoisted);
         assert_eq!(LAYER_TILES.invocations(), 256);
         assert_eq!(PIPELINED_TILES.to_string(), "128x128/2x2s3+pipe");
         assert_eq!(PIPELINED_TILES.invocations(), 128);
