@@ -117,7 +117,7 @@ typedef struct {
 
 // The baseline tiles (as kpc's SWEEP_TILES) and, behind `+`, the kernel's knobs (see
 // mha_gemm_mma.cl for what each does; "+pipe" is PIPELINED, what kpc's `with_pipeline` builds).
-// GEMM_SET=1: the first round's sweep (session 7, call 1); otherwise the second's.
+// GEMM_SET=1: the first round's sweep (session 7, call 1); GEMM_SET=2: the second's (call 2).
 #define ALL " -D BAR_PTX=1 -D HOIST=1 -D RASTER=8 -D FRAG_DB=1"
 #define PIPE " -D PIPELINED=1"
 static const Tile TILES1[] = {
@@ -167,6 +167,40 @@ static const Tile TILES2[] = {
     {"128x128/2x4s3+diag-nocopy", 128, 128, 2, 4, 3, " -D DIAG_NOCOPY=1", 1},
     {"128x128/2x4s3+diag-nocopy-nobar", 128, 128, 2, 4, 3, " -D DIAG_NOCOPY=1 -D DIAG_NOBAR=1", 1},
     {"128x128/2x2s3+pipe(again)", 128, 128, 2, 2, 3, PIPE, 1},
+    {"128x128/2x4s3(again)", 128, 128, 2, 4, 3, "", 1},
+};
+
+// Session 8 (GEMM_SET unset): BK = 16 (twice the stages, or 128 x 256 / 256 x 128 with 4 stages
+// in 48 KiB), the same-tile diagnostic (DIAG_SAME: every workgroup, or every one in a 4 x 4 group of
+// tiles, reads the same operands: L2 hits at the same bytes per FLOP; wrong results on purpose).
+// "+hrs" is PIPELINED without FRAG_DB (HOIST, RASTER 8, SERP), which BK = 16 cannot have.
+#define HRS " -D HOIST=1 -D RASTER=8 -D SERP=1"
+#define K16 " -D BK=16"
+static const Tile TILES3[] = {
+    {"128x128/2x4s3", 128, 128, 2, 4, 3, "", 1},
+    {"128x128/2x2s3+pipe", 128, 128, 2, 2, 3, PIPE, 1},
+    {"128x128/2x4s3+hrs", 128, 128, 2, 4, 3, HRS, 1},
+    {"128x128/2x4s3+diag-same1", 128, 128, 2, 4, 3, " -D DIAG_SAME=1", 1},
+    {"128x128/2x4s3+diag-same4", 128, 128, 2, 4, 3, " -D DIAG_SAME=4", 1},
+    {"128x128/2x2s3+pipe+diag-same1", 128, 128, 2, 2, 3, PIPE " -D DIAG_SAME=1", 1},
+    {"128x128/2x2s3+pipe+diag-same4", 128, 128, 2, 2, 3, PIPE " -D DIAG_SAME=4", 1},
+    {"128x128/2x4s3+diag-nocopy", 128, 128, 2, 4, 3, " -D DIAG_NOCOPY=1", 1},
+    {"128x256/2x4s4k16", 128, 256, 2, 4, 4, K16, 1},
+    {"128x256/2x4s4k16+hrs", 128, 256, 2, 4, 4, K16 HRS, 1},
+    {"256x128/4x2s4k16+hrs", 256, 128, 4, 2, 4, K16 HRS, 1},
+    {"128x256/2x4s4k16+hrs+diag-same1", 128, 256, 2, 4, 4, K16 HRS " -D DIAG_SAME=1", 1},
+    {"128x128/2x4s6k16", 128, 128, 2, 4, 6, K16, 1},
+    {"128x128/2x4s6k16+hrs", 128, 128, 2, 4, 6, K16 HRS, 1},
+    {"128x128/2x4s4k16+hrs", 128, 128, 2, 4, 4, K16 HRS, 1},
+    {"128x128/2x4s3k16+hrs", 128, 128, 2, 4, 3, K16 HRS, 1},
+    {"128x128/2x2s6k16+hrs", 128, 128, 2, 2, 6, K16 HRS, 1},
+    {"128x128/2x2s4k16+hrs", 128, 128, 2, 2, 4, K16 HRS, 1},
+    {"128x64/2x2s6k16+hrs", 128, 64, 2, 2, 6, K16 HRS, 1},
+    {"128x128/2x4s4k16+hrs+k2", 128, 128, 2, 4, 4, K16 HRS, 2},
+    // 3 workgroups of 4 warps per SM (at most 168 registers): more copies in flight per SM (the
+    // H200's driver did not honour the cap: 220 registers, session 8 call 2).
+    {"128x128/2x2s3+hrs+r168", 128, 128, 2, 2, 3, HRS " -cl-nv-maxrregcount=168", 1},
+    {"128x128/2x2s6k16+hrs+r168", 128, 128, 2, 2, 6, K16 HRS " -cl-nv-maxrregcount=168", 1},
     {"128x128/2x4s3(again)", 128, 128, 2, 4, 3, "", 1},
 };
 
@@ -436,7 +470,8 @@ int main(int argc, char **argv) {
   cl_kernel cast = clCreateKernel(cp, "cast", &err);
   CHECK(err);
 
-  size_t MAXM = 8192, MAXN = 4096, MAXK = 4096;
+  // N up to 12288: the layer's fused Q/K/V projection (timed only on the device).
+  size_t MAXM = 8192, MAXN = emulate ? 4096 : 12288, MAXK = 4096;
   Data dd;
   dd.ha = malloc(MAXM * MAXK * 4);
   dd.hw = malloc(MAXN * MAXK * 2);
@@ -470,6 +505,10 @@ int main(int argc, char **argv) {
       {8192, 4096, 4096, 4096, 0, 0, 0, 8, 1.0f},
       {2048, 1024, 4096, 1024, 0, 0, 0, 8, 1.0f},
       {8192, 1024, 4096, 1024, 0, 0, 0, 8, 1.0f},
+      // The fused Q/K/V projection as the layer launches it (batch 1, 32 heads of 128): three
+      // outputs split by heads, the first scaled.
+      {2048, 12288, 4096, 4096, 4096, 0, 2048, 128, 0.088388f},
+      {8192, 12288, 4096, 4096, 4096, 0, 8192, 128, 0.088388f},
   };
   // The weights for k: W's first n rows of k (dd.hw holds them as [n][MAXK]; compacted per k).
   uint16_t *wk = malloc(MAXN * MAXK * 2);
@@ -516,9 +555,11 @@ int main(int argc, char **argv) {
   }
 
   const char *quals[2] = {"", " -D MMA_QUAL=volatile"};
-  int set1 = getenv("GEMM_SET") && atoi(getenv("GEMM_SET")) == 1;
-  const Tile *tiles = set1 ? TILES1 : TILES2;
-  size_t ntiles = set1 ? sizeof TILES1 / sizeof TILES1[0] : sizeof TILES2 / sizeof TILES2[0];
+  int set = getenv("GEMM_SET") ? atoi(getenv("GEMM_SET")) : 3;
+  const Tile *tiles = set == 1 ? TILES1 : set == 2 ? TILES2 : TILES3;
+  size_t ntiles = set == 1   ? sizeof TILES1 / sizeof TILES1[0]
+                  : set == 2 ? sizeof TILES2 / sizeof TILES2[0]
+                             : sizeof TILES3 / sizeof TILES3[0];
   for (size_t ti = 0; ti < ntiles; ti++) {
     const Tile *t = &tiles[ti];
     for (int a_f16 = 1; a_f16 >= 0; a_f16--) {
@@ -559,7 +600,7 @@ int main(int argc, char **argv) {
         const Shape *s = &timed[si];
         USE_K(s->k);
         dd.ha = ha_full; // k == MAXK
-        if (si < 2 && check(kern, a_f16, t, &dd, s, 3, label) > 1e-4) ok = 0;
+        if (si != 2 && si != 3 && check(kern, a_f16, t, &dd, s, 3, label) > 1e-4) ok = 0;
         set_args(kern, a_f16 ? dd.a16 : dd.a32, &dd, s);
         double ms = time_ms(kern, t, s, &dd);
         double fl = 2.0 * s->m * s->n * s->k;

@@ -28,6 +28,7 @@
 // kpc-spec-constant 4 WARPS_N
 // kpc-spec-constant 5 STAGES
 // kpc-spec-constant 6 PIPELINED
+// kpc-spec-constant 7 HOISTED
 #ifndef A_F16
 #define A_F16 0
 #endif
@@ -71,8 +72,25 @@
 // DIAG_NOCOPY, DIAG_NOBAR: measurement only, WRONG RESULTS: no copies after the prologue (the
 //   products reread the first stages), no wait or barrier in the loop: what the products and the
 //   fragment loads cost without the feed.
+// HOISTED: HOIST, RASTER 8 and SERP without FRAG_DB (kpc's `MmaTiles::with_hoist`): with 2 x 4
+//   warps the layer's tile, 8-11% faster than the plain mainloop at the fused Q/K/V projection
+//   (N = 12288) on an H200 (BENCHMARKS.md, session 8).
 #ifndef PIPELINED
 #define PIPELINED 0
+#endif
+#ifndef HOISTED
+#define HOISTED 0
+#endif
+#if HOISTED
+#ifndef HOIST
+#define HOIST 1
+#endif
+#ifndef RASTER
+#define RASTER 8
+#endif
+#ifndef SERP
+#define SERP 1
+#endif
 #endif
 #if PIPELINED
 #ifndef FRAG_DB
@@ -115,20 +133,34 @@
 #ifndef SPLIT_K
 #define SPLIT_K 1
 #endif
-
+// BK: halves of K per step and stage, 32 (rows of 4 16-byte chunks) or 16 (rows of 2 chunks:
+//   half the shared memory per stage, so twice the stages, i.e. more K in flight, or bigger tiles,
+//   in the 48 KiB a workgroup may have). FRAG_DB needs BK = 32 (it splits a step into two slices).
+#ifndef BK
 #define BK 32
+#endif
+// DIAG_SAME: measurement only, WRONG RESULTS: the copies read the tiles at block row m0 % (DIAG_SAME
+//   x BM) and column col0 % (DIAG_SAME x BN) (1: every workgroup reads the same A and W tiles), so
+//   that the operands stay in L2 with the same bytes per FLOP: what the feed costs without DRAM
+//   and without L2 misses; 0: off.
+#ifndef DIAG_SAME
+#define DIAG_SAME 0
+#endif
 #define THREADS (WARPS_M * WARPS_N * 32)
 #define WM (BM / WARPS_M)
 #define WN (BN / WARPS_N)
 #define MT (WM / 16)
 #define NT (WN / 8)
-// 16-byte chunks per stage: 4 per row of 32 halves.
-#define A_PER (BM * 4 / THREADS)
-#define W_PER (BN * 4 / THREADS)
-#define STAGE_BYTES ((BM + BN) * 64)
+// 16-byte chunks per row of a stage (BK halves), bytes per row, k16 slices per step.
+#define CH (BK / 8)
+#define ROWB (BK * 2)
+#define KS (BK / 16)
+#define A_PER (BM * CH / THREADS)
+#define W_PER (BN * CH / THREADS)
+#define STAGE_BYTES ((BM + BN) * ROWB)
 
-#if (WM % 16) || (WN % 16) || ((BM * 4) % THREADS) || ((BN * 4) % THREADS) || STAGES < 2 || STAGES > 4 \
-    || SPLIT_K < 1
+#if (WM % 16) || (WN % 16) || ((BM * CH) % THREADS) || ((BN * CH) % THREADS) || STAGES < 2 || STAGES > 6 \
+    || SPLIT_K < 1 || (BK != 16 && BK != 32) || (FRAG_DB && BK != 32)
 #error "unsupported tile"
 #endif
 
@@ -136,12 +168,23 @@
 #define WAIT_PENDING "0"
 #elif STAGES == 3
 #define WAIT_PENDING "1"
-#else
+#elif STAGES == 4
 #define WAIT_PENDING "2"
+#elif STAGES == 5
+#define WAIT_PENDING "3"
+#else
+#define WAIT_PENDING "4"
 #endif
 
-// Byte offset of chunk c (0..3) of row `row` in a stage's tile.
+// Byte offset of chunk c (0..CH - 1) of row `row` in a stage's tile. BK = 32: chunk c at
+// c ^ ((row >> 1) & 3); BK = 16 (32-byte rows, four to a 128-byte bank line): chunk c at
+// c ^ ((row >> 2) & 1). Either way the 8 rows an ldmatrix phase reads fall in 8 different 16-byte
+// bank groups.
+#if BK == 32
 #define SWZ(row, c) ((((row) << 2) + ((c) ^ (((row) >> 1) & 3))) << 4)
+#else
+#define SWZ(row, c) ((((row) << 1) + ((c) ^ (((row) >> 2) & 1))) << 4)
+#endif
 
 uint split_at(uint row, uint col, uint width, uint seq, uint head_dim)
 {
@@ -249,8 +292,8 @@ void load_w(local uint4 *smem, uint dst, global const ushort *w, uint col0, uint
 #pragma unroll
     for (uint i = 0; i < W_PER; i++) {
         uint e = tid + i * THREADS;
-        uint row = e >> 2;
-        uint c = e & 3;
+        uint row = e / CH;
+        uint c = e % CH;
         uint gn = col0 + row;
         uint gk = k0 + c * 8;
         bool ok = gn < n && gk < k;
@@ -266,8 +309,8 @@ uint hoist_rows(uint *off, uint row0, uint rows, uint k, uint tid, uint per)
     uint ok = 0;
 #pragma unroll
     for (uint i = 0; i < per; i++) {
-        uint r = row0 + ((tid + i * THREADS) >> 2);
-        off[i] = r * k + (tid & 3) * 8;
+        uint r = row0 + (tid + i * THREADS) / CH;
+        off[i] = r * k + (tid % CH) * 8;
         ok |= (uint)(r < rows) << i;
     }
     return ok;
@@ -278,14 +321,14 @@ uint hoist_rows(uint *off, uint row0, uint rows, uint k, uint tid, uint per)
 void load_rows(local uint4 *smem, uint dst, global const ushort *base, const uint *off, uint rows_ok,
                uint k, uint k0, uint tid, uint per)
 {
-    uint gk = k0 + (tid & 3) * 8;
+    uint gk = k0 + (tid % CH) * 8;
     bool k_ok = gk < k;
 #pragma unroll
     for (uint i = 0; i < per; i++) {
         uint e = tid + i * THREADS;
         bool ok = k_ok && ((rows_ok >> i) & 1);
         global const ushort *src = ok ? base + (off[i] + k0) : base;
-        CP_ASYNC16(smem, dst + SWZ(e >> 2, e & 3), src, ok ? 16u : 0u);
+        CP_ASYNC16(smem, dst + SWZ(e / CH, e % CH), src, ok ? 16u : 0u);
     }
 }
 
@@ -296,8 +339,8 @@ void load_a(local uint4 *smem, uint dst, global const ushort *a, uint m0, uint m
 #pragma unroll
     for (uint i = 0; i < A_PER; i++) {
         uint e = tid + i * THREADS;
-        uint row = e >> 2;
-        uint c = e & 3;
+        uint row = e / CH;
+        uint c = e % CH;
         uint gm = m0 + row;
         uint gk = k0 + c * 8;
         bool ok = gm < m && gk < k;
@@ -313,8 +356,8 @@ void fetch_a(float8 *r, global const float *a, uint m0, uint m, uint k, uint k0,
 #pragma unroll
     for (uint i = 0; i < A_PER; i++) {
         uint e = tid + i * THREADS;
-        uint row = e >> 2;
-        uint c = e & 3;
+        uint row = e / CH;
+        uint c = e % CH;
         uint gm = m0 + row;
         uint gk = k0 + c * 8;
         r[i] = (gm < m && gk < k) ? vload8(0, a + split_at(gm, gk, k, a_seq, head_dim))
@@ -328,24 +371,23 @@ void store_a(const float8 *r, local uint4 *tile, uint tid)
 #pragma unroll
     for (uint i = 0; i < A_PER; i++) {
         uint e = tid + i * THREADS;
-        uint row = e >> 2;
-        uint c = e & 3;
+        uint row = e / CH;
+        uint c = e % CH;
         vstore_half8(r[i], SWZ(row, c) >> 4, (local half *)tile);
     }
 }
 #endif
 
 // The fragments of k16 slice kk of the stage at `st`: MT of A, NT / 2 x4 loads of W.
-// The fragments of k16 slice kk of the stage at `st`: MT of A, NT / 2 x4 loads of W.
 #define LOAD_FRAGS(af, bf, st, kk)                                                               \
     {                                                                                            \
         _Pragma("unroll") for (uint fi_ = 0; fi_ < MT; fi_++)                                       \
         {                                                                                        \
-            LDMATRIX_X4((af)[fi_], (st) + a_off[kk] + fi_ * 16 * 64);                              \
+            LDMATRIX_X4((af)[fi_], (st) + a_off[kk] + fi_ * 16 * ROWB);                              \
         }                                                                                        \
         _Pragma("unroll") for (uint fj_ = 0; fj_ < NT / 2; fj_++)                                   \
         {                                                                                        \
-            LDMATRIX_X4((bf)[fj_], (st) + w_off[kk] + fj_ * 16 * 64);                              \
+            LDMATRIX_X4((bf)[fj_], (st) + w_off[kk] + fj_ * 16 * ROWB);                              \
         }                                                                                        \
     }
 
@@ -397,6 +439,13 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
     uint m0 = get_group_id(1) * BM;
     uint col0 = get_group_id(0) * BN;
 #endif
+#if DIAG_SAME
+    uint ld_m0 = m0 % (DIAG_SAME * BM);
+    uint ld_col0 = col0 % (DIAG_SAME * BN);
+#else
+    uint ld_m0 = m0;
+    uint ld_col0 = col0;
+#endif
     uint sbase = SHARED_ADDR(smem);
     uint ktiles_all = (k + BK - 1) / BK;
 #if SPLIT_K > 1
@@ -412,14 +461,14 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
     // Per lane, the byte offsets within a stage of what it points ldmatrix at, for the two k16
     // halves of a step: A rows wm0 + 16 i + (lane & 15), chunk 2 kk + (lane >> 4); W rows
     // wn0 + 16 j + 8 (lane >> 4) + (lane & 7), chunk 2 kk + ((lane >> 3) & 1).
-    uint a_off[2];
-    uint w_off[2];
+    uint a_off[KS];
+    uint w_off[KS];
     {
         uint ar = wm0 + (lane & 15);
         uint wr = wn0 + ((lane >> 4) << 3) + (lane & 7);
-        for (uint kk = 0; kk < 2; kk++) {
+        for (uint kk = 0; kk < KS; kk++) {
             a_off[kk] = SWZ(ar, 2 * kk + (lane >> 4));
-            w_off[kk] = BM * 64 + SWZ(wr, 2 * kk + ((lane >> 3) & 1));
+            w_off[kk] = BM * ROWB + SWZ(wr, 2 * kk + ((lane >> 3) & 1));
         }
     }
 
@@ -444,23 +493,23 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
 
 #if HOIST
     uint wg_off[W_PER];
-    uint w_rows_ok = hoist_rows(wg_off, col0, n, k, tid, W_PER);
-#define LOAD_W(st, k0) load_rows(smem, (st) + BM * 64, w, wg_off, w_rows_ok, k, k0, tid, W_PER)
+    uint w_rows_ok = hoist_rows(wg_off, ld_col0, n, k, tid, W_PER);
+#define LOAD_W(st, k0) load_rows(smem, (st) + BM * ROWB, w, wg_off, w_rows_ok, k, k0, tid, W_PER)
 #if A_F16
     uint ag_off[A_PER];
-    uint a_rows_ok = hoist_rows(ag_off, m0, m, k, tid, A_PER);
+    uint a_rows_ok = hoist_rows(ag_off, ld_m0, m, k, tid, A_PER);
 #define LOAD_A16(st, k0)                                                                         \
     do {                                                                                         \
         if (a_seq == 0) {                                                                        \
             load_rows(smem, st, a, ag_off, a_rows_ok, k, k0, tid, A_PER);                        \
         } else {                                                                                 \
-            load_a(smem, st, a, m0, m, k, k0, a_seq, head_dim, tid);                             \
+            load_a(smem, st, a, ld_m0, m, k, k0, a_seq, head_dim, tid);                             \
         }                                                                                        \
     } while (0)
 #endif
 #else
-#define LOAD_W(st, k0) load_w(smem, (st) + BM * 64, w, col0, n, k, k0, tid)
-#define LOAD_A16(st, k0) load_a(smem, st, a, m0, m, k, k0, a_seq, head_dim, tid)
+#define LOAD_W(st, k0) load_w(smem, (st) + BM * ROWB, w, ld_col0, n, k, k0, tid)
+#define LOAD_A16(st, k0) load_a(smem, st, a, ld_m0, m, k, k0, a_seq, head_dim, tid)
 #endif
 
     // The copies of one K step into the stage at `st`: W and fp16 A by cp.async; f32 A into
@@ -475,7 +524,7 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
 #define ISSUE_STEP(st, k0)                                                                       \
     do {                                                                                         \
         LOAD_W(st, k0);                                                                          \
-        fetch_a(a_next, a, m0, m, k, k0, a_seq, head_dim, tid);                                  \
+        fetch_a(a_next, a, ld_m0, m, k, k0, a_seq, head_dim, tid);                                  \
     } while (0)
 #endif
 
@@ -543,7 +592,7 @@ kernel void mha_gemm_mma(global const void *a_raw, global const uint *w_raw,
 
         uint st = sbase + (kt % STAGES) * STAGE_BYTES;
 #pragma unroll
-        for (uint kk = 0; kk < 2; kk++) {
+        for (uint kk = 0; kk < KS; kk++) {
             uint af[MT][4];
             uint bf[NT / 2][4];
             LOAD_FRAGS(af, bf, st, kk);

@@ -23,7 +23,8 @@ const SHARED_LIMIT: u32 = 48 * 1024;
 /// A workgroup tile of `mha_gemm_mma`: `warps_m x warps_n` warps own a `bm x bn` block of C, K
 /// advancing 32 per step through `stages` shared-memory stages; `pipelined` selects the kernel's
 /// `PIPELINED` mainloop (fragments double-buffered in registers, copy addresses hoisted out of the
-/// K loop, workgroups in bands of 8 tile rows, serpentine products).
+/// K loop, workgroups in bands of 8 tile rows, serpentine products), `hoisted` the same knobs
+/// without the double-buffered fragments (the kernel's `HOISTED`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MmaTiles {
     /// Rows of C per workgroup.
@@ -39,17 +40,25 @@ pub struct MmaTiles {
     /// The `PIPELINED` mainloop (else the plain one: all of a step's fragments loaded after its
     /// barrier).
     pub pipelined: bool,
+    /// The kernel's `HOISTED` knobs: copy addresses hoisted out of the K loop, workgroups in bands
+    /// of 8 tile rows, serpentine products, with the plain mainloop's fragment loads (the
+    /// `PIPELINED` mainloop has them all already).
+    pub hoisted: bool,
 }
 
 /// The tile the layer runs (with fp16 activations, f32 ones cast first): 128 x 128 over 2 x 4
-/// warps (64 x 32 of C each), three stages (48 KiB), the plain mainloop. Measured on an H200
-/// (BENCHMARKS.md) it led the first sweep at every shape of the issue (M = 2048 and 8192, N = 4096
-/// and 1024, K = 4096: 224, 235, 175 and 232 TFLOP/s). The `PIPELINED` 128 x 128 over 2 x 2
-/// warps ([`PIPELINED_TILES`]) is faster in the harness at three of those four shapes (232, 246,
-/// 202 and 229) but made the layer's projections slower through kpc (N = 12288 for the fused
-/// Q/K/V: 1.363 against 1.331 ms at L = 2048, 5.298 against 5.060 at L = 8192), so the layer
-/// keeps this one.
-pub const LAYER_TILES: MmaTiles = MmaTiles::new(128, 128, 2, 4, 3);
+/// warps (64 x 32 of C each), three stages (48 KiB), the plain mainloop with the `HOISTED` knobs.
+/// Without them ([`PLAIN_TILES`]) it led the first sweep at every shape of the issue (session 7);
+/// in session 8's harness on an H200 (BENCHMARKS.md) the knobs made it faster at every shape:
+/// M = 2048 and 8192 at N = 4096 and 1024 (K = 4096) 228, 235, 181 and 227 TFLOP/s against 223,
+/// 231, 175 and 226, and at the fused Q/K/V projection (N = 12288) 227 and 234 against 210 and
+/// 210. The `PIPELINED` 128 x 128 over 2 x 2 warps ([`PIPELINED_TILES`]) is faster at N = 4096
+/// and 2048 x 1024 but not at N = 12288 (211 and 217), and made the layer slower through kpc in
+/// session 7.
+pub const LAYER_TILES: MmaTiles = MmaTiles::new(128, 128, 2, 4, 3).with_hoist();
+
+/// The layer's tile before session 8: [`LAYER_TILES`] without the `HOISTED` knobs.
+pub const PLAIN_TILES: MmaTiles = MmaTiles::new(128, 128, 2, 4, 3);
 
 /// 128 x 128 over 2 x 2 warps (64 x 64 of C each), three stages, the `PIPELINED` mainloop: the
 /// harness's fastest at N = 4096 and at 2048 x 1024 (session 7, BENCHMARKS.md).
@@ -60,6 +69,7 @@ pub const SWEEP_TILES: &[MmaTiles] = &[
     MmaTiles::new(128, 256, 2, 4, 2),
     MmaTiles::new(128, 128, 2, 2, 3),
     MmaTiles::new(128, 128, 2, 2, 2),
+    PLAIN_TILES,
     LAYER_TILES,
     MmaTiles::new(256, 128, 4, 2, 2),
     MmaTiles::new(64, 128, 1, 2, 4),
@@ -77,6 +87,15 @@ impl MmaTiles {
             warps_n,
             stages,
             pipelined: false,
+            hoisted: false,
+        }
+    }
+
+    /// The same tile with the `HOISTED` knobs.
+    pub const fn with_hoist(self) -> MmaTiles {
+        MmaTiles {
+            hoisted: true,
+            ..self
         }
     }
 
@@ -137,13 +156,14 @@ impl fmt::Display for MmaTiles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}x{}/{}x{}s{}{}",
+            "{}x{}/{}x{}s{}{}{}",
             self.bm,
             self.bn,
             self.warps_m,
             self.warps_n,
             self.stages,
-            if self.pipelined { "+pipe" } else { "" }
+            if self.pipelined { "+pipe" } else { "" },
+            if self.hoisted { "+hrs" } else { "" }
         )
     }
 }
@@ -177,7 +197,8 @@ impl MmaGemm {
             .with(3, u(tiles.warps_m))
             .with(4, u(tiles.warps_n))
             .with(5, u(tiles.stages))
-            .with(6, u(u32::from(tiles.pipelined)));
+            .with(6, u(u32::from(tiles.pipelined)))
+            .with(7, u(u32::from(tiles.hoisted)));
         let kernel = crate::shipped_kernel(ctx, KERNEL, &spec)?;
         Ok(MmaGemm {
             kernel,
@@ -274,7 +295,9 @@ mod tests {
             assert_eq!(t.malformed(), None, "{t}");
             assert!(t.shared_bytes() <= SHARED_LIMIT, "{t}");
         }
-        assert_eq!(LAYER_TILES.to_string(), "128x128/2x4s3");
+        assert_eq!(LAYER_TILES.to_string(), "128x128/2x4s3+hrs");
+        assert_eq!(PLAIN_TILES.to_string(), "128x128/2x4s3");
+        assert_eq!(LAYER_TILES, PLAIN_TILES.with_hoist());
         assert_eq!(LAYER_TILES.invocations(), 256);
         assert_eq!(PIPELINED_TILES.to_string(), "128x128/2x2s3+pipe");
         assert_eq!(PIPELINED_TILES.invocations(), 128);
@@ -294,5 +317,28 @@ mod tests {
         );
         assert!(MmaTiles::new(100, 128, 2, 2, 2).malformed().is_some());
         assert!(MmaTiles::new(128, 128, 0, 2, 2).malformed().is_some());
+    }
+
+    /// The spec constants `MmaGemm::new` sets are the kernel's: an index the source does not
+    /// declare would leave the knob at its default (the layer's `hoisted` silently off).
+    #[test]
+    fn the_kernel_declares_every_spec_constant_the_builder_sets() {
+        let src = include_str!("../../kernels/mha_gemm_mma.cl");
+        for (i, name) in [
+            "A_F16",
+            "BM",
+            "BN",
+            "WARPS_M",
+            "WARPS_N",
+            "STAGES",
+            "PIPELINED",
+            "HOISTED",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let line = format!("// kpc-spec-constant {i} {name}\n");
+            assert!(src.contains(&line), "{line}");
+        }
     }
 }
