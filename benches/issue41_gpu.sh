@@ -3,19 +3,21 @@
 # GQA decode, each beside PyTorch (cuBLAS, FA2, cuDNN) measured in the same call, then the reference
 # checks and the attention tests on the device. Prebuilt binaries only; source .gpu/prelude.sh first
 # (driver caches off). Files flat in .gpu/: kpc, attention-test (kpc-attention's test binary), this
-# script, attention_torch.py, gemm_torch.py, ocl_mma_probe.c, ocl_gemm_mma.c, mha_gemm_mma.cl,
+# script, attention_torch.py, mha_torch.py, gemm_torch.py, ocl_mma_probe.c, ocl_gemm_mma.c, mha_gemm_mma.cl,
 # ptx_probe.cl.
 #   cargo build --release -p kpc-cli; cargo test --release -p kpc-attention --no-run
-#   ../shared/gpu/pack.sh benches/{issue41_gpu.sh,attention_torch.py,gemm_torch.py,ocl_mma_probe.c,ocl_gemm_mma.c} \
+#   ../shared/gpu/pack.sh benches/{issue41_gpu.sh,attention_torch.py,mha_torch.py,gemm_torch.py,ocl_mma_probe.c,ocl_gemm_mma.c} \
 #     kpc-attention/kernels/{mha_gemm_mma,ptx_probe}.cl      (+ the test binary, stripped, as .gpu/attention-test)
 #   on the GPU host: source .gpu/prelude.sh; OUT=$OUT bash .gpu/issue41_gpu.sh
-# Sections (SECTIONS; default all, prefill gemm ceiling decode check tests):
+# Sections (SECTIONS; default all, prefill gemm ceiling layer decode check tests):
 #   ceiling  Vulkan: kpc bench-mma peak and copy (KHR and cm2 register-fed and shared-fed, copy
 #            bandwidth); OpenCL: the register-fed inline-PTX mma.sync peak (ocl_mma_probe)
 #   gemm     the four projection shapes: Vulkan mha_gemm_wide (VK_GEMM tiles, bench-mma, checked
 #            against float64), OpenCL mha_gemm_mma (the harness once per OCL_GEMM variant filter,
 #            checked against float64), cuBLAS F.linear
 #   prefill  causal prefill B=1 H=32 D=128 fp16, Auto on opencl:gpu and vulkan:gpu; FA2 and cuDNN
+#   layer    the MHA layer's prefill (projections and attention) through kpc on both backends
+#            (LAYER_L), beside PyTorch's F.linear + SDPA from CUDA graphs (mha_torch.py)
 #   decode   GQA (Hkv=8) and MHA decode, B=1 H=32 D=128 fp16 K/V, 50 steps, Auto on vulkan:gpu;
 #            cuDNN's SDPA from CUDA graphs
 #   check    kpc attention --check on both backends (B=1/4, Hkv=32/8, fp16 and f32) and
@@ -35,7 +37,7 @@ cc_ocl() { gcc -O2 -o "$1" "$2" -I/usr/local/cuda/include -L/usr/local/cuda/lib6
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv,noheader || true
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
-for s in ${SECTIONS:-prefill gemm ceiling decode check tests}; do
+for s in ${SECTIONS:-prefill gemm ceiling layer decode check tests}; do
   case $s in
     ceiling)
       echo "## ceiling: Vulkan (kpc bench-mma peak,copy)"
@@ -54,7 +56,7 @@ for s in ${SECTIONS:-prefill gemm ceiling decode check tests}; do
       echo "rc=$?"
       grep -E '^bench: kind=gemm|FAIL|rror' "$out/gemm-vulkan.txt"
       cc_ocl /tmp/ocl_gemm_mma "$g/ocl_gemm_mma.c"
-      for v in ${OCL_GEMM:-2x4s3:a16 2x2s3+pipe:a16}; do
+      for v in ${OCL_GEMM:-2x4s3+hrs:a16 2x2s3+pipe:a16}; do
         echo "## GEMM: OpenCL mha_gemm_mma (harness, variants matching '$v')"
         ocl timeout 200 /tmp/ocl_gemm_mma "$g/mha_gemm_mma.cl" "$g/ptx_probe.cl" "$v" \
           >>"$out/gemm-opencl.txt" 2>&1
@@ -80,6 +82,21 @@ for s in ${SECTIONS:-prefill gemm ceiling decode check tests}; do
       echo "## PyTorch SDPA prefill (FA2, cuDNN)"
       python3 "$g/attention_torch.py" --batch 1 --heads 32 --head-dim 128 --decode "" --prefill "${PREFILL_L// /,}" 2>&1 |
         tee "$out/prefill-torch.txt" | tail -12
+      ;;
+    layer)
+      echo "## MHA layer prefill (E=4096, H=32, D=128, fp16 weights and K/V, B=1), Auto, median of 5"
+      for n in ${LAYER_L:-2048 8192}; do
+        for dev in opencl:gpu vulkan:gpu; do
+          o=$(ocl timeout 120 "$KPC" attention --layer mha --device "$dev" --heads 32 --head-dim 128 --kv f16 \
+            --prompt "$n" --steps 0 --prefill-runs 5 2>&1)
+          echo "$o" >>"$out/layer.txt"
+          echo "L=$n $dev: $(grep -o 'prefill projects with [a-z_]*' <<<"$o") | $(grep -E '^bench: phase=prefill' <<<"$o" | head -1) $(grep -iE '^error|^kpc: ' <<<"$o" | head -1)"
+        done
+      done
+      echo "## PyTorch MHA prefill (F.linear + SDPA, CUDA graphs)"
+      L=${LAYER_L:-2048 8192}
+      timeout 200 python3 "$g/mha_torch.py" --kv-heads 32 --decode "" --prefill "${L// /,}" 2>&1 |
+        tee "$out/layer-torch.txt" | grep -E '^torch: phase=prefill'
       ;;
     decode)
       echo "## decode, B=1 H=32 D=128 fp16 K/V, 50 steps back to back, Auto on vulkan:gpu: device µs per step"
