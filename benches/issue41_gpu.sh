@@ -9,6 +9,8 @@
 #   ../shared/gpu/pack.sh benches/{issue41_gpu.sh,attention_torch.py,mha_torch.py,gemm_torch.py,ocl_mma_probe.c,ocl_gemm_mma.c} \
 #     kpc-attention/kernels/{mha_gemm_mma,ptx_probe}.cl      (+ the test binary, stripped, as .gpu/attention-test)
 #   on the GPU host: source .gpu/prelude.sh; OUT=$OUT bash .gpu/issue41_gpu.sh
+#   Every section takes ~10 minutes on an H200, past one call's limit: run it as two calls,
+#   SECTIONS='prefill gemm ceiling layer decode' and SECTIONS='check tests'.
 # Sections (SECTIONS; default all, prefill gemm ceiling layer decode check tests):
 #   ceiling  Vulkan: kpc bench-mma peak and copy (KHR and cm2 register-fed and shared-fed, copy
 #            bandwidth); OpenCL: the register-fed inline-PTX mma.sync peak (ocl_mma_probe)
