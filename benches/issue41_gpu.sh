@@ -92,7 +92,7 @@ for s in ${SECTIONS:-prefill gemm ceiling layer decode check tests}; do
           o=$(ocl timeout 120 "$KPC" attention --layer mha --device "$dev" --heads 32 --head-dim 128 --kv f16 \
             --prompt "$n" --steps 0 --prefill-runs 5 2>&1)
           echo "$o" >>"$out/layer.txt"
-          echo "L=$n $dev: $(grep -o 'prefill projects with [a-z_]*' <<<"$o") | $(grep -E '^bench: phase=prefill' <<<"$o" | head -1) $(grep -iE '^error|^kpc: ' <<<"$o" | head -1)"
+          echo "L=$n $dev: $(grep -o 'prefill projects with [a-z_]*' <<<"$o") | $(grep -E '^bench: phase=mha_prefill' <<<"$o" | head -1) $(grep -iE '^error|^kpc: ' <<<"$o" | head -1)"
         done
       done
       echo "## PyTorch MHA prefill (F.linear + SDPA, CUDA graphs)"
