@@ -81,21 +81,12 @@
 #ifndef HOISTED
 #define HOISTED 0
 #endif
-#if HOISTED
-#ifndef HOIST
-#define HOIST 1
-#endif
-#ifndef RASTER
-#define RASTER 8
-#endif
-#ifndef SERP
-#define SERP 1
-#endif
-#endif
 #if PIPELINED
 #ifndef FRAG_DB
 #define FRAG_DB 1
 #endif
+#endif
+#if HOISTED || PIPELINED
 #ifndef HOIST
 #define HOIST 1
 #endif
