@@ -173,8 +173,9 @@ static const Tile TILES2[] = {
 // Session 8 (GEMM_SET unset): BK = 16 (twice the stages, or 128 x 256 / 256 x 128 with 4 stages
 // in 48 KiB), the same-tile diagnostic (DIAG_SAME: every workgroup, or every one in a 4 x 4 group of
 // tiles, reads the same operands: L2 hits at the same bytes per FLOP; wrong results on purpose).
-// "+hrs" is PIPELINED without FRAG_DB (HOIST, RASTER 8, SERP), which BK = 16 cannot have.
-#define HRS " -D HOIST=1 -D RASTER=8 -D SERP=1"
+// "+hrs" is the kernel's HOISTED (what kpc's `with_hoist` builds: PIPELINED's HOIST, RASTER 8 and
+// SERP without its FRAG_DB, which BK = 16 cannot have).
+#define HRS " -D HOISTED=1"
 #define K16 " -D BK=16"
 static const Tile TILES3[] = {
     {"128x128/2x4s3", 128, 128, 2, 4, 3, "", 1},

@@ -74,7 +74,8 @@ pub enum PrefillKernel {
     /// softmax in registers (exponentials in fp16 pairs by default: `mma_half_exp`). Needs an
     /// OpenCL device whose compiler takes inline PTX for sm_80 or later (NVIDIA's OpenCL on Ampere
     /// and later: [`crate::ptx`]; elsewhere [`kpc::Error::Unsupported`]), fp16 K/V, and a head
-    /// dimension that is a multiple of 32 up to 256. Q and P are rounded to fp16 for the products; sums are fp32.
+    /// dimension that is a multiple of 32 up to 256. Q and P are rounded to fp16 for the products;
+    /// sums are fp32.
     /// [`PrefillKernel::Auto`] takes it on NVIDIA's OpenCL wherever it runs (other OpenCL devices
     /// are not probed: a refused probe is not cached on disk): on an H200 it was 7 to 8 times
     /// the tiled kernel's rate there (BENCHMARKS.md, issue 41).
